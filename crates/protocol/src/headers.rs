@@ -1,0 +1,200 @@
+//! Header names and strict parsers for the request headers the protocol defines.
+//!
+//! Parsers return typed errors; the server maps them to `400 Bad Request` with the error's text as
+//! the one-line reason. Nothing here knows about HTTP status codes.
+
+/// Header names, lower-case as `http` stores them.
+pub mod names {
+    pub const STREAM_TTL: &str = "stream-ttl";
+    pub const STREAM_EXPIRES_AT: &str = "stream-expires-at";
+    pub const STREAM_CLOSED: &str = "stream-closed";
+    pub const STREAM_SEQ: &str = "stream-seq";
+    pub const STREAM_NEXT_OFFSET: &str = "stream-next-offset";
+    pub const STREAM_UP_TO_DATE: &str = "stream-up-to-date";
+    pub const STREAM_CURSOR: &str = "stream-cursor";
+    pub const STREAM_SSE_DATA_ENCODING: &str = "stream-sse-data-encoding";
+    pub const STREAM_FORKED_FROM: &str = "stream-forked-from";
+    pub const STREAM_FORK_OFFSET: &str = "stream-fork-offset";
+    pub const STREAM_FORK_SUB_OFFSET: &str = "stream-fork-sub-offset";
+    pub const PRODUCER_ID: &str = "producer-id";
+    pub const PRODUCER_EPOCH: &str = "producer-epoch";
+    pub const PRODUCER_SEQ: &str = "producer-seq";
+    pub const PRODUCER_EXPECTED_SEQ: &str = "producer-expected-seq";
+    pub const PRODUCER_RECEIVED_SEQ: &str = "producer-received-seq";
+}
+
+/// The largest epoch or sequence number a producer may use: 2^53 - 1, so that values survive a
+/// round trip through a JavaScript number.
+pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
+
+/// Why a request header was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    #[error("Stream-TTL must be a non-negative decimal integer without sign or leading zeros")]
+    InvalidTtl,
+    #[error("Stream-Expires-At must be an RFC 3339 timestamp")]
+    InvalidExpiresAt,
+    #[error("Stream-TTL and Stream-Expires-At cannot both be set")]
+    TtlAndExpiresAt,
+    #[error("Producer-Id, Producer-Epoch and Producer-Seq must be sent together")]
+    PartialProducer,
+    #[error("Producer-Id must not be empty")]
+    EmptyProducerId,
+    #[error("{0} must be an integer between 0 and 2^53-1")]
+    InvalidProducerNumber(&'static str),
+    #[error("Stream-Seq must not be empty")]
+    EmptyStreamSeq,
+    #[error("Content-Type is not a valid media type")]
+    InvalidContentType,
+}
+
+/// `Stream-Closed` counts only when its value is `true`, compared case-insensitively; any other
+/// value is treated as absent (section 4.1).
+pub fn closed_flag(value: Option<&str>) -> bool {
+    value.is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// `Stream-TTL`: seconds, strictly `0` or a decimal without leading zeros.
+pub fn parse_ttl(value: &str) -> Result<u64, HeaderError> {
+    let ok_shape = !value.is_empty()
+        && value.bytes().all(|b| b.is_ascii_digit())
+        && (value == "0" || !value.starts_with('0'));
+    if !ok_shape {
+        return Err(HeaderError::InvalidTtl);
+    }
+    value.parse::<u64>().map_err(|_| HeaderError::InvalidTtl)
+}
+
+/// `Stream-Expires-At`: an RFC 3339 timestamp, returned as Unix milliseconds.
+pub fn parse_expires_at(value: &str) -> Result<i64, HeaderError> {
+    let t = time::OffsetDateTime::parse(value.trim(), &time::format_description::well_known::Rfc3339)
+        .map_err(|_| HeaderError::InvalidExpiresAt)?;
+    i64::try_from(t.unix_timestamp_nanos() / 1_000_000).map_err(|_| HeaderError::InvalidExpiresAt)
+}
+
+/// Renders Unix milliseconds as an RFC 3339 UTC timestamp.
+pub fn format_rfc3339(unix_ms: i64) -> String {
+    let nanos = i128::from(unix_ms) * 1_000_000;
+    time::OffsetDateTime::from_unix_timestamp_nanos(nanos)
+        .ok()
+        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .unwrap_or_default()
+}
+
+/// The three idempotent-producer headers, validated together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerHeaders {
+    pub id: String,
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+fn parse_safe_integer(value: &str, name: &'static str) -> Result<u64, HeaderError> {
+    let v = value.trim();
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(HeaderError::InvalidProducerNumber(name));
+    }
+    match v.parse::<u64>() {
+        Ok(n) if n <= MAX_SAFE_INTEGER => Ok(n),
+        _ => Err(HeaderError::InvalidProducerNumber(name)),
+    }
+}
+
+/// All three producer headers or none (section 5.2.1).
+pub fn parse_producer(
+    id: Option<&str>,
+    epoch: Option<&str>,
+    seq: Option<&str>,
+) -> Result<Option<ProducerHeaders>, HeaderError> {
+    match (id, epoch, seq) {
+        (None, None, None) => Ok(None),
+        (Some(id), Some(epoch), Some(seq)) => {
+            if id.trim().is_empty() {
+                return Err(HeaderError::EmptyProducerId);
+            }
+            Ok(Some(ProducerHeaders {
+                id: id.to_owned(),
+                epoch: parse_safe_integer(epoch, "Producer-Epoch")?,
+                seq: parse_safe_integer(seq, "Producer-Seq")?,
+            }))
+        }
+        _ => Err(HeaderError::PartialProducer),
+    }
+}
+
+/// The expiry a create request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Expiry {
+    #[default]
+    Never,
+    /// Sliding window in seconds, reset by reads and writes.
+    Ttl(u64),
+    /// Absolute deadline in Unix milliseconds.
+    At(i64),
+}
+
+/// `Stream-TTL` and `Stream-Expires-At` together; both at once is refused.
+pub fn parse_expiry(ttl: Option<&str>, expires_at: Option<&str>) -> Result<Expiry, HeaderError> {
+    match (ttl, expires_at) {
+        (None, None) => Ok(Expiry::Never),
+        (Some(t), None) => parse_ttl(t).map(Expiry::Ttl),
+        (None, Some(e)) => parse_expires_at(e).map(Expiry::At),
+        (Some(t), Some(e)) => {
+            parse_ttl(t)?;
+            parse_expires_at(e)?;
+            Err(HeaderError::TtlAndExpiresAt)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_is_strict() {
+        assert_eq!(parse_ttl("0"), Ok(0));
+        assert_eq!(parse_ttl("3600"), Ok(3600));
+        for bad in ["", "+3600", "03600", "3600.0", "3.6e3", "-1", " 1", "abc", "99999999999999999999999"] {
+            assert_eq!(parse_ttl(bad), Err(HeaderError::InvalidTtl), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn expires_at_parses_rfc3339() {
+        assert_eq!(parse_expires_at("1970-01-01T00:00:01Z"), Ok(1000));
+        assert_eq!(parse_expires_at("1970-01-01T01:00:01+01:00"), Ok(1000));
+        assert!(parse_expires_at("tomorrow").is_err());
+        assert_eq!(format_rfc3339(1000), "1970-01-01T00:00:01Z");
+    }
+
+    #[test]
+    fn closed_flag_only_true() {
+        assert!(closed_flag(Some("true")));
+        assert!(closed_flag(Some("TRUE")));
+        for v in ["false", "yes", "1", ""] {
+            assert!(!closed_flag(Some(v)));
+        }
+        assert!(!closed_flag(None));
+    }
+
+    #[test]
+    fn producer_headers_all_or_none() {
+        assert_eq!(parse_producer(None, None, None), Ok(None));
+        assert_eq!(parse_producer(Some("p"), Some("0"), None), Err(HeaderError::PartialProducer));
+        assert_eq!(parse_producer(Some(""), Some("0"), Some("0")), Err(HeaderError::EmptyProducerId));
+        assert!(parse_producer(Some("p"), Some("-1"), Some("0")).is_err());
+        assert!(parse_producer(Some("p"), Some("1.5"), Some("0")).is_err());
+        assert!(parse_producer(Some("p"), Some("9007199254740992"), Some("0")).is_err());
+        assert_eq!(
+            parse_producer(Some("p"), Some("9007199254740991"), Some("3")),
+            Ok(Some(ProducerHeaders { id: "p".into(), epoch: MAX_SAFE_INTEGER, seq: 3 }))
+        );
+    }
+
+    #[test]
+    fn expiry_rejects_both() {
+        assert_eq!(parse_expiry(Some("5"), Some("1970-01-01T00:00:01Z")), Err(HeaderError::TtlAndExpiresAt));
+        assert_eq!(parse_expiry(Some("5"), None), Ok(Expiry::Ttl(5)));
+    }
+}

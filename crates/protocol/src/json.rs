@@ -1,0 +1,144 @@
+//! JSON mode (protocol section 9.1).
+//!
+//! Stored form: every message is its JSON text followed by one `,` byte. A read of any range of
+//! whole messages is rendered as `[` + stored bytes without the final `,` + `]`. Offsets count
+//! stored bytes, so every offset the server mints is a message boundary, and a stream's stored
+//! bytes are exactly the concatenation of its appends.
+
+use serde_json::value::RawValue;
+
+/// Why a JSON body was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JsonError {
+    #[error("body is not valid JSON")]
+    Invalid,
+    #[error("an empty JSON array appends nothing")]
+    EmptyArray,
+}
+
+/// Whether an empty array is allowed: it is on create (an empty stream), never on append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EmptyArray {
+    Allowed,
+    Rejected,
+}
+
+/// Validates a body and returns its stored form: a top-level array is flattened one level into
+/// its elements, anything else is one message.
+pub fn encode_body(body: &[u8], empty: EmptyArray) -> Result<Vec<u8>, JsonError> {
+    let text = std::str::from_utf8(body).map_err(|_| JsonError::Invalid)?;
+    let value: &RawValue = serde_json::from_str(text).map_err(|_| JsonError::Invalid)?;
+    let raw = value.get();
+    let mut out = Vec::with_capacity(raw.len() + 1);
+    if raw.starts_with('[') {
+        let items: Vec<&RawValue> = serde_json::from_str(raw).map_err(|_| JsonError::Invalid)?;
+        if items.is_empty() && empty == EmptyArray::Rejected {
+            return Err(JsonError::EmptyArray);
+        }
+        for item in items {
+            out.extend_from_slice(item.get().as_bytes());
+            out.push(b',');
+        }
+    } else {
+        out.extend_from_slice(raw.as_bytes());
+        out.push(b',');
+    }
+    Ok(out)
+}
+
+/// Renders stored bytes (whole messages) as the JSON array a GET returns.
+pub fn render_array(stored: &[u8]) -> Vec<u8> {
+    let inner = stored.strip_suffix(b",").unwrap_or(stored);
+    let mut out = Vec::with_capacity(inner.len() + 2);
+    out.push(b'[');
+    out.extend_from_slice(inner);
+    out.push(b']');
+    out
+}
+
+/// Splits stored bytes into the text of each message (for SSE, which sends one array per event).
+pub fn messages(stored: &[u8]) -> impl Iterator<Item = &[u8]> {
+    // Stored messages are serde-validated JSON texts each followed by ','; a ',' inside a message
+    // is always inside a string or nested value, so splitting must track nesting.
+    let mut rest = stored;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let end = message_end(rest);
+        let (msg, tail) = rest.split_at(end);
+        rest = tail.get(1..).unwrap_or(&[]);
+        Some(msg)
+    })
+}
+
+/// Index of the `,` that ends the first stored message.
+fn message_end(bytes: &[u8]) -> usize {
+    let (mut depth, mut in_str, mut escaped) = (0i32, false, false);
+    for (i, &b) in bytes.iter().enumerate() {
+        if in_str {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_str = true,
+            b'[' | b'{' => depth += 1,
+            b']' | b'}' => depth -= 1,
+            b',' if depth == 0 => return i,
+            _ => {}
+        }
+    }
+    bytes.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn stored(body: &str) -> String {
+        String::from_utf8(encode_body(body.as_bytes(), EmptyArray::Rejected).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn flattens_exactly_one_level() {
+        assert_eq!(stored(r#"{"event": "created"}"#), r#"{"event": "created"},"#);
+        assert_eq!(stored(r#"[{"a":1}, {"b":2}]"#), r#"{"a":1},{"b":2},"#);
+        assert_eq!(stored("[[1,2], [3,4]]"), "[1,2],[3,4],");
+        assert_eq!(stored("[[[1,2,3]]]"), "[[1,2,3]],");
+        assert_eq!(stored("\"s\""), "\"s\",");
+    }
+
+    #[test]
+    fn rejects_invalid_and_empty() {
+        assert_eq!(encode_body(b"{", EmptyArray::Rejected), Err(JsonError::Invalid));
+        assert_eq!(encode_body(b"", EmptyArray::Rejected), Err(JsonError::Invalid));
+        assert_eq!(encode_body(b"[]", EmptyArray::Rejected), Err(JsonError::EmptyArray));
+        assert_eq!(encode_body(b" [ ] ", EmptyArray::Allowed), Ok(vec![]));
+        assert_eq!(encode_body(&[0xff], EmptyArray::Rejected), Err(JsonError::Invalid));
+    }
+
+    #[test]
+    fn renders_arrays() {
+        assert_eq!(render_array(b""), b"[]");
+        assert_eq!(render_array(br#"{"a":1},[2,3],"#), br#"[{"a":1},[2,3]]"#);
+    }
+
+    proptest! {
+        #[test]
+        fn messages_split_what_encode_joined(items in proptest::collection::vec("[a-z,\\[\\]{}\"\\\\]{0,8}", 1..8)) {
+            let values: Vec<serde_json::Value> = items.iter().map(|s| serde_json::json!({"k": s, "n": [s, s]})).collect();
+            let body = serde_json::to_vec(&values).unwrap();
+            let enc = encode_body(&body, EmptyArray::Rejected).unwrap();
+            let back: Vec<serde_json::Value> = messages(&enc).map(|m| serde_json::from_slice(m).unwrap()).collect();
+            prop_assert_eq!(&back, &values);
+            let arr: Vec<serde_json::Value> = serde_json::from_slice(&render_array(&enc)).unwrap();
+            prop_assert_eq!(arr, values);
+        }
+    }
+}
