@@ -1,9 +1,12 @@
 //! Offsets: opaque to clients, a byte position in the logical stream to us.
 //!
-//! An offset is rendered as exactly [`Offset::WIDTH`] decimal digits, zero padded, so that the
-//! lexicographic order of the tokens equals the numeric order of the positions (protocol section 8,
-//! property 2). The token never contains `,`, `&`, `=`, `?` or `/`, and can never be one of the
-//! sentinels `-1` or `now`.
+//! An offset is rendered as `GGGGGGGGGGGGGGGG_PPPPPPPPPPPPPPPP`: two zero-padded 16-digit decimal
+//! fields, so that the lexicographic order of tokens equals the numeric order of positions
+//! (protocol section 8, property 2). `G` is a log generation, always 0 in this version and
+//! reserved for retention or compaction that renumbers positions; `P` is the byte position. The
+//! shape matches the reference implementation's, so clients that hard-code the start token
+//! `0000000000000000_0000000000000000` work. A token never contains `,`, `&`, `=`, `?` or `/`,
+//! and can never be one of the sentinels `-1` or `now`.
 //!
 //! The position counts bytes of the stream's *stored* form. For byte streams that is the body
 //! bytes; for JSON streams it is the stored framing (see [`crate::json`]), so positions are always
@@ -23,16 +26,20 @@ pub enum OffsetError {
 }
 
 impl Offset {
-    /// Number of digits in a rendered offset; 20 digits hold every `u64`.
-    pub const WIDTH: usize = 20;
+    /// Digits per field.
+    const FIELD: usize = 16;
+    /// The largest position a token can carry (10^16 - 1 bytes, about 8.9 PiB).
+    pub const MAX: Offset = Offset(9_999_999_999_999_999);
     pub const ZERO: Offset = Offset(0);
 
     /// Parses a token previously produced by [`Offset`]'s `Display`.
     pub fn parse(token: &str) -> Result<Offset, OffsetError> {
-        if token.len() != Self::WIDTH || !token.bytes().all(|b| b.is_ascii_digit()) {
+        let (generation, position) = token.split_once('_').ok_or(OffsetError::Malformed)?;
+        let digits = |s: &str| s.len() == Self::FIELD && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(generation) || !digits(position) || generation.bytes().any(|b| b != b'0') {
             return Err(OffsetError::Malformed);
         }
-        token.parse::<u64>().map(Offset).map_err(|_| OffsetError::Malformed)
+        position.parse::<u64>().map(Offset).map_err(|_| OffsetError::Malformed)
     }
 
     pub fn get(self) -> u64 {
@@ -42,7 +49,7 @@ impl Offset {
 
 impl fmt::Display for Offset {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:020}", self.0)
+        write!(f, "0000000000000000_{:016}", self.0)
     }
 }
 
@@ -79,23 +86,23 @@ mod tests {
         assert_eq!(OffsetParam::parse(Some("-1")), Ok(OffsetParam::Start));
         assert_eq!(OffsetParam::parse(Some("now")), Ok(OffsetParam::Now));
         assert_eq!(
-            OffsetParam::parse(Some("00000000000000000042")),
+            OffsetParam::parse(Some("0000000000000000_0000000000000042")),
             Ok(OffsetParam::At(Offset(42)))
         );
-        for bad in ["", "-2", "abc", "42", "0000000000000000004,", "+0000000000000000042", "000000000000000000042"] {
+        for bad in ["", "-2", "abc", "42", "0000000000000000_000000000000004,", "0000000000000000_+000000000000042", "0000000000000001_0000000000000042", "0000000000000000_00000000000000042", "-1\n"] {
             assert_eq!(OffsetParam::parse(Some(bad)), Err(OffsetError::Malformed), "{bad:?}");
         }
     }
 
     #[test]
     fn max_offset_round_trips() {
-        let o = Offset(u64::MAX);
+        let o = Offset::MAX;
         assert_eq!(Offset::parse(&o.to_string()), Ok(o));
     }
 
     proptest! {
         #[test]
-        fn tokens_sort_as_positions(a: u64, b: u64) {
+        fn tokens_sort_as_positions(a in 0..=Offset::MAX.0, b in 0..=Offset::MAX.0) {
             let (ta, tb) = (Offset(a).to_string(), Offset(b).to_string());
             prop_assert_eq!(ta.cmp(&tb), a.cmp(&b));
             prop_assert_eq!(Offset::parse(&ta), Ok(Offset(a)));

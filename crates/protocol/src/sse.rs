@@ -18,7 +18,7 @@ pub fn data_event(out: &mut Vec<u8>, payload: &[u8], encoding: DataEncoding) {
     out.extend_from_slice(b"event: data\n");
     match encoding {
         DataEncoding::Base64 => {
-            out.extend_from_slice(b"data: ");
+            out.extend_from_slice(b"data:");
             out.extend_from_slice(base64::engine::general_purpose::STANDARD.encode(payload).as_bytes());
             out.push(b'\n');
         }
@@ -28,7 +28,9 @@ pub fn data_event(out: &mut Vec<u8>, payload: &[u8], encoding: DataEncoding) {
             let text = String::from_utf8_lossy(payload);
             let normalized = text.replace("\r\n", "\n").replace('\r', "\n");
             for line in normalized.split('\n') {
-                out.extend_from_slice(b"data: ");
+                // `data:` without a space, except before a line that starts with one: SSE parsers
+                // strip exactly one leading space, so this keeps such lines intact.
+                out.extend_from_slice(if line.starts_with(' ') { b"data: " } else { b"data:" });
                 out.extend_from_slice(line.as_bytes());
                 out.push(b'\n');
             }
@@ -60,7 +62,7 @@ pub fn control_event(out: &mut Vec<u8>, c: &Control) {
     if c.closed {
         obj.insert("streamClosed".into(), true.into());
     }
-    out.extend_from_slice(b"event: control\ndata: ");
+    out.extend_from_slice(b"event: control\ndata:");
     out.extend_from_slice(serde_json::Value::Object(obj).to_string().as_bytes());
     out.extend_from_slice(b"\n\n");
 }
@@ -73,14 +75,17 @@ mod tests {
     fn text_lines_become_data_lines() {
         let mut out = Vec::new();
         data_event(&mut out, b"a\nb\r\nc", DataEncoding::Text);
-        assert_eq!(out, b"event: data\ndata: a\ndata: b\ndata: c\n\n");
+        assert_eq!(out, b"event: data\ndata:a\ndata:b\ndata:c\n\n");
+        let mut out = Vec::new();
+        data_event(&mut out, b" x\ry", DataEncoding::Text);
+        assert_eq!(out, b"event: data\ndata:  x\ndata:y\n\n");
     }
 
     #[test]
     fn binary_is_base64() {
         let mut out = Vec::new();
         data_event(&mut out, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], DataEncoding::Base64);
-        assert_eq!(out, b"event: data\ndata: AQIDBAUGBwgJCg==\n\n");
+        assert_eq!(out, b"event: data\ndata:AQIDBAUGBwgJCg==\n\n");
     }
 
     #[test]
@@ -89,7 +94,7 @@ mod tests {
         control_event(&mut out, &Control { next_offset: Offset(5), cursor: Some(9), up_to_date: true, closed: false });
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "event: control\ndata: {\"streamCursor\":\"9\",\"streamNextOffset\":\"00000000000000000005\",\"upToDate\":true}\n\n"
+            "event: control\ndata:{\"streamCursor\":\"9\",\"streamNextOffset\":\"0000000000000000_0000000000000005\",\"upToDate\":true}\n\n"
         );
         let mut out = Vec::new();
         control_event(&mut out, &Control { next_offset: Offset(5), cursor: None, up_to_date: false, closed: true });

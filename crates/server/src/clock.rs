@@ -1,0 +1,36 @@
+//! Time and jitter behind a trait: expiry, TTL windows and cursors depend on them, and tests need
+//! to control them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub trait Clock: Send + Sync + 'static {
+    /// Unix time in milliseconds.
+    fn now_ms(&self) -> i64;
+    /// A pseudo-random number of seconds in `1..=3600`, for cursor jitter (section 10.1).
+    fn jitter_s(&self) -> u64;
+}
+
+/// The real clock; jitter from a SplitMix64 sequence seeded by the start time. Cursor jitter needs
+/// spread, not unpredictability.
+#[derive(Default)]
+pub struct SystemClock {
+    counter: AtomicU64,
+}
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> i64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0)
+    }
+
+    fn jitter_s(&self) -> u64 {
+        let seed = self.counter.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed) ^ (self.now_ms() as u64);
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        (z ^ (z >> 31)) % 3600 + 1
+    }
+}

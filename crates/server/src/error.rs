@@ -1,0 +1,94 @@
+//! Every error the server answers with, and its status code — in this one place.
+
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use oncelog_protocol::headers::names;
+use oncelog_storage::{AppendError, CreateError, LookupError, StorageError};
+
+use crate::request::RequestError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    BadRequest(#[from] RequestError),
+    #[error("request body exceeds the limit of {limit} bytes")]
+    PayloadTooLarge { limit: usize },
+    #[error("could not read the request body")]
+    BodyRead,
+    #[error("no such route; streams live under /v1/stream/")]
+    NoRoute,
+    #[error("method not allowed on a stream")]
+    MethodNotAllowed,
+    #[error("stream forks are not supported by this server yet")]
+    ForksUnsupported,
+    #[error(transparent)]
+    Create(#[from] CreateError),
+    #[error(transparent)]
+    Append(#[from] AppendError),
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+fn storage_status(e: &StorageError) -> StatusCode {
+    match e {
+        StorageError::Poisoned | StorageError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        StorageError::Backend(_) | StorageError::Corrupt(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+fn h(name: &'static str, value: impl ToString) -> (HeaderName, HeaderValue) {
+    let v = HeaderValue::from_str(&value.to_string()).unwrap_or(HeaderValue::from_static(""));
+    (HeaderName::from_static(name), v)
+}
+
+impl ApiError {
+    fn status_and_headers(&self) -> (StatusCode, Vec<(HeaderName, HeaderValue)>) {
+        match self {
+            ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, vec![]),
+            ApiError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
+            ApiError::BodyRead => (StatusCode::BAD_REQUEST, vec![]),
+            ApiError::NoRoute => (StatusCode::NOT_FOUND, vec![]),
+            ApiError::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                vec![h("allow", "GET, HEAD, PUT, POST, DELETE, OPTIONS")],
+            ),
+            ApiError::ForksUnsupported => (StatusCode::NOT_IMPLEMENTED, vec![]),
+            ApiError::Create(CreateError::ConfigMismatch) => (StatusCode::CONFLICT, vec![]),
+            ApiError::Create(CreateError::Storage(e)) => (storage_status(e), vec![]),
+            ApiError::Append(e) => match e {
+                AppendError::NotFound => (StatusCode::NOT_FOUND, vec![]),
+                AppendError::Closed { tail } => (
+                    StatusCode::CONFLICT,
+                    vec![h(names::STREAM_CLOSED, "true"), h(names::STREAM_NEXT_OFFSET, tail)],
+                ),
+                AppendError::ContentTypeMismatch | AppendError::StreamSeqRegression => (StatusCode::CONFLICT, vec![]),
+                AppendError::ProducerFenced { current_epoch } => {
+                    (StatusCode::FORBIDDEN, vec![h(names::PRODUCER_EPOCH, current_epoch)])
+                }
+                AppendError::ProducerSeqGap { expected, received } => (
+                    StatusCode::CONFLICT,
+                    vec![h(names::PRODUCER_EXPECTED_SEQ, expected), h(names::PRODUCER_RECEIVED_SEQ, received)],
+                ),
+                AppendError::ProducerEpochSeq => (StatusCode::BAD_REQUEST, vec![]),
+                AppendError::OffsetOverflow => (StatusCode::INSUFFICIENT_STORAGE, vec![]),
+                AppendError::Storage(e) => (storage_status(e), vec![]),
+            },
+            ApiError::Lookup(LookupError::NotFound) => (StatusCode::NOT_FOUND, vec![]),
+            ApiError::Lookup(LookupError::Storage(e)) | ApiError::Storage(e) => (storage_status(e), vec![]),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, headers) = self.status_and_headers();
+        if status.is_server_error() {
+            tracing::error!(error = %self, %status, "request failed");
+        }
+        let mut resp = (status, [("content-type", "text/plain; charset=utf-8")], format!("{self}\n")).into_response();
+        resp.headers_mut().extend(headers);
+        resp
+    }
+}

@@ -1,0 +1,217 @@
+//! Thin handlers: parse the request into protocol types, make one engine call, render.
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use oncelog_protocol::headers::{format_rfc3339, names, Expiry};
+use oncelog_protocol::json::{self, EmptyArray};
+use oncelog_protocol::{content_type, Offset};
+use oncelog_storage::{
+    AppendRequest, AppendStatus, CreateOutcome, CreateRequest, Engine, StreamConfig, StreamInfo,
+};
+
+use crate::error::ApiError;
+use crate::request::{AppendHeaders, CreateHeaders, RequestError};
+use crate::{headers, read, AppState};
+
+/// Every method on `/v1/stream/{path}`.
+pub async fn stream<E: Engine>(
+    State(st): State<AppState<E>>,
+    Path(path): Path<String>,
+    method: Method,
+    uri: Uri,
+    req_headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = if path.is_empty() {
+        Err(RequestError::EmptyPath.into())
+    } else if path == "__ds" || path.starts_with("__ds/") {
+        // Reserved for the subscription APIs (section 6), which this server does not offer.
+        Err(ApiError::NoRoute)
+    } else {
+        match method {
+            Method::GET => read::get(&st, &path, uri.query(), &req_headers).await,
+            Method::HEAD => head(&st, &path),
+            Method::PUT => create(&st, &path, &uri, &req_headers, body).await,
+            Method::POST => append(&st, &path, &req_headers, body).await,
+            Method::DELETE => delete(&st, &path).await,
+            Method::OPTIONS => Ok(headers::preflight(&req_headers)),
+            _ => Err(ApiError::MethodNotAllowed),
+        }
+    };
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Anything outside `/v1/stream/`.
+pub async fn no_route(method: Method, req_headers: HeaderMap) -> Response {
+    if method == Method::OPTIONS {
+        return headers::preflight(&req_headers);
+    }
+    ApiError::NoRoute.into_response()
+}
+
+/// Reads a request body, refusing more than `limit` bytes with 413.
+async fn body_bytes(body: Body, req_headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = req_headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::PayloadTooLarge { limit });
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf = BytesMut::with_capacity(declared.map_or(0, |n| n as usize));
+    while let Some(frame) = stream.next().await {
+        let frame = frame.map_err(|_| ApiError::BodyRead)?;
+        if buf.len() + frame.len() > limit {
+            return Err(ApiError::PayloadTooLarge { limit });
+        }
+        buf.extend_from_slice(&frame);
+    }
+    Ok(buf.freeze())
+}
+
+/// Builds a response from a status and header pairs; values are always valid header text.
+pub(crate) fn respond(status: StatusCode, pairs: Vec<(&'static str, String)>, body: Body) -> Response {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    for (name, value) in pairs {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            h.insert(name, v);
+        }
+    }
+    resp
+}
+
+/// Metadata headers shared by HEAD, PUT responses.
+fn meta_headers(info: &StreamInfo) -> Vec<(&'static str, String)> {
+    let mut v = vec![
+        ("content-type", info.config.content_type.clone()),
+        (names::STREAM_NEXT_OFFSET, info.tail.to_string()),
+    ];
+    match info.config.expiry {
+        Expiry::Never => {}
+        Expiry::Ttl(s) => v.push((names::STREAM_TTL, s.to_string())),
+        Expiry::At(ms) => v.push((names::STREAM_EXPIRES_AT, format_rfc3339(ms))),
+    }
+    if info.closed {
+        v.push((names::STREAM_CLOSED, "true".into()));
+    }
+    v
+}
+
+fn head<E: Engine>(st: &AppState<E>, path: &str) -> Result<Response, ApiError> {
+    let info = st.engine.head(path, st.clock.now_ms())?;
+    let mut h = meta_headers(&info);
+    h.push(("cache-control", "no-store".into()));
+    Ok(respond(StatusCode::OK, h, Body::empty()))
+}
+
+async fn create<E: Engine>(
+    st: &AppState<E>,
+    path: &str,
+    uri: &Uri,
+    req_headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let h = CreateHeaders::parse(req_headers)?;
+    if h.fork {
+        return Err(ApiError::ForksUnsupported);
+    }
+    let body = body_bytes(body, req_headers, st.config.max_append_bytes).await?;
+    let initial = if content_type::is_json(&h.content_type) && !body.is_empty() {
+        Bytes::from(json::encode_body(&body, EmptyArray::Allowed).map_err(RequestError::from)?)
+    } else {
+        body
+    };
+    let req = CreateRequest {
+        path: path.to_owned(),
+        config: StreamConfig { content_type: h.content_type, expiry: h.expiry },
+        closed: h.closed,
+        initial,
+        now_ms: st.clock.now_ms(),
+    };
+    let (status, info) = match st.engine.create(req).await? {
+        CreateOutcome::Created(info) => (StatusCode::CREATED, info),
+        CreateOutcome::Existing(info) => (StatusCode::OK, info),
+    };
+    let mut pairs = meta_headers(&info);
+    if status == StatusCode::CREATED {
+        let host = req_headers.get("host").and_then(|v| v.to_str().ok()).unwrap_or("localhost");
+        pairs.push(("location", format!("http://{host}{}", uri.path())));
+    }
+    Ok(respond(status, pairs, Body::empty()))
+}
+
+async fn append<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let now_ms = st.clock.now_ms();
+    // Existence first: a missing stream is 404 whatever else is wrong with the request.
+    let info = st.engine.head(path, now_ms)?;
+    let h = AppendHeaders::parse(req_headers)?;
+    let body = body_bytes(body, req_headers, st.config.max_append_bytes).await?;
+    if body.is_empty() && !h.close {
+        return Err(RequestError::EmptyBody.into());
+    }
+    let data = if body.is_empty() {
+        body
+    } else {
+        let ct = h.content_type.as_deref().ok_or(RequestError::MissingContentType)?;
+        // Frame as JSON only when both sides are JSON; any mismatch is the engine's 409.
+        if content_type::is_json(ct) && content_type::is_json(&info.config.content_type) {
+            Bytes::from(json::encode_body(&body, EmptyArray::Rejected).map_err(RequestError::from)?)
+        } else {
+            body
+        }
+    };
+    let with_data = !data.is_empty();
+    let has_producer = h.producer.is_some();
+    let out = st
+        .engine
+        .append(AppendRequest {
+            path: path.to_owned(),
+            content_type: if with_data { h.content_type } else { None },
+            data,
+            close: h.close,
+            stream_seq: h.stream_seq,
+            producer: h.producer,
+            now_ms,
+        })
+        .await?;
+    // 200 marks new data from an idempotent producer; every other success is 204.
+    let status = if out.status == AppendStatus::Appended && has_producer && with_data {
+        StatusCode::OK
+    } else {
+        StatusCode::NO_CONTENT
+    };
+    let mut pairs = vec![(names::STREAM_NEXT_OFFSET, out.next_offset.to_string())];
+    if out.closed {
+        pairs.push((names::STREAM_CLOSED, "true".into()));
+    }
+    if let Some((epoch, seq)) = out.producer {
+        pairs.push((names::PRODUCER_EPOCH, epoch.to_string()));
+        pairs.push((names::PRODUCER_SEQ, seq.to_string()));
+    }
+    Ok(respond(status, pairs, Body::empty()))
+}
+
+async fn delete<E: Engine>(st: &AppState<E>, path: &str) -> Result<Response, ApiError> {
+    st.engine.delete(path, st.clock.now_ms()).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The offset a read starts from, checked against the tail.
+pub(crate) fn start_offset(param: oncelog_protocol::OffsetParam, tail: Offset) -> Result<Offset, RequestError> {
+    let from = match param {
+        oncelog_protocol::OffsetParam::Start => Offset::ZERO,
+        oncelog_protocol::OffsetParam::Now => tail,
+        oncelog_protocol::OffsetParam::At(o) => o,
+    };
+    if from > tail {
+        return Err(RequestError::OffsetBeyondTail);
+    }
+    Ok(from)
+}

@@ -1,0 +1,220 @@
+//! GET: catch-up, long-poll and SSE reads (sections 5.6–5.8, 10).
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use oncelog_protocol::headers::names;
+use oncelog_protocol::sse::{self, Control, DataEncoding};
+use oncelog_protocol::{content_type, cursor, json, Offset, OffsetParam};
+use oncelog_storage::{Engine, ReadChunk, StreamInfo, WaitOutcome};
+
+use crate::error::ApiError;
+use crate::handlers::{respond, start_offset};
+use crate::request::{Live, ReadQuery};
+use crate::AppState;
+
+/// Data chunks are immutable by position, so they may be cached; tail answers may not.
+const CACHEABLE: &str = "public, max-age=60, stale-while-revalidate=300";
+
+pub async fn get<E: Engine>(
+    st: &AppState<E>,
+    path: &str,
+    query: Option<&str>,
+    req_headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let now_ms = st.clock.now_ms();
+    let info = st.engine.head(path, now_ms)?;
+    let q = ReadQuery::parse(query)?;
+    let from = start_offset(q.offset, info.tail)?;
+    match q.live {
+        Live::CatchUp => {
+            let chunk = st.engine.read(path, from, st.config.max_read_bytes, now_ms).await?;
+            Ok(render_chunk(&chunk, from, q.offset == OffsetParam::Now, None, req_headers))
+        }
+        Live::LongPoll => long_poll(st, path, &q, from, info, req_headers).await,
+        Live::Sse => Ok(sse(st, path, &q, from, &info)),
+    }
+}
+
+fn cursor_for<E: Engine>(st: &AppState<E>, q: &ReadQuery) -> u64 {
+    cursor::next_cursor(u64::try_from(st.clock.now_ms()).unwrap_or(0), q.cursor.as_deref(), st.clock.jitter_s())
+}
+
+/// A 200 carrying a chunk (possibly empty at the tail).
+fn render_chunk(chunk: &ReadChunk, from: Offset, is_now: bool, cursor: Option<u64>, req_headers: &HeaderMap) -> Response {
+    let info = &chunk.info;
+    let at_tail = chunk.up_to_date();
+    let eof = info.closed && at_tail;
+    let mut pairs = vec![
+        ("content-type", info.config.content_type.clone()),
+        (names::STREAM_NEXT_OFFSET, chunk.next.to_string()),
+    ];
+    if at_tail {
+        pairs.push((names::STREAM_UP_TO_DATE, "true".into()));
+    }
+    if eof {
+        pairs.push((names::STREAM_CLOSED, "true".into()));
+    }
+    if let Some(c) = cursor {
+        pairs.push((names::STREAM_CURSOR, c.to_string()));
+    }
+    if is_now || chunk.data.is_empty() {
+        pairs.push(("cache-control", "no-store".into()));
+    } else {
+        pairs.push(("cache-control", CACHEABLE.into()));
+    }
+    if !is_now {
+        // Varies with the stream, the range and closure, so a 304 never hides new data or EOF.
+        let etag = format!("\"{}:{}:{}{}\"", info.id, from.0, chunk.next.0, if eof { ":c" } else { "" });
+        let matches = req_headers
+            .get("if-none-match")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
+        pairs.push(("etag", etag));
+        if matches {
+            return respond(StatusCode::NOT_MODIFIED, pairs, Body::empty());
+        }
+    }
+    let body = if content_type::is_json(&info.config.content_type) {
+        Bytes::from(json::render_array(&chunk.data))
+    } else {
+        chunk.data.clone()
+    };
+    respond(StatusCode::OK, pairs, Body::from(body))
+}
+
+/// A 204: nothing new (or EOF) at `tail`.
+fn no_content(info: &StreamInfo, cursor: u64) -> Response {
+    let mut pairs = vec![
+        (names::STREAM_NEXT_OFFSET, info.tail.to_string()),
+        (names::STREAM_UP_TO_DATE, "true".into()),
+        ("cache-control", "no-store".into()),
+    ];
+    if info.closed {
+        pairs.push((names::STREAM_CLOSED, "true".into()));
+    } else {
+        pairs.push((names::STREAM_CURSOR, cursor.to_string()));
+    }
+    respond(StatusCode::NO_CONTENT, pairs, Body::empty())
+}
+
+async fn long_poll<E: Engine>(
+    st: &AppState<E>,
+    path: &str,
+    q: &ReadQuery,
+    from: Offset,
+    info: StreamInfo,
+    req_headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let cursor = cursor_for(st, q);
+    let now_ms = st.clock.now_ms();
+    let info = if from < info.tail {
+        info
+    } else if info.closed {
+        return Ok(no_content(&info, cursor));
+    } else {
+        match st.engine.wait(path, from, st.config.long_poll_timeout, now_ms).await? {
+            WaitOutcome::Changed(i) if i.tail > from => i,
+            WaitOutcome::Changed(i) | WaitOutcome::TimedOut(i) => return Ok(no_content(&i, cursor)),
+        }
+    };
+    let _ = info;
+    let chunk = st.engine.read(path, from, st.config.max_read_bytes, st.clock.now_ms()).await?;
+    Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers))
+}
+
+/// State of one SSE response.
+struct SseState<E> {
+    st: AppState<E>,
+    path: String,
+    offset: Offset,
+    cursor: u64,
+    encoding: DataEncoding,
+    json: bool,
+    /// Whether any control event was sent: at the tail, one `upToDate` control is sent first and
+    /// then only after new data.
+    sent_control: bool,
+    /// When the server ends the response so clients reconnect through CDNs.
+    deadline: tokio::time::Instant,
+    done: bool,
+}
+
+fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, info: &StreamInfo) -> Response {
+    let text = content_type::sse_is_text(&info.config.content_type);
+    let state = SseState {
+        st: st.clone(),
+        path: path.to_owned(),
+        offset: from,
+        cursor: cursor_for(st, q),
+        encoding: if text { DataEncoding::Text } else { DataEncoding::Base64 },
+        json: content_type::is_json(&info.config.content_type),
+        sent_control: false,
+        deadline: tokio::time::Instant::now() + st.config.sse_max_duration,
+        done: false,
+    };
+    let events = futures_util::stream::unfold(state, |mut s| async move {
+        let bytes = s.next_event().await?;
+        Some((Ok::<Bytes, std::convert::Infallible>(bytes), s))
+    });
+    let mut pairs = vec![
+        ("content-type", "text/event-stream".to_owned()),
+        ("cache-control", "no-cache".to_owned()),
+    ];
+    if !text {
+        pairs.push((names::STREAM_SSE_DATA_ENCODING, "base64".into()));
+    }
+    respond(StatusCode::OK, pairs, Body::from_stream(events))
+}
+
+impl<E: Engine> SseState<E> {
+    /// The next piece of the event stream, or `None` to end the response.
+    async fn next_event(&mut self) -> Option<Bytes> {
+        loop {
+            if self.done {
+                return None;
+            }
+            let now_ms = self.st.clock.now_ms();
+            let info = self.st.engine.head(&self.path, now_ms).ok()?;
+            if self.offset < info.tail {
+                let chunk = self.st.engine.read(&self.path, self.offset, self.st.config.max_read_bytes, now_ms).await.ok()?;
+                let mut out = Vec::with_capacity(chunk.data.len() * 4 / 3 + 256);
+                let payload = if self.json { json::render_array(&chunk.data) } else { chunk.data.to_vec() };
+                sse::data_event(&mut out, &payload, self.encoding);
+                self.offset = chunk.next;
+                // Data and its control go out in one write.
+                self.control(&mut out, chunk.up_to_date(), chunk.info.closed && chunk.up_to_date());
+                return Some(Bytes::from(out));
+            }
+            if info.closed {
+                let mut out = Vec::new();
+                self.control(&mut out, true, true);
+                return Some(Bytes::from(out));
+            }
+            if !self.sent_control {
+                let mut out = Vec::new();
+                self.control(&mut out, true, false);
+                return Some(Bytes::from(out));
+            }
+            let remaining = self.deadline.saturating_duration_since(tokio::time::Instant::now());
+            if remaining == Duration::ZERO {
+                return None;
+            }
+            match self.st.engine.wait(&self.path, self.offset, remaining, now_ms).await.ok()? {
+                WaitOutcome::Changed(_) => continue,
+                WaitOutcome::TimedOut(_) => return None,
+            }
+        }
+    }
+
+    fn control(&mut self, out: &mut Vec<u8>, up_to_date: bool, closed: bool) {
+        self.sent_control = true;
+        self.done = closed;
+        sse::control_event(
+            out,
+            &Control { next_offset: self.offset, cursor: (!closed).then_some(self.cursor), up_to_date, closed },
+        );
+    }
+}

@@ -1,0 +1,104 @@
+//! Background removal of deleted streams' data.
+//!
+//! Deleting a stream removes its metadata and records its id in the `gc` keyspace in one batch;
+//! this thread then removes the data keys in bounded batches and finally the `gc` entry. A crash
+//! part-way simply resumes from the `gc` keyspace on the next start. Nothing here needs an fsync:
+//! a lost removal is redone.
+
+use std::sync::{Arc, Condvar, Mutex};
+
+use super::Keyspaces;
+use crate::records::keys;
+
+/// Keys removed per batch: bounds the memory and journal entry size of one removal step.
+const KEYS_PER_BATCH: usize = 4096;
+
+#[derive(Clone)]
+pub(crate) struct GcHandle {
+    signal: Arc<(Mutex<GcState>, Condvar)>,
+}
+
+#[derive(Default)]
+struct GcState {
+    /// Set by `wake`, cleared when the thread starts a pass.
+    pending: bool,
+    stop: bool,
+}
+
+impl GcHandle {
+    pub fn start(ks: Arc<Keyspaces>, pending: Vec<u64>) -> Self {
+        let handle = GcHandle { signal: Arc::new((Mutex::new(GcState { pending: !pending.is_empty(), stop: false }), Condvar::new())) };
+        let h = handle.clone();
+        let spawned = std::thread::Builder::new().name("oncelog-gc".into()).spawn(move || h.run(&ks));
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "could not start the garbage collector; deleted data stays on disk");
+        }
+        handle
+    }
+
+    pub fn wake(&self) {
+        let (lock, cv) = &*self.signal;
+        if let Ok(mut s) = lock.lock() {
+            s.pending = true;
+            cv.notify_one();
+        }
+    }
+
+    pub fn stop(&self) {
+        let (lock, cv) = &*self.signal;
+        if let Ok(mut s) = lock.lock() {
+            s.stop = true;
+            cv.notify_one();
+        }
+    }
+
+    fn run(&self, ks: &Keyspaces) {
+        let (lock, cv) = &*self.signal;
+        loop {
+            {
+                let Ok(mut s) = lock.lock() else { return };
+                while !s.pending && !s.stop {
+                    s = match cv.wait(s) {
+                        Ok(s) => s,
+                        Err(_) => return,
+                    };
+                }
+                if s.stop {
+                    return;
+                }
+                s.pending = false;
+            }
+            if let Err(e) = collect(ks) {
+                tracing::warn!(error = %e, "garbage collection pass failed; will retry on the next delete or restart");
+            }
+        }
+    }
+}
+
+/// One pass: removes the data of every stream listed in the `gc` keyspace.
+fn collect(ks: &Keyspaces) -> Result<(), fjall::Error> {
+    let ids: Vec<[u8; 8]> = ks
+        .gc
+        .iter()
+        .filter_map(|g| g.key().ok())
+        .filter_map(|k| <[u8; 8]>::try_from(k.as_ref()).ok())
+        .collect();
+    for id in ids {
+        loop {
+            let batch_keys: Vec<_> = ks.data.prefix(id).take(KEYS_PER_BATCH).filter_map(|g| g.key().ok()).collect();
+            if batch_keys.is_empty() {
+                break;
+            }
+            let mut batch = ks.db.batch();
+            for k in batch_keys {
+                batch.remove(&ks.data, k);
+            }
+            batch.commit()?;
+        }
+        let mut batch = ks.db.batch();
+        batch.remove(&ks.gc, id.to_vec());
+        batch.commit()?;
+        let _ = keys::parse_data; // layout documented in records::keys
+    }
+    Ok(())
+}

@@ -1,0 +1,399 @@
+//! The embedded engine: fjall keyspaces (see [`crate::records::keys`]) behind one group-commit
+//! writer thread.
+//!
+//! Data flow of an append: the HTTP task sends a command to the writer thread and awaits a
+//! oneshot reply. The writer drains every command that is waiting, validates each against its
+//! authoritative in-memory state (closure, content type, producer, `Stream-Seq`), puts all their
+//! effects — data, producer records, metadata — into **one** fjall write batch, commits it,
+//! fdatasyncs the journal **once**, then publishes the new tails to readers and replies. So:
+//!
+//! - an acknowledged append is on disk together with its producer state and closure (one batch is
+//!   one atomic journal entry; fjall checksums journal entries and truncates a torn tail on
+//!   recovery);
+//! - many writers share one fsync (group commit), and streams never wait on each other for
+//!   anything else;
+//! - readers only ever see published tails, i.e. durable data;
+//! - after a failed commit or fsync the writer refuses every later write (fail-stop) instead of
+//!   pretending; fjall poisons itself the same way.
+//!
+//! Memory: per stream, one small metadata entry and a `watch` channel; per producer, its state
+//! with a bounded receipt window. Data lives on disk and in fjall's bounded block cache.
+
+mod gc;
+mod writer;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions};
+use oncelog_protocol::headers::Expiry;
+use oncelog_protocol::Offset;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::engine::*;
+use crate::records::{keys, ProducerRecord, StreamMeta};
+use writer::{Command, WStream, Writer};
+
+/// What "acknowledged" means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Acknowledged after `fdatasync` of the journal (the default): survives power loss.
+    Fsync,
+    /// Acknowledged after the journal is handed to the OS: survives a process crash, not a power
+    /// loss or kernel crash. An explicit, weaker choice for throughput.
+    Buffered,
+}
+
+#[derive(Debug, Clone)]
+pub struct EmbeddedOptions {
+    pub data_dir: PathBuf,
+    pub durability: Durability,
+    /// fjall block-cache size: the bound on RAM spent caching data.
+    pub cache_bytes: u64,
+}
+
+impl EmbeddedOptions {
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self { data_dir: data_dir.into(), durability: Durability::Fsync, cache_bytes: 64 << 20 }
+    }
+}
+
+/// What recovery found, for the startup log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub streams: usize,
+    pub producers: usize,
+    pub closed_streams: usize,
+    /// Sum of all tails: bytes of stream data.
+    pub bytes: u64,
+    /// Deleted streams whose data was still being removed.
+    pub pending_gc: usize,
+}
+
+/// The published, reader-visible state of a stream: only durable effects reach it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Published {
+    tail: Offset,
+    closed: bool,
+    deleted: bool,
+}
+
+/// Per-stream entry shared by readers.
+pub(crate) struct Shared {
+    id: u64,
+    config: StreamConfig,
+    /// Publishes tail and closure after each durable commit; live readers subscribe to it.
+    state: watch::Sender<Published>,
+    /// Last read or write (Unix ms), for the sliding TTL. Memory only: reading must never write
+    /// to disk, and after a restart the window restarts (expiry may come up to one TTL late).
+    last_access_ms: AtomicI64,
+}
+
+impl Shared {
+    fn info(&self) -> StreamInfo {
+        let p = *self.state.borrow();
+        StreamInfo { id: self.id, config: self.config.clone(), tail: p.tail, closed: p.closed }
+    }
+
+    fn touch(&self, now_ms: i64) {
+        self.last_access_ms.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    pub(crate) fn expired(&self, now_ms: i64) -> bool {
+        match self.config.expiry {
+            Expiry::Never => false,
+            Expiry::At(at) => now_ms >= at,
+            Expiry::Ttl(secs) => {
+                let ttl_ms = i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+                now_ms >= self.last_access_ms.load(Ordering::Relaxed).saturating_add(ttl_ms)
+            }
+        }
+    }
+}
+
+pub(crate) struct Keyspaces {
+    db: Database,
+    streams: Keyspace,
+    data: Keyspace,
+    producers: Keyspace,
+    gc: Keyspace,
+    sys: Keyspace,
+}
+
+/// The embedded engine. Cheap to clone.
+#[derive(Clone)]
+pub struct EmbeddedEngine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ks: Arc<Keyspaces>,
+    streams: Arc<RwLock<HashMap<String, Arc<Shared>>>>,
+    /// `None` once shutdown began.
+    tx: Mutex<Option<mpsc::Sender<Command>>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    gc: gc::GcHandle,
+    report: RecoveryReport,
+}
+
+fn backend(e: impl std::error::Error + Send + Sync + 'static) -> StorageError {
+    StorageError::Backend(Arc::new(e))
+}
+
+impl EmbeddedEngine {
+    /// Opens (or creates) the store in `opts.data_dir`, recovers every stream, and starts the
+    /// writer and garbage-collector threads.
+    pub fn open(opts: EmbeddedOptions) -> Result<Self, StorageError> {
+        std::fs::create_dir_all(&opts.data_dir).map_err(backend)?;
+        let db = Database::builder(&opts.data_dir)
+            .cache_size(opts.cache_bytes)
+            .manual_journal_persist(true)
+            .open()
+            .map_err(backend)?;
+        let plain = KeyspaceCreateOptions::default;
+        let ks = Arc::new(Keyspaces {
+            streams: db.keyspace("streams", plain).map_err(backend)?,
+            data: db
+                .keyspace("data", || {
+                    KeyspaceCreateOptions::default()
+                        .with_kv_separation(Some(KvSeparationOptions::default()))
+                })
+                .map_err(backend)?,
+            producers: db.keyspace("producers", plain).map_err(backend)?,
+            gc: db.keyspace("gc", plain).map_err(backend)?,
+            sys: db.keyspace("sys", plain).map_err(backend)?,
+            db,
+        });
+
+        let (wstreams, next_id, report, pending_gc) = recover(&ks)?;
+        let shared: HashMap<String, Arc<Shared>> =
+            wstreams.iter().map(|(p, w)| (p.clone(), w.shared.clone())).collect();
+        let streams = Arc::new(RwLock::new(shared));
+        let gc = gc::GcHandle::start(ks.clone(), pending_gc);
+        let (tx, rx) = mpsc::channel(16_384);
+        let writer = Writer::new(ks.clone(), streams.clone(), wstreams, next_id, opts.durability, gc.clone());
+        let handle = std::thread::Builder::new()
+            .name("oncelog-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(backend)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                ks,
+                streams,
+                tx: Mutex::new(Some(tx)),
+                writer: Mutex::new(Some(handle)),
+                gc,
+                report,
+            }),
+        })
+    }
+
+    pub fn recovery_report(&self) -> RecoveryReport {
+        self.inner.report
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, StorageError> {
+        let tx = self
+            .inner
+            .tx
+            .lock()
+            .map_err(|_| StorageError::Poisoned)?
+            .clone()
+            .ok_or(StorageError::ShuttingDown)?;
+        let (reply, rx) = oneshot::channel();
+        tx.send(make(reply)).await.map_err(|_| StorageError::ShuttingDown)?;
+        rx.await.map_err(|_| StorageError::ShuttingDown)
+    }
+
+    fn lookup(&self, path: &str, now_ms: i64) -> Result<Arc<Shared>, LookupError> {
+        let map = self.inner.streams.read().map_err(|_| StorageError::Poisoned)?;
+        match map.get(path) {
+            Some(s) if !s.expired(now_ms) => Ok(s.clone()),
+            _ => Err(LookupError::NotFound),
+        }
+    }
+}
+
+impl Engine for EmbeddedEngine {
+    async fn create(&self, req: CreateRequest) -> Result<CreateOutcome, CreateError> {
+        self.call(|reply| Command::Create { req, reply }).await?
+    }
+
+    async fn append(&self, req: AppendRequest) -> Result<AppendOutcome, AppendError> {
+        self.call(|reply| Command::Append { req, reply }).await?
+    }
+
+    async fn delete(&self, path: &str, now_ms: i64) -> Result<(), LookupError> {
+        let path = path.to_owned();
+        self.call(|reply| Command::Delete { path, now_ms, reply }).await?
+    }
+
+    fn head(&self, path: &str, now_ms: i64) -> Result<StreamInfo, LookupError> {
+        Ok(self.lookup(path, now_ms)?.info())
+    }
+
+    async fn read(&self, path: &str, from: Offset, max_bytes: usize, now_ms: i64) -> Result<ReadChunk, LookupError> {
+        let shared = self.lookup(path, now_ms)?;
+        shared.touch(now_ms);
+        let info = shared.info();
+        if from >= info.tail {
+            return Ok(ReadChunk { next: from, data: Bytes::new(), info });
+        }
+        let ks = self.inner.ks.clone();
+        let (data, next) = tokio::task::spawn_blocking(move || scan(&ks.data, info.id, from, info.tail, max_bytes))
+            .await
+            .map_err(backend)??;
+        Ok(ReadChunk { info: shared.info_with_tail(info.tail), data, next })
+    }
+
+    async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {
+        let shared = self.lookup(path, now_ms)?;
+        shared.touch(now_ms);
+        let mut rx = shared.state.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let p = *rx.borrow_and_update();
+            if p.deleted {
+                return Err(LookupError::NotFound);
+            }
+            if p.tail > after || p.closed {
+                return Ok(WaitOutcome::Changed(shared.info()));
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Err(_) => return Ok(WaitOutcome::TimedOut(shared.info())),
+                Ok(Err(_)) => return Err(LookupError::NotFound),
+                Ok(Ok(())) => {}
+            }
+        }
+    }
+
+    async fn expire(&self, now_ms: i64) -> Result<usize, StorageError> {
+        let expired: Vec<String> = {
+            let map = self.inner.streams.read().map_err(|_| StorageError::Poisoned)?;
+            map.iter().filter(|(_, s)| s.expired(now_ms)).map(|(p, _)| p.clone()).collect()
+        };
+        if expired.is_empty() {
+            return Ok(0);
+        }
+        self.call(|reply| Command::Expire { paths: expired, now_ms, reply }).await?
+    }
+
+    async fn shutdown(&self) -> Result<(), StorageError> {
+        // Dropping the last sender lets the writer drain what is queued, sync, and exit.
+        self.inner.tx.lock().map_err(|_| StorageError::Poisoned)?.take();
+        let handle = self.inner.writer.lock().map_err(|_| StorageError::Poisoned)?.take();
+        if let Some(h) = handle {
+            tokio::task::spawn_blocking(move || h.join()).await.map_err(backend)?.map_err(|_| StorageError::Poisoned)?;
+        }
+        self.inner.gc.stop();
+        self.inner.ks.db.persist(fjall::PersistMode::SyncAll).map_err(backend)
+    }
+}
+
+impl Shared {
+    fn info_with_tail(&self, tail: Offset) -> StreamInfo {
+        let mut info = self.info();
+        // Report the tail the read was bounded by, so "up to date" is judged consistently.
+        if tail < info.tail {
+            info.tail = tail;
+            info.closed = false;
+        }
+        info
+    }
+}
+
+/// Reads stored bytes of stream `id` from `from`, stopping at `tail` (the published, durable
+/// tail) and after about `max_bytes`.
+fn scan(data: &Keyspace, id: u64, from: Offset, tail: Offset, max_bytes: usize) -> Result<(Bytes, Offset), LookupError> {
+    let lo = keys::data(id, from.0.saturating_add(1));
+    let hi = keys::data(id, tail.0);
+    let mut out: Option<BytesMut> = None;
+    let mut first: Option<Bytes> = None;
+    let mut next = from;
+    for item in data.range(lo..=hi) {
+        let (k, v) = item.into_inner().map_err(backend)?;
+        let (_, end) = keys::parse_data(&k).ok_or(StorageError::Corrupt(crate::records::DecodeError::Truncated))?;
+        let start = end.saturating_sub(v.len() as u64);
+        let skip = usize::try_from(next.0.saturating_sub(start)).unwrap_or(usize::MAX).min(v.len());
+        let piece = Bytes::from(v).slice(skip..);
+        match (&mut out, &first) {
+            (None, None) => first = Some(piece),
+            (None, Some(f)) => {
+                let mut buf = BytesMut::with_capacity(max_bytes.max(f.len() + piece.len()));
+                buf.extend_from_slice(f);
+                buf.extend_from_slice(&piece);
+                out = Some(buf);
+            }
+            (Some(buf), _) => buf.extend_from_slice(&piece),
+        }
+        next = Offset(end);
+        let len = out.as_ref().map_or_else(|| first.as_ref().map_or(0, Bytes::len), BytesMut::len);
+        if len >= max_bytes {
+            break;
+        }
+    }
+    let data = match out {
+        Some(buf) => buf.freeze(),
+        None => first.unwrap_or_default(),
+    };
+    Ok((data, next))
+}
+
+/// Rebuilds the writer's state from disk.
+#[allow(clippy::type_complexity)]
+fn recover(ks: &Keyspaces) -> Result<(HashMap<String, WStream>, u64, RecoveryReport, Vec<u64>), StorageError> {
+    let mut report = RecoveryReport::default();
+    let next_id = match ks.sys.get(keys::NEXT_STREAM_ID).map_err(backend)? {
+        Some(v) => u64::from_le_bytes(v.as_ref().try_into().map_err(|_| crate::records::DecodeError::Truncated)?),
+        None => 1,
+    };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0);
+    let mut by_id: HashMap<u64, String> = HashMap::new();
+    let mut streams = HashMap::new();
+    for item in ks.streams.iter() {
+        let (k, v) = item.into_inner().map_err(backend)?;
+        let path = String::from_utf8(k.to_vec()).map_err(|_| crate::records::DecodeError::InvalidUtf8)?;
+        let meta = StreamMeta::decode(&v)?;
+        let tail = match ks.data.prefix(keys::stream_prefix(meta.id)).next_back() {
+            Some(g) => {
+                let k = g.key().map_err(backend)?;
+                keys::parse_data(&k).map(|(_, end)| end).ok_or(crate::records::DecodeError::Truncated)?
+            }
+            None => 0,
+        };
+        report.streams += 1;
+        report.bytes += tail;
+        report.closed_streams += usize::from(meta.closed);
+        by_id.insert(meta.id, path.clone());
+        let w = WStream::recovered(meta, Offset(tail), now_ms);
+        streams.insert(path, w);
+    }
+    for item in ks.producers.iter() {
+        let (k, v) = item.into_inner().map_err(backend)?;
+        let (id, producer) = keys::parse_producer(&k).ok_or(crate::records::DecodeError::Truncated)?;
+        let rec = ProducerRecord::decode(&v)?;
+        if let Some(w) = by_id.get(&id).and_then(|p| streams.get_mut(p)) {
+            w.producers.insert(producer, rec.0);
+            report.producers += 1;
+        }
+    }
+    let mut pending = Vec::new();
+    for item in ks.gc.iter() {
+        let k = item.key().map_err(backend)?;
+        if let Ok(b) = <[u8; 8]>::try_from(k.as_ref()) {
+            pending.push(u64::from_be_bytes(b));
+        }
+    }
+    report.pending_gc = pending.len();
+    Ok((streams, next_id, report, pending))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,360 @@
+//! The group-commit writer thread: the only code that mutates stream state.
+//!
+//! One loop iteration = one group: block for the first command, drain whatever else is queued
+//! (bounded by [`MAX_GROUP_COMMANDS`] and [`MAX_GROUP_BYTES`]), validate and stage each command in
+//! order against the authoritative state (so later commands of a group see earlier ones), commit
+//! the staged effects as one fjall batch, sync once, publish, reply. Writes stop for good after a
+//! failed commit or sync.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicI64;
+use std::sync::{Arc, RwLock};
+
+use fjall::PersistMode;
+use oncelog_protocol::content_type;
+use oncelog_protocol::producer::{self, ProducerState, Verdict};
+use oncelog_protocol::Offset;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::gc::GcHandle;
+use super::{backend, Durability, Keyspaces, Published, Shared};
+use crate::engine::*;
+use crate::records::stream_meta::ClosedBy;
+use crate::records::{keys, ProducerRecord, StreamMeta};
+
+/// Most commands in one group commit: bounds the latency a group adds to its first member.
+const MAX_GROUP_COMMANDS: usize = 4096;
+/// Most data bytes in one group commit, for the same reason.
+const MAX_GROUP_BYTES: usize = 32 << 20;
+
+pub(crate) enum Command {
+    Create { req: CreateRequest, reply: oneshot::Sender<Result<CreateOutcome, CreateError>> },
+    Append { req: AppendRequest, reply: oneshot::Sender<Result<AppendOutcome, AppendError>> },
+    Delete { path: String, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
+    Expire { paths: Vec<String>, now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
+}
+
+/// The writer's authoritative view of one stream.
+pub(crate) struct WStream {
+    pub meta: StreamMeta,
+    pub tail: Offset,
+    pub producers: HashMap<String, ProducerState>,
+    /// The reader-visible entry this stream publishes to.
+    pub shared: Arc<Shared>,
+}
+
+impl WStream {
+    pub fn recovered(meta: StreamMeta, tail: Offset, now_ms: i64) -> Self {
+        let shared = new_shared(&meta, tail, now_ms);
+        WStream { meta, tail, producers: HashMap::new(), shared }
+    }
+}
+
+fn new_shared(meta: &StreamMeta, tail: Offset, now_ms: i64) -> Arc<Shared> {
+    let (state, _) = watch::channel(Published { tail, closed: meta.closed, deleted: false });
+    Arc::new(Shared {
+        id: meta.id,
+        config: StreamConfig { content_type: meta.content_type.clone(), expiry: meta.expiry },
+        state,
+        last_access_ms: AtomicI64::new(now_ms),
+    })
+}
+
+/// A reply to send, and reader-visible changes to make, once the group is durable.
+enum Effect {
+    Publish { shared: Arc<Shared>, tail: Offset, closed: bool },
+    Insert { path: String, shared: Arc<Shared> },
+    Remove { path: String, shared: Arc<Shared> },
+    Reply(Box<dyn FnOnce(Option<StorageError>) + Send>),
+}
+
+pub(crate) struct Writer {
+    ks: Arc<Keyspaces>,
+    published: Arc<RwLock<HashMap<String, Arc<Shared>>>>,
+    streams: HashMap<String, WStream>,
+    next_id: u64,
+    durability: Durability,
+    gc: GcHandle,
+    /// Set after a failed commit or sync; from then on every write is refused.
+    poisoned: bool,
+}
+
+/// Wraps a reply so that a storage failure of the whole group overrides the staged result.
+fn reply<T: Send + 'static, E: From<StorageError> + Send + 'static>(
+    tx: oneshot::Sender<Result<T, E>>,
+    result: Result<T, E>,
+) -> Effect {
+    Effect::Reply(Box::new(move |failure| {
+        let _ = tx.send(match failure {
+            Some(e) => Err(E::from(e)),
+            None => result,
+        });
+    }))
+}
+
+impl Writer {
+    pub fn new(
+        ks: Arc<Keyspaces>,
+        published: Arc<RwLock<HashMap<String, Arc<Shared>>>>,
+        streams: HashMap<String, WStream>,
+        next_id: u64,
+        durability: Durability,
+        gc: GcHandle,
+    ) -> Self {
+        Writer { ks, published, streams, next_id, durability, gc, poisoned: false }
+    }
+
+    pub fn run(mut self, mut rx: mpsc::Receiver<Command>) {
+        while let Some(first) = rx.blocking_recv() {
+            let mut batch = self.ks.db.batch();
+            let mut effects = Vec::new();
+            let mut bytes = 0usize;
+            let mut count = 1usize;
+            bytes += self.stage(first, &mut batch, &mut effects);
+            while count < MAX_GROUP_COMMANDS && bytes < MAX_GROUP_BYTES {
+                let Ok(cmd) = rx.try_recv() else { break };
+                bytes += self.stage(cmd, &mut batch, &mut effects);
+                count += 1;
+            }
+            let failure = self.commit(batch);
+            self.finish(effects, failure);
+        }
+        // Channel closed: shutdown. Everything received was committed and synced above.
+    }
+
+    fn commit(&mut self, batch: fjall::OwnedWriteBatch) -> Option<StorageError> {
+        if self.poisoned {
+            return Some(StorageError::Poisoned);
+        }
+        if batch.is_empty() {
+            return None;
+        }
+        let mode = match self.durability {
+            Durability::Fsync => PersistMode::SyncData,
+            Durability::Buffered => PersistMode::Buffer,
+        };
+        let result = batch.commit().and_then(|()| self.ks.db.persist(mode));
+        match result {
+            Ok(()) => None,
+            Err(e) => {
+                tracing::error!(error = %e, "commit or sync failed; refusing all further writes");
+                self.poisoned = true;
+                Some(backend(e))
+            }
+        }
+    }
+
+    fn finish(&self, effects: Vec<Effect>, failure: Option<StorageError>) {
+        for effect in effects {
+            match effect {
+                Effect::Reply(f) => f(failure.clone()),
+                _ if failure.is_some() => {}
+                Effect::Publish { shared, tail, closed } => {
+                    shared.state.send_modify(|p| {
+                        p.tail = tail;
+                        p.closed = closed;
+                    });
+                }
+                Effect::Insert { path, shared } => {
+                    if let Ok(mut map) = self.published.write() {
+                        map.insert(path, shared);
+                    }
+                }
+                Effect::Remove { path, shared } => {
+                    if let Ok(mut map) = self.published.write() {
+                        if map.get(&path).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
+                            map.remove(&path);
+                        }
+                    }
+                    shared.state.send_modify(|p| p.deleted = true);
+                    self.gc.wake();
+                }
+            }
+        }
+    }
+
+    /// Validates one command against current state and stages its effects; returns data bytes staged.
+    fn stage(&mut self, cmd: Command, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> usize {
+        if self.poisoned {
+            // Refuse before touching state; `finish` answers with the failure.
+            match cmd {
+                Command::Create { reply: tx, .. } => effects.push(reply(tx, Err(CreateError::Storage(StorageError::Poisoned)))),
+                Command::Append { reply: tx, .. } => effects.push(reply(tx, Err(AppendError::Storage(StorageError::Poisoned)))),
+                Command::Delete { reply: tx, .. } => effects.push(reply(tx, Err(LookupError::Storage(StorageError::Poisoned)))),
+                Command::Expire { reply: tx, .. } => effects.push(reply(tx, Err(StorageError::Poisoned))),
+            }
+            return 0;
+        }
+        match cmd {
+            Command::Create { req, reply: tx } => {
+                let n = req.initial.len();
+                let r = self.create(req, batch, effects);
+                effects.push(reply(tx, r));
+                n
+            }
+            Command::Append { req, reply: tx } => {
+                let n = req.data.len();
+                let r = self.append(req, batch, effects);
+                effects.push(reply(tx, r));
+                n
+            }
+            Command::Delete { path, now_ms, reply: tx } => {
+                self.drop_if_expired(&path, now_ms, batch, effects);
+                let r = if self.streams.contains_key(&path) {
+                    self.remove(&path, batch, effects);
+                    Ok(())
+                } else {
+                    Err(LookupError::NotFound)
+                };
+                effects.push(reply(tx, r));
+                0
+            }
+            Command::Expire { paths, now_ms, reply: tx } => {
+                let before = self.streams.len();
+                for p in &paths {
+                    self.drop_if_expired(p, now_ms, batch, effects);
+                }
+                effects.push(reply(tx, Ok(before - self.streams.len())));
+                0
+            }
+        }
+    }
+
+    fn drop_if_expired(&mut self, path: &str, now_ms: i64, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
+        if self.streams.get(path).is_some_and(|w| w.shared.expired(now_ms)) {
+            self.remove(path, batch, effects);
+        }
+    }
+
+    /// Removes a stream's metadata and producer state; its data is left to the garbage collector,
+    /// recorded in the same batch so a crash cannot orphan it.
+    fn remove(&mut self, path: &str, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
+        let Some(w) = self.streams.remove(path) else { return };
+        batch.remove(&self.ks.streams, path.as_bytes());
+        for producer in w.producers.keys() {
+            batch.remove(&self.ks.producers, keys::producer(w.meta.id, producer));
+        }
+        batch.insert(&self.ks.gc, keys::stream_prefix(w.meta.id), Vec::new());
+        effects.push(Effect::Remove { path: path.to_owned(), shared: w.shared });
+    }
+
+    fn create(&mut self, req: CreateRequest, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<CreateOutcome, CreateError> {
+        self.drop_if_expired(&req.path, req.now_ms, batch, effects);
+        if let Some(w) = self.streams.get(&req.path) {
+            let same = content_type::matches(&w.meta.content_type, &req.config.content_type)
+                && w.meta.expiry == req.config.expiry
+                && w.meta.closed == req.closed;
+            return if same { Ok(CreateOutcome::Existing(info_of(w))) } else { Err(CreateError::ConfigMismatch) };
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        batch.insert(&self.ks.sys, keys::NEXT_STREAM_ID, self.next_id.to_le_bytes().to_vec());
+        let meta = StreamMeta {
+            id,
+            created_ms: req.now_ms,
+            content_type: req.config.content_type.clone(),
+            expiry: req.config.expiry,
+            closed: req.closed,
+            stream_seq: None,
+            closed_by: None,
+        };
+        batch.insert(&self.ks.streams, req.path.as_bytes(), meta.encode());
+        let tail = Offset(req.initial.len() as u64);
+        if !req.initial.is_empty() {
+            batch.insert(&self.ks.data, keys::data(id, tail.0), req.initial);
+        }
+        let shared = new_shared(&meta, tail, req.now_ms);
+        let w = WStream { meta, tail, producers: HashMap::new(), shared: shared.clone() };
+        let info = info_of(&w);
+        self.streams.insert(req.path.clone(), w);
+        effects.push(Effect::Insert { path: req.path, shared });
+        Ok(CreateOutcome::Created(info))
+    }
+
+    fn append(&mut self, req: AppendRequest, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<AppendOutcome, AppendError> {
+        self.drop_if_expired(&req.path, req.now_ms, batch, effects);
+        let Some(w) = self.streams.get_mut(&req.path) else { return Err(AppendError::NotFound) };
+        w.shared.touch(req.now_ms);
+
+        // 1. Producer verdict first: a retry of an accepted request (even the one that closed the
+        //    stream) must be answered 204, whatever else changed since.
+        if let Some(p) = &req.producer {
+            match producer::validate(w.producers.get(&p.id), p.epoch, p.seq) {
+                Verdict::Accept => {}
+                Verdict::Duplicate { receipt } => {
+                    let last = w.producers.get(&p.id).map_or(p.seq, |s| s.last_seq);
+                    return Ok(AppendOutcome {
+                        status: AppendStatus::Duplicate,
+                        next_offset: receipt.unwrap_or(w.tail),
+                        closed: w.meta.closed,
+                        producer: Some((p.epoch, last)),
+                    });
+                }
+                Verdict::Fenced { current_epoch } => return Err(AppendError::ProducerFenced { current_epoch }),
+                Verdict::NewEpochMustStartAtZero => return Err(AppendError::ProducerEpochSeq),
+                // On a closed stream the closure is the more useful answer: waiting for the
+                // missing predecessors cannot help.
+                Verdict::Gap { .. } if w.meta.closed => return Err(AppendError::Closed { tail: w.tail }),
+                Verdict::Gap { expected, received } => return Err(AppendError::ProducerSeqGap { expected, received }),
+            }
+        }
+        // 2. Closure, before content type and Stream-Seq, so the client learns about it.
+        if w.meta.closed {
+            if req.close && req.data.is_empty() {
+                return Ok(AppendOutcome { status: AppendStatus::AlreadyClosed, next_offset: w.tail, closed: true, producer: None });
+            }
+            return Err(AppendError::Closed { tail: w.tail });
+        }
+        // 3. Content type, when there is a body.
+        if !req.data.is_empty() {
+            let ok = req.content_type.as_deref().is_some_and(|ct| content_type::matches(ct, &w.meta.content_type));
+            if !ok {
+                return Err(AppendError::ContentTypeMismatch);
+            }
+        }
+        // 4. Stream-Seq, strictly increasing byte-wise.
+        if let (Some(seq), Some(last)) = (&req.stream_seq, &w.meta.stream_seq) {
+            if seq.as_bytes() <= last.as_bytes() {
+                return Err(AppendError::StreamSeqRegression);
+            }
+        }
+
+        let new_tail = w.tail.0.checked_add(req.data.len() as u64).filter(|t| *t <= Offset::MAX.0).ok_or(AppendError::OffsetOverflow)?;
+        let data_len = req.data.len();
+        if data_len > 0 {
+            batch.insert(&self.ks.data, keys::data(w.meta.id, new_tail), req.data);
+        }
+        let mut meta_changed = false;
+        if let Some(seq) = req.stream_seq {
+            w.meta.stream_seq = Some(seq);
+            meta_changed = true;
+        }
+        if req.close {
+            w.meta.closed = true;
+            w.meta.closed_by = req.producer.as_ref().map(|p| ClosedBy { producer_id: p.id.clone(), epoch: p.epoch, seq: p.seq });
+            meta_changed = true;
+        }
+        if meta_changed {
+            batch.insert(&self.ks.streams, req.path.as_bytes(), w.meta.encode());
+        }
+        let mut echo = None;
+        if let Some(p) = req.producer {
+            let state = ProducerState::accepted(w.producers.get(&p.id), p.epoch, p.seq, Offset(new_tail));
+            batch.insert(&self.ks.producers, keys::producer(w.meta.id, &p.id), ProducerRecord(state.clone()).encode());
+            echo = Some((p.epoch, p.seq));
+            w.producers.insert(p.id, state);
+        }
+        w.tail = Offset(new_tail);
+        effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });
+        Ok(AppendOutcome { status: AppendStatus::Appended, next_offset: w.tail, closed: w.meta.closed, producer: echo })
+    }
+}
+
+fn info_of(w: &WStream) -> StreamInfo {
+    StreamInfo {
+        id: w.meta.id,
+        config: StreamConfig { content_type: w.meta.content_type.clone(), expiry: w.meta.expiry },
+        tail: w.tail,
+        closed: w.meta.closed,
+    }
+}

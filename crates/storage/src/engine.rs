@@ -1,0 +1,206 @@
+//! The storage seam: everything the HTTP layer needs from a backend.
+//!
+//! Validation that must be atomic with the data (closure, content-type match, `Stream-Seq`,
+//! producer epoch/seq) happens *inside* the backend, under its per-stream write serialisation;
+//! the HTTP layer only parses and renders.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use oncelog_protocol::headers::{Expiry, ProducerHeaders};
+use oncelog_protocol::Offset;
+
+/// Configuration fixed at creation; an idempotent re-create must match it exactly.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamConfig {
+    pub content_type: String,
+    pub expiry: Expiry,
+}
+
+/// What a reader needs to know about a stream, as of one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamInfo {
+    /// Internal id, unique across the life of the store: a re-created path gets a new one, so
+    /// ETags of a deleted stream never match its successor's.
+    pub id: u64,
+    pub config: StreamConfig,
+    /// Offset after the last durable byte.
+    pub tail: Offset,
+    pub closed: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct CreateRequest {
+    pub path: String,
+    pub config: StreamConfig,
+    /// Create in the closed state (`Stream-Closed: true`).
+    pub closed: bool,
+    /// Initial content in stored form (already JSON-framed for JSON streams); may be empty.
+    pub initial: Bytes,
+    /// Unix milliseconds, from the caller's clock.
+    pub now_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreateOutcome {
+    /// `201`: a new stream.
+    Created(StreamInfo),
+    /// `200`: it existed with the same configuration and closure status.
+    Existing(StreamInfo),
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CreateError {
+    #[error("stream exists with a different configuration")]
+    ConfigMismatch,
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+#[derive(Debug, Clone)]
+pub struct AppendRequest {
+    pub path: String,
+    /// The request's content type; `None` when the body is empty (close-only), where it is ignored.
+    pub content_type: Option<String>,
+    /// Body in stored form; empty only for close-only requests.
+    pub data: Bytes,
+    /// `Stream-Closed: true`.
+    pub close: bool,
+    pub stream_seq: Option<String>,
+    pub producer: Option<ProducerHeaders>,
+    pub now_ms: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendStatus {
+    /// New data (or a first close) was committed.
+    Appended,
+    /// A producer retry of something already committed; nothing written.
+    Duplicate,
+    /// Close-only request on an already closed stream; nothing written.
+    AlreadyClosed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppendOutcome {
+    pub status: AppendStatus,
+    /// For `Appended`, the new tail. For `Duplicate`, where the original append ended when the
+    /// receipt is still remembered, else the current tail. For `AlreadyClosed`, the final tail.
+    pub next_offset: Offset,
+    /// Whether the stream is closed after this request.
+    pub closed: bool,
+    /// `(epoch, highest accepted seq)` to echo in `Producer-Epoch` / `Producer-Seq`.
+    pub producer: Option<(u64, u64)>,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum AppendError {
+    #[error("stream not found")]
+    NotFound,
+    #[error("stream is closed")]
+    Closed { tail: Offset },
+    #[error("content type does not match the stream's")]
+    ContentTypeMismatch,
+    #[error("Stream-Seq must be greater than the last one")]
+    StreamSeqRegression,
+    #[error("producer epoch is stale")]
+    ProducerFenced { current_epoch: u64 },
+    #[error("producer sequence gap: expected {expected}, received {received}")]
+    ProducerSeqGap { expected: u64, received: u64 },
+    #[error("a new producer epoch must start at sequence 0")]
+    ProducerEpochSeq,
+    #[error("stream offset space exhausted")]
+    OffsetOverflow,
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LookupError {
+    #[error("stream not found")]
+    NotFound,
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// Bytes read from a stream.
+#[derive(Debug, Clone)]
+pub struct ReadChunk {
+    pub info: StreamInfo,
+    /// Stored bytes from the requested offset; whole appends only, so JSON stays message-aligned.
+    pub data: Bytes,
+    /// Offset after the last returned byte.
+    pub next: Offset,
+}
+
+impl ReadChunk {
+    /// True when the chunk reaches the tail as it was when the read began.
+    pub fn up_to_date(&self) -> bool {
+        self.next >= self.info.tail
+    }
+}
+
+/// A backend failure. Not the client's fault: the HTTP layer answers 5xx.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StorageError {
+    #[error("storage backend failed: {0}")]
+    Backend(Arc<dyn std::error::Error + Send + Sync>),
+    #[error("writes are stopped after an earlier storage failure")]
+    Poisoned,
+    #[error("corrupt record: {0}")]
+    Corrupt(#[from] crate::records::DecodeError),
+    #[error("storage is shutting down")]
+    ShuttingDown,
+}
+
+/// What [`Engine::wait`] observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitOutcome {
+    /// The tail moved past the offset, or the stream closed.
+    Changed(StreamInfo),
+    /// Nothing happened before the deadline.
+    TimedOut(StreamInfo),
+}
+
+/// A storage backend.
+///
+/// Every method takes `now_ms` (Unix milliseconds) from the caller's clock: expiry is decided
+/// against it, and reads and appends (not `head`) slide a stream's TTL window.
+pub trait Engine: Send + Sync + 'static {
+    fn create(&self, req: CreateRequest) -> impl Future<Output = Result<CreateOutcome, CreateError>> + Send;
+
+    /// Appends, closes, or both, atomically with any producer and `Stream-Seq` effect. Returns
+    /// only once the effect is durable (per the backend's durability mode).
+    fn append(&self, req: AppendRequest) -> impl Future<Output = Result<AppendOutcome, AppendError>> + Send;
+
+    fn delete(&self, path: &str, now_ms: i64) -> impl Future<Output = Result<(), LookupError>> + Send;
+
+    /// Metadata without sliding the TTL.
+    fn head(&self, path: &str, now_ms: i64) -> Result<StreamInfo, LookupError>;
+
+    /// Reads from `from` up to about `max_bytes` (at least one whole append when data exists).
+    fn read(
+        &self,
+        path: &str,
+        from: Offset,
+        max_bytes: usize,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<ReadChunk, LookupError>> + Send;
+
+    /// Waits until the tail passes `after` or the stream closes, at most `timeout`.
+    fn wait(
+        &self,
+        path: &str,
+        after: Offset,
+        timeout: Duration,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<WaitOutcome, LookupError>> + Send;
+
+    /// Deletes every stream whose TTL or absolute expiry has passed; returns how many.
+    fn expire(&self, now_ms: i64) -> impl Future<Output = Result<usize, StorageError>> + Send;
+
+    /// Finishes in-flight writes and makes them durable; later writes fail with `ShuttingDown`.
+    fn shutdown(&self) -> impl Future<Output = Result<(), StorageError>> + Send;
+}

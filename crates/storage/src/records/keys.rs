@@ -1,0 +1,66 @@
+//! Key layouts, one per keyspace.
+//!
+//! | keyspace    | key                                   | value                          |
+//! |-------------|---------------------------------------|--------------------------------|
+//! | `streams`   | stream path (UTF-8)                   | [`super::StreamMeta`]          |
+//! | `data`      | stream id (u64 BE) ++ end offset (u64 BE) | the append's stored bytes  |
+//! | `producers` | stream id (u64 BE) ++ producer id     | [`super::ProducerRecord`]      |
+//! | `gc`        | stream id (u64 BE)                    | empty: data of a deleted stream still to be removed |
+//! | `sys`       | `next_stream_id`                      | u64 LE                         |
+//!
+//! A data key holds the append's *end* offset, so the append containing offset `o` is the first
+//! key at or after `(id, o + 1)`: one forward range scan serves any read, and the last key of a
+//! stream gives its tail on recovery.
+
+pub const NEXT_STREAM_ID: &[u8] = b"next_stream_id";
+
+pub fn data(stream_id: u64, end: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&stream_id.to_be_bytes());
+    k[8..].copy_from_slice(&end.to_be_bytes());
+    k
+}
+
+/// Splits a data key into (stream id, end offset).
+pub fn parse_data(key: &[u8]) -> Option<(u64, u64)> {
+    let id = u64::from_be_bytes(key.get(..8)?.try_into().ok()?);
+    let end = u64::from_be_bytes(key.get(8..16)?.try_into().ok()?);
+    (key.len() == 16).then_some((id, end))
+}
+
+pub fn stream_prefix(stream_id: u64) -> [u8; 8] {
+    stream_id.to_be_bytes()
+}
+
+pub fn producer(stream_id: u64, producer_id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + producer_id.len());
+    k.extend_from_slice(&stream_id.to_be_bytes());
+    k.extend_from_slice(producer_id.as_bytes());
+    k
+}
+
+/// Splits a producer key into (stream id, producer id).
+pub fn parse_producer(key: &[u8]) -> Option<(u64, String)> {
+    let id = u64::from_be_bytes(key.get(..8)?.try_into().ok()?);
+    let producer = std::str::from_utf8(key.get(8..)?).ok()?;
+    Some((id, producer.to_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn data_keys_sort_by_stream_then_offset(a: (u64, u64), b: (u64, u64)) {
+            prop_assert_eq!(data(a.0, a.1).cmp(&data(b.0, b.1)), a.cmp(&b));
+            prop_assert_eq!(parse_data(&data(a.0, a.1)), Some(a));
+        }
+
+        #[test]
+        fn producer_keys_round_trip(id: u64, p in "\\PC{1,20}") {
+            prop_assert_eq!(parse_producer(&producer(id, &p)), Some((id, p.clone())));
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! Persisted record types and key layouts of the embedded engine.
+//!
+//! Every value starts with a one-byte tag that names its type *and* version; a decoder refuses a
+//! tag it does not know rather than guessing. Integers are little-endian fixed width inside
+//! values; keys use big-endian so that byte order equals numeric order.
+//!
+//! Hand-written rather than serde-derived: the format is an on-disk contract, and a derive would
+//! let a field rename silently change it.
+
+pub mod keys;
+pub mod producer;
+pub mod stream_meta;
+
+pub use producer::ProducerRecord;
+pub use stream_meta::StreamMeta;
+
+/// A stored value that cannot be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("unknown record tag {0:#04x}")]
+    UnknownTag(u8),
+    #[error("record truncated")]
+    Truncated,
+    #[error("record has trailing bytes")]
+    TrailingBytes,
+    #[error("record holds invalid UTF-8")]
+    InvalidUtf8,
+    #[error("record holds an invalid enum value")]
+    InvalidValue,
+}
+
+/// Appends fields to a value.
+#[derive(Default)]
+pub(crate) struct Encoder(pub Vec<u8>);
+
+impl Encoder {
+    pub fn u8(&mut self, v: u8) -> &mut Self {
+        self.0.push(v);
+        self
+    }
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    pub fn i64(&mut self, v: i64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Length-prefixed (u32) bytes.
+    pub fn bytes(&mut self, v: &[u8]) -> &mut Self {
+        let len = u32::try_from(v.len()).unwrap_or(u32::MAX);
+        self.0.extend_from_slice(&len.to_le_bytes());
+        self.0.extend_from_slice(&v[..len as usize]);
+        self
+    }
+    pub fn str(&mut self, v: &str) -> &mut Self {
+        self.bytes(v.as_bytes())
+    }
+}
+
+/// Reads fields from a value, failing on truncation.
+pub(crate) struct Decoder<'a>(pub &'a [u8]);
+
+impl<'a> Decoder<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], DecodeError> {
+        if self.0.len() < n {
+            return Err(DecodeError::Truncated);
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    pub fn u8(&mut self) -> Result<u8, DecodeError> {
+        Ok(self.take(1)?[0])
+    }
+    pub fn u64(&mut self) -> Result<u64, DecodeError> {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(b))
+    }
+    pub fn i64(&mut self) -> Result<i64, DecodeError> {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(self.take(8)?);
+        Ok(i64::from_le_bytes(b))
+    }
+    pub fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(self.take(4)?);
+        self.take(u32::from_le_bytes(b) as usize)
+    }
+    pub fn string(&mut self) -> Result<String, DecodeError> {
+        let b = self.bytes()?;
+        String::from_utf8(b.to_vec()).map_err(|_| DecodeError::InvalidUtf8)
+    }
+    pub fn finish(self) -> Result<(), DecodeError> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(DecodeError::TrailingBytes)
+        }
+    }
+}

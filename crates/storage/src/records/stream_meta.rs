@@ -1,0 +1,120 @@
+//! `StreamMeta`: a stream's metadata (keyspace `streams`, keyed by path).
+//!
+//! Layout, tag `0x01`: id u64, created_ms i64, content_type str, expiry kind u8 (0 never, 1 ttl,
+//! 2 at) + value (u64 seconds or i64 ms; absent for 0), closed u8, stream_seq flag u8 + str,
+//! closed_by flag u8 + (producer id str, epoch u64, seq u64).
+//!
+//! The tail is *not* stored: it is the end offset of the stream's last data key, so it can never
+//! disagree with the data. Rewritten only when a field changes (create, close, `Stream-Seq`).
+
+use oncelog_protocol::headers::Expiry;
+
+use super::{DecodeError, Decoder, Encoder};
+
+const TAG_V1: u8 = 0x01;
+
+/// The producer request that closed a stream, so its retry is recognised as a duplicate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClosedBy {
+    pub producer_id: String,
+    pub epoch: u64,
+    pub seq: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamMeta {
+    pub id: u64,
+    pub created_ms: i64,
+    pub content_type: String,
+    pub expiry: Expiry,
+    pub closed: bool,
+    /// The last `Stream-Seq` accepted, compared byte-wise.
+    pub stream_seq: Option<String>,
+    pub closed_by: Option<ClosedBy>,
+}
+
+impl StreamMeta {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder(Vec::with_capacity(64 + self.content_type.len()));
+        e.u8(TAG_V1).u64(self.id).i64(self.created_ms).str(&self.content_type);
+        match self.expiry {
+            Expiry::Never => e.u8(0),
+            Expiry::Ttl(s) => e.u8(1).u64(s),
+            Expiry::At(ms) => e.u8(2).i64(ms),
+        };
+        e.u8(u8::from(self.closed));
+        match &self.stream_seq {
+            None => e.u8(0),
+            Some(s) => e.u8(1).str(s),
+        };
+        match &self.closed_by {
+            None => e.u8(0),
+            Some(c) => e.u8(1).str(&c.producer_id).u64(c.epoch).u64(c.seq),
+        };
+        e.0
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut d = Decoder(bytes);
+        match d.u8()? {
+            TAG_V1 => {}
+            t => return Err(DecodeError::UnknownTag(t)),
+        }
+        let id = d.u64()?;
+        let created_ms = d.i64()?;
+        let content_type = d.string()?;
+        let expiry = match d.u8()? {
+            0 => Expiry::Never,
+            1 => Expiry::Ttl(d.u64()?),
+            2 => Expiry::At(d.i64()?),
+            _ => return Err(DecodeError::InvalidValue),
+        };
+        let closed = match d.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(DecodeError::InvalidValue),
+        };
+        let stream_seq = match d.u8()? {
+            0 => None,
+            1 => Some(d.string()?),
+            _ => return Err(DecodeError::InvalidValue),
+        };
+        let closed_by = match d.u8()? {
+            0 => None,
+            1 => Some(ClosedBy { producer_id: d.string()?, epoch: d.u64()?, seq: d.u64()? }),
+            _ => return Err(DecodeError::InvalidValue),
+        };
+        d.finish()?;
+        Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, closed_by })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn expiry() -> impl Strategy<Value = Expiry> {
+        prop_oneof![Just(Expiry::Never), any::<u64>().prop_map(Expiry::Ttl), any::<i64>().prop_map(Expiry::At)]
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(
+            id: u64, created_ms: i64, content_type in "\\PC{0,40}", expiry in expiry(), closed: bool,
+            stream_seq in proptest::option::of("\\PC{0,20}"),
+            closed_by in proptest::option::of(("\\PC{1,20}", any::<u64>(), any::<u64>())),
+        ) {
+            let m = StreamMeta {
+                id, created_ms, content_type, expiry, closed, stream_seq,
+                closed_by: closed_by.map(|(producer_id, epoch, seq)| ClosedBy { producer_id, epoch, seq }),
+            };
+            prop_assert_eq!(StreamMeta::decode(&m.encode()), Ok(m));
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..96)) {
+            let _ = StreamMeta::decode(&bytes);
+        }
+    }
+}
