@@ -111,17 +111,15 @@ async fn long_poll<E: Engine>(
 ) -> Result<Response, ApiError> {
     let cursor = cursor_for(st, q);
     let now_ms = st.clock.now_ms();
-    let info = if from < info.tail {
-        info
-    } else if info.closed {
-        return Ok(no_content(&info, cursor));
-    } else {
+    if from >= info.tail {
+        if info.closed {
+            return Ok(no_content(&info, cursor));
+        }
         match st.engine.wait(path, from, st.config.long_poll_timeout, now_ms).await? {
-            WaitOutcome::Changed(i) if i.tail > from => i,
+            WaitOutcome::Changed(i) if i.tail > from => {}
             WaitOutcome::Changed(i) | WaitOutcome::TimedOut(i) => return Ok(no_content(&i, cursor)),
         }
-    };
-    let _ = info;
+    }
     let chunk = st.engine.read(path, from, st.config.max_read_bytes, st.clock.now_ms()).await?;
     Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers))
 }

@@ -8,7 +8,6 @@
 use std::sync::{Arc, Condvar, Mutex};
 
 use super::Keyspaces;
-use crate::records::keys;
 
 /// Keys removed per batch: bounds the memory and journal entry size of one removal step.
 const KEYS_PER_BATCH: usize = 4096;
@@ -98,7 +97,6 @@ fn collect(ks: &Keyspaces) -> Result<(), fjall::Error> {
         let mut batch = ks.db.batch();
         batch.remove(&ks.gc, id.to_vec());
         batch.commit()?;
-        let _ = keys::parse_data; // layout documented in records::keys
     }
     Ok(())
 }

@@ -1,0 +1,182 @@
+//! Catch-up read benchmark: write one stream of a given size with large appends, then let R
+//! readers each read it whole, concurrently, from offset -1 to the tail.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::common::{self, json_f64, json_str};
+
+#[derive(clap::Args, Debug)]
+pub struct ReadArgs {
+    /// Base URL of the server (loopback only).
+    #[arg(long, default_value = "http://127.0.0.1:4437")]
+    pub url: String,
+    /// Size of the stream to write and read back, in MB (10^6 bytes).
+    #[arg(long, default_value_t = 500)]
+    pub size_mb: u64,
+    /// Size of each append while writing the stream, in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub append_bytes: usize,
+    /// Number of concurrent readers; each reads the whole stream.
+    #[arg(long, default_value_t = 4)]
+    pub readers: usize,
+    /// Abort (with an error) if writing plus reading takes longer than this, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub timeout: u64,
+}
+
+struct ReaderReport {
+    bytes: u64,
+    requests: u64,
+    elapsed: Duration,
+}
+
+pub async fn run(args: ReadArgs) -> Result<(), String> {
+    let base = common::loopback_base(&args.url)?;
+    if args.readers == 0 || args.size_mb == 0 || args.append_bytes == 0 {
+        return Err("--readers, --size-mb and --append-bytes must be positive".into());
+    }
+    let limit = Duration::from_secs(args.timeout.max(1));
+    match tokio::time::timeout(limit, run_inner(&args, &base)).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("read benchmark aborted: not finished after {} s", args.timeout)),
+    }
+}
+
+async fn run_inner(args: &ReadArgs, base: &str) -> Result<(), String> {
+    let total = args.size_mb * 1_000_000;
+    let stream = format!("bench-read-{}", common::run_tag());
+    let url = format!("{base}/v1/stream/{stream}");
+    let request_timeout = Duration::from_secs(60);
+
+    // Phase 1: write the stream with one idempotent producer, one large append at a time.
+    let writer = common::client(request_timeout)?;
+    common::create_stream(&writer, base, &stream).await?;
+    let chunk = Bytes::from((0..args.append_bytes).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+    eprintln!(
+        "read: writing {} MB to {stream} in appends of {} B (server fsync setting applies)",
+        args.size_mb, args.append_bytes
+    );
+    let write_start = Instant::now();
+    let mut written: u64 = 0;
+    let mut seq: u64 = 0;
+    while written < total {
+        let n = usize::try_from((total - written).min(args.append_bytes as u64)).unwrap_or(args.append_bytes);
+        let resp = writer
+            .post(&url)
+            .header("content-type", "application/octet-stream")
+            .header("producer-id", "bench-read-writer")
+            .header("producer-epoch", "0")
+            .header("producer-seq", seq.to_string())
+            .body(chunk.slice(..n))
+            .send()
+            .await
+            .map_err(|e| format!("append seq {seq}: {e}"))?;
+        let status = resp.status();
+        let text = resp.bytes().await.unwrap_or_default();
+        if status.as_u16() != 200 {
+            return Err(format!("append seq {seq}: status {status}: {}", String::from_utf8_lossy(&text)));
+        }
+        written += n as u64;
+        seq += 1;
+    }
+    let write_s = write_start.elapsed().as_secs_f64();
+    eprintln!("  wrote {written} B in {seq} appends, {write_s:.2} s ({:.0} MB/s)", written as f64 / 1e6 / write_s);
+    drop(writer);
+
+    // Phase 2: R readers, started together, each reading everything.
+    let mut clients = Vec::with_capacity(args.readers);
+    for _ in 0..args.readers {
+        clients.push(common::client(request_timeout)?);
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(args.readers + 1));
+    let mut tasks = Vec::with_capacity(args.readers);
+    for client in clients {
+        let url = url.clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            read_all(client, url).await
+        }));
+    }
+    barrier.wait().await;
+    let read_start = Instant::now();
+    let mut reports = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        reports.push(t.await.map_err(|e| format!("reader task failed: {e}"))??);
+    }
+    let wall = read_start.elapsed().as_secs_f64();
+
+    for (i, r) in reports.iter().enumerate() {
+        if r.bytes != written {
+            return Err(format!("reader {i} read {} B, expected {written} B", r.bytes));
+        }
+    }
+    let total_read: u64 = reports.iter().map(|r| r.bytes).sum();
+    let aggregate = total_read as f64 / 1e6 / wall;
+    let sum_of_rates: f64 = reports.iter().map(|r| r.bytes as f64 / 1e6 / r.elapsed.as_secs_f64()).sum();
+    let times: Vec<f64> = reports.iter().map(|r| r.elapsed.as_secs_f64()).collect();
+
+    println!("Catch-up read results ({} MB stream, {} readers)", args.size_mb, args.readers);
+    println!("  write phase           {:.2} s ({:.0} MB/s, {seq} appends of {} B)", write_s, written as f64 / 1e6 / write_s, args.append_bytes);
+    for (i, r) in reports.iter().enumerate() {
+        println!(
+            "  reader {i}              {:.3} s, {} requests, {:.0} MB/s",
+            r.elapsed.as_secs_f64(),
+            r.requests,
+            r.bytes as f64 / 1e6 / r.elapsed.as_secs_f64()
+        );
+    }
+    println!("  total                 {:.0} MB/s ({total_read} B in {wall:.3} s wall; sum of per-reader rates {sum_of_rates:.0} MB/s)", aggregate);
+    let times_json = format!("[{}]", times.iter().map(|t| json_f64(*t, 3)).collect::<Vec<_>>().join(","));
+    println!(
+        "{}",
+        common::summary_line(&[
+            ("bench", json_str("read")),
+            ("size_bytes", written.to_string()),
+            ("append_bytes", args.append_bytes.to_string()),
+            ("readers", args.readers.to_string()),
+            ("write_s", json_f64(write_s, 3)),
+            ("write_mb_per_s", json_f64(written as f64 / 1e6 / write_s, 1)),
+            ("wall_s", json_f64(wall, 3)),
+            ("total_mb_per_s", json_f64(aggregate, 1)),
+            ("sum_reader_mb_per_s", json_f64(sum_of_rates, 1)),
+            ("reader_s", times_json),
+            ("errors", "0".into()),
+        ])
+    );
+    Ok(())
+}
+
+/// Reads the stream from the start until the server says the tail is reached.
+async fn read_all(client: reqwest::Client, url: String) -> Result<ReaderReport, String> {
+    let start = Instant::now();
+    let mut offset = String::from("-1");
+    let (mut bytes, mut requests) = (0u64, 0u64);
+    loop {
+        let resp = client
+            .get(format!("{url}?offset={}", common::encode_query_value(&offset)))
+            .send()
+            .await
+            .map_err(|e| format!("GET at offset {offset}: {e}"))?;
+        requests += 1;
+        let status = resp.status();
+        if status.as_u16() != 200 {
+            return Err(format!("GET at offset {offset}: status {status}"));
+        }
+        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let next = header("stream-next-offset").ok_or_else(|| format!("GET at offset {offset}: no Stream-Next-Offset"))?;
+        let up_to_date = header("stream-up-to-date").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let body = resp.bytes().await.map_err(|e| format!("GET at offset {offset}: body: {e}"))?;
+        bytes += body.len() as u64;
+        if up_to_date {
+            break;
+        }
+        if body.is_empty() && next == offset {
+            return Err(format!("GET at offset {offset}: no progress and not up to date"));
+        }
+        offset = next;
+    }
+    Ok(ReaderReport { bytes, requests, elapsed: start.elapsed() })
+}
