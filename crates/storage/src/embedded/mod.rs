@@ -32,7 +32,9 @@ use bytes::{Bytes, BytesMut};
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, KvSeparationOptions};
 use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::Offset;
-use tokio::sync::{mpsc, oneshot, watch};
+use std::sync::mpsc;
+
+use tokio::sync::{oneshot, watch};
 
 use crate::engine::*;
 use crate::records::{keys, ProducerRecord, StreamMeta};
@@ -174,7 +176,9 @@ impl EmbeddedEngine {
             wstreams.iter().map(|(p, w)| (p.clone(), w.shared.clone())).collect();
         let streams = Arc::new(RwLock::new(shared));
         let gc = gc::GcHandle::start(ks.clone(), pending_gc);
-        let (tx, rx) = mpsc::channel(16_384);
+        // Unbounded: every queued command is an HTTP request already holding its body, so the
+        // queue is bounded by the server's in-flight requests; sending never blocks a runtime thread.
+        let (tx, rx) = mpsc::channel();
         let writer = Writer::new(ks.clone(), streams.clone(), wstreams, next_id, opts.durability, gc.clone());
         let handle = std::thread::Builder::new()
             .name("oncelog-writer".into())
@@ -205,7 +209,7 @@ impl EmbeddedEngine {
             .clone()
             .ok_or(StorageError::ShuttingDown)?;
         let (reply, rx) = oneshot::channel();
-        tx.send(make(reply)).await.map_err(|_| StorageError::ShuttingDown)?;
+        tx.send(make(reply)).map_err(|_| StorageError::ShuttingDown)?;
         rx.await.map_err(|_| StorageError::ShuttingDown)
     }
 

@@ -275,3 +275,42 @@ async fn live_wait_wakes_on_append_and_times_out_otherwise() {
         other => panic!("expected a wake-up, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn out_of_order_pipelined_appends_wait_for_their_predecessors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = open(dir.path());
+    create(&e, "s").await;
+    // seq 2 and 1 arrive before 0, as pipelined requests over several connections can.
+    let mut later = Vec::new();
+    for (seq, body) in [(2u64, "c"), (1, "b")] {
+        let e = e.clone();
+        later.push(tokio::spawn(async move { e.append(append_req("s", body, Some(("p", 0, seq)))).await }));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first = e.append(append_req("s", "a", Some(("p", 0, 0)))).await.expect("seq 0");
+    assert_eq!(first.status, AppendStatus::Appended);
+    for t in later {
+        let r = t.await.expect("join").expect("parked append accepted");
+        assert_eq!(r.status, AppendStatus::Appended);
+    }
+    assert_eq!(read_all(&e, "s").await, b"abc");
+}
+
+#[tokio::test]
+async fn a_real_gap_is_answered_409_after_the_park_timeout() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = open(dir.path());
+    create(&e, "s").await;
+    e.append(append_req("s", "a", Some(("p", 0, 0)))).await.expect("seq 0");
+    let started = std::time::Instant::now();
+    let r = e.append(append_req("s", "c", Some(("p", 0, 2)))).await;
+    assert!(matches!(r, Err(AppendError::ProducerSeqGap { expected: 1, received: 2 })), "{r:?}");
+    assert!(started.elapsed() >= Duration::from_millis(200), "it waited for seq 1 first");
+    // Far ahead of the window: refused at once.
+    let started = std::time::Instant::now();
+    let r = e.append(append_req("s", "z", Some(("p", 0, 1000)))).await;
+    assert!(matches!(r, Err(AppendError::ProducerSeqGap { .. })));
+    assert!(started.elapsed() < Duration::from_millis(200));
+    assert_eq!(read_all(&e, "s").await, b"a");
+}

@@ -6,15 +6,17 @@
 //! the staged effects as one fjall batch, sync once, publish, reply. Writes stop for good after a
 //! failed commit or sync.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicI64;
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use fjall::PersistMode;
 use oncelog_protocol::content_type;
 use oncelog_protocol::producer::{self, ProducerState, Verdict};
 use oncelog_protocol::Offset;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
 use super::gc::GcHandle;
 use super::{backend, Durability, Keyspaces, Published, Shared};
@@ -26,6 +28,19 @@ use crate::records::{keys, ProducerRecord, StreamMeta};
 const MAX_GROUP_COMMANDS: usize = 4096;
 /// Most data bytes in one group commit, for the same reason.
 const MAX_GROUP_BYTES: usize = 32 << 20;
+/// How long an append that arrived ahead of its producer's next sequence number waits for its
+/// predecessors before it is answered 409. Pipelined requests over several connections arrive
+/// out of order by a few milliseconds; parking them turns a would-be 409-and-resend into a 200.
+const PARK_TIMEOUT: Duration = Duration::from_millis(250);
+/// How far ahead of the expected sequence number a request may be and still be parked.
+const MAX_PARK_AHEAD: u64 = 64;
+
+/// An append waiting for its producer's earlier sequence numbers.
+struct Parked {
+    req: AppendRequest,
+    reply: oneshot::Sender<Result<AppendOutcome, AppendError>>,
+    deadline: Instant,
+}
 
 pub(crate) enum Command {
     Create { req: CreateRequest, reply: oneshot::Sender<Result<CreateOutcome, CreateError>> },
@@ -77,6 +92,8 @@ pub(crate) struct Writer {
     gc: GcHandle,
     /// Set after a failed commit or sync; from then on every write is refused.
     poisoned: bool,
+    /// Appends that arrived ahead of sequence, by (path, producer id) and sequence number.
+    parked: HashMap<(String, String), BTreeMap<u64, Parked>>,
 }
 
 /// Wraps a reply so that a storage failure of the whole group overrides the staged result.
@@ -101,25 +118,114 @@ impl Writer {
         durability: Durability,
         gc: GcHandle,
     ) -> Self {
-        Writer { ks, published, streams, next_id, durability, gc, poisoned: false }
+        Writer { ks, published, streams, next_id, durability, gc, poisoned: false, parked: HashMap::new() }
     }
 
-    pub fn run(mut self, mut rx: mpsc::Receiver<Command>) {
-        while let Some(first) = rx.blocking_recv() {
+    pub fn run(mut self, rx: mpsc::Receiver<Command>) {
+        loop {
+            let first = match self.next_park_deadline() {
+                None => match rx.recv() {
+                    Ok(cmd) => Some(cmd),
+                    Err(_) => break,
+                },
+                Some(deadline) => match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                    Ok(cmd) => Some(cmd),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => break,
+                },
+            };
             let mut batch = self.ks.db.batch();
             let mut effects = Vec::new();
-            let mut bytes = 0usize;
-            let mut count = 1usize;
-            bytes += self.stage(first, &mut batch, &mut effects);
-            while count < MAX_GROUP_COMMANDS && bytes < MAX_GROUP_BYTES {
-                let Ok(cmd) = rx.try_recv() else { break };
-                bytes += self.stage(cmd, &mut batch, &mut effects);
-                count += 1;
+            self.expire_parked(Instant::now(), &mut batch, &mut effects);
+            if let Some(first) = first {
+                let mut bytes = self.stage(first, &mut batch, &mut effects);
+                let mut count = 1usize;
+                while count < MAX_GROUP_COMMANDS && bytes < MAX_GROUP_BYTES {
+                    let Ok(cmd) = rx.try_recv() else { break };
+                    bytes += self.stage(cmd, &mut batch, &mut effects);
+                    count += 1;
+                }
             }
             let failure = self.commit(batch);
             self.finish(effects, failure);
         }
-        // Channel closed: shutdown. Everything received was committed and synced above.
+        // Channel closed: shutdown. Everything received was committed and synced above; parked
+        // appends get their final answer.
+        let mut batch = self.ks.db.batch();
+        let mut effects = Vec::new();
+        self.expire_parked(Instant::now() + PARK_TIMEOUT * 2, &mut batch, &mut effects);
+        let failure = self.commit(batch);
+        self.finish(effects, failure);
+    }
+
+    fn next_park_deadline(&self) -> Option<Instant> {
+        self.parked.values().flat_map(|m| m.values().map(|p| p.deadline)).min()
+    }
+
+    /// Answers parked appends whose wait is over: re-validated now, never parked again.
+    fn expire_parked(&mut self, now: Instant, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
+        let mut due = Vec::new();
+        for m in self.parked.values_mut() {
+            let seqs: Vec<u64> = m.iter().filter(|(_, p)| p.deadline <= now).map(|(s, _)| *s).collect();
+            due.extend(seqs.into_iter().filter_map(|s| m.remove(&s)));
+        }
+        self.parked.retain(|_, m| !m.is_empty());
+        for p in due {
+            let r = self.append(p.req, batch, effects);
+            effects.push(reply(p.reply, r));
+        }
+    }
+
+    /// Stages an append; one that is ahead of its producer's sequence waits (is parked) instead
+    /// of failing, and one that is accepted releases its parked successor.
+    fn stage_append(
+        &mut self,
+        req: AppendRequest,
+        tx: oneshot::Sender<Result<AppendOutcome, AppendError>>,
+        batch: &mut fjall::OwnedWriteBatch,
+        effects: &mut Vec<Effect>,
+    ) {
+        let key = req.producer.as_ref().map(|p| (req.path.clone(), p.id.clone()));
+        let saved = key.is_some().then(|| req.clone());
+        let r = self.append(req, batch, effects);
+        match (&r, key, saved) {
+            (Err(AppendError::ProducerSeqGap { expected, received }), Some(key), Some(req))
+                if received - expected <= MAX_PARK_AHEAD =>
+            {
+                let parked = Parked { req, reply: tx, deadline: Instant::now() + PARK_TIMEOUT };
+                if let Some(old) = self.parked.entry(key).or_default().insert(*received, parked) {
+                    // A retry replaced it; the older copy gets the answer it would have had.
+                    effects.push(reply(old.reply, r));
+                }
+            }
+            (Ok(out), Some(key), _) if out.status == AppendStatus::Appended => {
+                effects.push(reply(tx, r.clone()));
+                self.release_parked(key, batch, effects);
+            }
+            _ => effects.push(reply(tx, r)),
+        }
+    }
+
+    /// Stages the parked successors of a producer's newly accepted sequence number, in order.
+    fn release_parked(&mut self, key: (String, String), batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
+        loop {
+            let next = self
+                .streams
+                .get(&key.0)
+                .and_then(|w| w.producers.get(&key.1))
+                .map(|s| s.last_seq + 1);
+            let Some(next) = next else { return };
+            let Some(p) = self.parked.get_mut(&key).and_then(|m| m.remove(&next)) else { return };
+            if self.parked.get(&key).is_some_and(BTreeMap::is_empty) {
+                self.parked.remove(&key);
+            }
+            let r = self.append(p.req, batch, effects);
+            let accepted = matches!(&r, Ok(o) if o.status == AppendStatus::Appended);
+            effects.push(reply(p.reply, r));
+            if !accepted {
+                return;
+            }
+        }
     }
 
     fn commit(&mut self, batch: fjall::OwnedWriteBatch) -> Option<StorageError> {
@@ -194,8 +300,7 @@ impl Writer {
             }
             Command::Append { req, reply: tx } => {
                 let n = req.data.len();
-                let r = self.append(req, batch, effects);
-                effects.push(reply(tx, r));
+                self.stage_append(req, tx, batch, effects);
                 n
             }
             Command::Delete { path, now_ms, reply: tx } => {
