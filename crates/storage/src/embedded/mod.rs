@@ -247,11 +247,15 @@ impl Engine for EmbeddedEngine {
         if from >= info.tail {
             return Ok(ReadChunk { next: from, data: Bytes::new(), info });
         }
+        let id = info.id;
+        let tail = info.tail;
         let ks = self.inner.ks.clone();
-        let (data, next) = tokio::task::spawn_blocking(move || scan(&ks.data, info.id, from, info.tail, max_bytes))
+        let (data, next) = tokio::task::spawn_blocking(move || scan(&ks.data, id, from, tail, max_bytes))
             .await
             .map_err(backend)??;
-        Ok(ReadChunk { info: shared.info_with_tail(info.tail), data, next })
+        // `info` is the snapshot the scan was bounded by, so up-to-date and EOF are judged
+        // against the same tail as the data.
+        Ok(ReadChunk { info, data, next })
     }
 
     async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {
@@ -295,18 +299,6 @@ impl Engine for EmbeddedEngine {
         }
         self.inner.gc.stop();
         self.inner.ks.db.persist(fjall::PersistMode::SyncAll).map_err(backend)
-    }
-}
-
-impl Shared {
-    fn info_with_tail(&self, tail: Offset) -> StreamInfo {
-        let mut info = self.info();
-        // Report the tail the read was bounded by, so "up to date" is judged consistently.
-        if tail < info.tail {
-            info.tail = tail;
-            info.closed = false;
-        }
-        info
     }
 }
 

@@ -21,7 +21,6 @@ use tokio::sync::{oneshot, watch};
 use super::gc::GcHandle;
 use super::{backend, Durability, Keyspaces, Published, Shared};
 use crate::engine::*;
-use crate::records::stream_meta::ClosedBy;
 use crate::records::{keys, ProducerRecord, StreamMeta};
 
 /// Most commands in one group commit: bounds the latency a group adds to its first member.
@@ -361,7 +360,6 @@ impl Writer {
             expiry: req.config.expiry,
             closed: req.closed,
             stream_seq: None,
-            closed_by: None,
         };
         batch.insert(&self.ks.streams, req.path.as_bytes(), meta.encode());
         let tail = Offset(req.initial.len() as u64);
@@ -435,8 +433,9 @@ impl Writer {
             meta_changed = true;
         }
         if req.close {
+            // A retry of the closing request is recognised by the producer verdict (the closing
+            // seq is the producer's last), so closure needs no record of who closed.
             w.meta.closed = true;
-            w.meta.closed_by = req.producer.as_ref().map(|p| ClosedBy { producer_id: p.id.clone(), epoch: p.epoch, seq: p.seq });
             meta_changed = true;
         }
         if meta_changed {

@@ -1,8 +1,7 @@
 //! `StreamMeta`: a stream's metadata (keyspace `streams`, keyed by path).
 //!
 //! Layout, tag `0x01`: id u64, created_ms i64, content_type str, expiry kind u8 (0 never, 1 ttl,
-//! 2 at) + value (u64 seconds or i64 ms; absent for 0), closed u8, stream_seq flag u8 + str,
-//! closed_by flag u8 + (producer id str, epoch u64, seq u64).
+//! 2 at) + value (u64 seconds or i64 ms; absent for 0), closed u8, stream_seq flag u8 + str.
 //!
 //! The tail is *not* stored: it is the end offset of the stream's last data key, so it can never
 //! disagree with the data. Rewritten only when a field changes (create, close, `Stream-Seq`).
@@ -13,14 +12,6 @@ use super::{DecodeError, Decoder, Encoder};
 
 const TAG_V1: u8 = 0x01;
 
-/// The producer request that closed a stream, so its retry is recognised as a duplicate.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ClosedBy {
-    pub producer_id: String,
-    pub epoch: u64,
-    pub seq: u64,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamMeta {
     pub id: u64,
@@ -30,7 +21,6 @@ pub struct StreamMeta {
     pub closed: bool,
     /// The last `Stream-Seq` accepted, compared byte-wise.
     pub stream_seq: Option<String>,
-    pub closed_by: Option<ClosedBy>,
 }
 
 impl StreamMeta {
@@ -46,10 +36,6 @@ impl StreamMeta {
         match &self.stream_seq {
             None => e.u8(0),
             Some(s) => e.u8(1).str(s),
-        };
-        match &self.closed_by {
-            None => e.u8(0),
-            Some(c) => e.u8(1).str(&c.producer_id).u64(c.epoch).u64(c.seq),
         };
         e.0
     }
@@ -79,13 +65,8 @@ impl StreamMeta {
             1 => Some(d.string()?),
             _ => return Err(DecodeError::InvalidValue),
         };
-        let closed_by = match d.u8()? {
-            0 => None,
-            1 => Some(ClosedBy { producer_id: d.string()?, epoch: d.u64()?, seq: d.u64()? }),
-            _ => return Err(DecodeError::InvalidValue),
-        };
         d.finish()?;
-        Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, closed_by })
+        Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq })
     }
 }
 
@@ -103,12 +84,8 @@ mod tests {
         fn round_trip(
             id: u64, created_ms: i64, content_type in "\\PC{0,40}", expiry in expiry(), closed: bool,
             stream_seq in proptest::option::of("\\PC{0,20}"),
-            closed_by in proptest::option::of(("\\PC{1,20}", any::<u64>(), any::<u64>())),
         ) {
-            let m = StreamMeta {
-                id, created_ms, content_type, expiry, closed, stream_seq,
-                closed_by: closed_by.map(|(producer_id, epoch, seq)| ClosedBy { producer_id, epoch, seq }),
-            };
+            let m = StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq };
             prop_assert_eq!(StreamMeta::decode(&m.encode()), Ok(m));
         }
 
