@@ -39,6 +39,12 @@ pub struct AppendArgs {
     pub progress: bool,
 }
 
+/// Counters shared with the progress printer.
+struct Live {
+    acked: Arc<AtomicU64>,
+    max_us: Arc<AtomicU64>,
+}
+
 /// What one producer saw during the measured window.
 #[derive(Default)]
 struct ProducerReport {
@@ -55,7 +61,9 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
         return Err("--producers, --streams and --duration must be positive".into());
     }
     let tag = common::run_tag();
-    let streams: Vec<String> = (0..args.streams).map(|i| format!("bench-s1-{tag}-{i}")).collect();
+    let streams: Vec<String> = (0..args.streams)
+        .map(|i| format!("bench-s1-{tag}-{i}"))
+        .collect();
     let timeout = Duration::from_secs(args.request_timeout.max(1));
 
     let setup = common::client(timeout)?;
@@ -64,8 +72,14 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
     }
     drop(setup);
 
-    let body = Bytes::from((0..args.body_bytes).map(|i| b'a' + (i % 26) as u8).collect::<Vec<u8>>());
+    let body = Bytes::from(
+        (0..args.body_bytes)
+            .map(|i| b'a' + (i % 26) as u8)
+            .collect::<Vec<u8>>(),
+    );
     let acked_live = Arc::new(AtomicU64::new(0));
+    // Largest latency (µs) seen since the last progress line.
+    let max_live = Arc::new(AtomicU64::new(0));
     let start = Instant::now();
     let measure_from = start + Duration::from_secs(args.warmup);
     let stop_at = measure_from + Duration::from_secs(args.duration);
@@ -81,14 +95,18 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
         let url = format!("{base}/v1/stream/{}", streams[p % streams.len()]);
         let producer_id = format!("bench-{tag}-p{p}");
         let body = body.clone();
-        let acked_live = acked_live.clone();
+        let live = Live {
+            acked: acked_live.clone(),
+            max_us: max_live.clone(),
+        };
         tasks.push(tokio::spawn(async move {
-            producer_loop(client, url, producer_id, body, measure_from, stop_at, acked_live).await
+            producer_loop(client, url, producer_id, body, measure_from, stop_at, live).await
         }));
     }
 
     let progress = if args.progress {
         let acked_live = acked_live.clone();
+        let max_live = max_live.clone();
         Some(tokio::spawn(async move {
             let mut tick = tokio::time::interval_at(
                 tokio::time::Instant::from_std(start + Duration::from_secs(1)),
@@ -99,8 +117,20 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
                 tick.tick().await;
                 let now = acked_live.load(Ordering::Relaxed);
                 let t = start.elapsed().as_secs_f64();
-                let phase = if Instant::now() < measure_from { "warm-up" } else { "measure" };
-                eprintln!("  t={t:5.1}s {phase} {:>7} acks/s", now - last);
+                // Label the second that just ended by where it started.
+                let began = Instant::now()
+                    .checked_sub(Duration::from_secs(1))
+                    .unwrap_or(start);
+                let phase = if began < measure_from {
+                    "warm-up"
+                } else {
+                    "measure"
+                };
+                let max_ms = max_live.swap(0, Ordering::Relaxed) as f64 / 1000.0;
+                eprintln!(
+                    "  t={t:5.1}s {phase} {:>7} acks/s  max latency {max_ms:7.1} ms",
+                    now - last
+                );
                 last = now;
                 if Instant::now() >= stop_at {
                     break;
@@ -135,9 +165,18 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
     let rate = acked as f64 / secs;
     let lat = LatencySummary::from_micros(latencies);
 
-    println!("S1 append results ({} s measured after {} s warm-up)", args.duration, args.warmup);
-    println!("  producers/streams     {}/{}", args.producers, args.streams);
-    println!("  acknowledged appends  {acked} ({rate:.0}/s, {:.2} MB/s of payload)", rate * args.body_bytes as f64 / 1e6);
+    println!(
+        "S1 append results ({} s measured after {} s warm-up)",
+        args.duration, args.warmup
+    );
+    println!(
+        "  producers/streams     {}/{}",
+        args.producers, args.streams
+    );
+    println!(
+        "  acknowledged appends  {acked} ({rate:.0}/s, {:.2} MB/s of payload)",
+        rate * args.body_bytes as f64 / 1e6
+    );
     println!("  duplicates (204)      {duplicates}");
     println!("  errors                {errors}");
     for (k, v) in &kinds {
@@ -183,7 +222,7 @@ async fn producer_loop(
     body: Bytes,
     measure_from: Instant,
     stop_at: Instant,
-    acked_live: Arc<AtomicU64>,
+    live: Live,
 ) -> ProducerReport {
     let mut rep = ProducerReport::default();
     let mut seq: u64 = 0;
@@ -217,11 +256,12 @@ async fn producer_loop(
         match outcome {
             Ok(200) => {
                 seq += 1;
-                acked_live.fetch_add(1, Ordering::Relaxed);
+                let us = u32::try_from(done.duration_since(sent).as_micros()).unwrap_or(u32::MAX);
+                live.acked.fetch_add(1, Ordering::Relaxed);
+                live.max_us.fetch_max(u64::from(us), Ordering::Relaxed);
                 if counted {
                     rep.acked += 1;
-                    let us = done.duration_since(sent).as_micros();
-                    rep.latencies_us.push(u32::try_from(us).unwrap_or(u32::MAX));
+                    rep.latencies_us.push(us);
                 }
             }
             Ok(204) => {

@@ -14,14 +14,24 @@ pub const SUMMARY_PREFIX: &str = "oncelog-bench-summary ";
 pub fn loopback_base(url: &str) -> Result<String, String> {
     let parsed = reqwest::Url::parse(url).map_err(|e| format!("invalid --url {url:?}: {e}"))?;
     if parsed.scheme() != "http" {
-        return Err(format!("--url must use http:// (got {:?})", parsed.scheme()));
+        return Err(format!(
+            "--url must use http:// (got {:?})",
+            parsed.scheme()
+        ));
     }
-    let host = parsed.host_str().ok_or_else(|| format!("--url {url:?} has no host"))?;
+    let host = parsed
+        .host_str()
+        .ok_or_else(|| format!("--url {url:?} has no host"))?;
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     let is_loopback = bare.eq_ignore_ascii_case("localhost")
-        || bare.parse::<IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false);
+        || bare
+            .parse::<IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false);
     if !is_loopback {
-        return Err(format!("--url must point at a loopback address (127.0.0.0/8, ::1, localhost); got {host:?}"));
+        return Err(format!(
+            "--url must point at a loopback address (127.0.0.0/8, ::1, localhost); got {host:?}"
+        ));
     }
     Ok(url.trim_end_matches('/').to_string())
 }
@@ -147,7 +157,10 @@ pub async fn create_stream(client: &reqwest::Client, base: &str, name: &str) -> 
     if status.as_u16() == 201 || status.as_u16() == 200 {
         Ok(())
     } else {
-        Err(format!("PUT {url}: unexpected status {status}: {}", String::from_utf8_lossy(&body)))
+        Err(format!(
+            "PUT {url}: unexpected status {status}: {}",
+            String::from_utf8_lossy(&body)
+        ))
     }
 }
 
@@ -164,7 +177,10 @@ mod tests {
         assert!(loopback_base("http://10.0.0.1:4437").is_err());
         assert!(loopback_base("http://example.com").is_err());
         assert!(loopback_base("https://127.0.0.1").is_err());
-        assert_eq!(loopback_base("http://127.0.0.1:9/").unwrap(), "http://127.0.0.1:9");
+        assert_eq!(
+            loopback_base("http://127.0.0.1:9/").unwrap(),
+            "http://127.0.0.1:9"
+        );
     }
 
     #[test]

@@ -40,7 +40,10 @@ pub async fn run(args: ReadArgs) -> Result<(), String> {
     let limit = Duration::from_secs(args.timeout.max(1));
     match tokio::time::timeout(limit, run_inner(&args, &base)).await {
         Ok(r) => r,
-        Err(_) => Err(format!("read benchmark aborted: not finished after {} s", args.timeout)),
+        Err(_) => Err(format!(
+            "read benchmark aborted: not finished after {} s",
+            args.timeout
+        )),
     }
 }
 
@@ -53,7 +56,11 @@ async fn run_inner(args: &ReadArgs, base: &str) -> Result<(), String> {
     // Phase 1: write the stream with one idempotent producer, one large append at a time.
     let writer = common::client(request_timeout)?;
     common::create_stream(&writer, base, &stream).await?;
-    let chunk = Bytes::from((0..args.append_bytes).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
+    let chunk = Bytes::from(
+        (0..args.append_bytes)
+            .map(|i| (i % 251) as u8)
+            .collect::<Vec<u8>>(),
+    );
     eprintln!(
         "read: writing {} MB to {stream} in appends of {} B (server fsync setting applies)",
         args.size_mb, args.append_bytes
@@ -62,7 +69,8 @@ async fn run_inner(args: &ReadArgs, base: &str) -> Result<(), String> {
     let mut written: u64 = 0;
     let mut seq: u64 = 0;
     while written < total {
-        let n = usize::try_from((total - written).min(args.append_bytes as u64)).unwrap_or(args.append_bytes);
+        let n = usize::try_from((total - written).min(args.append_bytes as u64))
+            .unwrap_or(args.append_bytes);
         let resp = writer
             .post(&url)
             .header("content-type", "application/octet-stream")
@@ -76,13 +84,19 @@ async fn run_inner(args: &ReadArgs, base: &str) -> Result<(), String> {
         let status = resp.status();
         let text = resp.bytes().await.unwrap_or_default();
         if status.as_u16() != 200 {
-            return Err(format!("append seq {seq}: status {status}: {}", String::from_utf8_lossy(&text)));
+            return Err(format!(
+                "append seq {seq}: status {status}: {}",
+                String::from_utf8_lossy(&text)
+            ));
         }
         written += n as u64;
         seq += 1;
     }
     let write_s = write_start.elapsed().as_secs_f64();
-    eprintln!("  wrote {written} B in {seq} appends, {write_s:.2} s ({:.0} MB/s)", written as f64 / 1e6 / write_s);
+    eprintln!(
+        "  wrote {written} B in {seq} appends, {write_s:.2} s ({:.0} MB/s)",
+        written as f64 / 1e6 / write_s
+    );
     drop(writer);
 
     // Phase 2: R readers, started together, each reading everything.
@@ -110,16 +124,30 @@ async fn run_inner(args: &ReadArgs, base: &str) -> Result<(), String> {
 
     for (i, r) in reports.iter().enumerate() {
         if r.bytes != written {
-            return Err(format!("reader {i} read {} B, expected {written} B", r.bytes));
+            return Err(format!(
+                "reader {i} read {} B, expected {written} B",
+                r.bytes
+            ));
         }
     }
     let total_read: u64 = reports.iter().map(|r| r.bytes).sum();
     let aggregate = total_read as f64 / 1e6 / wall;
-    let sum_of_rates: f64 = reports.iter().map(|r| r.bytes as f64 / 1e6 / r.elapsed.as_secs_f64()).sum();
+    let sum_of_rates: f64 = reports
+        .iter()
+        .map(|r| r.bytes as f64 / 1e6 / r.elapsed.as_secs_f64())
+        .sum();
     let times: Vec<f64> = reports.iter().map(|r| r.elapsed.as_secs_f64()).collect();
 
-    println!("Catch-up read results ({} MB stream, {} readers)", args.size_mb, args.readers);
-    println!("  write phase           {:.2} s ({:.0} MB/s, {seq} appends of {} B)", write_s, written as f64 / 1e6 / write_s, args.append_bytes);
+    println!(
+        "Catch-up read results ({} MB stream, {} readers)",
+        args.size_mb, args.readers
+    );
+    println!(
+        "  write phase           {:.2} s ({:.0} MB/s, {seq} appends of {} B)",
+        write_s,
+        written as f64 / 1e6 / write_s,
+        args.append_bytes
+    );
     for (i, r) in reports.iter().enumerate() {
         println!(
             "  reader {i}              {:.3} s, {} requests, {:.0} MB/s",
@@ -129,7 +157,14 @@ async fn run_inner(args: &ReadArgs, base: &str) -> Result<(), String> {
         );
     }
     println!("  total                 {:.0} MB/s ({total_read} B in {wall:.3} s wall; sum of per-reader rates {sum_of_rates:.0} MB/s)", aggregate);
-    let times_json = format!("[{}]", times.iter().map(|t| json_f64(*t, 3)).collect::<Vec<_>>().join(","));
+    let times_json = format!(
+        "[{}]",
+        times
+            .iter()
+            .map(|t| json_f64(*t, 3))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
     println!(
         "{}",
         common::summary_line(&[
@@ -138,7 +173,10 @@ async fn run_inner(args: &ReadArgs, base: &str) -> Result<(), String> {
             ("append_bytes", args.append_bytes.to_string()),
             ("readers", args.readers.to_string()),
             ("write_s", json_f64(write_s, 3)),
-            ("write_mb_per_s", json_f64(written as f64 / 1e6 / write_s, 1)),
+            (
+                "write_mb_per_s",
+                json_f64(written as f64 / 1e6 / write_s, 1)
+            ),
             ("wall_s", json_f64(wall, 3)),
             ("total_mb_per_s", json_f64(aggregate, 1)),
             ("sum_reader_mb_per_s", json_f64(sum_of_rates, 1)),
@@ -156,7 +194,10 @@ async fn read_all(client: reqwest::Client, url: String) -> Result<ReaderReport, 
     let (mut bytes, mut requests) = (0u64, 0u64);
     loop {
         let resp = client
-            .get(format!("{url}?offset={}", common::encode_query_value(&offset)))
+            .get(format!(
+                "{url}?offset={}",
+                common::encode_query_value(&offset)
+            ))
             .send()
             .await
             .map_err(|e| format!("GET at offset {offset}: {e}"))?;
@@ -165,18 +206,34 @@ async fn read_all(client: reqwest::Client, url: String) -> Result<ReaderReport, 
         if status.as_u16() != 200 {
             return Err(format!("GET at offset {offset}: status {status}"));
         }
-        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        let next = header("stream-next-offset").ok_or_else(|| format!("GET at offset {offset}: no Stream-Next-Offset"))?;
-        let up_to_date = header("stream-up-to-date").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let body = resp.bytes().await.map_err(|e| format!("GET at offset {offset}: body: {e}"))?;
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let next = header("stream-next-offset")
+            .ok_or_else(|| format!("GET at offset {offset}: no Stream-Next-Offset"))?;
+        let up_to_date =
+            header("stream-up-to-date").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| format!("GET at offset {offset}: body: {e}"))?;
         bytes += body.len() as u64;
         if up_to_date {
             break;
         }
         if body.is_empty() && next == offset {
-            return Err(format!("GET at offset {offset}: no progress and not up to date"));
+            return Err(format!(
+                "GET at offset {offset}: no progress and not up to date"
+            ));
         }
         offset = next;
     }
-    Ok(ReaderReport { bytes, requests, elapsed: start.elapsed() })
+    Ok(ReaderReport {
+        bytes,
+        requests,
+        elapsed: start.elapsed(),
+    })
 }
