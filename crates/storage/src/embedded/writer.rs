@@ -31,6 +31,8 @@ const MAX_GROUP_BYTES: usize = 32 << 20;
 /// predecessors before it is answered 409. Pipelined requests over several connections arrive
 /// out of order by a few milliseconds; parking them turns a would-be 409-and-resend into a 200.
 const PARK_TIMEOUT: Duration = Duration::from_millis(250);
+/// A group commit slower than this is logged at debug level, to find latency outliers.
+const SLOW_GROUP: Duration = Duration::from_millis(20);
 /// How far ahead of the expected sequence number a request may be and still be parked.
 const MAX_PARK_AHEAD: u64 = 64;
 
@@ -238,7 +240,15 @@ impl Writer {
             Durability::Fsync => PersistMode::SyncData,
             Durability::Buffered => PersistMode::Buffer,
         };
-        let result = batch.commit().and_then(|()| self.ks.db.persist(mode));
+        let items = batch.len();
+        let started = Instant::now();
+        let committed = batch.commit();
+        let commit_time = started.elapsed();
+        let result = committed.and_then(|()| self.ks.db.persist(mode));
+        let total = started.elapsed();
+        if total > SLOW_GROUP {
+            tracing::debug!(items, ?commit_time, sync_time = ?(total - commit_time), "slow group commit");
+        }
         match result {
             Ok(()) => None,
             Err(e) => {
