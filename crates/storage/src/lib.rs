@@ -14,5 +14,5 @@ pub mod embedded;
 pub mod engine;
 pub mod records;
 
-pub use embedded::{EmbeddedEngine, EmbeddedOptions, Durability};
+pub use embedded::{Durability, EmbeddedEngine, EmbeddedOptions, Failpoints};
 pub use engine::*;

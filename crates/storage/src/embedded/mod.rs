@@ -56,11 +56,36 @@ pub struct EmbeddedOptions {
     pub durability: Durability,
     /// fjall block-cache size: the bound on RAM spent caching data.
     pub cache_bytes: u64,
+    /// Fault injection for tests; production leaves it at the default (inactive).
+    pub failpoints: Failpoints,
 }
 
 impl EmbeddedOptions {
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        Self { data_dir: data_dir.into(), durability: Durability::Fsync, cache_bytes: 64 << 20 }
+        Self {
+            data_dir: data_dir.into(),
+            durability: Durability::Fsync,
+            cache_bytes: 64 << 20,
+            failpoints: Failpoints::default(),
+        }
+    }
+}
+
+/// Switches that make the writer fail on purpose, so fail-stop behaviour can be tested without a
+/// broken disk. Cheap to clone; all clones share the switches.
+#[derive(Debug, Clone, Default)]
+pub struct Failpoints {
+    sync_error: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Failpoints {
+    /// While set, every group commit fails as if `fdatasync` had returned EIO.
+    pub fn fail_sync(&self, on: bool) {
+        self.sync_error.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn sync_should_fail(&self) -> bool {
+        self.sync_error.load(Ordering::SeqCst)
     }
 }
 
@@ -179,7 +204,7 @@ impl EmbeddedEngine {
         // Unbounded: every queued command is an HTTP request already holding its body, so the
         // queue is bounded by the server's in-flight requests; sending never blocks a runtime thread.
         let (tx, rx) = mpsc::channel();
-        let writer = Writer::new(ks.clone(), streams.clone(), wstreams, next_id, opts.durability, gc.clone());
+        let writer = Writer::new(ks.clone(), streams.clone(), wstreams, next_id, opts.durability, gc.clone(), opts.failpoints.clone());
         let handle = std::thread::Builder::new()
             .name("oncelog-writer".into())
             .spawn(move || writer.run(rx))

@@ -314,3 +314,28 @@ async fn a_real_gap_is_answered_409_after_the_park_timeout() {
     assert!(started.elapsed() < Duration::from_millis(200));
     assert_eq!(read_all(&e, "s").await, b"a");
 }
+
+#[tokio::test]
+async fn a_failed_sync_stops_all_later_writes_but_not_reads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = EmbeddedOptions::new(dir.path());
+    let failpoints = opts.failpoints.clone();
+    let e = EmbeddedEngine::open(opts).expect("open");
+    create(&e, "s").await;
+    e.append(append_req("s", "ok", None)).await.expect("append before the failure");
+
+    failpoints.fail_sync(true);
+    let failed = e.append(append_req("s", "lost", None)).await;
+    assert!(matches!(failed, Err(AppendError::Storage(StorageError::Backend(_)))), "{failed:?}");
+    // The disk "recovers", but the writer does not pretend: fail-stop until restart.
+    failpoints.fail_sync(false);
+    let later = e.append(append_req("s", "later", None)).await;
+    assert!(matches!(later, Err(AppendError::Storage(StorageError::Poisoned))), "{later:?}");
+    let create_later = e
+        .create(CreateRequest { path: "t".into(), config: config("text/plain"), closed: false, initial: Bytes::new(), now_ms: 0 })
+        .await;
+    assert!(matches!(create_later, Err(CreateError::Storage(StorageError::Poisoned))));
+    // Readers still see exactly the acknowledged data; the failed append was never published.
+    assert_eq!(read_all(&e, "s").await, b"ok");
+    assert_eq!(e.head("s", 0).expect("head").tail, Offset(2));
+}

@@ -19,7 +19,7 @@ use oncelog_protocol::Offset;
 use tokio::sync::{oneshot, watch};
 
 use super::gc::GcHandle;
-use super::{backend, Durability, Keyspaces, Published, Shared};
+use super::{backend, Durability, Failpoints, Keyspaces, Published, Shared};
 use crate::engine::*;
 use crate::records::{keys, ProducerRecord, StreamMeta};
 
@@ -91,6 +91,7 @@ pub(crate) struct Writer {
     next_id: u64,
     durability: Durability,
     gc: GcHandle,
+    failpoints: Failpoints,
     /// Set after a failed commit or sync; from then on every write is refused.
     poisoned: bool,
     /// Appends that arrived ahead of sequence, by (path, producer id) and sequence number.
@@ -118,8 +119,9 @@ impl Writer {
         next_id: u64,
         durability: Durability,
         gc: GcHandle,
+        failpoints: Failpoints,
     ) -> Self {
-        Writer { ks, published, streams, next_id, durability, gc, poisoned: false, parked: HashMap::new() }
+        Writer { ks, published, streams, next_id, durability, gc, failpoints, poisoned: false, parked: HashMap::new() }
     }
 
     pub fn run(mut self, rx: mpsc::Receiver<Command>) {
@@ -244,7 +246,12 @@ impl Writer {
         let started = Instant::now();
         let committed = batch.commit();
         let commit_time = started.elapsed();
-        let result = committed.and_then(|()| self.ks.db.persist(mode));
+        let result = committed.and_then(|()| {
+            if self.failpoints.sync_should_fail() {
+                return Err(fjall::Error::Io(std::io::Error::other("injected fdatasync failure")));
+            }
+            self.ks.db.persist(mode)
+        });
         let total = started.elapsed();
         if total > SLOW_GROUP {
             tracing::debug!(items, ?commit_time, sync_time = ?(total - commit_time), "slow group commit");
