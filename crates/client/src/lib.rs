@@ -1,0 +1,1 @@
+//! Oncelog client (work in progress).
