@@ -46,6 +46,14 @@ pub enum HeaderError {
     EmptyStreamSeq,
     #[error("Content-Type is not a valid media type")]
     InvalidContentType,
+    #[error("Stream-Fork-Sub-Offset must be a non-negative decimal integer without sign or leading zeros")]
+    InvalidSubOffset,
+    #[error("Stream-Fork-Offset and Stream-Fork-Sub-Offset require Stream-Forked-From")]
+    ForkHeadersWithoutSource,
+    #[error("a non-zero Stream-Fork-Sub-Offset requires Stream-Fork-Offset")]
+    SubOffsetWithoutOffset,
+    #[error("Stream-Forked-From must name a stream path")]
+    InvalidForkSource,
 }
 
 /// `Stream-Closed` counts only when its value is `true`, compared case-insensitively; any other
@@ -54,15 +62,26 @@ pub fn closed_flag(value: Option<&str>) -> bool {
     value.is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }
 
-/// `Stream-TTL`: seconds, strictly `0` or a decimal without leading zeros.
-pub fn parse_ttl(value: &str) -> Result<u64, HeaderError> {
+/// A strict non-negative decimal: `0`, or digits without a leading zero, sign, point or exponent.
+fn parse_strict_decimal(value: &str) -> Option<u64> {
     let ok_shape = !value.is_empty()
         && value.bytes().all(|b| b.is_ascii_digit())
         && (value == "0" || !value.starts_with('0'));
-    if !ok_shape {
-        return Err(HeaderError::InvalidTtl);
+    if ok_shape {
+        value.parse::<u64>().ok()
+    } else {
+        None
     }
-    value.parse::<u64>().map_err(|_| HeaderError::InvalidTtl)
+}
+
+/// `Stream-TTL`: seconds, strictly `0` or a decimal without leading zeros.
+pub fn parse_ttl(value: &str) -> Result<u64, HeaderError> {
+    parse_strict_decimal(value).ok_or(HeaderError::InvalidTtl)
+}
+
+/// `Stream-Fork-Sub-Offset`: the same strict grammar as `Stream-TTL`.
+pub fn parse_sub_offset(value: &str) -> Result<u64, HeaderError> {
+    parse_strict_decimal(value).ok_or(HeaderError::InvalidSubOffset)
 }
 
 /// `Stream-Expires-At`: an RFC 3339 timestamp, returned as Unix milliseconds.
@@ -157,6 +176,15 @@ mod tests {
         assert_eq!(parse_ttl("3600"), Ok(3600));
         for bad in ["", "+3600", "03600", "3600.0", "3.6e3", "-1", " 1", "abc", "99999999999999999999999"] {
             assert_eq!(parse_ttl(bad), Err(HeaderError::InvalidTtl), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn sub_offset_is_strict() {
+        assert_eq!(parse_sub_offset("0"), Ok(0));
+        assert_eq!(parse_sub_offset("12"), Ok(12));
+        for bad in ["-1", "abc", "1.5", "05", "+1", ""] {
+            assert_eq!(parse_sub_offset(bad), Err(HeaderError::InvalidSubOffset), "{bad:?}");
         }
     }
 

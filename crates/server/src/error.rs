@@ -19,8 +19,6 @@ pub enum ApiError {
     NoRoute,
     #[error("method not allowed on a stream")]
     MethodNotAllowed,
-    #[error("stream forks are not supported by this server yet")]
-    ForksUnsupported,
     #[error(transparent)]
     Create(#[from] CreateError),
     #[error(transparent)]
@@ -54,11 +52,18 @@ impl ApiError {
                 StatusCode::METHOD_NOT_ALLOWED,
                 vec![h("allow", "GET, HEAD, PUT, POST, DELETE, OPTIONS")],
             ),
-            ApiError::ForksUnsupported => (StatusCode::NOT_IMPLEMENTED, vec![]),
-            ApiError::Create(CreateError::ConfigMismatch) => (StatusCode::CONFLICT, vec![]),
-            ApiError::Create(CreateError::Storage(e)) => (storage_status(e), vec![]),
+            ApiError::Create(e) => match e {
+                CreateError::ConfigMismatch
+                | CreateError::PathReserved
+                | CreateError::SourceGone
+                | CreateError::ContentTypeMismatch => (StatusCode::CONFLICT, vec![]),
+                CreateError::SourceNotFound => (StatusCode::NOT_FOUND, vec![]),
+                CreateError::ForkOffsetBeyondTail | CreateError::SubOffsetOvershoot => (StatusCode::BAD_REQUEST, vec![]),
+                CreateError::Storage(e) => (storage_status(e), vec![]),
+            },
             ApiError::Append(e) => match e {
                 AppendError::NotFound => (StatusCode::NOT_FOUND, vec![]),
+                AppendError::Gone => (StatusCode::GONE, vec![]),
                 AppendError::Closed { tail } => (
                     StatusCode::CONFLICT,
                     vec![h(names::STREAM_CLOSED, "true"), h(names::STREAM_NEXT_OFFSET, tail)],
@@ -76,6 +81,7 @@ impl ApiError {
                 AppendError::Storage(e) => (storage_status(e), vec![]),
             },
             ApiError::Lookup(LookupError::NotFound) => (StatusCode::NOT_FOUND, vec![]),
+            ApiError::Lookup(LookupError::Gone) => (StatusCode::GONE, vec![]),
             ApiError::Lookup(LookupError::Storage(e)) | ApiError::Storage(e) => (storage_status(e), vec![]),
         }
     }

@@ -9,9 +9,7 @@ use futures_util::StreamExt;
 use oncelog_protocol::headers::{format_rfc3339, names, Expiry};
 use oncelog_protocol::json::{self, EmptyArray};
 use oncelog_protocol::{content_type, Offset};
-use oncelog_storage::{
-    AppendRequest, AppendStatus, CreateOutcome, CreateRequest, Engine, StreamConfig, StreamInfo,
-};
+use oncelog_storage::{AppendRequest, AppendStatus, CreateOutcome, CreateRequest, Engine, ForkRequest, StreamInfo};
 
 use crate::error::ApiError;
 use crate::request::{AppendHeaders, CreateHeaders, RequestError};
@@ -119,21 +117,28 @@ async fn create<E: Engine>(
     body: Body,
 ) -> Result<Response, ApiError> {
     let h = CreateHeaders::parse(req_headers)?;
-    if h.fork {
-        return Err(ApiError::ForksUnsupported);
-    }
+    let now_ms = st.clock.now_ms();
     let body = body_bytes(body, req_headers, st.config.max_append_bytes).await?;
-    let initial = if content_type::is_json(&h.content_type) && !body.is_empty() {
+    // The initial body is framed by the stream's content type: the request's, or for a fork
+    // without one, the source's (a mismatch is the engine's 409).
+    let effective_ct = match (&h.content_type, &h.fork) {
+        (Some(ct), _) => Some(ct.clone()),
+        (None, Some(f)) => st.engine.head(&f.source, now_ms).ok().map(|i| i.config.content_type),
+        (None, None) => None,
+    };
+    let initial = if effective_ct.as_deref().is_some_and(content_type::is_json) && !body.is_empty() {
         Bytes::from(json::encode_body(&body, EmptyArray::Allowed).map_err(RequestError::from)?)
     } else {
         body
     };
     let req = CreateRequest {
         path: path.to_owned(),
-        config: StreamConfig { content_type: h.content_type, expiry: h.expiry },
+        content_type: h.content_type,
+        expiry: h.expiry,
+        fork: h.fork.map(|f| ForkRequest { source: f.source, offset: f.offset, sub_offset: f.sub_offset }),
         closed: h.closed,
         initial,
-        now_ms: st.clock.now_ms(),
+        now_ms,
     };
     let (status, info) = match st.engine.create(req).await? {
         CreateOutcome::Created(info) => (StatusCode::CREATED, info),

@@ -86,25 +86,69 @@ fn header<'a>(h: &'a HeaderMap, name: &'static str) -> Result<Option<&'a str>, R
 /// The headers of a PUT.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CreateHeaders {
-    /// As sent (echoed back exactly), or the default.
-    pub content_type: String,
-    pub expiry: Expiry,
+    /// As sent (echoed back exactly); `None` means the default, or the source's for a fork.
+    pub content_type: Option<String>,
+    /// `None` when neither `Stream-TTL` nor `Stream-Expires-At` was sent.
+    pub expiry: Option<Expiry>,
     pub closed: bool,
-    /// `Stream-Forked-From` was sent (forks are not supported yet).
-    pub fork: bool,
+    pub fork: Option<ForkHeaders>,
+}
+
+/// The fork headers of a PUT (section 4.2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForkHeaders {
+    /// Source path relative to the stream root (`/v1/stream/`).
+    pub source: String,
+    /// `None`: the source's tail.
+    pub offset: Option<oncelog_protocol::Offset>,
+    pub sub_offset: u64,
+}
+
+/// The stream path named by `Stream-Forked-From`: a full URL, an absolute path under the stream
+/// root, or a path relative to it.
+fn fork_source(value: &str) -> Result<String, RequestError> {
+    let without_origin = match value.split_once("://") {
+        Some((_, rest)) => rest.find('/').map_or("", |i| &rest[i..]),
+        None => value,
+    };
+    let path = without_origin.strip_prefix("/v1/stream/").unwrap_or(without_origin).trim_start_matches('/');
+    let decoded = percent_encoding::percent_decode_str(path).decode_utf8().map_err(|_| HeaderError::InvalidForkSource)?;
+    if decoded.is_empty() {
+        return Err(HeaderError::InvalidForkSource.into());
+    }
+    Ok(decoded.into_owned())
 }
 
 impl CreateHeaders {
     pub fn parse(h: &HeaderMap) -> Result<Self, RequestError> {
         let content_type = match header(h, "content-type")? {
             Some(ct) if !oncelog_protocol::content_type::is_valid(ct) => return Err(HeaderError::InvalidContentType.into()),
-            Some(ct) => ct.to_owned(),
-            None => oncelog_protocol::content_type::DEFAULT.to_owned(),
+            ct => ct.map(str::to_owned),
         };
-        let expiry = headers::parse_expiry(header(h, names::STREAM_TTL)?, header(h, names::STREAM_EXPIRES_AT)?)?;
-        let fork = [names::STREAM_FORKED_FROM, names::STREAM_FORK_OFFSET, names::STREAM_FORK_SUB_OFFSET]
-            .iter()
-            .any(|n| h.contains_key(*n));
+        let (ttl, expires_at) = (header(h, names::STREAM_TTL)?, header(h, names::STREAM_EXPIRES_AT)?);
+        let expiry = match (ttl, expires_at) {
+            (None, None) => None,
+            _ => Some(headers::parse_expiry(ttl, expires_at)?),
+        };
+        let source = header(h, names::STREAM_FORKED_FROM)?;
+        let offset = header(h, names::STREAM_FORK_OFFSET)?;
+        let sub_offset = header(h, names::STREAM_FORK_SUB_OFFSET)?;
+        let fork = match source {
+            None if offset.is_some() || sub_offset.is_some() => return Err(HeaderError::ForkHeadersWithoutSource.into()),
+            None => None,
+            Some(source) => {
+                let sub_offset = sub_offset.map(headers::parse_sub_offset).transpose()?.unwrap_or(0);
+                let offset = match offset.map(|o| OffsetParam::parse(Some(o))).transpose()? {
+                    None | Some(OffsetParam::Now) => None,
+                    Some(OffsetParam::Start) => Some(oncelog_protocol::Offset::ZERO),
+                    Some(OffsetParam::At(o)) => Some(o),
+                };
+                if sub_offset > 0 && offset.is_none() {
+                    return Err(HeaderError::SubOffsetWithoutOffset.into());
+                }
+                Some(ForkHeaders { source: fork_source(source)?, offset, sub_offset })
+            }
+        };
         Ok(Self { content_type, expiry, closed: headers::closed_flag(header(h, names::STREAM_CLOSED)?), fork })
     }
 }
@@ -142,6 +186,14 @@ impl AppendHeaders {
 mod tests {
     use super::*;
     use oncelog_protocol::Offset;
+
+    #[test]
+    fn fork_sources_are_normalised() {
+        assert_eq!(fork_source("/v1/stream/a/b").unwrap(), "a/b");
+        assert_eq!(fork_source("http://h:1/v1/stream/a%20b").unwrap(), "a b");
+        assert_eq!(fork_source("a").unwrap(), "a");
+        assert!(fork_source("/v1/stream/").is_err());
+    }
 
     #[test]
     fn read_query_rules() {

@@ -34,13 +34,30 @@ pub struct StreamInfo {
 #[derive(Debug, Clone)]
 pub struct CreateRequest {
     pub path: String,
-    pub config: StreamConfig,
+    /// `None`: the default (`application/octet-stream`), or the source's for a fork.
+    pub content_type: Option<String>,
+    /// `None`: no expiry requested: never, or the source's for a fork (section 4.2 table).
+    pub expiry: Option<Expiry>,
+    /// Set to create a fork of another stream.
+    pub fork: Option<ForkRequest>,
     /// Create in the closed state (`Stream-Closed: true`).
     pub closed: bool,
     /// Initial content in stored form (already JSON-framed for JSON streams); may be empty.
     pub initial: Bytes,
     /// Unix milliseconds, from the caller's clock.
     pub now_ms: i64,
+}
+
+/// `Stream-Forked-From`, `Stream-Fork-Offset`, `Stream-Fork-Sub-Offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ForkRequest {
+    /// The source stream's path (same namespace as [`CreateRequest::path`]).
+    pub source: String,
+    /// Where to diverge; `None` = the source's tail.
+    pub offset: Option<Offset>,
+    /// Units past `offset` inside the append that starts there: messages for JSON streams,
+    /// bytes otherwise. 0 = exactly at `offset`.
+    pub sub_offset: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +72,18 @@ pub enum CreateOutcome {
 pub enum CreateError {
     #[error("stream exists with a different configuration")]
     ConfigMismatch,
+    #[error("path belongs to a deleted stream whose data forks still read")]
+    PathReserved,
+    #[error("fork source not found")]
+    SourceNotFound,
+    #[error("fork source has been deleted")]
+    SourceGone,
+    #[error("content type differs from the fork source's")]
+    ContentTypeMismatch,
+    #[error("fork offset is beyond the source's tail")]
+    ForkOffsetBeyondTail,
+    #[error("fork sub-offset is past the end of the append at the fork offset")]
+    SubOffsetOvershoot,
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -99,6 +128,8 @@ pub struct AppendOutcome {
 pub enum AppendError {
     #[error("stream not found")]
     NotFound,
+    #[error("stream has been deleted")]
+    Gone,
     #[error("stream is closed")]
     Closed { tail: Offset },
     #[error("content type does not match the stream's")]
@@ -121,6 +152,8 @@ pub enum AppendError {
 pub enum LookupError {
     #[error("stream not found")]
     NotFound,
+    #[error("stream has been deleted")]
+    Gone,
     #[error(transparent)]
     Storage(#[from] StorageError),
 }

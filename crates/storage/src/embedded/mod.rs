@@ -106,13 +106,48 @@ pub struct RecoveryReport {
 pub(crate) struct Published {
     tail: Offset,
     closed: bool,
+    /// Fully removed: waiters end with 404.
     deleted: bool,
+    /// Deleted by its owner while forks still read it: 410 on its path.
+    soft_deleted: bool,
+}
+
+/// One inherited piece of a fork's byte range: offsets from the previous segment's `end` (0 for
+/// the first) up to `end` (exclusive) are read from stream `id`'s data keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Segment {
+    pub id: u64,
+    pub end: u64,
+}
+
+/// The inherited segments of a fork of `parent` (with inherited segments `parent_chain`) at
+/// `fork_point`: the parent's view of `[0, fork_point)`.
+pub(crate) fn fork_chain(parent_chain: &[Segment], parent_id: u64, fork_point: u64) -> Vec<Segment> {
+    let mut chain = Vec::with_capacity(parent_chain.len() + 1);
+    let mut start = 0;
+    for seg in parent_chain.iter().chain(std::iter::once(&Segment { id: parent_id, end: u64::MAX })) {
+        if start >= fork_point {
+            break;
+        }
+        let end = seg.end.min(fork_point);
+        if end > start {
+            chain.push(Segment { id: seg.id, end });
+        }
+        start = end;
+    }
+    chain
 }
 
 /// Per-stream entry shared by readers.
 pub(crate) struct Shared {
     id: u64,
     config: StreamConfig,
+    /// For a fork, the ancestors' byte ranges it reads (empty for a plain stream). Immutable:
+    /// inherited bytes never change.
+    chain: Vec<Segment>,
+    /// Streams forked from this one that still exist: a stream with forks is soft-deleted, not
+    /// removed, when it is deleted or expires. Maintained by the writer.
+    forks: std::sync::atomic::AtomicUsize,
     /// Publishes tail and closure after each durable commit; live readers subscribe to it.
     state: watch::Sender<Published>,
     /// Last read or write (Unix ms), for the sliding TTL. Memory only: reading must never write
@@ -240,10 +275,15 @@ impl EmbeddedEngine {
 
     fn lookup(&self, path: &str, now_ms: i64) -> Result<Arc<Shared>, LookupError> {
         let map = self.inner.streams.read().map_err(|_| StorageError::Poisoned)?;
-        match map.get(path) {
-            Some(s) if !s.expired(now_ms) => Ok(s.clone()),
-            _ => Err(LookupError::NotFound),
+        let s = map.get(path).ok_or(LookupError::NotFound)?;
+        if s.state.borrow().soft_deleted {
+            return Err(LookupError::Gone);
         }
+        if s.expired(now_ms) {
+            // An expired stream with forks is (about to be) soft-deleted, not gone for good.
+            return Err(if s.forks.load(Ordering::Relaxed) > 0 { LookupError::Gone } else { LookupError::NotFound });
+        }
+        Ok(s.clone())
     }
 }
 
@@ -275,7 +315,8 @@ impl Engine for EmbeddedEngine {
         let id = info.id;
         let tail = info.tail;
         let ks = self.inner.ks.clone();
-        let (data, next) = tokio::task::spawn_blocking(move || scan(&ks.data, id, from, tail, max_bytes))
+        let reader = shared.clone();
+        let (data, next) = tokio::task::spawn_blocking(move || scan(&ks.data, &reader.chain, id, from, tail, max_bytes))
             .await
             .map_err(backend)??;
         // `info` is the snapshot the scan was bounded by, so up-to-date and EOF are judged
@@ -293,6 +334,9 @@ impl Engine for EmbeddedEngine {
             if p.deleted {
                 return Err(LookupError::NotFound);
             }
+            if p.soft_deleted {
+                return Err(LookupError::Gone);
+            }
             if p.tail > after || p.closed {
                 return Ok(WaitOutcome::Changed(shared.info()));
             }
@@ -307,7 +351,10 @@ impl Engine for EmbeddedEngine {
     async fn expire(&self, now_ms: i64) -> Result<usize, StorageError> {
         let expired: Vec<String> = {
             let map = self.inner.streams.read().map_err(|_| StorageError::Poisoned)?;
-            map.iter().filter(|(_, s)| s.expired(now_ms)).map(|(p, _)| p.clone()).collect()
+            map.iter()
+                .filter(|(_, s)| !s.state.borrow().soft_deleted && s.expired(now_ms))
+                .map(|(p, _)| p.clone())
+                .collect()
         };
         if expired.is_empty() {
             return Ok(0);
@@ -327,41 +374,103 @@ impl Engine for EmbeddedEngine {
     }
 }
 
-/// Reads stored bytes of stream `id` from `from`, stopping at `tail` (the published, durable
-/// tail) and after about `max_bytes`.
-fn scan(data: &Keyspace, id: u64, from: Offset, tail: Offset, max_bytes: usize) -> Result<(Bytes, Offset), LookupError> {
-    let lo = keys::data(id, from.0.saturating_add(1));
-    let hi = keys::data(id, tail.0);
-    let mut out: Option<BytesMut> = None;
-    let mut first: Option<Bytes> = None;
-    let mut next = from;
-    for item in data.range(lo..=hi) {
-        let (k, v) = item.into_inner().map_err(backend)?;
-        let (_, end) = keys::parse_data(&k).ok_or(StorageError::Corrupt(crate::records::DecodeError::Truncated))?;
-        let start = end.saturating_sub(v.len() as u64);
-        let skip = usize::try_from(next.0.saturating_sub(start)).unwrap_or(usize::MAX).min(v.len());
-        let piece = Bytes::from(v).slice(skip..);
-        match (&mut out, &first) {
-            (None, None) => first = Some(piece),
+/// Accumulates read pieces, copying only when there is more than one.
+#[derive(Default)]
+struct Pieces {
+    first: Option<Bytes>,
+    rest: Option<BytesMut>,
+}
+
+impl Pieces {
+    fn push(&mut self, piece: Bytes, capacity: usize) {
+        match (&mut self.rest, &self.first) {
+            (None, None) => self.first = Some(piece),
             (None, Some(f)) => {
-                let mut buf = BytesMut::with_capacity(max_bytes.max(f.len() + piece.len()));
+                let mut buf = BytesMut::with_capacity(capacity.max(f.len() + piece.len()));
                 buf.extend_from_slice(f);
                 buf.extend_from_slice(&piece);
-                out = Some(buf);
+                self.rest = Some(buf);
             }
             (Some(buf), _) => buf.extend_from_slice(&piece),
         }
-        next = Offset(end);
-        let len = out.as_ref().map_or_else(|| first.as_ref().map_or(0, Bytes::len), BytesMut::len);
-        if len >= max_bytes {
+    }
+
+    fn len(&self) -> usize {
+        self.rest.as_ref().map_or_else(|| self.first.as_ref().map_or(0, Bytes::len), BytesMut::len)
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self.rest {
+            Some(buf) => buf.freeze(),
+            None => self.first.unwrap_or_default(),
+        }
+    }
+}
+
+/// Reads stored bytes from `from`, through a fork's inherited `chain` and then stream `id`'s
+/// own data, stopping at `tail` (the published, durable tail) and after about `max_bytes`.
+/// Whole appends are returned, except where a segment boundary (a fork point) cuts one.
+fn scan(
+    data: &Keyspace,
+    chain: &[Segment],
+    id: u64,
+    from: Offset,
+    tail: Offset,
+    max_bytes: usize,
+) -> Result<(Bytes, Offset), LookupError> {
+    let own = Segment { id, end: tail.0 };
+    let mut pieces = Pieces::default();
+    let mut pos = from.0;
+    for seg in chain.iter().chain(std::iter::once(&own)) {
+        let seg_end = seg.end.min(tail.0);
+        if pos >= seg_end {
+            continue;
+        }
+        for item in data.range(keys::data(seg.id, pos + 1)..=keys::data(seg.id, u64::MAX)) {
+            let (k, v) = item.into_inner().map_err(backend)?;
+            let (_, end) = keys::parse_data(&k).ok_or(StorageError::Corrupt(crate::records::DecodeError::Truncated))?;
+            let start = end.saturating_sub(v.len() as u64);
+            if start >= seg_end {
+                break;
+            }
+            let lo = usize::try_from(pos.saturating_sub(start)).unwrap_or(usize::MAX).min(v.len());
+            let hi = usize::try_from(end.min(seg_end) - start).unwrap_or(usize::MAX).min(v.len());
+            pieces.push(Bytes::from(v).slice(lo..hi), max_bytes);
+            pos = start + hi as u64;
+            if pieces.len() >= max_bytes || pos >= seg_end {
+                break;
+            }
+        }
+        if pieces.len() >= max_bytes {
             break;
         }
     }
-    let data = match out {
-        Some(buf) => buf.freeze(),
-        None => first.unwrap_or_default(),
-    };
-    Ok((data, next))
+    Ok((pieces.into_bytes(), Offset(pos)))
+}
+
+/// The append of stream `id` (reading through `chain`) that starts exactly at `at`, if any: its
+/// stored bytes, cut at the segment boundary it lies in. Used to resolve fork sub-offsets.
+pub(crate) fn append_at(data: &Keyspace, chain: &[Segment], id: u64, at: u64, tail: u64) -> Result<Option<Bytes>, StorageError> {
+    let own = Segment { id, end: tail };
+    let mut start_of_seg = 0;
+    for seg in chain.iter().chain(std::iter::once(&own)) {
+        let seg_end = seg.end.min(tail);
+        if at >= start_of_seg && at < seg_end {
+            let Some(item) = data.range(keys::data(seg.id, at + 1)..=keys::data(seg.id, u64::MAX)).next() else {
+                return Ok(None);
+            };
+            let (k, v) = item.into_inner().map_err(backend)?;
+            let (_, end) = keys::parse_data(&k).ok_or(crate::records::DecodeError::Truncated)?;
+            let start = end.saturating_sub(v.len() as u64);
+            if start != at {
+                return Ok(None);
+            }
+            let hi = usize::try_from(end.min(seg_end) - start).unwrap_or(usize::MAX).min(v.len());
+            return Ok(Some(Bytes::from(v).slice(..hi)));
+        }
+        start_of_seg = seg_end;
+    }
+    Ok(None)
 }
 
 /// Rebuilds the writer's state from disk.
@@ -377,23 +486,59 @@ fn recover(ks: &Keyspaces) -> Result<(HashMap<String, WStream>, u64, RecoveryRep
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0);
     let mut by_id: HashMap<u64, String> = HashMap::new();
-    let mut streams = HashMap::new();
+    let mut found: Vec<(String, StreamMeta, u64)> = Vec::new();
     for item in ks.streams.iter() {
         let (k, v) = item.into_inner().map_err(backend)?;
         let path = String::from_utf8(k.to_vec()).map_err(|_| crate::records::DecodeError::InvalidUtf8)?;
         let meta = StreamMeta::decode(&v)?;
-        let tail = match ks.data.prefix(keys::stream_prefix(meta.id)).next_back() {
+        let own_tail = match ks.data.prefix(keys::stream_prefix(meta.id)).next_back() {
             Some(g) => {
                 let k = g.key().map_err(backend)?;
                 keys::parse_data(&k).map(|(_, end)| end).ok_or(crate::records::DecodeError::Truncated)?
             }
             None => 0,
         };
+        // A fork with no data of its own yet ends where it diverged.
+        let tail = own_tail.max(meta.fork.map_or(0, |f| f.fork_point));
+        by_id.insert(meta.id, path.clone());
+        found.push((path, meta, tail));
+    }
+    // Fork chains are derived from each fork's direct source, ancestors first.
+    let forks_of: HashMap<u64, crate::records::stream_meta::ForkOf> =
+        found.iter().filter_map(|(_, m, _)| m.fork.map(|f| (m.id, f))).collect();
+    let mut chains: HashMap<u64, Vec<Segment>> = HashMap::new();
+    fn chain_of(
+        id: u64,
+        forks_of: &HashMap<u64, crate::records::stream_meta::ForkOf>,
+        chains: &mut HashMap<u64, Vec<Segment>>,
+    ) -> Vec<Segment> {
+        if let Some(c) = chains.get(&id) {
+            return c.clone();
+        }
+        let c = match forks_of.get(&id) {
+            None => Vec::new(),
+            Some(f) => {
+                let parent = chain_of(f.source_id, forks_of, chains);
+                fork_chain(&parent, f.source_id, f.fork_point)
+            }
+        };
+        chains.insert(id, c.clone());
+        c
+    }
+    let mut streams = HashMap::new();
+    let mut fork_counts: HashMap<u64, usize> = HashMap::new();
+    for (_, m, _) in &found {
+        if let Some(f) = m.fork {
+            *fork_counts.entry(f.source_id).or_default() += 1;
+        }
+    }
+    for (path, meta, tail) in found {
         report.streams += 1;
         report.bytes += tail;
         report.closed_streams += usize::from(meta.closed);
-        by_id.insert(meta.id, path.clone());
-        let w = WStream::recovered(meta, Offset(tail), now_ms);
+        let chain = chain_of(meta.id, &forks_of, &mut chains);
+        let forks = fork_counts.get(&meta.id).copied().unwrap_or(0);
+        let w = WStream::recovered(meta, Offset(tail), chain, forks, now_ms);
         streams.insert(path, w);
     }
     for item in ks.producers.iter() {

@@ -12,13 +12,20 @@ fn open(dir: &std::path::Path) -> EmbeddedEngine {
     EmbeddedEngine::open(EmbeddedOptions::new(dir)).expect("open engine")
 }
 
-fn config(ct: &str) -> StreamConfig {
-    StreamConfig { content_type: ct.into(), expiry: Expiry::Never }
+fn create_req(path: &str, ct: &str) -> CreateRequest {
+    CreateRequest {
+        path: path.into(),
+        content_type: Some(ct.into()),
+        expiry: None,
+        fork: None,
+        closed: false,
+        initial: Bytes::new(),
+        now_ms: 0,
+    }
 }
 
 async fn create(e: &EmbeddedEngine, path: &str) -> StreamInfo {
-    let req = CreateRequest { path: path.into(), config: config("text/plain"), closed: false, initial: Bytes::new(), now_ms: 0 };
-    match e.create(req).await.expect("create") {
+    match e.create(create_req(path, "text/plain")).await.expect("create") {
         CreateOutcome::Created(i) | CreateOutcome::Existing(i) => i,
     }
 }
@@ -238,13 +245,7 @@ async fn closure_is_durable_and_rejects_appends() {
 async fn ttl_and_absolute_expiry_hide_and_sweep_streams() {
     let dir = tempfile::tempdir().expect("tempdir");
     let e = open(dir.path());
-    let mk = |path: &str, expiry| CreateRequest {
-        path: path.into(),
-        config: StreamConfig { content_type: "text/plain".into(), expiry },
-        closed: false,
-        initial: Bytes::new(),
-        now_ms: 1_000,
-    };
+    let mk = |path: &str, expiry| CreateRequest { expiry: Some(expiry), now_ms: 1_000, ..create_req(path, "text/plain") };
     e.create(mk("ttl", Expiry::Ttl(2))).await.expect("create");
     e.create(mk("at", Expiry::At(5_000))).await.expect("create");
     // A read at 2.5 s slides the TTL window; HEAD does not.
@@ -332,7 +333,7 @@ async fn a_failed_sync_stops_all_later_writes_but_not_reads() {
     let later = e.append(append_req("s", "later", None)).await;
     assert!(matches!(later, Err(AppendError::Storage(StorageError::Poisoned))), "{later:?}");
     let create_later = e
-        .create(CreateRequest { path: "t".into(), config: config("text/plain"), closed: false, initial: Bytes::new(), now_ms: 0 })
+        .create(create_req("t", "text/plain"))
         .await;
     assert!(matches!(create_later, Err(CreateError::Storage(StorageError::Poisoned))));
     // Readers still see exactly the acknowledged data; the failed append was never published.

@@ -7,20 +7,22 @@
 //! failed commit or sync.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use fjall::PersistMode;
-use oncelog_protocol::content_type;
+use oncelog_protocol::headers::Expiry;
+use oncelog_protocol::{content_type, json};
 use oncelog_protocol::producer::{self, ProducerState, Verdict};
 use oncelog_protocol::Offset;
 use tokio::sync::{oneshot, watch};
 
 use super::gc::GcHandle;
-use super::{backend, Durability, Failpoints, Keyspaces, Published, Shared};
+use super::{append_at, backend, fork_chain, Durability, Failpoints, Keyspaces, Published, Segment, Shared};
 use crate::engine::*;
+use crate::records::stream_meta::ForkOf;
 use crate::records::{keys, ProducerRecord, StreamMeta};
 
 /// Most commands in one group commit: bounds the latency a group adds to its first member.
@@ -60,20 +62,36 @@ pub(crate) struct WStream {
 }
 
 impl WStream {
-    pub fn recovered(meta: StreamMeta, tail: Offset, now_ms: i64) -> Self {
-        let shared = new_shared(&meta, tail, now_ms);
+    pub fn recovered(meta: StreamMeta, tail: Offset, chain: Vec<Segment>, forks: usize, now_ms: i64) -> Self {
+        let shared = new_shared(&meta, tail, chain, forks, now_ms);
         WStream { meta, tail, producers: HashMap::new(), shared }
+    }
+
+    fn forks(&self) -> usize {
+        self.shared.forks.load(Ordering::Relaxed)
     }
 }
 
-fn new_shared(meta: &StreamMeta, tail: Offset, now_ms: i64) -> Arc<Shared> {
-    let (state, _) = watch::channel(Published { tail, closed: meta.closed, deleted: false });
+fn new_shared(meta: &StreamMeta, tail: Offset, chain: Vec<Segment>, forks: usize, now_ms: i64) -> Arc<Shared> {
+    let published = Published { tail, closed: meta.closed, deleted: false, soft_deleted: meta.soft_deleted };
+    let (state, _) = watch::channel(published);
     Arc::new(Shared {
         id: meta.id,
         config: StreamConfig { content_type: meta.content_type.clone(), expiry: meta.expiry },
+        chain,
+        forks: AtomicUsize::new(forks),
         state,
         last_access_ms: AtomicI64::new(now_ms),
     })
+}
+
+/// A fork request resolved against its source.
+struct ResolvedFork {
+    source_path: String,
+    content_type: String,
+    expiry: Expiry,
+    fork: ForkOf,
+    chain: Vec<Segment>,
 }
 
 /// A reply to send, and reader-visible changes to make, once the group is durable.
@@ -81,6 +99,7 @@ enum Effect {
     Publish { shared: Arc<Shared>, tail: Offset, closed: bool },
     Insert { path: String, shared: Arc<Shared> },
     Remove { path: String, shared: Arc<Shared> },
+    SoftDelete { shared: Arc<Shared> },
     Reply(Box<dyn FnOnce(Option<StorageError>) + Send>),
 }
 
@@ -88,6 +107,8 @@ pub(crate) struct Writer {
     ks: Arc<Keyspaces>,
     published: Arc<RwLock<HashMap<String, Arc<Shared>>>>,
     streams: HashMap<String, WStream>,
+    /// Path of every stream by id, to follow a fork to its source.
+    paths_by_id: HashMap<u64, String>,
     next_id: u64,
     durability: Durability,
     gc: GcHandle,
@@ -121,10 +142,12 @@ impl Writer {
         gc: GcHandle,
         failpoints: Failpoints,
     ) -> Self {
-        Writer { ks, published, streams, next_id, durability, gc, failpoints, poisoned: false, parked: HashMap::new() }
+        let paths_by_id = streams.iter().map(|(p, w)| (w.meta.id, p.clone())).collect();
+        Writer { ks, published, streams, paths_by_id, next_id, durability, gc, failpoints, poisoned: false, parked: HashMap::new() }
     }
 
     pub fn run(mut self, rx: mpsc::Receiver<Command>) {
+        self.collect_orphans();
         loop {
             let first = match self.next_park_deadline() {
                 None => match rx.recv() {
@@ -157,6 +180,23 @@ impl Writer {
         let mut batch = self.ks.db.batch();
         let mut effects = Vec::new();
         self.expire_parked(Instant::now() + PARK_TIMEOUT * 2, &mut batch, &mut effects);
+        let failure = self.commit(batch);
+        self.finish(effects, failure);
+    }
+
+    /// Removes soft-deleted streams that no fork references any more (left by a crash between
+    /// a fork's removal and its source's, which a single batch normally prevents).
+    fn collect_orphans(&mut self) {
+        let orphans: Vec<String> =
+            self.streams.iter().filter(|(_, w)| w.meta.soft_deleted && w.forks() == 0).map(|(p, _)| p.clone()).collect();
+        if orphans.is_empty() {
+            return;
+        }
+        let mut batch = self.ks.db.batch();
+        let mut effects = Vec::new();
+        for p in orphans {
+            self.remove(&p, &mut batch, &mut effects);
+        }
         let failure = self.commit(batch);
         self.finish(effects, failure);
     }
@@ -282,6 +322,7 @@ impl Writer {
                         map.insert(path, shared);
                     }
                 }
+                Effect::SoftDelete { shared } => shared.state.send_modify(|p| p.soft_deleted = true),
                 Effect::Remove { path, shared } => {
                     if let Ok(mut map) = self.published.write() {
                         if map.get(&path).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
@@ -321,11 +362,13 @@ impl Writer {
             }
             Command::Delete { path, now_ms, reply: tx } => {
                 self.drop_if_expired(&path, now_ms, batch, effects);
-                let r = if self.streams.contains_key(&path) {
-                    self.remove(&path, batch, effects);
-                    Ok(())
-                } else {
-                    Err(LookupError::NotFound)
+                let r = match self.streams.get(&path) {
+                    None => Err(LookupError::NotFound),
+                    Some(w) if w.meta.soft_deleted => Err(LookupError::Gone),
+                    Some(_) => {
+                        self.delete(&path, batch, effects);
+                        Ok(())
+                    }
                 };
                 effects.push(reply(tx, r));
                 0
@@ -342,29 +385,115 @@ impl Writer {
     }
 
     fn drop_if_expired(&mut self, path: &str, now_ms: i64, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
-        if self.streams.get(path).is_some_and(|w| w.shared.expired(now_ms)) {
-            self.remove(path, batch, effects);
+        if self.streams.get(path).is_some_and(|w| !w.meta.soft_deleted && w.shared.expired(now_ms)) {
+            self.delete(path, batch, effects);
         }
     }
 
-    /// Removes a stream's metadata and producer state; its data is left to the garbage collector,
-    /// recorded in the same batch so a crash cannot orphan it.
-    fn remove(&mut self, path: &str, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
-        let Some(w) = self.streams.remove(path) else { return };
-        batch.remove(&self.ks.streams, path.as_bytes());
-        for producer in w.producers.keys() {
+    /// Deletes a stream: soft-deletes it while forks still read it, removes it otherwise.
+    fn delete(&mut self, path: &str, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
+        let Some(w) = self.streams.get_mut(path) else { return };
+        if w.forks() == 0 {
+            self.remove(path, batch, effects);
+            return;
+        }
+        // Its data stays for the forks; its writer state goes, as nothing can append any more.
+        w.meta.soft_deleted = true;
+        batch.insert(&self.ks.streams, path.as_bytes(), w.meta.encode());
+        for producer in std::mem::take(&mut w.producers).keys() {
             batch.remove(&self.ks.producers, keys::producer(w.meta.id, producer));
         }
-        batch.insert(&self.ks.gc, keys::stream_prefix(w.meta.id), Vec::new());
-        effects.push(Effect::Remove { path: path.to_owned(), shared: w.shared });
+        effects.push(Effect::SoftDelete { shared: w.shared.clone() });
+    }
+
+    /// Removes a stream's metadata and producer state; its data is left to the garbage collector,
+    /// recorded in the same batch so a crash cannot orphan it. A fork releases its source, and a
+    /// soft-deleted source whose last fork this was is removed too, up the chain, in this batch.
+    fn remove(&mut self, path: &str, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
+        let mut next = Some(path.to_owned());
+        while let Some(path) = next.take() {
+            let Some(w) = self.streams.remove(&path) else { return };
+            self.paths_by_id.remove(&w.meta.id);
+            batch.remove(&self.ks.streams, path.as_bytes());
+            for producer in w.producers.keys() {
+                batch.remove(&self.ks.producers, keys::producer(w.meta.id, producer));
+            }
+            batch.insert(&self.ks.gc, keys::stream_prefix(w.meta.id), Vec::new());
+            effects.push(Effect::Remove { path, shared: w.shared });
+            let Some(f) = w.meta.fork else { continue };
+            let Some(src_path) = self.paths_by_id.get(&f.source_id) else { continue };
+            let Some(src) = self.streams.get(src_path) else { continue };
+            let left = src.shared.forks.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+            if left == 0 && src.meta.soft_deleted {
+                next = Some(src_path.clone());
+            }
+        }
+    }
+
+    /// Resolves `Stream-Forked-From` / `-Fork-Offset` / `-Fork-Sub-Offset` against the source.
+    fn resolve_fork(&mut self, f: &ForkRequest, now_ms: i64, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<ResolvedFork, CreateError> {
+        self.drop_if_expired(&f.source, now_ms, batch, effects);
+        let src = self.streams.get(&f.source).ok_or(CreateError::SourceNotFound)?;
+        if src.meta.soft_deleted {
+            return Err(CreateError::SourceGone);
+        }
+        let at = f.offset.map_or(src.tail.0, |o| o.0);
+        if at > src.tail.0 {
+            return Err(CreateError::ForkOffsetBeyondTail);
+        }
+        let point = if f.sub_offset == 0 {
+            at
+        } else {
+            let append = append_at(&self.ks.data, &src.shared.chain, src.meta.id, at, src.tail.0)?
+                .ok_or(CreateError::SubOffsetOvershoot)?;
+            let k = usize::try_from(f.sub_offset).map_err(|_| CreateError::SubOffsetOvershoot)?;
+            let bytes = if content_type::is_json(&src.meta.content_type) {
+                let lens: Vec<usize> = json::messages(&append).take(k).map(|m| m.len() + 1).collect();
+                if lens.len() < k {
+                    return Err(CreateError::SubOffsetOvershoot);
+                }
+                lens.iter().sum()
+            } else if k > append.len() {
+                return Err(CreateError::SubOffsetOvershoot);
+            } else {
+                k
+            };
+            at + bytes as u64
+        };
+        Ok(ResolvedFork {
+            source_path: f.source.clone(),
+            content_type: src.meta.content_type.clone(),
+            expiry: src.meta.expiry,
+            fork: ForkOf { source_id: src.meta.id, fork_point: point },
+            chain: fork_chain(&src.shared.chain, src.meta.id, point),
+        })
     }
 
     fn create(&mut self, req: CreateRequest, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<CreateOutcome, CreateError> {
         self.drop_if_expired(&req.path, req.now_ms, batch, effects);
+        let fork = match &req.fork {
+            Some(f) => Some(self.resolve_fork(f, req.now_ms, batch, effects)?),
+            None => None,
+        };
+        let content_type = match (&req.content_type, &fork) {
+            (Some(ct), Some(f)) if !content_type::matches(ct, &f.content_type) => {
+                return Err(CreateError::ContentTypeMismatch);
+            }
+            (Some(ct), _) => ct.clone(),
+            (None, Some(f)) => f.content_type.clone(),
+            (None, None) => content_type::DEFAULT.to_owned(),
+        };
+        // Section 4.2: a fork without its own expiry inherits the source's TTL or deadline.
+        let expiry = req.expiry.or(fork.as_ref().map(|f| f.expiry)).unwrap_or(Expiry::Never);
+        let fork_of = fork.as_ref().map(|f| f.fork);
         if let Some(w) = self.streams.get(&req.path) {
-            let same = content_type::matches(&w.meta.content_type, &req.config.content_type)
-                && w.meta.expiry == req.config.expiry
-                && w.meta.closed == req.closed;
+            if w.meta.soft_deleted {
+                return Err(CreateError::PathReserved);
+            }
+            let same = content_type::matches(&w.meta.content_type, &content_type)
+                && w.meta.expiry == expiry
+                && w.meta.closed == req.closed
+                && w.meta.fork == fork_of;
             return if same { Ok(CreateOutcome::Existing(info_of(w))) } else { Err(CreateError::ConfigMismatch) };
         }
         let id = self.next_id;
@@ -373,20 +502,28 @@ impl Writer {
         let meta = StreamMeta {
             id,
             created_ms: req.now_ms,
-            content_type: req.config.content_type.clone(),
-            expiry: req.config.expiry,
+            content_type,
+            expiry,
             closed: req.closed,
             stream_seq: None,
+            fork: fork_of,
+            soft_deleted: false,
         };
         batch.insert(&self.ks.streams, req.path.as_bytes(), meta.encode());
-        let tail = Offset(req.initial.len() as u64);
+        let start = fork_of.map_or(0, |f| f.fork_point);
+        let tail = Offset(start + req.initial.len() as u64);
         if !req.initial.is_empty() {
             batch.insert(&self.ks.data, keys::data(id, tail.0), req.initial);
         }
-        let shared = new_shared(&meta, tail, req.now_ms);
+        let (chain, source) = fork.map_or((Vec::new(), None), |f| (f.chain, Some(f.source_path)));
+        if let Some(src) = source.and_then(|p| self.streams.get(&p)) {
+            src.shared.forks.fetch_add(1, Ordering::Relaxed);
+        }
+        let shared = new_shared(&meta, tail, chain, 0, req.now_ms);
         let w = WStream { meta, tail, producers: HashMap::new(), shared: shared.clone() };
         let info = info_of(&w);
         self.streams.insert(req.path.clone(), w);
+        self.paths_by_id.insert(id, req.path.clone());
         effects.push(Effect::Insert { path: req.path, shared });
         Ok(CreateOutcome::Created(info))
     }
@@ -394,6 +531,9 @@ impl Writer {
     fn append(&mut self, req: AppendRequest, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<AppendOutcome, AppendError> {
         self.drop_if_expired(&req.path, req.now_ms, batch, effects);
         let Some(w) = self.streams.get_mut(&req.path) else { return Err(AppendError::NotFound) };
+        if w.meta.soft_deleted {
+            return Err(AppendError::Gone);
+        }
         w.shared.touch(req.now_ms);
 
         // 1. Producer verdict first: a retry of an accepted request (even the one that closed the

@@ -1,7 +1,12 @@
 //! `StreamMeta`: a stream's metadata (keyspace `streams`, keyed by path).
 //!
 //! Layout, tag `0x01`: id u64, created_ms i64, content_type str, expiry kind u8 (0 never, 1 ttl,
-//! 2 at) + value (u64 seconds or i64 ms; absent for 0), closed u8, stream_seq flag u8 + str.
+//! 2 at) + value (u64 seconds or i64 ms; absent for 0), closed u8, stream_seq flag u8 + str,
+//! fork flag u8 + (source id u64, fork point u64), soft_deleted u8.
+//!
+//! A fork records only its *direct* source and the position where it diverges; the whole chain
+//! of ancestors is derived on recovery, and so are reference counts (the number of streams whose
+//! `fork` names an id), so neither can drift from the records that define them.
 //!
 //! The tail is *not* stored: it is the end offset of the stream's last data key, so it can never
 //! disagree with the data. Rewritten only when a field changes (create, close, `Stream-Seq`).
@@ -21,6 +26,19 @@ pub struct StreamMeta {
     pub closed: bool,
     /// The last `Stream-Seq` accepted, compared byte-wise.
     pub stream_seq: Option<String>,
+    /// Set for a fork: it reads its source's bytes below `fork_point` (never copied).
+    pub fork: Option<ForkOf>,
+    /// Deleted by its owner while forks still read its data: the path answers 410 and stays
+    /// reserved until the last fork goes.
+    pub soft_deleted: bool,
+}
+
+/// Where a fork comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForkOf {
+    pub source_id: u64,
+    /// Byte position in the shared offset space where the fork's own data begins.
+    pub fork_point: u64,
 }
 
 impl StreamMeta {
@@ -37,6 +55,11 @@ impl StreamMeta {
             None => e.u8(0),
             Some(s) => e.u8(1).str(s),
         };
+        match self.fork {
+            None => e.u8(0),
+            Some(f) => e.u8(1).u64(f.source_id).u64(f.fork_point),
+        };
+        e.u8(u8::from(self.soft_deleted));
         e.0
     }
 
@@ -65,8 +88,18 @@ impl StreamMeta {
             1 => Some(d.string()?),
             _ => return Err(DecodeError::InvalidValue),
         };
+        let fork = match d.u8()? {
+            0 => None,
+            1 => Some(ForkOf { source_id: d.u64()?, fork_point: d.u64()? }),
+            _ => return Err(DecodeError::InvalidValue),
+        };
+        let soft_deleted = match d.u8()? {
+            0 => false,
+            1 => true,
+            _ => return Err(DecodeError::InvalidValue),
+        };
         d.finish()?;
-        Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq })
+        Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted })
     }
 }
 
@@ -84,8 +117,11 @@ mod tests {
         fn round_trip(
             id: u64, created_ms: i64, content_type in "\\PC{0,40}", expiry in expiry(), closed: bool,
             stream_seq in proptest::option::of("\\PC{0,20}"),
+            fork in proptest::option::of((any::<u64>(), any::<u64>())),
+            soft_deleted: bool,
         ) {
-            let m = StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq };
+            let fork = fork.map(|(source_id, fork_point)| ForkOf { source_id, fork_point });
+            let m = StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted };
             prop_assert_eq!(StreamMeta::decode(&m.encode()), Ok(m));
         }
 
