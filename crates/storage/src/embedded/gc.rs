@@ -15,6 +15,8 @@ const KEYS_PER_BATCH: usize = 4096;
 #[derive(Clone)]
 pub(crate) struct GcHandle {
     signal: Arc<(Mutex<GcState>, Condvar)>,
+    /// Joined on stop, so that after shutdown nothing but the engine holds the database.
+    thread: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
 }
 
 #[derive(Default)]
@@ -26,11 +28,18 @@ struct GcState {
 
 impl GcHandle {
     pub fn start(ks: Arc<Keyspaces>, pending: Vec<u64>) -> Self {
-        let handle = GcHandle { signal: Arc::new((Mutex::new(GcState { pending: !pending.is_empty(), stop: false }), Condvar::new())) };
+        let handle = GcHandle {
+            signal: Arc::new((Mutex::new(GcState { pending: !pending.is_empty(), stop: false }), Condvar::new())),
+            thread: Arc::new(Mutex::new(None)),
+        };
         let h = handle.clone();
-        let spawned = std::thread::Builder::new().name("oncelog-gc".into()).spawn(move || h.run(&ks));
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "could not start the garbage collector; deleted data stays on disk");
+        match std::thread::Builder::new().name("oncelog-gc".into()).spawn(move || h.run(&ks)) {
+            Ok(t) => {
+                if let Ok(mut slot) = handle.thread.lock() {
+                    *slot = Some(t);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "could not start the garbage collector; deleted data stays on disk"),
         }
         handle
     }
@@ -43,11 +52,16 @@ impl GcHandle {
         }
     }
 
+    /// Stops the thread after its current pass and waits for it.
     pub fn stop(&self) {
         let (lock, cv) = &*self.signal;
         if let Ok(mut s) = lock.lock() {
             s.stop = true;
             cv.notify_one();
+        }
+        let thread = self.thread.lock().ok().and_then(|mut t| t.take());
+        if let Some(t) = thread {
+            let _ = t.join();
         }
     }
 

@@ -260,6 +260,16 @@ impl EmbeddedEngine {
         self.inner.report
     }
 
+    /// Flushes every keyspace's memtable to disk tables, so on-disk size can be measured
+    /// without the journal (tests and benchmarks).
+    pub fn flush_to_tables(&self) -> Result<(), StorageError> {
+        let ks = &self.inner.ks;
+        for k in [&ks.streams, &ks.data, &ks.producers, &ks.gc, &ks.sys] {
+            k.rotate_memtable_and_wait().map_err(backend)?;
+        }
+        Ok(())
+    }
+
     async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, StorageError> {
         let tx = self
             .inner
@@ -369,7 +379,8 @@ impl Engine for EmbeddedEngine {
         if let Some(h) = handle {
             tokio::task::spawn_blocking(move || h.join()).await.map_err(backend)?.map_err(|_| StorageError::Poisoned)?;
         }
-        self.inner.gc.stop();
+        let gc = self.inner.gc.clone();
+        tokio::task::spawn_blocking(move || gc.stop()).await.map_err(backend)?;
         self.inner.ks.db.persist(fjall::PersistMode::SyncAll).map_err(backend)
     }
 }
@@ -563,3 +574,5 @@ fn recover(ks: &Keyspaces) -> Result<(HashMap<String, WStream>, u64, RecoveryRep
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod fork_tests;

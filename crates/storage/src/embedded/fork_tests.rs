@@ -1,0 +1,234 @@
+//! Fork scenarios the conformance suite does not reach: restarts, crashes, deletion in the
+//! middle of a chain, and the disk cost of a fork.
+
+use bytes::Bytes;
+use oncelog_protocol::Offset;
+
+use super::*;
+
+fn open_at(dir: &std::path::Path) -> EmbeddedEngine {
+    EmbeddedEngine::open(EmbeddedOptions::new(dir)).expect("open engine")
+}
+
+fn plain(path: &str, initial: &str) -> CreateRequest {
+    CreateRequest {
+        path: path.into(),
+        content_type: Some("text/plain".into()),
+        expiry: None,
+        fork: None,
+        closed: false,
+        initial: Bytes::from(initial.to_owned()),
+        now_ms: 0,
+    }
+}
+
+fn fork(path: &str, source: &str, offset: Option<u64>) -> CreateRequest {
+    CreateRequest {
+        content_type: None,
+        fork: Some(ForkRequest { source: source.into(), offset: offset.map(Offset), sub_offset: 0 }),
+        ..plain(path, "")
+    }
+}
+
+async fn append(e: &EmbeddedEngine, path: &str, data: &str) -> AppendOutcome {
+    e.append(AppendRequest {
+        path: path.into(),
+        content_type: Some("text/plain".into()),
+        data: Bytes::from(data.to_owned()),
+        close: false,
+        stream_seq: None,
+        producer: None,
+        now_ms: 0,
+    })
+    .await
+    .expect("append")
+}
+
+async fn read_all(e: &EmbeddedEngine, path: &str) -> String {
+    let mut out = Vec::new();
+    let mut at = Offset::ZERO;
+    loop {
+        let c = e.read(path, at, 3, 0).await.expect("read");
+        out.extend_from_slice(&c.data);
+        at = c.next;
+        if c.up_to_date() {
+            return String::from_utf8(out).expect("utf8");
+        }
+    }
+}
+
+/// a ← b ← c, each with data of its own before and after the fork points.
+async fn build_chain(e: &EmbeddedEngine) {
+    e.create(plain("a", "a1-")).await.expect("a");
+    append(e, "a", "a2-").await; // a = "a1-a2-" (6)
+    e.create(fork("b", "a", Some(4))).await.expect("b"); // b inherits "a1-a" (cuts an append)
+    append(e, "a", "a3-").await; // never visible to b or c
+    append(e, "b", "b1-").await; // b = "a1-ab1-" (7)
+    e.create(fork("c", "b", None)).await.expect("c"); // c inherits all of b
+    append(e, "b", "b2-").await;
+    append(e, "c", "c1").await;
+}
+
+#[tokio::test]
+async fn three_deep_fork_chain_reads_the_same_after_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let e = open_at(dir.path());
+        build_chain(&e).await;
+        assert_eq!(read_all(&e, "c").await, "a1-ab1-c1");
+        e.shutdown().await.expect("shutdown");
+    }
+    let e = open_at(dir.path());
+    assert_eq!(read_all(&e, "a").await, "a1-a2-a3-");
+    assert_eq!(read_all(&e, "b").await, "a1-ab1-b2-");
+    assert_eq!(read_all(&e, "c").await, "a1-ab1-c1");
+    // Reads starting in the middle of each segment.
+    let mid = e.read("c", Offset(2), 1 << 20, 0).await.expect("read");
+    assert_eq!(&mid.data[..], b"-ab1-c1");
+    let own = e.read("c", Offset(7), 1 << 20, 0).await.expect("read");
+    assert_eq!(&own.data[..], b"c1");
+    // Appends continue after the restart at the recovered tail.
+    assert_eq!(append(&e, "c", "c2").await.next_offset, Offset(11));
+    assert_eq!(read_all(&e, "c").await, "a1-ab1-c1c2");
+}
+
+#[tokio::test]
+async fn deleting_the_middle_of_a_chain_keeps_its_data_for_the_fork_below() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = open_at(dir.path());
+    build_chain(&e).await;
+    e.delete("b", 0).await.expect("delete b");
+    assert!(matches!(e.head("b", 0), Err(LookupError::Gone)));
+    assert!(matches!(e.delete("b", 0).await, Err(LookupError::Gone)));
+    assert!(matches!(e.create(plain("b", "")).await, Err(CreateError::PathReserved)));
+    assert!(matches!(e.create(fork("d", "b", None)).await, Err(CreateError::SourceGone)));
+    assert_eq!(read_all(&e, "c").await, "a1-ab1-c1");
+
+    // The soft-deleted middle survives a restart as soft-deleted.
+    e.shutdown().await.expect("shutdown");
+    drop(e);
+    let e = open_at(dir.path());
+    assert!(matches!(e.head("b", 0), Err(LookupError::Gone)));
+    assert_eq!(read_all(&e, "c").await, "a1-ab1-c1");
+
+    // Deleting the last fork collects the soft-deleted middle; the root stays.
+    e.delete("c", 0).await.expect("delete c");
+    assert!(matches!(e.head("b", 0), Err(LookupError::NotFound)));
+    assert_eq!(read_all(&e, "a").await, "a1-a2-a3-");
+    e.create(plain("b", "fresh")).await.expect("path is free again");
+    assert_eq!(read_all(&e, "b").await, "fresh");
+}
+
+#[tokio::test]
+async fn cascade_removes_every_soft_deleted_ancestor_in_one_step() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = open_at(dir.path());
+    build_chain(&e).await;
+    e.delete("a", 0).await.expect("soft-delete a");
+    e.delete("b", 0).await.expect("soft-delete b");
+    assert_eq!(read_all(&e, "c").await, "a1-ab1-c1");
+    e.delete("c", 0).await.expect("delete c");
+    for p in ["a", "b", "c"] {
+        assert!(matches!(e.head(p, 0), Err(LookupError::NotFound)), "{p}");
+    }
+    e.shutdown().await.expect("shutdown");
+    drop(e);
+    let e = open_at(dir.path());
+    assert_eq!(e.recovery_report().streams, 0);
+}
+
+#[tokio::test]
+async fn a_crash_between_fork_creation_and_its_first_append_loses_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let e = open_at(dir.path());
+        e.create(plain("src", "hello ")).await.expect("src");
+        append(&e, "src", "world").await;
+        e.create(fork("f", "src", Some(6))).await.expect("fork");
+        std::mem::forget(e); // crash: no shutdown, no final sync beyond what acknowledged
+    }
+    let copy = tempfile::tempdir().expect("tempdir");
+    copy_dir(dir.path(), copy.path());
+    let e = open_at(copy.path());
+    assert_eq!(read_all(&e, "f").await, "hello ");
+    assert_eq!(e.head("f", 0).expect("head").tail, Offset(6));
+    // The source is still referenced by the recovered fork: deleting it soft-deletes it.
+    e.delete("src", 0).await.expect("delete src");
+    assert!(matches!(e.head("src", 0), Err(LookupError::Gone)));
+    assert_eq!(append(&e, "f", "fork").await.next_offset, Offset(10));
+    assert_eq!(read_all(&e, "f").await, "hello fork");
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    for entry in std::fs::read_dir(from).expect("read_dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            std::fs::create_dir_all(&target).expect("mkdir");
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// Bytes allocated on disk below `dir`, journals excluded (they are preallocated and recycled;
+/// what a fork costs shows in the tables once memtables are flushed).
+fn allocated_bytes(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).expect("read_dir") {
+        let entry = entry.expect("entry");
+        let meta = entry.metadata().expect("metadata");
+        if meta.is_dir() {
+            total += allocated_bytes(&entry.path());
+        } else if entry.path().extension().is_none_or(|x| x != "jnl") {
+            total += meta.blocks() * 512;
+        }
+    }
+    total
+}
+
+#[tokio::test]
+async fn a_fork_of_a_100_mb_stream_costs_metadata_not_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut opts = EmbeddedOptions::new(dir.path());
+    opts.durability = Durability::Buffered; // writing 100 MB quickly; the measurement is disk use
+    let e = EmbeddedEngine::open(opts).expect("open");
+    e.create(CreateRequest { content_type: Some("application/octet-stream".into()), ..plain("big", "") })
+        .await
+        .expect("big");
+    let chunk = Bytes::from(vec![7u8; 1 << 20]);
+    for _ in 0..100 {
+        e.append(AppendRequest {
+            path: "big".into(),
+            content_type: Some("application/octet-stream".into()),
+            data: chunk.clone(),
+            close: false,
+            stream_seq: None,
+            producer: None,
+            now_ms: 0,
+        })
+        .await
+        .expect("append");
+    }
+    e.flush_to_tables().expect("flush");
+    let before = allocated_bytes(dir.path());
+    for i in 0..10 {
+        e.create(fork(&format!("fork{i}"), "big", Some(50 << 20))).await.expect("fork");
+    }
+    e.flush_to_tables().expect("flush");
+    let after = allocated_bytes(dir.path());
+    let record = e.inner.ks.streams.get("fork0").expect("get").expect("fork0 meta").len() + "fork0".len();
+    println!("a fork's whole persistent footprint is its metadata record: {record} B (key + value)");
+    e.shutdown().await.expect("shutdown");
+    drop(e);
+    let per_fork = after.saturating_sub(before) / 10;
+    println!("disk (journals excluded) before forks {before} B, after 10 forks {after} B: {per_fork} B per fork of a 100 MiB stream");
+    assert!(before >= 100 << 20, "the source really holds 100 MiB ({before} B)");
+    assert!(per_fork < 64 << 10, "a fork must not copy data: {per_fork} B per fork");
+    let e = open_at(dir.path());
+    let c = e.read("fork3", Offset((50 << 20) - 3), 16, 0).await.expect("read");
+    assert_eq!(&c.data[..], &[7, 7, 7]);
+    assert!(c.up_to_date());
+}
