@@ -4,7 +4,12 @@
 use bytes::Bytes;
 use oncelog_protocol::Offset;
 
+use super::test_support::copy_dir;
 use super::*;
+
+async fn read_all(e: &EmbeddedEngine, path: &str) -> String {
+    String::from_utf8(super::test_support::read_all(e, path, 3).await).expect("utf8")
+}
 
 fn open_at(dir: &std::path::Path) -> EmbeddedEngine {
     EmbeddedEngine::open(EmbeddedOptions::new(dir)).expect("open engine")
@@ -44,18 +49,6 @@ async fn append(e: &EmbeddedEngine, path: &str, data: &str) -> AppendOutcome {
     .expect("append")
 }
 
-async fn read_all(e: &EmbeddedEngine, path: &str) -> String {
-    let mut out = Vec::new();
-    let mut at = Offset::ZERO;
-    loop {
-        let c = e.read(path, at, 3, 0).await.expect("read");
-        out.extend_from_slice(&c.data);
-        at = c.next;
-        if c.up_to_date() {
-            return String::from_utf8(out).expect("utf8");
-        }
-    }
-}
 
 /// a ← b ← c, each with data of its own before and after the fork points.
 async fn build_chain(e: &EmbeddedEngine) {
@@ -159,18 +152,6 @@ async fn a_crash_between_fork_creation_and_its_first_append_loses_nothing() {
     assert_eq!(read_all(&e, "f").await, "hello fork");
 }
 
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    for entry in std::fs::read_dir(from).expect("read_dir") {
-        let entry = entry.expect("entry");
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("type").is_dir() {
-            std::fs::create_dir_all(&target).expect("mkdir");
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).expect("copy");
-        }
-    }
-}
 
 /// Bytes allocated on disk below `dir`, journals excluded (they are preallocated and recycled;
 /// what a fork costs shows in the tables once memtables are flushed).

@@ -573,6 +573,8 @@ fn recover(ks: &Keyspaces) -> Result<(HashMap<String, WStream>, u64, RecoveryRep
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod fork_tests;
+#[cfg(test)]
+mod test_support;
+#[cfg(test)]
+mod tests;

@@ -6,7 +6,12 @@ use bytes::Bytes;
 use oncelog_protocol::headers::{Expiry, ProducerHeaders};
 use oncelog_protocol::Offset;
 
+use super::test_support::copy_dir;
 use super::*;
+
+async fn read_all(e: &EmbeddedEngine, path: &str) -> Vec<u8> {
+    super::test_support::read_all(e, path, 7).await
+}
 
 fn open(dir: &std::path::Path) -> EmbeddedEngine {
     EmbeddedEngine::open(EmbeddedOptions::new(dir)).expect("open engine")
@@ -42,18 +47,6 @@ fn append_req(path: &str, data: &str, producer: Option<(&str, u64, u64)>) -> App
     }
 }
 
-async fn read_all(e: &EmbeddedEngine, path: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut at = Offset::ZERO;
-    loop {
-        let c = e.read(path, at, 7, 0).await.expect("read");
-        out.extend_from_slice(&c.data);
-        at = c.next;
-        if c.up_to_date() {
-            return out;
-        }
-    }
-}
 
 #[tokio::test]
 async fn appends_read_back_in_order_across_small_pages() {
@@ -116,18 +109,6 @@ async fn crash_without_shutdown_keeps_acknowledged_appends() {
     assert_eq!(dup.status, AppendStatus::Duplicate);
 }
 
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    for entry in std::fs::read_dir(from).expect("read_dir") {
-        let entry = entry.expect("entry");
-        let target = to.join(entry.file_name());
-        if entry.file_type().expect("type").is_dir() {
-            std::fs::create_dir_all(&target).expect("mkdir");
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), &target).expect("copy");
-        }
-    }
-}
 
 #[tokio::test]
 async fn torn_journal_tail_is_truncated_on_recovery() {

@@ -92,6 +92,20 @@ impl<'a> Decoder<'a> {
         let b = self.bytes()?;
         String::from_utf8(b.to_vec()).map_err(|_| DecodeError::InvalidUtf8)
     }
+    /// Reads the leading tag byte and refuses any other than `expected`.
+    pub fn tag(&mut self, expected: u8) -> Result<(), DecodeError> {
+        match self.u8()? {
+            t if t == expected => Ok(()),
+            t => Err(DecodeError::UnknownTag(t)),
+        }
+    }
+    pub fn bool(&mut self) -> Result<bool, DecodeError> {
+        match self.u8()? {
+            0 => Ok(false),
+            1 => Ok(true),
+            _ => Err(DecodeError::InvalidValue),
+        }
+    }
     pub fn finish(self) -> Result<(), DecodeError> {
         if self.0.is_empty() {
             Ok(())

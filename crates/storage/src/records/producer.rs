@@ -29,10 +29,7 @@ impl ProducerRecord {
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut d = Decoder(bytes);
-        match d.u8()? {
-            TAG_V1 => {}
-            t => return Err(DecodeError::UnknownTag(t)),
-        }
+        d.tag(TAG_V1)?;
         let epoch = d.u64()?;
         let last_seq = d.u64()?;
         let n = d.u8()? as usize;

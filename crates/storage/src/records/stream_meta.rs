@@ -65,10 +65,7 @@ impl StreamMeta {
 
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
         let mut d = Decoder(bytes);
-        match d.u8()? {
-            TAG_V1 => {}
-            t => return Err(DecodeError::UnknownTag(t)),
-        }
+        d.tag(TAG_V1)?;
         let id = d.u64()?;
         let created_ms = d.i64()?;
         let content_type = d.string()?;
@@ -78,26 +75,10 @@ impl StreamMeta {
             2 => Expiry::At(d.i64()?),
             _ => return Err(DecodeError::InvalidValue),
         };
-        let closed = match d.u8()? {
-            0 => false,
-            1 => true,
-            _ => return Err(DecodeError::InvalidValue),
-        };
-        let stream_seq = match d.u8()? {
-            0 => None,
-            1 => Some(d.string()?),
-            _ => return Err(DecodeError::InvalidValue),
-        };
-        let fork = match d.u8()? {
-            0 => None,
-            1 => Some(ForkOf { source_id: d.u64()?, fork_point: d.u64()? }),
-            _ => return Err(DecodeError::InvalidValue),
-        };
-        let soft_deleted = match d.u8()? {
-            0 => false,
-            1 => true,
-            _ => return Err(DecodeError::InvalidValue),
-        };
+        let closed = d.bool()?;
+        let stream_seq = if d.bool()? { Some(d.string()?) } else { None };
+        let fork = if d.bool()? { Some(ForkOf { source_id: d.u64()?, fork_point: d.u64()? }) } else { None };
+        let soft_deleted = d.bool()?;
         d.finish()?;
         Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted })
     }
