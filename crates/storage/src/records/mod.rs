@@ -29,6 +29,30 @@ pub enum DecodeError {
     InvalidValue,
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn varints_round_trip(v: u64) {
+            let mut e = Encoder::default();
+            e.varint(v);
+            prop_assert!(e.0.len() <= 10);
+            let mut d = Decoder(&e.0);
+            prop_assert_eq!(d.varint(), Ok(v));
+            prop_assert!(d.finish().is_ok());
+        }
+    }
+
+    #[test]
+    fn overlong_varints_are_refused() {
+        assert_eq!(Decoder(&[0xff; 11]).varint(), Err(DecodeError::InvalidValue));
+        assert_eq!(Decoder(&[0x80]).varint(), Err(DecodeError::Truncated));
+    }
+}
+
 /// Appends fields to a value.
 #[derive(Default)]
 pub(crate) struct Encoder(pub Vec<u8>);
@@ -44,6 +68,15 @@ impl Encoder {
     }
     pub fn i64(&mut self, v: i64) -> &mut Self {
         self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// LEB128 variable-length integer: 7 bits per byte, low first; small numbers take one byte.
+    pub fn varint(&mut self, mut v: u64) -> &mut Self {
+        while v >= 0x80 {
+            self.0.push((v as u8 & 0x7f) | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
         self
     }
     /// Length-prefixed (u32) bytes.
@@ -82,6 +115,20 @@ impl<'a> Decoder<'a> {
         let mut b = [0u8; 8];
         b.copy_from_slice(self.take(8)?);
         Ok(i64::from_le_bytes(b))
+    }
+    pub fn varint(&mut self) -> Result<u64, DecodeError> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.u8()?;
+            v |= u64::from(b & 0x7f).checked_shl(shift).ok_or(DecodeError::InvalidValue)?;
+            if b & 0x80 == 0 {
+                if shift == 63 && b > 1 {
+                    return Err(DecodeError::InvalidValue);
+                }
+                return Ok(v);
+            }
+        }
+        Err(DecodeError::InvalidValue)
     }
     pub fn bytes(&mut self) -> Result<&'a [u8], DecodeError> {
         let mut b = [0u8; 4];
