@@ -1,18 +1,16 @@
-//! `oncelog`: the command line. Today one subcommand, `serve`, which runs the Durable Streams
-//! server on the embedded engine. Thin by design: all behaviour lives in the library crates.
+//! `oncelog`: the command line. `serve` runs the Durable Streams server on the embedded engine;
+//! `create | append | read | tail | head | close | delete` are a client built on
+//! `oncelog-client`. Thin by design: all behaviour lives in the library crates.
+//!
+//! Modules: [`serve`] (the server subcommand), [`commands`] (the client subcommands).
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::future::IntoFuture;
-use std::time::Duration;
+mod commands;
+mod serve;
 
-use clap::{ArgAction, Parser, Subcommand};
-use oncelog_server::{app, sweeper, AppState, ServerConfig, SystemClock};
-use oncelog_storage::{Durability, EmbeddedEngine, EmbeddedOptions, Engine};
+use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "oncelog", version, about = "Durable Streams server with exactly-once producers")]
+#[command(name = "oncelog", version, about = "Durable Streams server and client with exactly-once producers")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -21,58 +19,35 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the server on the embedded, crash-safe storage engine.
-    Serve(ServeArgs),
-}
-
-#[derive(clap::Args)]
-struct ServeArgs {
-    /// Address to listen on. Port 0 picks a free port; the chosen address is printed on stdout.
-    #[arg(long, env = "ONCELOG_ADDR", default_value = "127.0.0.1:4437")]
-    addr: SocketAddr,
-
-    /// Directory holding the data; created if missing. One server per directory.
-    #[arg(long, env = "ONCELOG_DATA_DIR", default_value = "./data")]
-    data_dir: PathBuf,
-
-    /// How long a long-poll read waits for new data before answering 204, in milliseconds.
-    #[arg(long, env = "ONCELOG_LONG_POLL_TIMEOUT_MS", default_value_t = 20_000)]
-    long_poll_timeout_ms: u64,
-
-    /// Largest request body (append or create) in bytes; larger requests get 413.
-    #[arg(long, env = "ONCELOG_MAX_APPEND_BYTES", default_value_t = 16 << 20)]
-    max_append_bytes: usize,
-
-    /// Soft cap on the bytes of one read response (one append is never split).
-    #[arg(long, env = "ONCELOG_MAX_READ_BYTES", default_value_t = 1 << 20)]
-    max_read_bytes: usize,
-
-    /// How long one SSE response lasts before the server ends it (clients reconnect), in ms.
-    #[arg(long, env = "ONCELOG_SSE_MAX_DURATION_MS", default_value_t = 60_000)]
-    sse_max_duration_ms: u64,
-
-    /// Acknowledge writes only after fdatasync (true, the default). With false, writes are
-    /// acknowledged once handed to the OS: they survive a crash of oncelog but not of the machine.
-    #[arg(long, env = "ONCELOG_FSYNC", default_value_t = true, action = ArgAction::Set)]
-    fsync: bool,
-
-    /// Memory for caching stream data blocks, in MiB.
-    #[arg(long, env = "ONCELOG_CACHE_MB", default_value_t = 64)]
-    cache_mb: u64,
-
-    /// On SIGTERM, how long in-flight requests (including live reads) may take to finish, in ms.
-    #[arg(long, env = "ONCELOG_SHUTDOWN_GRACE_MS", default_value_t = 2_000)]
-    shutdown_grace_ms: u64,
+    Serve(serve::ServeArgs),
+    /// Create a stream (succeeds if an identical one exists); prints its tail offset.
+    Create(commands::CreateArgs),
+    /// Append stdin to a stream through an exactly-once producer: one item per line, or one
+    /// message per JSON value on a JSON stream. Prints the final offset.
+    Append(commands::AppendArgs),
+    /// Print a stream's content from an offset up to its current end.
+    Read(commands::ReadArgs),
+    /// Follow a stream live (SSE or long-poll) until it is closed.
+    Tail(commands::TailArgs),
+    /// Print a stream's metadata: content type, tail offset, closure, expiry.
+    Head(commands::StreamArgs),
+    /// Close a stream (optionally appending a final message); prints the final offset.
+    Close(commands::CloseArgs),
+    /// Delete a stream and its data.
+    Delete(commands::StreamArgs),
 }
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // The server logs at info by default; client commands keep stderr quiet unless asked.
+    let default_filter = if matches!(cli.command, Command::Serve(_)) { "info" } else { "error" };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -81,7 +56,14 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Serve(args) => runtime.block_on(serve::serve(args)),
+        Command::Create(args) => return commands::exit(runtime.block_on(commands::create(args))),
+        Command::Append(args) => return commands::exit(runtime.block_on(commands::append(args))),
+        Command::Read(args) => return commands::exit(runtime.block_on(commands::read(args))),
+        Command::Tail(args) => return commands::exit(runtime.block_on(commands::tail(args))),
+        Command::Head(args) => return commands::exit(runtime.block_on(commands::head(args))),
+        Command::Close(args) => return commands::exit(runtime.block_on(commands::close(args))),
+        Command::Delete(args) => return commands::exit(runtime.block_on(commands::delete(args))),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -89,78 +71,5 @@ fn main() -> std::process::ExitCode {
             tracing::error!(error = %e, "oncelog stopped");
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
-    let mut opts = EmbeddedOptions::new(&args.data_dir);
-    opts.durability = if args.fsync { Durability::Fsync } else { Durability::Buffered };
-    opts.cache_bytes = args.cache_mb << 20;
-    let engine = EmbeddedEngine::open(opts)?;
-    let r = engine.recovery_report();
-    tracing::info!(
-        data_dir = %args.data_dir.display(),
-        streams = r.streams,
-        closed = r.closed_streams,
-        producers = r.producers,
-        bytes = r.bytes,
-        pending_gc = r.pending_gc,
-        fsync = args.fsync,
-        "recovered"
-    );
-    let config = ServerConfig {
-        long_poll_timeout: Duration::from_millis(args.long_poll_timeout_ms),
-        sse_max_duration: Duration::from_millis(args.sse_max_duration_ms),
-        max_append_bytes: args.max_append_bytes,
-        max_read_bytes: args.max_read_bytes,
-        ..ServerConfig::default()
-    };
-    let state = AppState { engine: Arc::new(engine), config: Arc::new(config), clock: Arc::new(SystemClock::default()) };
-    let sweeper = sweeper::spawn(&state);
-
-    let listener = tokio::net::TcpListener::bind(args.addr).await?;
-    let local = listener.local_addr()?;
-    // One line on stdout, for scripts and tests that start the server on port 0.
-    println!("oncelog listening on http://{local}");
-    tracing::info!(addr = %local, "listening");
-
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        axum::serve(listener, app(state.clone()))
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.await;
-            })
-            .into_future(),
-    );
-    shutdown_signal().await;
-    tracing::info!("shutting down: no new connections; finishing in-flight requests");
-    let _ = stop_tx.send(());
-    if tokio::time::timeout(Duration::from_millis(args.shutdown_grace_ms), server).await.is_err() {
-        tracing::warn!("grace period over; closing remaining connections");
-    }
-    sweeper.abort();
-    state.engine.shutdown().await?;
-    tracing::info!("all writes synced; bye");
-    Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
     }
 }

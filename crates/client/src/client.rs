@@ -1,0 +1,440 @@
+//! [`Client`]: connection pool, base URL, headers, timeouts, and the one place requests are sent,
+//! retried and turned into typed errors.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use oncelog_protocol::headers::{closed_flag, names};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, Url};
+
+use crate::error::{is_transient_status, status_means_not_processed, Error};
+use crate::offset::StreamOffset;
+use crate::retry::{Backoff, Jitter, RetryPolicy, SystemJitter};
+use crate::stream::StreamHandle;
+
+/// Called before every request (retries included) to add headers, for example a fresh
+/// `Authorization` token. It must be quick: refresh tokens in the background and read the latest.
+pub type HeaderProvider = Arc<dyn Fn(&mut HeaderMap) + Send + Sync>;
+
+/// Called before every request (retries included) to add query parameters, for example a URL
+/// signature.
+pub type QueryProvider = Arc<dyn Fn(&mut Vec<(String, String)>) + Send + Sync>;
+
+/// A Durable Streams client: a connection pool plus the settings every request shares. Cheap to
+/// clone; clones share the pool.
+#[derive(Clone)]
+pub struct Client {
+    /// Shared so that stream handles and producers can outlive the `Client` value they came from.
+    inner: Arc<Inner>,
+}
+
+/// The shared part of a [`Client`].
+struct Inner {
+    /// The connection pool.
+    http: reqwest::Client,
+    /// Stream URLs are this URL plus the stream's path.
+    base: Url,
+    /// Sent on every request.
+    default_headers: HeaderMap,
+    /// Adds per-request headers (auth).
+    header_provider: Option<HeaderProvider>,
+    /// Adds per-request query parameters.
+    query_provider: Option<QueryProvider>,
+    /// How requests are retried unless an operation says otherwise.
+    retry: RetryPolicy,
+    /// Randomness for retry delays.
+    jitter: Arc<dyn Jitter>,
+    /// Total time allowed for one non-live request.
+    request_timeout: Duration,
+    /// Total time allowed for one long-poll request; longer than any server's wait.
+    long_poll_timeout: Duration,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client").field("base", &self.inner.base.as_str()).finish_non_exhaustive()
+    }
+}
+
+/// Settings for a [`Client`]; start from [`Client::builder`].
+pub struct ClientBuilder {
+    /// The streams root URL (see [`Client::builder`]).
+    base: String,
+    /// Headers for every request.
+    default_headers: HeaderMap,
+    /// Per-request headers.
+    header_provider: Option<HeaderProvider>,
+    /// Per-request query parameters.
+    query_provider: Option<QueryProvider>,
+    /// Default retry policy.
+    retry: RetryPolicy,
+    /// Randomness for retry delays (replaceable in tests).
+    jitter: Arc<dyn Jitter>,
+    /// TCP connect timeout.
+    connect_timeout: Duration,
+    /// Total time for a non-live request.
+    request_timeout: Duration,
+    /// Total time for a long-poll request.
+    long_poll_timeout: Duration,
+    /// How long an idle pooled connection is kept.
+    pool_idle_timeout: Duration,
+    /// Most idle connections kept per host.
+    pool_max_idle_per_host: usize,
+}
+
+impl Client {
+    /// Starts configuring a client. `base_url` is the streams root: a stream `a/b` lives at
+    /// `{base_url}/a/b`. For an Oncelog server that is `http://HOST:PORT/v1/stream`.
+    pub fn builder(base_url: impl Into<String>) -> ClientBuilder {
+        ClientBuilder {
+            base: base_url.into(),
+            default_headers: HeaderMap::new(),
+            header_provider: None,
+            query_provider: None,
+            retry: RetryPolicy::default(),
+            jitter: Arc::new(SystemJitter::default()),
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(30),
+            long_poll_timeout: Duration::from_secs(90),
+            pool_idle_timeout: Duration::from_secs(90),
+            pool_max_idle_per_host: 64,
+        }
+    }
+
+    /// A client with default settings.
+    pub fn new(base_url: impl Into<String>) -> Result<Client, Error> {
+        Client::builder(base_url).build()
+    }
+
+    /// A handle on the stream at `path` (relative to the base URL; a leading `/` is ignored).
+    /// Nothing is sent until an operation is called.
+    pub fn stream(&self, path: &str) -> StreamHandle {
+        StreamHandle::new(self.clone(), self.stream_url(path))
+    }
+
+    /// The base URL.
+    pub fn base_url(&self) -> &Url {
+        &self.inner.base
+    }
+
+    /// The default retry policy.
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.inner.retry
+    }
+
+    pub(crate) fn jitter(&self) -> Arc<dyn Jitter> {
+        self.inner.jitter.clone()
+    }
+
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.inner.request_timeout
+    }
+
+    pub(crate) fn long_poll_timeout(&self) -> Duration {
+        self.inner.long_poll_timeout
+    }
+
+    fn stream_url(&self, path: &str) -> Url {
+        let mut url = self.inner.base.clone();
+        if let Ok(mut segs) = url.path_segments_mut() {
+            segs.pop_if_empty();
+            for seg in path.trim_start_matches('/').split('/') {
+                segs.push(seg);
+            }
+        }
+        url
+    }
+
+    /// Sends `req` once: no retry, no status mapping.
+    pub(crate) async fn send_once(&self, req: &Request) -> Result<reqwest::Response, Error> {
+        let mut url = req.url.clone();
+        if let Some(provider) = &self.inner.query_provider {
+            let mut extra = Vec::new();
+            provider(&mut extra);
+            if !extra.is_empty() {
+                url.query_pairs_mut().extend_pairs(extra);
+            }
+        }
+        let mut headers = self.inner.default_headers.clone();
+        if let Some(provider) = &self.inner.header_provider {
+            provider(&mut headers);
+        }
+        for (name, value) in &req.headers {
+            headers.insert(name.clone(), value.clone());
+        }
+        let mut builder = self.inner.http.request(req.method.clone(), url).headers(headers);
+        if let Some(t) = req.timeout {
+            builder = builder.timeout(t);
+        }
+        if !req.body.is_empty() {
+            builder = builder.body(req.body.clone());
+        } else if req.method == Method::POST || req.method == Method::PUT {
+            builder = builder.header(reqwest::header::CONTENT_LENGTH, "0");
+        }
+        builder.send().await.map_err(|e| Error::transport(e, req.idempotent))
+    }
+
+    /// Sends `req`, retrying under `policy` whatever is transient and safe to repeat: network
+    /// errors (on idempotent requests, or when the request never left), `5xx`/`408`/`429` (on
+    /// idempotent requests; `429`/`503` on any). Returns the final response whatever its status;
+    /// [`error_from_response`] maps failures.
+    pub(crate) async fn send(&self, req: &Request, policy: &RetryPolicy) -> Result<reqwest::Response, Error> {
+        let mut backoff = Backoff::new(policy.clone(), self.jitter());
+        loop {
+            let (retry_after, err) = match self.send_once(req).await {
+                Ok(resp) => {
+                    let status = resp.status().as_u16();
+                    let repeatable = req.idempotent || status_means_not_processed(status);
+                    if !(is_transient_status(status) && repeatable) {
+                        return Ok(resp);
+                    }
+                    let retry_after = retry_after(resp.headers());
+                    match backoff.next_delay(retry_after) {
+                        Some(delay) => {
+                            tracing::debug!(status, attempt = backoff.attempts(), ?delay, url = %req.url, "retrying");
+                            tokio::time::sleep(delay).await;
+                            continue;
+                        }
+                        None => return Ok(resp),
+                    }
+                }
+                Err(e) => (None, e),
+            };
+            if !err.is_retry_safe() {
+                return Err(err);
+            }
+            match backoff.next_delay(retry_after) {
+                Some(delay) => {
+                    tracing::debug!(error = %err, attempt = backoff.attempts(), ?delay, url = %req.url, "retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                None => return Err(err),
+            }
+        }
+    }
+}
+
+impl ClientBuilder {
+    /// Adds a header sent on every request.
+    pub fn default_header(mut self, name: &str, value: &str) -> Result<Self, Error> {
+        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| Error::invalid(format!("invalid header name {name:?}")))?;
+        let value = HeaderValue::from_str(value).map_err(|_| Error::invalid(format!("invalid value for header {name}")))?;
+        self.default_headers.insert(name, value);
+        Ok(self)
+    }
+
+    /// Sets a function called before every request to add headers (auth tokens that change).
+    pub fn header_provider(mut self, provider: impl Fn(&mut HeaderMap) + Send + Sync + 'static) -> Self {
+        self.header_provider = Some(Arc::new(provider));
+        self
+    }
+
+    /// Sets a function called before every request to add query parameters.
+    pub fn query_provider(mut self, provider: impl Fn(&mut Vec<(String, String)>) + Send + Sync + 'static) -> Self {
+        self.query_provider = Some(Arc::new(provider));
+        self
+    }
+
+    /// The retry policy of stream operations and readers (producers have their own).
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Replaces the randomness behind retry delays (for deterministic tests).
+    pub fn jitter(mut self, jitter: Arc<dyn Jitter>) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// TCP connect timeout (default 10 s).
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// Total time for one non-live request, body included (default 30 s).
+    pub fn request_timeout(mut self, t: Duration) -> Self {
+        self.request_timeout = t;
+        self
+    }
+
+    /// Total time for one long-poll request (default 90 s). Keep it above the server's long-poll
+    /// wait, or every idle poll ends in a client-side timeout and a retry.
+    pub fn long_poll_timeout(mut self, t: Duration) -> Self {
+        self.long_poll_timeout = t;
+        self
+    }
+
+    /// How long idle pooled connections are kept (default 90 s).
+    pub fn pool_idle_timeout(mut self, t: Duration) -> Self {
+        self.pool_idle_timeout = t;
+        self
+    }
+
+    /// Most idle pooled connections per host (default 64).
+    pub fn pool_max_idle_per_host(mut self, n: usize) -> Self {
+        self.pool_max_idle_per_host = n;
+        self
+    }
+
+    /// Builds the client; fails on a base URL that is not an absolute `http` URL (this build has
+    /// no TLS backend, so `https` is refused here rather than on the first request).
+    pub fn build(self) -> Result<Client, Error> {
+        let base = Url::parse(&self.base).map_err(|e| Error::invalid(format!("base URL {:?}: {e}", self.base)))?;
+        if base.scheme() == "https" {
+            // reqwest is built without a TLS backend in this workspace (lean builds); say so now
+            // rather than on the first request.
+            return Err(Error::invalid(format!("base URL {:?}: https needs a TLS-enabled build of reqwest", self.base)));
+        }
+        if base.scheme() != "http" || base.cannot_be_a_base() {
+            return Err(Error::invalid(format!("base URL {:?} must be an absolute http URL", self.base)));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(self.connect_timeout)
+            .pool_idle_timeout(self.pool_idle_timeout)
+            .pool_max_idle_per_host(self.pool_max_idle_per_host)
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| Error::invalid(format!("HTTP client: {e}")))?;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                http,
+                base,
+                default_headers: self.default_headers,
+                header_provider: self.header_provider,
+                query_provider: self.query_provider,
+                retry: self.retry,
+                jitter: self.jitter,
+                request_timeout: self.request_timeout,
+                long_poll_timeout: self.long_poll_timeout,
+            }),
+        })
+    }
+}
+
+/// One request, kept whole so that it can be sent again.
+#[derive(Debug, Clone)]
+pub(crate) struct Request {
+    /// HTTP method.
+    pub method: Method,
+    /// Full URL, query included (per-request query parameters are added at send time).
+    pub url: Url,
+    /// Operation headers (they override default and provided headers of the same name).
+    pub headers: HeaderMap,
+    /// Body; empty means none.
+    pub body: Bytes,
+    /// Total time allowed; `None` for streaming responses (SSE).
+    pub timeout: Option<Duration>,
+    /// Whether repeating the request cannot apply it twice.
+    pub idempotent: bool,
+}
+
+impl Request {
+    pub(crate) fn new(method: Method, url: Url, idempotent: bool, timeout: Option<Duration>) -> Request {
+        Request { method, url, headers: HeaderMap::new(), body: Bytes::new(), timeout, idempotent }
+    }
+
+    /// Adds a header whose name and value are known to be valid.
+    pub(crate) fn header(&mut self, name: &'static str, value: &str) -> Result<(), Error> {
+        let v = HeaderValue::from_str(value).map_err(|_| Error::invalid(format!("invalid value for header {name}: {value:?}")))?;
+        self.headers.insert(HeaderName::from_static(name), v);
+        Ok(())
+    }
+}
+
+/// What kind of operation a failed response answered; it decides what a `409` means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Create,
+    Append { stream_seq: bool },
+    Other,
+}
+
+/// A header as text, when present and valid UTF-8.
+pub(crate) fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
+}
+
+/// A header as an unsigned integer, when present and well-formed.
+pub(crate) fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
+    header_str(headers, name).and_then(|v| v.parse().ok())
+}
+
+/// `Stream-Next-Offset`, which every successful answer carries.
+pub(crate) fn next_offset(headers: &HeaderMap) -> Result<StreamOffset, Error> {
+    match header_str(headers, names::STREAM_NEXT_OFFSET) {
+        Some(v) if !v.is_empty() => Ok(StreamOffset::new(v)),
+        _ => Err(Error::InvalidResponse("response has no Stream-Next-Offset header".into())),
+    }
+}
+
+/// `Retry-After` in seconds (the HTTP-date form is not used by Durable Streams servers).
+pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    header_u64(headers, "retry-after").map(Duration::from_secs)
+}
+
+/// Reads at most a short prefix of an error body: the server's one-line reason.
+async fn reason(resp: reqwest::Response) -> String {
+    const LIMIT: usize = 512;
+    let bytes = resp.bytes().await.unwrap_or_default();
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(LIMIT)]);
+    text.lines().next().unwrap_or("").trim().to_owned()
+}
+
+/// Maps a non-success response to its typed error.
+pub(crate) async fn error_from_response(resp: reqwest::Response, op: Op, idempotent: bool) -> Error {
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    match status {
+        404 => return Error::NotFound { url: resp.url().as_str().to_owned() },
+        409 if closed_flag(header_str(&headers, names::STREAM_CLOSED)) => {
+            return Error::StreamClosed { final_offset: next_offset(&headers).ok() };
+        }
+        _ => {}
+    }
+    if status == 409 {
+        if let (Some(expected), Some(received)) = (
+            header_u64(&headers, names::PRODUCER_EXPECTED_SEQ),
+            header_u64(&headers, names::PRODUCER_RECEIVED_SEQ),
+        ) {
+            return Error::SequenceGap { expected, received };
+        }
+    }
+    let message = reason(resp).await;
+    match (status, op) {
+        (400, _) => Error::BadRequest { message },
+        (410, _) => Error::Gone { message },
+        (413, _) => Error::PayloadTooLarge { message },
+        (409, Op::Create) => Error::ConfigMismatch { message },
+        (409, Op::Append { stream_seq: true }) if !message.to_ascii_lowercase().contains("content") => {
+            Error::StreamSeqConflict { message }
+        }
+        (409, _) => Error::Conflict { message },
+        _ => Error::Status {
+            status,
+            message,
+            retry_after: retry_after(&headers),
+            retry_safe: idempotent || status_means_not_processed(status),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_urls_join_and_escape() {
+        let c = Client::new("http://127.0.0.1:1/v1/stream").expect("client");
+        assert_eq!(c.stream("a/b").url().as_str(), "http://127.0.0.1:1/v1/stream/a/b");
+        assert_eq!(c.stream("/x y").url().as_str(), "http://127.0.0.1:1/v1/stream/x%20y");
+        let c = Client::new("http://127.0.0.1:1/").expect("client");
+        assert_eq!(c.stream("/s").url().as_str(), "http://127.0.0.1:1/s");
+        assert!(Client::new("not a url").is_err());
+        assert!(Client::new("mailto:x@y").is_err());
+        assert!(Client::new("https://example.com/v1/stream").expect_err("no TLS").to_string().contains("TLS"));
+    }
+}

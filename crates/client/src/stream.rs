@@ -1,0 +1,311 @@
+//! [`StreamHandle`]: one stream's URL and the plain operations on it (create, append, close,
+//! delete, head), plus the entry points to readers and producers.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use oncelog_protocol::headers::{closed_flag, names};
+use reqwest::header::{HeaderMap, CONTENT_TYPE};
+use reqwest::{Method, Url};
+
+use crate::client::{error_from_response, header_str, header_u64, next_offset, Client, Op, Request};
+use crate::error::Error;
+use crate::offset::StreamOffset;
+use crate::producer::ProducerBuilder;
+use crate::read::{ChunkStream, ReadOptions};
+use crate::retry::Backoff;
+
+/// A handle on one stream. Cheap to clone; nothing is sent until an operation is called.
+#[derive(Clone)]
+pub struct StreamHandle {
+    /// Pool, headers and retry settings.
+    client: Client,
+    /// The stream's URL.
+    url: Url,
+    /// The stream's content type once known (from create or head): appends need it, and it
+    /// decides JSON mode for readers and producers.
+    content_type: Arc<Mutex<Option<String>>>,
+}
+
+impl std::fmt::Debug for StreamHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamHandle").field("url", &self.url.as_str()).finish_non_exhaustive()
+    }
+}
+
+/// Options of [`StreamHandle::create`].
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    /// The stream's content type; the server's default (`application/octet-stream`) if `None`.
+    pub content_type: Option<String>,
+    /// `Stream-TTL`: expire after this many idle seconds.
+    pub ttl_seconds: Option<u64>,
+    /// `Stream-Expires-At`: expire at this RFC 3339 time.
+    pub expires_at: Option<String>,
+    /// Create the stream already closed (its body, if any, is all it will ever hold).
+    pub closed: bool,
+    /// Initial content.
+    pub body: Bytes,
+    /// Extra headers for this request.
+    pub headers: HeaderMap,
+}
+
+impl CreateOptions {
+    /// Options for a stream of `content_type`.
+    pub fn content_type(content_type: impl Into<String>) -> CreateOptions {
+        CreateOptions { content_type: Some(content_type.into()), ..CreateOptions::default() }
+    }
+}
+
+/// What [`StreamHandle::create`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Created {
+    /// `true` for `201 Created`, `false` when an identical stream already existed (`200`).
+    pub created: bool,
+    /// The tail after any initial content.
+    pub next_offset: StreamOffset,
+    /// Whether the stream is closed.
+    pub closed: bool,
+}
+
+/// Options of [`StreamHandle::append`].
+#[derive(Debug, Clone, Default)]
+pub struct AppendOptions {
+    /// Content type of the body; the stream's own when `None` (learned with a `HEAD` if needed).
+    pub content_type: Option<String>,
+    /// `Stream-Seq`: an application sequence that must increase byte-wise.
+    pub stream_seq: Option<String>,
+    /// Extra headers for this request.
+    pub headers: HeaderMap,
+}
+
+/// What a plain append returned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appended {
+    /// The stream's tail after the append.
+    pub next_offset: StreamOffset,
+    /// Whether the stream is now closed.
+    pub closed: bool,
+}
+
+/// Stream metadata from `HEAD`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamInfo {
+    /// The stream's content type.
+    pub content_type: String,
+    /// The tail offset.
+    pub next_offset: StreamOffset,
+    /// Whether the stream is closed.
+    pub closed: bool,
+    /// `Stream-TTL`, if set.
+    pub ttl_seconds: Option<u64>,
+    /// `Stream-Expires-At`, if set.
+    pub expires_at: Option<String>,
+}
+
+impl StreamHandle {
+    pub(crate) fn new(client: Client, url: Url) -> StreamHandle {
+        StreamHandle { client, url, content_type: Arc::new(Mutex::new(None)) }
+    }
+
+    /// The stream's URL.
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+
+    /// The client this handle uses.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Tells the handle the stream's content type, saving a `HEAD` before the first append.
+    pub fn with_content_type(self, content_type: impl Into<String>) -> StreamHandle {
+        self.set_content_type(content_type.into());
+        self
+    }
+
+    /// The stream's content type, if known yet.
+    pub fn known_content_type(&self) -> Option<String> {
+        self.content_type.lock().map(|g| g.clone()).unwrap_or(None)
+    }
+
+    fn set_content_type(&self, ct: String) {
+        if let Ok(mut g) = self.content_type.lock() {
+            *g = Some(ct);
+        }
+    }
+
+    /// The stream's content type, asking the server if it is not known yet.
+    pub async fn content_type(&self) -> Result<String, Error> {
+        match self.known_content_type() {
+            Some(ct) => Ok(ct),
+            None => Ok(self.head().await?.content_type),
+        }
+    }
+
+    fn request(&self, method: Method, idempotent: bool) -> Request {
+        Request::new(method, self.url.clone(), idempotent, Some(self.client.request_timeout()))
+    }
+
+    /// `PUT`: creates the stream, or confirms that an identical one exists (`created == false`).
+    /// A stream with a different configuration is [`Error::ConfigMismatch`]. Retried like any
+    /// idempotent request.
+    pub async fn create(&self, opts: CreateOptions) -> Result<Created, Error> {
+        let mut req = self.request(Method::PUT, true);
+        if let Some(ct) = &opts.content_type {
+            req.header("content-type", ct)?;
+        }
+        if let Some(ttl) = opts.ttl_seconds {
+            req.header(names::STREAM_TTL, &ttl.to_string())?;
+        }
+        if let Some(at) = &opts.expires_at {
+            req.header(names::STREAM_EXPIRES_AT, at)?;
+        }
+        if opts.closed {
+            req.header(names::STREAM_CLOSED, "true")?;
+        }
+        req.headers.extend(opts.headers);
+        req.body = opts.body;
+        let resp = self.client.send(&req, self.client.retry_policy()).await?;
+        let status = resp.status().as_u16();
+        if !matches!(status, 200 | 201) {
+            return Err(error_from_response(resp, Op::Create, true).await);
+        }
+        let h = resp.headers();
+        if let Some(ct) = header_str(h, CONTENT_TYPE.as_str()).map(str::to_owned).or(opts.content_type) {
+            self.set_content_type(ct);
+        }
+        Ok(Created {
+            created: status == 201,
+            next_offset: next_offset(h)?,
+            closed: closed_flag(header_str(h, names::STREAM_CLOSED)),
+        })
+    }
+
+    /// `POST` without producer headers. **Not idempotent**: it is retried only when the request
+    /// provably was not processed (connect failure, `429`, `503`). Any other failure's
+    /// [`Error::is_retry_safe`] is `false`: the data may or may not be stored. Use a
+    /// [`crate::Producer`] for appends that must be retried safely.
+    pub async fn append(&self, data: impl Into<Bytes>, opts: AppendOptions) -> Result<Appended, Error> {
+        self.post(data.into(), opts, false).await
+    }
+
+    /// Appends `data` and closes the stream in one atomic step. Not idempotent, like
+    /// [`StreamHandle::append`].
+    pub async fn append_and_close(&self, data: impl Into<Bytes>, opts: AppendOptions) -> Result<Appended, Error> {
+        self.post(data.into(), opts, true).await
+    }
+
+    async fn post(&self, data: Bytes, opts: AppendOptions, close: bool) -> Result<Appended, Error> {
+        if data.is_empty() {
+            return Err(Error::invalid("an append needs a non-empty body (use close() to close without data)"));
+        }
+        let ct = match opts.content_type {
+            Some(ct) => ct,
+            None => self.content_type().await?,
+        };
+        let mut req = self.request(Method::POST, false);
+        req.header("content-type", &ct)?;
+        if let Some(seq) = &opts.stream_seq {
+            req.header(names::STREAM_SEQ, seq)?;
+        }
+        if close {
+            req.header(names::STREAM_CLOSED, "true")?;
+        }
+        req.headers.extend(opts.headers);
+        req.body = data;
+        let resp = self.client.send(&req, self.client.retry_policy()).await?;
+        if !matches!(resp.status().as_u16(), 200 | 204) {
+            return Err(error_from_response(resp, Op::Append { stream_seq: opts.stream_seq.is_some() }, false).await);
+        }
+        let h = resp.headers();
+        Ok(Appended { next_offset: next_offset(h)?, closed: closed_flag(header_str(h, names::STREAM_CLOSED)) })
+    }
+
+    /// Closes the stream without appending: readers reach EOF at the current tail. Idempotent
+    /// (closing a closed stream succeeds), so it is retried freely. Returns the final offset.
+    pub async fn close(&self) -> Result<StreamOffset, Error> {
+        self.close_with_headers(HeaderMap::new()).await
+    }
+
+    /// [`StreamHandle::close`] with extra request headers.
+    pub async fn close_with_headers(&self, headers: HeaderMap) -> Result<StreamOffset, Error> {
+        let mut req = self.request(Method::POST, true);
+        req.header(names::STREAM_CLOSED, "true")?;
+        req.headers.extend(headers);
+        let resp = self.client.send(&req, self.client.retry_policy()).await?;
+        if !matches!(resp.status().as_u16(), 200 | 204) {
+            return Err(error_from_response(resp, Op::Other, true).await);
+        }
+        next_offset(resp.headers())
+    }
+
+    /// `DELETE`: removes the stream and its data. Retried on transient failures; a `404` after
+    /// an attempt whose outcome was lost counts as success (that attempt deleted it).
+    pub async fn delete(&self) -> Result<(), Error> {
+        self.delete_with_headers(HeaderMap::new()).await
+    }
+
+    /// [`StreamHandle::delete`] with extra request headers.
+    pub async fn delete_with_headers(&self, headers: HeaderMap) -> Result<(), Error> {
+        let mut req = self.request(Method::DELETE, true);
+        req.headers.extend(headers);
+        let mut backoff = Backoff::new(self.client.retry_policy().clone(), self.client.jitter());
+        let mut maybe_applied = false;
+        loop {
+            let err = match self.client.send_once(&req).await {
+                Ok(resp) => match resp.status().as_u16() {
+                    200 | 202 | 204 => return Ok(()),
+                    404 if maybe_applied => return Ok(()),
+                    _ => error_from_response(resp, Op::Other, true).await,
+                },
+                Err(e) => e,
+            };
+            if !err.is_retry_safe() {
+                return Err(err);
+            }
+            // A 5xx or a lost response may hide a delete that happened.
+            maybe_applied = true;
+            match backoff.next_delay(err.retry_after()) {
+                Some(d) => tokio::time::sleep(d).await,
+                None => return Err(err),
+            }
+        }
+    }
+
+    /// `HEAD`: content type, tail and closure.
+    pub async fn head(&self) -> Result<StreamInfo, Error> {
+        self.head_with_headers(HeaderMap::new()).await
+    }
+
+    /// [`StreamHandle::head`] with extra request headers.
+    pub async fn head_with_headers(&self, headers: HeaderMap) -> Result<StreamInfo, Error> {
+        let mut req = self.request(Method::HEAD, true);
+        req.headers.extend(headers);
+        let resp = self.client.send(&req, self.client.retry_policy()).await?;
+        if resp.status().as_u16() != 200 {
+            return Err(error_from_response(resp, Op::Other, true).await);
+        }
+        let h = resp.headers();
+        let info = StreamInfo {
+            content_type: header_str(h, CONTENT_TYPE.as_str()).unwrap_or(oncelog_protocol::content_type::DEFAULT).to_owned(),
+            next_offset: next_offset(h)?,
+            closed: closed_flag(header_str(h, names::STREAM_CLOSED)),
+            ttl_seconds: header_u64(h, names::STREAM_TTL),
+            expires_at: header_str(h, names::STREAM_EXPIRES_AT).map(str::to_owned),
+        };
+        self.set_content_type(info.content_type.clone());
+        Ok(info)
+    }
+
+    /// A reader: a [`futures_util::Stream`] of [`crate::Chunk`]s from `opts.from`, in the mode
+    /// `opts.live` chooses. See [`crate::read`].
+    pub fn read(&self, opts: ReadOptions) -> ChunkStream {
+        ChunkStream::new(self.clone(), opts)
+    }
+
+    /// Starts configuring an exactly-once [`crate::Producer`] with this producer id.
+    pub fn producer(&self, producer_id: impl Into<String>) -> ProducerBuilder {
+        ProducerBuilder::new(self.clone(), producer_id.into())
+    }
+}

@@ -1,0 +1,311 @@
+//! The client against a real Oncelog server in-process: every operation, every read mode, typed
+//! errors, and what is (and is not) retried.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::TestServer;
+use futures_util::StreamExt;
+use oncelog_client::{
+    AppendOptions, Chunk, Client, CreateOptions, Error, LiveMode, ReadFrom, ReadOptions, RetryPolicy, StreamOffset,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Every test is bounded in time.
+const LIMIT: Duration = Duration::from_secs(20);
+
+async fn collect(mut s: oncelog_client::ChunkStream) -> Result<Vec<Chunk>, Error> {
+    let mut out = Vec::new();
+    while let Some(c) = tokio::time::timeout(LIMIT, s.next()).await.expect("reader stalled") {
+        out.push(c?);
+    }
+    Ok(out)
+}
+
+fn text(chunks: &[Chunk]) -> String {
+    chunks.iter().map(|c| String::from_utf8_lossy(&c.data).into_owned()).collect()
+}
+
+#[tokio::test]
+async fn create_append_head_close_delete() {
+    let srv = TestServer::start().await;
+    let client = Client::new(&srv.base).expect("client");
+    let s = client.stream("ops/one");
+
+    let created = s.create(CreateOptions::content_type("text/plain")).await.expect("create");
+    assert!(created.created && !created.closed);
+    let again = s.create(CreateOptions::content_type("text/plain")).await.expect("idempotent create");
+    assert!(!again.created);
+    let err = s.create(CreateOptions::content_type("application/json")).await.expect_err("different config");
+    assert!(matches!(err, Error::ConfigMismatch { .. }), "{err:?}");
+
+    let a = s.append("hello ", AppendOptions::default()).await.expect("append");
+    let b = s.append("world", AppendOptions::default()).await.expect("append");
+    assert!(a.next_offset < b.next_offset, "offsets grow");
+    let info = s.head().await.expect("head");
+    assert_eq!((info.content_type.as_str(), &info.next_offset, info.closed), ("text/plain", &b.next_offset, false));
+
+    let err = s
+        .append("x", AppendOptions { content_type: Some("application/json".into()), ..AppendOptions::default() })
+        .await
+        .expect_err("content type mismatch");
+    assert!(matches!(err, Error::Conflict { .. }), "{err:?}");
+    let seq = |v: &str| AppendOptions { stream_seq: Some(v.into()), ..AppendOptions::default() };
+    s.append("!", seq("b")).await.expect("seq b");
+    let err = s.append("?", seq("a")).await.expect_err("seq regression");
+    assert!(matches!(err, Error::StreamSeqConflict { .. }), "{err:?}");
+
+    let end = s.close().await.expect("close");
+    assert_eq!(s.close().await.expect("close is idempotent"), end);
+    let err = s.append("late", AppendOptions::default()).await.expect_err("closed");
+    match err {
+        Error::StreamClosed { final_offset } => assert_eq!(final_offset, Some(end.clone())),
+        other => panic!("expected StreamClosed, got {other:?}"),
+    }
+    assert!(s.head().await.expect("head").closed);
+
+    s.delete().await.expect("delete");
+    assert!(matches!(s.head().await, Err(Error::NotFound { .. })));
+    assert!(matches!(s.delete().await, Err(Error::NotFound { .. })));
+    let missing = client.stream("ops/missing");
+    assert!(matches!(missing.append("x", AppendOptions::default()).await, Err(Error::NotFound { .. })));
+}
+
+#[tokio::test]
+async fn every_read_mode_resumes_from_any_offset_and_ends_at_eof() {
+    let srv = TestServer::start().await;
+    let client = Client::new(&srv.base).expect("client");
+    for (name, ct) in [("reads/text", "text/plain"), ("reads/bin", "application/octet-stream")] {
+        let s = client.stream(name);
+        s.create(CreateOptions::content_type(ct)).await.expect("create");
+        let mut offsets = vec![];
+        for part in ["alpha,", "beta,", "gamma,"] {
+            offsets.push(s.append(part, AppendOptions::default()).await.expect("append").next_offset);
+        }
+
+        // Catch-up: everything, then the reader ends up to date.
+        let chunks = collect(s.read(ReadOptions::default())).await.expect("catch-up");
+        assert_eq!(text(&chunks), "alpha,beta,gamma,");
+        let last = chunks.last().expect("a chunk");
+        assert!(last.up_to_date && !last.closed);
+        // Resume from the first append's end.
+        let chunks = collect(s.read(ReadOptions::new(offsets[0].clone(), LiveMode::CatchUp))).await.expect("resume");
+        assert_eq!(text(&chunks), "beta,gamma,");
+        // `now` skips history.
+        let chunks = collect(s.read(ReadOptions::new(ReadFrom::Now, LiveMode::CatchUp))).await.expect("now");
+        assert_eq!(text(&chunks), "");
+
+        // Live readers in every mode, started before more data and the close arrive.
+        let mut readers = Vec::new();
+        for live in [LiveMode::LongPoll, LiveMode::Sse, LiveMode::Auto] {
+            readers.push(tokio::spawn(collect(s.read(ReadOptions::new(offsets[1].clone(), live)))));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        s.append("delta,", AppendOptions::default()).await.expect("append");
+        tokio::time::sleep(Duration::from_millis(700)).await; // past a long-poll timeout
+        s.append_and_close("omega", AppendOptions::default()).await.expect("final append");
+        for (r, live) in readers.into_iter().zip(["long-poll", "sse", "auto"]) {
+            let chunks = r.await.expect("task").unwrap_or_else(|e| panic!("{name} {live}: {e}"));
+            assert_eq!(text(&chunks), "gamma,delta,omega", "{name} {live}");
+            let last = chunks.last().expect("a chunk");
+            assert!(last.closed && last.up_to_date, "{name} {live} ends at EOF");
+            assert_eq!(chunks.iter().filter(|c| c.closed).count(), 1);
+        }
+        // On a closed stream every mode ends at once, even from the tail.
+        let tail = s.head().await.expect("head").next_offset;
+        for live in [LiveMode::CatchUp, LiveMode::LongPoll, LiveMode::Sse, LiveMode::Auto] {
+            let chunks = collect(s.read(ReadOptions::new(tail.clone(), live))).await.expect("eof read");
+            assert_eq!(chunks.len(), 1, "{live:?}: one empty EOF chunk");
+            assert!(chunks[0].closed && chunks[0].data.is_empty());
+        }
+    }
+}
+
+#[tokio::test]
+async fn sse_reconnects_when_the_server_ends_the_response() {
+    // The server ends every SSE response after 400 ms; a reader spanning several responses
+    // must resume at the last control offset, echoing the cursor, without gaps or repeats.
+    let srv = TestServer::start_with(oncelog_server::ServerConfig {
+        sse_max_duration: Duration::from_millis(400),
+        ..oncelog_server::ServerConfig::default()
+    })
+    .await;
+    let client = Client::new(&srv.base).expect("client");
+    let s = client.stream("sse/reconnect");
+    s.create(CreateOptions::content_type("text/plain")).await.expect("create");
+    let mut reader = s.read(ReadOptions::new(ReadFrom::Beginning, LiveMode::Sse));
+    let writer = s.clone();
+    let w = tokio::spawn(async move {
+        for i in 0..5 {
+            writer.append(format!("{i};"), AppendOptions::default()).await.expect("append");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        writer.close().await.expect("close");
+    });
+    let mut got = String::new();
+    while let Some(c) = tokio::time::timeout(LIMIT, reader.next()).await.expect("stalled") {
+        got.push_str(std::str::from_utf8(&c.expect("chunk").data).expect("utf-8"));
+    }
+    w.await.expect("writer");
+    assert_eq!(got, "0;1;2;3;4;");
+    assert!(reader.status().closed);
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct Event {
+    id: u32,
+    kind: String,
+}
+
+#[tokio::test]
+async fn json_streams_give_typed_messages_in_every_mode() {
+    let srv = TestServer::start().await;
+    let client = Client::new(&srv.base).expect("client");
+    let s = client.stream("json/events");
+    s.create(CreateOptions::content_type("application/json")).await.expect("create");
+    let p = s.producer("typed").linger(Duration::from_millis(2)).start().await.expect("producer");
+    let events: Vec<Event> = (0..50).map(|id| Event { id, kind: if id % 2 == 0 { "even".into() } else { "odd".into() } }).collect();
+    for e in &events {
+        p.append_json(e).await.expect("append");
+    }
+    p.close_stream(None).await.expect("close");
+    assert!(p.stats().batches < 50, "values were batched into arrays: {:?}", p.stats());
+    for live in [LiveMode::CatchUp, LiveMode::LongPoll, LiveMode::Sse] {
+        let got: Vec<Event> = tokio::time::timeout(LIMIT, s.read(ReadOptions::new(ReadFrom::Beginning, live)).messages::<Event>().collect::<Vec<_>>())
+            .await
+            .expect("bounded")
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .expect("messages");
+        assert_eq!(got, events, "{live:?}");
+    }
+}
+
+#[tokio::test]
+async fn producer_fences_zombies_and_answers_duplicates_with_their_offsets() {
+    let srv = TestServer::start().await;
+    let client = Client::new(&srv.base).expect("client");
+    let s = client.stream("prod/fence");
+    s.create(CreateOptions::content_type("text/plain")).await.expect("create");
+    let old = s.producer("writer").epoch(0).start().await.expect("producer");
+    let a = old.append("a").await.expect("append").await.expect("stored");
+    assert_eq!((a.epoch, a.seq, a.duplicate), (0, 0, false));
+    let new = s.producer("writer").epoch(1).start().await.expect("producer");
+    new.append("b").await.expect("append").await.expect("stored");
+    let err = old.append("zombie").await.expect("append").await.expect_err("fenced");
+    assert!(matches!(err, Error::Fenced { epoch: 0, current_epoch: 1 }), "{err:?}");
+    assert!(matches!(old.flush().await, Err(Error::Fenced { .. })));
+    new.close().await.expect("close");
+
+    // A restart that forgot to bump its epoch is caught, not silently swallowed.
+    let reused = s.producer("writer").epoch(1).start().await.expect("producer");
+    let err = reused.append("c").await.expect("append").await.expect_err("reuse");
+    assert!(matches!(err, Error::EpochReused { epoch: 1 }), "{err:?}");
+    // With auto-claim it moves on to a fresh epoch instead.
+    let claimer = s.producer("writer").epoch(1).auto_claim(true).start().await.expect("producer");
+    let ack = claimer.append("c").await.expect("append").await.expect("stored");
+    assert_eq!(ack.epoch, 2);
+    claimer.close().await.expect("close");
+
+    let chunks = collect(s.read(ReadOptions::default())).await.expect("read");
+    assert_eq!(text(&chunks), "abc");
+}
+
+#[tokio::test]
+async fn header_and_query_providers_run_for_every_request() {
+    let srv = TestServer::start().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c2 = calls.clone();
+    let client = Client::builder(&srv.base)
+        .default_header("x-app", "oncelog-tests")
+        .expect("header")
+        .header_provider(move |h| {
+            let n = c2.fetch_add(1, Ordering::SeqCst) + 1;
+            h.insert("authorization", format!("Bearer token-{n}").parse().expect("value"));
+        })
+        .query_provider(|q| q.push(("sig".into(), "abc".into())))
+        .build()
+        .expect("client");
+    let s = client.stream("auth/one");
+    s.create(CreateOptions::content_type("text/plain")).await.expect("create");
+    s.append("x", AppendOptions::default()).await.expect("append");
+    collect(s.read(ReadOptions::default())).await.expect("read");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn reads_stop_with_typed_errors_on_permanent_failures() {
+    let srv = TestServer::start().await;
+    let client = Client::new(&srv.base).expect("client");
+    for live in [LiveMode::CatchUp, LiveMode::LongPoll, LiveMode::Sse] {
+        let err = collect(client.stream("nope").read(ReadOptions::new(ReadFrom::Now, live))).await.expect_err("missing");
+        assert!(matches!(err, Error::NotFound { .. }), "{live:?}: {err:?}");
+    }
+    let s = client.stream("bad/offset");
+    s.create(CreateOptions::content_type("text/plain")).await.expect("create");
+    let err = collect(s.read(ReadOptions::new(StreamOffset::new("not-an-offset"), LiveMode::CatchUp))).await.expect_err("bad offset");
+    assert!(matches!(err, Error::BadRequest { .. }), "{err:?}");
+}
+
+/// A fake server that reads each request and hangs up without answering: the request reached
+/// the server, the outcome is unknown.
+async fn black_hole() -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = Arc::new(AtomicUsize::new(0));
+    let s2 = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let seen = s2.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match sock.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                seen.fetch_add(1, Ordering::SeqCst);
+                let _ = sock.shutdown().await;
+            });
+        }
+    });
+    (format!("http://{addr}/v1/stream"), seen)
+}
+
+#[tokio::test]
+async fn a_plain_append_is_never_retried_once_the_server_may_have_it() {
+    let (base, seen) = black_hole().await;
+    let policy = RetryPolicy::new(Duration::from_millis(5), Duration::from_millis(20), 2.0)
+        .expect("policy")
+        .with_max_attempts(Some(4))
+        .expect("policy");
+    let client = Client::builder(base).retry_policy(policy).build().expect("client");
+    let s = client.stream("s").with_content_type("text/plain");
+    let err = s.append("data", AppendOptions::default()).await.expect_err("no answer");
+    assert!(err.is_transient() && !err.is_retry_safe(), "{err:?}");
+    assert_eq!(seen.load(Ordering::SeqCst), 1, "sent once: a retry could store it twice");
+
+    // Idempotent operations are retried.
+    seen.store(0, Ordering::SeqCst);
+    let err = s.close().await.expect_err("no answer");
+    assert!(err.is_retry_safe(), "{err:?}");
+    assert_eq!(seen.load(Ordering::SeqCst), 4, "close is idempotent: all attempts used");
+
+    // A producer's append is retried: its (id, epoch, seq) makes that safe.
+    seen.store(0, Ordering::SeqCst);
+    let p = s
+        .producer("p")
+        .retry_policy(RetryPolicy::new(Duration::from_millis(5), Duration::from_millis(20), 2.0).expect("p").with_max_attempts(Some(3)).expect("p"))
+        .start()
+        .await
+        .expect("producer");
+    let err = p.append(Bytes::from_static(b"x")).await.expect("append").await.expect_err("no answer");
+    assert!(err.is_transient(), "{err:?}");
+    assert_eq!(seen.load(Ordering::SeqCst), 3);
+}

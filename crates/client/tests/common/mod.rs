@@ -1,0 +1,44 @@
+//! An in-process Oncelog server on a loopback port 0, for the client's integration tests.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncelog_server::{app, AppState, ServerConfig, SystemClock};
+use oncelog_storage::{Durability, EmbeddedEngine, EmbeddedOptions};
+
+/// A running server; dropping it stops accepting (the runtime ends with the test).
+pub struct TestServer {
+    /// `http://127.0.0.1:PORT/v1/stream`
+    pub base: String,
+    /// `127.0.0.1:PORT`
+    pub addr: std::net::SocketAddr,
+    /// Keeps the data directory alive.
+    _dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    /// A server with a short long-poll timeout and SSE lifetime, so live reads cycle quickly.
+    pub async fn start() -> TestServer {
+        TestServer::start_with(ServerConfig {
+            long_poll_timeout: Duration::from_millis(500),
+            sse_max_duration: Duration::from_secs(2),
+            ..ServerConfig::default()
+        })
+        .await
+    }
+
+    pub async fn start_with(config: ServerConfig) -> TestServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut opts = EmbeddedOptions::new(dir.path());
+        // The tests here are about the network path, not disk durability.
+        opts.durability = Durability::Buffered;
+        let engine = EmbeddedEngine::open(opts).expect("engine");
+        let state = AppState { engine: Arc::new(engine), config: Arc::new(config), clock: Arc::new(SystemClock::default()) };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app(state)).await });
+        TestServer { base: format!("http://{addr}/v1/stream"), addr, _dir: dir }
+    }
+}

@@ -1,0 +1,383 @@
+//! The client subcommands, built on `oncelog-client`: argument types, and one small function per
+//! subcommand. Data goes to stdout, diagnostics to stderr; exit status 1 on any error.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use oncelog_client::{Chunk, Client, CreateOptions, FileEpochStore, LiveMode, ReadFrom, ReadOptions, RetryPolicy, StreamHandle};
+
+/// Why a client subcommand failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// The server or the network said no.
+    #[error(transparent)]
+    Client(#[from] oncelog_client::Error),
+    /// Reading stdin or writing stdout failed.
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// Bad input on stdin or in the arguments.
+    #[error("{0}")]
+    Input(String),
+}
+
+/// Prints the error (if any) and picks the exit status.
+pub fn exit(result: Result<(), CliError>) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        // A reader piped into `head` has nothing left to do.
+        Err(CliError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("oncelog: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Where the server is and how to authenticate; shared by every client subcommand.
+#[derive(clap::Args)]
+pub struct Conn {
+    /// Streams root URL: stream NAME lives at URL/NAME.
+    #[arg(long, env = "ONCELOG_URL", default_value = "http://127.0.0.1:4437/v1/stream")]
+    url: String,
+
+    /// Value of the Authorization header sent with every request, e.g. "Bearer TOKEN".
+    #[arg(long, env = "ONCELOG_AUTH", hide_env_values = true)]
+    auth: Option<String>,
+
+    /// Extra header for every request, as "Name: value" (repeatable).
+    #[arg(long = "header", short = 'H', value_name = "NAME: VALUE")]
+    headers: Vec<String>,
+}
+
+impl Conn {
+    fn client(&self, retry: Option<RetryPolicy>) -> Result<Client, CliError> {
+        let mut b = Client::builder(&self.url);
+        if let Some(auth) = &self.auth {
+            b = b.default_header("authorization", auth)?;
+        }
+        for h in &self.headers {
+            let (name, value) = h.split_once(':').ok_or_else(|| CliError::Input(format!("header {h:?} is not \"Name: value\"")))?;
+            b = b.default_header(name.trim(), value.trim())?;
+        }
+        if let Some(r) = retry {
+            b = b.retry_policy(r);
+        }
+        Ok(b.build()?)
+    }
+
+    fn stream(&self, name: &str) -> Result<StreamHandle, CliError> {
+        Ok(self.client(None)?.stream(name))
+    }
+}
+
+/// A subcommand that only names a stream.
+#[derive(clap::Args)]
+pub struct StreamArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// Stream name (its path under the URL).
+    stream: String,
+}
+
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// Stream name (its path under the URL).
+    stream: String,
+    /// Content type of the stream.
+    #[arg(long, default_value = "text/plain", conflicts_with = "json")]
+    content_type: String,
+    /// Shorthand for --content-type application/json (message mode).
+    #[arg(long)]
+    json: bool,
+    /// Expire after this many seconds without reads or writes.
+    #[arg(long, value_name = "SECONDS", conflicts_with = "expires_at")]
+    ttl: Option<u64>,
+    /// Expire at this RFC 3339 time.
+    #[arg(long, value_name = "RFC3339")]
+    expires_at: Option<String>,
+    /// Create the stream already closed (empty, final).
+    #[arg(long)]
+    closed: bool,
+}
+
+#[derive(clap::Args)]
+pub struct AppendArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// Stream name (its path under the URL).
+    stream: String,
+    /// Producer id: keep it stable across restarts of the same writer so its epochs fence each
+    /// other. Defaults to a fresh id per run.
+    #[arg(long, env = "ONCELOG_PRODUCER_ID")]
+    producer_id: Option<String>,
+    /// Producer epoch. With --epoch-file, the stored epoch + 1 is used when higher.
+    #[arg(long)]
+    epoch: Option<u64>,
+    /// File that keeps the producer's epoch: each run uses a higher epoch than the last, so a
+    /// restarted writer fences any request its killed predecessor still has in flight.
+    #[arg(long, value_name = "PATH")]
+    epoch_file: Option<PathBuf>,
+    /// On 403 (a newer epoch of this producer id exists), claim a higher epoch and continue.
+    #[arg(long)]
+    auto_claim: bool,
+    /// How long a batch waits for more lines, in milliseconds.
+    #[arg(long, default_value_t = 5)]
+    linger_ms: u64,
+    /// Batches in flight at once.
+    #[arg(long, default_value_t = 5)]
+    max_in_flight: usize,
+    /// Largest batch body in bytes.
+    #[arg(long, default_value_t = 1 << 20)]
+    batch_bytes: usize,
+    /// Most items per batch.
+    #[arg(long, default_value_t = 10_000)]
+    batch_items: usize,
+    /// Close the stream after the last line (EOF for readers).
+    #[arg(long)]
+    close: bool,
+}
+
+/// Where a read starts: -1 (the beginning), now (the tail) or an offset token.
+fn parse_from(s: &str) -> Result<ReadFrom, String> {
+    if s.is_empty() {
+        return Err("an offset must not be empty".into());
+    }
+    Ok(ReadFrom::parse(s))
+}
+
+#[derive(clap::Args)]
+pub struct ReadArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// Stream name (its path under the URL).
+    stream: String,
+    /// Start at -1 (the beginning), now, or an offset printed by an earlier command.
+    #[arg(long, default_value = "-1", value_parser = parse_from, allow_hyphen_values = true)]
+    from: ReadFrom,
+    /// At the end, print the offset to resume from on stderr.
+    #[arg(long)]
+    print_offset: bool,
+}
+
+/// Live transport for `tail`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum TailMode {
+    Sse,
+    LongPoll,
+}
+
+#[derive(clap::Args)]
+pub struct TailArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// Stream name (its path under the URL).
+    stream: String,
+    /// Start at -1 (the beginning), now (only new data), or an offset.
+    #[arg(long, default_value = "now", value_parser = parse_from, allow_hyphen_values = true)]
+    from: ReadFrom,
+    /// How to wait for data.
+    #[arg(long, value_enum, default_value = "sse")]
+    mode: TailMode,
+    /// At the end (EOF), print the final offset on stderr.
+    #[arg(long)]
+    print_offset: bool,
+}
+
+#[derive(clap::Args)]
+pub struct CloseArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// Stream name (its path under the URL).
+    stream: String,
+    /// A final message appended atomically with the close (sent through a producer, so a retry
+    /// can never store it twice).
+    #[arg(long)]
+    data: Option<String>,
+}
+
+pub async fn create(a: CreateArgs) -> Result<(), CliError> {
+    let s = a.conn.stream(&a.stream)?;
+    let opts = CreateOptions {
+        content_type: Some(if a.json { "application/json".into() } else { a.content_type }),
+        ttl_seconds: a.ttl,
+        expires_at: a.expires_at,
+        closed: a.closed,
+        ..CreateOptions::default()
+    };
+    let created = s.create(opts).await?;
+    if !created.created {
+        eprintln!("oncelog: stream {} already exists with this configuration", a.stream);
+    }
+    println!("{}", created.next_offset);
+    Ok(())
+}
+
+/// Reads stdin on a blocking thread: lines (each with its newline) or, for JSON streams,
+/// whitespace-separated JSON values (each re-serialized compactly).
+fn spawn_stdin_reader(json: bool) -> tokio::sync::mpsc::Receiver<Result<Bytes, CliError>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        let lock = stdin.lock();
+        if json {
+            for v in serde_json::Deserializer::from_reader(lock).into_iter::<serde_json::Value>() {
+                let item = v
+                    .map_err(|e| CliError::Input(format!("stdin is not a sequence of JSON values: {e}")))
+                    .and_then(|v| serde_json::to_vec(&v).map(Bytes::from).map_err(|e| CliError::Input(e.to_string())));
+                let stop = item.is_err();
+                if tx.blocking_send(item).is_err() || stop {
+                    return;
+                }
+            }
+        } else {
+            let mut lock = lock;
+            loop {
+                let mut line = Vec::new();
+                match lock.read_until(b'\n', &mut line) {
+                    Ok(0) => return,
+                    Ok(_) => {
+                        if tx.blocking_send(Ok(Bytes::from(line))).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(e.into()));
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
+pub async fn append(a: AppendArgs) -> Result<(), CliError> {
+    let s = a.conn.stream(&a.stream)?;
+    let content_type = s.content_type().await?;
+    let id = a.producer_id.unwrap_or_else(|| {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        format!("oncelog-cli-{}-{nanos}", std::process::id())
+    });
+    let mut b = s
+        .producer(id)
+        .content_type(content_type)
+        .auto_claim(a.auto_claim)
+        .linger(Duration::from_millis(a.linger_ms))
+        .max_in_flight(a.max_in_flight)
+        .max_batch_bytes(a.batch_bytes)
+        .max_batch_items(a.batch_items);
+    if let Some(e) = a.epoch {
+        b = b.epoch(e);
+    }
+    if let Some(path) = a.epoch_file {
+        b = b.epoch_store(FileEpochStore::new(path));
+    }
+    let producer = b.start().await?;
+    tracing::info!(producer = producer.id(), epoch = producer.epoch(), "producing");
+    let mut input = spawn_stdin_reader(producer.is_json());
+    let mut last = None;
+    let mut items = 0u64;
+    while let Some(item) = input.recv().await {
+        let item = item?;
+        if item.is_empty() {
+            continue;
+        }
+        last = Some(producer.append(item).await?);
+        items += 1;
+    }
+    producer.flush().await?;
+    let offset = if a.close {
+        producer.close_stream(None).await?
+    } else {
+        producer.close().await?;
+        match last {
+            Some(receipt) => receipt.await?.next_offset,
+            None => s.head().await?.next_offset,
+        }
+    };
+    tracing::info!(items, stats = ?producer.stats(), "done");
+    println!("{offset}");
+    Ok(())
+}
+
+/// Writes one chunk to stdout: raw bytes, or for JSON streams one message per line.
+fn write_chunk(out: &mut impl Write, chunk: &Chunk) -> Result<(), CliError> {
+    if chunk.json {
+        for v in chunk.json_items::<serde_json::Value>()? {
+            serde_json::to_writer(&mut *out, &v).map_err(|e| CliError::Io(e.into()))?;
+            out.write_all(b"\n")?;
+        }
+    } else {
+        out.write_all(&chunk.data)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+async fn print_stream(s: StreamHandle, opts: ReadOptions, print_offset: bool) -> Result<(), CliError> {
+    let mut chunks = s.read(opts);
+    let stdout = std::io::stdout();
+    while let Some(chunk) = chunks.next().await {
+        write_chunk(&mut stdout.lock(), &chunk?)?;
+    }
+    if print_offset {
+        if let Some(o) = chunks.status().offset {
+            eprintln!("{o}");
+        }
+    }
+    Ok(())
+}
+
+pub async fn read(a: ReadArgs) -> Result<(), CliError> {
+    let s = a.conn.stream(&a.stream)?;
+    print_stream(s, ReadOptions::new(a.from, LiveMode::CatchUp), a.print_offset).await
+}
+
+pub async fn tail(a: TailArgs) -> Result<(), CliError> {
+    // A tail must ride out server restarts: no attempt limit, backoff capped at 5 s.
+    let forever = RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(5), 2.0)?.with_max_attempts(None)?;
+    let s = a.conn.client(Some(forever))?.stream(&a.stream);
+    let live = match a.mode {
+        TailMode::Sse => LiveMode::Sse,
+        TailMode::LongPoll => LiveMode::LongPoll,
+    };
+    print_stream(s, ReadOptions::new(a.from, live), a.print_offset).await
+}
+
+pub async fn head(a: StreamArgs) -> Result<(), CliError> {
+    let info = a.conn.stream(&a.stream)?.head().await?;
+    println!("content-type: {}", info.content_type);
+    println!("next-offset: {}", info.next_offset);
+    println!("closed: {}", info.closed);
+    if let Some(ttl) = info.ttl_seconds {
+        println!("ttl: {ttl}");
+    }
+    if let Some(at) = info.expires_at {
+        println!("expires-at: {at}");
+    }
+    Ok(())
+}
+
+pub async fn close(a: CloseArgs) -> Result<(), CliError> {
+    let s = a.conn.stream(&a.stream)?;
+    let offset = match a.data {
+        None => s.close().await?,
+        Some(data) => {
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+            let producer = s.producer(format!("oncelog-close-{}-{nanos}", std::process::id())).start().await?;
+            producer.close_stream(Some(Bytes::from(data))).await?
+        }
+    };
+    println!("{offset}");
+    Ok(())
+}
+
+pub async fn delete(a: StreamArgs) -> Result<(), CliError> {
+    a.conn.stream(&a.stream)?.delete().await?;
+    Ok(())
+}

@@ -1,0 +1,118 @@
+//! The client subcommands end to end: the real `oncelog` binary against an in-process server.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::Response;
+use common::{bin, run, Harness};
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+#[test]
+fn create_append_read_tail_head_close_delete() {
+    let h = Harness::start();
+    let cmd = |args: &[&str]| {
+        let mut c = bin();
+        c.args(args).args(["--url", &h.base]);
+        c
+    };
+
+    let out = run(cmd(&["create", "logs/app"]), b"", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    let lines: String = (0..500).map(|i| format!("line {i}\n")).collect();
+    let out = run(cmd(&["append", "logs/app", "--linger-ms", "1"]), lines.as_bytes(), LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    let appended_to = out.stdout.trim().to_owned();
+
+    let out = run(cmd(&["read", "logs/app", "--print-offset"]), b"", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(out.stdout, lines);
+    assert_eq!(out.stderr.trim(), appended_to, "the resume offset is where the append ended");
+
+    // Resume from an offset.
+    let mid = run(cmd(&["append", "logs/app"]), b"more\n", LIMIT).stdout.trim().to_owned();
+    let out = run(cmd(&["read", "logs/app", "--from", &appended_to]), b"", LIMIT);
+    assert_eq!(out.stdout, "more\n");
+
+    let out = run(cmd(&["head", "logs/app"]), b"", LIMIT);
+    assert!(out.stdout.contains("content-type: text/plain") && out.stdout.contains(&format!("next-offset: {mid}")));
+    assert!(out.stdout.contains("closed: false"));
+
+    // `tail` follows live output until the stream is closed, in both modes.
+    let mut tails = Vec::new();
+    for mode in ["sse", "long-poll"] {
+        let c = cmd(&["tail", "logs/app", "--from", &mid, "--mode", mode]);
+        tails.push(std::thread::spawn(move || run(c, b"", LIMIT)));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(run(cmd(&["append", "logs/app"]), b"live 1\nlive 2\n", LIMIT).ok);
+    let out = run(cmd(&["close", "logs/app", "--data", "bye\n"]), b"", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    for t in tails {
+        let out = t.join().expect("tail thread");
+        assert!(out.ok, "{}", out.stderr);
+        assert_eq!(out.stdout, "live 1\nlive 2\nbye\n", "tail ends at EOF");
+    }
+    let out = run(cmd(&["append", "logs/app"]), b"late\n", LIMIT);
+    assert!(!out.ok && out.stderr.contains("closed"), "{}", out.stderr);
+    let out = run(cmd(&["head", "logs/app"]), b"", LIMIT);
+    assert!(out.stdout.contains("closed: true"));
+
+    assert!(run(cmd(&["delete", "logs/app"]), b"", LIMIT).ok);
+    let out = run(cmd(&["head", "logs/app"]), b"", LIMIT);
+    assert!(!out.ok && out.stderr.contains("not found"), "{}", out.stderr);
+}
+
+#[test]
+fn json_streams_take_json_values_and_print_one_message_per_line() {
+    let h = Harness::start();
+    let cmd = |args: &[&str]| {
+        let mut c = bin();
+        c.args(args).env("ONCELOG_URL", &h.base);
+        c
+    };
+    assert!(run(cmd(&["create", "events", "--json"]), b"", LIMIT).ok);
+    let input = b"{\"id\": 1}\n{\"id\": 2} [3, 4]\n\"five\"\n{\n  \"id\": 6\n}\n";
+    let out = run(cmd(&["append", "events", "--close"]), input, LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    let out = run(cmd(&["read", "events"]), b"", LIMIT);
+    assert_eq!(out.stdout, "{\"id\":1}\n{\"id\":2}\n[3,4]\n\"five\"\n{\"id\":6}\n");
+    let out = run(cmd(&["append", "events"]), b"{not json", LIMIT);
+    assert!(!out.ok && out.stderr.contains("JSON"), "{}", out.stderr);
+}
+
+async fn require_token(req: Request, next: Next) -> Result<Response, StatusCode> {
+    match req.headers().get("authorization").and_then(|v| v.to_str().ok()) {
+        Some("Bearer s3cret") => Ok(next.run(req).await),
+        _ => Err(StatusCode::UNAUTHORIZED),
+    }
+}
+
+#[test]
+fn the_auth_header_comes_from_a_flag_or_the_environment() {
+    let h = Harness::start_with(|r| r.layer(axum::middleware::from_fn(require_token)));
+    let out = run(
+        {
+            let mut c = bin();
+            c.args(["create", "private", "--url", &h.base]);
+            c
+        },
+        b"",
+        LIMIT,
+    );
+    assert!(!out.ok && out.stderr.contains("401"), "{}", out.stderr);
+    let mut c = bin();
+    c.args(["create", "private", "--url", &h.base, "--auth", "Bearer s3cret"]);
+    assert!(run(c, b"", LIMIT).ok);
+    let mut c = bin();
+    c.args(["append", "private"]).env("ONCELOG_URL", &h.base).env("ONCELOG_AUTH", "Bearer s3cret");
+    let out = run(c, b"hello\n", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    let mut c = bin();
+    c.args(["read", "private", "--url", &h.base, "-H", "Authorization: Bearer s3cret"]);
+    assert_eq!(run(c, b"", LIMIT).stdout, "hello\n");
+}

@@ -1,0 +1,103 @@
+//! Shared by the CLI tests: an in-process Oncelog server on a background Tokio runtime, so the
+//! test body can drive `oncelog` child processes with plain blocking code.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncelog_server::{app, AppState, ServerConfig, SystemClock};
+use oncelog_storage::{Durability, EmbeddedEngine, EmbeddedOptions};
+
+pub struct Harness {
+    /// Runs the server (and any proxy) while the test thread blocks on child processes.
+    pub rt: tokio::runtime::Runtime,
+    /// The server's address.
+    pub addr: SocketAddr,
+    /// `http://ADDR/v1/stream`
+    pub base: String,
+    /// Scratch space for the test (data dir, epoch files).
+    pub dir: tempfile::TempDir,
+}
+
+impl Harness {
+    /// A server whose router is wrapped by `wrap` (for example to require auth).
+    pub fn start_with(wrap: impl FnOnce(axum::Router) -> axum::Router) -> Harness {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut opts = EmbeddedOptions::new(dir.path().join("data"));
+        opts.durability = Durability::Buffered;
+        let engine = EmbeddedEngine::open(opts).expect("engine");
+        let config = ServerConfig { long_poll_timeout: Duration::from_millis(500), ..ServerConfig::default() };
+        let state = AppState { engine: Arc::new(engine), config: Arc::new(config), clock: Arc::new(SystemClock::default()) };
+        let router = wrap(app(state));
+        let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        rt.spawn(async move { axum::serve(listener, router).await });
+        Harness { rt, addr, base: format!("http://{addr}/v1/stream"), dir }
+    }
+
+    pub fn start() -> Harness {
+        Harness::start_with(|r| r)
+    }
+
+    pub fn client(&self) -> oncelog_client::Client {
+        oncelog_client::Client::new(&self.base).expect("client")
+    }
+}
+
+/// The `oncelog` binary under test.
+pub fn bin() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_oncelog"));
+    c.env_remove("ONCELOG_URL").env_remove("ONCELOG_AUTH").env_remove("ONCELOG_PRODUCER_ID");
+    c
+}
+
+/// What a finished child printed.
+pub struct Output {
+    /// Exit status 0.
+    pub ok: bool,
+    /// Everything printed on stdout.
+    pub stdout: String,
+    /// Everything printed on stderr (error messages are checked).
+    pub stderr: String,
+}
+
+/// Runs `cmd` with `stdin` as its input, killing it (and failing the test) after `limit`.
+pub fn run(mut cmd: std::process::Command, stdin: &[u8], limit: Duration) -> Output {
+    use std::io::{Read, Write};
+    use std::process::Stdio;
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn oncelog");
+    let mut input = child.stdin.take().expect("stdin");
+    let data = stdin.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = input.write_all(&data);
+    });
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let out_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let err_t = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let deadline = std::time::Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("oncelog {:?} did not finish within {limit:?}", cmd.get_args().collect::<Vec<_>>());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let _ = writer.join();
+    Output { ok: status.success(), stdout: out_t.join().unwrap_or_default(), stderr: err_t.join().unwrap_or_default() }
+}
