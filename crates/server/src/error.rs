@@ -89,7 +89,11 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, headers) = self.status_and_headers();
+        let (status, mut headers) = self.status_and_headers();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            // Shutting down or stopped after a storage failure: another node or a restart will do.
+            headers.push(h("retry-after", 1));
+        }
         if status.is_server_error() {
             tracing::error!(error = %self, %status, "request failed");
         }
