@@ -321,3 +321,25 @@ async fn a_failed_sync_stops_all_later_writes_but_not_reads() {
     assert_eq!(read_all(&e, "s").await, b"ok");
     assert_eq!(e.head("s", 0).expect("head").tail, Offset(2));
 }
+
+#[tokio::test]
+async fn pipelining_right_after_an_epoch_bump_waits_for_the_new_epochs_seq_0() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = open(dir.path());
+    create(&e, "s").await;
+    e.append(append_req("s", "old", Some(("p", 0, 0)))).await.expect("epoch 0");
+    // Epoch 1's seq 1 overtakes its seq 0.
+    let early = {
+        let e = e.clone();
+        tokio::spawn(async move { e.append(append_req("s", "B", Some(("p", 1, 1)))).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let first = e.append(append_req("s", "A", Some(("p", 1, 0)))).await.expect("epoch 1 seq 0");
+    assert_eq!(first.status, AppendStatus::Appended);
+    let r = early.await.expect("join").expect("parked seq 1 accepted");
+    assert_eq!((r.status, r.producer), (AppendStatus::Appended, Some((1, 1))));
+    assert_eq!(read_all(&e, "s").await, b"oldAB");
+    // Without its seq 0, a new epoch's seq 1 is still refused (400), once the wait is over.
+    let r = e.append(append_req("s", "x", Some(("p", 2, 1)))).await;
+    assert!(matches!(r, Err(AppendError::ProducerEpochSeq)), "{r:?}");
+}

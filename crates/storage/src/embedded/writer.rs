@@ -115,8 +115,8 @@ pub(crate) struct Writer {
     failpoints: Failpoints,
     /// Set after a failed commit or sync; from then on every write is refused.
     poisoned: bool,
-    /// Appends that arrived ahead of sequence, by (path, producer id) and sequence number.
-    parked: HashMap<(String, String), BTreeMap<u64, Parked>>,
+    /// Appends that arrived ahead of sequence, by (path, producer id) and (epoch, seq).
+    parked: HashMap<(String, String), BTreeMap<(u64, u64), Parked>>,
 }
 
 /// Wraps a reply so that a storage failure of the whole group overrides the staged result.
@@ -209,7 +209,7 @@ impl Writer {
     fn expire_parked(&mut self, now: Instant, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
         let mut due = Vec::new();
         for m in self.parked.values_mut() {
-            let seqs: Vec<u64> = m.iter().filter(|(_, p)| p.deadline <= now).map(|(s, _)| *s).collect();
+            let seqs: Vec<(u64, u64)> = m.iter().filter(|(_, p)| p.deadline <= now).map(|(s, _)| *s).collect();
             due.extend(seqs.into_iter().filter_map(|s| m.remove(&s)));
         }
         self.parked.retain(|_, m| !m.is_empty());
@@ -220,7 +220,9 @@ impl Writer {
     }
 
     /// Stages an append; one that is ahead of its producer's sequence waits (is parked) instead
-    /// of failing, and one that is accepted releases its parked successor.
+    /// of failing, and one that is accepted releases its parked successor. "Ahead" is a gap in
+    /// the current epoch, or a non-zero sequence number of a new epoch whose seq 0 has not
+    /// arrived yet (pipelining right after an epoch bump).
     fn stage_append(
         &mut self,
         req: AppendRequest,
@@ -229,19 +231,23 @@ impl Writer {
         effects: &mut Vec<Effect>,
     ) {
         let key = req.producer.as_ref().map(|p| (req.path.clone(), p.id.clone()));
+        let stamp = req.producer.as_ref().map(|p| (p.epoch, p.seq));
         let saved = key.is_some().then(|| req.clone());
         let r = self.append(req, batch, effects);
-        match (&r, key, saved) {
-            (Err(AppendError::ProducerSeqGap { expected, received }), Some(key), Some(req))
-                if received - expected <= MAX_PARK_AHEAD =>
-            {
+        let ahead = match &r {
+            Err(AppendError::ProducerSeqGap { expected, received }) => received - expected <= MAX_PARK_AHEAD,
+            Err(AppendError::ProducerEpochSeq) => stamp.is_some_and(|(_, seq)| seq <= MAX_PARK_AHEAD),
+            _ => false,
+        };
+        match (&r, key, saved, stamp) {
+            (Err(_), Some(key), Some(req), Some(stamp)) if ahead => {
                 let parked = Parked { req, reply: tx, deadline: Instant::now() + PARK_TIMEOUT };
-                if let Some(old) = self.parked.entry(key).or_default().insert(*received, parked) {
+                if let Some(old) = self.parked.entry(key).or_default().insert(stamp, parked) {
                     // A retry replaced it; the older copy gets the answer it would have had.
                     effects.push(reply(old.reply, r));
                 }
             }
-            (Ok(out), Some(key), _) if out.status == AppendStatus::Appended => {
+            (Ok(out), Some(key), _, _) if out.status == AppendStatus::Appended => {
                 effects.push(reply(tx, r.clone()));
                 self.release_parked(key, batch, effects);
             }
@@ -256,7 +262,7 @@ impl Writer {
                 .streams
                 .get(&key.0)
                 .and_then(|w| w.producers.get(&key.1))
-                .map(|s| s.last_seq + 1);
+                .map(|s| (s.epoch, s.last_seq + 1));
             let Some(next) = next else { return };
             let Some(p) = self.parked.get_mut(&key).and_then(|m| m.remove(&next)) else { return };
             if self.parked.get(&key).is_some_and(BTreeMap::is_empty) {
