@@ -23,6 +23,14 @@ pub mod names {
     pub const PRODUCER_RECEIVED_SEQ: &str = "producer-received-seq";
 }
 
+/// Longest accepted `Producer-Id`, in bytes. Producer ids are stored in keys; real ones are
+/// UUIDs or host names.
+pub const MAX_PRODUCER_ID_BYTES: usize = 1024;
+/// Longest accepted `Stream-Seq`, in bytes.
+pub const MAX_STREAM_SEQ_BYTES: usize = 1024;
+/// Longest accepted stream path (after the stream root), in bytes. Paths are stored in keys.
+pub const MAX_PATH_BYTES: usize = 4096;
+
 /// The largest epoch or sequence number a producer may use: 2^53 - 1, so that values survive a
 /// round trip through a JavaScript number.
 pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
@@ -40,6 +48,10 @@ pub enum HeaderError {
     PartialProducer,
     #[error("Producer-Id must not be empty")]
     EmptyProducerId,
+    #[error("Producer-Id must be at most 1024 bytes")]
+    ProducerIdTooLong,
+    #[error("Stream-Seq must be at most 1024 bytes")]
+    StreamSeqTooLong,
     #[error("{0} must be an integer between 0 and 2^53-1")]
     InvalidProducerNumber(&'static str),
     #[error("Stream-Seq must not be empty")]
@@ -131,6 +143,9 @@ pub fn parse_producer(
             if id.trim().is_empty() {
                 return Err(HeaderError::EmptyProducerId);
             }
+            if id.len() > MAX_PRODUCER_ID_BYTES {
+                return Err(HeaderError::ProducerIdTooLong);
+            }
             Ok(Some(ProducerHeaders {
                 id: id.to_owned(),
                 epoch: parse_safe_integer(epoch, "Producer-Epoch")?,
@@ -211,6 +226,8 @@ mod tests {
         assert_eq!(parse_producer(None, None, None), Ok(None));
         assert_eq!(parse_producer(Some("p"), Some("0"), None), Err(HeaderError::PartialProducer));
         assert_eq!(parse_producer(Some(""), Some("0"), Some("0")), Err(HeaderError::EmptyProducerId));
+        let long = "p".repeat(MAX_PRODUCER_ID_BYTES + 1);
+        assert_eq!(parse_producer(Some(&long), Some("0"), Some("0")), Err(HeaderError::ProducerIdTooLong));
         assert!(parse_producer(Some("p"), Some("-1"), Some("0")).is_err());
         assert!(parse_producer(Some("p"), Some("1.5"), Some("0")).is_err());
         assert!(parse_producer(Some("p"), Some("9007199254740992"), Some("0")).is_err());

@@ -58,7 +58,10 @@ impl ApiError {
                 | CreateError::SourceGone
                 | CreateError::ContentTypeMismatch => (StatusCode::CONFLICT, vec![]),
                 CreateError::SourceNotFound => (StatusCode::NOT_FOUND, vec![]),
-                CreateError::ForkOffsetBeyondTail | CreateError::SubOffsetOvershoot => (StatusCode::BAD_REQUEST, vec![]),
+                CreateError::ForkOffsetBeyondTail | CreateError::SubOffsetOvershoot | CreateError::InvalidPath => {
+                    (StatusCode::BAD_REQUEST, vec![])
+                }
+                CreateError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
                 CreateError::Storage(e) => (storage_status(e), vec![]),
             },
             ApiError::Append(e) => match e {
@@ -76,7 +79,8 @@ impl ApiError {
                     StatusCode::CONFLICT,
                     vec![h(names::PRODUCER_EXPECTED_SEQ, expected), h(names::PRODUCER_RECEIVED_SEQ, received)],
                 ),
-                AppendError::ProducerEpochSeq => (StatusCode::BAD_REQUEST, vec![]),
+                AppendError::ProducerEpochSeq | AppendError::ProducerIdTooLong => (StatusCode::BAD_REQUEST, vec![]),
+                AppendError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
                 AppendError::OffsetOverflow => (StatusCode::INSUFFICIENT_STORAGE, vec![]),
                 AppendError::Storage(e) => (storage_status(e), vec![]),
             },

@@ -26,6 +26,8 @@ pub async fn stream<E: Engine>(
 ) -> Response {
     let result = if path.is_empty() {
         Err(RequestError::EmptyPath.into())
+    } else if path.len() > oncelog_protocol::headers::MAX_PATH_BYTES {
+        Err(RequestError::PathTooLong.into())
     } else if path == "__ds" || path.starts_with("__ds/") {
         // Reserved for the subscription APIs (section 6), which this server does not offer.
         Err(ApiError::NoRoute)

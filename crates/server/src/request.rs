@@ -31,6 +31,8 @@ pub enum RequestError {
     OffsetBeyondTail,
     #[error("stream path must not be empty")]
     EmptyPath,
+    #[error("stream path must be at most 4096 bytes")]
+    PathTooLong,
 }
 
 /// The read mode of a GET.
@@ -113,7 +115,7 @@ fn fork_source(value: &str) -> Result<String, RequestError> {
     };
     let path = without_origin.strip_prefix("/v1/stream/").unwrap_or(without_origin).trim_start_matches('/');
     let decoded = percent_encoding::percent_decode_str(path).decode_utf8().map_err(|_| HeaderError::InvalidForkSource)?;
-    if decoded.is_empty() {
+    if decoded.is_empty() || decoded.len() > headers::MAX_PATH_BYTES {
         return Err(HeaderError::InvalidForkSource.into());
     }
     Ok(decoded.into_owned())
@@ -171,6 +173,7 @@ impl AppendHeaders {
         )?;
         let stream_seq = match header(h, names::STREAM_SEQ)? {
             Some("") => return Err(HeaderError::EmptyStreamSeq.into()),
+            Some(s) if s.len() > headers::MAX_STREAM_SEQ_BYTES => return Err(HeaderError::StreamSeqTooLong.into()),
             s => s.map(str::to_owned),
         };
         Ok(Self {

@@ -184,3 +184,19 @@ async fn long_poll_wakes_on_append_and_sse_ends_at_closure() {
     assert!(text.starts_with("event: data\ndata:wake\n\nevent: control\n"), "{text}");
     assert!(text.contains("\"streamClosed\":true") && !text.contains("streamCursor"), "{text}");
 }
+
+#[tokio::test]
+async fn oversized_identifiers_are_refused_and_writes_keep_working() {
+    let s = TestServer::start().await;
+    s.put("o", &[]).await;
+    let long_path = "p".repeat(5000);
+    assert_eq!(s.put(&long_path, &[]).await.status(), StatusCode::BAD_REQUEST);
+    let long_id = "i".repeat(70_000);
+    let r = s.post("o", "x", &[("producer-id", &long_id), ("producer-epoch", "0"), ("producer-seq", "0")]).await;
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let long_seq = "s".repeat(2000);
+    assert_eq!(s.post("o", "x", &[("stream-seq", &long_seq)]).await.status(), StatusCode::BAD_REQUEST);
+    // Nothing above reached storage or hurt the writer.
+    let ok = s.post("o", "fine", &[("producer-id", "p"), ("producer-epoch", "0"), ("producer-seq", "0")]).await;
+    assert_eq!(ok.status(), StatusCode::OK);
+}

@@ -84,6 +84,10 @@ pub enum CreateError {
     ForkOffsetBeyondTail,
     #[error("fork sub-offset is past the end of the append at the fork offset")]
     SubOffsetOvershoot,
+    #[error("stream path is empty or too long to store")]
+    InvalidPath,
+    #[error("initial body is too large to store as one record")]
+    TooLarge,
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -144,6 +148,10 @@ pub enum AppendError {
     ProducerEpochSeq,
     #[error("stream offset space exhausted")]
     OffsetOverflow,
+    #[error("producer id is too long to store")]
+    ProducerIdTooLong,
+    #[error("body is too large to store as one record")]
+    TooLarge,
     #[error(transparent)]
     Storage(#[from] StorageError),
 }

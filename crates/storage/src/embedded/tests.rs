@@ -343,3 +343,18 @@ async fn pipelining_right_after_an_epoch_bump_waits_for_the_new_epochs_seq_0() {
     let r = e.append(append_req("s", "x", Some(("p", 2, 1)))).await;
     assert!(matches!(r, Err(AppendError::ProducerEpochSeq)), "{r:?}");
 }
+
+#[tokio::test]
+async fn keys_too_long_to_store_are_refused_without_harming_the_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = open(dir.path());
+    create(&e, "s").await;
+    let long_id = "i".repeat(70_000);
+    let r = e.append(append_req("s", "x", Some((&long_id, 0, 0)))).await;
+    assert!(matches!(r, Err(AppendError::ProducerIdTooLong)), "{r:?}");
+    let r = e.create(create_req(&"p".repeat(70_000), "text/plain")).await;
+    assert!(matches!(r, Err(CreateError::InvalidPath)), "{r:?}");
+    let r = e.create(create_req("", "text/plain")).await;
+    assert!(matches!(r, Err(CreateError::InvalidPath)), "{r:?}");
+    assert_eq!(e.append(append_req("s", "ok", None)).await.expect("writer alive").next_offset, Offset(2));
+}

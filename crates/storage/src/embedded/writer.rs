@@ -33,6 +33,11 @@ const MAX_GROUP_BYTES: usize = 32 << 20;
 /// predecessors before it is answered 409. Pipelined requests over several connections arrive
 /// out of order by a few milliseconds; parking them turns a would-be 409-and-resend into a 200.
 const PARK_TIMEOUT: Duration = Duration::from_millis(250);
+/// fjall's limits on one key and one value; requests beyond them are refused, never passed on
+/// (fjall asserts on them, which would take the writer thread down).
+const MAX_KEY_BYTES: usize = u16::MAX as usize;
+const MAX_VALUE_BYTES: u64 = u32::MAX as u64;
+
 /// A group commit slower than this is logged at debug level, to find latency outliers.
 const SLOW_GROUP: Duration = Duration::from_millis(20);
 /// How far ahead of the expected sequence number a request may be and still be parked.
@@ -476,6 +481,12 @@ impl Writer {
     }
 
     fn create(&mut self, req: CreateRequest, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<CreateOutcome, CreateError> {
+        if req.path.is_empty() || req.path.len() > MAX_KEY_BYTES {
+            return Err(CreateError::InvalidPath);
+        }
+        if req.initial.len() as u64 > MAX_VALUE_BYTES {
+            return Err(CreateError::TooLarge);
+        }
         self.drop_if_expired(&req.path, req.now_ms, batch, effects);
         let fork = match &req.fork {
             Some(f) => Some(self.resolve_fork(f, req.now_ms, batch, effects)?),
@@ -535,6 +546,12 @@ impl Writer {
     }
 
     fn append(&mut self, req: AppendRequest, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<AppendOutcome, AppendError> {
+        if req.producer.as_ref().is_some_and(|p| p.id.is_empty() || p.id.len() + 8 > MAX_KEY_BYTES) {
+            return Err(AppendError::ProducerIdTooLong);
+        }
+        if req.data.len() as u64 > MAX_VALUE_BYTES {
+            return Err(AppendError::TooLarge);
+        }
         self.drop_if_expired(&req.path, req.now_ms, batch, effects);
         let Some(w) = self.streams.get_mut(&req.path) else { return Err(AppendError::NotFound) };
         if w.meta.soft_deleted {
