@@ -16,6 +16,9 @@ use crate::handlers::{respond, start_offset};
 use crate::request::{Live, ReadQuery};
 use crate::AppState;
 
+/// How often an idle SSE connection renews its stream's sliding TTL.
+const SSE_TOUCH_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Data chunks are immutable by position, so they may be cached; tail answers may not.
 const CACHEABLE: &str = "public, max-age=60, stale-while-revalidate=300";
 
@@ -200,10 +203,10 @@ impl<E: Engine> SseState<E> {
             if remaining == Duration::ZERO {
                 return None;
             }
-            match self.st.engine.wait(&self.path, self.offset, remaining, now_ms).await.ok()? {
-                WaitOutcome::Changed(_) => continue,
-                WaitOutcome::TimedOut(_) => return None,
-            }
+            // Wait in slices: each wait counts as an access, so an open SSE connection keeps a
+            // stream with a short TTL alive (section 5.1), as repeated long-polls would.
+            let slice = remaining.min(SSE_TOUCH_INTERVAL);
+            self.st.engine.wait(&self.path, self.offset, slice, now_ms).await.ok()?;
         }
     }
 

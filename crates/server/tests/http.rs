@@ -200,3 +200,20 @@ async fn oversized_identifiers_are_refused_and_writes_keep_working() {
     let ok = s.post("o", "fine", &[("producer-id", "p"), ("producer-epoch", "0"), ("producer-seq", "0")]).await;
     assert_eq!(ok.status(), StatusCode::OK);
 }
+
+#[tokio::test]
+async fn an_open_sse_connection_keeps_a_short_ttl_stream_alive() {
+    let s = TestServer::start().await;
+    assert_eq!(s.put("sse-ttl", &[("stream-ttl", "2")]).await.status(), StatusCode::CREATED);
+    let mut sse = s.http.get(format!("{}?offset=-1&live=sse", s.url("sse-ttl"))).send().await.expect("sse");
+    assert_eq!(sse.status(), StatusCode::OK);
+    let first = sse.chunk().await.expect("read").expect("initial control event");
+    assert!(String::from_utf8_lossy(&first).contains("upToDate"));
+    // Time passes beyond the TTL while the reader stays connected: its waits renew the window.
+    for _ in 0..2 {
+        s.clock.0.fetch_add(1_500, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(1_300)).await;
+    }
+    assert_eq!(s.http.head(s.url("sse-ttl")).send().await.expect("head").status(), StatusCode::OK);
+    drop(sse);
+}
