@@ -16,8 +16,8 @@ use crate::handlers::{respond, start_offset};
 use crate::request::{Live, ReadQuery};
 use crate::AppState;
 
-/// How often an idle SSE connection renews its stream's sliding TTL.
-const SSE_TOUCH_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a waiting live reader renews its stream's sliding TTL.
+const TTL_RENEW_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Data chunks are immutable by position, so they may be cached; tail answers may not.
 const CACHEABLE: &str = "public, max-age=60, stale-while-revalidate=300";
@@ -39,6 +39,21 @@ pub async fn get<E: Engine>(
         }
         Live::LongPoll => long_poll(st, path, &q, from, info, req_headers).await,
         Live::Sse => Ok(sse(st, path, &q, from, &info)),
+    }
+}
+
+/// Waits for the tail to pass `after` (or closure) for at most `timeout`, in slices: each slice
+/// is an access that renews the sliding TTL, so a stream with a live reader does not expire
+/// while it waits (section 5.1).
+async fn wait_live<E: Engine>(st: &AppState<E>, path: &str, after: Offset, timeout: Duration) -> Result<WaitOutcome, ApiError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let slice = remaining.min(TTL_RENEW_INTERVAL);
+        match st.engine.wait(path, after, slice, st.clock.now_ms()).await? {
+            WaitOutcome::TimedOut(_) if slice < remaining => continue,
+            outcome => return Ok(outcome),
+        }
     }
 }
 
@@ -113,12 +128,11 @@ async fn long_poll<E: Engine>(
     req_headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
     let cursor = cursor_for(st, q);
-    let now_ms = st.clock.now_ms();
     if from >= info.tail {
         if info.closed {
             return Ok(no_content(&info, cursor));
         }
-        match st.engine.wait(path, from, st.config.long_poll_timeout, now_ms).await? {
+        match wait_live(st, path, from, st.config.long_poll_timeout).await? {
             WaitOutcome::Changed(i) if i.tail > from => {}
             WaitOutcome::Changed(i) | WaitOutcome::TimedOut(i) => return Ok(no_content(&i, cursor)),
         }
@@ -203,10 +217,7 @@ impl<E: Engine> SseState<E> {
             if remaining == Duration::ZERO {
                 return None;
             }
-            // Wait in slices: each wait counts as an access, so an open SSE connection keeps a
-            // stream with a short TTL alive (section 5.1), as repeated long-polls would.
-            let slice = remaining.min(SSE_TOUCH_INTERVAL);
-            self.st.engine.wait(&self.path, self.offset, slice, now_ms).await.ok()?;
+            wait_live(&self.st, &self.path, self.offset, remaining).await.ok()?;
         }
     }
 

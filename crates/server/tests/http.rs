@@ -217,3 +217,19 @@ async fn an_open_sse_connection_keeps_a_short_ttl_stream_alive() {
     assert_eq!(s.http.head(s.url("sse-ttl")).send().await.expect("head").status(), StatusCode::OK);
     drop(sse);
 }
+
+#[tokio::test]
+async fn chained_long_polls_keep_a_short_ttl_stream_alive() {
+    let s = TestServer::start().await;
+    s.put("lp-ttl", &[("stream-ttl", "2")]).await;
+    let tail = header(&s.http.head(s.url("lp-ttl")).send().await.expect("head"), "stream-next-offset").expect("tail");
+    // This server's long-poll lasts 300 ms; chain polls the way a client does while the clock
+    // runs past the TTL; each poll's wait renews the window.
+    let url = format!("{}?offset={tail}&live=long-poll", s.url("lp-ttl"));
+    for _ in 0..4 {
+        s.clock.0.fetch_add(900, Ordering::SeqCst);
+        let r = s.http.get(&url).send().await.expect("poll");
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    }
+    assert_eq!(s.http.head(s.url("lp-ttl")).send().await.expect("head").status(), StatusCode::OK);
+}
