@@ -20,14 +20,15 @@ const VALUES: &[&str] = &[
     "0000000000000000_0000000000000000", "0000000000000000_0000000000000003", "9999999999999999_9999999999999999",
     "/v1/stream/a", "a", "b/c", "2030-01-01T00:00:00Z", "yesterday", "[]", "*", "\"1:0:0\"",
 ];
-const PATHS: &[&str] = &["a", "b", "b/c", "__ds/x", "x%2Fy", "..", "%00", "%C3%A9", "a%20b", ""];
+/// Weighted towards existing streams, so requests reach the engine.
+const PATHS: &[&str] = &["a", "a", "a", "a", "b", "b/c", "__ds/x", "x%2Fy", "..", "%00", "%C3%A9", "a%20b", ""];
 const QUERIES: &[&str] = &[
     "", "offset=-1", "offset=now", "offset=", "offset=-1&offset=-1", "live=sse&offset=-1", "live=long-poll&offset=now",
     "live=long-poll", "live=bogus&offset=-1", "offset=0000000000000000_0000000000000002", "offset=abc",
     "offset=0000000000000000_9999999999999999", "cursor=99999999999&offset=-1&live=long-poll",
 ];
 const BODIES: &[&[u8]] = &[b"", b"x", b"[]", b"[1,2]", b"{", b"\"s\"", b"[[1]]", b"null", b"{\"a\":\"[,]\"}", &[0xff, 0, 0xfe]];
-const METHODS: &[&str] = &["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS", "PATCH"];
+const METHODS: &[&str] = &["GET", "HEAD", "PUT", "PUT", "POST", "POST", "POST", "POST", "DELETE", "OPTIONS", "PATCH"];
 
 #[derive(Debug, Clone)]
 struct Req {
@@ -44,15 +45,39 @@ fn values() -> Vec<&'static str> {
     VALUES.iter().copied().chain(std::iter::once(huge)).collect()
 }
 
+/// Random headers, plus (often) a coherent content type and producer triple, so that requests
+/// get past the first checks and reach the engine.
 fn request() -> impl Strategy<Value = Req> {
+    let numbers = proptest::sample::select(&["0", "1", "2", "-1", "9007199254740992"][..]);
+    let huge = *values().last().expect("the huge value");
+    let producer = proptest::option::weighted(
+        0.5,
+        (proptest::sample::select(vec!["p", "q", "", huge]), numbers.clone(), numbers),
+    );
+    let content_type = proptest::option::weighted(
+        0.8,
+        proptest::sample::select(&["text/plain", "text/plain", "application/json", "application/octet-stream"][..]),
+    );
     (
         proptest::sample::select(METHODS),
         proptest::sample::select(PATHS),
         proptest::sample::select(QUERIES),
-        proptest::collection::vec((proptest::sample::select(HEADERS), proptest::sample::select(values())), 0..6),
+        proptest::collection::vec((proptest::sample::select(HEADERS), proptest::sample::select(values())), 0..4),
+        content_type,
+        producer,
         proptest::sample::select(BODIES),
     )
-        .prop_map(|(method, path, query, headers, body)| Req { method, path, query, headers, body })
+        .prop_map(|(method, path, query, mut headers, ct, producer, body)| {
+            // The coherent headers replace random ones of the same name.
+            headers.retain(|(k, _)| !(ct.is_some() && *k == "content-type") && !(producer.is_some() && k.starts_with("producer-")));
+            if let Some(ct) = ct {
+                headers.push(("content-type", ct));
+            }
+            if let Some((id, epoch, seq)) = producer {
+                headers.extend([("producer-id", id), ("producer-epoch", epoch), ("producer-seq", seq)]);
+            }
+            Req { method, path, query, headers, body }
+        })
 }
 
 #[test]
@@ -73,8 +98,14 @@ fn random_requests_never_get_a_server_error() {
         format!("http://{addr}/v1/stream/")
     });
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("client");
+    // Streams to hit (the random requests create, close and delete more).
+    rt.block_on(async {
+        for p in ["a", "b", "b/c"] {
+            http.put(format!("{base}{p}")).header("content-type", "text/plain").send().await.expect("put");
+        }
+    });
 
-    let mut runner = TestRunner::new(Config { cases: 600, failure_persistence: None, ..Config::default() });
+    let mut runner = TestRunner::new(Config { cases: 1000, failure_persistence: None, ..Config::default() });
     let result = runner.run(&request(), |req| {
         let url = format!("{base}{}{}{}", req.path, if req.query.is_empty() { "" } else { "?" }, req.query);
         let status = rt.block_on(async {
