@@ -74,15 +74,28 @@ pub fn validate(state: Option<&ProducerState>, epoch: u64, seq: u64) -> Verdict 
 impl ProducerState {
     /// The state after `(epoch, seq)` was accepted and its data ends at `end`.
     pub fn accepted(state: Option<&ProducerState>, epoch: u64, seq: u64, end: Offset) -> ProducerState {
-        let mut receipts = match state {
-            Some(s) if s.epoch == epoch => s.receipts.clone(),
-            _ => VecDeque::with_capacity(RECEIPT_WINDOW),
-        };
-        if receipts.len() == RECEIPT_WINDOW {
-            receipts.pop_front();
+        let mut next = state.cloned().unwrap_or_else(|| ProducerState::new(epoch));
+        next.accept(epoch, seq, end);
+        next
+    }
+
+    /// A producer seen for the first time, before its first accepted request.
+    pub fn new(epoch: u64) -> ProducerState {
+        ProducerState { epoch, last_seq: 0, receipts: VecDeque::with_capacity(RECEIPT_WINDOW) }
+    }
+
+    /// Records in place that `(epoch, seq)` was accepted and its data ends at `end` (the same as
+    /// [`ProducerState::accepted`], without copying the receipts).
+    pub fn accept(&mut self, epoch: u64, seq: u64, end: Offset) {
+        if epoch != self.epoch {
+            self.receipts.clear();
         }
-        receipts.push_back(end);
-        ProducerState { epoch, last_seq: seq, receipts }
+        if self.receipts.len() == RECEIPT_WINDOW {
+            self.receipts.pop_front();
+        }
+        self.receipts.push_back(end);
+        self.epoch = epoch;
+        self.last_seq = seq;
     }
 
     /// The end offset of `seq` in the current epoch, if still remembered.

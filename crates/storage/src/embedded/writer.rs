@@ -219,7 +219,7 @@ impl Writer {
         }
         self.parked.retain(|_, m| !m.is_empty());
         for p in due {
-            let r = self.append(p.req, batch, effects);
+            let r = self.append(&p.req, batch, effects);
             effects.push(reply(p.reply, r));
         }
     }
@@ -235,26 +235,35 @@ impl Writer {
         batch: &mut fjall::OwnedWriteBatch,
         effects: &mut Vec<Effect>,
     ) {
-        let key = req.producer.as_ref().map(|p| (req.path.clone(), p.id.clone()));
         let stamp = req.producer.as_ref().map(|p| (p.epoch, p.seq));
-        let saved = key.is_some().then(|| req.clone());
-        let r = self.append(req, batch, effects);
+        let r = self.append(&req, batch, effects);
         let ahead = match &r {
             Err(AppendError::ProducerSeqGap { expected, received }) => received - expected <= MAX_PARK_AHEAD,
             Err(AppendError::ProducerEpochSeq) => stamp.is_some_and(|(_, seq)| seq <= MAX_PARK_AHEAD),
             _ => false,
         };
-        match (&r, key, saved, stamp) {
-            (Err(_), Some(key), Some(req), Some(stamp)) if ahead => {
+        let key = |req: &AppendRequest| req.producer.as_ref().map(|p| (req.path.clone(), p.id.clone()));
+        match (&r, stamp) {
+            (Err(_), Some(stamp)) if ahead => {
+                let Some(key) = key(&req) else {
+                    effects.push(reply(tx, r));
+                    return;
+                };
                 let parked = Parked { req, reply: tx, deadline: Instant::now() + PARK_TIMEOUT };
                 if let Some(old) = self.parked.entry(key).or_default().insert(stamp, parked) {
                     // A retry replaced it; the older copy gets the answer it would have had.
                     effects.push(reply(old.reply, r));
                 }
             }
-            (Ok(out), Some(key), _, _) if out.status == AppendStatus::Appended => {
+            (Ok(out), Some(_)) if out.status == AppendStatus::Appended => {
                 effects.push(reply(tx, r.clone()));
-                self.release_parked(key, batch, effects);
+                // Only a producer's accepted append can release parked successors; nothing is
+                // parked almost always, so check that before building the key.
+                if !self.parked.is_empty() {
+                    if let Some(k) = key(&req) {
+                        self.release_parked(k, batch, effects);
+                    }
+                }
             }
             _ => effects.push(reply(tx, r)),
         }
@@ -273,7 +282,7 @@ impl Writer {
             if self.parked.get(&key).is_some_and(BTreeMap::is_empty) {
                 self.parked.remove(&key);
             }
-            let r = self.append(p.req, batch, effects);
+            let r = self.append(&p.req, batch, effects);
             let accepted = matches!(&r, Ok(o) if o.status == AppendStatus::Appended);
             effects.push(reply(p.reply, r));
             if !accepted {
@@ -545,7 +554,9 @@ impl Writer {
         Ok(CreateOutcome::Created(info))
     }
 
-    fn append(&mut self, req: AppendRequest, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<AppendOutcome, AppendError> {
+    /// Validates and stages one append. Takes the request by reference so that a parked request
+    /// can be retried later without copying it on the (single-threaded) hot path.
+    fn append(&mut self, req: &AppendRequest, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<AppendOutcome, AppendError> {
         if req.producer.as_ref().is_some_and(|p| p.id.is_empty() || p.id.len() + 8 > MAX_KEY_BYTES) {
             return Err(AppendError::ProducerIdTooLong);
         }
@@ -605,11 +616,11 @@ impl Writer {
         let new_tail = w.tail.0.checked_add(req.data.len() as u64).filter(|t| *t <= Offset::MAX.0).ok_or(AppendError::OffsetOverflow)?;
         let data_len = req.data.len();
         if data_len > 0 {
-            batch.insert(&self.ks.data, keys::data(w.meta.id, new_tail), req.data);
+            batch.insert(&self.ks.data, keys::data(w.meta.id, new_tail), req.data.clone());
         }
         let mut meta_changed = false;
-        if let Some(seq) = req.stream_seq {
-            w.meta.stream_seq = Some(seq);
+        if let Some(seq) = &req.stream_seq {
+            w.meta.stream_seq = Some(seq.clone());
             meta_changed = true;
         }
         if req.close {
@@ -622,11 +633,14 @@ impl Writer {
             batch.insert(&self.ks.streams, req.path.as_bytes(), w.meta.encode());
         }
         let mut echo = None;
-        if let Some(p) = req.producer {
-            let state = ProducerState::accepted(w.producers.get(&p.id), p.epoch, p.seq, Offset(new_tail));
-            batch.insert(&self.ks.producers, keys::producer(w.meta.id, &p.id), ProducerRecord(state.clone()).encode());
+        if let Some(p) = &req.producer {
+            let state = match w.producers.get_mut(&p.id) {
+                Some(s) => s,
+                None => w.producers.entry(p.id.clone()).or_insert_with(|| ProducerState::new(p.epoch)),
+            };
+            state.accept(p.epoch, p.seq, Offset(new_tail));
+            batch.insert(&self.ks.producers, keys::producer(w.meta.id, &p.id), ProducerRecord::encode_state(state));
             echo = Some((p.epoch, p.seq));
-            w.producers.insert(p.id, state);
         }
         w.tail = Offset(new_tail);
         effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });

@@ -21,7 +21,11 @@ pub struct ProducerRecord(pub ProducerState);
 
 impl ProducerRecord {
     pub fn encode(&self) -> Vec<u8> {
-        let s = &self.0;
+        Self::encode_state(&self.0)
+    }
+
+    /// Encodes a state without wrapping (or copying) it.
+    pub fn encode_state(s: &ProducerState) -> Vec<u8> {
         let mut e = Encoder(Vec::with_capacity(26 + 3 * s.receipts.len()));
         let n = s.receipts.len().min(RECEIPT_WINDOW);
         e.u8(TAG_V1).u64(s.epoch).u64(s.last_seq).u8(n as u8);
