@@ -518,14 +518,7 @@ fn join_json_arrays(parts: Vec<Bytes>) -> Bytes {
         return Bytes::new();
     }
     let mut out = Vec::with_capacity(inners.iter().map(|i| i.len() + 1).sum::<usize>() + 2);
-    out.push(b'[');
-    for (i, inner) in inners.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(inner);
-    }
-    out.push(b']');
+    oncelog_protocol::json::write_array(inners, &mut out);
     Bytes::from(out)
 }
 

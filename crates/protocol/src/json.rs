@@ -56,6 +56,19 @@ pub fn render_array(stored: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Writes `[` + the JSON texts joined by `,` + `]` to `out`: the one array that carries a batch of
+/// messages on the wire (a producer's POST body, a client joining read chunks).
+pub fn write_array<'a>(items: impl IntoIterator<Item = &'a [u8]>, out: &mut Vec<u8>) {
+    out.push(b'[');
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(item);
+    }
+    out.push(b']');
+}
+
 /// Splits stored bytes into the text of each message (for SSE, which sends one array per event).
 pub fn messages(stored: &[u8]) -> impl Iterator<Item = &[u8]> {
     // Stored messages are serde-validated JSON texts each followed by ','; a ',' inside a message
@@ -125,6 +138,9 @@ mod tests {
 
     #[test]
     fn renders_arrays() {
+        let mut out = Vec::new();
+        write_array([&b"1"[..], b"{\"a\":2}"], &mut out);
+        assert_eq!(out, br#"[1,{"a":2}]"#);
         assert_eq!(render_array(b""), b"[]");
         assert_eq!(render_array(br#"{"a":1},[2,3],"#), br#"[{"a":1},[2,3]]"#);
     }

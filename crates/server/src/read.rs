@@ -191,19 +191,29 @@ impl<E: Engine> SseState<E> {
             if self.done {
                 return None;
             }
-            let now_ms = self.st.clock.now_ms();
-            let info = self.st.engine.head(&self.path, now_ms).ok()?;
-            if self.offset < info.tail {
-                let chunk = self.st.engine.read(&self.path, self.offset, self.st.config.max_read_bytes, now_ms).await.ok()?;
+            // One lookup per step: at the tail the read is empty and still reports closure.
+            let chunk = self
+                .st
+                .engine
+                .read(&self.path, self.offset, self.st.config.max_read_bytes, self.st.clock.now_ms())
+                .await
+                .ok()?;
+            if chunk.next > self.offset {
                 let mut out = Vec::with_capacity(chunk.data.len() * 4 / 3 + 256);
-                let payload = if self.json { json::render_array(&chunk.data) } else { chunk.data.to_vec() };
-                sse::data_event(&mut out, &payload, self.encoding);
+                let rendered;
+                let payload: &[u8] = if self.json {
+                    rendered = json::render_array(&chunk.data);
+                    &rendered
+                } else {
+                    &chunk.data
+                };
+                sse::data_event(&mut out, payload, self.encoding);
                 self.offset = chunk.next;
                 // Data and its control go out in one write.
                 self.control(&mut out, chunk.up_to_date(), chunk.info.closed && chunk.up_to_date());
                 return Some(Bytes::from(out));
             }
-            if info.closed {
+            if chunk.info.closed {
                 let mut out = Vec::new();
                 self.control(&mut out, true, true);
                 return Some(Bytes::from(out));

@@ -1,7 +1,7 @@
 //! Batching: items accumulate in an open batch until a size or count limit, the linger time, a
 //! flush or a close seals it into one request body.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -86,22 +86,15 @@ impl OpenBatch {
     /// Seals the batch into a body, leaving this one empty.
     pub(crate) fn seal(&mut self, limits: Limits) -> Sealed {
         let items = std::mem::take(&mut self.items);
-        let mut body = BytesMut::with_capacity(self.body_len);
+        let mut body = Vec::with_capacity(self.body_len + items.len() + 2);
         if limits.json {
-            body.extend_from_slice(b"[");
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    body.extend_from_slice(b",");
-                }
-                body.extend_from_slice(item);
-            }
-            body.extend_from_slice(b"]");
+            oncelog_protocol::json::write_array(items.iter().map(|i| &i[..]), &mut body);
         } else {
             for item in &items {
                 body.extend_from_slice(item);
             }
         }
-        let sealed = Sealed { body: body.freeze(), waiters: std::mem::take(&mut self.waiters), permits: self.permits };
+        let sealed = Sealed { body: Bytes::from(body), waiters: std::mem::take(&mut self.waiters), permits: self.permits };
         self.body_len = 0;
         self.permits = 0;
         self.started = None;
