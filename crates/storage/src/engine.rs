@@ -1,8 +1,9 @@
 //! The storage seam: everything the HTTP layer needs from a backend.
 //!
 //! Validation that must be atomic with the data (closure, content-type match, `Stream-Seq`,
-//! producer epoch/seq) happens *inside* the backend, under its per-stream write serialisation;
-//! the HTTP layer only parses and renders.
+//! producer epoch/seq) happens *inside* the backend, under its per-stream write serialisation,
+//! by calling the shared [`crate::rules`]; the HTTP layer only parses and renders. What every
+//! backend must do is pinned by [`crate::contract`], not by this file's prose alone.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -44,6 +45,10 @@ pub struct CreateRequest {
     pub closed: bool,
     /// Initial content in stored form (already JSON-framed for JSON streams); may be empty.
     pub initial: Bytes,
+    /// Whether `initial` was framed as JSON messages. The caller decides framing from a lookup
+    /// made before the body arrived; the engine refuses the create when that decision no longer
+    /// matches the stream's content type ([`CreateError::FramingMismatch`]).
+    pub json_framed: bool,
     /// Unix milliseconds, from the caller's clock.
     pub now_ms: i64,
 }
@@ -88,6 +93,8 @@ pub enum CreateError {
     InvalidPath,
     #[error("initial body is too large to store as one record")]
     TooLarge,
+    #[error("the fork source changed while the request was read; retry")]
+    FramingMismatch,
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -95,6 +102,13 @@ pub enum CreateError {
 #[derive(Debug, Clone)]
 pub struct AppendRequest {
     pub path: String,
+    /// The stream incarnation ([`StreamInfo::id`]) the request was validated and framed
+    /// against; the engine answers [`AppendError::StreamChanged`] when the path now holds
+    /// another stream. `None`: whatever stream the path holds.
+    pub stream_id: Option<u64>,
+    /// Whether `data` was framed as JSON messages; must equal whether the stream is JSON
+    /// (else [`AppendError::FramingMismatch`]), so unframed bytes never enter a JSON stream.
+    pub json_framed: bool,
     /// The request's content type; `None` when the body is empty (close-only), where it is ignored.
     pub content_type: Option<String>,
     /// Body in stored form; empty only for close-only requests.
@@ -152,6 +166,12 @@ pub enum AppendError {
     ProducerIdTooLong,
     #[error("body is too large to store as one record")]
     TooLarge,
+    #[error("an empty body is only allowed with Stream-Closed: true")]
+    Empty,
+    #[error("the stream was replaced while the request was read; retry")]
+    StreamChanged,
+    #[error("body framing does not match the stream's content type")]
+    FramingMismatch,
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -190,8 +210,9 @@ pub enum StorageError {
     Backend(Arc<dyn std::error::Error + Send + Sync>),
     #[error("writes are stopped after an earlier storage failure")]
     Poisoned,
-    #[error("corrupt record: {0}")]
-    Corrupt(#[from] crate::records::DecodeError),
+    /// Stored state that cannot be decoded; the cause is the engine's own error type.
+    #[error("corrupt stored state: {0}")]
+    Corrupt(Arc<dyn std::error::Error + Send + Sync>),
     #[error("storage is shutting down")]
     ShuttingDown,
 }
@@ -214,12 +235,18 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Appends, closes, or both, atomically with any producer and `Stream-Seq` effect. Returns
     /// only once the effect is durable (per the backend's durability mode).
+    ///
+    /// **Parking.** A producer request that is ahead of its producer's next sequence number
+    /// (see [`crate::rules::parkable`]) is not refused at once: it waits up to
+    /// [`crate::rules::PARK_TIMEOUT`] for its predecessors, is applied in order as soon as they
+    /// land, and only then, if they never came, gets its gap answer. Pipelined producers whose
+    /// requests overtake each other on separate connections therefore see no spurious `409`.
     fn append(&self, req: AppendRequest) -> impl Future<Output = Result<AppendOutcome, AppendError>> + Send;
 
     fn delete(&self, path: &str, now_ms: i64) -> impl Future<Output = Result<(), LookupError>> + Send;
 
-    /// Metadata without sliding the TTL.
-    fn head(&self, path: &str, now_ms: i64) -> Result<StreamInfo, LookupError>;
+    /// Metadata without sliding the TTL. Reflects every acknowledged write.
+    fn head(&self, path: &str, now_ms: i64) -> impl Future<Output = Result<StreamInfo, LookupError>> + Send;
 
     /// Reads from `from` up to about `max_bytes` (at least one whole append when data exists).
     fn read(
@@ -244,4 +271,27 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Finishes in-flight writes and makes them durable; later writes fail with `ShuttingDown`.
     fn shutdown(&self) -> impl Future<Output = Result<(), StorageError>> + Send;
+
+    /// Whether writes are accepted now (for `/readyz`). Cheap; never blocks.
+    fn readiness(&self) -> Readiness;
+
+    /// Counts for metrics. Cheap; never blocks.
+    fn stats(&self) -> EngineStats;
+}
+
+/// Whether an engine accepts writes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    Ready,
+    /// Writes are refused; `reason` says why in one line (a fail-stop's cause, shutdown).
+    NotReady { reason: String },
+}
+
+/// Sizes an engine reports for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Streams that exist (including soft-deleted ones kept for their forks).
+    pub streams: u64,
+    /// Idempotent producers remembered across all streams.
+    pub producers: u64,
 }

@@ -1,18 +1,32 @@
-//! Storage for Oncelog: the [`Engine`] trait the HTTP layer talks to, and [`EmbeddedEngine`], the
-//! crash-safe single-node engine that `oncelog serve` runs by default.
+//! The storage seam of Oncelog: what the HTTP layer needs from a backend, and the rules every
+//! backend applies the same way. No backend lives here; the embedded engine is the
+//! `oncelog-embedded` crate.
 //!
 //! Module map:
-//! - [`engine`]: the trait, its request / outcome types and one error enum per operation. An
-//!   append is one atomic unit carrying its data, its closure effect, its `Stream-Seq` and its
-//!   producer-state effect, so a backend (embedded today, PostgreSQL later) commits all of them
-//!   together or none. Live-tail wake-ups are part of the trait ([`Engine::wait`]).
-//! - [`records`]: the persisted record types and key layouts, each with a stable tag byte and a
-//!   round-trip property test.
-//! - [`embedded`]: the embedded engine: fjall keyspaces behind one group-commit writer thread.
+//! - [`engine`]: the [`Engine`] trait, its request / outcome types and one error enum per
+//!   operation. An append is one atomic unit carrying its data, its closure effect, its
+//!   `Stream-Seq` and its producer-state effect, so a backend commits all of them together or
+//!   none. Live-tail wake-ups are part of the trait ([`Engine::wait`]).
+//! - [`state`]: a stream's logical state ([`StreamMeta`]), the same for every engine.
+//! - [`rules`]: the protocol's decisions (create, append, close, delete, fork, expiry, parking)
+//!   as pure functions over that state, returning verdicts and the effects to persist.
+//! - [`clock`]: time behind a trait, so expiry is testable with a manual clock.
+//! - `contract` (feature `contract`): the engine contract suite; every engine runs it through
+//!   [`engine_contract_tests!`].
+//!
+//! Where a new engine plugs in: implement [`Engine`] by keeping [`StreamMeta`], a tail and
+//! producer states per stream, serialising each stream's writes, and calling [`rules`] inside
+//! that serialisation; then add `oncelog_storage::engine_contract_tests!(YourHarness);` to its
+//! tests.
 
-pub mod embedded;
+pub mod clock;
 pub mod engine;
-pub mod records;
+pub mod rules;
+pub mod state;
 
-pub use embedded::{Durability, EmbeddedEngine, EmbeddedOptions, Failpoints};
+#[cfg(feature = "contract")]
+pub mod contract;
+
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::*;
+pub use state::{ForkOf, StreamMeta};

@@ -1,7 +1,8 @@
 //! Time and jitter behind a trait: expiry, TTL windows and cursors depend on them, and tests need
-//! to control them.
+//! to control them. Engines take `now_ms` from their callers, and read the clock only where no
+//! caller is there to ask (recovery's start of the TTL windows).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub trait Clock: Send + Sync + 'static {
@@ -32,5 +33,35 @@ impl Clock for SystemClock {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         (z ^ (z >> 31)) % 3600 + 1
+    }
+}
+
+/// A clock that moves only when told to, with fixed jitter: for tests of time-based behaviour.
+pub struct ManualClock {
+    now_ms: AtomicI64,
+    jitter_s: u64,
+}
+
+impl ManualClock {
+    pub fn new(now_ms: i64) -> Self {
+        Self { now_ms: AtomicI64::new(now_ms), jitter_s: 7 }
+    }
+
+    pub fn set(&self, now_ms: i64) {
+        self.now_ms.store(now_ms, Ordering::SeqCst);
+    }
+
+    pub fn advance_ms(&self, ms: i64) {
+        self.now_ms.fetch_add(ms, Ordering::SeqCst);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now_ms(&self) -> i64 {
+        self.now_ms.load(Ordering::SeqCst)
+    }
+
+    fn jitter_s(&self) -> u64 {
+        self.jitter_s
     }
 }

@@ -13,26 +13,20 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use fjall::PersistMode;
-use oncelog_protocol::headers::Expiry;
-use oncelog_protocol::{content_type, json};
-use oncelog_protocol::producer::{self, ProducerState, Verdict};
+use oncelog_protocol::producer::ProducerState;
 use oncelog_protocol::Offset;
+use oncelog_storage::rules::{self, AppendPlan, CreatePlan, Removal, Segment, PARK_TIMEOUT};
+use oncelog_storage::*;
 use tokio::sync::{oneshot, watch};
 
 use super::gc::GcHandle;
-use super::{append_at, backend, fork_chain, Durability, Failpoints, Keyspaces, Published, Segment, Shared};
-use crate::engine::*;
-use crate::records::stream_meta::ForkOf;
-use crate::records::{keys, ProducerRecord, StreamMeta};
+use super::{append_at, backend, Counters, Durability, Failpoints, Keyspaces, Published, Shared};
+use crate::records::{keys, stream_meta, sys, ProducerRecord};
 
 /// Most commands in one group commit: bounds the latency a group adds to its first member.
 const MAX_GROUP_COMMANDS: usize = 4096;
 /// Most data bytes in one group commit, for the same reason.
 const MAX_GROUP_BYTES: usize = 32 << 20;
-/// How long an append that arrived ahead of its producer's next sequence number waits for its
-/// predecessors before it is answered 409. Pipelined requests over several connections arrive
-/// out of order by a few milliseconds; parking them turns a would-be 409-and-resend into a 200.
-const PARK_TIMEOUT: Duration = Duration::from_millis(250);
 /// fjall's limits on one key and one value; requests beyond them are refused, never passed on
 /// (fjall asserts on them, which would take the writer thread down).
 const MAX_KEY_BYTES: usize = u16::MAX as usize;
@@ -40,8 +34,6 @@ const MAX_VALUE_BYTES: u64 = u32::MAX as u64;
 
 /// A group commit slower than this is logged at debug level, to find latency outliers.
 const SLOW_GROUP: Duration = Duration::from_millis(20);
-/// How far ahead of the expected sequence number a request may be and still be parked.
-const MAX_PARK_AHEAD: u64 = 64;
 
 /// An append waiting for its producer's earlier sequence numbers.
 struct Parked {
@@ -82,21 +74,12 @@ fn new_shared(meta: &StreamMeta, tail: Offset, chain: Vec<Segment>, forks: usize
     let (state, _) = watch::channel(published);
     Arc::new(Shared {
         id: meta.id,
-        config: StreamConfig { content_type: meta.content_type.clone(), expiry: meta.expiry },
+        config: meta.config(),
         chain,
         forks: AtomicUsize::new(forks),
         state,
         last_access_ms: AtomicI64::new(now_ms),
     })
-}
-
-/// A fork request resolved against its source.
-struct ResolvedFork {
-    source_path: String,
-    content_type: String,
-    expiry: Expiry,
-    fork: ForkOf,
-    chain: Vec<Segment>,
 }
 
 /// A reply to send, and reader-visible changes to make, once the group is durable.
@@ -120,6 +103,8 @@ pub(crate) struct Writer {
     failpoints: Failpoints,
     /// Set after a failed commit or sync; from then on every write is refused.
     poisoned: bool,
+    /// Shared with the engine handle: readiness and metrics read them.
+    counters: Arc<Counters>,
     /// Appends that arrived ahead of sequence, by (path, producer id) and (epoch, seq).
     parked: HashMap<(String, String), BTreeMap<(u64, u64), Parked>>,
 }
@@ -146,9 +131,25 @@ impl Writer {
         durability: Durability,
         gc: GcHandle,
         failpoints: Failpoints,
+        counters: Arc<Counters>,
     ) -> Self {
         let paths_by_id = streams.iter().map(|(p, w)| (w.meta.id, p.clone())).collect();
-        Writer { ks, published, streams, paths_by_id, next_id, durability, gc, failpoints, poisoned: false, parked: HashMap::new() }
+        let producers: usize = streams.values().map(|w| w.producers.len()).sum();
+        counters.streams.store(streams.len() as u64, Ordering::Relaxed);
+        counters.producers.store(producers as u64, Ordering::Relaxed);
+        Writer {
+            ks,
+            published,
+            streams,
+            paths_by_id,
+            next_id,
+            durability,
+            gc,
+            failpoints,
+            poisoned: false,
+            counters,
+            parked: HashMap::new(),
+        }
     }
 
     pub fn run(mut self, rx: mpsc::Receiver<Command>) {
@@ -176,6 +177,7 @@ impl Writer {
                     bytes += self.stage(cmd, &mut batch, &mut effects);
                     count += 1;
                 }
+                metrics::histogram!("oncelog_group_commit_commands").record(count as f64);
             }
             let failure = self.commit(batch);
             self.finish(effects, failure);
@@ -202,6 +204,7 @@ impl Writer {
         for p in orphans {
             self.remove(&p, &mut batch, &mut effects);
         }
+        self.count_streams();
         let failure = self.commit(batch);
         self.finish(effects, failure);
     }
@@ -237,11 +240,7 @@ impl Writer {
     ) {
         let stamp = req.producer.as_ref().map(|p| (p.epoch, p.seq));
         let r = self.append(&req, batch, effects);
-        let ahead = match &r {
-            Err(AppendError::ProducerSeqGap { expected, received }) => received - expected <= MAX_PARK_AHEAD,
-            Err(AppendError::ProducerEpochSeq) => stamp.is_some_and(|(_, seq)| seq <= MAX_PARK_AHEAD),
-            _ => false,
-        };
+        let ahead = matches!(&r, Err(e) if rules::parkable(&req, e));
         let key = |req: &AppendRequest| req.producer.as_ref().map(|p| (req.path.clone(), p.id.clone()));
         match (&r, stamp) {
             (Err(_), Some(stamp)) if ahead => {
@@ -249,6 +248,7 @@ impl Writer {
                     effects.push(reply(tx, r));
                     return;
                 };
+                metrics::counter!("oncelog_parked_appends_total").increment(1);
                 let parked = Parked { req, reply: tx, deadline: Instant::now() + PARK_TIMEOUT };
                 if let Some(old) = self.parked.entry(key).or_default().insert(stamp, parked) {
                     // A retry replaced it; the older copy gets the answer it would have had.
@@ -272,11 +272,7 @@ impl Writer {
     /// Stages the parked successors of a producer's newly accepted sequence number, in order.
     fn release_parked(&mut self, key: (String, String), batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
         loop {
-            let next = self
-                .streams
-                .get(&key.0)
-                .and_then(|w| w.producers.get(&key.1))
-                .map(|s| (s.epoch, s.last_seq + 1));
+            let next = self.streams.get(&key.0).and_then(|w| w.producers.get(&key.1)).map(rules::next_expected);
             let Some(next) = next else { return };
             let Some(p) = self.parked.get_mut(&key).and_then(|m| m.remove(&next)) else { return };
             if self.parked.get(&key).is_some_and(BTreeMap::is_empty) {
@@ -313,6 +309,8 @@ impl Writer {
             self.ks.db.persist(mode)
         });
         let total = started.elapsed();
+        metrics::histogram!("oncelog_fsync_seconds").record((total - commit_time).as_secs_f64());
+        metrics::histogram!("oncelog_group_commit_seconds").record(total.as_secs_f64());
         if total > SLOW_GROUP {
             tracing::debug!(items, ?commit_time, sync_time = ?(total - commit_time), "slow group commit");
         }
@@ -321,6 +319,9 @@ impl Writer {
             Err(e) => {
                 tracing::error!(error = %e, "commit or sync failed; refusing all further writes");
                 self.poisoned = true;
+                if let Ok(mut slot) = self.counters.failure.lock() {
+                    *slot = Some(format!("writes stopped after a storage failure: {e}"));
+                }
                 Some(backend(e))
             }
         }
@@ -382,14 +383,8 @@ impl Writer {
             }
             Command::Delete { path, now_ms, reply: tx } => {
                 self.drop_if_expired(&path, now_ms, batch, effects);
-                let r = match self.streams.get(&path) {
-                    None => Err(LookupError::NotFound),
-                    Some(w) if w.meta.soft_deleted => Err(LookupError::Gone),
-                    Some(_) => {
-                        self.delete(&path, batch, effects);
-                        Ok(())
-                    }
-                };
+                let r = self.delete(&path, batch, effects);
+                self.count_streams();
                 effects.push(reply(tx, r));
                 0
             }
@@ -398,32 +393,46 @@ impl Writer {
                 for p in &paths {
                     self.drop_if_expired(p, now_ms, batch, effects);
                 }
+                self.count_streams();
                 effects.push(reply(tx, Ok(before - self.streams.len())));
                 0
             }
         }
     }
 
+    fn count_streams(&self) {
+        self.counters.streams.store(self.streams.len() as u64, Ordering::Relaxed);
+    }
+
     fn drop_if_expired(&mut self, path: &str, now_ms: i64, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
-        if self.streams.get(path).is_some_and(|w| !w.meta.soft_deleted && w.shared.expired(now_ms)) {
-            self.delete(path, batch, effects);
+        let expired = self.streams.get(path).is_some_and(|w| {
+            !w.meta.soft_deleted && rules::expired(w.meta.expiry, w.shared.last_access_ms.load(Ordering::Relaxed), now_ms)
+        });
+        if expired {
+            // It exists and is not soft-deleted, so the delete verdict cannot be an error.
+            let _ = self.delete(path, batch, effects);
         }
     }
 
-    /// Deletes a stream: soft-deletes it while forks still read it, removes it otherwise.
-    fn delete(&mut self, path: &str, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
-        let Some(w) = self.streams.get_mut(path) else { return };
-        if w.forks() == 0 {
-            self.remove(path, batch, effects);
-            return;
+    /// Deletes a stream as [`rules::delete`] decides: soft-deletes it while forks still read it,
+    /// removes it otherwise.
+    fn delete(&mut self, path: &str, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<(), LookupError> {
+        let w = self.streams.get_mut(path).ok_or(LookupError::NotFound)?;
+        match rules::delete(&w.meta, w.forks())? {
+            Removal::Remove => self.remove(path, batch, effects),
+            Removal::SoftDelete => {
+                // Its data stays for the forks; its writer state goes, as nothing can append any more.
+                w.meta.soft_deleted = true;
+                batch.insert(&self.ks.streams, path.as_bytes(), stream_meta::encode(&w.meta));
+                let dropped = std::mem::take(&mut w.producers);
+                for producer in dropped.keys() {
+                    batch.remove(&self.ks.producers, keys::producer(w.meta.id, producer));
+                }
+                self.counters.producers.fetch_sub(dropped.len() as u64, Ordering::Relaxed);
+                effects.push(Effect::SoftDelete { shared: w.shared.clone() });
+            }
         }
-        // Its data stays for the forks; its writer state goes, as nothing can append any more.
-        w.meta.soft_deleted = true;
-        batch.insert(&self.ks.streams, path.as_bytes(), w.meta.encode());
-        for producer in std::mem::take(&mut w.producers).keys() {
-            batch.remove(&self.ks.producers, keys::producer(w.meta.id, producer));
-        }
-        effects.push(Effect::SoftDelete { shared: w.shared.clone() });
+        Ok(())
     }
 
     /// Removes a stream's metadata and producer state; its data is left to the garbage collector,
@@ -438,55 +447,17 @@ impl Writer {
             for producer in w.producers.keys() {
                 batch.remove(&self.ks.producers, keys::producer(w.meta.id, producer));
             }
+            self.counters.producers.fetch_sub(w.producers.len() as u64, Ordering::Relaxed);
             batch.insert(&self.ks.gc, keys::stream_prefix(w.meta.id), Vec::new());
             effects.push(Effect::Remove { path, shared: w.shared });
             let Some(f) = w.meta.fork else { continue };
             let Some(src_path) = self.paths_by_id.get(&f.source_id) else { continue };
             let Some(src) = self.streams.get(src_path) else { continue };
             let left = src.shared.forks.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
-            if left == 0 && src.meta.soft_deleted {
+            if rules::source_follows(&src.meta, left) {
                 next = Some(src_path.clone());
             }
         }
-    }
-
-    /// Resolves `Stream-Forked-From` / `-Fork-Offset` / `-Fork-Sub-Offset` against the source.
-    fn resolve_fork(&mut self, f: &ForkRequest, now_ms: i64, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<ResolvedFork, CreateError> {
-        self.drop_if_expired(&f.source, now_ms, batch, effects);
-        let src = self.streams.get(&f.source).ok_or(CreateError::SourceNotFound)?;
-        if src.meta.soft_deleted {
-            return Err(CreateError::SourceGone);
-        }
-        let at = f.offset.map_or(src.tail.0, |o| o.0);
-        if at > src.tail.0 {
-            return Err(CreateError::ForkOffsetBeyondTail);
-        }
-        let point = if f.sub_offset == 0 {
-            at
-        } else {
-            let append = append_at(&self.ks.data, &src.shared.chain, src.meta.id, at, src.tail.0)?
-                .ok_or(CreateError::SubOffsetOvershoot)?;
-            let k = usize::try_from(f.sub_offset).map_err(|_| CreateError::SubOffsetOvershoot)?;
-            let bytes = if content_type::is_json(&src.meta.content_type) {
-                let lens: Vec<usize> = json::messages(&append).take(k).map(|m| m.len() + 1).collect();
-                if lens.len() < k {
-                    return Err(CreateError::SubOffsetOvershoot);
-                }
-                lens.iter().sum()
-            } else if k > append.len() {
-                return Err(CreateError::SubOffsetOvershoot);
-            } else {
-                k
-            };
-            at + bytes as u64
-        };
-        Ok(ResolvedFork {
-            source_path: f.source.clone(),
-            content_type: src.meta.content_type.clone(),
-            expiry: src.meta.expiry,
-            fork: ForkOf { source_id: src.meta.id, fork_point: point },
-            chain: fork_chain(&src.shared.chain, src.meta.id, point),
-        })
     }
 
     fn create(&mut self, req: CreateRequest, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<CreateOutcome, CreateError> {
@@ -497,65 +468,52 @@ impl Writer {
             return Err(CreateError::TooLarge);
         }
         self.drop_if_expired(&req.path, req.now_ms, batch, effects);
-        let fork = match &req.fork {
-            Some(f) => Some(self.resolve_fork(f, req.now_ms, batch, effects)?),
-            None => None,
-        };
-        let content_type = match (&req.content_type, &fork) {
-            (Some(ct), Some(f)) if !content_type::matches(ct, &f.content_type) => {
-                return Err(CreateError::ContentTypeMismatch);
-            }
-            (Some(ct), _) => ct.clone(),
-            (None, Some(f)) => f.content_type.clone(),
-            (None, None) => content_type::DEFAULT.to_owned(),
-        };
-        // Section 4.2: a fork without its own expiry inherits the source's TTL or deadline.
-        let expiry = req.expiry.or(fork.as_ref().map(|f| f.expiry)).unwrap_or(Expiry::Never);
-        let fork_of = fork.as_ref().map(|f| f.fork);
-        if let Some(w) = self.streams.get(&req.path) {
-            if w.meta.soft_deleted {
-                return Err(CreateError::PathReserved);
-            }
-            let same = content_type::matches(&w.meta.content_type, &content_type)
-                && w.meta.expiry == expiry
-                && w.meta.closed == req.closed
-                && w.meta.fork == fork_of;
-            return if same { Ok(CreateOutcome::Existing(info_of(w))) } else { Err(CreateError::ConfigMismatch) };
+        // A fork: resolved against its source, whose chain the new stream extends.
+        let mut fork = None;
+        if let Some(f) = &req.fork {
+            self.drop_if_expired(&f.source, req.now_ms, batch, effects);
+            let src = self.streams.get(&f.source);
+            let data = &self.ks.data;
+            let resolved = rules::resolve_fork(src.map(|w| (&w.meta, w.tail)), f, |at| match src {
+                Some(w) => append_at(data, &w.shared.chain, w.meta.id, at, w.tail.0),
+                None => Ok(None),
+            })?;
+            let chain = src.map_or_else(Vec::new, |w| rules::fork_chain(&w.shared.chain, w.meta.id, resolved.fork.fork_point));
+            fork = Some((resolved, chain));
         }
-        let id = self.next_id;
-        self.next_id += 1;
-        batch.insert(&self.ks.sys, keys::NEXT_STREAM_ID, self.next_id.to_le_bytes().to_vec());
-        let meta = StreamMeta {
-            id,
-            created_ms: req.now_ms,
-            content_type,
-            expiry,
-            closed: req.closed,
-            stream_seq: None,
-            fork: fork_of,
-            soft_deleted: false,
+        let existing = self.streams.get(&req.path).map(|w| (&w.meta, w.tail));
+        let (meta, tail) = match rules::create(existing, fork.as_ref().map(|f| &f.0), &req, self.next_id)? {
+            CreatePlan::Existing(info) => return Ok(CreateOutcome::Existing(info)),
+            CreatePlan::Create { meta, tail } => (meta, tail),
         };
-        batch.insert(&self.ks.streams, req.path.as_bytes(), meta.encode());
-        let start = fork_of.map_or(0, |f| f.fork_point);
-        let tail = Offset(start + req.initial.len() as u64);
+        let id = meta.id;
+        self.next_id += 1;
+        batch.insert(&self.ks.sys, keys::NEXT_STREAM_ID, sys::encode(self.next_id));
+        batch.insert(&self.ks.streams, req.path.as_bytes(), stream_meta::encode(&meta));
         if !req.initial.is_empty() {
             batch.insert(&self.ks.data, keys::data(id, tail.0), req.initial);
         }
-        let (chain, source) = fork.map_or((Vec::new(), None), |f| (f.chain, Some(f.source_path)));
-        if let Some(src) = source.and_then(|p| self.streams.get(&p)) {
-            src.shared.forks.fetch_add(1, Ordering::Relaxed);
-        }
+        let chain = match fork {
+            Some((_, chain)) => {
+                if let Some(src) = req.fork.as_ref().and_then(|f| self.streams.get(&f.source)) {
+                    src.shared.forks.fetch_add(1, Ordering::Relaxed);
+                }
+                chain
+            }
+            None => Vec::new(),
+        };
         let shared = new_shared(&meta, tail, chain, 0, req.now_ms);
-        let w = WStream { meta, tail, producers: HashMap::new(), shared: shared.clone() };
-        let info = info_of(&w);
-        self.streams.insert(req.path.clone(), w);
+        let info = meta.info(tail);
+        self.streams.insert(req.path.clone(), WStream { meta, tail, producers: HashMap::new(), shared: shared.clone() });
         self.paths_by_id.insert(id, req.path.clone());
+        self.count_streams();
         effects.push(Effect::Insert { path: req.path, shared });
         Ok(CreateOutcome::Created(info))
     }
 
-    /// Validates and stages one append. Takes the request by reference so that a parked request
-    /// can be retried later without copying it on the (single-threaded) hot path.
+    /// Decides one append by [`rules::append`] and stages its effects. Takes the request by
+    /// reference so that a parked request can be retried later without copying it on the
+    /// (single-threaded) hot path.
     fn append(&mut self, req: &AppendRequest, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<AppendOutcome, AppendError> {
         if req.producer.as_ref().is_some_and(|p| p.id.is_empty() || p.id.len() + 8 > MAX_KEY_BYTES) {
             return Err(AppendError::ProducerIdTooLong);
@@ -565,94 +523,36 @@ impl Writer {
         }
         self.drop_if_expired(&req.path, req.now_ms, batch, effects);
         let Some(w) = self.streams.get_mut(&req.path) else { return Err(AppendError::NotFound) };
-        if w.meta.soft_deleted {
-            return Err(AppendError::Gone);
+        if req.stream_id.is_none_or(|id| id == w.meta.id) {
+            // Any request that reaches this stream is an access: it slides the TTL window.
+            w.shared.touch(req.now_ms);
         }
-        w.shared.touch(req.now_ms);
-
-        // 1. Producer verdict first: a retry of an accepted request (even the one that closed the
-        //    stream) must be answered 204, whatever else changed since.
-        if let Some(p) = &req.producer {
-            match producer::validate(w.producers.get(&p.id), p.epoch, p.seq) {
-                Verdict::Accept => {}
-                Verdict::Duplicate { receipt } => {
-                    let last = w.producers.get(&p.id).map_or(p.seq, |s| s.last_seq);
-                    return Ok(AppendOutcome {
-                        status: AppendStatus::Duplicate,
-                        next_offset: receipt.unwrap_or(w.tail),
-                        closed: w.meta.closed,
-                        producer: Some((p.epoch, last)),
-                    });
-                }
-                Verdict::Fenced { current_epoch } => return Err(AppendError::ProducerFenced { current_epoch }),
-                Verdict::NewEpochMustStartAtZero => return Err(AppendError::ProducerEpochSeq),
-                // On a closed stream the closure is the more useful answer: waiting for the
-                // missing predecessors cannot help.
-                Verdict::Gap { .. } if w.meta.closed => return Err(AppendError::Closed { tail: w.tail }),
-                Verdict::Gap { expected, received } => return Err(AppendError::ProducerSeqGap { expected, received }),
-            }
-        }
-        // 2. Closure, before content type and Stream-Seq, so the client learns about it.
-        if w.meta.closed {
-            if req.close && req.data.is_empty() {
-                return Ok(AppendOutcome { status: AppendStatus::AlreadyClosed, next_offset: w.tail, closed: true, producer: None });
-            }
-            return Err(AppendError::Closed { tail: w.tail });
-        }
-        // 3. Content type, when there is a body.
+        let producer = req.producer.as_ref().and_then(|p| w.producers.get(&p.id));
+        let plan = rules::append(&w.meta, w.tail, producer, req)?;
+        let write = match plan {
+            AppendPlan::Answer(outcome) => return Ok(outcome),
+            AppendPlan::Write(write) => write,
+        };
         if !req.data.is_empty() {
-            let ok = req.content_type.as_deref().is_some_and(|ct| content_type::matches(ct, &w.meta.content_type));
-            if !ok {
-                return Err(AppendError::ContentTypeMismatch);
-            }
+            batch.insert(&self.ks.data, keys::data(w.meta.id, write.new_tail.0), req.data.clone());
         }
-        // 4. Stream-Seq, strictly increasing byte-wise.
-        if let (Some(seq), Some(last)) = (&req.stream_seq, &w.meta.stream_seq) {
-            if seq.as_bytes() <= last.as_bytes() {
-                return Err(AppendError::StreamSeqRegression);
-            }
+        let closed_before = w.meta.closed;
+        if write.apply_meta(&mut w.meta, req) {
+            batch.insert(&self.ks.streams, req.path.as_bytes(), stream_meta::encode(&w.meta));
         }
-
-        let new_tail = w.tail.0.checked_add(req.data.len() as u64).filter(|t| *t <= Offset::MAX.0).ok_or(AppendError::OffsetOverflow)?;
-        let data_len = req.data.len();
-        if data_len > 0 {
-            batch.insert(&self.ks.data, keys::data(w.meta.id, new_tail), req.data.clone());
-        }
-        let mut meta_changed = false;
-        if let Some(seq) = &req.stream_seq {
-            w.meta.stream_seq = Some(seq.clone());
-            meta_changed = true;
-        }
-        if req.close {
-            // A retry of the closing request is recognised by the producer verdict (the closing
-            // seq is the producer's last), so closure needs no record of who closed.
-            w.meta.closed = true;
-            meta_changed = true;
-        }
-        if meta_changed {
-            batch.insert(&self.ks.streams, req.path.as_bytes(), w.meta.encode());
-        }
-        let mut echo = None;
         if let Some(p) = &req.producer {
             let state = match w.producers.get_mut(&p.id) {
                 Some(s) => s,
-                None => w.producers.entry(p.id.clone()).or_insert_with(|| ProducerState::new(p.epoch)),
+                None => {
+                    self.counters.producers.fetch_add(1, Ordering::Relaxed);
+                    w.producers.entry(p.id.clone()).or_insert_with(|| ProducerState::new(p.epoch))
+                }
             };
-            state.accept(p.epoch, p.seq, Offset(new_tail));
+            write.apply_producer(state);
             batch.insert(&self.ks.producers, keys::producer(w.meta.id, &p.id), ProducerRecord::encode_state(state));
-            echo = Some((p.epoch, p.seq));
         }
-        w.tail = Offset(new_tail);
+        w.tail = write.new_tail;
         effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });
-        Ok(AppendOutcome { status: AppendStatus::Appended, next_offset: w.tail, closed: w.meta.closed, producer: echo })
-    }
-}
-
-fn info_of(w: &WStream) -> StreamInfo {
-    StreamInfo {
-        id: w.meta.id,
-        config: StreamConfig { content_type: w.meta.content_type.clone(), expiry: w.meta.expiry },
-        tail: w.tail,
-        closed: w.meta.closed,
+        Ok(write.outcome(closed_before))
     }
 }

@@ -1,5 +1,5 @@
-//! Fork scenarios the conformance suite does not reach: restarts, crashes, deletion in the
-//! middle of a chain, and the disk cost of a fork.
+//! Embedded-only fork scenarios: a crash between a fork's creation and its first append, and
+//! the disk cost of a fork. Chains, sub-offsets and cascades are in the engine contract suite.
 
 use bytes::Bytes;
 use oncelog_protocol::Offset;
@@ -23,6 +23,7 @@ fn plain(path: &str, initial: &str) -> CreateRequest {
         fork: None,
         closed: false,
         initial: Bytes::from(initial.to_owned()),
+        json_framed: false,
         now_ms: 0,
     }
 }
@@ -38,6 +39,8 @@ fn fork(path: &str, source: &str, offset: Option<u64>) -> CreateRequest {
 async fn append(e: &EmbeddedEngine, path: &str, data: &str) -> AppendOutcome {
     e.append(AppendRequest {
         path: path.into(),
+        stream_id: None,
+        json_framed: false,
         content_type: Some("text/plain".into()),
         data: Bytes::from(data.to_owned()),
         close: false,
@@ -49,86 +52,6 @@ async fn append(e: &EmbeddedEngine, path: &str, data: &str) -> AppendOutcome {
     .expect("append")
 }
 
-
-/// a ← b ← c, each with data of its own before and after the fork points.
-async fn build_chain(e: &EmbeddedEngine) {
-    e.create(plain("a", "a1-")).await.expect("a");
-    append(e, "a", "a2-").await; // a = "a1-a2-" (6)
-    e.create(fork("b", "a", Some(4))).await.expect("b"); // b inherits "a1-a" (cuts an append)
-    append(e, "a", "a3-").await; // never visible to b or c
-    append(e, "b", "b1-").await; // b = "a1-ab1-" (7)
-    e.create(fork("c", "b", None)).await.expect("c"); // c inherits all of b
-    append(e, "b", "b2-").await;
-    append(e, "c", "c1").await;
-}
-
-#[tokio::test]
-async fn three_deep_fork_chain_reads_the_same_after_a_restart() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let e = open_at(dir.path());
-        build_chain(&e).await;
-        assert_eq!(read_all(&e, "c").await, "a1-ab1-c1");
-        e.shutdown().await.expect("shutdown");
-    }
-    let e = open_at(dir.path());
-    assert_eq!(read_all(&e, "a").await, "a1-a2-a3-");
-    assert_eq!(read_all(&e, "b").await, "a1-ab1-b2-");
-    assert_eq!(read_all(&e, "c").await, "a1-ab1-c1");
-    // Reads starting in the middle of each segment.
-    let mid = e.read("c", Offset(2), 1 << 20, 0).await.expect("read");
-    assert_eq!(&mid.data[..], b"-ab1-c1");
-    let own = e.read("c", Offset(7), 1 << 20, 0).await.expect("read");
-    assert_eq!(&own.data[..], b"c1");
-    // Appends continue after the restart at the recovered tail.
-    assert_eq!(append(&e, "c", "c2").await.next_offset, Offset(11));
-    assert_eq!(read_all(&e, "c").await, "a1-ab1-c1c2");
-}
-
-#[tokio::test]
-async fn deleting_the_middle_of_a_chain_keeps_its_data_for_the_fork_below() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let e = open_at(dir.path());
-    build_chain(&e).await;
-    e.delete("b", 0).await.expect("delete b");
-    assert!(matches!(e.head("b", 0), Err(LookupError::Gone)));
-    assert!(matches!(e.delete("b", 0).await, Err(LookupError::Gone)));
-    assert!(matches!(e.create(plain("b", "")).await, Err(CreateError::PathReserved)));
-    assert!(matches!(e.create(fork("d", "b", None)).await, Err(CreateError::SourceGone)));
-    assert_eq!(read_all(&e, "c").await, "a1-ab1-c1");
-
-    // The soft-deleted middle survives a restart as soft-deleted.
-    e.shutdown().await.expect("shutdown");
-    drop(e);
-    let e = open_at(dir.path());
-    assert!(matches!(e.head("b", 0), Err(LookupError::Gone)));
-    assert_eq!(read_all(&e, "c").await, "a1-ab1-c1");
-
-    // Deleting the last fork collects the soft-deleted middle; the root stays.
-    e.delete("c", 0).await.expect("delete c");
-    assert!(matches!(e.head("b", 0), Err(LookupError::NotFound)));
-    assert_eq!(read_all(&e, "a").await, "a1-a2-a3-");
-    e.create(plain("b", "fresh")).await.expect("path is free again");
-    assert_eq!(read_all(&e, "b").await, "fresh");
-}
-
-#[tokio::test]
-async fn cascade_removes_every_soft_deleted_ancestor_in_one_step() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let e = open_at(dir.path());
-    build_chain(&e).await;
-    e.delete("a", 0).await.expect("soft-delete a");
-    e.delete("b", 0).await.expect("soft-delete b");
-    assert_eq!(read_all(&e, "c").await, "a1-ab1-c1");
-    e.delete("c", 0).await.expect("delete c");
-    for p in ["a", "b", "c"] {
-        assert!(matches!(e.head(p, 0), Err(LookupError::NotFound)), "{p}");
-    }
-    e.shutdown().await.expect("shutdown");
-    drop(e);
-    let e = open_at(dir.path());
-    assert_eq!(e.recovery_report().streams, 0);
-}
 
 #[tokio::test]
 async fn a_crash_between_fork_creation_and_its_first_append_loses_nothing() {
@@ -144,10 +67,10 @@ async fn a_crash_between_fork_creation_and_its_first_append_loses_nothing() {
     copy_dir(dir.path(), copy.path());
     let e = open_at(copy.path());
     assert_eq!(read_all(&e, "f").await, "hello ");
-    assert_eq!(e.head("f", 0).expect("head").tail, Offset(6));
+    assert_eq!(e.head("f", 0).await.expect("head").tail, Offset(6));
     // The source is still referenced by the recovered fork: deleting it soft-deletes it.
     e.delete("src", 0).await.expect("delete src");
-    assert!(matches!(e.head("src", 0), Err(LookupError::Gone)));
+    assert!(matches!(e.head("src", 0).await, Err(LookupError::Gone)));
     assert_eq!(append(&e, "f", "fork").await.next_offset, Offset(10));
     assert_eq!(read_all(&e, "f").await, "hello fork");
 }
@@ -183,6 +106,8 @@ async fn a_fork_of_a_100_mb_stream_costs_metadata_not_data() {
     for _ in 0..100 {
         e.append(AppendRequest {
             path: "big".into(),
+            stream_id: None,
+            json_framed: false,
             content_type: Some("application/octet-stream".into()),
             data: chunk.clone(),
             close: false,

@@ -1,4 +1,5 @@
-//! Persisted record types and key layouts of the embedded engine.
+//! Persisted record types and key layouts of the embedded engine (the only on-disk format;
+//! another engine keeps the same logical state in its own).
 //!
 //! Every value starts with a one-byte tag that names its type *and* version; a decoder refuses a
 //! tag it does not know rather than guessing. Integers are little-endian fixed width inside
@@ -10,9 +11,21 @@
 pub mod keys;
 pub mod producer;
 pub mod stream_meta;
+pub mod sys;
 
 pub use producer::ProducerRecord;
-pub use stream_meta::StreamMeta;
+
+impl From<DecodeError> for oncelog_storage::StorageError {
+    fn from(e: DecodeError) -> Self {
+        oncelog_storage::StorageError::Corrupt(std::sync::Arc::new(e))
+    }
+}
+
+impl From<DecodeError> for oncelog_storage::LookupError {
+    fn from(e: DecodeError) -> Self {
+        oncelog_storage::LookupError::Storage(e.into())
+    }
+}
 
 /// A stored value that cannot be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

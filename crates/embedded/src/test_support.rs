@@ -3,7 +3,7 @@
 use oncelog_protocol::Offset;
 
 use super::EmbeddedEngine;
-use crate::engine::Engine;
+use oncelog_storage::Engine;
 
 /// Copies a data directory, as a crashed process would have left it (the copy has no lock
 /// holder, so it can be reopened while the original engine is still alive).

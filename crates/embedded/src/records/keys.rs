@@ -6,7 +6,7 @@
 //! | `data`      | stream id (u64 BE) ++ end offset (u64 BE) | the append's stored bytes  |
 //! | `producers` | stream id (u64 BE) ++ producer id     | [`super::ProducerRecord`]      |
 //! | `gc`        | stream id (u64 BE)                    | empty: data of a deleted stream still to be removed |
-//! | `sys`       | `next_stream_id`                      | u64 LE                         |
+//! | `sys`       | `next_stream_id`                      | [`super::sys`] (tagged u64)    |
 //!
 //! A data key holds the append's *end* offset, so the append containing offset `o` is the first
 //! key at or after `(id, o + 1)`: one forward range scan serves any read, and the last key of a

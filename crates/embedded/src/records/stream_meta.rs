@@ -1,0 +1,92 @@
+//! The stored form of [`StreamMeta`], a stream's metadata (keyspace `streams`, keyed by path).
+//! The type itself is the engine-neutral one of `oncelog-storage`; only its encoding lives here.
+//!
+//! Layout, tag `0x01`: id u64, created_ms i64, content_type str, expiry kind u8 (0 never, 1 ttl,
+//! 2 at) + value (u64 seconds or i64 ms; absent for 0), closed u8, stream_seq flag u8 + str,
+//! fork flag u8 + (source id u64, fork point u64), soft_deleted u8.
+//!
+//! A fork records only its *direct* source and the position where it diverges; the whole chain
+//! of ancestors is derived on recovery, and so are reference counts (the number of streams whose
+//! `fork` names an id), so neither can drift from the records that define them.
+//!
+//! The tail is *not* stored: it is the end offset of the stream's last data key, so it can never
+//! disagree with the data. Rewritten only when a field changes (create, close, `Stream-Seq`).
+
+use oncelog_protocol::headers::Expiry;
+use oncelog_storage::{ForkOf, StreamMeta};
+
+use super::{DecodeError, Decoder, Encoder};
+
+const TAG_V1: u8 = 0x01;
+
+/// Encodes `meta` as a tagged record.
+pub fn encode(meta: &StreamMeta) -> Vec<u8> {
+    let mut e = Encoder(Vec::with_capacity(64 + meta.content_type.len()));
+    e.u8(TAG_V1).u64(meta.id).i64(meta.created_ms).str(&meta.content_type);
+    match meta.expiry {
+        Expiry::Never => e.u8(0),
+        Expiry::Ttl(s) => e.u8(1).u64(s),
+        Expiry::At(ms) => e.u8(2).i64(ms),
+    };
+    e.u8(u8::from(meta.closed));
+    match &meta.stream_seq {
+        None => e.u8(0),
+        Some(s) => e.u8(1).str(s),
+    };
+    match meta.fork {
+        None => e.u8(0),
+        Some(f) => e.u8(1).u64(f.source_id).u64(f.fork_point),
+    };
+    e.u8(u8::from(meta.soft_deleted));
+    e.0
+}
+
+/// Decodes a record written by [`encode`].
+pub fn decode(bytes: &[u8]) -> Result<StreamMeta, DecodeError> {
+    let mut d = Decoder(bytes);
+    d.tag(TAG_V1)?;
+    let id = d.u64()?;
+    let created_ms = d.i64()?;
+    let content_type = d.string()?;
+    let expiry = match d.u8()? {
+        0 => Expiry::Never,
+        1 => Expiry::Ttl(d.u64()?),
+        2 => Expiry::At(d.i64()?),
+        _ => return Err(DecodeError::InvalidValue),
+    };
+    let closed = d.bool()?;
+    let stream_seq = if d.bool()? { Some(d.string()?) } else { None };
+    let fork = if d.bool()? { Some(ForkOf { source_id: d.u64()?, fork_point: d.u64()? }) } else { None };
+    let soft_deleted = d.bool()?;
+    d.finish()?;
+    Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn expiry() -> impl Strategy<Value = Expiry> {
+        prop_oneof![Just(Expiry::Never), any::<u64>().prop_map(Expiry::Ttl), any::<i64>().prop_map(Expiry::At)]
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(
+            id: u64, created_ms: i64, content_type in "\\PC{0,40}", expiry in expiry(), closed: bool,
+            stream_seq in proptest::option::of("\\PC{0,20}"),
+            fork in proptest::option::of((any::<u64>(), any::<u64>())),
+            soft_deleted: bool,
+        ) {
+            let fork = fork.map(|(source_id, fork_point)| ForkOf { source_id, fork_point });
+            let m = StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted };
+            prop_assert_eq!(decode(&encode(&m)), Ok(m));
+        }
+
+        #[test]
+        fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..96)) {
+            let _ = decode(&bytes);
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Scenario tests of the embedded engine against a real data directory.
+
+use bytes::Bytes;
+use oncelog_protocol::headers::ProducerHeaders;
+use oncelog_protocol::Offset;
+
+use super::test_support::copy_dir;
+use super::*;
+
+async fn read_all(e: &EmbeddedEngine, path: &str) -> Vec<u8> {
+    super::test_support::read_all(e, path, 7).await
+}
+
+fn open(dir: &std::path::Path) -> EmbeddedEngine {
+    EmbeddedEngine::open(EmbeddedOptions::new(dir)).expect("open engine")
+}
+
+fn create_req(path: &str, ct: &str) -> CreateRequest {
+    CreateRequest {
+        path: path.into(),
+        content_type: Some(ct.into()),
+        expiry: None,
+        fork: None,
+        closed: false,
+        initial: Bytes::new(),
+        json_framed: false,
+        now_ms: 0,
+    }
+}
+
+async fn create(e: &EmbeddedEngine, path: &str) -> StreamInfo {
+    match e.create(create_req(path, "text/plain")).await.expect("create") {
+        CreateOutcome::Created(i) | CreateOutcome::Existing(i) => i,
+    }
+}
+
+fn append_req(path: &str, data: &str, producer: Option<(&str, u64, u64)>) -> AppendRequest {
+    AppendRequest {
+        path: path.into(),
+        stream_id: None,
+        json_framed: false,
+        content_type: Some("text/plain".into()),
+        data: Bytes::from(data.to_owned()),
+        close: false,
+        stream_seq: None,
+        producer: producer.map(|(id, epoch, seq)| ProducerHeaders { id: id.into(), epoch, seq }),
+        now_ms: 0,
+    }
+}
+
+
+#[tokio::test]
+async fn crash_without_shutdown_keeps_acknowledged_appends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let e = open(dir.path());
+        create(&e, "s").await;
+        for i in 0..50u64 {
+            e.append(append_req("s", "x", Some(("p", 0, i)))).await.expect("append");
+        }
+        // Dropped without shutdown: only what fsync made durable may be relied on.
+        std::mem::forget(e);
+    }
+    // The forgotten engine still holds the directory lock, so reopen a copy of the directory as
+    // a crashed process would have left it.
+    let copy = tempfile::tempdir().expect("tempdir");
+    copy_dir(dir.path(), copy.path());
+    let e = open(copy.path());
+    assert_eq!(e.head("s", 0).await.expect("head").tail, Offset(50));
+    let dup = e.append(append_req("s", "x", Some(("p", 0, 49)))).await.expect("dup");
+    assert_eq!(dup.status, AppendStatus::Duplicate);
+}
+
+
+#[tokio::test]
+async fn torn_journal_tail_is_truncated_on_recovery() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let e = open(dir.path());
+        create(&e, "s").await;
+        for i in 0..20u64 {
+            e.append(append_req("s", &format!("r{i:03}"), None)).await.expect("append");
+        }
+        std::mem::forget(e);
+    }
+    let copy = tempfile::tempdir().expect("tempdir");
+    copy_dir(dir.path(), copy.path());
+    // Tear the last journal entry: flip bytes just before the end of the written region.
+    let jnl = std::fs::read_dir(copy.path())
+        .expect("read_dir")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|x| x == "jnl"))
+        .expect("a journal file");
+    let mut bytes = std::fs::read(&jnl).expect("read journal");
+    let end = bytes.iter().rposition(|b| *b != 0).expect("journal has data");
+    for b in &mut bytes[end.saturating_sub(6)..=end] {
+        *b ^= 0xA5;
+    }
+    std::fs::write(&jnl, &bytes).expect("write journal");
+
+    let e = open(copy.path());
+    let data = read_all(&e, "s").await;
+    // Recovery drops the torn last batch and keeps every whole one before it, in order.
+    assert_eq!(data.len(), 19 * 4, "only the torn last append is lost");
+    for (i, rec) in data.chunks(4).enumerate() {
+        assert_eq!(rec, format!("r{i:03}").as_bytes());
+    }
+    assert_eq!(e.head("s", 0).await.expect("head").tail, Offset(data.len() as u64));
+}
+
+#[tokio::test]
+async fn concurrent_appends_share_group_commits_and_all_land() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = open(dir.path());
+    for s in 0..4 {
+        create(&e, &format!("s{s}")).await;
+    }
+    let mut tasks = Vec::new();
+    for p in 0..32u64 {
+        let e = e.clone();
+        tasks.push(tokio::spawn(async move {
+            let path = format!("s{}", p % 4);
+            for seq in 0..20u64 {
+                let r = e.append(append_req(&path, "0123456789", Some((&format!("p{p}"), 0, seq)))).await.expect("append");
+                assert_eq!(r.status, AppendStatus::Appended);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    for s in 0..4 {
+        assert_eq!(e.head(&format!("s{s}"), 0).await.expect("head").tail, Offset(8 * 20 * 10));
+    }
+}
+
+#[tokio::test]
+async fn a_failed_sync_stops_all_later_writes_but_not_reads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let opts = EmbeddedOptions::new(dir.path());
+    let failpoints = opts.failpoints.clone();
+    let e = EmbeddedEngine::open(opts).expect("open");
+    create(&e, "s").await;
+    e.append(append_req("s", "ok", None)).await.expect("append before the failure");
+
+    failpoints.fail_sync(true);
+    let failed = e.append(append_req("s", "lost", None)).await;
+    assert!(matches!(failed, Err(AppendError::Storage(StorageError::Backend(_)))), "{failed:?}");
+    // The disk "recovers", but the writer does not pretend: fail-stop until restart.
+    failpoints.fail_sync(false);
+    let later = e.append(append_req("s", "later", None)).await;
+    assert!(matches!(later, Err(AppendError::Storage(StorageError::Poisoned))), "{later:?}");
+    let create_later = e
+        .create(create_req("t", "text/plain"))
+        .await;
+    assert!(matches!(create_later, Err(CreateError::Storage(StorageError::Poisoned))));
+    // Readers still see exactly the acknowledged data; the failed append was never published.
+    assert_eq!(read_all(&e, "s").await, b"ok");
+    assert_eq!(e.head("s", 0).await.expect("head").tail, Offset(2));
+}
+
+#[tokio::test]
+async fn keys_too_long_to_store_are_refused_without_harming_the_writer() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = open(dir.path());
+    create(&e, "s").await;
+    let long_id = "i".repeat(70_000);
+    let r = e.append(append_req("s", "x", Some((&long_id, 0, 0)))).await;
+    assert!(matches!(r, Err(AppendError::ProducerIdTooLong)), "{r:?}");
+    let r = e.create(create_req(&"p".repeat(70_000), "text/plain")).await;
+    assert!(matches!(r, Err(CreateError::InvalidPath)), "{r:?}");
+    let r = e.create(create_req("", "text/plain")).await;
+    assert!(matches!(r, Err(CreateError::InvalidPath)), "{r:?}");
+    assert_eq!(e.append(append_req("s", "ok", None)).await.expect("writer alive").next_offset, Offset(2));
+}

@@ -1,0 +1,171 @@
+//! Reads, expiry, live waits, persistence across reopen, readiness.
+
+use std::time::{Duration, Instant};
+
+use oncelog_protocol::headers::Expiry;
+use oncelog_protocol::Offset;
+
+use super::*;
+
+pub async fn reads_page_through_whole_appends<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("s", "text/plain")).await;
+    for w in ["alpha", "beta", "gamma", "delta"] {
+        append(e, append_req("s", w)).await;
+    }
+    // A small page still returns at least one whole append, and never splits one.
+    let c = e.read("s", Offset::ZERO, 1, 0).await.expect("read");
+    assert_eq!((&c.data[..], c.next, c.up_to_date()), (&b"alpha"[..], Offset(5), false));
+    let c = e.read("s", Offset(5), 6, 0).await.expect("read");
+    assert!(c.data.starts_with(b"beta") && c.next.0 == 5 + c.data.len() as u64);
+    // From inside an append: its remainder, then whole appends.
+    let c = e.read("s", Offset(2), 1 << 20, 0).await.expect("read");
+    assert_eq!((&c.data[..], c.next, c.up_to_date()), (&b"phabetagammadelta"[..], Offset(19), true));
+    // At the tail: empty and up to date.
+    let c = e.read("s", Offset(19), 1 << 20, 0).await.expect("read");
+    assert!(c.data.is_empty() && c.up_to_date() && c.next == Offset(19));
+    assert_eq!(read_all(e, "s", 7).await, "alphabetagammadelta");
+    assert!(matches!(e.read("nope", Offset::ZERO, 10, 0).await, Err(LookupError::NotFound)));
+}
+
+pub async fn ttl_and_absolute_expiry<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    let t0 = 1_000_000;
+    create(e, CreateRequest { expiry: Some(Expiry::Ttl(10)), now_ms: t0, ..create_req("ttl", "text/plain") }).await;
+    create(e, CreateRequest { expiry: Some(Expiry::At(t0 + 5_000)), now_ms: t0, ..create_req("at", "text/plain") }).await;
+    create(e, CreateRequest { now_ms: t0, ..create_req("forever", "text/plain") }).await;
+    // A read slides the TTL window; head does not.
+    e.read("ttl", Offset::ZERO, 10, t0 + 8_000).await.expect("read");
+    e.head("ttl", t0 + 17_000).await.expect("still there: last access at +8 s");
+    assert!(matches!(e.head("at", t0 + 5_000).await, Err(LookupError::NotFound)));
+    // An append slides it too.
+    let mut a = append_req("ttl", "x");
+    a.now_ms = t0 + 17_500;
+    append(e, a).await;
+    e.head("ttl", t0 + 27_499).await.expect("last access at +17.5 s");
+    assert!(matches!(e.head("ttl", t0 + 27_500).await, Err(LookupError::NotFound)));
+    assert!(matches!(e.read("ttl", Offset::ZERO, 10, t0 + 27_500).await, Err(LookupError::NotFound)));
+    // The sweep removes what expired; the path can be created afresh.
+    let n = e.expire(t0 + 30_000).await.expect("expire");
+    assert_eq!(n, 2, "ttl and at expired, forever did not");
+    e.head("forever", t0 + 30_000).await.expect("never expires");
+    let again = e.create(CreateRequest { now_ms: t0 + 30_000, ..create_req("ttl", "text/html") }).await;
+    assert!(matches!(again, Ok(CreateOutcome::Created(_))));
+    // An expired stream with forks is gone (410) for its own path while its fork reads on.
+    create(e, CreateRequest { expiry: Some(Expiry::At(t0 + 40_000)), now_ms: t0, ..create_req("src", "text/plain") }).await;
+    append(e, AppendRequest { now_ms: t0, ..append_req("src", "abc") }).await;
+    create(e, CreateRequest { expiry: Some(Expiry::Never), now_ms: t0, ..fork_req("f", "src", None, 0) }).await;
+    assert!(matches!(e.head("src", t0 + 40_000).await, Err(LookupError::Gone)));
+    e.expire(t0 + 40_000).await.expect("expire");
+    assert!(matches!(e.head("src", t0 + 40_001).await, Err(LookupError::Gone)));
+    let r = e.read("f", Offset::ZERO, 1 << 20, t0 + 40_001).await.expect("fork reads on");
+    assert_eq!(&r.data[..], b"abc");
+}
+
+pub async fn live_waits_wake_on_append_closure_and_delete<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("s", "text/plain")).await;
+    // Nothing happens: times out with the current state.
+    let w = e.wait("s", Offset::ZERO, Duration::from_millis(50), 0).await.expect("wait");
+    assert!(matches!(w, WaitOutcome::TimedOut(ref i) if i.tail == Offset::ZERO), "{w:?}");
+    // An append wakes a waiter at once, with the new tail.
+    let started = Instant::now();
+    let (w, _) = tokio::join!(e.wait("s", Offset::ZERO, Duration::from_secs(5), 0), async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        append(e, append_req("s", "abc")).await
+    });
+    assert!(matches!(w, Ok(WaitOutcome::Changed(ref i)) if i.tail == Offset(3)), "{w:?}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // Already past: returns at once.
+    assert!(matches!(e.wait("s", Offset(1), Duration::from_secs(5), 0).await, Ok(WaitOutcome::Changed(_))));
+    // Closure wakes it.
+    let (w, _) = tokio::join!(e.wait("s", Offset(3), Duration::from_secs(5), 0), async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        append(e, close_req("s")).await
+    });
+    assert!(matches!(w, Ok(WaitOutcome::Changed(ref i)) if i.closed && i.tail == Offset(3)), "{w:?}");
+    // Deletion ends it with not-found.
+    create(e, create_req("d", "text/plain")).await;
+    let (w, _) = tokio::join!(e.wait("d", Offset::ZERO, Duration::from_secs(5), 0), async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        e.delete("d", 0).await
+    });
+    assert!(matches!(w, Err(LookupError::NotFound)), "{w:?}");
+    assert!(matches!(e.wait("nope", Offset::ZERO, Duration::from_millis(10), 0).await, Err(LookupError::NotFound)));
+}
+
+pub async fn state_survives_reopen<H: Harness>() {
+    let mut h = H::open().await;
+    {
+        let e = h.engine();
+        create(e, CreateRequest { expiry: Some(Expiry::Ttl(3600)), ..create_req("s", "text/plain; charset=utf-8") }).await;
+        append(e, produce("s", "one", "p", 3, 0)).await;
+        append(e, AppendRequest { stream_seq: Some("m".into()), ..produce("s", "two", "p", 3, 1) }).await;
+        create(e, create_req("c", "application/json")).await;
+        let j = AppendRequest {
+            content_type: Some("application/json".into()),
+            data: json_framed(&["1"]),
+            json_framed: true,
+            close: true,
+            ..append_req("c", "")
+        };
+        append(e, j).await;
+    }
+    h.reopen().await;
+    let e = h.engine();
+    let s = e.head("s", 0).await.expect("head");
+    assert_eq!((s.tail, s.closed, s.config.content_type.as_str(), s.config.expiry), (Offset(6), false, "text/plain; charset=utf-8", Expiry::Ttl(3600)));
+    assert_eq!(read_all(e, "s", 2).await, "onetwo");
+    let dup = append(e, produce("s", "two", "p", 3, 1)).await;
+    assert_eq!((dup.status, dup.next_offset), (AppendStatus::Duplicate, Offset(6)));
+    assert!(matches!(e.append(produce("s", "x", "p", 2, 0)).await, Err(AppendError::ProducerFenced { current_epoch: 3 })));
+    let stale_seq = AppendRequest { stream_seq: Some("a".into()), ..append_req("s", "x") };
+    assert!(matches!(e.append(stale_seq).await, Err(AppendError::StreamSeqRegression)));
+    let c = e.head("c", 0).await.expect("head");
+    assert!(c.closed && c.tail == Offset(2));
+}
+
+pub async fn deleted_paths_start_fresh_with_new_ids<H: Harness>() {
+    let mut h = H::open().await;
+    let first = create(h.engine(), create_req("s", "text/plain")).await;
+    append(h.engine(), produce("s", "abc", "p", 0, 0)).await;
+    h.engine().delete("s", 0).await.expect("delete");
+    assert!(matches!(h.engine().head("s", 0).await, Err(LookupError::NotFound)));
+    assert!(matches!(h.engine().delete("s", 0).await, Err(LookupError::NotFound)));
+    h.reopen().await;
+    let e = h.engine();
+    let second = create(e, create_req("s", "application/json")).await;
+    assert!(second.id > first.id, "ids are never reused, even across a restart");
+    assert_eq!(second.tail, Offset::ZERO);
+    // No data and no producer state from the old incarnation.
+    assert_eq!(read_all(e, "s", 8).await, "");
+    let j = AppendRequest {
+        content_type: Some("application/json".into()),
+        data: json_framed(&["1"]),
+        json_framed: true,
+        ..produce("s", "", "p", 0, 0)
+    };
+    assert_eq!(append(e, j).await.status, AppendStatus::Appended);
+}
+
+pub async fn readiness_and_stats<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    assert_eq!(e.readiness(), Readiness::Ready);
+    assert_eq!(e.stats(), EngineStats { streams: 0, producers: 0 });
+    create(e, create_req("a", "text/plain")).await;
+    create(e, create_req("b", "text/plain")).await;
+    append(e, produce("a", "x", "p", 0, 0)).await;
+    append(e, produce("a", "x", "q", 0, 0)).await;
+    append(e, produce("b", "x", "p", 0, 0)).await;
+    append(e, produce("b", "y", "p", 0, 1)).await;
+    assert_eq!(e.stats(), EngineStats { streams: 2, producers: 3 });
+    e.delete("a", 0).await.expect("delete");
+    assert_eq!(e.stats(), EngineStats { streams: 1, producers: 1 });
+    e.shutdown().await.expect("shutdown");
+    assert!(matches!(e.readiness(), Readiness::NotReady { .. }));
+    assert!(matches!(e.append(append_req("b", "z")).await, Err(AppendError::Storage(StorageError::ShuttingDown))));
+}

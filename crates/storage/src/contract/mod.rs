@@ -1,0 +1,157 @@
+//! The engine contract suite: everything the HTTP layer relies on from an [`Engine`], as
+//! scenario functions generic over a [`Harness`]. Every engine runs all of them with one line:
+//!
+//! ```ignore
+//! oncelog_storage::engine_contract_tests!(MyHarness);
+//! ```
+//!
+//! A behaviour that is not in this suite is not part of the contract. Cases are grouped by
+//! topic: [`writes`] (create and append verdicts, precedence, receipts, parking, closure,
+//! `Stream-Seq`, incarnations and framing), [`forks`] (chains, sub-offsets, soft delete and
+//! cascade), [`lifecycle`] (reads, expiry, live waits, persistence across reopen, readiness).
+
+use std::future::Future;
+
+use bytes::Bytes;
+use oncelog_protocol::headers::ProducerHeaders;
+use oncelog_protocol::Offset;
+
+use crate::engine::*;
+
+pub mod forks;
+pub mod lifecycle;
+pub mod writes;
+
+/// How the suite gets engines: fresh ones on empty storage, and the same storage reopened.
+pub trait Harness: Sized + Send + Sync + 'static {
+    type Engine: Engine;
+
+    /// A fresh engine on fresh, empty storage.
+    fn open() -> impl Future<Output = Self> + Send;
+
+    fn engine(&self) -> &Self::Engine;
+
+    /// Shuts the engine down cleanly and opens a new one on the same storage.
+    fn reopen(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+/// Runs one case on its own multi-threaded runtime (live waits and parking need real time).
+pub fn run<F: Future<Output = ()>>(case: impl FnOnce() -> F) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("test runtime");
+    rt.block_on(case());
+}
+
+/// Expands to one `#[test]` per contract case for the harness type given.
+#[macro_export]
+macro_rules! engine_contract_tests {
+    ($harness:ty) => {
+        $crate::engine_contract_tests!(@cases $harness;
+            writes::create_verdicts,
+            writes::append_precedence,
+            writes::duplicates_answer_with_their_original_offset,
+            writes::out_of_order_producer_appends_wait_for_their_predecessors,
+            writes::a_real_gap_is_answered_after_the_park_timeout,
+            writes::closure,
+            writes::stream_seq_must_increase,
+            writes::appends_validated_against_a_replaced_stream_are_refused,
+            writes::framing_must_match_the_stream_type,
+            forks::fork_chains_read_through_their_ancestors,
+            forks::fork_sub_offsets_count_bytes_or_messages,
+            forks::fork_verdicts,
+            forks::soft_delete_keeps_data_for_forks_and_cascades,
+            lifecycle::reads_page_through_whole_appends,
+            lifecycle::ttl_and_absolute_expiry,
+            lifecycle::live_waits_wake_on_append_closure_and_delete,
+            lifecycle::state_survives_reopen,
+            lifecycle::deleted_paths_start_fresh_with_new_ids,
+            lifecycle::readiness_and_stats
+        );
+    };
+    (@cases $harness:ty; $($group:ident :: $case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::contract::run(|| $crate::contract::$group::$case::<$harness>());
+            }
+        )*
+    };
+}
+
+// --- request builders shared by the cases ---
+
+pub(crate) fn create_req(path: &str, ct: &str) -> CreateRequest {
+    CreateRequest {
+        path: path.into(),
+        content_type: Some(ct.into()),
+        expiry: None,
+        fork: None,
+        closed: false,
+        initial: Bytes::new(),
+        json_framed: false,
+        now_ms: 0,
+    }
+}
+
+pub(crate) fn fork_req(path: &str, source: &str, offset: Option<u64>, sub_offset: u64) -> CreateRequest {
+    CreateRequest {
+        content_type: None,
+        fork: Some(ForkRequest { source: source.into(), offset: offset.map(Offset), sub_offset }),
+        ..create_req(path, "")
+    }
+}
+
+pub(crate) fn append_req(path: &str, data: &str) -> AppendRequest {
+    AppendRequest {
+        path: path.into(),
+        stream_id: None,
+        json_framed: false,
+        content_type: Some("text/plain".into()),
+        data: Bytes::from(data.to_owned()),
+        close: false,
+        stream_seq: None,
+        producer: None,
+        now_ms: 0,
+    }
+}
+
+pub(crate) fn produce(path: &str, data: &str, id: &str, epoch: u64, seq: u64) -> AppendRequest {
+    AppendRequest { producer: Some(ProducerHeaders { id: id.into(), epoch, seq }), ..append_req(path, data) }
+}
+
+pub(crate) fn close_req(path: &str) -> AppendRequest {
+    AppendRequest { close: true, data: Bytes::new(), content_type: None, ..append_req(path, "") }
+}
+
+pub(crate) async fn create<E: Engine>(e: &E, req: CreateRequest) -> StreamInfo {
+    match e.create(req).await.expect("create") {
+        CreateOutcome::Created(i) | CreateOutcome::Existing(i) => i,
+    }
+}
+
+pub(crate) async fn append<E: Engine>(e: &E, req: AppendRequest) -> AppendOutcome {
+    e.append(req).await.expect("append")
+}
+
+/// A whole stream read in `page`-byte pages, so paging and segment boundaries are exercised.
+pub(crate) async fn read_all<E: Engine>(e: &E, path: &str, page: usize) -> String {
+    let mut out = Vec::new();
+    let mut at = Offset::ZERO;
+    loop {
+        let c = e.read(path, at, page, 0).await.expect("read");
+        assert!(c.next >= at, "reads never go backwards");
+        out.extend_from_slice(&c.data);
+        at = c.next;
+        if c.up_to_date() {
+            return String::from_utf8(out).expect("utf-8 test data");
+        }
+    }
+}
+
+/// The stored form of JSON messages (what a caller frames with `json::encode_body`).
+pub(crate) fn json_framed(values: &[&str]) -> Bytes {
+    Bytes::from(values.iter().map(|v| format!("{v},")).collect::<String>())
+}

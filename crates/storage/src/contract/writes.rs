@@ -1,0 +1,217 @@
+//! Create and append verdicts: precedence, receipts, parking, closure, `Stream-Seq`,
+//! incarnations and framing.
+
+use std::time::{Duration, Instant};
+
+use oncelog_protocol::headers::Expiry;
+use oncelog_protocol::Offset;
+
+use super::*;
+use crate::rules::PARK_TIMEOUT;
+
+pub async fn create_verdicts<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    let mut req = create_req("s", "text/plain");
+    req.initial = Bytes::from_static(b"hello");
+    let CreateOutcome::Created(info) = e.create(req.clone()).await.expect("create") else { panic!("201 expected") };
+    assert_eq!((info.tail, info.closed, info.config.content_type.as_str()), (Offset(5), false, "text/plain"));
+    // Identical again (the media type's parameters do not count): 200, the body is not appended.
+    req.content_type = Some("text/plain; charset=utf-8".into());
+    let again = e.create(req.clone()).await.expect("re-create");
+    assert!(matches!(again, CreateOutcome::Existing(ref i) if i.tail == Offset(5) && i.id == info.id), "{again:?}");
+    // Any difference in type, expiry or closure: 409.
+    for (ct, expiry, closed) in [("text/html", None, false), ("text/plain", Some(Expiry::Ttl(60)), false), ("text/plain", None, true)] {
+        let r = CreateRequest { content_type: Some(ct.into()), expiry, closed, ..create_req("s", "") };
+        assert!(matches!(e.create(r).await, Err(CreateError::ConfigMismatch)), "{ct} {expiry:?} {closed}");
+    }
+    // No content type: the default.
+    let d = create(e, CreateRequest { content_type: None, ..create_req("d", "") }).await;
+    assert_eq!(d.config.content_type, oncelog_protocol::content_type::DEFAULT);
+    // Created closed: appends are refused, reads see the closure.
+    let c = create(e, CreateRequest { closed: true, ..create_req("c", "text/plain") }).await;
+    assert!(c.closed);
+    assert!(matches!(e.append(append_req("c", "x")).await, Err(AppendError::Closed { tail: Offset(0) })));
+    assert!(matches!(e.head("nope", 0).await, Err(LookupError::NotFound)));
+}
+
+pub async fn append_precedence<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    assert!(matches!(e.append(append_req("missing", "x")).await, Err(AppendError::NotFound)));
+    create(e, create_req("s", "text/plain")).await;
+    assert!(matches!(e.append(append_req("s", "")).await, Err(AppendError::Empty)));
+    append(e, produce("s", "a", "p", 1, 0)).await;
+    // Fenced and epoch rules.
+    assert!(matches!(e.append(produce("s", "z", "p", 0, 1)).await, Err(AppendError::ProducerFenced { current_epoch: 1 })));
+    let bump = e.append(produce("s", "z", "p", 2, 70)).await;
+    assert!(matches!(bump, Err(AppendError::ProducerEpochSeq)), "{bump:?}");
+    // Content type beats Stream-Seq; Stream-Seq is checked once the type is right.
+    append(e, AppendRequest { stream_seq: Some("5".into()), ..append_req("s", "b") }).await;
+    let r = AppendRequest { stream_seq: Some("1".into()), content_type: Some("text/html".into()), ..append_req("s", "c") };
+    assert!(matches!(e.append(r).await, Err(AppendError::ContentTypeMismatch)));
+    let r = AppendRequest { stream_seq: Some("1".into()), ..append_req("s", "c") };
+    assert!(matches!(e.append(r).await, Err(AppendError::StreamSeqRegression)));
+    // The producer closes the stream with its seq 1.
+    let closing = AppendRequest { close: true, ..produce("s", "c", "p", 1, 1) };
+    let out = append(e, closing.clone()).await;
+    assert_eq!((out.status, out.next_offset, out.closed, out.producer), (AppendStatus::Appended, Offset(3), true, Some((1, 1))));
+    // A retry of the closing request is a duplicate, not a closed-stream error.
+    let dup = append(e, closing).await;
+    assert_eq!((dup.status, dup.next_offset, dup.closed), (AppendStatus::Duplicate, Offset(3), true));
+    // Closure beats content type; a gap on a closed stream is answered with the closure.
+    let r = AppendRequest { content_type: Some("text/html".into()), ..append_req("s", "d") };
+    assert!(matches!(e.append(r).await, Err(AppendError::Closed { tail: Offset(3) })));
+    assert!(matches!(e.append(produce("s", "d", "p", 1, 5)).await, Err(AppendError::Closed { tail: Offset(3) })));
+    // Fencing still beats closure.
+    assert!(matches!(e.append(produce("s", "d", "p", 0, 0)).await, Err(AppendError::ProducerFenced { .. })));
+    // A close-only request on a closed stream succeeds without writing.
+    let again = append(e, close_req("s")).await;
+    assert_eq!((again.status, again.next_offset, again.closed), (AppendStatus::AlreadyClosed, Offset(3), true));
+    assert_eq!(read_all(e, "s", 1 << 20).await, "abc");
+}
+
+pub async fn duplicates_answer_with_their_original_offset<H: Harness>() {
+    let mut h = H::open().await;
+    create(h.engine(), create_req("s", "text/plain")).await;
+    for seq in 0..40u64 {
+        let out = append(h.engine(), produce("s", "xy", "p", 0, seq)).await;
+        assert_eq!(out.next_offset, Offset(2 * (seq + 1)));
+    }
+    h.reopen().await;
+    let e = h.engine();
+    // Inside the receipt window: where the original landed; the echo is the highest seq.
+    let dup = append(e, produce("s", "xy", "p", 0, 30)).await;
+    assert_eq!((dup.status, dup.next_offset, dup.producer), (AppendStatus::Duplicate, Offset(62), Some((0, 39))));
+    // Older than the window: still a duplicate (nothing written), answered with the tail.
+    let old = append(e, produce("s", "xy", "p", 0, 1)).await;
+    assert_eq!((old.status, old.next_offset), (AppendStatus::Duplicate, Offset(80)));
+    assert_eq!(e.head("s", 0).await.expect("head").tail, Offset(80));
+    // Producers are per stream: the same id elsewhere starts fresh.
+    create(e, create_req("t", "text/plain")).await;
+    let fresh = e.append(produce("t", "q", "p", 0, 3)).await;
+    assert!(matches!(fresh, Err(AppendError::ProducerSeqGap { expected: 0, received: 3 })), "{fresh:?}");
+}
+
+pub async fn out_of_order_producer_appends_wait_for_their_predecessors<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("s", "text/plain")).await;
+    // seq 1 and 2 arrive before seq 0: they wait, then land in order.
+    let (r2, r1, r0) = tokio::join!(
+        e.append(produce("s", "c", "p", 0, 2)),
+        async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            e.append(produce("s", "b", "p", 0, 1)).await
+        },
+        async {
+            tokio::time::sleep(Duration::from_millis(40)).await;
+            e.append(produce("s", "a", "p", 0, 0)).await
+        },
+    );
+    let offsets: Vec<Offset> = [r0, r1, r2].into_iter().map(|r| r.expect("accepted").next_offset).collect();
+    assert_eq!(offsets, vec![Offset(1), Offset(2), Offset(3)]);
+    assert_eq!(read_all(e, "s", 1 << 20).await, "abc");
+    // Right after an epoch bump, the new epoch's seq 1 may overtake its seq 0.
+    let (b1, b0) = tokio::join!(e.append(produce("s", "e", "p", 1, 1)), async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        e.append(produce("s", "d", "p", 1, 0)).await
+    });
+    assert_eq!((b0.expect("seq 0").next_offset, b1.expect("seq 1").next_offset), (Offset(4), Offset(5)));
+    assert_eq!(read_all(e, "s", 1 << 20).await, "abcde");
+}
+
+pub async fn a_real_gap_is_answered_after_the_park_timeout<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("s", "text/plain")).await;
+    append(e, produce("s", "a", "p", 0, 0)).await;
+    let started = Instant::now();
+    let r = e.append(produce("s", "c", "p", 0, 2)).await;
+    assert!(matches!(r, Err(AppendError::ProducerSeqGap { expected: 1, received: 2 })), "{r:?}");
+    assert!(started.elapsed() >= PARK_TIMEOUT - Duration::from_millis(5), "answered after {:?}", started.elapsed());
+    // Far ahead: answered at once, never parked.
+    let started = Instant::now();
+    let r = e.append(produce("s", "z", "p", 0, 1000)).await;
+    assert!(matches!(r, Err(AppendError::ProducerSeqGap { expected: 1, received: 1000 })), "{r:?}");
+    assert!(started.elapsed() < PARK_TIMEOUT, "not parked");
+    assert_eq!(read_all(e, "s", 1 << 20).await, "a");
+}
+
+pub async fn closure<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("s", "text/plain")).await;
+    append(e, append_req("s", "ab")).await;
+    // Append and close in one request.
+    let out = append(e, AppendRequest { close: true, ..append_req("s", "cd") }).await;
+    assert_eq!((out.status, out.next_offset, out.closed), (AppendStatus::Appended, Offset(4), true));
+    let info = e.head("s", 0).await.expect("head");
+    assert!(info.closed && info.tail == Offset(4));
+    let c = e.read("s", Offset(4), 1 << 20, 0).await.expect("read at tail");
+    assert!(c.info.closed && c.up_to_date() && c.data.is_empty());
+    assert!(matches!(e.append(append_req("s", "x")).await, Err(AppendError::Closed { tail: Offset(4) })));
+    // Close-only on an open stream writes the closure alone.
+    create(e, create_req("t", "text/plain")).await;
+    let out = append(e, close_req("t")).await;
+    assert_eq!((out.status, out.next_offset, out.closed), (AppendStatus::Appended, Offset(0), true));
+}
+
+pub async fn stream_seq_must_increase<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("s", "text/plain")).await;
+    let seq = |s: &str, d: &str| AppendRequest { stream_seq: Some(s.into()), ..append_req("s", d) };
+    append(e, seq("b", "1")).await;
+    // Compared byte-wise: "b" < "ba" < "c".
+    assert!(matches!(e.append(seq("b", "2")).await, Err(AppendError::StreamSeqRegression)));
+    assert!(matches!(e.append(seq("a", "2")).await, Err(AppendError::StreamSeqRegression)));
+    append(e, seq("ba", "2")).await;
+    // An append without Stream-Seq does not reset it.
+    append(e, append_req("s", "3")).await;
+    assert!(matches!(e.append(seq("ba", "4")).await, Err(AppendError::StreamSeqRegression)));
+    append(e, seq("c", "4")).await;
+    assert_eq!(read_all(e, "s", 1 << 20).await, "1234");
+}
+
+pub async fn appends_validated_against_a_replaced_stream_are_refused<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    let old = create(e, create_req("s", "text/plain")).await;
+    e.delete("s", 0).await.expect("delete");
+    let new = create(e, create_req("s", "text/plain")).await;
+    assert_ne!(old.id, new.id, "a re-created path is a new incarnation");
+    let stale = AppendRequest { stream_id: Some(old.id), ..append_req("s", "x") };
+    assert!(matches!(e.append(stale).await, Err(AppendError::StreamChanged)));
+    let current = AppendRequest { stream_id: Some(new.id), ..append_req("s", "x") };
+    assert_eq!(append(e, current).await.next_offset, Offset(1));
+    assert_eq!(read_all(e, "s", 1 << 20).await, "x");
+}
+
+pub async fn framing_must_match_the_stream_type<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("j", "application/json")).await;
+    let json = |data: Bytes, framed: bool| AppendRequest {
+        content_type: Some("application/json".into()),
+        data,
+        json_framed: framed,
+        ..append_req("j", "")
+    };
+    let r = e.append(json(Bytes::from_static(b"{\"a\":1}"), false)).await;
+    assert!(matches!(r, Err(AppendError::FramingMismatch)), "{r:?}");
+    append(e, json(json_framed(&["{\"a\":1}", "2"]), true)).await;
+    let c = e.read("j", Offset::ZERO, 1 << 20, 0).await.expect("read");
+    assert_eq!(&c.data[..], b"{\"a\":1},2,");
+    // The other way round: framed bytes never enter a byte stream.
+    create(e, create_req("b", "text/plain")).await;
+    let r = e.append(AppendRequest { json_framed: true, ..append_req("b", "1,") }).await;
+    assert!(matches!(r, Err(AppendError::FramingMismatch)), "{r:?}");
+    // Creates check the initial body the same way.
+    let mut c = create_req("j2", "application/json");
+    c.initial = Bytes::from_static(b"[1]");
+    assert!(matches!(e.create(c.clone()).await, Err(CreateError::FramingMismatch)));
+    c.initial = json_framed(&["1"]);
+    c.json_framed = true;
+    assert_eq!(create(e, c).await.tail, Offset(2));
+}

@@ -1,0 +1,392 @@
+//! The protocol's decisions as pure functions over a stream's state: one set of rules for every
+//! engine.
+//!
+//! An engine holds its streams' state ([`StreamMeta`], tail, producer states) and serialises the
+//! writes of each stream. For each command it calls one function here with the state as it is
+//! *inside* that serialisation, gets a verdict and a description of the effects, and persists
+//! those effects in its own atomic unit (the embedded engine: one journal batch; PostgreSQL: one
+//! transaction). No function here does I/O or reads a clock: time comes in as `now_ms`, data an
+//! engine must look up (the append a fork sub-offset points into) comes in through a closure.
+//!
+//! Precedence of an append's checks, in order (the first that applies answers):
+//! 1. the stream incarnation ([`AppendError::StreamChanged`]) and soft deletion (`Gone`);
+//! 2. the producer verdict: a retry of an accepted request is a duplicate whatever changed since
+//!    (even when that request closed the stream); a stale epoch is fenced; a gap on a *closed*
+//!    stream answers `Closed` (waiting for predecessors cannot help);
+//! 3. closure (a close-only request on a closed stream is `AlreadyClosed`, not an error);
+//! 4. content type (only when there is a body), then JSON framing;
+//! 5. `Stream-Seq`, strictly increasing byte-wise;
+//! 6. offset space.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use oncelog_protocol::headers::Expiry;
+use oncelog_protocol::producer::{self, ProducerState, Verdict};
+use oncelog_protocol::{content_type, json, Offset};
+
+use crate::engine::*;
+use crate::state::{ForkOf, StreamMeta};
+
+/// How long an append that arrived ahead of its producer's next sequence number waits for its
+/// predecessors before it gets its gap answer. Pipelined requests over several connections
+/// arrive out of order by a few milliseconds; waiting turns a would-be 409-and-resend into a 200.
+pub const PARK_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// How far ahead of the expected sequence number a request may be and still wait.
+pub const MAX_PARK_AHEAD: u64 = 64;
+
+// ---------------------------------------------------------------------------------------------
+// Expiry and visibility
+
+/// Whether a stream has expired at `now_ms`, given when it was last read or written (sliding TTL).
+pub fn expired(expiry: Expiry, last_access_ms: i64, now_ms: i64) -> bool {
+    match expiry {
+        Expiry::Never => false,
+        Expiry::At(at) => now_ms >= at,
+        Expiry::Ttl(secs) => {
+            let ttl_ms = i64::try_from(secs.saturating_mul(1000)).unwrap_or(i64::MAX);
+            now_ms >= last_access_ms.saturating_add(ttl_ms)
+        }
+    }
+}
+
+/// How a path holding `meta` looks to a reader: soft-deleted streams are `410`; an expired one is
+/// absent (`404`), or `410` while forks still read it (it is about to be soft-deleted).
+pub fn visible(meta: &StreamMeta, expired: bool, live_forks: usize) -> Result<(), LookupError> {
+    if meta.soft_deleted {
+        return Err(LookupError::Gone);
+    }
+    if expired {
+        return Err(if live_forks > 0 { LookupError::Gone } else { LookupError::NotFound });
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Append
+
+/// What an engine does with an append.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppendPlan {
+    /// Nothing to write: answer with this (a producer duplicate, or a close of a closed stream).
+    Answer(AppendOutcome),
+    /// Write the request's data at the tail and apply these effects, all in one atomic unit.
+    Write(AppendWrite),
+}
+
+/// The effects of an accepted append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AppendWrite {
+    /// The tail after the data: the data occupies `[old tail, new_tail)`.
+    pub new_tail: Offset,
+    /// The stream becomes closed.
+    pub close: bool,
+    /// The request's `Stream-Seq` becomes the stream's last one.
+    pub set_stream_seq: bool,
+    /// `(epoch, seq)` to accept into the producer's state, with `new_tail` as its receipt.
+    pub producer: Option<(u64, u64)>,
+}
+
+impl AppendWrite {
+    /// Applies the metadata effects; returns whether the metadata changed (and must be persisted
+    /// in the same atomic unit as the data).
+    pub fn apply_meta(&self, meta: &mut StreamMeta, req: &AppendRequest) -> bool {
+        let mut changed = false;
+        if self.set_stream_seq {
+            meta.stream_seq.clone_from(&req.stream_seq);
+            changed = true;
+        }
+        if self.close {
+            // A retry of the closing request is recognised by the producer verdict (the closing
+            // seq is the producer's last), so closure needs no record of who closed.
+            meta.closed = true;
+            changed = true;
+        }
+        changed
+    }
+
+    /// Applies the producer effect to the producer's state; a producer new on this stream starts
+    /// from `ProducerState::new(epoch)`.
+    pub fn apply_producer(&self, state: &mut ProducerState) {
+        if let Some((epoch, seq)) = self.producer {
+            state.accept(epoch, seq, self.new_tail);
+        }
+    }
+
+    /// The answer once the effects are durable.
+    pub fn outcome(&self, closed_before: bool) -> AppendOutcome {
+        AppendOutcome {
+            status: AppendStatus::Appended,
+            next_offset: self.new_tail,
+            closed: closed_before || self.close,
+            producer: self.producer,
+        }
+    }
+}
+
+/// Decides an append against the stream's current state. `producer` is the state of the
+/// request's producer on this stream, if it has one.
+pub fn append(
+    meta: &StreamMeta,
+    tail: Offset,
+    producer: Option<&ProducerState>,
+    req: &AppendRequest,
+) -> Result<AppendPlan, AppendError> {
+    // 1. Incarnation and deletion.
+    if req.stream_id.is_some_and(|id| id != meta.id) {
+        return Err(AppendError::StreamChanged);
+    }
+    if meta.soft_deleted {
+        return Err(AppendError::Gone);
+    }
+    if req.data.is_empty() && !req.close {
+        return Err(AppendError::Empty);
+    }
+    // 2. Producer verdict.
+    if let Some(p) = &req.producer {
+        match producer::validate(producer, p.epoch, p.seq) {
+            Verdict::Accept => {}
+            Verdict::Duplicate { receipt } => {
+                let last = producer.map_or(p.seq, |s| s.last_seq);
+                return Ok(AppendPlan::Answer(AppendOutcome {
+                    status: AppendStatus::Duplicate,
+                    next_offset: receipt.unwrap_or(tail),
+                    closed: meta.closed,
+                    producer: Some((p.epoch, last)),
+                }));
+            }
+            Verdict::Fenced { current_epoch } => return Err(AppendError::ProducerFenced { current_epoch }),
+            Verdict::NewEpochMustStartAtZero => return Err(AppendError::ProducerEpochSeq),
+            Verdict::Gap { .. } if meta.closed => return Err(AppendError::Closed { tail }),
+            Verdict::Gap { expected, received } => return Err(AppendError::ProducerSeqGap { expected, received }),
+        }
+    }
+    // 3. Closure.
+    if meta.closed {
+        if req.close && req.data.is_empty() {
+            return Ok(AppendPlan::Answer(AppendOutcome {
+                status: AppendStatus::AlreadyClosed,
+                next_offset: tail,
+                closed: true,
+                producer: None,
+            }));
+        }
+        return Err(AppendError::Closed { tail });
+    }
+    // 4. Content type and framing, when there is a body.
+    if !req.data.is_empty() {
+        let ok = req.content_type.as_deref().is_some_and(|ct| content_type::matches(ct, &meta.content_type));
+        if !ok {
+            return Err(AppendError::ContentTypeMismatch);
+        }
+        if req.json_framed != content_type::is_json(&meta.content_type) {
+            return Err(AppendError::FramingMismatch);
+        }
+    }
+    // 5. Stream-Seq.
+    if let (Some(seq), Some(last)) = (&req.stream_seq, &meta.stream_seq) {
+        if seq.as_bytes() <= last.as_bytes() {
+            return Err(AppendError::StreamSeqRegression);
+        }
+    }
+    // 6. Offset space.
+    let new_tail = tail
+        .0
+        .checked_add(req.data.len() as u64)
+        .filter(|t| *t <= Offset::MAX.0)
+        .ok_or(AppendError::OffsetOverflow)?;
+    Ok(AppendPlan::Write(AppendWrite {
+        new_tail: Offset(new_tail),
+        close: req.close,
+        set_stream_seq: req.stream_seq.is_some(),
+        producer: req.producer.as_ref().map(|p| (p.epoch, p.seq)),
+    }))
+}
+
+/// Whether a refused producer append should wait for its predecessors (see
+/// [`crate::Engine::append`]): a gap of at most [`MAX_PARK_AHEAD`] in the current epoch, or a
+/// non-zero sequence number of a new epoch whose seq 0 has not landed yet (pipelining right after
+/// an epoch bump).
+pub fn parkable(req: &AppendRequest, err: &AppendError) -> bool {
+    let Some(p) = &req.producer else { return false };
+    match err {
+        AppendError::ProducerSeqGap { expected, received } => received - expected <= MAX_PARK_AHEAD,
+        AppendError::ProducerEpochSeq => p.seq <= MAX_PARK_AHEAD,
+        _ => false,
+    }
+}
+
+/// The `(epoch, seq)` whose acceptance lets a parked request from the same producer be tried
+/// again: its immediate predecessor.
+pub fn next_expected(state: &ProducerState) -> (u64, u64) {
+    (state.epoch, state.last_seq + 1)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Create and fork
+
+/// One inherited piece of a fork's byte range: offsets from the previous segment's `end` (0 for
+/// the first) up to `end` (exclusive) are read from stream `id`'s own data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub id: u64,
+    pub end: u64,
+}
+
+/// The inherited segments of a fork of `parent` (whose own inherited segments are
+/// `parent_chain`) at `fork_point`: the parent's view of `[0, fork_point)`.
+pub fn fork_chain(parent_chain: &[Segment], parent_id: u64, fork_point: u64) -> Vec<Segment> {
+    let mut chain = Vec::with_capacity(parent_chain.len() + 1);
+    let mut start = 0;
+    for seg in parent_chain.iter().chain(std::iter::once(&Segment { id: parent_id, end: u64::MAX })) {
+        if start >= fork_point {
+            break;
+        }
+        let end = seg.end.min(fork_point);
+        if end > start {
+            chain.push(Segment { id: seg.id, end });
+        }
+        start = end;
+    }
+    chain
+}
+
+/// A fork request resolved against its source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedFork {
+    pub fork: ForkOf,
+    /// Inherited unless the request names its own.
+    pub content_type: String,
+    pub expiry: Expiry,
+}
+
+/// Resolves `Stream-Forked-From` / `-Fork-Offset` / `-Fork-Sub-Offset` against the source
+/// (`None`: no stream at the source path, after expiry was applied). `append_at(offset)` gives
+/// the stored bytes of the source's append that starts exactly at `offset` (as the source reads
+/// them), if any; it is called only for a non-zero sub-offset.
+pub fn resolve_fork(
+    source: Option<(&StreamMeta, Offset)>,
+    f: &ForkRequest,
+    append_at: impl FnOnce(u64) -> Result<Option<Bytes>, StorageError>,
+) -> Result<ResolvedFork, CreateError> {
+    let (src, tail) = source.ok_or(CreateError::SourceNotFound)?;
+    if src.soft_deleted {
+        return Err(CreateError::SourceGone);
+    }
+    let at = f.offset.map_or(tail.0, |o| o.0);
+    if at > tail.0 {
+        return Err(CreateError::ForkOffsetBeyondTail);
+    }
+    let point = if f.sub_offset == 0 {
+        at
+    } else {
+        let append = append_at(at)?.ok_or(CreateError::SubOffsetOvershoot)?;
+        let k = usize::try_from(f.sub_offset).map_err(|_| CreateError::SubOffsetOvershoot)?;
+        let bytes = if content_type::is_json(&src.content_type) {
+            // Stored JSON is one message per `value,`: count messages, not bytes.
+            let lens: Vec<usize> = json::messages(&append).take(k).map(|m| m.len() + 1).collect();
+            if lens.len() < k {
+                return Err(CreateError::SubOffsetOvershoot);
+            }
+            lens.iter().sum()
+        } else if k > append.len() {
+            return Err(CreateError::SubOffsetOvershoot);
+        } else {
+            k
+        };
+        at + bytes as u64
+    };
+    Ok(ResolvedFork {
+        fork: ForkOf { source_id: src.id, fork_point: point },
+        content_type: src.content_type.clone(),
+        expiry: src.expiry,
+    })
+}
+
+/// What an engine does with a create.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CreatePlan {
+    /// `200`: an identical stream exists; nothing to write.
+    Existing(StreamInfo),
+    /// `201`: persist `meta` (and the initial data, ending at `tail`) in one atomic unit; a fork
+    /// also takes a reference on its source.
+    Create { meta: StreamMeta, tail: Offset },
+}
+
+/// Decides a create. `existing` is the stream at the path (after expiry was applied), `fork` the
+/// resolved fork when the request names a source, `new_id` the id a new stream would get.
+pub fn create(
+    existing: Option<(&StreamMeta, Offset)>,
+    fork: Option<&ResolvedFork>,
+    req: &CreateRequest,
+    new_id: u64,
+) -> Result<CreatePlan, CreateError> {
+    let content_type = match (&req.content_type, fork) {
+        (Some(ct), Some(f)) if !content_type::matches(ct, &f.content_type) => {
+            return Err(CreateError::ContentTypeMismatch);
+        }
+        (Some(ct), _) => ct.clone(),
+        (None, Some(f)) => f.content_type.clone(),
+        (None, None) => content_type::DEFAULT.to_owned(),
+    };
+    // Section 4.2: a fork without its own expiry inherits the source's TTL or deadline.
+    let expiry = req.expiry.or(fork.map(|f| f.expiry)).unwrap_or(Expiry::Never);
+    let fork_of = fork.map(|f| f.fork);
+    if let Some((m, tail)) = existing {
+        if m.soft_deleted {
+            return Err(CreateError::PathReserved);
+        }
+        let same = content_type::matches(&m.content_type, &content_type)
+            && m.expiry == expiry
+            && m.closed == req.closed
+            && m.fork == fork_of;
+        return if same { Ok(CreatePlan::Existing(m.info(tail))) } else { Err(CreateError::ConfigMismatch) };
+    }
+    if !req.initial.is_empty() && req.json_framed != content_type::is_json(&content_type) {
+        return Err(CreateError::FramingMismatch);
+    }
+    let start = fork_of.map_or(0, |f| f.fork_point);
+    let tail = start.checked_add(req.initial.len() as u64).filter(|t| *t <= Offset::MAX.0).ok_or(CreateError::TooLarge)?;
+    let meta = StreamMeta {
+        id: new_id,
+        created_ms: req.now_ms,
+        content_type,
+        expiry,
+        closed: req.closed,
+        stream_seq: None,
+        fork: fork_of,
+        soft_deleted: false,
+    };
+    Ok(CreatePlan::Create { meta, tail: Offset(tail) })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Delete
+
+/// What deleting (or expiring) a stream does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// Forks still read its data: keep the data, mark it deleted (its path answers `410` and stays
+    /// reserved), drop its producer state.
+    SoftDelete,
+    /// Remove it; a fork releases its source, which may follow ([`source_follows`]).
+    Remove,
+}
+
+/// Decides a delete of an existing stream with `live_forks` forks.
+pub fn delete(meta: &StreamMeta, live_forks: usize) -> Result<Removal, LookupError> {
+    if meta.soft_deleted {
+        return Err(LookupError::Gone);
+    }
+    Ok(if live_forks == 0 { Removal::Remove } else { Removal::SoftDelete })
+}
+
+/// After a fork was removed, whether its source is removed too (in the same atomic unit): a
+/// soft-deleted source whose last fork that was.
+pub fn source_follows(source: &StreamMeta, forks_left: usize) -> bool {
+    source.soft_deleted && forks_left == 0
+}
+
+#[cfg(test)]
+mod tests;

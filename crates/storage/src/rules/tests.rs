@@ -1,0 +1,298 @@
+//! The rules against a deliberately naive model (the whole history, re-scanned for every
+//! request), plus the create / fork / delete verdict tables.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use oncelog_protocol::headers::{Expiry, ProducerHeaders};
+use oncelog_protocol::producer::{ProducerState, RECEIPT_WINDOW};
+use proptest::prelude::*;
+
+use super::*;
+
+fn meta(ct: &str) -> StreamMeta {
+    StreamMeta {
+        id: 1,
+        created_ms: 0,
+        content_type: ct.into(),
+        expiry: Expiry::Never,
+        closed: false,
+        stream_seq: None,
+        fork: None,
+        soft_deleted: false,
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Op {
+    producer: Option<(u8, u64, u64)>,
+    matching_type: bool,
+    len: usize,
+    close: bool,
+    stream_seq: Option<u8>,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    (
+        proptest::option::weighted(0.8, (0u8..2, 0u64..3, 0u64..6)),
+        proptest::bool::weighted(0.9),
+        0usize..4,
+        proptest::bool::weighted(0.05),
+        proptest::option::weighted(0.2, 0u8..6),
+    )
+        .prop_map(|(producer, matching_type, len, close, stream_seq)| Op { producer, matching_type, len, close, stream_seq })
+}
+
+fn request(op: &Op) -> AppendRequest {
+    AppendRequest {
+        path: "s".into(),
+        stream_id: Some(1),
+        json_framed: false,
+        content_type: Some(if op.matching_type { "text/plain; charset=utf-8" } else { "text/html" }.into()),
+        data: Bytes::from(vec![b'x'; op.len]),
+        close: op.close,
+        stream_seq: op.stream_seq.map(|s| format!("s{s}")),
+        producer: op.producer.map(|(id, epoch, seq)| ProducerHeaders { id: format!("p{id}"), epoch, seq }),
+        now_ms: 0,
+    }
+}
+
+/// Every accepted request, in order: the model's only state.
+#[derive(Default)]
+struct Model {
+    /// (producer, epoch, seq, end offset, closed the stream, stream seq)
+    accepted: Vec<(Option<(u8, u64, u64)>, u64, bool, Option<u8>)>,
+}
+
+impl Model {
+    fn tail(&self) -> u64 {
+        self.accepted.last().map_or(0, |a| a.1)
+    }
+    fn closed(&self) -> bool {
+        self.accepted.iter().any(|a| a.2)
+    }
+
+    fn answer(&self, op: &Op) -> Result<AppendOutcome, AppendError> {
+        let tail = Offset(self.tail());
+        let closed = self.closed();
+        if op.len == 0 && !op.close {
+            return Err(AppendError::Empty);
+        }
+        if let Some((id, epoch, seq)) = op.producer {
+            let mine: Vec<(u64, u64, u64)> =
+                self.accepted.iter().filter_map(|a| a.0.filter(|p| p.0 == id).map(|p| (p.1, p.2, a.1))).collect();
+            match mine.last() {
+                None if seq != 0 => {
+                    return Err(if closed { AppendError::Closed { tail } } else { AppendError::ProducerSeqGap { expected: 0, received: seq } })
+                }
+                None => {}
+                Some(&(cur, _, _)) if epoch < cur => return Err(AppendError::ProducerFenced { current_epoch: cur }),
+                Some(&(cur, _, _)) if epoch > cur => {
+                    if seq != 0 {
+                        return Err(AppendError::ProducerEpochSeq);
+                    }
+                }
+                Some(&(cur, last, _)) => {
+                    let in_epoch: Vec<_> = mine.iter().filter(|m| m.0 == cur).collect();
+                    if seq <= last {
+                        let receipt = in_epoch.iter().rev().take(RECEIPT_WINDOW).find(|m| m.1 == seq).map(|m| Offset(m.2));
+                        return Ok(AppendOutcome {
+                            status: AppendStatus::Duplicate,
+                            next_offset: receipt.unwrap_or(tail),
+                            closed,
+                            producer: Some((epoch, last)),
+                        });
+                    }
+                    if seq != last + 1 {
+                        return Err(if closed {
+                            AppendError::Closed { tail }
+                        } else {
+                            AppendError::ProducerSeqGap { expected: last + 1, received: seq }
+                        });
+                    }
+                }
+            }
+        }
+        if closed {
+            return if op.close && op.len == 0 {
+                Ok(AppendOutcome { status: AppendStatus::AlreadyClosed, next_offset: tail, closed: true, producer: None })
+            } else {
+                Err(AppendError::Closed { tail })
+            };
+        }
+        if op.len > 0 && !op.matching_type {
+            return Err(AppendError::ContentTypeMismatch);
+        }
+        let last_seq = self.accepted.iter().filter_map(|a| a.3).last();
+        if let (Some(s), Some(last)) = (op.stream_seq, last_seq) {
+            if format!("s{s}") <= format!("s{last}") {
+                return Err(AppendError::StreamSeqRegression);
+            }
+        }
+        Ok(AppendOutcome {
+            status: AppendStatus::Appended,
+            next_offset: Offset(tail.0 + op.len as u64),
+            closed: op.close,
+            producer: op.producer.map(|p| (p.1, p.2)),
+        })
+    }
+}
+
+fn same_error(a: &AppendError, b: &AppendError) -> bool {
+    format!("{a:?}") == format!("{b:?}")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+    #[test]
+    fn append_rules_match_the_model(ops in proptest::collection::vec(op(), 1..120)) {
+        let mut m = meta("text/plain");
+        let mut tail = Offset::ZERO;
+        let mut producers: HashMap<String, ProducerState> = HashMap::new();
+        let mut model = Model::default();
+        for op in ops {
+            let req = request(&op);
+            let pstate = req.producer.as_ref().and_then(|p| producers.get(&p.id));
+            let got = append(&m, tail, pstate, &req);
+            let want = model.answer(&op);
+            match (&got, &want) {
+                (Ok(AppendPlan::Write(w)), Ok(o)) => {
+                    let closed_before = m.closed;
+                    w.apply_meta(&mut m, &req);
+                    if let Some(p) = &req.producer {
+                        let (epoch, _) = w.producer.unwrap_or_default();
+                        w.apply_producer(producers.entry(p.id.clone()).or_insert_with(|| ProducerState::new(epoch)));
+                    }
+                    tail = w.new_tail;
+                    prop_assert_eq!(&w.outcome(closed_before), o);
+                    model.accepted.push((op.producer, tail.0, op.close, op.stream_seq));
+                }
+                (Ok(AppendPlan::Answer(a)), Ok(o)) => prop_assert_eq!(a, o),
+                (Err(a), Err(b)) => prop_assert!(same_error(a, b), "{:?} vs {:?} for {:?}", a, b, op),
+                _ => prop_assert!(false, "rules {:?}, model {:?}, for {:?}", got, want, op),
+            }
+            prop_assert_eq!(m.closed, model.closed());
+        }
+    }
+}
+
+#[test]
+fn a_request_for_another_incarnation_is_refused_before_anything_else() {
+    let m = meta("application/json");
+    let mut req = request(&Op { producer: Some((0, 0, 0)), matching_type: true, len: 3, close: false, stream_seq: None });
+    req.stream_id = Some(2);
+    assert!(matches!(append(&m, Offset::ZERO, None, &req), Err(AppendError::StreamChanged)));
+    // The same request for the right incarnation, unframed, into a JSON stream.
+    req.stream_id = Some(1);
+    req.content_type = Some("application/json".into());
+    assert!(matches!(append(&m, Offset::ZERO, None, &req), Err(AppendError::FramingMismatch)));
+    req.json_framed = true;
+    assert!(matches!(append(&m, Offset::ZERO, None, &req), Ok(AppendPlan::Write(_))));
+}
+
+#[test]
+fn parking_covers_small_gaps_and_early_new_epoch_requests_only() {
+    let req = request(&Op { producer: Some((0, 1, 3)), matching_type: true, len: 1, close: false, stream_seq: None });
+    assert!(parkable(&req, &AppendError::ProducerSeqGap { expected: 1, received: 3 }));
+    assert!(!parkable(&req, &AppendError::ProducerSeqGap { expected: 1, received: 1 + MAX_PARK_AHEAD + 1 }));
+    assert!(parkable(&req, &AppendError::ProducerEpochSeq));
+    assert!(!parkable(&req, &AppendError::ContentTypeMismatch));
+    let plain = request(&Op { producer: None, matching_type: true, len: 1, close: false, stream_seq: None });
+    assert!(!parkable(&plain, &AppendError::ProducerSeqGap { expected: 1, received: 3 }));
+}
+
+fn create_req(ct: Option<&str>, expiry: Option<Expiry>, closed: bool) -> CreateRequest {
+    CreateRequest {
+        path: "s".into(),
+        content_type: ct.map(str::to_owned),
+        expiry,
+        fork: None,
+        closed,
+        initial: Bytes::new(),
+        json_framed: false,
+        now_ms: 5,
+    }
+}
+
+#[test]
+fn create_verdicts() {
+    let plan = create(None, None, &create_req(None, None, false), 9).expect("create");
+    let CreatePlan::Create { meta: m, tail } = plan else { panic!("expected a new stream") };
+    assert_eq!((m.id, m.content_type.as_str(), m.expiry, tail), (9, content_type::DEFAULT, Expiry::Never, Offset::ZERO));
+    // Identical re-create (parameters of the media type ignored) is 200; anything else 409.
+    let existing = meta("text/plain");
+    let same = create(Some((&existing, Offset(4))), None, &create_req(Some("text/plain;charset=utf-8"), None, false), 10);
+    assert!(matches!(same, Ok(CreatePlan::Existing(i)) if i.tail == Offset(4) && i.id == 1));
+    for differing in [
+        create_req(Some("text/html"), None, false),
+        create_req(Some("text/plain"), Some(Expiry::Ttl(5)), false),
+        create_req(Some("text/plain"), None, true),
+    ] {
+        assert!(matches!(create(Some((&existing, Offset(4))), None, &differing, 10), Err(CreateError::ConfigMismatch)));
+    }
+    let mut gone = existing.clone();
+    gone.soft_deleted = true;
+    assert!(matches!(create(Some((&gone, Offset(4))), None, &create_req(Some("text/plain"), None, false), 10), Err(CreateError::PathReserved)));
+    // The initial body's framing must match the stream's type.
+    let mut unframed = create_req(Some("application/json"), None, false);
+    unframed.initial = Bytes::from_static(b"1,");
+    assert!(matches!(create(None, None, &unframed, 10), Err(CreateError::FramingMismatch)));
+    unframed.json_framed = true;
+    assert!(matches!(create(None, None, &unframed, 10), Ok(CreatePlan::Create { tail: Offset(2), .. })));
+}
+
+#[test]
+fn fork_resolution_verdicts() {
+    let src = meta("application/json");
+    let f = |offset: Option<u64>, sub: u64| ForkRequest { source: "src".into(), offset: offset.map(Offset), sub_offset: sub };
+    let stored = Bytes::from_static(b"{\"a\":1},2,[3],");
+    let at = |o: u64| -> Result<Option<Bytes>, StorageError> { Ok((o == 10).then(|| stored.clone())) };
+    assert!(matches!(resolve_fork(None, &f(None, 0), at), Err(CreateError::SourceNotFound)));
+    let r = resolve_fork(Some((&src, Offset(30))), &f(None, 0), at).expect("fork at tail");
+    assert_eq!(r.fork, ForkOf { source_id: 1, fork_point: 30 });
+    assert!(matches!(resolve_fork(Some((&src, Offset(30))), &f(Some(31), 0), at), Err(CreateError::ForkOffsetBeyondTail)));
+    // Sub-offsets count messages of a JSON source: two messages are `{"a":1},2,` = 10 bytes.
+    let r = resolve_fork(Some((&src, Offset(30))), &f(Some(10), 2), at).expect("sub-offset");
+    assert_eq!(r.fork.fork_point, 20);
+    assert!(matches!(resolve_fork(Some((&src, Offset(30))), &f(Some(10), 4), at), Err(CreateError::SubOffsetOvershoot)));
+    assert!(matches!(resolve_fork(Some((&src, Offset(30))), &f(Some(11), 1), at), Err(CreateError::SubOffsetOvershoot)));
+    let mut gone = src.clone();
+    gone.soft_deleted = true;
+    assert!(matches!(resolve_fork(Some((&gone, Offset(30))), &f(None, 0), at), Err(CreateError::SourceGone)));
+    // A fork inherits type and expiry unless it names its own; a different type is refused.
+    let mut req = create_req(None, None, false);
+    let plan = create(None, Some(&r), &req, 7).expect("fork");
+    assert!(matches!(plan, CreatePlan::Create { ref meta, tail: Offset(20) } if meta.content_type == "application/json" && meta.fork == Some(r.fork)));
+    req.content_type = Some("text/plain".into());
+    assert!(matches!(create(None, Some(&r), &req, 7), Err(CreateError::ContentTypeMismatch)));
+}
+
+#[test]
+fn fork_chains_are_the_parents_view_below_the_fork_point() {
+    let a = fork_chain(&[], 1, 10);
+    assert_eq!(a, vec![Segment { id: 1, end: 10 }]);
+    let b = fork_chain(&a, 2, 15);
+    assert_eq!(b, vec![Segment { id: 1, end: 10 }, Segment { id: 2, end: 15 }]);
+    assert_eq!(fork_chain(&b, 3, 5), vec![Segment { id: 1, end: 5 }]);
+    assert_eq!(fork_chain(&b, 3, 0), vec![]);
+}
+
+#[test]
+fn delete_expiry_and_visibility_verdicts() {
+    let mut m = meta("text/plain");
+    assert!(matches!(delete(&m, 0), Ok(Removal::Remove)));
+    assert!(matches!(delete(&m, 2), Ok(Removal::SoftDelete)));
+    m.soft_deleted = true;
+    assert!(matches!(delete(&m, 2), Err(LookupError::Gone)));
+    assert!(source_follows(&m, 0));
+    assert!(!source_follows(&m, 1));
+    assert!(matches!(visible(&m, false, 1), Err(LookupError::Gone)));
+    m.soft_deleted = false;
+    m.expiry = Expiry::Ttl(2);
+    assert!(!expired(m.expiry, 1_000, 2_999));
+    assert!(expired(m.expiry, 1_000, 3_000));
+    assert!(matches!(visible(&m, true, 0), Err(LookupError::NotFound)));
+    assert!(matches!(visible(&m, true, 1), Err(LookupError::Gone)));
+    m.expiry = Expiry::At(50);
+    assert!(!expired(m.expiry, 0, 49) && expired(m.expiry, 0, 50));
+}

@@ -1,0 +1,46 @@
+//! A stream's logical state, the same for every engine: what the [`crate::rules`] decide over
+//! and what an engine persists (each in its own format).
+
+use oncelog_protocol::headers::Expiry;
+
+/// A stream's metadata. The tail is kept beside it by each engine (the embedded engine derives
+/// it from its data on recovery), and producer states are kept per producer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamMeta {
+    /// Unique across the life of the store: a re-created path gets a new id, so ETags and
+    /// [`crate::AppendRequest::stream_id`] of a deleted stream never match its successor.
+    pub id: u64,
+    /// Unix ms of creation (kept for operators; no rule depends on it).
+    pub created_ms: i64,
+    /// As sent at creation, echoed back exactly; compared by media type only.
+    pub content_type: String,
+    pub expiry: Expiry,
+    pub closed: bool,
+    /// The last `Stream-Seq` accepted, compared byte-wise.
+    pub stream_seq: Option<String>,
+    /// Set for a fork: it reads its source's bytes below `fork_point` (never copied).
+    pub fork: Option<ForkOf>,
+    /// Deleted by its owner while forks still read its data: the path answers 410 and stays
+    /// reserved until the last fork goes.
+    pub soft_deleted: bool,
+}
+
+/// Where a fork comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForkOf {
+    /// The direct source's id; the chain of further ancestors is derived, never stored.
+    pub source_id: u64,
+    /// Byte position in the shared offset space where the fork's own data begins.
+    pub fork_point: u64,
+}
+
+impl StreamMeta {
+    pub fn config(&self) -> crate::StreamConfig {
+        crate::StreamConfig { content_type: self.content_type.clone(), expiry: self.expiry }
+    }
+
+    /// What readers see of this stream at `tail`.
+    pub fn info(&self, tail: oncelog_protocol::Offset) -> crate::StreamInfo {
+        crate::StreamInfo { id: self.id, config: self.config(), tail, closed: self.closed }
+    }
+}
