@@ -1,15 +1,14 @@
-//! `oncelog serve`: runs the Durable Streams server on the embedded, crash-safe storage engine.
-//! Moved here unchanged from `main.rs`: flags, behaviour and the one stdout line are the same.
+//! `oncelog serve`: picks and opens the storage engine, then runs [`oncelog_server::serve`]
+//! until SIGTERM or Ctrl-C. Flags, behaviour and the one stdout line are part of the contract.
 
-use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ArgAction;
-use oncelog_server::{app, sweeper, AppState, ServerConfig, SystemClock};
-use oncelog_storage::{Durability, EmbeddedEngine, EmbeddedOptions, Engine};
+use oncelog_embedded::{Durability, EmbeddedEngine, EmbeddedOptions};
+use oncelog_server::{AppState, ServerConfig};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -49,9 +48,62 @@ pub struct ServeArgs {
     /// On SIGTERM, how long in-flight requests (including live reads) may take to finish, in ms.
     #[arg(long, env = "ONCELOG_SHUTDOWN_GRACE_MS", default_value_t = 2_000)]
     shutdown_grace_ms: u64,
+
+    /// Storage engine: `embedded` (the crash-safe engine in --data-dir). More engines come later.
+    #[arg(long, env = "ONCELOG_STORAGE", default_value = "embedded")]
+    storage: String,
+
+    /// How often expired streams are looked for and deleted, in ms (access already hides them).
+    #[arg(long, env = "ONCELOG_SWEEP_INTERVAL_MS", default_value_t = 5_000)]
+    sweep_interval_ms: u64,
+
+    /// Record and serve Prometheus metrics.
+    #[arg(long, env = "ONCELOG_METRICS", default_value_t = true, action = ArgAction::Set)]
+    metrics: bool,
+
+    /// Path of the Prometheus scrape.
+    #[arg(long, env = "ONCELOG_METRICS_PATH", default_value = "/metrics")]
+    metrics_path: String,
+
+    /// Path of the liveness probe (200 while the process serves).
+    #[arg(long, env = "ONCELOG_HEALTHZ_PATH", default_value = "/healthz")]
+    healthz_path: String,
+
+    /// Path of the readiness probe (200 while writes are accepted, else 503 with the reason).
+    #[arg(long, env = "ONCELOG_READYZ_PATH", default_value = "/readyz")]
+    readyz_path: String,
+}
+
+/// Why `oncelog serve` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("unknown storage {0:?}: the choices are `embedded`")]
+    UnknownStorage(String),
 }
 
 pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let config = ServerConfig {
+        long_poll_timeout: Duration::from_millis(args.long_poll_timeout_ms),
+        sse_max_duration: Duration::from_millis(args.sse_max_duration_ms),
+        max_append_bytes: args.max_append_bytes,
+        max_read_bytes: args.max_read_bytes,
+        sweep_interval: Duration::from_millis(args.sweep_interval_ms),
+        shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
+        healthz_path: args.healthz_path.clone(),
+        readyz_path: args.readyz_path.clone(),
+        metrics_path: args.metrics.then(|| args.metrics_path.clone()),
+    };
+    config.validate()?;
+    match args.storage.as_str() {
+        "embedded" => {
+            let engine = open_embedded(&args)?;
+            run(AppState::new(Arc::new(engine), config), args.addr).await
+        }
+        other => Err(StartError::UnknownStorage(other.to_owned()).into()),
+    }
+}
+
+fn open_embedded(args: &ServeArgs) -> Result<EmbeddedEngine, Box<dyn std::error::Error>> {
     let mut opts = EmbeddedOptions::new(&args.data_dir);
     opts.durability = if args.fsync { Durability::Fsync } else { Durability::Buffered };
     opts.cache_bytes = args.cache_mb << 20;
@@ -67,38 +119,16 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         fsync = args.fsync,
         "recovered"
     );
-    let config = ServerConfig {
-        long_poll_timeout: Duration::from_millis(args.long_poll_timeout_ms),
-        sse_max_duration: Duration::from_millis(args.sse_max_duration_ms),
-        max_append_bytes: args.max_append_bytes,
-        max_read_bytes: args.max_read_bytes,
-        ..ServerConfig::default()
-    };
-    let state = AppState { engine: Arc::new(engine), config: Arc::new(config), clock: Arc::new(SystemClock::default()) };
-    let sweeper = sweeper::spawn(&state);
+    Ok(engine)
+}
 
-    let listener = tokio::net::TcpListener::bind(args.addr).await?;
+async fn run<E: oncelog_storage::Engine>(state: AppState<E>, addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     // One line on stdout, for scripts and tests that start the server on port 0.
     println!("oncelog listening on http://{local}");
     tracing::info!(addr = %local, "listening");
-
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(
-        axum::serve(listener, app(state.clone()))
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.await;
-            })
-            .into_future(),
-    );
-    shutdown_signal().await;
-    tracing::info!("shutting down: no new connections; finishing in-flight requests");
-    let _ = stop_tx.send(());
-    if tokio::time::timeout(Duration::from_millis(args.shutdown_grace_ms), server).await.is_err() {
-        tracing::warn!("grace period over; closing remaining connections");
-    }
-    sweeper.abort();
-    state.engine.shutdown().await?;
+    oncelog_server::serve(listener, state, shutdown_signal()).await?;
     tracing::info!("all writes synced; bye");
     Ok(())
 }

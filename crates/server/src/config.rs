@@ -18,6 +18,15 @@ pub struct ServerConfig {
     /// How often the sweeper looks for expired streams. Expiry is also checked on every access,
     /// so this only bounds how long expired data occupies disk.
     pub sweep_interval: Duration,
+    /// On shutdown, how long in-flight requests (live reads included) may take to finish before
+    /// their connections are closed.
+    pub shutdown_grace: Duration,
+    /// Liveness probe path: 200 while the process serves.
+    pub healthz_path: String,
+    /// Readiness probe path: 200 while writes are accepted, 503 with the reason otherwise.
+    pub readyz_path: String,
+    /// Prometheus scrape path; `None` switches metrics off (nothing is recorded).
+    pub metrics_path: Option<String>,
 }
 
 impl Default for ServerConfig {
@@ -28,6 +37,64 @@ impl Default for ServerConfig {
             max_append_bytes: 16 << 20,
             max_read_bytes: 1 << 20,
             sweep_interval: Duration::from_secs(5),
+            shutdown_grace: Duration::from_secs(2),
+            healthz_path: "/healthz".into(),
+            readyz_path: "/readyz".into(),
+            metrics_path: Some("/metrics".into()),
         }
+    }
+}
+
+/// A configuration the server cannot run with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{name} path {path:?} must start with '/' and lie outside /v1/stream/")]
+    OpsPath { name: &'static str, path: String },
+    #[error("{0} and another endpoint share a path")]
+    DuplicatePath(&'static str),
+    #[error("{0} must not be zero")]
+    Zero(&'static str),
+}
+
+impl ServerConfig {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut seen: Vec<&str> = Vec::new();
+        let ops = [("healthz", Some(&self.healthz_path)), ("readyz", Some(&self.readyz_path)), ("metrics", self.metrics_path.as_ref())];
+        for (name, path) in ops {
+            let Some(path) = path else { continue };
+            let ok = path.starts_with('/') && path.len() > 1 && !path.starts_with("/v1/stream") && !path.contains(['{', '}', '*']);
+            if !ok {
+                return Err(ConfigError::OpsPath { name, path: path.clone() });
+            }
+            if seen.contains(&path.as_str()) {
+                return Err(ConfigError::DuplicatePath(name));
+            }
+            seen.push(path);
+        }
+        if self.sweep_interval.is_zero() {
+            return Err(ConfigError::Zero("sweep interval"));
+        }
+        if self.max_read_bytes == 0 {
+            return Err(ConfigError::Zero("max read bytes"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ops_paths_are_checked() {
+        assert_eq!(ServerConfig::default().validate(), Ok(()));
+        for bad in ["healthz", "/", "/v1/stream/x", "/a/{x}"] {
+            let c = ServerConfig { healthz_path: bad.into(), ..ServerConfig::default() };
+            assert!(matches!(c.validate(), Err(ConfigError::OpsPath { .. })), "{bad}");
+        }
+        let c = ServerConfig { metrics_path: Some("/healthz".into()), ..ServerConfig::default() };
+        assert_eq!(c.validate(), Err(ConfigError::DuplicatePath("metrics")));
+        let off = ServerConfig { metrics_path: None, sweep_interval: Duration::ZERO, ..ServerConfig::default() };
+        assert_eq!(off.validate(), Err(ConfigError::Zero("sweep interval")));
     }
 }

@@ -5,6 +5,7 @@ use axum::response::{IntoResponse, Response};
 use oncelog_protocol::headers::names;
 use oncelog_storage::{AppendError, CreateError, LookupError, StorageError};
 
+use crate::auth::AuthError;
 use crate::request::RequestError;
 
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +28,8 @@ pub enum ApiError {
     Lookup(#[from] LookupError),
     #[error(transparent)]
     Storage(#[from] StorageError),
+    #[error(transparent)]
+    Auth(#[from] AuthError),
 }
 
 fn storage_status(e: &StorageError) -> StatusCode {
@@ -56,7 +59,8 @@ impl ApiError {
                 CreateError::ConfigMismatch
                 | CreateError::PathReserved
                 | CreateError::SourceGone
-                | CreateError::ContentTypeMismatch => (StatusCode::CONFLICT, vec![]),
+                | CreateError::ContentTypeMismatch
+                | CreateError::FramingMismatch => (StatusCode::CONFLICT, vec![]),
                 CreateError::SourceNotFound => (StatusCode::NOT_FOUND, vec![]),
                 CreateError::ForkOffsetBeyondTail | CreateError::SubOffsetOvershoot | CreateError::InvalidPath => {
                     (StatusCode::BAD_REQUEST, vec![])
@@ -71,7 +75,11 @@ impl ApiError {
                     StatusCode::CONFLICT,
                     vec![h(names::STREAM_CLOSED, "true"), h(names::STREAM_NEXT_OFFSET, tail)],
                 ),
-                AppendError::ContentTypeMismatch | AppendError::StreamSeqRegression => (StatusCode::CONFLICT, vec![]),
+                AppendError::ContentTypeMismatch
+                | AppendError::StreamSeqRegression
+                | AppendError::StreamChanged
+                | AppendError::FramingMismatch => (StatusCode::CONFLICT, vec![]),
+                AppendError::Empty => (StatusCode::BAD_REQUEST, vec![]),
                 AppendError::ProducerFenced { current_epoch } => {
                     (StatusCode::FORBIDDEN, vec![h(names::PRODUCER_EPOCH, current_epoch)])
                 }
@@ -83,6 +91,13 @@ impl ApiError {
                 AppendError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
                 AppendError::OffsetOverflow => (StatusCode::INSUFFICIENT_STORAGE, vec![]),
                 AppendError::Storage(e) => (storage_status(e), vec![]),
+            },
+            ApiError::Auth(e) => match e {
+                AuthError::Unauthenticated { error } => {
+                    (StatusCode::UNAUTHORIZED, vec![h("www-authenticate", format!("Bearer error=\"{error}\""))])
+                }
+                AuthError::Forbidden => (StatusCode::FORBIDDEN, vec![]),
+                AuthError::Hidden => (StatusCode::NOT_FOUND, vec![]),
             },
             ApiError::Lookup(LookupError::NotFound) => (StatusCode::NOT_FOUND, vec![]),
             ApiError::Lookup(LookupError::Gone) => (StatusCode::GONE, vec![]),

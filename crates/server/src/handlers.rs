@@ -9,11 +9,19 @@ use futures_util::StreamExt;
 use oncelog_protocol::headers::{format_rfc3339, names, Expiry};
 use oncelog_protocol::json::{self, EmptyArray};
 use oncelog_protocol::{content_type, Offset};
-use oncelog_storage::{AppendRequest, AppendStatus, CreateOutcome, CreateRequest, Engine, ForkRequest, StreamInfo};
+use oncelog_storage::{
+    AppendError, AppendOutcome, AppendRequest, AppendStatus, CreateError, CreateOutcome, CreateRequest, Engine, ForkRequest,
+    StreamInfo,
+};
 
 use crate::error::ApiError;
 use crate::request::{AppendHeaders, CreateHeaders, RequestError};
-use crate::{headers, read, AppState};
+use crate::{headers, metrics, read, AppState};
+
+/// How often a write is re-validated when the stream it was framed for was replaced (deleted
+/// and re-created) while its body was being read. Once is almost always enough; the bound only
+/// stops a pathological delete/re-create loop from holding the request forever.
+const REVALIDATIONS: usize = 3;
 
 /// Every method on `/v1/stream/{path}`.
 pub async fn stream<E: Engine>(
@@ -34,7 +42,7 @@ pub async fn stream<E: Engine>(
     } else {
         match method {
             Method::GET => read::get(&st, &path, uri.query(), &req_headers).await,
-            Method::HEAD => head(&st, &path),
+            Method::HEAD => head(&st, &path).await,
             Method::PUT => create(&st, &path, &uri, &req_headers, body).await,
             Method::POST => append(&st, &path, &req_headers, body).await,
             Method::DELETE => delete(&st, &path).await,
@@ -104,8 +112,8 @@ fn meta_headers(info: &StreamInfo) -> Vec<(&'static str, String)> {
     v
 }
 
-fn head<E: Engine>(st: &AppState<E>, path: &str) -> Result<Response, ApiError> {
-    let info = st.engine.head(path, st.clock.now_ms())?;
+async fn head<E: Engine>(st: &AppState<E>, path: &str) -> Result<Response, ApiError> {
+    let info = st.engine.head(path, st.clock.now_ms()).await?;
     let mut h = meta_headers(&info);
     h.push(("cache-control", "no-store".into()));
     Ok(respond(StatusCode::OK, h, Body::empty()))
@@ -119,30 +127,42 @@ async fn create<E: Engine>(
     body: Body,
 ) -> Result<Response, ApiError> {
     let h = CreateHeaders::parse(req_headers)?;
-    let now_ms = st.clock.now_ms();
     let body = body_bytes(body, req_headers, st.config.max_append_bytes).await?;
-    // The initial body is framed by the stream's content type: the request's, or for a fork
-    // without one, the source's (a mismatch is the engine's 409).
-    let effective_ct = match (&h.content_type, &h.fork) {
-        (Some(ct), _) => Some(ct.clone()),
-        (None, Some(f)) => st.engine.head(&f.source, now_ms).ok().map(|i| i.config.content_type),
-        (None, None) => None,
+    let fork = h.fork.map(|f| ForkRequest { source: f.source, offset: f.offset, sub_offset: f.sub_offset });
+    let mut attempt = 0;
+    let outcome = loop {
+        attempt += 1;
+        let now_ms = st.clock.now_ms();
+        // The initial body is framed by the stream's content type: the request's, or for a fork
+        // without one, the source's (a mismatch is the engine's 409). The engine re-checks the
+        // framing decision, as the source may change before the create is applied.
+        let effective_ct = match (&h.content_type, &fork) {
+            (Some(ct), _) => Some(ct.clone()),
+            (None, Some(f)) => st.engine.head(&f.source, now_ms).await.ok().map(|i| i.config.content_type),
+            (None, None) => None,
+        };
+        let json_framed = effective_ct.as_deref().is_some_and(content_type::is_json) && !body.is_empty();
+        let initial = if json_framed {
+            Bytes::from(json::encode_body(&body, EmptyArray::Allowed).map_err(RequestError::from)?)
+        } else {
+            body.clone()
+        };
+        let req = CreateRequest {
+            path: path.to_owned(),
+            content_type: h.content_type.clone(),
+            expiry: h.expiry,
+            fork: fork.clone(),
+            closed: h.closed,
+            initial,
+            json_framed,
+            now_ms,
+        };
+        match st.engine.create(req).await {
+            Err(CreateError::FramingMismatch) if attempt < REVALIDATIONS => continue,
+            r => break r?,
+        }
     };
-    let initial = if effective_ct.as_deref().is_some_and(content_type::is_json) && !body.is_empty() {
-        Bytes::from(json::encode_body(&body, EmptyArray::Allowed).map_err(RequestError::from)?)
-    } else {
-        body
-    };
-    let req = CreateRequest {
-        path: path.to_owned(),
-        content_type: h.content_type,
-        expiry: h.expiry,
-        fork: h.fork.map(|f| ForkRequest { source: f.source, offset: f.offset, sub_offset: f.sub_offset }),
-        closed: h.closed,
-        initial,
-        now_ms,
-    };
-    let (status, info) = match st.engine.create(req).await? {
+    let (status, info) = match outcome {
         CreateOutcome::Created(info) => (StatusCode::CREATED, info),
         CreateOutcome::Existing(info) => (StatusCode::OK, info),
     };
@@ -155,41 +175,51 @@ async fn create<E: Engine>(
 }
 
 async fn append<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let now_ms = st.clock.now_ms();
     // Existence first: a missing stream is 404 whatever else is wrong with the request.
-    let info = st.engine.head(path, now_ms)?;
+    let mut info = st.engine.head(path, st.clock.now_ms()).await?;
     let h = AppendHeaders::parse(req_headers)?;
     let body = body_bytes(body, req_headers, st.config.max_append_bytes).await?;
     if body.is_empty() && !h.close {
         return Err(RequestError::EmptyBody.into());
     }
-    let data = if body.is_empty() {
-        body
-    } else {
-        let ct = h.content_type.as_deref().ok_or(RequestError::MissingContentType)?;
-        // Frame as JSON only when both sides are JSON; any mismatch is the engine's 409.
-        if content_type::is_json(ct) && content_type::is_json(&info.config.content_type) {
+    let ct = if body.is_empty() { None } else { Some(h.content_type.clone().ok_or(RequestError::MissingContentType)?) };
+    let has_producer = h.producer.is_some();
+    let mut attempt = 0;
+    let result = loop {
+        attempt += 1;
+        // Frame as JSON only when both sides are JSON; any mismatch is the engine's 409. The
+        // decision was made against `info`, so the request names that incarnation: if the path
+        // was deleted and re-created meanwhile, the engine refuses it and it is decided again.
+        let json_framed = ct.as_deref().is_some_and(|ct| content_type::is_json(ct) && content_type::is_json(&info.config.content_type));
+        let data = if json_framed {
             Bytes::from(json::encode_body(&body, EmptyArray::Rejected).map_err(RequestError::from)?)
         } else {
-            body
-        }
-    };
-    let with_data = !data.is_empty();
-    let has_producer = h.producer.is_some();
-    let out = st
-        .engine
-        .append(AppendRequest {
+            body.clone()
+        };
+        let req = AppendRequest {
             path: path.to_owned(),
-            content_type: if with_data { h.content_type } else { None },
+            stream_id: Some(info.id),
+            json_framed,
+            content_type: ct.clone(),
             data,
             close: h.close,
-            stream_seq: h.stream_seq,
-            producer: h.producer,
-            now_ms,
-        })
-        .await?;
+            stream_seq: h.stream_seq.clone(),
+            producer: h.producer.clone(),
+            now_ms: st.clock.now_ms(),
+        };
+        let started = std::time::Instant::now();
+        let r = st.engine.append(req).await;
+        metrics::appended(&r, body.len(), started.elapsed());
+        match r {
+            Err(AppendError::StreamChanged | AppendError::FramingMismatch) if attempt < REVALIDATIONS => {
+                info = st.engine.head(path, st.clock.now_ms()).await?;
+            }
+            r => break r,
+        }
+    };
+    let out: AppendOutcome = result?;
     // 200 marks new data from an idempotent producer; every other success is 204.
-    let status = if out.status == AppendStatus::Appended && has_producer && with_data {
+    let status = if out.status == AppendStatus::Appended && has_producer && !body.is_empty() {
         StatusCode::OK
     } else {
         StatusCode::NO_CONTENT

@@ -1,8 +1,10 @@
-//! The HTTP face of Oncelog: the Durable Streams Protocol over any [`Engine`].
+//! The HTTP face of Oncelog: the Durable Streams Protocol over any [`Engine`], as a library.
+//! [`serve`] runs a whole server (router, TTL sweeper, graceful drain, engine shutdown); the
+//! `oncelog` binary and every test start servers through it.
 //!
 //! Module map:
-//! - [`config`]: server tunables (long-poll timeout, body and read limits, SSE lifetime).
-//! - [`clock`]: wall-clock time and jitter behind a small trait, so time-based behaviour is testable.
+//! - [`config`]: server tunables (long-poll timeout, body and read limits, SSE lifetime, sweep
+//!   interval, shutdown grace, ops paths).
 //! - [`request`]: typed parsing of the protocol's request headers and query; returns typed errors,
 //!   never responses.
 //! - [`error`]: every error the server can answer with, mapped to a status code in one place.
@@ -10,46 +12,178 @@
 //! - [`read`]: rendering of catch-up, long-poll and SSE reads.
 //! - [`headers`]: the response headers every answer carries (CORS, browser security) and the
 //!   CORS preflight.
+//! - [`auth`]: the authentication hook point.
+//! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
+//! - [`metrics`]: what is recorded, and the Prometheus scrape.
 //! - [`sweeper`]: the background task that deletes expired streams.
 //!
-//! Handlers are generic over the engine; [`app`] builds the router.
+//! Time comes from [`Clock`] (re-exported from `oncelog-storage`), so tests drive expiry and
+//! cursors by hand.
 
-pub mod clock;
+pub mod auth;
 pub mod config;
 pub mod error;
 pub mod handlers;
 pub mod headers;
+pub mod metrics;
+pub mod ops;
 pub mod read;
 pub mod request;
 pub mod sweeper;
 
+use std::future::{Future, IntoFuture};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use axum::routing::any;
+use axum::routing::{any, get};
 use axum::Router;
-use oncelog_storage::Engine;
+use metrics_exporter_prometheus::PrometheusHandle;
+use oncelog_storage::{Engine, StorageError};
 
-pub use clock::{Clock, SystemClock};
-pub use config::ServerConfig;
+pub use auth::{AllowAll, AuthError, Authorize};
+pub use config::{ConfigError, ServerConfig};
+pub use oncelog_storage::clock::{Clock, ManualClock, SystemClock};
 
 /// Everything a handler needs. Cheap to clone.
 pub struct AppState<E> {
     pub engine: Arc<E>,
     pub config: Arc<ServerConfig>,
     pub clock: Arc<dyn Clock>,
+    /// Consulted for every stream request ([`auth`]).
+    pub auth: Arc<dyn Authorize>,
+    /// The Prometheus handle; `None` when metrics are off.
+    pub metrics: Option<PrometheusHandle>,
+    /// Set when shutdown begins, so `/readyz` turns 503 while in-flight requests drain.
+    draining: Arc<AtomicBool>,
 }
 
 impl<E> Clone for AppState<E> {
     fn clone(&self) -> Self {
-        Self { engine: self.engine.clone(), config: self.config.clone(), clock: self.clock.clone() }
+        Self {
+            engine: self.engine.clone(),
+            config: self.config.clone(),
+            clock: self.clock.clone(),
+            auth: self.auth.clone(),
+            metrics: self.metrics.clone(),
+            draining: self.draining.clone(),
+        }
     }
 }
 
-/// The router: streams under `/v1/stream/{path}`; everything else is a 404 with a reason.
-pub fn app<E: Engine>(state: AppState<E>) -> Router {
-    Router::new()
+impl<E: Engine> AppState<E> {
+    /// The real clock, no access control, metrics as `config` says.
+    pub fn new(engine: Arc<E>, config: ServerConfig) -> Self {
+        let metrics = config.metrics_path.as_ref().and_then(|_| metrics::install());
+        Self {
+            engine,
+            config: Arc::new(config),
+            clock: Arc::new(SystemClock::default()),
+            auth: Arc::new(AllowAll),
+            metrics,
+            draining: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    pub fn with_auth(mut self, auth: Arc<dyn Authorize>) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+}
+
+/// The router. Layers, outermost first:
+/// 1. CORS and browser-security headers on every answer ([`headers::common`]);
+/// 2. the operational endpoints ([`ops`]), which nothing below applies to;
+/// 3. the authentication hook ([`auth::check`]) for everything else;
+/// 4. request metrics ([`track`]);
+/// 5. the routes: streams under `/v1/stream/{path}`; anything else is a 404 with a reason.
+pub fn app<E: Engine>(state: AppState<E>) -> Result<Router, ConfigError> {
+    state.config.validate()?;
+    let streams = Router::new()
         .route("/v1/stream/{*path}", any(handlers::stream::<E>))
         .fallback(handlers::no_route)
-        .layer(axum::middleware::map_response(headers::common))
-        .with_state(state)
+        .layer(axum::middleware::from_fn(track))
+        .layer(axum::middleware::from_fn_with_state(state.auth.clone(), auth::check))
+        .with_state(state.clone());
+    let mut ops = Router::new()
+        .route(&state.config.healthz_path, get(ops::healthz))
+        .route(&state.config.readyz_path, get(ops::readyz::<E>));
+    if let Some(path) = &state.config.metrics_path {
+        ops = ops.route(path, get(ops::metrics::<E>));
+    }
+    Ok(ops.with_state(state).merge(streams).layer(axum::middleware::map_response(headers::common)))
+}
+
+/// Counts every answered stream request by method and status.
+async fn track(req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    let method = req.method().clone();
+    let resp = next.run(req).await;
+    metrics::request(&method, resp.status());
+    resp
+}
+
+/// Why [`serve`] stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("server I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("storage did not shut down cleanly: {0}")]
+    Storage(#[from] StorageError),
+}
+
+/// Serves `state` on `listener` until `shutdown` completes; then stops accepting, turns
+/// `/readyz` to 503, gives in-flight requests [`ServerConfig::shutdown_grace`] to finish, stops
+/// the sweeper and shuts the engine down (every acknowledged write durable). The only way the
+/// binary and the tests run a server.
+pub async fn serve<E: Engine>(
+    listener: tokio::net::TcpListener,
+    state: AppState<E>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
+    let router = app(state.clone())?;
+    let sweeper = sweeper::spawn(&state);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let mut server = tokio::spawn(
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                let _ = stop_rx.await;
+            })
+            .into_future(),
+    );
+    let served = tokio::select! {
+        () = shutdown => None,
+        r = &mut server => Some(r),
+    };
+    state.draining.store(true, Ordering::Relaxed);
+    let io_result = match served {
+        Some(r) => r,
+        None => {
+            tracing::info!("shutting down: no new connections; finishing in-flight requests");
+            let _ = stop_tx.send(());
+            match tokio::time::timeout(state.config.shutdown_grace, &mut server).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::warn!("grace period over; closing remaining connections");
+                    server.abort();
+                    Ok(Ok(()))
+                }
+            }
+        }
+    };
+    sweeper.abort();
+    state.engine.shutdown().await?;
+    match io_result {
+        Ok(r) => r.map_err(ServeError::Io),
+        Err(join) => Err(ServeError::Io(std::io::Error::other(join))),
+    }
 }

@@ -14,7 +14,7 @@ use oncelog_storage::{Engine, ReadChunk, StreamInfo, WaitOutcome};
 use crate::error::ApiError;
 use crate::handlers::{respond, start_offset};
 use crate::request::{Live, ReadQuery};
-use crate::AppState;
+use crate::{metrics, AppState};
 
 /// How often a waiting live reader renews its stream's sliding TTL.
 const TTL_RENEW_INTERVAL: Duration = Duration::from_secs(1);
@@ -29,7 +29,7 @@ pub async fn get<E: Engine>(
     req_headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
     let now_ms = st.clock.now_ms();
-    let info = st.engine.head(path, now_ms)?;
+    let info = st.engine.head(path, now_ms).await?;
     let q = ReadQuery::parse(query)?;
     let from = start_offset(q.offset, info.tail)?;
     match q.live {
@@ -132,6 +132,7 @@ async fn long_poll<E: Engine>(
         if info.closed {
             return Ok(no_content(&info, cursor));
         }
+        let _live = metrics::LiveReader::open("long-poll");
         match wait_live(st, path, from, st.config.long_poll_timeout).await? {
             WaitOutcome::Changed(i) if i.tail > from => {}
             WaitOutcome::Changed(i) | WaitOutcome::TimedOut(i) => return Ok(no_content(&i, cursor)),
@@ -155,6 +156,8 @@ struct SseState<E> {
     /// When the server ends the response so clients reconnect through CDNs.
     deadline: tokio::time::Instant,
     done: bool,
+    /// Counts this response in `oncelog_live_readers` until it ends.
+    _live: metrics::LiveReader,
 }
 
 fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, info: &StreamInfo) -> Response {
@@ -169,6 +172,7 @@ fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, inf
         sent_control: false,
         deadline: tokio::time::Instant::now() + st.config.sse_max_duration,
         done: false,
+        _live: metrics::LiveReader::open("sse"),
     };
     let events = futures_util::stream::unfold(state, |mut s| async move {
         let bytes = s.next_event().await?;

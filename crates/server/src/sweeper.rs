@@ -1,8 +1,6 @@
 //! Deletes expired streams in the background. Access paths already treat an expired stream as
 //! absent; this reclaims its space when nobody touches it again.
 
-use std::sync::Arc;
-
 use oncelog_storage::Engine;
 
 use crate::AppState;
@@ -24,6 +22,5 @@ pub async fn run<E: Engine>(state: AppState<E>) {
 
 /// Spawns [`run`] on the current runtime.
 pub fn spawn<E: Engine>(state: &AppState<E>) -> tokio::task::JoinHandle<()> {
-    let state = AppState { engine: Arc::clone(&state.engine), config: state.config.clone(), clock: state.clock.clone() };
-    tokio::spawn(run(state))
+    tokio::spawn(run(state.clone()))
 }

@@ -1,11 +1,11 @@
 //! Random requests, valid and not, against a real server: every answer is a deliberate status
 //! (never a 5xx, never a dropped connection), and the server keeps working afterwards.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use oncelog_server::{app, AppState, ServerConfig, SystemClock};
-use oncelog_storage::{EmbeddedEngine, EmbeddedOptions};
+use oncelog_server::ServerConfig;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
@@ -84,20 +84,15 @@ fn request() -> impl Strategy<Value = Req> {
 #[test]
 fn random_requests_never_get_a_server_error() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let base = rt.block_on(async {
-        let engine = EmbeddedEngine::open(EmbeddedOptions::new(dir.path())).expect("engine");
+    let server = rt.block_on(async {
         let config = ServerConfig {
             long_poll_timeout: Duration::from_millis(50),
             sse_max_duration: Duration::from_millis(50),
             ..ServerConfig::default()
         };
-        let state = AppState { engine: Arc::new(engine), config: Arc::new(config), clock: Arc::new(SystemClock::default()) };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, app(state)).await });
-        format!("http://{addr}/v1/stream/")
+        common::TestServer::start(config, None).await
     });
+    let base = format!("{}/", server.base);
     let http = reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("client");
     // Streams to hit (the random requests create, close and delete more).
     rt.block_on(async {

@@ -1,48 +1,31 @@
 //! End-to-end scenarios through a real server on a loopback port 0, for behaviour the official
 //! conformance suite does not reach: our extensions, limits, and the quality of error answers.
 
-use std::sync::atomic::{AtomicI64, Ordering};
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncelog_server::{app, AppState, Clock, ServerConfig};
-use oncelog_storage::{EmbeddedEngine, EmbeddedOptions};
+use oncelog_server::{ManualClock, ServerConfig};
 use reqwest::{Client, StatusCode};
-
-/// A clock the test moves by hand.
-struct ManualClock(AtomicI64);
-
-impl Clock for ManualClock {
-    fn now_ms(&self) -> i64 {
-        self.0.load(Ordering::SeqCst)
-    }
-    fn jitter_s(&self) -> u64 {
-        7
-    }
-}
 
 struct TestServer {
     base: String,
     clock: Arc<ManualClock>,
     http: Client,
-    _dir: tempfile::TempDir,
+    _server: common::TestServer,
 }
 
 impl TestServer {
     async fn start() -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let engine = EmbeddedEngine::open(EmbeddedOptions::new(dir.path())).expect("engine");
-        let clock = Arc::new(ManualClock(AtomicI64::new(1_700_000_000_000)));
+        let clock = Arc::new(ManualClock::new(1_700_000_000_000));
         let config = ServerConfig {
             long_poll_timeout: Duration::from_millis(300),
             max_append_bytes: 64 * 1024,
             ..ServerConfig::default()
         };
-        let state = AppState { engine: Arc::new(engine), config: Arc::new(config), clock: clock.clone() };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, app(state)).await });
-        TestServer { base: format!("http://{addr}/v1/stream"), clock, http: Client::new(), _dir: dir }
+        let server = common::TestServer::start(config, Some(clock.clone())).await;
+        TestServer { base: server.base.clone(), clock, http: Client::new(), _server: server }
     }
 
     fn url(&self, path: &str) -> String {
@@ -144,15 +127,15 @@ async fn unknown_methods_and_paths_are_refused_clearly() {
 async fn ttl_slides_on_reads_but_not_on_head() {
     let s = TestServer::start().await;
     assert_eq!(s.put("t", &[("stream-ttl", "10")]).await.status(), StatusCode::CREATED);
-    s.clock.0.fetch_add(6_000, Ordering::SeqCst);
+    s.clock.advance_ms(6_000);
     assert_eq!(s.http.head(s.url("t")).send().await.expect("head").status(), StatusCode::OK);
-    s.clock.0.fetch_add(6_000, Ordering::SeqCst);
+    s.clock.advance_ms(6_000);
     assert_eq!(s.http.head(s.url("t")).send().await.expect("head").status(), StatusCode::NOT_FOUND, "HEAD did not slide it");
 
     s.put("u", &[("stream-ttl", "10")]).await;
-    s.clock.0.fetch_add(6_000, Ordering::SeqCst);
+    s.clock.advance_ms(6_000);
     assert_eq!(s.http.get(s.url("u")).send().await.expect("get").status(), StatusCode::OK);
-    s.clock.0.fetch_add(6_000, Ordering::SeqCst);
+    s.clock.advance_ms(6_000);
     assert_eq!(s.http.head(s.url("u")).send().await.expect("head").status(), StatusCode::OK, "GET slid the window");
 }
 
@@ -211,7 +194,7 @@ async fn an_open_sse_connection_keeps_a_short_ttl_stream_alive() {
     assert!(String::from_utf8_lossy(&first).contains("upToDate"));
     // Time passes beyond the TTL while the reader stays connected: its waits renew the window.
     for _ in 0..2 {
-        s.clock.0.fetch_add(1_500, Ordering::SeqCst);
+        s.clock.advance_ms(1_500);
         tokio::time::sleep(Duration::from_millis(1_300)).await;
     }
     assert_eq!(s.http.head(s.url("sse-ttl")).send().await.expect("head").status(), StatusCode::OK);
@@ -227,7 +210,7 @@ async fn chained_long_polls_keep_a_short_ttl_stream_alive() {
     // runs past the TTL; each poll's wait renews the window.
     let url = format!("{}?offset={tail}&live=long-poll", s.url("lp-ttl"));
     for _ in 0..4 {
-        s.clock.0.fetch_add(900, Ordering::SeqCst);
+        s.clock.advance_ms(900);
         let r = s.http.get(&url).send().await.expect("poll");
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
     }

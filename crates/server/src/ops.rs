@@ -1,0 +1,42 @@
+//! Operational endpoints outside `/v1/stream/`: liveness, readiness, metrics.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use oncelog_storage::{Engine, Readiness};
+
+use crate::{metrics, AppState};
+
+const TEXT: (&str, &str) = ("content-type", "text/plain; charset=utf-8");
+
+/// `200` while the process serves requests.
+pub async fn healthz() -> Response {
+    (StatusCode::OK, [TEXT], "ok\n").into_response()
+}
+
+/// `200` once recovery is done and writes are accepted; `503` with the reason after a
+/// fail-stop or while draining for shutdown.
+pub async fn readyz<E: Engine>(State(st): State<AppState<E>>) -> Response {
+    if st.draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, [TEXT], "not ready: shutting down\n").into_response();
+    }
+    match st.engine.readiness() {
+        Readiness::Ready => (StatusCode::OK, [TEXT], "ready\n").into_response(),
+        Readiness::NotReady { reason } => {
+            (StatusCode::SERVICE_UNAVAILABLE, [TEXT], format!("not ready: {reason}\n")).into_response()
+        }
+    }
+}
+
+/// The Prometheus scrape.
+pub async fn metrics<E: Engine>(State(st): State<AppState<E>>) -> Response {
+    match &st.metrics {
+        Some(handle) => (
+            StatusCode::OK,
+            [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
+            metrics::render(handle, st.engine.stats()),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, [TEXT], "metrics are switched off\n").into_response(),
+    }
+}

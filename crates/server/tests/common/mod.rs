@@ -1,0 +1,42 @@
+//! A real server for the HTTP tests: the embedded engine in a temporary directory, run by
+//! `oncelog_server::serve` on a loopback port 0 until the test's runtime ends.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use oncelog_embedded::{EmbeddedEngine, EmbeddedOptions, Failpoints};
+use oncelog_server::{serve, AppState, Clock, ServerConfig};
+
+pub struct TestServer {
+    /// `http://127.0.0.1:PORT`
+    pub origin: String,
+    /// `http://127.0.0.1:PORT/v1/stream`
+    pub base: String,
+    pub addr: std::net::SocketAddr,
+    /// Switches that make the engine's storage fail on purpose.
+    pub failpoints: Failpoints,
+    /// Keeps the data directory alive.
+    _dir: tempfile::TempDir,
+}
+
+impl TestServer {
+    pub async fn start(config: ServerConfig, clock: Option<Arc<dyn Clock>>) -> TestServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = EmbeddedOptions::new(dir.path());
+        let failpoints = opts.failpoints.clone();
+        let engine = EmbeddedEngine::open(opts).expect("engine");
+        let mut state = AppState::new(Arc::new(engine), config);
+        if let Some(clock) = clock {
+            state = state.with_clock(clock);
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(serve(listener, state, std::future::pending()));
+        TestServer { origin: format!("http://{addr}"), base: format!("http://{addr}/v1/stream"), addr, failpoints, _dir: dir }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}/{path}", self.base)
+    }
+}
