@@ -27,11 +27,11 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let dir = tempfile::tempdir()?;
-//! # let engine = oncelog_storage::EmbeddedEngine::open(oncelog_storage::EmbeddedOptions::new(dir.path()))?;
-//! # let state = oncelog_server::AppState { engine: std::sync::Arc::new(engine), config: Default::default(), clock: std::sync::Arc::new(oncelog_server::SystemClock::default()) };
+//! # let engine = oncelog_embedded::EmbeddedEngine::open(oncelog_embedded::EmbeddedOptions::new(dir.path()))?;
+//! # let state = oncelog_server::AppState::new(std::sync::Arc::new(engine), Default::default());
 //! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! # let base_url = format!("http://{}/v1/stream", listener.local_addr()?);
-//! # tokio::spawn(async move { axum::serve(listener, oncelog_server::app(state)).await });
+//! # tokio::spawn(oncelog_server::serve(listener, state, std::future::pending()));
 //! use oncelog_client::{Client, CreateOptions, FileEpochStore};
 //!
 //! let client = Client::new(base_url)?; // e.g. "http://127.0.0.1:4437/v1/stream"
@@ -65,11 +65,11 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let dir = tempfile::tempdir()?;
-//! # let engine = oncelog_storage::EmbeddedEngine::open(oncelog_storage::EmbeddedOptions::new(dir.path()))?;
-//! # let state = oncelog_server::AppState { engine: std::sync::Arc::new(engine), config: Default::default(), clock: std::sync::Arc::new(oncelog_server::SystemClock::default()) };
+//! # let engine = oncelog_embedded::EmbeddedEngine::open(oncelog_embedded::EmbeddedOptions::new(dir.path()))?;
+//! # let state = oncelog_server::AppState::new(std::sync::Arc::new(engine), Default::default());
 //! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! # let base_url = format!("http://{}/v1/stream", listener.local_addr()?);
-//! # tokio::spawn(async move { axum::serve(listener, oncelog_server::app(state)).await });
+//! # tokio::spawn(oncelog_server::serve(listener, state, std::future::pending()));
 //! use futures_util::StreamExt;
 //! use oncelog_client::{Client, CreateOptions, LiveMode, ReadFrom, ReadOptions};
 //!

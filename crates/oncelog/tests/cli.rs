@@ -4,10 +4,6 @@ mod common;
 
 use std::time::Duration;
 
-use axum::extract::Request;
-use axum::http::StatusCode;
-use axum::middleware::Next;
-use axum::response::Response;
 use common::{bin, run, Harness};
 
 const LIMIT: Duration = Duration::from_secs(20);
@@ -85,16 +81,21 @@ fn json_streams_take_json_values_and_print_one_message_per_line() {
     assert!(!out.ok && out.stderr.contains("JSON"), "{}", out.stderr);
 }
 
-async fn require_token(req: Request, next: Next) -> Result<Response, StatusCode> {
-    match req.headers().get("authorization").and_then(|v| v.to_str().ok()) {
-        Some("Bearer s3cret") => Ok(next.run(req).await),
-        _ => Err(StatusCode::UNAUTHORIZED),
+/// The server's authentication hook, with one fixed token.
+struct RequireToken;
+
+impl oncelog_server::Authorize for RequireToken {
+    fn authorize(&self, req: &axum::http::request::Parts) -> Result<(), oncelog_server::AuthError> {
+        match req.headers.get("authorization").and_then(|v| v.to_str().ok()) {
+            Some("Bearer s3cret") => Ok(()),
+            _ => Err(oncelog_server::AuthError::Unauthenticated { error: "invalid_token" }),
+        }
     }
 }
 
 #[test]
 fn the_auth_header_comes_from_a_flag_or_the_environment() {
-    let h = Harness::start_with(|r| r.layer(axum::middleware::from_fn(require_token)));
+    let h = Harness::start_with(std::sync::Arc::new(RequireToken));
     let out = run(
         {
             let mut c = bin();

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncelog_server::{app, AppState, ServerConfig, SystemClock};
-use oncelog_storage::{Durability, EmbeddedEngine, EmbeddedOptions};
+use oncelog_embedded::{Durability, EmbeddedEngine, EmbeddedOptions};
+use oncelog_server::{serve, AppState, ServerConfig};
 
 /// A running server; dropping it stops accepting (the runtime ends with the test).
 pub struct TestServer {
@@ -35,10 +35,10 @@ impl TestServer {
         // The tests here are about the network path, not disk durability.
         opts.durability = Durability::Buffered;
         let engine = EmbeddedEngine::open(opts).expect("engine");
-        let state = AppState { engine: Arc::new(engine), config: Arc::new(config), clock: Arc::new(SystemClock::default()) };
+        let state = AppState::new(Arc::new(engine), config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move { axum::serve(listener, app(state)).await });
+        tokio::spawn(serve(listener, state, std::future::pending()));
         TestServer { base: format!("http://{addr}/v1/stream"), addr, _dir: dir }
     }
 }

@@ -7,8 +7,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncelog_server::{app, AppState, ServerConfig, SystemClock};
-use oncelog_storage::{Durability, EmbeddedEngine, EmbeddedOptions};
+use oncelog_embedded::{Durability, EmbeddedEngine, EmbeddedOptions};
+use oncelog_server::{serve, AllowAll, AppState, Authorize, ServerConfig};
 
 pub struct Harness {
     /// Runs the server (and any proxy) while the test thread blocks on child processes.
@@ -22,24 +22,23 @@ pub struct Harness {
 }
 
 impl Harness {
-    /// A server whose router is wrapped by `wrap` (for example to require auth).
-    pub fn start_with(wrap: impl FnOnce(axum::Router) -> axum::Router) -> Harness {
+    /// A server whose requests are decided by `auth` (for example to require a token).
+    pub fn start_with(auth: Arc<dyn Authorize>) -> Harness {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
         let dir = tempfile::tempdir().expect("tempdir");
         let mut opts = EmbeddedOptions::new(dir.path().join("data"));
         opts.durability = Durability::Buffered;
         let engine = EmbeddedEngine::open(opts).expect("engine");
         let config = ServerConfig { long_poll_timeout: Duration::from_millis(500), ..ServerConfig::default() };
-        let state = AppState { engine: Arc::new(engine), config: Arc::new(config), clock: Arc::new(SystemClock::default()) };
-        let router = wrap(app(state));
+        let state = AppState::new(Arc::new(engine), config).with_auth(auth);
         let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
         let addr = listener.local_addr().expect("addr");
-        rt.spawn(async move { axum::serve(listener, router).await });
+        rt.spawn(serve(listener, state, std::future::pending()));
         Harness { rt, addr, base: format!("http://{addr}/v1/stream"), dir }
     }
 
     pub fn start() -> Harness {
-        Harness::start_with(|r| r)
+        Harness::start_with(Arc::new(AllowAll))
     }
 
     pub fn client(&self) -> oncelog_client::Client {
