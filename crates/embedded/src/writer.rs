@@ -123,6 +123,8 @@ fn reply<T: Send + 'static, E: From<StorageError> + Send + 'static>(
 }
 
 impl Writer {
+    // One constructor, called once, taking each shared handle the writer keeps.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         ks: Arc<Keyspaces>,
         published: Arc<RwLock<HashMap<String, Arc<Shared>>>>,

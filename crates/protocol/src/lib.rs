@@ -1,4 +1,5 @@
-//! Durable Streams protocol types for Oncelog, shared by the server and (later) the client.
+//! Durable Streams protocol types for Oncelog, shared by the server, the storage rules and the
+//! client.
 //!
 //! Nothing in this crate does I/O or depends on an async runtime: every function is a pure
 //! transformation that can be unit- and property-tested in isolation.

@@ -57,11 +57,13 @@ fn request(op: &Op) -> AppendRequest {
     }
 }
 
+/// One accepted request: (producer (id, epoch, seq), end offset, closed the stream, stream seq).
+type Accepted = (Option<(u8, u64, u64)>, u64, bool, Option<u8>);
+
 /// Every accepted request, in order: the model's only state.
 #[derive(Default)]
 struct Model {
-    /// (producer, epoch, seq, end offset, closed the stream, stream seq)
-    accepted: Vec<(Option<(u8, u64, u64)>, u64, bool, Option<u8>)>,
+    accepted: Vec<Accepted>,
 }
 
 impl Model {
@@ -87,11 +89,8 @@ impl Model {
                 }
                 None => {}
                 Some(&(cur, _, _)) if epoch < cur => return Err(AppendError::ProducerFenced { current_epoch: cur }),
-                Some(&(cur, _, _)) if epoch > cur => {
-                    if seq != 0 {
-                        return Err(AppendError::ProducerEpochSeq);
-                    }
-                }
+                Some(&(cur, _, _)) if epoch > cur && seq != 0 => return Err(AppendError::ProducerEpochSeq),
+                Some(&(cur, _, _)) if epoch > cur => {}
                 Some(&(cur, last, _)) => {
                     let in_epoch: Vec<_> = mine.iter().filter(|m| m.0 == cur).collect();
                     if seq <= last {
@@ -123,7 +122,7 @@ impl Model {
         if op.len > 0 && !op.matching_type {
             return Err(AppendError::ContentTypeMismatch);
         }
-        let last_seq = self.accepted.iter().filter_map(|a| a.3).last();
+        let last_seq = self.accepted.iter().filter_map(|a| a.3).next_back();
         if let (Some(s), Some(last)) = (op.stream_seq, last_seq) {
             if format!("s{s}") <= format!("s{last}") {
                 return Err(AppendError::StreamSeqRegression);
