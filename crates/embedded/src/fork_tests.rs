@@ -4,11 +4,13 @@
 use bytes::Bytes;
 use oncelog_protocol::Offset;
 
+use oncelog_storage::contract::{self, append_req, create_req};
+
 use super::test_support::copy_dir;
 use super::*;
 
 async fn read_all(e: &EmbeddedEngine, path: &str) -> String {
-    String::from_utf8(super::test_support::read_all(e, path, 3).await).expect("utf8")
+    contract::read_all(e, path, 3).await
 }
 
 fn open_at(dir: &std::path::Path) -> EmbeddedEngine {
@@ -16,42 +18,16 @@ fn open_at(dir: &std::path::Path) -> EmbeddedEngine {
 }
 
 fn plain(path: &str, initial: &str) -> CreateRequest {
-    CreateRequest {
-        path: path.into(),
-        content_type: Some("text/plain".into()),
-        expiry: None,
-        fork: None,
-        closed: false,
-        initial: Bytes::from(initial.to_owned()),
-        json_framed: false,
-        now_ms: 0,
-    }
+    CreateRequest { initial: Bytes::from(initial.to_owned()), ..create_req(path, "text/plain") }
 }
 
 fn fork(path: &str, source: &str, offset: Option<u64>) -> CreateRequest {
-    CreateRequest {
-        content_type: None,
-        fork: Some(ForkRequest { source: source.into(), offset: offset.map(Offset), sub_offset: 0 }),
-        ..plain(path, "")
-    }
+    contract::fork_req(path, source, offset, 0)
 }
 
 async fn append(e: &EmbeddedEngine, path: &str, data: &str) -> AppendOutcome {
-    e.append(AppendRequest {
-        path: path.into(),
-        stream_id: None,
-        json_framed: false,
-        content_type: Some("text/plain".into()),
-        data: Bytes::from(data.to_owned()),
-        close: false,
-        stream_seq: None,
-        producer: None,
-        now_ms: 0,
-    })
-    .await
-    .expect("append")
+    contract::append(e, append_req(path, data)).await
 }
-
 
 #[tokio::test]
 async fn a_crash_between_fork_creation_and_its_first_append_loses_nothing() {

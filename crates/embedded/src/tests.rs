@@ -1,53 +1,22 @@
 //! Scenario tests of the embedded engine against a real data directory.
 
-use bytes::Bytes;
-use oncelog_protocol::headers::ProducerHeaders;
 use oncelog_protocol::Offset;
+use oncelog_storage::contract::{self, append_req, create_req, produce};
 
 use super::test_support::copy_dir;
 use super::*;
 
 async fn read_all(e: &EmbeddedEngine, path: &str) -> Vec<u8> {
-    super::test_support::read_all(e, path, 7).await
+    contract::read_all(e, path, 7).await.into_bytes()
 }
 
 fn open(dir: &std::path::Path) -> EmbeddedEngine {
     EmbeddedEngine::open(EmbeddedOptions::new(dir)).expect("open engine")
 }
 
-fn create_req(path: &str, ct: &str) -> CreateRequest {
-    CreateRequest {
-        path: path.into(),
-        content_type: Some(ct.into()),
-        expiry: None,
-        fork: None,
-        closed: false,
-        initial: Bytes::new(),
-        json_framed: false,
-        now_ms: 0,
-    }
-}
-
 async fn create(e: &EmbeddedEngine, path: &str) -> StreamInfo {
-    match e.create(create_req(path, "text/plain")).await.expect("create") {
-        CreateOutcome::Created(i) | CreateOutcome::Existing(i) => i,
-    }
+    contract::create(e, create_req(path, "text/plain")).await
 }
-
-fn append_req(path: &str, data: &str, producer: Option<(&str, u64, u64)>) -> AppendRequest {
-    AppendRequest {
-        path: path.into(),
-        stream_id: None,
-        json_framed: false,
-        content_type: Some("text/plain".into()),
-        data: Bytes::from(data.to_owned()),
-        close: false,
-        stream_seq: None,
-        producer: producer.map(|(id, epoch, seq)| ProducerHeaders { id: id.into(), epoch, seq }),
-        now_ms: 0,
-    }
-}
-
 
 #[tokio::test]
 async fn crash_without_shutdown_keeps_acknowledged_appends() {
@@ -56,7 +25,7 @@ async fn crash_without_shutdown_keeps_acknowledged_appends() {
         let e = open(dir.path());
         create(&e, "s").await;
         for i in 0..50u64 {
-            e.append(append_req("s", "x", Some(("p", 0, i)))).await.expect("append");
+            e.append(produce("s", "x", "p", 0, i)).await.expect("append");
         }
         // Dropped without shutdown: only what fsync made durable may be relied on.
         std::mem::forget(e);
@@ -67,7 +36,7 @@ async fn crash_without_shutdown_keeps_acknowledged_appends() {
     copy_dir(dir.path(), copy.path());
     let e = open(copy.path());
     assert_eq!(e.head("s", 0).await.expect("head").tail, Offset(50));
-    let dup = e.append(append_req("s", "x", Some(("p", 0, 49)))).await.expect("dup");
+    let dup = e.append(produce("s", "x", "p", 0, 49)).await.expect("dup");
     assert_eq!(dup.status, AppendStatus::Duplicate);
 }
 
@@ -79,7 +48,7 @@ async fn torn_journal_tail_is_truncated_on_recovery() {
         let e = open(dir.path());
         create(&e, "s").await;
         for i in 0..20u64 {
-            e.append(append_req("s", &format!("r{i:03}"), None)).await.expect("append");
+            e.append(append_req("s", &format!("r{i:03}"))).await.expect("append");
         }
         std::mem::forget(e);
     }
@@ -122,7 +91,7 @@ async fn concurrent_appends_share_group_commits_and_all_land() {
         tasks.push(tokio::spawn(async move {
             let path = format!("s{}", p % 4);
             for seq in 0..20u64 {
-                let r = e.append(append_req(&path, "0123456789", Some((&format!("p{p}"), 0, seq)))).await.expect("append");
+                let r = e.append(produce(&path, "0123456789", &format!("p{p}"), 0, seq)).await.expect("append");
                 assert_eq!(r.status, AppendStatus::Appended);
             }
         }));
@@ -142,14 +111,14 @@ async fn a_failed_sync_stops_all_later_writes_but_not_reads() {
     let failpoints = opts.failpoints.clone();
     let e = EmbeddedEngine::open(opts).expect("open");
     create(&e, "s").await;
-    e.append(append_req("s", "ok", None)).await.expect("append before the failure");
+    e.append(append_req("s", "ok")).await.expect("append before the failure");
 
     failpoints.fail_sync(true);
-    let failed = e.append(append_req("s", "lost", None)).await;
+    let failed = e.append(append_req("s", "lost")).await;
     assert!(matches!(failed, Err(AppendError::Storage(StorageError::Backend(_)))), "{failed:?}");
     // The disk "recovers", but the writer does not pretend: fail-stop until restart.
     failpoints.fail_sync(false);
-    let later = e.append(append_req("s", "later", None)).await;
+    let later = e.append(append_req("s", "later")).await;
     assert!(matches!(later, Err(AppendError::Storage(StorageError::Poisoned))), "{later:?}");
     let create_later = e
         .create(create_req("t", "text/plain"))
@@ -166,11 +135,11 @@ async fn keys_too_long_to_store_are_refused_without_harming_the_writer() {
     let e = open(dir.path());
     create(&e, "s").await;
     let long_id = "i".repeat(70_000);
-    let r = e.append(append_req("s", "x", Some((&long_id, 0, 0)))).await;
+    let r = e.append(produce("s", "x", &long_id, 0, 0)).await;
     assert!(matches!(r, Err(AppendError::ProducerIdTooLong)), "{r:?}");
     let r = e.create(create_req(&"p".repeat(70_000), "text/plain")).await;
     assert!(matches!(r, Err(CreateError::InvalidPath)), "{r:?}");
     let r = e.create(create_req("", "text/plain")).await;
     assert!(matches!(r, Err(CreateError::InvalidPath)), "{r:?}");
-    assert_eq!(e.append(append_req("s", "ok", None)).await.expect("writer alive").next_offset, Offset(2));
+    assert_eq!(e.append(append_req("s", "ok")).await.expect("writer alive").next_offset, Offset(2));
 }

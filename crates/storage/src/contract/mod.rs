@@ -81,9 +81,9 @@ macro_rules! engine_contract_tests {
     };
 }
 
-// --- request builders shared by the cases ---
+// --- request builders and helpers, shared by the cases and by engines' own tests ---
 
-pub(crate) fn create_req(path: &str, ct: &str) -> CreateRequest {
+pub fn create_req(path: &str, ct: &str) -> CreateRequest {
     CreateRequest {
         path: path.into(),
         content_type: Some(ct.into()),
@@ -96,7 +96,7 @@ pub(crate) fn create_req(path: &str, ct: &str) -> CreateRequest {
     }
 }
 
-pub(crate) fn fork_req(path: &str, source: &str, offset: Option<u64>, sub_offset: u64) -> CreateRequest {
+pub fn fork_req(path: &str, source: &str, offset: Option<u64>, sub_offset: u64) -> CreateRequest {
     CreateRequest {
         content_type: None,
         fork: Some(ForkRequest { source: source.into(), offset: offset.map(Offset), sub_offset }),
@@ -104,7 +104,7 @@ pub(crate) fn fork_req(path: &str, source: &str, offset: Option<u64>, sub_offset
     }
 }
 
-pub(crate) fn append_req(path: &str, data: &str) -> AppendRequest {
+pub fn append_req(path: &str, data: &str) -> AppendRequest {
     AppendRequest {
         path: path.into(),
         stream_id: None,
@@ -118,26 +118,26 @@ pub(crate) fn append_req(path: &str, data: &str) -> AppendRequest {
     }
 }
 
-pub(crate) fn produce(path: &str, data: &str, id: &str, epoch: u64, seq: u64) -> AppendRequest {
+pub fn produce(path: &str, data: &str, id: &str, epoch: u64, seq: u64) -> AppendRequest {
     AppendRequest { producer: Some(ProducerHeaders { id: id.into(), epoch, seq }), ..append_req(path, data) }
 }
 
-pub(crate) fn close_req(path: &str) -> AppendRequest {
+pub fn close_req(path: &str) -> AppendRequest {
     AppendRequest { close: true, data: Bytes::new(), content_type: None, ..append_req(path, "") }
 }
 
-pub(crate) async fn create<E: Engine>(e: &E, req: CreateRequest) -> StreamInfo {
+pub async fn create<E: Engine>(e: &E, req: CreateRequest) -> StreamInfo {
     match e.create(req).await.expect("create") {
         CreateOutcome::Created(i) | CreateOutcome::Existing(i) => i,
     }
 }
 
-pub(crate) async fn append<E: Engine>(e: &E, req: AppendRequest) -> AppendOutcome {
+pub async fn append<E: Engine>(e: &E, req: AppendRequest) -> AppendOutcome {
     e.append(req).await.expect("append")
 }
 
 /// A whole stream read in `page`-byte pages, so paging and segment boundaries are exercised.
-pub(crate) async fn read_all<E: Engine>(e: &E, path: &str, page: usize) -> String {
+pub async fn read_all<E: Engine>(e: &E, path: &str, page: usize) -> String {
     let mut out = Vec::new();
     let mut at = Offset::ZERO;
     loop {
@@ -152,6 +152,6 @@ pub(crate) async fn read_all<E: Engine>(e: &E, path: &str, page: usize) -> Strin
 }
 
 /// The stored form of JSON messages (what a caller frames with `json::encode_body`).
-pub(crate) fn json_framed(values: &[&str]) -> Bytes {
+pub fn json_framed(values: &[&str]) -> Bytes {
     Bytes::from(values.iter().map(|v| format!("{v},")).collect::<String>())
 }
