@@ -72,6 +72,19 @@ pub struct ServeArgs {
     /// Path of the readiness probe (200 while writes are accepted, else 503 with the reason).
     #[arg(long, env = "ONCELOG_READYZ_PATH", default_value = "/readyz")]
     readyz_path: String,
+
+    /// Connections served at once; beyond it new clients wait until one closes.
+    #[arg(long, env = "ONCELOG_MAX_CONNECTIONS", default_value_t = 4096)]
+    max_connections: usize,
+
+    /// Time a client gets to send a request's headers, and how long an idle HTTP/1 keep-alive
+    /// connection stays open, in ms.
+    #[arg(long, env = "ONCELOG_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000)]
+    header_read_timeout_ms: u64,
+
+    /// Longest pause between two pieces of a request body before the request gets 408, in ms.
+    #[arg(long, env = "ONCELOG_BODY_READ_TIMEOUT_MS", default_value_t = 10_000)]
+    body_read_timeout_ms: u64,
 }
 
 /// Why `oncelog serve` could not start.
@@ -92,6 +105,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         healthz_path: args.healthz_path.clone(),
         readyz_path: args.readyz_path.clone(),
         metrics_path: args.metrics.then(|| args.metrics_path.clone()),
+        max_connections: args.max_connections,
+        header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+        body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
     };
     config.validate()?;
     match args.storage.as_str() {

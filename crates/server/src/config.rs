@@ -27,6 +27,13 @@ pub struct ServerConfig {
     pub readyz_path: String,
     /// Prometheus scrape path; `None` switches metrics off (nothing is recorded).
     pub metrics_path: Option<String>,
+    /// Connections served at once; beyond it the listener waits for one to close.
+    pub max_connections: usize,
+    /// Time an HTTP/1 client gets to send a request's headers; also how long an idle keep-alive
+    /// connection stays open.
+    pub header_read_timeout: Duration,
+    /// Longest pause between two pieces of a request body before the request is answered `408`.
+    pub body_read_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -41,6 +48,9 @@ impl Default for ServerConfig {
             healthz_path: "/healthz".into(),
             readyz_path: "/readyz".into(),
             metrics_path: Some("/metrics".into()),
+            max_connections: 4096,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -76,6 +86,12 @@ impl ServerConfig {
         }
         if self.max_read_bytes == 0 {
             return Err(ConfigError::Zero("max read bytes"));
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError::Zero("max connections"));
+        }
+        if self.header_read_timeout.is_zero() || self.body_read_timeout.is_zero() {
+            return Err(ConfigError::Zero("read timeout"));
         }
         Ok(())
     }

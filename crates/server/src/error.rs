@@ -16,6 +16,8 @@ pub enum ApiError {
     PayloadTooLarge { limit: usize },
     #[error("could not read the request body")]
     BodyRead,
+    #[error("the request body stalled; send it without long pauses")]
+    BodyTimeout,
     #[error("no such route; streams live under /v1/stream/")]
     NoRoute,
     #[error("method not allowed on a stream")]
@@ -50,6 +52,7 @@ impl ApiError {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, vec![]),
             ApiError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
             ApiError::BodyRead => (StatusCode::BAD_REQUEST, vec![]),
+            ApiError::BodyTimeout => (StatusCode::REQUEST_TIMEOUT, vec![h("connection", "close")]),
             ApiError::NoRoute => (StatusCode::NOT_FOUND, vec![]),
             ApiError::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,

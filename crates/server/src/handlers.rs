@@ -61,8 +61,9 @@ pub async fn no_route(method: Method, req_headers: HeaderMap) -> Response {
     ApiError::NoRoute.into_response()
 }
 
-/// Reads a request body, refusing more than `limit` bytes with 413.
-async fn body_bytes(body: Body, req_headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+/// Reads a request body, refusing more than `limit` bytes with 413 and a client that pauses
+/// longer than `pause` between two pieces with 408.
+async fn body_bytes(body: Body, req_headers: &HeaderMap, limit: usize, pause: std::time::Duration) -> Result<Bytes, ApiError> {
     let declared = req_headers
         .get("content-length")
         .and_then(|v| v.to_str().ok())
@@ -72,7 +73,7 @@ async fn body_bytes(body: Body, req_headers: &HeaderMap, limit: usize) -> Result
     }
     let mut stream = body.into_data_stream();
     let mut buf = BytesMut::with_capacity(declared.map_or(0, |n| n as usize));
-    while let Some(frame) = stream.next().await {
+    while let Some(frame) = tokio::time::timeout(pause, stream.next()).await.map_err(|_| ApiError::BodyTimeout)? {
         let frame = frame.map_err(|_| ApiError::BodyRead)?;
         if buf.len() + frame.len() > limit {
             return Err(ApiError::PayloadTooLarge { limit });
@@ -127,7 +128,7 @@ async fn create<E: Engine>(
     body: Body,
 ) -> Result<Response, ApiError> {
     let h = CreateHeaders::parse(req_headers)?;
-    let body = body_bytes(body, req_headers, st.config.max_append_bytes).await?;
+    let body = body_bytes(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?;
     let fork = h.fork.map(|f| ForkRequest { source: f.source, offset: f.offset, sub_offset: f.sub_offset });
     let mut attempt = 0;
     let outcome = loop {
@@ -178,7 +179,7 @@ async fn append<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap
     // Existence first: a missing stream is 404 whatever else is wrong with the request.
     let mut info = st.engine.head(path, st.clock.now_ms()).await?;
     let h = AppendHeaders::parse(req_headers)?;
-    let body = body_bytes(body, req_headers, st.config.max_append_bytes).await?;
+    let body = body_bytes(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?;
     if body.is_empty() && !h.close {
         return Err(RequestError::EmptyBody.into());
     }

@@ -13,6 +13,8 @@
 //! - [`headers`]: the response headers every answer carries (CORS, browser security) and the
 //!   CORS preflight.
 //! - [`auth`]: the authentication hook point.
+//! - [`listen`]: the connection loop (HTTP/1.1 and h2c, connection limits, header timeouts,
+//!   half-close, graceful drain).
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`metrics`]: what is recorded, and the Prometheus scrape.
 //! - [`sweeper`]: the background task that deletes expired streams.
@@ -25,13 +27,14 @@ pub mod config;
 pub mod error;
 pub mod handlers;
 pub mod headers;
+pub mod listen;
 pub mod metrics;
 pub mod ops;
 pub mod read;
 pub mod request;
 pub mod sweeper;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -135,8 +138,6 @@ async fn track(req: axum::extract::Request, next: axum::middleware::Next) -> axu
 pub enum ServeError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("server I/O failed: {0}")]
-    Io(#[from] std::io::Error),
     #[error("storage did not shut down cleanly: {0}")]
     Storage(#[from] StorageError),
 }
@@ -152,38 +153,20 @@ pub async fn serve<E: Engine>(
 ) -> Result<(), ServeError> {
     let router = app(state.clone())?;
     let sweeper = sweeper::spawn(&state);
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let mut server = tokio::spawn(
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                let _ = stop_rx.await;
-            })
-            .into_future(),
-    );
-    let served = tokio::select! {
-        () = shutdown => None,
-        r = &mut server => Some(r),
+    let limits = listen::Limits {
+        max_connections: state.config.max_connections,
+        header_read_timeout: state.config.header_read_timeout,
     };
-    state.draining.store(true, Ordering::Relaxed);
-    let io_result = match served {
-        Some(r) => r,
-        None => {
-            tracing::info!("shutting down: no new connections; finishing in-flight requests");
-            let _ = stop_tx.send(());
-            match tokio::time::timeout(state.config.shutdown_grace, &mut server).await {
-                Ok(r) => r,
-                Err(_) => {
-                    tracing::warn!("grace period over; closing remaining connections");
-                    server.abort();
-                    Ok(Ok(()))
-                }
-            }
-        }
+    let draining = state.draining.clone();
+    let stop = async move {
+        shutdown.await;
+        draining.store(true, Ordering::Relaxed);
+        tracing::info!("shutting down: no new connections; finishing in-flight requests");
     };
+    if !listen::run(listener, router, limits, stop, state.config.shutdown_grace).await {
+        tracing::warn!("grace period over; closing remaining connections");
+    }
     sweeper.abort();
     state.engine.shutdown().await?;
-    match io_result {
-        Ok(r) => r.map_err(ServeError::Io),
-        Err(join) => Err(ServeError::Io(std::io::Error::other(join))),
-    }
+    Ok(())
 }

@@ -1,0 +1,161 @@
+//! The connection loop under broken and hostile clients: half-closed sockets, clients that
+//! trickle headers or bodies, idle sockets, too many connections; and HTTP/2 without TLS.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use oncelog_server::ServerConfig;
+use reqwest::StatusCode;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn config() -> ServerConfig {
+    ServerConfig {
+        header_read_timeout: Duration::from_millis(500),
+        body_read_timeout: Duration::from_millis(500),
+        long_poll_timeout: Duration::from_millis(300),
+        ..ServerConfig::default()
+    }
+}
+
+async fn put(s: &common::TestServer, path: &str) {
+    let r = reqwest::Client::new().put(s.url(path)).header("content-type", "text/plain").send().await.expect("put");
+    assert!(r.status().is_success());
+}
+
+/// Reads until the peer closes (or `limit` passes); returns what arrived and whether it closed.
+async fn read_to_close(conn: &mut TcpStream, limit: Duration) -> (String, bool) {
+    let mut out = Vec::new();
+    let closed = tokio::time::timeout(limit, conn.read_to_end(&mut out)).await.is_ok();
+    (String::from_utf8_lossy(&out).into_owned(), closed)
+}
+
+#[tokio::test]
+async fn a_client_that_half_closes_after_its_request_still_gets_the_answer() {
+    let s = common::TestServer::start(config(), None).await;
+    put(&s, "h").await;
+    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    conn.write_all(b"POST /v1/stream/h HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello")
+        .await
+        .expect("write");
+    conn.shutdown().await.expect("half-close");
+    let (answer, _) = read_to_close(&mut conn, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 204"), "answer: {answer:?}");
+    let body = reqwest::get(s.url("h")).await.expect("get").text().await.expect("text");
+    assert_eq!(body, "hello");
+}
+
+#[tokio::test]
+async fn idle_and_trickling_connections_are_closed_and_never_starve_others() {
+    let s = common::TestServer::start(config(), None).await;
+    put(&s, "t").await;
+    // 200 sockets: half of them send nothing, half trickle a header a byte at a time.
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        idle.push(TcpStream::connect(s.addr).await.expect("connect"));
+    }
+    let mut trickling = Vec::new();
+    for _ in 0..100 {
+        trickling.push(TcpStream::connect(s.addr).await.expect("connect"));
+    }
+    let trickle = tokio::spawn(async move {
+        let header = b"GET /v1/stream/t HTTP/1.1\r\nHost: t\r\nX-Slow: ";
+        for i in 0..40usize {
+            for c in trickling.iter_mut() {
+                if c.write_all(&header[i % header.len()..][..1]).await.is_err() {
+                    continue;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        trickling
+    });
+    // A normal client is served promptly meanwhile.
+    let started = Instant::now();
+    let http = reqwest::Client::new();
+    for _ in 0..10 {
+        let r = http.get(s.url("t")).send().await.expect("get");
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "normal requests took {:?}", started.elapsed());
+    // The idle sockets are closed once the header timeout passes.
+    for c in &mut idle {
+        let (_, closed) = read_to_close(c, Duration::from_secs(3)).await;
+        assert!(closed, "an idle socket stays open");
+    }
+    // So are the trickling ones, although they keep sending.
+    let mut trickling = trickle.await.expect("trickle task");
+    for c in &mut trickling {
+        let (_, closed) = read_to_close(c, Duration::from_secs(3)).await;
+        assert!(closed, "a trickling socket stays open");
+    }
+}
+
+#[tokio::test]
+async fn a_stalled_body_is_answered_408() {
+    let s = common::TestServer::start(config(), None).await;
+    put(&s, "b").await;
+    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    conn.write_all(b"POST /v1/stream/b HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\nabc")
+        .await
+        .expect("write");
+    let (answer, closed) = read_to_close(&mut conn, Duration::from_secs(3)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "answer: {answer:?}");
+    assert!(closed);
+    let head = reqwest::Client::new().head(s.url("b")).send().await.expect("head");
+    assert_eq!(head.headers()["stream-next-offset"], "0000000000000000_0000000000000000", "nothing written");
+}
+
+#[tokio::test]
+async fn beyond_max_connections_new_clients_wait_for_a_free_slot() {
+    let s = common::TestServer::start(ServerConfig { max_connections: 2, ..config() }, None).await;
+    put(&s, "m").await;
+    // Two silent sockets hold both slots until the header timeout frees them.
+    let _a = TcpStream::connect(s.addr).await.expect("connect");
+    let _b = TcpStream::connect(s.addr).await.expect("connect");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = Instant::now();
+    let r = reqwest::Client::new().get(s.url("m")).send().await.expect("get");
+    assert_eq!(r.status(), StatusCode::OK);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(300), "served at once ({waited:?}) although both slots were taken");
+    assert!(waited < Duration::from_secs(3), "waited {waited:?}");
+}
+
+#[tokio::test]
+async fn http2_with_prior_knowledge_carries_every_read_mode_on_one_connection() {
+    let s = common::TestServer::start(config(), None).await;
+    let h2 = reqwest::Client::builder().http2_prior_knowledge().build().expect("client");
+    let r = h2.put(s.url("two")).header("content-type", "text/plain").send().await.expect("put");
+    assert_eq!((r.status(), r.version()), (StatusCode::CREATED, reqwest::Version::HTTP_2));
+    // Twenty SSE readers and a long-poll on one HTTP/2 connection, then one append reaches all.
+    let mut readers = Vec::new();
+    for _ in 0..20 {
+        let h2 = h2.clone();
+        let url = s.url("two") + "?offset=-1&live=sse";
+        readers.push(tokio::spawn(async move {
+            let mut resp = h2.get(url).send().await.expect("sse");
+            assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+            let mut seen = String::new();
+            while !seen.contains("hello") {
+                match tokio::time::timeout(Duration::from_secs(5), resp.chunk()).await {
+                    Ok(Ok(Some(c))) => seen.push_str(&String::from_utf8_lossy(&c)),
+                    other => panic!("SSE ended early: {other:?} after {seen:?}"),
+                }
+            }
+        }));
+    }
+    let lp = {
+        let h2 = h2.clone();
+        let url = s.url("two") + "?offset=now&live=long-poll";
+        tokio::spawn(async move { h2.get(url).send().await.expect("long-poll").text().await.expect("text") })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = h2.post(s.url("two")).header("content-type", "text/plain").body("hello").send().await.expect("post");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    for r in readers {
+        r.await.expect("reader");
+    }
+    assert_eq!(lp.await.expect("long-poll"), "hello");
+}
