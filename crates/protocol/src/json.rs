@@ -7,11 +7,19 @@
 
 use serde_json::value::RawValue;
 
+/// Deepest nesting of arrays and objects accepted in a message (the top-level array a batch is
+/// flattened from does not count). Every JSON reader has a limit (serde_json's is 128): refusing
+/// deeper input at the door means whatever is stored can be read back by the project's own client
+/// and by typical ones.
+pub const MAX_DEPTH: usize = 64;
+
 /// Why a JSON body was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JsonError {
     #[error("body is not valid JSON")]
     Invalid,
+    #[error("JSON is nested more than 64 levels deep")]
+    TooDeep,
     #[error("an empty JSON array appends nothing")]
     EmptyArray,
 }
@@ -26,6 +34,10 @@ pub enum EmptyArray {
 /// Validates a body and returns its stored form: a top-level array is flattened one level into
 /// its elements, anything else is one message.
 pub fn encode_body(body: &[u8], empty: EmptyArray) -> Result<Vec<u8>, JsonError> {
+    // One level more for the batch array, which is flattened away.
+    if depth(body) > MAX_DEPTH + 1 {
+        return Err(JsonError::TooDeep);
+    }
     let text = std::str::from_utf8(body).map_err(|_| JsonError::Invalid)?;
     let value: &RawValue = serde_json::from_str(text).map_err(|_| JsonError::Invalid)?;
     let raw = value.get();
@@ -44,6 +56,33 @@ pub fn encode_body(body: &[u8], empty: EmptyArray) -> Result<Vec<u8>, JsonError>
         out.push(b',');
     }
     Ok(out)
+}
+
+/// The deepest nesting of `[` / `{` in `text`, outside strings. Run before parsing, so that no
+/// parser ever recurses into input deeper than the limit.
+fn depth(text: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+    for &b in text {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 /// Renders stored bytes (whole messages) as the JSON array a GET returns.
@@ -116,6 +155,21 @@ mod tests {
 
     fn stored(body: &str) -> String {
         String::from_utf8(encode_body(body.as_bytes(), EmptyArray::Rejected).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn nesting_is_limited_and_strings_do_not_count() {
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        // A message 64 deep is fine alone or inside a batch array; 65 is not.
+        assert!(encode_body(nested(64).as_bytes(), EmptyArray::Allowed).is_ok());
+        assert!(encode_body(format!("[{}]", nested(64)).as_bytes(), EmptyArray::Allowed).is_ok());
+        assert_eq!(encode_body(format!("[{}]", nested(65)).as_bytes(), EmptyArray::Allowed), Err(JsonError::TooDeep));
+        assert_eq!(encode_body(format!("{{\"a\":{}}}", nested(200)).as_bytes(), EmptyArray::Allowed), Err(JsonError::TooDeep));
+        let in_string = format!("\"{}\\\"{}\"", "[".repeat(300), "{".repeat(300));
+        assert!(encode_body(in_string.as_bytes(), EmptyArray::Allowed).is_ok());
+        // What is accepted can be read back by a default serde_json reader.
+        let stored = encode_body(format!("[{}]", nested(64)).as_bytes(), EmptyArray::Allowed).expect("accepted");
+        assert!(serde_json::from_slice::<serde_json::Value>(&render_array(&stored)).is_ok());
     }
 
     #[test]

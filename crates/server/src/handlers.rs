@@ -181,7 +181,11 @@ async fn append<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap
     let h = AppendHeaders::parse(req_headers)?;
     let body = body_bytes(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?;
     if body.is_empty() && !h.close {
-        return Err(RequestError::EmptyBody.into());
+        return Err(match h.ignored_closed_value.clone() {
+            Some(v) => RequestError::EmptyBodyClosedValue(v),
+            None => RequestError::EmptyBody,
+        }
+        .into());
     }
     let ct = if body.is_empty() { None } else { Some(h.content_type.clone().ok_or(RequestError::MissingContentType)?) };
     let has_producer = h.producer.is_some();

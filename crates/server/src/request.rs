@@ -25,6 +25,10 @@ pub enum RequestError {
     NonUtf8Header(&'static str),
     #[error("an empty body is only allowed with Stream-Closed: true")]
     EmptyBody,
+    #[error("an empty body is only allowed with Stream-Closed: true, and {0:?} is not `true` (any other value counts as absent)")]
+    EmptyBodyClosedValue(String),
+    #[error("header {0} must appear at most once")]
+    RepeatedHeader(&'static str),
     #[error("Content-Type is required when the body is not empty")]
     MissingContentType,
     #[error("offset is beyond the end of the stream")]
@@ -81,8 +85,23 @@ impl ReadQuery {
     }
 }
 
+/// A protocol header's value. Sent twice, it is refused: taking either line silently would let
+/// two parts of a proxy chain disagree about what was asked.
 fn header<'a>(h: &'a HeaderMap, name: &'static str) -> Result<Option<&'a str>, RequestError> {
-    h.get(name).map(|v| v.to_str().map_err(|_| RequestError::NonUtf8Header(name))).transpose()
+    let mut values = h.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(RequestError::RepeatedHeader(name));
+    }
+    first.map(|v| v.to_str().map_err(|_| RequestError::NonUtf8Header(name))).transpose()
+}
+
+/// A `Content-Type` header, refused unless it is a media type.
+fn content_type(h: &HeaderMap) -> Result<Option<String>, RequestError> {
+    match header(h, "content-type")? {
+        Some(ct) if !oncelog_protocol::content_type::is_valid(ct) => Err(HeaderError::InvalidContentType.into()),
+        ct => Ok(ct.map(str::to_owned)),
+    }
 }
 
 /// The headers of a PUT.
@@ -106,11 +125,18 @@ pub struct ForkHeaders {
     pub sub_offset: u64,
 }
 
-/// The stream path named by `Stream-Forked-From`: a full URL, an absolute path under the stream
+/// The stream path named by `Stream-Forked-From`: a full URL of this server (its authority must
+/// be the request's `Host`: forks never reach another server), an absolute path under the stream
 /// root, or a path relative to it.
-fn fork_source(value: &str) -> Result<String, RequestError> {
+fn fork_source(value: &str, host: Option<&str>) -> Result<String, RequestError> {
     let without_origin = match value.split_once("://") {
-        Some((_, rest)) => rest.find('/').map_or("", |i| &rest[i..]),
+        Some((_, rest)) => {
+            let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+            if !host.is_some_and(|h| h.eq_ignore_ascii_case(authority)) {
+                return Err(HeaderError::InvalidForkSource.into());
+            }
+            path
+        }
         None => value,
     };
     let path = without_origin.strip_prefix("/v1/stream/").unwrap_or(without_origin).trim_start_matches('/');
@@ -123,10 +149,7 @@ fn fork_source(value: &str) -> Result<String, RequestError> {
 
 impl CreateHeaders {
     pub fn parse(h: &HeaderMap) -> Result<Self, RequestError> {
-        let content_type = match header(h, "content-type")? {
-            Some(ct) if !oncelog_protocol::content_type::is_valid(ct) => return Err(HeaderError::InvalidContentType.into()),
-            ct => ct.map(str::to_owned),
-        };
+        let content_type = content_type(h)?;
         let (ttl, expires_at) = (header(h, names::STREAM_TTL)?, header(h, names::STREAM_EXPIRES_AT)?);
         let expiry = match (ttl, expires_at) {
             (None, None) => None,
@@ -148,7 +171,7 @@ impl CreateHeaders {
                 if sub_offset > 0 && offset.is_none() {
                     return Err(HeaderError::SubOffsetWithoutOffset.into());
                 }
-                Some(ForkHeaders { source: fork_source(source)?, offset, sub_offset })
+                Some(ForkHeaders { source: fork_source(source, header(h, "host")?)?, offset, sub_offset })
             }
         };
         Ok(Self { content_type, expiry, closed: headers::closed_flag(header(h, names::STREAM_CLOSED)?), fork })
@@ -160,6 +183,9 @@ impl CreateHeaders {
 pub struct AppendHeaders {
     pub content_type: Option<String>,
     pub close: bool,
+    /// A `Stream-Closed` value other than `true`: ignored (section 4.1), but named in the
+    /// answer to an empty body, which it does not permit.
+    pub ignored_closed_value: Option<String>,
     pub stream_seq: Option<String>,
     pub producer: Option<ProducerHeaders>,
 }
@@ -176,9 +202,12 @@ impl AppendHeaders {
             Some(s) if s.len() > headers::MAX_STREAM_SEQ_BYTES => return Err(HeaderError::StreamSeqTooLong.into()),
             s => s.map(str::to_owned),
         };
+        let closed = header(h, names::STREAM_CLOSED)?;
+        let close = headers::closed_flag(closed);
         Ok(Self {
-            content_type: header(h, "content-type")?.map(str::to_owned),
-            close: headers::closed_flag(header(h, names::STREAM_CLOSED)?),
+            content_type: content_type(h)?,
+            close,
+            ignored_closed_value: closed.filter(|_| !close).map(str::to_owned),
             stream_seq,
             producer,
         })
@@ -192,10 +221,13 @@ mod tests {
 
     #[test]
     fn fork_sources_are_normalised() {
-        assert_eq!(fork_source("/v1/stream/a/b").unwrap(), "a/b");
-        assert_eq!(fork_source("http://h:1/v1/stream/a%20b").unwrap(), "a b");
-        assert_eq!(fork_source("a").unwrap(), "a");
-        assert!(fork_source("/v1/stream/").is_err());
+        assert_eq!(fork_source("/v1/stream/a/b", None).unwrap(), "a/b");
+        assert_eq!(fork_source("http://h:1/v1/stream/a%20b", Some("h:1")).unwrap(), "a b");
+        assert_eq!(fork_source("a", None).unwrap(), "a");
+        assert!(fork_source("/v1/stream/", None).is_err());
+        // Another server's URL, or any URL when the request names no host.
+        assert!(fork_source("http://elsewhere:1/v1/stream/a", Some("h:1")).is_err());
+        assert!(fork_source("http://h:1/v1/stream/a", None).is_err());
     }
 
     #[test]

@@ -1,0 +1,94 @@
+//! Findings of probing a running server with hostile input, each pinned: ambiguous or malformed
+//! requests are refused with 400 and a reason, never half-understood.
+
+mod common;
+
+use oncelog_server::ServerConfig;
+use reqwest::StatusCode;
+
+async fn server() -> (common::TestServer, reqwest::Client) {
+    let s = common::TestServer::start(ServerConfig::default(), None).await;
+    let http = reqwest::Client::new();
+    for (path, ct) in [("t", "text/plain"), ("j", "application/json")] {
+        let r = http.put(s.url(path)).header("content-type", ct).send().await.expect("put");
+        assert_eq!(r.status(), StatusCode::CREATED);
+    }
+    (s, http)
+}
+
+async fn status_and_reason(r: reqwest::RequestBuilder) -> (StatusCode, String) {
+    let r = r.send().await.expect("send");
+    (r.status(), r.text().await.expect("text"))
+}
+
+#[tokio::test]
+async fn a_protocol_header_sent_twice_is_refused() {
+    let (s, http) = server().await;
+    let post = || {
+        http.post(s.url("t"))
+            .header("content-type", "text/plain")
+            .header("producer-id", "p")
+            .header("producer-seq", "0")
+            .body("x")
+    };
+    let (status, reason) = status_and_reason(post().header("producer-epoch", "5").header("producer-epoch", "0")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reason}");
+    assert!(reason.contains("producer-epoch") && reason.contains("at most once"), "{reason}");
+    let twice_type = http.post(s.url("t")).header("content-type", "text/plain").header("content-type", "text/plain").body("x");
+    assert_eq!(status_and_reason(twice_type).await.0, StatusCode::BAD_REQUEST);
+    let twice_seq = http.post(s.url("t")).header("content-type", "text/plain").header("stream-seq", "a").header("stream-seq", "b").body("x");
+    assert_eq!(status_and_reason(twice_seq).await.0, StatusCode::BAD_REQUEST);
+    // Nothing was written by any of them; a single header works.
+    assert_eq!(status_and_reason(post().header("producer-epoch", "0")).await.0, StatusCode::OK);
+    assert_eq!(http.get(s.url("t")).send().await.expect("get").text().await.expect("text"), "x");
+}
+
+#[tokio::test]
+async fn a_malformed_content_type_on_append_is_400_not_a_mismatch() {
+    let (s, http) = server().await;
+    for ct in ["foo", "", "/"] {
+        let (status, reason) = status_and_reason(http.post(s.url("t")).header("content-type", ct).body("x")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{ct:?}: {reason}");
+        assert!(reason.contains("Content-Type"), "{reason}");
+    }
+    // A well-formed but different type is still the 409 of a mismatch.
+    assert_eq!(status_and_reason(http.post(s.url("t")).header("content-type", "text/html").body("x")).await.0, StatusCode::CONFLICT);
+}
+
+#[tokio::test]
+async fn a_fork_source_on_another_host_is_refused() {
+    let (s, http) = server().await;
+    http.post(s.url("t")).header("content-type", "text/plain").body("abc").send().await.expect("post");
+    let fork = |name: &str, from: String| http.put(s.url(name)).header("stream-forked-from", from).send();
+    let r = fork("f1", "http://elsewhere.example:4437/v1/stream/t".into()).await.expect("put");
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let r = fork("f2", format!("{}/t", s.base)).await.expect("put");
+    assert_eq!(r.status(), StatusCode::CREATED, "a URL of this server is fine");
+    let r = fork("f3", "/v1/stream/t".into()).await.expect("put");
+    assert_eq!(r.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn json_deeper_than_the_limit_is_refused() {
+    let (s, http) = server().await;
+    let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    let post = |body: String| http.post(s.url("j")).header("content-type", "application/json").body(body);
+    let (status, reason) = status_and_reason(post(format!("[{}]", nested(200)))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(reason.contains("nested"), "{reason}");
+    assert_eq!(status_and_reason(post(format!("[{}]", nested(64)))).await.0, StatusCode::NO_CONTENT);
+    // What was accepted reads back as JSON with a default reader.
+    let text = http.get(s.url("j")).send().await.expect("get").text().await.expect("text");
+    assert!(serde_json::from_str::<serde_json::Value>(&text).is_ok());
+}
+
+#[tokio::test]
+async fn an_empty_body_with_a_stream_closed_value_other_than_true_says_so() {
+    let (s, http) = server().await;
+    let (status, reason) = status_and_reason(http.post(s.url("t")).header("stream-closed", "yes")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(reason.contains("\"yes\"") && reason.contains("not `true`"), "{reason}");
+    // The value is ignored, as the protocol says, so the stream is still open.
+    let head = http.head(s.url("t")).send().await.expect("head");
+    assert!(head.headers().get("stream-closed").is_none());
+}
