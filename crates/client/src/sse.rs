@@ -209,7 +209,7 @@ mod tests {
             fn text_payloads_round_trip(text in "[ a-z\r\n\u{e9}]{0,40}", next in 0u64..1 << 40) {
                 let mut wire = Vec::new();
                 data_event(&mut wire, text.as_bytes(), DataEncoding::Text);
-                control_event(&mut wire, &Control { next_offset: Offset(next), cursor: Some(9), up_to_date: true, closed: false });
+                control_event(&mut wire, &Control { next_offset: Offset(next), cursor: Some(9), up_to_date: true, closed: false, end_reason: None });
                 let mut p = SseParser::default();
                 p.push(&wire);
                 let got = all(&mut p);

@@ -1,11 +1,13 @@
 //! `oncelog`: the command line. `serve` runs the Durable Streams server on the embedded engine;
 //! `create | append | read | tail | head | close | delete` are a client built on
-//! `oncelog-client`. Thin by design: all behaviour lives in the library crates.
+//! `oncelog-client`; `token` mints credentials. Thin by design: all behaviour lives in the library crates.
 //!
-//! Modules: [`serve`] (the server subcommand), [`commands`] (the client subcommands).
+//! Modules: [`serve`] (the server subcommand), [`commands`] (the client subcommands), [`token`]
+//! (`token issue`, `token sign-url`).
 
 mod commands;
 mod serve;
+mod token;
 
 use clap::{Parser, Subcommand};
 
@@ -35,6 +37,9 @@ enum Command {
     Close(commands::CloseArgs),
     /// Delete a stream and its data.
     Delete(commands::StreamArgs),
+    /// Mint bearer tokens and signed read URLs with the server's HMAC secret.
+    #[command(subcommand)]
+    Token(token::TokenCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -56,6 +61,18 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Token(cmd) => {
+            return match token::run(cmd) {
+                Ok(out) => {
+                    println!("{out}");
+                    std::process::ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("oncelog: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            };
+        }
         Command::Serve(args) => runtime.block_on(serve::serve(args)),
         Command::Create(args) => return commands::exit(runtime.block_on(commands::create(args))),
         Command::Append(args) => return commands::exit(runtime.block_on(commands::append(args))),

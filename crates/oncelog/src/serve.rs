@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use clap::ArgAction;
 use oncelog_embedded::{Durability, EmbeddedEngine, EmbeddedOptions};
-use oncelog_server::{AppState, ServerConfig};
+use oncelog_server::auth::token::{TokenAuth, TokenConfig};
+use oncelog_server::{AppState, Authorize, ServerConfig};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -85,6 +86,28 @@ pub struct ServeArgs {
     /// Longest pause between two pieces of a request body before the request gets 408, in ms.
     #[arg(long, env = "ONCELOG_BODY_READ_TIMEOUT_MS", default_value_t = 10_000)]
     body_read_timeout_ms: u64,
+
+    /// HMAC secret file: turns authentication on (bearer tokens, signed read URLs).
+    #[arg(long, env = "ONCELOG_AUTH_SECRET_FILE")]
+    auth_secret_file: Option<PathBuf>,
+
+    /// JWKS file of public keys for bearer tokens from an identity provider: turns
+    /// authentication on. Re-read when it changes, as is the secret file.
+    #[arg(long, env = "ONCELOG_AUTH_JWKS")]
+    auth_jwks: Option<PathBuf>,
+
+    /// Required `iss` claim of bearer tokens.
+    #[arg(long, env = "ONCELOG_AUTH_ISSUER")]
+    auth_issuer: Option<String>,
+
+    /// Required `aud` claim of bearer tokens.
+    #[arg(long, env = "ONCELOG_AUTH_AUDIENCE")]
+    auth_audience: Option<String>,
+
+    /// Answer 404 instead of 403 to a valid token outside its grants, so a private stream's
+    /// existence is not revealed.
+    #[arg(long, env = "ONCELOG_AUTH_HIDE_FORBIDDEN", default_value_t = false, action = ArgAction::Set)]
+    auth_hide_forbidden: bool,
 }
 
 /// Why `oncelog serve` could not start.
@@ -110,13 +133,39 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
     };
     config.validate()?;
+    let auth = access_control(&args)?;
     match args.storage.as_str() {
         "embedded" => {
             let engine = open_embedded(&args)?;
-            run(AppState::new(Arc::new(engine), config), args.addr).await
+            let mut state = AppState::new(Arc::new(engine), config);
+            if let Some(auth) = auth {
+                state = state.with_auth(auth);
+            }
+            run(state, args.addr).await
         }
         other => Err(StartError::UnknownStorage(other.to_owned()).into()),
     }
+}
+
+/// Token authentication when a secret or JWKS file is given; otherwise none, with a warning
+/// when the server is reachable from other machines.
+fn access_control(args: &ServeArgs) -> Result<Option<Arc<dyn Authorize>>, Box<dyn std::error::Error>> {
+    if args.auth_secret_file.is_none() && args.auth_jwks.is_none() {
+        if !args.addr.ip().is_loopback() {
+            tracing::warn!(addr = %args.addr, "authentication is off and the server listens beyond loopback: anyone who reaches it can read, write and delete every stream (see --auth-secret-file)");
+        }
+        return Ok(None);
+    }
+    let auth = TokenAuth::load(TokenConfig {
+        secret_file: args.auth_secret_file.clone(),
+        jwks_file: args.auth_jwks.clone(),
+        issuer: args.auth_issuer.clone(),
+        audience: args.auth_audience.clone(),
+        hide_forbidden: args.auth_hide_forbidden,
+    })?;
+    auth.spawn_reloader(Duration::from_secs(1));
+    tracing::info!(secret = args.auth_secret_file.is_some(), jwks = args.auth_jwks.is_some(), "authentication on");
+    Ok(Some(auth))
 }
 
 fn open_embedded(args: &ServeArgs) -> Result<EmbeddedEngine, Box<dyn std::error::Error>> {

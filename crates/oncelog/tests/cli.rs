@@ -85,9 +85,9 @@ fn json_streams_take_json_values_and_print_one_message_per_line() {
 struct RequireToken;
 
 impl oncelog_server::Authorize for RequireToken {
-    fn authorize(&self, req: &axum::http::request::Parts) -> Result<(), oncelog_server::AuthError> {
+    fn authorize(&self, req: &axum::http::request::Parts, _now_ms: i64) -> Result<oncelog_server::Access, oncelog_server::AuthError> {
         match req.headers.get("authorization").and_then(|v| v.to_str().ok()) {
-            Some("Bearer s3cret") => Ok(()),
+            Some("Bearer s3cret") => Ok(oncelog_server::Access::default()),
             _ => Err(oncelog_server::AuthError::Unauthenticated { error: "invalid_token" }),
         }
     }

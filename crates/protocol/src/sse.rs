@@ -47,6 +47,10 @@ pub struct Control {
     pub cursor: Option<u64>,
     pub up_to_date: bool,
     pub closed: bool,
+    /// Why the server ends the response although the stream is open (an Oncelog extension,
+    /// `endReason`; clients that do not know it reconnect as after any end). `tokenExpired`: the
+    /// reader's credentials expired, and reconnecting needs new ones.
+    pub end_reason: Option<&'static str>,
 }
 
 /// Appends one `event: control` event to `out`.
@@ -61,6 +65,9 @@ pub fn control_event(out: &mut Vec<u8>, c: &Control) {
     }
     if c.closed {
         obj.insert("streamClosed".into(), true.into());
+    }
+    if let Some(reason) = c.end_reason {
+        obj.insert("endReason".into(), reason.into());
     }
     out.extend_from_slice(b"event: control\ndata:");
     out.extend_from_slice(serde_json::Value::Object(obj).to_string().as_bytes());
@@ -91,13 +98,13 @@ mod tests {
     #[test]
     fn control_fields() {
         let mut out = Vec::new();
-        control_event(&mut out, &Control { next_offset: Offset(5), cursor: Some(9), up_to_date: true, closed: false });
+        control_event(&mut out, &Control { next_offset: Offset(5), cursor: Some(9), up_to_date: true, closed: false, end_reason: None });
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "event: control\ndata:{\"streamCursor\":\"9\",\"streamNextOffset\":\"0000000000000000_0000000000000005\",\"upToDate\":true}\n\n"
         );
         let mut out = Vec::new();
-        control_event(&mut out, &Control { next_offset: Offset(5), cursor: None, up_to_date: false, closed: true });
+        control_event(&mut out, &Control { next_offset: Offset(5), cursor: None, up_to_date: false, closed: true, end_reason: None });
         let s = String::from_utf8(out).unwrap();
         assert!(s.contains("\"streamClosed\":true") && s.contains("\"upToDate\":true") && !s.contains("Cursor"));
     }

@@ -99,6 +99,7 @@ impl ApiError {
                 AuthError::Unauthenticated { error } => {
                     (StatusCode::UNAUTHORIZED, vec![h("www-authenticate", format!("Bearer error=\"{error}\""))])
                 }
+                AuthError::Signature(_) => (StatusCode::UNAUTHORIZED, vec![]),
                 AuthError::Forbidden => (StatusCode::FORBIDDEN, vec![]),
                 AuthError::Hidden => (StatusCode::NOT_FOUND, vec![]),
             },
@@ -118,6 +119,13 @@ impl IntoResponse for ApiError {
         }
         if status.is_server_error() {
             tracing::error!(error = %self, %status, "request failed");
+        }
+        if let ApiError::Auth(AuthError::Signature(e)) = &self {
+            // The proxy protocol's error shape, so browser code can tell expiry from tampering.
+            let body = serde_json::json!({ "error": { "code": e.code(), "message": e.to_string() } }).to_string();
+            let mut resp = (status, [("content-type", "application/json")], body).into_response();
+            resp.headers_mut().extend(headers);
+            return resp;
         }
         let mut resp = (status, [("content-type", "text/plain; charset=utf-8")], format!("{self}\n")).into_response();
         resp.headers_mut().extend(headers);

@@ -30,8 +30,10 @@ pub async fn stream<E: Engine>(
     method: Method,
     uri: Uri,
     req_headers: HeaderMap,
+    access: Option<axum::Extension<crate::Access>>,
     body: Body,
 ) -> Response {
+    let access = access.map(|a| a.0).unwrap_or_default();
     let result = if path.is_empty() {
         Err(RequestError::EmptyPath.into())
     } else if path.len() > oncelog_protocol::headers::MAX_PATH_BYTES {
@@ -41,7 +43,7 @@ pub async fn stream<E: Engine>(
         Err(ApiError::NoRoute)
     } else {
         match method {
-            Method::GET => read::get(&st, &path, uri.query(), &req_headers).await,
+            Method::GET => read::get(&st, &path, uri.query(), &req_headers, access).await,
             Method::HEAD => head(&st, &path).await,
             Method::PUT => create(&st, &path, &uri, &req_headers, body).await,
             Method::POST => append(&st, &path, &req_headers, body).await,

@@ -43,7 +43,7 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use oncelog_storage::{Engine, StorageError};
 
-pub use auth::{AllowAll, AuthError, Authorize};
+pub use auth::{Access, AllowAll, AuthError, Authorize};
 pub use config::{ConfigError, ServerConfig};
 pub use oncelog_storage::clock::{Clock, ManualClock, SystemClock};
 
@@ -114,7 +114,10 @@ pub fn app<E: Engine>(state: AppState<E>) -> Result<Router, ConfigError> {
         .route("/v1/stream/{*path}", any(handlers::stream::<E>))
         .fallback(handlers::no_route)
         .layer(axum::middleware::from_fn(track))
-        .layer(axum::middleware::from_fn_with_state(state.auth.clone(), auth::check))
+        .layer(axum::middleware::from_fn_with_state(
+            auth::Gate { auth: state.auth.clone(), clock: state.clock.clone() },
+            auth::check,
+        ))
         .with_state(state.clone());
     let mut ops = Router::new()
         .route(&state.config.healthz_path, get(ops::healthz))

@@ -14,19 +14,23 @@ use oncelog_storage::{Engine, ReadChunk, StreamInfo, WaitOutcome};
 use crate::error::ApiError;
 use crate::handlers::{respond, start_offset};
 use crate::request::{Live, ReadQuery};
-use crate::{metrics, AppState};
+use crate::{metrics, Access, AppState};
 
 /// How often a waiting live reader renews its stream's sliding TTL.
 const TTL_RENEW_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Data chunks are immutable by position, so they may be cached; tail answers may not.
 const CACHEABLE: &str = "public, max-age=60, stale-while-revalidate=300";
+/// The same for a request that carried credentials: browsers may cache it, shared caches (which
+/// would hand it to anyone) may not.
+const CACHEABLE_PRIVATE: &str = "private, max-age=60, stale-while-revalidate=300";
 
 pub async fn get<E: Engine>(
     st: &AppState<E>,
     path: &str,
     query: Option<&str>,
     req_headers: &HeaderMap,
+    access: Access,
 ) -> Result<Response, ApiError> {
     let now_ms = st.clock.now_ms();
     let info = st.engine.head(path, now_ms).await?;
@@ -37,9 +41,15 @@ pub async fn get<E: Engine>(
             let chunk = st.engine.read(path, from, st.config.max_read_bytes, now_ms).await?;
             Ok(render_chunk(&chunk, from, q.offset == OffsetParam::Now, None, req_headers))
         }
-        Live::LongPoll => long_poll(st, path, &q, from, info, req_headers).await,
-        Live::Sse => Ok(sse(st, path, &q, from, &info)),
+        Live::LongPoll => long_poll(st, path, &q, from, info, req_headers, access).await,
+        Live::Sse => Ok(sse(st, path, &q, from, &info, access)),
     }
+}
+
+/// How long until the reader's credentials expire (`None`: never).
+fn credentials_left<E: Engine>(st: &AppState<E>, access: Access) -> Option<Duration> {
+    let left_ms = access.expires_at_ms?.saturating_sub(st.clock.now_ms());
+    Some(Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)))
 }
 
 /// Waits for the tail to pass `after` (or closure) for at most `timeout`, in slices: each slice
@@ -82,7 +92,8 @@ fn render_chunk(chunk: &ReadChunk, from: Offset, is_now: bool, cursor: Option<u6
     if is_now || chunk.data.is_empty() {
         pairs.push(("cache-control", "no-store".into()));
     } else {
-        pairs.push(("cache-control", CACHEABLE.into()));
+        let private = req_headers.contains_key("authorization");
+        pairs.push(("cache-control", if private { CACHEABLE_PRIVATE } else { CACHEABLE }.into()));
     }
     if !is_now {
         // Varies with the stream, the range and closure, so a 304 never hides new data or EOF.
@@ -126,14 +137,17 @@ async fn long_poll<E: Engine>(
     from: Offset,
     info: StreamInfo,
     req_headers: &HeaderMap,
+    access: Access,
 ) -> Result<Response, ApiError> {
     let cursor = cursor_for(st, q);
+    // A long-poll never outlives the credentials it was allowed with.
+    let timeout = credentials_left(st, access).map_or(st.config.long_poll_timeout, |left| left.min(st.config.long_poll_timeout));
     if from >= info.tail {
         if info.closed {
             return Ok(no_content(&info, cursor));
         }
         let _live = metrics::LiveReader::open("long-poll");
-        match wait_live(st, path, from, st.config.long_poll_timeout).await? {
+        match wait_live(st, path, from, timeout).await? {
             WaitOutcome::Changed(i) if i.tail > from => {}
             WaitOutcome::Changed(i) | WaitOutcome::TimedOut(i) => return Ok(no_content(&i, cursor)),
         }
@@ -153,15 +167,22 @@ struct SseState<E> {
     /// Whether any control event was sent: at the tail, one `upToDate` control is sent first and
     /// then only after new data.
     sent_control: bool,
-    /// When the server ends the response so clients reconnect through CDNs.
+    /// When the server ends the response: so clients reconnect through CDNs, or because the
+    /// reader's credentials expire then.
     deadline: tokio::time::Instant,
+    /// The deadline is the credentials' expiry: the response ends with a control event saying so.
+    ends_for_credentials: bool,
     done: bool,
     /// Counts this response in `oncelog_live_readers` until it ends.
     _live: metrics::LiveReader,
 }
 
-fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, info: &StreamInfo) -> Response {
+fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, info: &StreamInfo, access: Access) -> Response {
     let text = content_type::sse_is_text(&info.config.content_type);
+    let (lifetime, ends_for_credentials) = match credentials_left(st, access) {
+        Some(left) if left < st.config.sse_max_duration => (left, true),
+        _ => (st.config.sse_max_duration, false),
+    };
     let state = SseState {
         st: st.clone(),
         path: path.to_owned(),
@@ -170,7 +191,8 @@ fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, inf
         encoding: if text { DataEncoding::Text } else { DataEncoding::Base64 },
         json: content_type::is_json(&info.config.content_type),
         sent_control: false,
-        deadline: tokio::time::Instant::now() + st.config.sse_max_duration,
+        deadline: tokio::time::Instant::now() + lifetime,
+        ends_for_credentials,
         done: false,
         _live: metrics::LiveReader::open("sse"),
     };
@@ -194,6 +216,11 @@ impl<E: Engine> SseState<E> {
         loop {
             if self.done {
                 return None;
+            }
+            if self.ends_for_credentials && tokio::time::Instant::now() >= self.deadline {
+                let mut out = Vec::new();
+                self.end_for_credentials(&mut out);
+                return Some(Bytes::from(out));
             }
             // One lookup per step: at the tail the read is empty and still reports closure.
             let chunk = self
@@ -229,6 +256,9 @@ impl<E: Engine> SseState<E> {
             }
             let remaining = self.deadline.saturating_duration_since(tokio::time::Instant::now());
             if remaining == Duration::ZERO {
+                if self.ends_for_credentials {
+                    continue;
+                }
                 return None;
             }
             wait_live(&self.st, &self.path, self.offset, remaining).await.ok()?;
@@ -240,7 +270,22 @@ impl<E: Engine> SseState<E> {
         self.done = closed;
         sse::control_event(
             out,
-            &Control { next_offset: self.offset, cursor: (!closed).then_some(self.cursor), up_to_date, closed },
+            &Control {
+                next_offset: self.offset,
+                cursor: (!closed).then_some(self.cursor),
+                up_to_date,
+                closed,
+                end_reason: None,
+            },
+        );
+    }
+
+    /// The last event of a response whose reader's credentials expired.
+    fn end_for_credentials(&mut self, out: &mut Vec<u8>) {
+        self.done = true;
+        sse::control_event(
+            out,
+            &Control { next_offset: self.offset, cursor: None, up_to_date: false, closed: false, end_reason: Some("tokenExpired") },
         );
     }
 }

@@ -128,7 +128,7 @@ pub struct ForkHeaders {
 /// The stream path named by `Stream-Forked-From`: a full URL of this server (its authority must
 /// be the request's `Host`: forks never reach another server), an absolute path under the stream
 /// root, or a path relative to it.
-fn fork_source(value: &str, host: Option<&str>) -> Result<String, RequestError> {
+pub(crate) fn fork_source(value: &str, host: Option<&str>) -> Result<String, RequestError> {
     let without_origin = match value.split_once("://") {
         Some((_, rest)) => {
             let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));

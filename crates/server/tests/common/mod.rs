@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use oncelog_embedded::{EmbeddedEngine, EmbeddedOptions, Failpoints};
-use oncelog_server::{serve, AppState, Clock, ServerConfig};
+use oncelog_server::{serve, AppState, Authorize, Clock, ServerConfig};
 
 pub struct TestServer {
     /// `http://127.0.0.1:PORT`
@@ -22,6 +22,10 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(config: ServerConfig, clock: Option<Arc<dyn Clock>>) -> TestServer {
+        TestServer::start_with_auth(config, clock, None).await
+    }
+
+    pub async fn start_with_auth(config: ServerConfig, clock: Option<Arc<dyn Clock>>, auth: Option<Arc<dyn Authorize>>) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let opts = EmbeddedOptions::new(dir.path());
         let failpoints = opts.failpoints.clone();
@@ -29,6 +33,9 @@ impl TestServer {
         let mut state = AppState::new(Arc::new(engine), config);
         if let Some(clock) = clock {
             state = state.with_clock(clock);
+        }
+        if let Some(auth) = auth {
+            state = state.with_auth(auth);
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");

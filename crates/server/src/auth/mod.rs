@@ -1,0 +1,88 @@
+//! Access control: the authentication hook point and Oncelog's own implementation of it.
+//!
+//! Every request to `/v1/stream/…` is decided by an [`Authorize`] before it is routed. The
+//! default, [`AllowAll`], lets everything through (authentication off: development, or a server
+//! behind a gateway that does it). [`token::TokenAuth`] verifies bearer tokens (JWT) and
+//! pre-signed read URLs against grants ([`scope`]). Plug one in with
+//! [`crate::AppState::with_auth`].
+//!
+//! Not consulted for CORS preflights (browsers send them without credentials) nor for the
+//! health and metrics endpoints (probes carry no tokens).
+
+pub mod scope;
+pub mod signed_url;
+pub mod token;
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::request::Parts;
+use axum::http::Method;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::ApiError;
+use crate::Clock;
+
+pub use signed_url::SignatureError;
+
+/// Why a request is refused; mapped to a status in [`crate::error`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// `401` with `WWW-Authenticate: Bearer error="{error}"` (`invalid_request`: no usable
+    /// credentials; `invalid_token`: malformed, badly signed, expired or not yet valid).
+    #[error("authentication required: {error}")]
+    Unauthenticated { error: &'static str },
+    /// `401` with a JSON body carrying the proxy protocol's code.
+    #[error(transparent)]
+    Signature(SignatureError),
+    /// `403`: authenticated, but not allowed to do this.
+    #[error("the token does not allow this operation on this stream")]
+    Forbidden,
+    /// `404`: not allowed, and the stream's existence is not revealed.
+    #[error("stream not found")]
+    Hidden,
+}
+
+/// What an allowed request may rely on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Access {
+    /// When the credentials expire (Unix ms): a live read ends then. `None`: never.
+    pub expires_at_ms: Option<i64>,
+}
+
+/// Decides whether a request may proceed.
+pub trait Authorize: Send + Sync + 'static {
+    fn authorize(&self, req: &Parts, now_ms: i64) -> Result<Access, AuthError>;
+}
+
+/// The default: no access control.
+pub struct AllowAll;
+
+impl Authorize for AllowAll {
+    fn authorize(&self, _req: &Parts, _now_ms: i64) -> Result<Access, AuthError> {
+        Ok(Access::default())
+    }
+}
+
+/// The middleware state: the hook and the clock it decides with.
+#[derive(Clone)]
+pub struct Gate {
+    pub auth: Arc<dyn Authorize>,
+    pub clock: Arc<dyn Clock>,
+}
+
+/// The middleware that asks the hook and hands the [`Access`] to the handlers.
+pub async fn check(State(gate): State<Gate>, req: Request, next: Next) -> Response {
+    if req.method() == Method::OPTIONS {
+        return next.run(req).await;
+    }
+    let (mut parts, body) = req.into_parts();
+    match gate.auth.authorize(&parts, gate.clock.now_ms()) {
+        Ok(access) => {
+            parts.extensions.insert(access);
+            next.run(Request::from_parts(parts, body)).await
+        }
+        Err(e) => ApiError::Auth(e).into_response(),
+    }
+}

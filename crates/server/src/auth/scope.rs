@@ -1,0 +1,187 @@
+//! What a request needs: the operations it performs on which streams, and the grants a token
+//! carries to match against.
+//!
+//! The token claim (documented in `docs/SECURITY.md`):
+//!
+//! ```json
+//! { "oncelog": { "grants": [
+//!     { "prefix": "chats/42/", "ops": ["read", "append"] },
+//!     { "stream": "logs/app", "ops": ["all"] }
+//! ] } }
+//! ```
+//!
+//! A grant names a stream set, `stream` (one exact path) or `prefix` (every path starting with
+//! it; `""` is every stream), and operations: `read` (GET and HEAD, every live mode), `append`,
+//! `create`, `close`, `delete`, or the groups `write` (append + close), `manage` (create +
+//! delete) and `all`. Forking needs `create` on the new path and `read` on the source. Unknown
+//! operation names grant nothing (tokens minted for a newer server stay safe on an older one).
+
+use axum::http::request::Parts;
+use axum::http::Method;
+use oncelog_protocol::headers::{closed_flag, names};
+use serde::{Deserialize, Serialize};
+
+/// One operation on one stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Append,
+    Create,
+    Close,
+    Delete,
+}
+
+impl Op {
+    /// The operations an operation name in a grant stands for.
+    fn named(name: &str) -> &'static [Op] {
+        match name {
+            "read" => &[Op::Read],
+            "append" => &[Op::Append],
+            "create" => &[Op::Create],
+            "close" => &[Op::Close],
+            "delete" => &[Op::Delete],
+            "write" => &[Op::Append, Op::Close],
+            "manage" => &[Op::Create, Op::Delete],
+            "all" => &[Op::Read, Op::Append, Op::Create, Op::Close, Op::Delete],
+            _ => &[],
+        }
+    }
+}
+
+/// The `oncelog` claim of a token.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScopeClaim {
+    pub grants: Vec<GrantClaim>,
+}
+
+/// One grant as written in a token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GrantClaim {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    pub ops: Vec<String>,
+}
+
+/// A grant's stream set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamSet {
+    Exact(String),
+    Prefix(String),
+}
+
+impl StreamSet {
+    fn contains(&self, path: &str) -> bool {
+        match self {
+            StreamSet::Exact(p) => p == path,
+            StreamSet::Prefix(p) => path.starts_with(p.as_str()),
+        }
+    }
+}
+
+/// What a verified token allows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scope {
+    grants: Vec<(StreamSet, Vec<Op>)>,
+}
+
+/// A grant that names both or neither of `stream` and `prefix`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a grant must name exactly one of `stream` and `prefix`")]
+pub struct BadGrant;
+
+impl Scope {
+    pub fn from_claim(claim: &ScopeClaim) -> Result<Scope, BadGrant> {
+        let mut grants = Vec::with_capacity(claim.grants.len());
+        for g in &claim.grants {
+            let set = match (&g.stream, &g.prefix) {
+                (Some(s), None) => StreamSet::Exact(s.trim_start_matches('/').to_owned()),
+                (None, Some(p)) => StreamSet::Prefix(p.trim_start_matches('/').to_owned()),
+                _ => return Err(BadGrant),
+            };
+            let ops = g.ops.iter().flat_map(|o| Op::named(o).iter().copied()).collect();
+            grants.push((set, ops));
+        }
+        Ok(Scope { grants })
+    }
+
+    /// Exactly one stream, reads only: what a signed URL grants.
+    pub fn read_one(path: &str) -> Scope {
+        Scope { grants: vec![(StreamSet::Exact(path.to_owned()), vec![Op::Read])] }
+    }
+
+    pub fn allows(&self, path: &str, op: Op) -> bool {
+        self.grants.iter().any(|(set, ops)| set.contains(path) && ops.contains(&op))
+    }
+}
+
+/// The stream path of a request URI under `/v1/stream/`, percent-decoded as the router does.
+pub fn stream_path(parts: &Parts) -> Option<String> {
+    let raw = parts.uri.path().strip_prefix("/v1/stream/")?;
+    percent_encoding::percent_decode_str(raw).decode_utf8().ok().map(|p| p.into_owned())
+}
+
+/// The operations a stream request performs. A POST with no body and `Stream-Closed: true` only
+/// closes; one with a body appends (and closes too when it says so).
+pub fn required(parts: &Parts, path: &str) -> Vec<(String, Op)> {
+    let closes = closed_flag(parts.headers.get(names::STREAM_CLOSED).and_then(|v| v.to_str().ok()));
+    match parts.method {
+        Method::GET | Method::HEAD => vec![(path.to_owned(), Op::Read)],
+        Method::PUT => {
+            let mut ops = vec![(path.to_owned(), Op::Create)];
+            let host = parts.headers.get("host").and_then(|v| v.to_str().ok());
+            let source = parts.headers.get(names::STREAM_FORKED_FROM).and_then(|v| v.to_str().ok());
+            if let Some(source) = source.and_then(|s| crate::request::fork_source(s, host).ok()) {
+                ops.push((source, Op::Read));
+            }
+            ops
+        }
+        Method::POST => {
+            let declared_empty = parts.headers.get("content-length").is_some_and(|v| v.as_bytes() == b"0")
+                || (parts.headers.get("content-length").is_none() && parts.headers.get("transfer-encoding").is_none());
+            if declared_empty && closes {
+                vec![(path.to_owned(), Op::Close)]
+            } else if closes {
+                vec![(path.to_owned(), Op::Append), (path.to_owned(), Op::Close)]
+            } else {
+                vec![(path.to_owned(), Op::Append)]
+            }
+        }
+        Method::DELETE => vec![(path.to_owned(), Op::Delete)],
+        _ => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scope(grants: &[(&str, bool, &[&str])]) -> Scope {
+        let claim = ScopeClaim {
+            grants: grants
+                .iter()
+                .map(|(p, exact, ops)| GrantClaim {
+                    stream: exact.then(|| p.to_string()),
+                    prefix: (!exact).then(|| p.to_string()),
+                    ops: ops.iter().map(|o| o.to_string()).collect(),
+                })
+                .collect(),
+        };
+        Scope::from_claim(&claim).expect("valid claim")
+    }
+
+    #[test]
+    fn grants_match_by_exact_path_or_prefix_and_operation() {
+        let s = scope(&[("chats/42/", false, &["read", "append"]), ("logs/app", true, &["all"]), ("x", true, &["bogus"])]);
+        assert!(s.allows("chats/42/a", Op::Read) && s.allows("chats/42/a", Op::Append));
+        assert!(!s.allows("chats/42/a", Op::Delete));
+        assert!(!s.allows("chats/43/a", Op::Read));
+        assert!(s.allows("logs/app", Op::Delete) && !s.allows("logs/app2", Op::Read));
+        assert!(!s.allows("x", Op::Read), "unknown operations grant nothing");
+        let groups = scope(&[("", false, &["write"])]);
+        assert!(groups.allows("any/thing", Op::Close) && !groups.allows("any/thing", Op::Read));
+        let bad = ScopeClaim { grants: vec![GrantClaim { stream: Some("a".into()), prefix: Some("b".into()), ops: vec![] }] };
+        assert_eq!(Scope::from_claim(&bad), Err(BadGrant));
+    }
+}

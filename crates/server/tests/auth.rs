@@ -1,0 +1,246 @@
+//! Access control over HTTP: every operation against every kind of bad credential, grants by
+//! path and operation, hiding existence, forks, live reads ended by expiry, signed URLs, JWKS keys
+//! and their reload.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use oncelog_server::auth::scope::{GrantClaim, ScopeClaim};
+use oncelog_server::auth::signed_url;
+use oncelog_server::auth::token::{issue, TokenAuth, TokenConfig};
+use oncelog_server::{ManualClock, ServerConfig};
+use reqwest::{Method, StatusCode};
+
+const SECRET: &[u8] = b"test-secret-of-some-length";
+const NOW_S: i64 = 1_800_000_000;
+
+struct Setup {
+    s: common::TestServer,
+    http: reqwest::Client,
+    clock: Arc<ManualClock>,
+    auth: Arc<TokenAuth>,
+    dir: tempfile::TempDir,
+}
+
+async fn setup(hide: bool, jwks: Option<&str>) -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("secret"), [SECRET, b"\n"].concat()).expect("write secret");
+    let jwks_file = jwks.map(|j| {
+        let p = dir.path().join("jwks.json");
+        std::fs::write(&p, j).expect("write jwks");
+        p
+    });
+    let auth = TokenAuth::load(TokenConfig {
+        secret_file: Some(dir.path().join("secret")),
+        jwks_file,
+        issuer: None,
+        audience: None,
+        hide_forbidden: hide,
+    })
+    .expect("keys");
+    let clock = Arc::new(ManualClock::new(NOW_S * 1000));
+    let config = ServerConfig { long_poll_timeout: Duration::from_secs(5), ..ServerConfig::default() };
+    let s = common::TestServer::start_with_auth(config, Some(clock.clone()), Some(auth.clone())).await;
+    Setup { s, http: reqwest::Client::new(), clock, auth, dir }
+}
+
+fn token(secret: &[u8], grants: &[(&str, bool, &str)], exp: i64) -> String {
+    let grants = grants
+        .iter()
+        .map(|(p, exact, ops)| GrantClaim {
+            stream: exact.then(|| p.to_string()),
+            prefix: (!exact).then(|| p.to_string()),
+            ops: ops.split(',').map(str::to_owned).collect(),
+        })
+        .collect();
+    issue(secret, ScopeClaim { grants }, exp, None, None, None).expect("sign")
+}
+
+fn admin() -> String {
+    token(SECRET, &[("", false, "all")], NOW_S + 3600)
+}
+
+impl Setup {
+    async fn send(&self, method: Method, path: &str, bearer: Option<&str>, headers: &[(&str, &str)], body: &str) -> reqwest::Response {
+        let mut rb = self.http.request(method, self.s.url(path));
+        if let Some(t) = bearer {
+            rb = rb.bearer_auth(t);
+        }
+        for (k, v) in headers {
+            rb = rb.header(*k, *v);
+        }
+        if !body.is_empty() {
+            rb = rb.body(body.to_owned());
+        }
+        rb.send().await.expect("send")
+    }
+
+    async fn make(&self, path: &str) {
+        let r = self.send(Method::PUT, path, Some(&admin()), &[("content-type", "text/plain")], "").await;
+        assert!(r.status().is_success(), "setup create {path}: {}", r.status());
+    }
+}
+
+/// One operation: method, headers and body, what the grant must name, and the success status.
+struct Operation {
+    name: &'static str,
+    method: Method,
+    headers: &'static [(&'static str, &'static str)],
+    body: &'static str,
+    op: &'static str,
+    ok: StatusCode,
+    /// Whether the stream must exist first.
+    exists: bool,
+}
+
+fn operations() -> Vec<Operation> {
+    let text: &'static [(&str, &str)] = &[("content-type", "text/plain")];
+    vec![
+        Operation { name: "read", method: Method::GET, headers: &[], body: "", op: "read", ok: StatusCode::OK, exists: true },
+        Operation { name: "head", method: Method::HEAD, headers: &[], body: "", op: "read", ok: StatusCode::OK, exists: true },
+        Operation { name: "append", method: Method::POST, headers: text, body: "x", op: "append", ok: StatusCode::NO_CONTENT, exists: true },
+        Operation { name: "create", method: Method::PUT, headers: text, body: "", op: "create", ok: StatusCode::CREATED, exists: false },
+        Operation { name: "close", method: Method::POST, headers: &[("stream-closed", "true")], body: "", op: "close", ok: StatusCode::NO_CONTENT, exists: true },
+        Operation { name: "delete", method: Method::DELETE, headers: &[], body: "", op: "delete", ok: StatusCode::NO_CONTENT, exists: true },
+    ]
+}
+
+#[tokio::test]
+async fn every_operation_against_every_kind_of_credential() {
+    let t = setup(false, None).await;
+    for (i, o) in operations().into_iter().enumerate() {
+        let path = format!("room/{i}");
+        if o.exists {
+            t.make(&path).await;
+        }
+        let other_op = if o.op == "read" { "append" } else { "read" };
+        let cases: Vec<(&str, Option<String>, StatusCode)> = vec![
+            ("no token", None, StatusCode::UNAUTHORIZED),
+            ("bad signature", Some(token(b"another-secret", &[("", false, "all")], NOW_S + 60)), StatusCode::UNAUTHORIZED),
+            ("expired", Some(token(SECRET, &[("", false, "all")], NOW_S - 3600)), StatusCode::UNAUTHORIZED),
+            ("garbage", Some("not.a.jwt".into()), StatusCode::UNAUTHORIZED),
+            ("out-of-scope path", Some(token(SECRET, &[("elsewhere/", false, "all")], NOW_S + 60)), StatusCode::FORBIDDEN),
+            ("missing operation", Some(token(SECRET, &[("room/", false, other_op)], NOW_S + 60)), StatusCode::FORBIDDEN),
+            ("good", Some(token(SECRET, &[(path.as_str(), true, o.op)], NOW_S + 60)), o.ok),
+        ];
+        for (what, bearer, want) in cases {
+            let r = t.send(o.method.clone(), &path, bearer.as_deref(), o.headers, o.body).await;
+            assert_eq!(r.status(), want, "{} with {what}", o.name);
+            if want == StatusCode::UNAUTHORIZED {
+                let challenge = r.headers().get("www-authenticate").and_then(|v| v.to_str().ok()).unwrap_or("");
+                assert!(challenge.starts_with("Bearer error="), "{} with {what}: {challenge:?}", o.name);
+            }
+        }
+    }
+    // CORS preflights and probes need no token.
+    let r = t.http.request(Method::OPTIONS, t.s.url("room/0")).send().await.expect("options");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = t.http.get(format!("{}/healthz", t.s.origin)).send().await.expect("healthz");
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn hiding_answers_404_and_forks_need_read_on_their_source() {
+    let t = setup(true, None).await;
+    t.make("private/a").await;
+    let outsider = token(SECRET, &[("public/", false, "all")], NOW_S + 60);
+    let r = t.send(Method::GET, "private/a", Some(&outsider), &[], "").await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND, "existence is not revealed");
+    // Fork: create on the target is not enough without read on the source.
+    let fork = [("stream-forked-from", "/v1/stream/private/a")];
+    let create_only = token(SECRET, &[("forks/", false, "create")], NOW_S + 60);
+    assert_eq!(t.send(Method::PUT, "forks/f", Some(&create_only), &fork, "").await.status(), StatusCode::NOT_FOUND);
+    let both = token(SECRET, &[("forks/", false, "create"), ("private/a", true, "read")], NOW_S + 60);
+    assert_eq!(t.send(Method::PUT, "forks/f", Some(&both), &fork, "").await.status(), StatusCode::CREATED);
+}
+
+#[tokio::test]
+async fn live_reads_end_when_their_token_expires() {
+    let t = setup(false, None).await;
+    t.make("live").await;
+    // Valid for one more second (30 s of leeway after `exp`).
+    let short = token(SECRET, &[("live", true, "read")], NOW_S - 29);
+    let started = std::time::Instant::now();
+    let r = t.send(Method::GET, "live?offset=-1&live=sse", Some(&short), &[], "").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let text = tokio::time::timeout(Duration::from_secs(10), r.text()).await.expect("SSE ends").expect("body");
+    assert!(text.contains("\"endReason\":\"tokenExpired\""), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // A long-poll ends too, without waiting for its full timeout.
+    let started = std::time::Instant::now();
+    let r = t.send(Method::GET, "live?offset=now&live=long-poll", Some(&short), &[], "").await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert!(started.elapsed() < Duration::from_secs(4), "{:?}", started.elapsed());
+    // Once expired, reconnecting is refused.
+    t.clock.advance_ms(2_000);
+    assert_eq!(t.send(Method::GET, "live", Some(&short), &[], "").await.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn signed_urls_grant_reads_of_one_stream_until_they_expire() {
+    let t = setup(false, None).await;
+    t.make("chat").await;
+    t.send(Method::POST, "chat", Some(&admin()), &[("content-type", "text/plain")], "hi").await;
+    let exp = (NOW_S + 60) as u64;
+    let sig = signed_url::sign(SECRET, "/v1/stream/chat", exp);
+    let get = |path: &str, q: String| t.http.get(format!("{}/{path}?{q}", t.s.base)).send();
+    let code = |r: reqwest::Response| async move {
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+        let v: serde_json::Value = serde_json::from_str(&r.text().await.expect("text")).expect("json error body");
+        v["error"]["code"].as_str().unwrap_or_default().to_owned()
+    };
+    let r = get("chat", format!("offset=-1&expires={exp}&sig={sig}")).await.expect("get");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.text().await.expect("text"), "hi");
+    // Tampered path, tampered expiry, used for a write, then expired.
+    t.make("other").await;
+    assert_eq!(code(get("other", format!("expires={exp}&sig={sig}")).await.expect("get")).await, "SIGNATURE_INVALID");
+    assert_eq!(code(get("chat", format!("expires={}&sig={sig}", exp + 1)).await.expect("get")).await, "SIGNATURE_INVALID");
+    let write = t.http.post(format!("{}/chat?expires={exp}&sig={sig}", t.s.base)).header("content-type", "text/plain").body("x").send();
+    assert_eq!(code(write.await.expect("post")).await, "SIGNATURE_INVALID");
+    t.clock.advance_ms(61_000);
+    assert_eq!(code(get("chat", format!("expires={exp}&sig={sig}")).await.expect("get")).await, "SIGNATURE_EXPIRED");
+}
+
+/// An Ed25519 key pair from a fixed seed: the JWK of its public half and a signing key.
+fn ed25519(seed: u8, kid: &str) -> (serde_json::Value, jsonwebtoken::EncodingKey) {
+    let sk = ed25519_dalek::SigningKey::from_bytes(&[seed; 32]);
+    let x = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(sk.verifying_key().to_bytes());
+    let jwk = serde_json::json!({ "kty": "OKP", "crv": "Ed25519", "x": x, "kid": kid, "alg": "EdDSA", "use": "sig" });
+    // PKCS#8 v1 for Ed25519: a fixed prefix, then the 32-byte seed.
+    let mut der = vec![0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+    der.extend_from_slice(&[seed; 32]);
+    (jwk, jsonwebtoken::EncodingKey::from_ed_der(&der))
+}
+
+fn idp_token(key: &jsonwebtoken::EncodingKey, kid: &str) -> String {
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
+    header.kid = Some(kid.into());
+    let claims = serde_json::json!({ "sub": "alice", "exp": NOW_S + 600, "oncelog": { "grants": [ { "prefix": "", "ops": ["read"] } ] } });
+    jsonwebtoken::encode(&header, &claims, key).expect("sign")
+}
+
+#[tokio::test]
+async fn identity_provider_tokens_verify_against_a_reloadable_jwks() {
+    let (jwk1, key1) = ed25519(1, "k1");
+    let (jwk2, key2) = ed25519(2, "k2");
+    let t = setup(false, Some(&serde_json::json!({ "keys": [jwk1] }).to_string())).await;
+    t.make("s").await;
+    assert_eq!(t.send(Method::GET, "s", Some(&idp_token(&key1, "k1")), &[], "").await.status(), StatusCode::OK);
+    assert_eq!(t.send(Method::GET, "s", Some(&idp_token(&key2, "k2")), &[], "").await.status(), StatusCode::UNAUTHORIZED);
+    // A token signed by key 2 but naming key 1 fails too.
+    assert_eq!(t.send(Method::GET, "s", Some(&idp_token(&key2, "k1")), &[], "").await.status(), StatusCode::UNAUTHORIZED);
+    // Rotate: the file now holds key 2 only.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    std::fs::write(t.dir.path().join("jwks.json"), serde_json::json!({ "keys": [jwk2] }).to_string()).expect("rotate");
+    assert!(t.auth.reload().expect("reload"), "the change is noticed");
+    assert_eq!(t.send(Method::GET, "s", Some(&idp_token(&key2, "k2")), &[], "").await.status(), StatusCode::OK);
+    assert_eq!(t.send(Method::GET, "s", Some(&idp_token(&key1, "k1")), &[], "").await.status(), StatusCode::UNAUTHORIZED);
+    // A broken file keeps the keys in force.
+    std::fs::write(t.dir.path().join("jwks.json"), "{ not json").expect("break");
+    assert!(t.auth.reload().is_err());
+    assert_eq!(t.send(Method::GET, "s", Some(&idp_token(&key2, "k2")), &[], "").await.status(), StatusCode::OK);
+}
