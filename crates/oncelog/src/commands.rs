@@ -50,6 +50,10 @@ pub struct Conn {
     /// Extra header for every request, as "Name: value" (repeatable).
     #[arg(long = "header", short = 'H', value_name = "NAME: VALUE")]
     headers: Vec<String>,
+
+    /// PEM file of a CA to trust for https, besides the system's roots (a private CA).
+    #[arg(long, env = "ONCELOG_CACERT")]
+    cacert: Option<PathBuf>,
 }
 
 impl Conn {
@@ -64,6 +68,10 @@ impl Conn {
         }
         if let Some(r) = retry {
             b = b.retry_policy(r);
+        }
+        if let Some(path) = &self.cacert {
+            let pem = std::fs::read(path).map_err(|e| CliError::Input(format!("--cacert {}: {e}", path.display())))?;
+            b = b.ca_cert_pem(pem);
         }
         Ok(b.build()?)
     }

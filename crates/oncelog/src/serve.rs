@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::ArgAction;
 use oncelog_embedded::{Durability, EmbeddedEngine, EmbeddedOptions};
 use oncelog_server::auth::token::{TokenAuth, TokenConfig};
+use oncelog_server::tls::TlsFiles;
 use oncelog_server::{AppState, Authorize, ServerConfig};
 
 #[derive(clap::Args)]
@@ -87,6 +88,15 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_BODY_READ_TIMEOUT_MS", default_value_t = 10_000)]
     body_read_timeout_ms: u64,
 
+    /// PEM certificate chain: serve HTTPS (with --tls-key); HTTP/2 and HTTP/1.1 by ALPN. The files
+    /// are re-read when they change (new connections get the new certificate).
+    #[arg(long, env = "ONCELOG_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "ONCELOG_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+
     /// HMAC secret file: turns authentication on (bearer tokens, signed read URLs).
     #[arg(long, env = "ONCELOG_AUTH_SECRET_FILE")]
     auth_secret_file: Option<PathBuf>,
@@ -131,6 +141,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_connections: args.max_connections,
         header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
+        tls: match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert: cert.clone(), key: key.clone() }),
+            _ => None,
+        },
     };
     config.validate()?;
     let auth = access_control(&args)?;
@@ -191,7 +205,8 @@ async fn run<E: oncelog_storage::Engine>(state: AppState<E>, addr: SocketAddr) -
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     // One line on stdout, for scripts and tests that start the server on port 0.
-    println!("oncelog listening on http://{local}");
+    let scheme = if state.config.tls.is_some() { "https" } else { "http" };
+    println!("oncelog listening on {scheme}://{local}");
     tracing::info!(addr = %local, "listening");
     oncelog_server::serve(listener, state, shutdown_signal()).await?;
     tracing::info!("all writes synced; bye");

@@ -34,6 +34,8 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// Longest pause between two pieces of a request body before the request is answered `408`.
     pub body_read_timeout: Duration,
+    /// Serve HTTPS with these certificate files; `None`: cleartext (HTTP/1.1 and h2c).
+    pub tls: Option<crate::tls::TlsFiles>,
 }
 
 impl Default for ServerConfig {
@@ -51,6 +53,7 @@ impl Default for ServerConfig {
             max_connections: 4096,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
+            tls: None,
         }
     }
 }

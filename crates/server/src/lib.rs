@@ -18,6 +18,7 @@
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`metrics`]: what is recorded, and the Prometheus scrape.
 //! - [`sweeper`]: the background task that deletes expired streams.
+//! - [`tls`]: certificates for HTTPS (reloaded when their files change) and ALPN.
 //!
 //! Time comes from [`Clock`] (re-exported from `oncelog-storage`), so tests drive expiry and
 //! cursors by hand.
@@ -33,6 +34,7 @@ pub mod ops;
 pub mod read;
 pub mod request;
 pub mod sweeper;
+pub mod tls;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -141,6 +143,8 @@ async fn track(req: axum::extract::Request, next: axum::middleware::Next) -> axu
 pub enum ServeError {
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
     #[error("storage did not shut down cleanly: {0}")]
     Storage(#[from] StorageError),
 }
@@ -155,6 +159,14 @@ pub async fn serve<E: Engine>(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
     let router = app(state.clone())?;
+    let tls = match &state.config.tls {
+        Some(files) => {
+            let store = tls::CertStore::load(files.clone())?;
+            let acceptor = store.acceptor()?;
+            Some((acceptor, store.spawn_reloader(std::time::Duration::from_secs(1))))
+        }
+        None => None,
+    };
     let sweeper = sweeper::spawn(&state);
     let limits = listen::Limits {
         max_connections: state.config.max_connections,
@@ -166,10 +178,14 @@ pub async fn serve<E: Engine>(
         draining.store(true, Ordering::Relaxed);
         tracing::info!("shutting down: no new connections; finishing in-flight requests");
     };
-    if !listen::run(listener, router, limits, stop, state.config.shutdown_grace).await {
+    let acceptor = tls.as_ref().map(|(a, _)| a.clone());
+    if !listen::run(listener, router, limits, acceptor, stop, state.config.shutdown_grace).await {
         tracing::warn!("grace period over; closing remaining connections");
     }
     sweeper.abort();
+    if let Some((_, reloader)) = tls {
+        reloader.abort();
+    }
     state.engine.shutdown().await?;
     Ok(())
 }

@@ -10,6 +10,9 @@
 //!   (HTTP/1 half-close): a write applied without an answer is the ambiguity this server exists
 //!   to remove.
 //!
+//! With TLS ([`crate::tls`]) the protocol is the one ALPN negotiated (`h2` or `http/1.1`), and
+//! the handshake must finish within the header-read timeout.
+//!
 //! Written with `hyper-util`'s connection builder rather than `axum::serve`, which exposes none of
 //! these settings.
 
@@ -75,7 +78,14 @@ async fn sniff(stream: &tokio::net::TcpStream, deadline: tokio::time::Instant) -
 /// Serves `router` on `listener` until `stop` completes, then stops accepting and lets open
 /// connections finish their in-flight requests for at most `grace`. Returns whether every
 /// connection finished within the grace period.
-pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: impl Future<Output = ()>, grace: Duration) -> bool {
+pub async fn run(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    stop: impl Future<Output = ()>,
+    grace: Duration,
+) -> bool {
     let mut h1 = Builder::new(TokioExecutor::new()).http1_only();
     h1.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).half_close(true);
     let mut h2 = Builder::new(TokioExecutor::new()).http2_only();
@@ -104,23 +114,42 @@ pub async fn run(listener: TcpListener, router: Router, limits: Limits, stop: im
             },
         };
         let _ = stream.set_nodelay(true);
+        metrics::counter!("oncelog_connections_accepted_total").increment(1);
         let service = TowerToHyperService::new(router.clone());
         let (h1, h2) = (h1.clone(), h2.clone());
         let watcher = graceful.watcher();
         let first_bytes_by = tokio::time::Instant::now() + limits.header_read_timeout;
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let builder = match sniff(&stream, first_bytes_by).await {
-                Some(Protocol::Http1) => h1,
-                Some(Protocol::Http2) => h2,
-                None => return,
-            };
-            let conn = builder.serve_connection(TokioIo::new(stream), service);
-            // Errors here are the client's (reset, timeout, malformed framing); hyper has already
-            // answered what could be answered.
-            let _ = watcher.watch(conn).await;
+            match tls {
+                None => {
+                    let builder = match sniff(&stream, first_bytes_by).await {
+                        Some(Protocol::Http1) => h1,
+                        Some(Protocol::Http2) => h2,
+                        None => return,
+                    };
+                    serve_io(&builder, TokioIo::new(stream), service, watcher).await;
+                }
+                Some(acceptor) => {
+                    let Ok(Ok(tls)) = tokio::time::timeout_at(first_bytes_by, acceptor.accept(stream)).await else { return };
+                    let builder = if tls.get_ref().1.alpn_protocol() == Some(b"h2") { h2 } else { h1 };
+                    serve_io(&builder, TokioIo::new(tls), service, watcher).await;
+                }
+            }
             drop(permit);
         });
     }
     drop(listener);
     tokio::time::timeout(grace, graceful.shutdown()).await.is_ok()
+}
+
+/// Serves one connection until it ends or the graceful shutdown it is watched by closes it.
+async fn serve_io<I>(builder: &Builder<TokioExecutor>, io: I, service: TowerToHyperService<Router>, watcher: hyper_util::server::graceful::Watcher)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let conn = builder.serve_connection(io, service);
+    // Errors here are the client's (reset, timeout, malformed framing); hyper has already
+    // answered what could be answered.
+    let _ = watcher.watch(conn).await;
 }

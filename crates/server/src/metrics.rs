@@ -16,6 +16,7 @@
 //! | `oncelog_fsync_seconds` | histogram | | the sync of one group (embedded engine) |
 //! | `oncelog_live_readers` | gauge | `mode` | open long-poll and SSE reads |
 //! | `oncelog_http_requests_total` | counter | `method`, `status` | every answered request |
+//! | `oncelog_connections_accepted_total` | counter | | TCP connections accepted |
 //! | `oncelog_streams` | gauge | | streams that exist |
 //! | `oncelog_producers` | gauge | | idempotent producers remembered |
 //! | `process_resident_memory_bytes` | gauge | | the server's RSS (Linux) |

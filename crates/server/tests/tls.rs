@@ -1,0 +1,96 @@
+//! HTTPS: a certificate made here (rcgen) for a private CA; HTTP/2 negotiated by ALPN with many
+//! live readers on one connection; the certificate renewed in place; the Rust client and the CLI
+//! trusting the CA through `--cacert`. Alone in its binary: it counts connections in the
+//! process-wide metrics.
+
+mod common;
+
+use std::time::Duration;
+
+use oncelog_server::tls::TlsFiles;
+use oncelog_server::ServerConfig;
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use reqwest::StatusCode;
+
+/// A CA and a `localhost` / `127.0.0.1` certificate it signed, as PEM: (ca, cert, key).
+fn pki(name: &str) -> (String, String, String) {
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, format!("{name} test CA"));
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key")).expect("ca");
+    let key = KeyPair::generate().expect("key");
+    let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).expect("params");
+    let cert = params.signed_by(&key, &ca).expect("cert");
+    (ca.pem(), cert.pem(), key.serialize_pem())
+}
+
+fn client(ca_pem: &str) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(ca_pem.as_bytes()).expect("ca");
+    reqwest::Client::builder().add_root_certificate(ca).build().expect("client")
+}
+
+fn metric(scrape: &str, name: &str) -> f64 {
+    scrape.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' '))).map_or(0.0, |v| v.parse().expect("number"))
+}
+
+#[tokio::test]
+async fn https_with_http2_many_live_readers_on_one_connection_and_certificate_renewal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, cert, key) = pki("first");
+    let files = TlsFiles { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem") };
+    std::fs::write(&files.cert, &cert).expect("cert");
+    std::fs::write(&files.key, &key).expect("key");
+    let config = ServerConfig { tls: Some(files.clone()), ..ServerConfig::default() };
+    let s = common::TestServer::start(config, None).await;
+    let base = format!("https://localhost:{}/v1/stream", s.addr.port());
+    let origin = format!("https://localhost:{}", s.addr.port());
+    let http = client(&ca);
+
+    let scrape = || async { http.get(format!("{origin}/metrics")).send().await.expect("scrape").text().await.expect("text") };
+    let before = metric(&scrape().await, "oncelog_connections_accepted_total");
+    let r = http.put(format!("{base}/s")).header("content-type", "text/plain").send().await.expect("put");
+    assert_eq!((r.status(), r.version()), (StatusCode::CREATED, reqwest::Version::HTTP_2));
+    // Twenty SSE readers on the one HTTP/2 connection, all reached by one append.
+    let mut readers = Vec::new();
+    for _ in 0..20 {
+        let (http, url) = (http.clone(), format!("{base}/s?offset=-1&live=sse"));
+        readers.push(tokio::spawn(async move {
+            let mut resp = http.get(url).send().await.expect("sse");
+            assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+            let mut seen = String::new();
+            while !seen.contains("hello") {
+                match tokio::time::timeout(Duration::from_secs(5), resp.chunk()).await {
+                    Ok(Ok(Some(c))) => seen.push_str(&String::from_utf8_lossy(&c)),
+                    other => panic!("SSE ended early: {other:?}"),
+                }
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    http.post(format!("{base}/s")).header("content-type", "text/plain").body("hello").send().await.expect("post");
+    for r in readers {
+        r.await.expect("reader");
+    }
+    let after = metric(&scrape().await, "oncelog_connections_accepted_total");
+    assert_eq!(after - before, 0.0, "the scrape, the writes and 20 readers all used the connection opened before");
+
+    // An untrusting client is refused; plain HTTP on the TLS port gets nowhere.
+    assert!(reqwest::get(format!("{base}/s")).await.is_err());
+
+    // Renewal: new files signed by another CA; new connections get them, the old one keeps working.
+    let (ca2, cert2, key2) = pki("second");
+    std::fs::write(&files.key, &key2).expect("key");
+    std::fs::write(&files.cert, &cert2).expect("cert");
+    let fresh = client(&ca2);
+    let mut renewed = false;
+    for _ in 0..50 {
+        if fresh.get(format!("{base}/s")).send().await.is_ok_and(|r| r.status() == StatusCode::OK) {
+            renewed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(renewed, "the renewed certificate is served within 5 s");
+    let r = http.get(format!("{base}/s")).send().await.expect("the open connection survives the renewal");
+    assert_eq!(r.text().await.expect("text"), "hello");
+}
