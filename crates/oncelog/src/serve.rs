@@ -88,6 +88,23 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_BODY_READ_TIMEOUT_MS", default_value_t = 10_000)]
     body_read_timeout_ms: u64,
 
+    /// Longest a write to a client may stay blocked because it does not read, in ms; then the
+    /// connection is closed (a stalled live reader holds memory no longer than this).
+    #[arg(long, env = "ONCELOG_WRITE_TIMEOUT_MS", default_value_t = 30_000)]
+    write_timeout_ms: u64,
+
+    /// Live readers (long-poll and SSE) at once, in all; beyond it 503 with Retry-After.
+    #[arg(long, env = "ONCELOG_MAX_LIVE_READERS", default_value_t = 10_000)]
+    max_live_readers: usize,
+
+    /// Live readers of one stream at once; beyond it 503 with Retry-After.
+    #[arg(long, env = "ONCELOG_MAX_LIVE_READERS_PER_STREAM", default_value_t = 1_000)]
+    max_live_readers_per_stream: usize,
+
+    /// How long an idle SSE response goes without writing before it sends a comment, in ms.
+    #[arg(long, env = "ONCELOG_SSE_KEEPALIVE_MS", default_value_t = 15_000)]
+    sse_keepalive_ms: u64,
+
     /// PEM certificate chain: serve HTTPS (with --tls-key); HTTP/2 and HTTP/1.1 by ALPN. The files
     /// are re-read when they change (new connections get the new certificate).
     #[arg(long, env = "ONCELOG_TLS_CERT", requires = "tls_key")]
@@ -141,6 +158,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_connections: args.max_connections,
         header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
+        write_timeout: Duration::from_millis(args.write_timeout_ms),
+        max_live_readers: args.max_live_readers,
+        max_live_readers_per_stream: args.max_live_readers_per_stream,
+        sse_keepalive: Duration::from_millis(args.sse_keepalive_ms),
         tls: match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => Some(TlsFiles { cert: cert.clone(), key: key.clone() }),
             _ => None,

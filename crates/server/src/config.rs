@@ -10,6 +10,9 @@ pub struct ServerConfig {
     /// How long one SSE response lives before the server ends it so CDNs can collapse
     /// reconnections (section 10.2 suggests about 60 s).
     pub sse_max_duration: Duration,
+    /// How long an idle SSE response goes without writing: then it sends a comment, which keeps
+    /// proxies from closing it and shows whether the reader is still there.
+    pub sse_keepalive: Duration,
     /// Largest request body accepted by append and create; larger gets 413.
     pub max_append_bytes: usize,
     /// Soft cap on one read response (whole appends are never split, so one large append can
@@ -34,6 +37,13 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// Longest pause between two pieces of a request body before the request is answered `408`.
     pub body_read_timeout: Duration,
+    /// Longest a write to a client may stay blocked because the client does not read; then the
+    /// connection is closed (a stalled live reader holds memory no longer than this).
+    pub write_timeout: Duration,
+    /// Live readers (long-poll and SSE) at once, in all; beyond it `503` with `Retry-After`.
+    pub max_live_readers: usize,
+    /// Live readers of one stream at once; beyond it `503` with `Retry-After`.
+    pub max_live_readers_per_stream: usize,
     /// Serve HTTPS with these certificate files; `None`: cleartext (HTTP/1.1 and h2c).
     pub tls: Option<crate::tls::TlsFiles>,
 }
@@ -43,6 +53,7 @@ impl Default for ServerConfig {
         Self {
             long_poll_timeout: Duration::from_secs(20),
             sse_max_duration: Duration::from_secs(60),
+            sse_keepalive: Duration::from_secs(15),
             max_append_bytes: 16 << 20,
             max_read_bytes: 1 << 20,
             sweep_interval: Duration::from_secs(5),
@@ -53,6 +64,9 @@ impl Default for ServerConfig {
             max_connections: 4096,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(30),
+            max_live_readers: 10_000,
+            max_live_readers_per_stream: 1_000,
             tls: None,
         }
     }
@@ -87,13 +101,19 @@ impl ServerConfig {
         if self.sweep_interval.is_zero() {
             return Err(ConfigError::Zero("sweep interval"));
         }
+        if self.sse_keepalive.is_zero() {
+            return Err(ConfigError::Zero("SSE keep-alive"));
+        }
         if self.max_read_bytes == 0 {
             return Err(ConfigError::Zero("max read bytes"));
         }
         if self.max_connections == 0 {
             return Err(ConfigError::Zero("max connections"));
         }
-        if self.header_read_timeout.is_zero() || self.body_read_timeout.is_zero() {
+        if self.max_live_readers == 0 || self.max_live_readers_per_stream == 0 {
+            return Err(ConfigError::Zero("max live readers"));
+        }
+        if self.header_read_timeout.is_zero() || self.body_read_timeout.is_zero() || self.write_timeout.is_zero() {
             return Err(ConfigError::Zero("read timeout"));
         }
         Ok(())

@@ -18,6 +18,8 @@ pub enum ApiError {
     BodyRead,
     #[error("the request body stalled; send it without long pauses")]
     BodyTimeout,
+    #[error("too many live readers; retry later")]
+    TooManyReaders,
     #[error("no such route; streams live under /v1/stream/")]
     NoRoute,
     #[error("method not allowed on a stream")]
@@ -54,6 +56,7 @@ impl ApiError {
             ApiError::BodyRead => (StatusCode::BAD_REQUEST, vec![]),
             ApiError::BodyTimeout => (StatusCode::REQUEST_TIMEOUT, vec![h("connection", "close")]),
             ApiError::NoRoute => (StatusCode::NOT_FOUND, vec![]),
+            ApiError::TooManyReaders => (StatusCode::SERVICE_UNAVAILABLE, vec![]),
             ApiError::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 vec![h("allow", "GET, HEAD, PUT, POST, DELETE, OPTIONS")],

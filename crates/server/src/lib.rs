@@ -13,6 +13,8 @@
 //! - [`headers`]: the response headers every answer carries (CORS, browser security) and the
 //!   CORS preflight.
 //! - [`auth`]: the authentication hook point.
+//! - [`deadline_io`]: sockets whose blocked writes time out (stalled readers).
+//! - [`live`]: bounds on live readers, in all and per stream.
 //! - [`listen`]: the connection loop (HTTP/1.1 and h2c, connection limits, header timeouts,
 //!   half-close, graceful drain).
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
@@ -25,10 +27,12 @@
 
 pub mod auth;
 pub mod config;
+pub mod deadline_io;
 pub mod error;
 pub mod handlers;
 pub mod headers;
 pub mod listen;
+pub mod live;
 pub mod metrics;
 pub mod ops;
 pub mod read;
@@ -60,6 +64,8 @@ pub struct AppState<E> {
     pub metrics: Option<PrometheusHandle>,
     /// Set when shutdown begins, so `/readyz` turns 503 while in-flight requests drain.
     draining: Arc<AtomicBool>,
+    /// Places for live readers.
+    pub live: Arc<live::LiveSlots>,
 }
 
 impl<E> Clone for AppState<E> {
@@ -71,6 +77,7 @@ impl<E> Clone for AppState<E> {
             auth: self.auth.clone(),
             metrics: self.metrics.clone(),
             draining: self.draining.clone(),
+            live: self.live.clone(),
         }
     }
 }
@@ -79,7 +86,9 @@ impl<E: Engine> AppState<E> {
     /// The real clock, no access control, metrics as `config` says.
     pub fn new(engine: Arc<E>, config: ServerConfig) -> Self {
         let metrics = config.metrics_path.as_ref().and_then(|_| metrics::install());
+        let live = live::LiveSlots::new(config.max_live_readers, config.max_live_readers_per_stream);
         Self {
+            live,
             engine,
             config: Arc::new(config),
             clock: Arc::new(SystemClock::default()),
@@ -171,6 +180,7 @@ pub async fn serve<E: Engine>(
     let limits = listen::Limits {
         max_connections: state.config.max_connections,
         header_read_timeout: state.config.header_read_timeout,
+        write_timeout: state.config.write_timeout,
     };
     let draining = state.draining.clone();
     let stop = async move {

@@ -6,6 +6,8 @@
 //!   listener stops accepting until one closes (new clients wait in the kernel's backlog);
 //! - an HTTP/1 client gets [`Limits::header_read_timeout`] to send each request's headers, which
 //!   also bounds how long an idle keep-alive connection stays open (slowloris, idle sockets);
+//! - a write to a client may stay blocked (the client not reading) for at most
+//!   [`Limits::write_timeout`]; then the connection is closed and what was queued for it freed;
 //! - a client that half-closes its socket after a complete request still gets its answer
 //!   (HTTP/1 half-close): a write applied without an answer is the ambiguity this server exists
 //!   to remove.
@@ -28,11 +30,16 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::deadline_io::DeadlineIo;
+
 /// Connection limits; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_connections: usize,
     pub header_read_timeout: Duration,
+    /// Longest a write to a client may stay blocked (the client not reading) before the
+    /// connection is closed.
+    pub write_timeout: Duration,
 }
 
 /// How long to pause accepting after an accept error (such as running out of file descriptors),
@@ -128,9 +135,10 @@ pub async fn run(
                         Some(Protocol::Http2) => h2,
                         None => return,
                     };
-                    serve_io(&builder, TokioIo::new(stream), service, watcher).await;
+                    serve_io(&builder, TokioIo::new(DeadlineIo::new(stream, limits.write_timeout)), service, watcher).await;
                 }
                 Some(acceptor) => {
+                    let stream = DeadlineIo::new(stream, limits.write_timeout);
                     let Ok(Ok(tls)) = tokio::time::timeout_at(first_bytes_by, acceptor.accept(stream)).await else { return };
                     let builder = if tls.get_ref().1.alpn_protocol() == Some(b"h2") { h2 } else { h1 };
                     serve_io(&builder, TokioIo::new(tls), service, watcher).await;

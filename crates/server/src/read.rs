@@ -14,7 +14,8 @@ use oncelog_storage::{Engine, ReadChunk, StreamInfo, WaitOutcome};
 use crate::error::ApiError;
 use crate::handlers::{respond, start_offset};
 use crate::request::{Live, ReadQuery};
-use crate::{metrics, Access, AppState};
+use crate::live::LiveSlot;
+use crate::{Access, AppState};
 
 /// How often a waiting live reader renews its stream's sliding TTL.
 const TTL_RENEW_INTERVAL: Duration = Duration::from_secs(1);
@@ -42,7 +43,7 @@ pub async fn get<E: Engine>(
             Ok(render_chunk(&chunk, from, q.offset == OffsetParam::Now, None, req_headers))
         }
         Live::LongPoll => long_poll(st, path, &q, from, info, req_headers, access).await,
-        Live::Sse => Ok(sse(st, path, &q, from, &info, access)),
+        Live::Sse => sse(st, path, &q, from, &info, access),
     }
 }
 
@@ -146,7 +147,7 @@ async fn long_poll<E: Engine>(
         if info.closed {
             return Ok(no_content(&info, cursor));
         }
-        let _live = metrics::LiveReader::open("long-poll");
+        let _live = st.live.acquire(path, "long-poll")?;
         match wait_live(st, path, from, timeout).await? {
             WaitOutcome::Changed(i) if i.tail > from => {}
             WaitOutcome::Changed(i) | WaitOutcome::TimedOut(i) => return Ok(no_content(&i, cursor)),
@@ -173,11 +174,12 @@ struct SseState<E> {
     /// The deadline is the credentials' expiry: the response ends with a control event saying so.
     ends_for_credentials: bool,
     done: bool,
-    /// Counts this response in `oncelog_live_readers` until it ends.
-    _live: metrics::LiveReader,
+    /// This response's place among the live readers, until it ends.
+    _live: LiveSlot,
 }
 
-fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, info: &StreamInfo, access: Access) -> Response {
+fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, info: &StreamInfo, access: Access) -> Result<Response, ApiError> {
+    let live = st.live.acquire(path, "sse")?;
     let text = content_type::sse_is_text(&info.config.content_type);
     let (lifetime, ends_for_credentials) = match credentials_left(st, access) {
         Some(left) if left < st.config.sse_max_duration => (left, true),
@@ -194,7 +196,7 @@ fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, inf
         deadline: tokio::time::Instant::now() + lifetime,
         ends_for_credentials,
         done: false,
-        _live: metrics::LiveReader::open("sse"),
+        _live: live,
     };
     let events = futures_util::stream::unfold(state, |mut s| async move {
         let bytes = s.next_event().await?;
@@ -207,7 +209,7 @@ fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, inf
     if !text {
         pairs.push((names::STREAM_SSE_DATA_ENCODING, "base64".into()));
     }
-    respond(StatusCode::OK, pairs, Body::from_stream(events))
+    Ok(respond(StatusCode::OK, pairs, Body::from_stream(events)))
 }
 
 impl<E: Engine> SseState<E> {
@@ -261,7 +263,14 @@ impl<E: Engine> SseState<E> {
                 }
                 return None;
             }
-            wait_live(&self.st, &self.path, self.offset, remaining).await.ok()?;
+            // A comment now and then: it keeps proxies from timing the response out, and the
+            // write is how a reader that went away is noticed (its place given back).
+            let slice = remaining.min(self.st.config.sse_keepalive);
+            if let WaitOutcome::TimedOut(_) = wait_live(&self.st, &self.path, self.offset, slice).await.ok()? {
+                if slice < remaining {
+                    return Some(Bytes::from_static(b": keep-alive\n\n"));
+                }
+            }
         }
     }
 

@@ -159,3 +159,55 @@ async fn http2_with_prior_knowledge_carries_every_read_mode_on_one_connection() 
     }
     assert_eq!(lp.await.expect("long-poll"), "hello");
 }
+
+#[tokio::test]
+async fn live_readers_are_bounded_per_stream_and_answered_503_beyond() {
+    let config = ServerConfig { max_live_readers_per_stream: 2, sse_keepalive: Duration::from_millis(100), ..config() };
+    let s = common::TestServer::start(config, None).await;
+    put(&s, "busy").await;
+    let http = reqwest::Client::new();
+    let url = s.url("busy") + "?offset=-1&live=sse";
+    let a = http.get(&url).send().await.expect("sse 1");
+    let b = http.get(&url).send().await.expect("sse 2");
+    assert_eq!((a.status(), b.status()), (StatusCode::OK, StatusCode::OK));
+    let c = http.get(&url).send().await.expect("sse 3");
+    assert_eq!(c.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(c.headers().contains_key("retry-after"));
+    // Another stream is not affected, and a place comes back when a reader leaves.
+    put(&s, "calm").await;
+    assert_eq!(http.get(s.url("calm") + "?offset=-1&live=sse").send().await.expect("sse").status(), StatusCode::OK);
+    drop(a);
+    let mut ok = false;
+    for _ in 0..100 {
+        if http.get(&url).send().await.expect("sse").status() == StatusCode::OK {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(ok, "the place of a closed reader is given back");
+}
+
+#[tokio::test]
+async fn a_reader_that_stops_reading_is_disconnected_after_the_write_timeout() {
+    let s = common::TestServer::start(ServerConfig { write_timeout: Duration::from_millis(500), ..config() }, None).await;
+    put(&s, "big").await;
+    let http = reqwest::Client::new();
+    let chunk = vec![b'x'; 4 << 20];
+    for _ in 0..4 {
+        let r = http.post(s.url("big")).header("content-type", "text/plain").body(chunk.clone()).send().await.expect("post");
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    }
+    // A reader that asks for 16 MiB over SSE and never reads.
+    let mut stalled = TcpStream::connect(s.addr).await.expect("connect");
+    stalled.write_all(b"GET /v1/stream/big?offset=-1&live=sse HTTP/1.1\r\nHost: t\r\n\r\n").await.expect("write");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // By now the server gave up on it: draining the socket ends in EOF, well short of 16 MiB.
+    let mut got = Vec::new();
+    let drained = tokio::time::timeout(Duration::from_secs(5), stalled.read_to_end(&mut got)).await;
+    assert!(drained.is_ok(), "the server kept the stalled connection open");
+    assert!(got.len() < 16 << 20, "received {} bytes", got.len());
+    // Meanwhile a normal reader gets everything.
+    let body = http.get(s.url("big")).send().await.expect("get").bytes().await.expect("bytes");
+    assert!(!body.is_empty());
+}
