@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::ArgAction;
 use oncelog_embedded::{Durability, EmbeddedEngine, EmbeddedOptions};
 use oncelog_server::auth::token::{TokenAuth, TokenConfig};
+use oncelog_server::headers::CorsOrigins;
 use oncelog_server::tls::TlsFiles;
 use oncelog_server::{AppState, Authorize, ServerConfig};
 
@@ -105,6 +106,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_SSE_KEEPALIVE_MS", default_value_t = 15_000)]
     sse_keepalive_ms: u64,
 
+    /// Browser origins allowed to read answers: `*` (any; the default, for development) or a
+    /// comma-separated list such as https://app.example.com,https://admin.example.com.
+    #[arg(long, env = "ONCELOG_CORS_ORIGINS", default_value = "*")]
+    cors_origins: String,
+
     /// PEM certificate chain: serve HTTPS (with --tls-key); HTTP/2 and HTTP/1.1 by ALPN. The files
     /// are re-read when they change (new connections get the new certificate).
     #[arg(long, env = "ONCELOG_TLS_CERT", requires = "tls_key")]
@@ -162,6 +168,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_live_readers: args.max_live_readers,
         max_live_readers_per_stream: args.max_live_readers_per_stream,
         sse_keepalive: Duration::from_millis(args.sse_keepalive_ms),
+        cors_origins: CorsOrigins::parse(&args.cors_origins),
         tls: match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => Some(TlsFiles { cert: cert.clone(), key: key.clone() }),
             _ => None,

@@ -44,6 +44,8 @@ pub struct ServerConfig {
     pub max_live_readers: usize,
     /// Live readers of one stream at once; beyond it `503` with `Retry-After`.
     pub max_live_readers_per_stream: usize,
+    /// Browser origins allowed to read answers.
+    pub cors_origins: crate::headers::CorsOrigins,
     /// Serve HTTPS with these certificate files; `None`: cleartext (HTTP/1.1 and h2c).
     pub tls: Option<crate::tls::TlsFiles>,
 }
@@ -67,6 +69,7 @@ impl Default for ServerConfig {
             write_timeout: Duration::from_secs(30),
             max_live_readers: 10_000,
             max_live_readers_per_stream: 1_000,
+            cors_origins: crate::headers::CorsOrigins::Any,
             tls: None,
         }
     }

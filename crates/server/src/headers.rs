@@ -1,6 +1,10 @@
 //! Headers every response carries, and the CORS preflight.
 
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 /// Response headers a browser client must be allowed to read.
@@ -13,12 +17,45 @@ const ALLOW_HEADERS: &str = "content-type, if-none-match, authorization, stream-
 stream-closed, stream-seq, stream-forked-from, stream-fork-offset, stream-fork-sub-offset, producer-id, \
 producer-epoch, producer-seq";
 
+/// Which browser origins may read answers (`--cors-origins`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CorsOrigins {
+    /// Any origin (`Access-Control-Allow-Origin: *`): the development default. Credentials are
+    /// never allowed with it (and Oncelog's bearer tokens need none: they are headers).
+    Any,
+    /// Only these origins (`https://app.example.com`), echoed back when they ask, with
+    /// `Vary: Origin` so caches keep answers per origin.
+    List(Vec<String>),
+}
+
+impl CorsOrigins {
+    /// `*` or a comma-separated list of origins.
+    pub fn parse(text: &str) -> CorsOrigins {
+        if text.trim() == "*" {
+            return CorsOrigins::Any;
+        }
+        CorsOrigins::List(text.split(',').map(|o| o.trim().trim_end_matches('/').to_owned()).filter(|o| !o.is_empty()).collect())
+    }
+}
+
 /// Adds CORS and browser-security headers (section 12.7) to every response.
-pub async fn common(mut resp: Response) -> Response {
+pub async fn common(State(cors): State<Arc<CorsOrigins>>, req: Request, next: Next) -> Response {
+    let origin = req.headers().get("origin").cloned();
+    let mut resp = next.run(req).await;
     let h = resp.headers_mut();
     h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
     h.insert("cross-origin-resource-policy", HeaderValue::from_static("cross-origin"));
-    h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+    match &*cors {
+        CorsOrigins::Any => {
+            h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+        }
+        CorsOrigins::List(allowed) => {
+            h.append("vary", HeaderValue::from_static("origin"));
+            if let Some(o) = origin.filter(|o| o.to_str().is_ok_and(|o| allowed.iter().any(|a| a == o))) {
+                h.insert("access-control-allow-origin", o);
+            }
+        }
+    }
     h.insert("access-control-expose-headers", HeaderValue::from_static(EXPOSE));
     resp
 }

@@ -136,7 +136,8 @@ pub fn app<E: Engine>(state: AppState<E>) -> Result<Router, ConfigError> {
     if let Some(path) = &state.config.metrics_path {
         ops = ops.route(path, get(ops::metrics::<E>));
     }
-    Ok(ops.with_state(state).merge(streams).layer(axum::middleware::map_response(headers::common)))
+    let cors = Arc::new(state.config.cors_origins.clone());
+    Ok(ops.with_state(state).merge(streams).layer(axum::middleware::from_fn_with_state(cors, headers::common)))
 }
 
 /// Counts every answered stream request by method and status.

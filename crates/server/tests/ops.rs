@@ -99,3 +99,29 @@ async fn serve_refuses_a_bad_config_and_stops_cleanly_when_told() {
         Err(oncelog_storage::CreateError::Storage(StorageError::ShuttingDown))
     ));
 }
+
+#[tokio::test]
+async fn cors_origins_are_explicit_when_configured() {
+    let config = ServerConfig {
+        cors_origins: oncelog_server::headers::CorsOrigins::parse("https://app.example, https://admin.example/"),
+        ..ServerConfig::default()
+    };
+    let s = common::TestServer::start(config, None).await;
+    let http = reqwest::Client::new();
+    let allow = |origin: &'static str| {
+        let req = http.get(format!("{}/healthz", s.origin)).header("origin", origin);
+        async move {
+            let r = req.send().await.expect("get");
+            assert!(r.headers().get_all("vary").iter().any(|v| v == "origin"));
+            r.headers().get("access-control-allow-origin").map(|v| v.to_str().unwrap_or_default().to_owned())
+        }
+    };
+    assert_eq!(allow("https://app.example").await.as_deref(), Some("https://app.example"));
+    assert_eq!(allow("https://admin.example").await.as_deref(), Some("https://admin.example"));
+    assert_eq!(allow("https://evil.example").await, None);
+    // The default is any origin, never with credentials.
+    let open = common::TestServer::start(ServerConfig::default(), None).await;
+    let r = http.get(format!("{}/healthz", open.origin)).header("origin", "https://x.example").send().await.expect("get");
+    assert_eq!(r.headers()["access-control-allow-origin"], "*");
+    assert!(r.headers().get("access-control-allow-credentials").is_none());
+}
