@@ -21,7 +21,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the server on the embedded, crash-safe storage engine.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Create a stream (succeeds if an identical one exists); prints its tail offset.
     Create(commands::CreateArgs),
     /// Append stdin to a stream through an exactly-once producer: one item per line, or one
@@ -73,7 +73,7 @@ fn main() -> std::process::ExitCode {
                 }
             };
         }
-        Command::Serve(args) => runtime.block_on(serve::serve(args)),
+        Command::Serve(args) => runtime.block_on(serve::serve(*args)),
         Command::Create(args) => return commands::exit(runtime.block_on(commands::create(args))),
         Command::Append(args) => return commands::exit(runtime.block_on(commands::append(args))),
         Command::Read(args) => return commands::exit(runtime.block_on(commands::read(args))),

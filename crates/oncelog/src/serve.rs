@@ -106,6 +106,15 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_SSE_KEEPALIVE_MS", default_value_t = 15_000)]
     sse_keepalive_ms: u64,
 
+    /// Appends per second per writer (its token, or its address with authentication off);
+    /// beyond it 429 with Retry-After. 0: no limit.
+    #[arg(long, env = "ONCELOG_APPEND_RATE_LIMIT", default_value_t = 0)]
+    append_rate_limit: u32,
+
+    /// Append body bytes per second per writer; beyond it 429 with Retry-After. 0: no limit.
+    #[arg(long, env = "ONCELOG_APPEND_BYTE_RATE_LIMIT", default_value_t = 0)]
+    append_byte_rate_limit: u32,
+
     /// Browser origins allowed to read answers: `*` (any; the default, for development) or a
     /// comma-separated list such as https://app.example.com,https://admin.example.com.
     #[arg(long, env = "ONCELOG_CORS_ORIGINS", default_value = "*")]
@@ -169,6 +178,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_live_readers_per_stream: args.max_live_readers_per_stream,
         sse_keepalive: Duration::from_millis(args.sse_keepalive_ms),
         cors_origins: CorsOrigins::parse(&args.cors_origins),
+        append_rate_limit: args.append_rate_limit,
+        append_byte_rate_limit: args.append_byte_rate_limit,
         tls: match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => Some(TlsFiles { cert: cert.clone(), key: key.clone() }),
             _ => None,

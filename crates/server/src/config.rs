@@ -44,6 +44,10 @@ pub struct ServerConfig {
     pub max_live_readers: usize,
     /// Live readers of one stream at once; beyond it `503` with `Retry-After`.
     pub max_live_readers_per_stream: usize,
+    /// Appends per second per writer (token, or client address without authentication); 0: off.
+    pub append_rate_limit: u32,
+    /// Append body bytes per second per writer; 0: off.
+    pub append_byte_rate_limit: u32,
     /// Browser origins allowed to read answers.
     pub cors_origins: crate::headers::CorsOrigins,
     /// Serve HTTPS with these certificate files; `None`: cleartext (HTTP/1.1 and h2c).
@@ -69,6 +73,8 @@ impl Default for ServerConfig {
             write_timeout: Duration::from_secs(30),
             max_live_readers: 10_000,
             max_live_readers_per_stream: 1_000,
+            append_rate_limit: 0,
+            append_byte_rate_limit: 0,
             cors_origins: crate::headers::CorsOrigins::Any,
             tls: None,
         }

@@ -18,6 +18,8 @@ pub enum ApiError {
     BodyRead,
     #[error("the request body stalled; send it without long pauses")]
     BodyTimeout,
+    #[error("append rate limit reached; retry in {retry_after_s} s")]
+    RateLimited { retry_after_s: u64 },
     #[error("too many live readers; retry later")]
     TooManyReaders,
     #[error("no such route; streams live under /v1/stream/")]
@@ -57,6 +59,7 @@ impl ApiError {
             ApiError::BodyTimeout => (StatusCode::REQUEST_TIMEOUT, vec![h("connection", "close")]),
             ApiError::NoRoute => (StatusCode::NOT_FOUND, vec![]),
             ApiError::TooManyReaders => (StatusCode::SERVICE_UNAVAILABLE, vec![]),
+            ApiError::RateLimited { retry_after_s } => (StatusCode::TOO_MANY_REQUESTS, vec![h("retry-after", retry_after_s)]),
             ApiError::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 vec![h("allow", "GET, HEAD, PUT, POST, DELETE, OPTIONS")],

@@ -30,10 +30,10 @@ pub async fn stream<E: Engine>(
     method: Method,
     uri: Uri,
     req_headers: HeaderMap,
-    access: Option<axum::Extension<crate::Access>>,
+    caller: Caller,
     body: Body,
 ) -> Response {
-    let access = access.map(|a| a.0).unwrap_or_default();
+    let Caller { access, writer } = caller;
     let result = if path.is_empty() {
         Err(RequestError::EmptyPath.into())
     } else if path.len() > oncelog_protocol::headers::MAX_PATH_BYTES {
@@ -43,16 +43,37 @@ pub async fn stream<E: Engine>(
         Err(ApiError::NoRoute)
     } else {
         match method {
-            Method::GET => read::get(&st, &path, uri.query(), &req_headers, access).await,
+            Method::GET => read::get(&st, &path, uri.query(), &req_headers, &access).await,
             Method::HEAD => head(&st, &path).await,
             Method::PUT => create(&st, &path, &uri, &req_headers, body).await,
-            Method::POST => append(&st, &path, &req_headers, body).await,
+            Method::POST => append(&st, &path, &req_headers, body, &writer).await,
             Method::DELETE => delete(&st, &path).await,
             Method::OPTIONS => Ok(headers::preflight(&req_headers)),
             _ => Err(ApiError::MethodNotAllowed),
         }
     };
     result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Who is asking: what their credentials allow, and who they are for per-writer limits (the
+/// credentials' principal, else the client's address).
+pub struct Caller {
+    access: crate::Access,
+    writer: String,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let access = parts.extensions.get::<crate::Access>().cloned().unwrap_or_default();
+        let writer = match (&access.principal, parts.extensions.get::<crate::listen::PeerAddr>()) {
+            (Some(p), _) => p.clone(),
+            (None, Some(peer)) => format!("addr:{}", peer.0.ip()),
+            (None, None) => "unknown".to_owned(),
+        };
+        Ok(Caller { access, writer })
+    }
 }
 
 /// Anything outside `/v1/stream/`.
@@ -177,11 +198,13 @@ async fn create<E: Engine>(
     Ok(respond(status, pairs, Body::empty()))
 }
 
-async fn append<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+async fn append<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap, body: Body, writer: &str) -> Result<Response, ApiError> {
     // Existence first: a missing stream is 404 whatever else is wrong with the request.
     let mut info = st.engine.head(path, st.clock.now_ms()).await?;
     let h = AppendHeaders::parse(req_headers)?;
+    st.rate.append(writer)?;
     let body = body_bytes(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?;
+    st.rate.bytes(writer, body.len())?;
     if body.is_empty() && !h.close {
         return Err(match h.ignored_closed_value.clone() {
             Some(v) => RequestError::EmptyBodyClosedValue(v),

@@ -19,6 +19,7 @@
 //!   half-close, graceful drain).
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`metrics`]: what is recorded, and the Prometheus scrape.
+//! - [`rate`]: append and byte rate limits per writer.
 //! - [`sweeper`]: the background task that deletes expired streams.
 //! - [`tls`]: certificates for HTTPS (reloaded when their files change) and ALPN.
 //!
@@ -35,6 +36,7 @@ pub mod listen;
 pub mod live;
 pub mod metrics;
 pub mod ops;
+pub mod rate;
 pub mod read;
 pub mod request;
 pub mod sweeper;
@@ -66,6 +68,8 @@ pub struct AppState<E> {
     draining: Arc<AtomicBool>,
     /// Places for live readers.
     pub live: Arc<live::LiveSlots>,
+    /// Append rate limits per writer.
+    pub rate: Arc<rate::RateLimits>,
 }
 
 impl<E> Clone for AppState<E> {
@@ -78,6 +82,7 @@ impl<E> Clone for AppState<E> {
             metrics: self.metrics.clone(),
             draining: self.draining.clone(),
             live: self.live.clone(),
+            rate: self.rate.clone(),
         }
     }
 }
@@ -87,8 +92,10 @@ impl<E: Engine> AppState<E> {
     pub fn new(engine: Arc<E>, config: ServerConfig) -> Self {
         let metrics = config.metrics_path.as_ref().and_then(|_| metrics::install());
         let live = live::LiveSlots::new(config.max_live_readers, config.max_live_readers_per_stream);
+        let rate = rate::RateLimits::new(config.append_rate_limit, config.append_byte_rate_limit, config.max_append_bytes);
         Self {
             live,
+            rate,
             engine,
             config: Arc::new(config),
             clock: Arc::new(SystemClock::default()),

@@ -42,6 +42,10 @@ pub struct Limits {
     pub write_timeout: Duration,
 }
 
+/// The client's address, in every request's extensions (for per-address limits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::SocketAddr);
+
 /// How long to pause accepting after an accept error (such as running out of file descriptors),
 /// so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -109,7 +113,7 @@ pub async fn run(
                 Err(_) => break,
             },
         };
-        let (stream, _peer) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             () = &mut stop => break,
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -122,7 +126,7 @@ pub async fn run(
         };
         let _ = stream.set_nodelay(true);
         metrics::counter!("oncelog_connections_accepted_total").increment(1);
-        let service = TowerToHyperService::new(router.clone());
+        let service = TowerToHyperService::new(tower_layer_peer(router.clone(), peer));
         let (h1, h2) = (h1.clone(), h2.clone());
         let watcher = graceful.watcher();
         let first_bytes_by = tokio::time::Instant::now() + limits.header_read_timeout;
@@ -149,6 +153,11 @@ pub async fn run(
     }
     drop(listener);
     tokio::time::timeout(grace, graceful.shutdown()).await.is_ok()
+}
+
+/// `router` with the connection's peer address added to every request.
+fn tower_layer_peer(router: Router, peer: std::net::SocketAddr) -> Router {
+    router.layer(axum::Extension(PeerAddr(peer)))
 }
 
 /// Serves one connection until it ends or the graceful shutdown it is watched by closes it.

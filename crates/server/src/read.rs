@@ -31,7 +31,7 @@ pub async fn get<E: Engine>(
     path: &str,
     query: Option<&str>,
     req_headers: &HeaderMap,
-    access: Access,
+    access: &Access,
 ) -> Result<Response, ApiError> {
     let now_ms = st.clock.now_ms();
     let info = st.engine.head(path, now_ms).await?;
@@ -48,7 +48,7 @@ pub async fn get<E: Engine>(
 }
 
 /// How long until the reader's credentials expire (`None`: never).
-fn credentials_left<E: Engine>(st: &AppState<E>, access: Access) -> Option<Duration> {
+fn credentials_left<E: Engine>(st: &AppState<E>, access: &Access) -> Option<Duration> {
     let left_ms = access.expires_at_ms?.saturating_sub(st.clock.now_ms());
     Some(Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)))
 }
@@ -138,7 +138,7 @@ async fn long_poll<E: Engine>(
     from: Offset,
     info: StreamInfo,
     req_headers: &HeaderMap,
-    access: Access,
+    access: &Access,
 ) -> Result<Response, ApiError> {
     let cursor = cursor_for(st, q);
     // A long-poll never outlives the credentials it was allowed with.
@@ -178,7 +178,7 @@ struct SseState<E> {
     _live: LiveSlot,
 }
 
-fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, info: &StreamInfo, access: Access) -> Result<Response, ApiError> {
+fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, info: &StreamInfo, access: &Access) -> Result<Response, ApiError> {
     let live = st.live.acquire(path, "sse")?;
     let text = content_type::sse_is_text(&info.config.content_type);
     let (lifetime, ends_for_credentials) = match credentials_left(st, access) {

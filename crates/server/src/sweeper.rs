@@ -1,4 +1,4 @@
-//! Deletes expired streams in the background. Access paths already treat an expired stream as
+//! Deletes expired streams in the background (and forgets idle rate-limit buckets). Access paths already treat an expired stream as
 //! absent; this reclaims its space when nobody touches it again.
 
 use oncelog_storage::Engine;
@@ -11,6 +11,7 @@ pub async fn run<E: Engine>(state: AppState<E>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
+        state.rate.prune();
         match state.engine.expire(state.clock.now_ms()).await {
             Ok(0) => {}
             Ok(n) => tracing::debug!(expired = n, "expired streams deleted"),

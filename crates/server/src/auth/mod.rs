@@ -45,10 +45,12 @@ pub enum AuthError {
 }
 
 /// What an allowed request may rely on.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Access {
     /// When the credentials expire (Unix ms): a live read ends then. `None`: never.
     pub expires_at_ms: Option<i64>,
+    /// Who is writing, for per-writer rate limits; `None`: the client's address is used.
+    pub principal: Option<String>,
 }
 
 /// Decides whether a request may proceed.

@@ -169,8 +169,9 @@ impl TokenAuth {
         AuthError::Unauthenticated { error: "invalid_token" }
     }
 
-    /// Verifies a JWT: signature, `iss` / `aud`, `exp` / `nbf`; returns its scope and expiry.
-    fn verify(&self, token: &str, now_ms: i64) -> Result<(Scope, i64), AuthError> {
+    /// Verifies a JWT: signature, `iss` / `aud`, `exp` / `nbf`; returns its scope, expiry and
+    /// principal (its `sub`, else a digest of the token).
+    fn verify(&self, token: &str, now_ms: i64) -> Result<(Scope, i64, String), AuthError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| Self::invalid())?;
         let key = {
             let keys = self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -213,7 +214,15 @@ impl TokenAuth {
             return Err(Self::invalid());
         }
         let scope = Scope::from_claim(&claims.oncelog).map_err(|_| Self::invalid())?;
-        Ok((scope, exp.saturating_add(LEEWAY_S).saturating_mul(1000)))
+        let principal = match claims.sub {
+            Some(sub) => format!("sub:{sub}"),
+            None => {
+                use sha2::Digest as _;
+                let digest = sha2::Sha256::digest(token.as_bytes());
+                format!("token:{}", base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, &digest[..12]))
+            }
+        };
+        Ok((scope, exp.saturating_add(LEEWAY_S).saturating_mul(1000), principal))
     }
 
     /// Verifies a signed URL's `expires` and `sig`.
@@ -247,12 +256,15 @@ fn signature_params(query: Option<&str>) -> Option<(String, String)> {
 impl Authorize for TokenAuth {
     fn authorize(&self, parts: &Parts, now_ms: i64) -> Result<Access, AuthError> {
         let bearer = parts.headers.get("authorization").map(|v| v.to_str().unwrap_or(""));
-        let (scope, expires_at_ms) = match (bearer, signature_params(parts.uri.query())) {
+        let (scope, expires_at_ms, principal) = match (bearer, signature_params(parts.uri.query())) {
             (Some(h), _) => {
                 let token = h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")).ok_or(AuthError::Unauthenticated { error: "invalid_request" })?;
                 self.verify(token.trim(), now_ms)?
             }
-            (None, Some((expires, sig))) => self.verify_signed(parts, &expires, &sig, now_ms)?,
+            (None, Some((expires, sig))) => {
+                let (scope, expires_at_ms) = self.verify_signed(parts, &expires, &sig, now_ms)?;
+                (scope, expires_at_ms, format!("url:{sig}"))
+            }
             (None, None) => return Err(AuthError::Unauthenticated { error: "invalid_request" }),
         };
         if let Some(path) = stream_path(parts) {
@@ -262,7 +274,7 @@ impl Authorize for TokenAuth {
                 }
             }
         }
-        Ok(Access { expires_at_ms: Some(expires_at_ms) })
+        Ok(Access { expires_at_ms: Some(expires_at_ms), principal: Some(principal) })
     }
 }
 
