@@ -50,13 +50,13 @@ async fn a_client_that_half_closes_after_its_request_still_gets_the_answer() {
 async fn idle_and_trickling_connections_are_closed_and_never_starve_others() {
     let s = common::TestServer::start(config(), None).await;
     put(&s, "t").await;
-    // 200 sockets: half of them send nothing, half trickle a header a byte at a time.
+    // 600 sockets: 100 send nothing, 500 trickle a header a byte at a time.
     let mut idle = Vec::new();
     for _ in 0..100 {
         idle.push(TcpStream::connect(s.addr).await.expect("connect"));
     }
     let mut trickling = Vec::new();
-    for _ in 0..100 {
+    for _ in 0..500 {
         trickling.push(TcpStream::connect(s.addr).await.expect("connect"));
     }
     let trickle = tokio::spawn(async move {

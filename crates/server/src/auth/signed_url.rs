@@ -68,8 +68,11 @@ pub fn sign_url(secret: &[u8], url: &str, expires: u64) -> String {
         None => base,
     };
     let sig = sign(secret, path, expires);
-    let sep = if query.is_empty() { "?" } else { "&" };
-    format!("{base}?{query}{sep}expires={expires}&sig={sig}").replace("?&", "?")
+    if query.is_empty() {
+        format!("{base}?expires={expires}&sig={sig}")
+    } else {
+        format!("{base}?{query}&expires={expires}&sig={sig}")
+    }
 }
 
 #[cfg(test)]
