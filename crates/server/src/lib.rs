@@ -20,6 +20,7 @@
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`metrics`]: what is recorded, and the Prometheus scrape.
 //! - [`rate`]: append and byte rate limits per writer.
+//! - [`reload`]: the periodic re-reading of key and certificate files.
 //! - [`sweeper`]: the background task that deletes expired streams.
 //! - [`tls`]: certificates for HTTPS (reloaded when their files change) and ALPN.
 //!
@@ -38,6 +39,7 @@ pub mod metrics;
 pub mod ops;
 pub mod rate;
 pub mod read;
+pub mod reload;
 pub mod request;
 pub mod sweeper;
 pub mod tls;

@@ -80,17 +80,7 @@ impl CertStore {
     /// Checks the files every `every` for the life of the runtime.
     pub fn spawn_reloader(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
         let store = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                match store.reload() {
-                    Ok(true) => tracing::info!("TLS certificate reloaded"),
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(error = %e, "TLS certificate reload failed; keeping the previous one"),
-                }
-            }
-        })
+        crate::reload::every(every, "TLS certificate", move || store.reload())
     }
 
     /// A rustls acceptor that asks this store for the certificate of every new connection.

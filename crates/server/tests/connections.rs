@@ -130,22 +130,7 @@ async fn http2_with_prior_knowledge_carries_every_read_mode_on_one_connection() 
     let r = h2.put(s.url("two")).header("content-type", "text/plain").send().await.expect("put");
     assert_eq!((r.status(), r.version()), (StatusCode::CREATED, reqwest::Version::HTTP_2));
     // Twenty SSE readers and a long-poll on one HTTP/2 connection, then one append reaches all.
-    let mut readers = Vec::new();
-    for _ in 0..20 {
-        let h2 = h2.clone();
-        let url = s.url("two") + "?offset=-1&live=sse";
-        readers.push(tokio::spawn(async move {
-            let mut resp = h2.get(url).send().await.expect("sse");
-            assert_eq!(resp.version(), reqwest::Version::HTTP_2);
-            let mut seen = String::new();
-            while !seen.contains("hello") {
-                match tokio::time::timeout(Duration::from_secs(5), resp.chunk()).await {
-                    Ok(Ok(Some(c))) => seen.push_str(&String::from_utf8_lossy(&c)),
-                    other => panic!("SSE ended early: {other:?} after {seen:?}"),
-                }
-            }
-        }));
-    }
+    let readers = common::h2_sse_readers(&h2, &(s.url("two") + "?offset=-1&live=sse"), 20, "hello");
     let lp = {
         let h2 = h2.clone();
         let url = s.url("two") + "?offset=now&live=long-poll";

@@ -51,21 +51,7 @@ async fn https_with_http2_many_live_readers_on_one_connection_and_certificate_re
     let r = http.put(format!("{base}/s")).header("content-type", "text/plain").send().await.expect("put");
     assert_eq!((r.status(), r.version()), (StatusCode::CREATED, reqwest::Version::HTTP_2));
     // Twenty SSE readers on the one HTTP/2 connection, all reached by one append.
-    let mut readers = Vec::new();
-    for _ in 0..20 {
-        let (http, url) = (http.clone(), format!("{base}/s?offset=-1&live=sse"));
-        readers.push(tokio::spawn(async move {
-            let mut resp = http.get(url).send().await.expect("sse");
-            assert_eq!(resp.version(), reqwest::Version::HTTP_2);
-            let mut seen = String::new();
-            while !seen.contains("hello") {
-                match tokio::time::timeout(Duration::from_secs(5), resp.chunk()).await {
-                    Ok(Ok(Some(c))) => seen.push_str(&String::from_utf8_lossy(&c)),
-                    other => panic!("SSE ended early: {other:?}"),
-                }
-            }
-        }));
-    }
+    let readers = common::h2_sse_readers(&http, &format!("{base}/s?offset=-1&live=sse"), 20, "hello");
     tokio::time::sleep(Duration::from_millis(200)).await;
     http.post(format!("{base}/s")).header("content-type", "text/plain").body("hello").send().await.expect("post");
     for r in readers {

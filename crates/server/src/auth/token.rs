@@ -152,17 +152,7 @@ impl TokenAuth {
     /// Reloads changed key files every `every`, for the life of the runtime.
     pub fn spawn_reloader(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
         let auth = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            loop {
-                tick.tick().await;
-                match auth.reload() {
-                    Ok(true) => tracing::info!("authentication keys reloaded"),
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(error = %e, "key reload failed; keeping the previous keys"),
-                }
-            }
-        })
+        crate::reload::every(every, "authentication keys", move || auth.reload())
     }
 
     fn invalid() -> AuthError {

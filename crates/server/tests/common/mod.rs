@@ -47,3 +47,23 @@ impl TestServer {
         format!("{}/{path}", self.base)
     }
 }
+
+/// Spawns `n` SSE readers of `url` that must arrive over HTTP/2 and see `needle` within 5 s.
+pub fn h2_sse_readers(http: &reqwest::Client, url: &str, n: usize, needle: &'static str) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..n)
+        .map(|_| {
+            let (http, url) = (http.clone(), url.to_owned());
+            tokio::spawn(async move {
+                let mut resp = http.get(url).send().await.expect("sse");
+                assert_eq!(resp.version(), reqwest::Version::HTTP_2);
+                let mut seen = String::new();
+                while !seen.contains(needle) {
+                    match tokio::time::timeout(std::time::Duration::from_secs(5), resp.chunk()).await {
+                        Ok(Ok(Some(c))) => seen.push_str(&String::from_utf8_lossy(&c)),
+                        other => panic!("SSE ended early: {other:?} after {seen:?}"),
+                    }
+                }
+            })
+        })
+        .collect()
+}
