@@ -33,7 +33,7 @@ pub async fn stream<E: Engine>(
     caller: Caller,
     body: Body,
 ) -> Response {
-    let Caller { access, writer } = caller;
+    let Caller { access, peer } = caller;
     let result = if path.is_empty() {
         Err(RequestError::EmptyPath.into())
     } else if path.len() > oncelog_protocol::headers::MAX_PATH_BYTES {
@@ -46,7 +46,7 @@ pub async fn stream<E: Engine>(
             Method::GET => read::get(&st, &path, uri.query(), &req_headers, &access).await,
             Method::HEAD => head(&st, &path).await,
             Method::PUT => create(&st, &path, &uri, &req_headers, body).await,
-            Method::POST => append(&st, &path, &req_headers, body, &writer).await,
+            Method::POST => append(&st, &path, &req_headers, body, &access, peer).await,
             Method::DELETE => delete(&st, &path).await,
             Method::OPTIONS => Ok(headers::preflight(&req_headers)),
             _ => Err(ApiError::MethodNotAllowed),
@@ -55,24 +55,28 @@ pub async fn stream<E: Engine>(
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// Who is asking: what their credentials allow, and who they are for per-writer limits (the
-/// credentials' principal, else the client's address).
+/// Who is asking: what their credentials allow, and where from.
 pub struct Caller {
     access: crate::Access,
-    writer: String,
+    peer: Option<std::net::SocketAddr>,
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let access = parts.extensions.get::<crate::Access>().cloned().unwrap_or_default();
-        let writer = match (&access.principal, parts.extensions.get::<crate::listen::PeerAddr>()) {
-            (Some(p), _) => p.clone(),
-            (None, Some(peer)) => format!("addr:{}", peer.0.ip()),
-            (None, None) => "unknown".to_owned(),
-        };
-        Ok(Caller { access, writer })
+        let access = parts.extensions.remove::<crate::Access>().unwrap_or_default();
+        let peer = parts.extensions.get::<crate::listen::PeerAddr>().map(|p| p.0);
+        Ok(Caller { access, peer })
+    }
+}
+
+/// Who writes, for per-writer limits: the credentials' principal, else the client's address.
+fn writer_key(access: &crate::Access, peer: Option<std::net::SocketAddr>) -> String {
+    match (&access.principal, peer) {
+        (Some(p), _) => p.clone(),
+        (None, Some(peer)) => format!("addr:{}", peer.ip()),
+        (None, None) => "unknown".to_owned(),
     }
 }
 
@@ -198,13 +202,25 @@ async fn create<E: Engine>(
     Ok(respond(status, pairs, Body::empty()))
 }
 
-async fn append<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap, body: Body, writer: &str) -> Result<Response, ApiError> {
+async fn append<E: Engine>(
+    st: &AppState<E>,
+    path: &str,
+    req_headers: &HeaderMap,
+    body: Body,
+    access: &crate::Access,
+    peer: Option<std::net::SocketAddr>,
+) -> Result<Response, ApiError> {
     // Existence first: a missing stream is 404 whatever else is wrong with the request.
     let mut info = st.engine.head(path, st.clock.now_ms()).await?;
     let h = AppendHeaders::parse(req_headers)?;
-    st.rate.append(writer)?;
+    let writer = st.rate.enabled().then(|| writer_key(access, peer));
+    if let Some(w) = &writer {
+        st.rate.append(w)?;
+    }
     let body = body_bytes(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?;
-    st.rate.bytes(writer, body.len())?;
+    if let Some(w) = &writer {
+        st.rate.bytes(w, body.len())?;
+    }
     if body.is_empty() && !h.close {
         return Err(match h.ignored_closed_value.clone() {
             Some(v) => RequestError::EmptyBodyClosedValue(v),

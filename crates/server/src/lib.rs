@@ -57,8 +57,12 @@ pub use auth::{Access, AllowAll, AuthError, Authorize};
 pub use config::{ConfigError, ServerConfig};
 pub use oncelog_storage::clock::{Clock, ManualClock, SystemClock};
 
-/// Everything a handler needs. Cheap to clone.
-pub struct AppState<E> {
+/// Everything a handler needs: one `Arc`, so cloning it (axum does, per request and layer) is one
+/// reference count, whatever it holds.
+pub struct AppState<E>(Arc<Shared<E>>);
+
+/// What [`AppState`] shares; reached through `Deref`.
+pub struct Shared<E> {
     pub engine: Arc<E>,
     pub config: Arc<ServerConfig>,
     pub clock: Arc<dyn Clock>,
@@ -76,7 +80,22 @@ pub struct AppState<E> {
 
 impl<E> Clone for AppState<E> {
     fn clone(&self) -> Self {
-        Self {
+        Self(Arc::clone(&self.0))
+    }
+}
+
+impl<E> std::ops::Deref for AppState<E> {
+    type Target = Shared<E>;
+
+    fn deref(&self) -> &Shared<E> {
+        &self.0
+    }
+}
+
+impl<E> Shared<E> {
+    /// A copy sharing every part (for the builder methods, which run before serving).
+    fn parts(&self) -> Shared<E> {
+        Shared {
             engine: self.engine.clone(),
             config: self.config.clone(),
             clock: self.clock.clone(),
@@ -87,6 +106,10 @@ impl<E> Clone for AppState<E> {
             rate: self.rate.clone(),
         }
     }
+
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
 }
 
 impl<E: Engine> AppState<E> {
@@ -95,7 +118,7 @@ impl<E: Engine> AppState<E> {
         let metrics = config.metrics_path.as_ref().and_then(|_| metrics::install());
         let live = live::LiveSlots::new(config.max_live_readers, config.max_live_readers_per_stream);
         let rate = rate::RateLimits::new(config.append_rate_limit, config.append_byte_rate_limit, config.max_append_bytes);
-        Self {
+        Self(Arc::new(Shared {
             live,
             rate,
             engine,
@@ -104,36 +127,29 @@ impl<E: Engine> AppState<E> {
             auth: Arc::new(AllowAll),
             metrics,
             draining: Arc::new(AtomicBool::new(false)),
-        }
+        }))
     }
 
-    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
-        self.clock = clock;
-        self
+    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
+        Self(Arc::new(Shared { clock, ..self.0.parts() }))
     }
 
-    pub fn with_auth(mut self, auth: Arc<dyn Authorize>) -> Self {
-        self.auth = auth;
-        self
-    }
-
-    pub fn draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
+    pub fn with_auth(self, auth: Arc<dyn Authorize>) -> Self {
+        Self(Arc::new(Shared { auth, ..self.0.parts() }))
     }
 }
 
 /// The router. Layers, outermost first:
 /// 1. CORS and browser-security headers on every answer ([`headers::common`]);
 /// 2. the operational endpoints ([`ops`]), which nothing below applies to;
-/// 3. the authentication hook ([`auth::check`]) for everything else;
-/// 4. request metrics ([`track`]);
-/// 5. the routes: streams under `/v1/stream/{path}`; anything else is a 404 with a reason.
+/// 3. the authentication hook for everything else, which also counts every answer in the
+///    request metrics ([`auth::check`]: one layer for both, as each layer costs on every request);
+/// 4. the routes: streams under `/v1/stream/{path}`; anything else is a 404 with a reason.
 pub fn app<E: Engine>(state: AppState<E>) -> Result<Router, ConfigError> {
     state.config.validate()?;
     let streams = Router::new()
         .route("/v1/stream/{*path}", any(handlers::stream::<E>))
         .fallback(handlers::no_route)
-        .layer(axum::middleware::from_fn(track))
         .layer(axum::middleware::from_fn_with_state(
             auth::Gate { auth: state.auth.clone(), clock: state.clock.clone() },
             auth::check,
@@ -147,14 +163,6 @@ pub fn app<E: Engine>(state: AppState<E>) -> Result<Router, ConfigError> {
     }
     let cors = Arc::new(state.config.cors_origins.clone());
     Ok(ops.with_state(state).merge(streams).layer(axum::middleware::from_fn_with_state(cors, headers::common)))
-}
-
-/// Counts every answered stream request by method and status.
-async fn track(req: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
-    let method = req.method().clone();
-    let resp = next.run(req).await;
-    metrics::request(&method, resp.status());
-    resp
 }
 
 /// Why [`serve`] stopped with an error.

@@ -15,7 +15,7 @@
 //! | `oncelog_group_commit_seconds` | histogram | | write + sync of one group (embedded engine) |
 //! | `oncelog_fsync_seconds` | histogram | | the sync of one group (embedded engine) |
 //! | `oncelog_live_readers` | gauge | `mode` | open long-poll and SSE reads |
-//! | `oncelog_http_requests_total` | counter | `method`, `status` | every answered request |
+//! | `oncelog_http_requests_total` | counter | `method`, `status` | every answered stream request (common statuses by code, the rest `other`) |
 //! | `oncelog_connections_accepted_total` | counter | | TCP connections accepted |
 //! | `oncelog_streams` | gauge | | streams that exist |
 //! | `oncelog_producers` | gauge | | idempotent producers remembered |
@@ -24,6 +24,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use oncelog_storage::{AppendError, AppendOutcome, AppendStatus, EngineStats};
 
@@ -34,6 +35,41 @@ const LATENCY_BUCKETS: &[f64] =
 const COUNT_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Outcomes of an append, in the order of [`Handles::appends`].
+const OUTCOMES: [&str; 6] = ["new", "duplicate", "fenced", "gap", "closed", "rejected"];
+/// Methods with their own label; everything else is `other`.
+const METHODS: [&str; 7] = ["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS", "other"];
+/// Statuses with their own label; everything else is `other`.
+const STATUSES: [&str; 17] =
+    ["200", "201", "204", "304", "400", "401", "403", "404", "405", "408", "409", "410", "413", "429", "500", "503", "other"];
+
+/// Metric handles registered once: recording on the request path is then an atomic add, not a
+/// registry lookup with label allocation.
+struct Handles {
+    appends: [Counter; 6],
+    append_bytes: [Counter; 6],
+    commit_to_ack: Histogram,
+    requests: Vec<Counter>,
+}
+
+static HANDLES: OnceLock<Handles> = OnceLock::new();
+
+fn handles() -> Option<&'static Handles> {
+    HANDLES.get()
+}
+
+fn register() -> Handles {
+    Handles {
+        appends: OUTCOMES.map(|o| metrics::counter!("oncelog_appends_total", "outcome" => o)),
+        append_bytes: OUTCOMES.map(|o| metrics::counter!("oncelog_append_bytes_total", "outcome" => o)),
+        commit_to_ack: metrics::histogram!("oncelog_commit_to_ack_seconds"),
+        requests: METHODS
+            .iter()
+            .flat_map(|m| STATUSES.iter().map(move |s| metrics::counter!("oncelog_http_requests_total", "method" => *m, "status" => *s)))
+            .collect(),
+    }
+}
 
 /// Installs the process-wide Prometheus recorder (once; later calls return the same handle).
 /// `None` when another recorder was installed first by an embedding application.
@@ -47,6 +83,7 @@ pub fn install() -> Option<PrometheusHandle> {
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             metrics::set_global_recorder(recorder).ok()?;
+            let _ = HANDLES.set(register());
             Some(handle)
         })
         .clone()
@@ -54,21 +91,22 @@ pub fn install() -> Option<PrometheusHandle> {
 
 /// Records one engine answer to an append of `bytes` body bytes.
 pub fn appended(r: &Result<AppendOutcome, AppendError>, bytes: usize, took: Duration) {
+    let Some(h) = handles() else { return };
     let outcome = match r {
         Ok(o) => match o.status {
-            AppendStatus::Appended => "new",
-            AppendStatus::Duplicate => "duplicate",
-            AppendStatus::AlreadyClosed => "closed",
+            AppendStatus::Appended => 0,
+            AppendStatus::Duplicate => 1,
+            AppendStatus::AlreadyClosed => 4,
         },
-        Err(AppendError::ProducerFenced { .. }) => "fenced",
-        Err(AppendError::ProducerSeqGap { .. }) => "gap",
-        Err(AppendError::Closed { .. }) => "closed",
-        Err(_) => "rejected",
+        Err(AppendError::ProducerFenced { .. }) => 2,
+        Err(AppendError::ProducerSeqGap { .. }) => 3,
+        Err(AppendError::Closed { .. }) => 4,
+        Err(_) => 5,
     };
-    metrics::counter!("oncelog_appends_total", "outcome" => outcome).increment(1);
-    metrics::counter!("oncelog_append_bytes_total", "outcome" => outcome).increment(bytes as u64);
+    h.appends[outcome].increment(1);
+    h.append_bytes[outcome].increment(bytes as u64);
     if r.is_ok() {
-        metrics::histogram!("oncelog_commit_to_ack_seconds").record(took.as_secs_f64());
+        h.commit_to_ack.record(took.as_secs_f64());
     }
 }
 
@@ -90,16 +128,12 @@ impl Drop for LiveReader {
 
 /// Records an answered request.
 pub fn request(method: &axum::http::Method, status: axum::http::StatusCode) {
-    let method = match *method {
-        axum::http::Method::GET => "GET",
-        axum::http::Method::HEAD => "HEAD",
-        axum::http::Method::PUT => "PUT",
-        axum::http::Method::POST => "POST",
-        axum::http::Method::DELETE => "DELETE",
-        axum::http::Method::OPTIONS => "OPTIONS",
-        _ => "other",
-    };
-    metrics::counter!("oncelog_http_requests_total", "method" => method, "status" => status.as_str().to_owned()).increment(1);
+    let Some(h) = handles() else { return };
+    let m = METHODS.iter().position(|m| *m == method.as_str()).unwrap_or(METHODS.len() - 1);
+    let s = STATUSES.iter().position(|s| *s == status.as_str()).unwrap_or(STATUSES.len() - 1);
+    if let Some(c) = h.requests.get(m * STATUSES.len() + s) {
+        c.increment(1);
+    }
 }
 
 /// The scrape: gauges read now, then everything in Prometheus text format.

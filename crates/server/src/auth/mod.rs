@@ -74,17 +74,24 @@ pub struct Gate {
     pub clock: Arc<dyn Clock>,
 }
 
-/// The middleware that asks the hook and hands the [`Access`] to the handlers.
+/// The middleware that asks the hook, hands the [`Access`] to the handlers, and counts the
+/// answer in the request metrics (one layer for both: every layer costs on every request).
 pub async fn check(State(gate): State<Gate>, req: Request, next: Next) -> Response {
-    if req.method() == Method::OPTIONS {
-        return next.run(req).await;
-    }
-    let (mut parts, body) = req.into_parts();
-    match gate.auth.authorize(&parts, gate.clock.now_ms()) {
-        Ok(access) => {
-            parts.extensions.insert(access);
-            next.run(Request::from_parts(parts, body)).await
+    let method = req.method().clone();
+    let resp = if method == Method::OPTIONS {
+        next.run(req).await
+    } else {
+        let (mut parts, body) = req.into_parts();
+        match gate.auth.authorize(&parts, gate.clock.now_ms()) {
+            Ok(access) => {
+                if access != Access::default() {
+                    parts.extensions.insert(access);
+                }
+                next.run(Request::from_parts(parts, body)).await
+            }
+            Err(e) => ApiError::Auth(e).into_response(),
         }
-        Err(e) => ApiError::Auth(e).into_response(),
-    }
+    };
+    crate::metrics::request(&method, resp.status());
+    resp
 }
