@@ -244,3 +244,33 @@ async fn identity_provider_tokens_verify_against_a_reloadable_jwks() {
     assert!(t.auth.reload().is_err());
     assert_eq!(t.send(Method::GET, "s", Some(&idp_token(&key2, "k2")), &[], "").await.status(), StatusCode::OK);
 }
+
+#[tokio::test]
+async fn append_rate_limits_are_per_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("secret"), SECRET).expect("secret");
+    let auth = TokenAuth::load(TokenConfig { secret_file: Some(dir.path().join("secret")), ..TokenConfig::default() }).expect("keys");
+    let clock = Arc::new(ManualClock::new(NOW_S * 1000));
+    let config = ServerConfig { append_rate_limit: 5, ..ServerConfig::default() };
+    let s = common::TestServer::start_with_auth(config, Some(clock), Some(auth)).await;
+    let http = reqwest::Client::new();
+    let named = |sub: &str| {
+        let claim = ScopeClaim { grants: vec![GrantClaim { stream: None, prefix: Some(String::new()), ops: vec!["all".into()] }] };
+        issue(SECRET, claim, NOW_S + 600, None, None, Some(sub.into())).expect("sign")
+    };
+    let (alice, bob) = (named("alice"), named("bob"));
+    http.put(s.url("r")).bearer_auth(&alice).header("content-type", "text/plain").send().await.expect("put");
+    let post = |token: &str| http.post(s.url("r")).bearer_auth(token).header("content-type", "text/plain").body("x").send();
+    let mut alice_limited = false;
+    for _ in 0..20 {
+        let r = post(&alice).await.expect("post");
+        if r.status() == StatusCode::TOO_MANY_REQUESTS {
+            assert!(r.headers().contains_key("retry-after"));
+            alice_limited = true;
+            break;
+        }
+    }
+    assert!(alice_limited, "alice's bucket of 5 per second runs dry");
+    // Bob writes from the same address with his own bucket.
+    assert_eq!(post(&bob).await.expect("post").status(), StatusCode::NO_CONTENT);
+}
