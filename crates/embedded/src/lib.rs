@@ -323,18 +323,18 @@ impl Engine for EmbeddedEngine {
         shared.touch(now_ms);
         let info = shared.info();
         if from >= info.tail {
-            return Ok(ReadChunk { next: from, data: Bytes::new(), info });
+            return Ok(ReadChunk { next: from, data: Bytes::new(), info, aligned: true });
         }
         let id = info.id;
         let tail = info.tail;
         let ks = self.inner.ks.clone();
         let reader = shared.clone();
-        let (data, next) = tokio::task::spawn_blocking(move || scan(&ks.data, &reader.chain, id, from, tail, max_bytes))
+        let (data, next, aligned) = tokio::task::spawn_blocking(move || scan(&ks.data, &reader.chain, id, from, tail, max_bytes))
             .await
             .map_err(backend)??;
         // `info` is the snapshot the scan was bounded by, so up-to-date and EOF are judged
         // against the same tail as the data.
-        Ok(ReadChunk { info, data, next })
+        Ok(ReadChunk { info, data, next, aligned })
     }
 
     async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {
@@ -442,7 +442,8 @@ impl Pieces {
 
 /// Reads stored bytes from `from`, through a fork's inherited `chain` and then stream `id`'s
 /// own data, stopping at `tail` (the published, durable tail) and after about `max_bytes`.
-/// Whole appends are returned, except where a segment boundary (a fork point) cuts one.
+/// Whole appends are returned, except where a segment boundary (a fork point) cuts one. Also
+/// says whether `from` was the start of an append or a segment boundary.
 fn scan(
     data: &Keyspace,
     chain: &[Segment],
@@ -450,10 +451,12 @@ fn scan(
     from: Offset,
     tail: Offset,
     max_bytes: usize,
-) -> Result<(Bytes, Offset), LookupError> {
+) -> Result<(Bytes, Offset, bool), LookupError> {
     let own = Segment { id, end: tail.0 };
     let mut pieces = Pieces::default();
     let mut pos = from.0;
+    // A segment boundary (a fork point, where a fork's own data starts) is minted too.
+    let mut aligned = from.0 == 0 || chain.iter().any(|s| s.end == from.0);
     for seg in chain.iter().chain(std::iter::once(&own)) {
         let seg_end = seg.end.min(tail.0);
         if pos >= seg_end {
@@ -467,6 +470,9 @@ fn scan(
                 break;
             }
             let lo = usize::try_from(pos.saturating_sub(start)).unwrap_or(usize::MAX).min(v.len());
+            if pos == from.0 && lo == 0 {
+                aligned = true;
+            }
             let hi = usize::try_from(end.min(seg_end) - start).unwrap_or(usize::MAX).min(v.len());
             pieces.push(Bytes::from(v).slice(lo..hi), max_bytes);
             pos = start + hi as u64;
@@ -478,7 +484,7 @@ fn scan(
             break;
         }
     }
-    Ok((pieces.into_bytes(), Offset(pos)))
+    Ok((pieces.into_bytes(), Offset(pos), aligned))
 }
 
 /// The append of stream `id` (reading through `chain`) that starts exactly at `at`, if any: its

@@ -13,7 +13,7 @@ use oncelog_storage::{Engine, ReadChunk, StreamInfo, WaitOutcome};
 
 use crate::error::ApiError;
 use crate::handlers::{respond, start_offset};
-use crate::request::{Live, ReadQuery};
+use crate::request::{Live, ReadQuery, RequestError};
 use crate::live::LiveSlot;
 use crate::{Access, AppState};
 
@@ -39,12 +39,27 @@ pub async fn get<E: Engine>(
     let from = start_offset(q.offset, info.tail)?;
     match q.live {
         Live::CatchUp => {
-            let chunk = st.engine.read(path, from, st.config.max_read_bytes, now_ms).await?;
+            let chunk = aligned(st.engine.read(path, from, st.config.max_read_bytes, now_ms).await?)?;
             Ok(render_chunk(&chunk, from, q.offset == OffsetParam::Now, None, req_headers))
         }
         Live::LongPoll => long_poll(st, path, &q, from, info, req_headers, access).await,
-        Live::Sse => sse(st, path, &q, from, &info, access),
+        Live::Sse => {
+            if content_type::is_json(&info.config.content_type) && from < info.tail {
+                // The response starts with 200 before its first read: check the offset first.
+                aligned(st.engine.read(path, from, 1, now_ms).await?)?;
+            }
+            sse(st, path, &q, from, &info, access)
+        }
     }
+}
+
+/// A JSON stream can be read only from offsets that are message boundaries (those the engine
+/// minted); from anywhere else the body would not be JSON.
+fn aligned(chunk: ReadChunk) -> Result<ReadChunk, ApiError> {
+    if !chunk.aligned && content_type::is_json(&chunk.info.config.content_type) {
+        return Err(RequestError::OffsetInsideMessage.into());
+    }
+    Ok(chunk)
 }
 
 /// How long until the reader's credentials expire (`None`: never).
@@ -153,7 +168,7 @@ async fn long_poll<E: Engine>(
             WaitOutcome::Changed(i) | WaitOutcome::TimedOut(i) => return Ok(no_content(&i, cursor)),
         }
     }
-    let chunk = st.engine.read(path, from, st.config.max_read_bytes, st.clock.now_ms()).await?;
+    let chunk = aligned(st.engine.read(path, from, st.config.max_read_bytes, st.clock.now_ms()).await?)?;
     Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers))
 }
 

@@ -33,6 +33,8 @@ pub enum RequestError {
     MissingContentType,
     #[error("offset is beyond the end of the stream")]
     OffsetBeyondTail,
+    #[error("offset is not a message boundary of this JSON stream; use an offset the server returned")]
+    OffsetInsideMessage,
     #[error("stream path must not be empty")]
     EmptyPath,
     #[error("stream path must be at most 4096 bytes")]

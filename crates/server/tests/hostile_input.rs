@@ -92,3 +92,22 @@ async fn an_empty_body_with_a_stream_closed_value_other_than_true_says_so() {
     let head = http.head(s.url("t")).send().await.expect("head");
     assert!(head.headers().get("stream-closed").is_none());
 }
+
+#[tokio::test]
+async fn a_made_up_offset_inside_a_json_message_is_refused() {
+    let (s, http) = server().await;
+    let r = http.post(s.url("j")).header("content-type", "application/json").body("[{\"k\":1},2]").send().await.expect("post");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let off = |n: u64| format!("0000000000000000_{n:016}");
+    for live in ["", "&live=long-poll", "&live=sse"] {
+        let (status, reason) = status_and_reason(http.get(format!("{}?offset={}{live}", s.url("j"), off(3)))).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{live}: {reason}");
+        assert!(reason.contains("message boundary"), "{reason}");
+    }
+    // Offsets the server returned still work, and byte streams may be read from anywhere.
+    let r = http.get(format!("{}?offset={}", s.url("j"), off(0))).send().await.expect("get");
+    assert_eq!(r.text().await.expect("text"), "[{\"k\":1},2]");
+    http.post(s.url("t")).header("content-type", "text/plain").body("abcdef").send().await.expect("post");
+    let r = http.get(format!("{}?offset={}", s.url("t"), off(3))).send().await.expect("get");
+    assert_eq!(r.text().await.expect("text"), "def");
+}

@@ -194,6 +194,9 @@ pub struct ReadChunk {
     pub data: Bytes,
     /// Offset after the last returned byte.
     pub next: Offset,
+    /// The read began at a position the engine minted: the start of an append, a fork point or
+    /// the tail. A JSON stream is message-aligned only there; any other offset is made up.
+    pub aligned: bool,
 }
 
 impl ReadChunk {

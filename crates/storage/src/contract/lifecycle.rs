@@ -169,3 +169,21 @@ pub async fn readiness_and_stats<H: Harness>() {
     assert!(matches!(e.readiness(), Readiness::NotReady { .. }));
     assert!(matches!(e.append(append_req("b", "z")).await, Err(AppendError::Storage(StorageError::ShuttingDown))));
 }
+
+pub async fn reads_say_whether_they_start_at_a_minted_offset<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("s", "text/plain")).await;
+    append(e, append_req("s", "abc")).await;
+    append(e, append_req("s", "defg")).await;
+    for (from, aligned) in [(0, true), (1, false), (3, true), (5, false), (7, true)] {
+        let c = e.read("s", Offset(from), 1 << 20, 0).await.expect("read");
+        assert_eq!(c.aligned, aligned, "read from {from}");
+    }
+    // A fork point cut inside an append is minted too, for the fork.
+    create(e, fork_req("f", "s", Some(3), 2)).await;
+    append(e, append_req("f", "xy")).await;
+    let c = e.read("f", Offset(5), 1 << 20, 0).await.expect("read");
+    assert!(c.aligned && &c.data[..] == b"xy", "{c:?}");
+    assert!(!e.read("f", Offset(4), 1 << 20, 0).await.expect("read").aligned);
+}

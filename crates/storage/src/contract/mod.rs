@@ -8,7 +8,7 @@
 //! A behaviour that is not in this suite is not part of the contract. Cases are grouped by
 //! topic: [`writes`] (create and append verdicts, precedence, receipts, parking, closure,
 //! `Stream-Seq`, incarnations and framing), [`forks`] (chains, sub-offsets, soft delete and
-//! cascade), [`lifecycle`] (reads, expiry, live waits, persistence across reopen, readiness).
+//! cascade), [`lifecycle`] (reads and their alignment, expiry, live waits, persistence across reopen, readiness).
 
 use std::future::Future;
 
@@ -64,6 +64,7 @@ macro_rules! engine_contract_tests {
             forks::fork_verdicts,
             forks::soft_delete_keeps_data_for_forks_and_cascades,
             lifecycle::reads_page_through_whole_appends,
+            lifecycle::reads_say_whether_they_start_at_a_minted_offset,
             lifecycle::ttl_and_absolute_expiry,
             lifecycle::live_waits_wake_on_append_closure_and_delete,
             lifecycle::state_survives_reopen,
