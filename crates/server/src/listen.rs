@@ -50,6 +50,10 @@ pub struct PeerAddr(pub std::net::SocketAddr);
 /// so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
 
+/// How often an idle HTTP/2 connection is pinged, and how long the answer may take.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// What an HTTP/2 client sends first (RFC 9113 section 3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -100,7 +104,8 @@ pub async fn run(
     let mut h1 = Builder::new(TokioExecutor::new()).http1_only();
     h1.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).half_close(true);
     let mut h2 = Builder::new(TokioExecutor::new()).http2_only();
-    h2.http2().timer(TokioTimer::new());
+    // Pings find HTTP/2 peers that vanished without closing (their streams are then dropped).
+    h2.http2().timer(TokioTimer::new()).keep_alive_interval(H2_PING_INTERVAL).keep_alive_timeout(H2_PING_TIMEOUT);
     let (h1, h2) = (Arc::new(h1), Arc::new(h2));
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
