@@ -287,14 +287,7 @@ impl EmbeddedEngine {
         let map = self.inner.streams.read().map_err(|_| StorageError::Poisoned)?;
         let s = map.get(path).ok_or(LookupError::NotFound)?;
         let soft_deleted = s.state.borrow().soft_deleted;
-        // The published flags stand in for the metadata the rule looks at.
-        if soft_deleted {
-            return Err(LookupError::Gone);
-        }
-        if s.expired(now_ms) {
-            // An expired stream with forks is (about to be) soft-deleted, not gone for good.
-            return Err(if s.forks.load(Ordering::Relaxed) > 0 { LookupError::Gone } else { LookupError::NotFound });
-        }
+        rules::visible(soft_deleted, s.expired(now_ms), s.forks.load(Ordering::Relaxed))?;
         Ok(s.clone())
     }
 }

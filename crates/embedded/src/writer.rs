@@ -240,16 +240,15 @@ impl Writer {
         batch: &mut fjall::OwnedWriteBatch,
         effects: &mut Vec<Effect>,
     ) {
-        let stamp = req.producer.as_ref().map(|p| (p.epoch, p.seq));
         let r = self.append(&req, batch, effects);
-        let ahead = matches!(&r, Err(e) if rules::parkable(&req, e));
-        let key = |req: &AppendRequest| req.producer.as_ref().map(|p| (req.path.clone(), p.id.clone()));
-        match (&r, stamp) {
-            (Err(_), Some(stamp)) if ahead => {
-                let Some(key) = key(&req) else {
-                    effects.push(reply(tx, r));
-                    return;
-                };
+        // Only producer requests are ever parked or release parked ones.
+        let Some(p) = &req.producer else {
+            effects.push(reply(tx, r));
+            return;
+        };
+        match &r {
+            Err(e) if rules::parkable(&req, e) => {
+                let (stamp, key) = ((p.epoch, p.seq), (req.path.clone(), p.id.clone()));
                 metrics::counter!("oncelog_parked_appends_total").increment(1);
                 let parked = Parked { req, reply: tx, deadline: Instant::now() + PARK_TIMEOUT };
                 if let Some(old) = self.parked.entry(key).or_default().insert(stamp, parked) {
@@ -257,14 +256,12 @@ impl Writer {
                     effects.push(reply(old.reply, r));
                 }
             }
-            (Ok(out), Some(_)) if out.status == AppendStatus::Appended => {
+            Ok(out) if out.status == AppendStatus::Appended => {
                 effects.push(reply(tx, r.clone()));
-                // Only a producer's accepted append can release parked successors; nothing is
-                // parked almost always, so check that before building the key.
+                // Nothing is parked almost always; only then is there anything to release.
                 if !self.parked.is_empty() {
-                    if let Some(k) = key(&req) {
-                        self.release_parked(k, batch, effects);
-                    }
+                    let key = (req.path.clone(), p.id.clone());
+                    self.release_parked(key, batch, effects);
                 }
             }
             _ => effects.push(reply(tx, r)),

@@ -231,6 +231,7 @@ async fn append<E: Engine>(
     let ct = if body.is_empty() { None } else { Some(h.content_type.clone().ok_or(RequestError::MissingContentType)?) };
     let has_producer = h.producer.is_some();
     let mut attempt = 0;
+    let started = std::time::Instant::now();
     let result = loop {
         attempt += 1;
         // Frame as JSON only when both sides are JSON; any mismatch is the engine's 409. The
@@ -253,16 +254,15 @@ async fn append<E: Engine>(
             producer: h.producer.clone(),
             now_ms: st.clock.now_ms(),
         };
-        let started = std::time::Instant::now();
-        let r = st.engine.append(req).await;
-        metrics::appended(&r, body.len(), started.elapsed());
-        match r {
+        match st.engine.append(req).await {
             Err(AppendError::StreamChanged | AppendError::FramingMismatch) if attempt < REVALIDATIONS => {
                 info = st.engine.head(path, st.clock.now_ms()).await?;
             }
             r => break r,
         }
     };
+    // Once per request, whatever number of attempts it took.
+    metrics::appended(&result, body.len(), started.elapsed());
     let out: AppendOutcome = result?;
     // 200 marks new data from an idempotent producer; every other success is 204.
     let status = if out.status == AppendStatus::Appended && has_producer && !body.is_empty() {

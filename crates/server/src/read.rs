@@ -44,11 +44,14 @@ pub async fn get<E: Engine>(
         }
         Live::LongPoll => long_poll(st, path, &q, from, info, req_headers, access).await,
         Live::Sse => {
-            if content_type::is_json(&info.config.content_type) && from < info.tail {
-                // The response starts with 200 before its first read: check the offset first.
-                aligned(st.engine.read(path, from, 1, now_ms).await?)?;
-            }
-            sse(st, path, &q, from, &info, access)
+            // The first read happens before the 200 goes out, so a bad offset is still a 400;
+            // the response then starts with that chunk instead of reading it again.
+            let first = if from < info.tail {
+                Some(aligned(st.engine.read(path, from, st.config.max_read_bytes, now_ms).await?)?)
+            } else {
+                None
+            };
+            sse(st, path, &q, from, &info, access, first)
         }
     }
 }
@@ -191,9 +194,19 @@ struct SseState<E> {
     done: bool,
     /// This response's place among the live readers, until it ends.
     _live: LiveSlot,
+    /// The chunk read before the response began, sent first.
+    first: Option<ReadChunk>,
 }
 
-fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, info: &StreamInfo, access: &Access) -> Result<Response, ApiError> {
+fn sse<E: Engine>(
+    st: &AppState<E>,
+    path: &str,
+    q: &ReadQuery,
+    from: Offset,
+    info: &StreamInfo,
+    access: &Access,
+    first: Option<ReadChunk>,
+) -> Result<Response, ApiError> {
     let live = st.live.acquire(path, "sse")?;
     let text = content_type::sse_is_text(&info.config.content_type);
     let (lifetime, ends_for_credentials) = match credentials_left(st, access) {
@@ -212,6 +225,7 @@ fn sse<E: Engine>(st: &AppState<E>, path: &str, q: &ReadQuery, from: Offset, inf
         ends_for_credentials,
         done: false,
         _live: live,
+        first,
     };
     let events = futures_util::stream::unfold(state, |mut s| async move {
         let bytes = s.next_event().await?;
@@ -240,12 +254,15 @@ impl<E: Engine> SseState<E> {
                 return Some(Bytes::from(out));
             }
             // One lookup per step: at the tail the read is empty and still reports closure.
-            let chunk = self
-                .st
-                .engine
-                .read(&self.path, self.offset, self.st.config.max_read_bytes, self.st.clock.now_ms())
-                .await
-                .ok()?;
+            let chunk = match self.first.take() {
+                Some(chunk) => chunk,
+                None => self
+                    .st
+                    .engine
+                    .read(&self.path, self.offset, self.st.config.max_read_bytes, self.st.clock.now_ms())
+                    .await
+                    .ok()?,
+            };
             if chunk.next > self.offset {
                 let mut out = Vec::with_capacity(chunk.data.len() * 4 / 3 + 256);
                 let rendered;

@@ -2,7 +2,13 @@
 //! kind of file calls its `reload` every interval and logs what happened.
 
 use std::fmt::Display;
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, SystemTime};
+
+/// A file's modification time, by which a reload notices a change (`None`: unreadable now).
+pub fn modified(path: &Path) -> Option<SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
 
 /// Calls `reload` every `every` for the life of the runtime; `reload` says whether anything
 /// changed, and on an error the previous contents stay in force.

@@ -2,7 +2,7 @@
 //! `h2` and `http/1.1`, and re-read when the files change, for new connections only (open
 //! connections keep the certificate they started with and are never dropped for a renewal).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -11,6 +11,8 @@ use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::reload::modified;
 
 /// The certificate chain and key files (`--tls-cert`, `--tls-key`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,10 +30,6 @@ pub enum TlsError {
     Key { path: PathBuf, reason: String },
     #[error("the key does not fit the certificate or is of an unsupported kind: {0}")]
     Pair(rustls::Error),
-}
-
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
 fn load(files: &TlsFiles) -> Result<Arc<CertifiedKey>, TlsError> {

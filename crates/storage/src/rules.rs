@@ -51,10 +51,10 @@ pub fn expired(expiry: Expiry, last_access_ms: i64, now_ms: i64) -> bool {
     }
 }
 
-/// How a path holding `meta` looks to a reader: soft-deleted streams are `410`; an expired one is
-/// absent (`404`), or `410` while forks still read it (it is about to be soft-deleted).
-pub fn visible(meta: &StreamMeta, expired: bool, live_forks: usize) -> Result<(), LookupError> {
-    if meta.soft_deleted {
+/// How a path holding a stream looks to a reader: soft-deleted streams are `410`; an expired one
+/// is absent (`404`), or `410` while forks still read it (it is about to be soft-deleted).
+pub fn visible(soft_deleted: bool, expired: bool, live_forks: usize) -> Result<(), LookupError> {
+    if soft_deleted {
         return Err(LookupError::Gone);
     }
     if expired {

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use super::scope::{required, stream_path, Scope, ScopeClaim};
 use super::signed_url::{self, SignatureError};
 use super::{Access, AuthError, Authorize};
+use crate::reload::modified;
 
 /// Clock skew tolerated for `exp` and `nbf`.
 pub const LEEWAY_S: i64 = 30;
@@ -86,10 +87,6 @@ pub struct TokenAuth {
     keys: RwLock<Keys>,
     /// Modification times the loaded keys were read at, to notice changes.
     seen: Mutex<(Option<SystemTime>, Option<SystemTime>)>,
-}
-
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
 fn read_secret(path: &Path) -> Result<Vec<u8>, KeyError> {

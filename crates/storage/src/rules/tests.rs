@@ -285,13 +285,14 @@ fn delete_expiry_and_visibility_verdicts() {
     assert!(matches!(delete(&m, 2), Err(LookupError::Gone)));
     assert!(source_follows(&m, 0));
     assert!(!source_follows(&m, 1));
-    assert!(matches!(visible(&m, false, 1), Err(LookupError::Gone)));
+    assert!(matches!(visible(m.soft_deleted, false, 1), Err(LookupError::Gone)));
     m.soft_deleted = false;
     m.expiry = Expiry::Ttl(2);
     assert!(!expired(m.expiry, 1_000, 2_999));
     assert!(expired(m.expiry, 1_000, 3_000));
-    assert!(matches!(visible(&m, true, 0), Err(LookupError::NotFound)));
-    assert!(matches!(visible(&m, true, 1), Err(LookupError::Gone)));
+    assert!(matches!(visible(m.soft_deleted, true, 0), Err(LookupError::NotFound)));
+    assert!(matches!(visible(m.soft_deleted, true, 1), Err(LookupError::Gone)));
+    assert!(visible(false, false, 3).is_ok());
     m.expiry = Expiry::At(50);
     assert!(!expired(m.expiry, 0, 49) && expired(m.expiry, 0, 50));
 }
