@@ -19,7 +19,8 @@ fn sample(scrape: &str, name: &str) -> f64 {
 
 #[tokio::test]
 async fn counters_move_by_exactly_the_appends_made() {
-    let s = common::TestServer::start(ServerConfig::default(), None).await;
+    let config = ServerConfig { sse_keepalive: Duration::from_millis(100), ..ServerConfig::default() };
+    let s = common::TestServer::start(config, None).await;
     let http = reqwest::Client::new();
     let scrape = || async {
         let r = http.get(format!("{}/metrics", s.origin)).send().await.expect("scrape");
@@ -74,4 +75,21 @@ async fn counters_move_by_exactly_the_appends_made() {
     assert_eq!(sample(&after, "oncelog_producers"), 1.0);
     assert!(sample(&after, "process_resident_memory_bytes") > 1e6);
     assert!(after.contains("oncelog_http_requests_total{method=\"POST\",status=\"200\"}"), "{after}");
+
+    // Live readers are counted by mode while they are open, and no longer once they end.
+    http.put(s.url("live")).header("content-type", "text/plain").send().await.expect("put");
+    let sse = http.get(s.url("live") + "?offset=-1&live=sse").send().await.expect("sse");
+    let open = scrape().await;
+    assert_eq!(sample(&open, "oncelog_live_readers{mode=\"sse\"}"), 1.0, "{open}");
+    drop(sse);
+    let mut gone = false;
+    for _ in 0..100 {
+        // The server notices a reader left when it next writes to it (a keep-alive comment).
+        if sample(&scrape().await, "oncelog_live_readers{mode=\"sse\"}") == 0.0 {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone, "a closed SSE reader is no longer counted");
 }
