@@ -6,7 +6,7 @@
 //! the staged effects as one fjall batch, sync once, publish, reply. Writes stop for good after a
 //! failed commit or sync.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, RwLock};
@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use fjall::PersistMode;
 use oncelog_protocol::producer::ProducerState;
 use oncelog_protocol::Offset;
+use oncelog_storage::parking::ParkingLot;
 use oncelog_storage::rules::{self, AppendPlan, CreatePlan, Removal, Segment, PARK_TIMEOUT};
 use oncelog_storage::*;
 use tokio::sync::{oneshot, watch};
@@ -34,13 +35,6 @@ const MAX_VALUE_BYTES: u64 = u32::MAX as u64;
 
 /// A group commit slower than this is logged at debug level, to find latency outliers.
 const SLOW_GROUP: Duration = Duration::from_millis(20);
-
-/// An append waiting for its producer's earlier sequence numbers.
-struct Parked {
-    req: AppendRequest,
-    reply: oneshot::Sender<Result<AppendOutcome, AppendError>>,
-    deadline: Instant,
-}
 
 pub(crate) enum Command {
     Create { req: CreateRequest, reply: oneshot::Sender<Result<CreateOutcome, CreateError>> },
@@ -105,8 +99,8 @@ pub(crate) struct Writer {
     poisoned: bool,
     /// Shared with the engine handle: readiness and metrics read them.
     counters: Arc<Counters>,
-    /// Appends that arrived ahead of sequence, by (path, producer id) and (epoch, seq).
-    parked: HashMap<(String, String), BTreeMap<(u64, u64), Parked>>,
+    /// Appends that arrived ahead of sequence.
+    parked: ParkingLot,
 }
 
 /// Wraps a reply so that a storage failure of the whole group overrides the staged result.
@@ -150,7 +144,7 @@ impl Writer {
             failpoints,
             poisoned: false,
             counters,
-            parked: HashMap::new(),
+            parked: ParkingLot::default(),
         }
     }
 
@@ -212,18 +206,12 @@ impl Writer {
     }
 
     fn next_park_deadline(&self) -> Option<Instant> {
-        self.parked.values().flat_map(|m| m.values().map(|p| p.deadline)).min()
+        self.parked.next_deadline()
     }
 
     /// Answers parked appends whose wait is over: re-validated now, never parked again.
     fn expire_parked(&mut self, now: Instant, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
-        let mut due = Vec::new();
-        for m in self.parked.values_mut() {
-            let seqs: Vec<(u64, u64)> = m.iter().filter(|(_, p)| p.deadline <= now).map(|(s, _)| *s).collect();
-            due.extend(seqs.into_iter().filter_map(|s| m.remove(&s)));
-        }
-        self.parked.retain(|_, m| !m.is_empty());
-        for p in due {
+        for p in self.parked.take_due(now) {
             let r = self.append(&p.req, batch, effects);
             effects.push(reply(p.reply, r));
         }
@@ -248,20 +236,19 @@ impl Writer {
         };
         match &r {
             Err(e) if rules::parkable(&req, e) => {
-                let (stamp, key) = ((p.epoch, p.seq), (req.path.clone(), p.id.clone()));
                 metrics::counter!("oncelog_parked_appends_total").increment(1);
-                let parked = Parked { req, reply: tx, deadline: Instant::now() + PARK_TIMEOUT };
-                if let Some(old) = self.parked.entry(key).or_default().insert(stamp, parked) {
+                let answer = r.clone();
+                if let Some(old) = self.parked.park(req, tx, Instant::now()) {
                     // A retry replaced it; the older copy gets the answer it would have had.
-                    effects.push(reply(old.reply, r));
+                    effects.push(reply(old.reply, answer));
                 }
             }
             Ok(out) if out.status == AppendStatus::Appended => {
                 effects.push(reply(tx, r.clone()));
                 // Nothing is parked almost always; only then is there anything to release.
                 if !self.parked.is_empty() {
-                    let key = (req.path.clone(), p.id.clone());
-                    self.release_parked(key, batch, effects);
+                    let (path, id) = (req.path.clone(), p.id.clone());
+                    self.release_parked(&path, &id, batch, effects);
                 }
             }
             _ => effects.push(reply(tx, r)),
@@ -269,14 +256,10 @@ impl Writer {
     }
 
     /// Stages the parked successors of a producer's newly accepted sequence number, in order.
-    fn release_parked(&mut self, key: (String, String), batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
+    fn release_parked(&mut self, path: &str, producer: &str, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) {
         loop {
-            let next = self.streams.get(&key.0).and_then(|w| w.producers.get(&key.1)).map(rules::next_expected);
-            let Some(next) = next else { return };
-            let Some(p) = self.parked.get_mut(&key).and_then(|m| m.remove(&next)) else { return };
-            if self.parked.get(&key).is_some_and(BTreeMap::is_empty) {
-                self.parked.remove(&key);
-            }
+            let next = self.streams.get(path).and_then(|w| w.producers.get(producer)).map(rules::next_expected);
+            let Some(p) = next.and_then(|n| self.parked.take(path, producer, n)) else { return };
             let r = self.append(&p.req, batch, effects);
             let accepted = matches!(&r, Ok(o) if o.status == AppendStatus::Appended);
             effects.push(reply(p.reply, r));

@@ -20,7 +20,9 @@
 //! tests.
 
 pub mod clock;
+pub mod codec;
 pub mod engine;
+pub mod parking;
 pub mod rules;
 pub mod state;
 

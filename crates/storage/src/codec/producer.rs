@@ -1,4 +1,5 @@
-//! `ProducerRecord`: one idempotent producer's state on one stream (keyspace `producers`).
+//! `ProducerRecord`: one idempotent producer's state on one stream (the embedded engine's
+//! keyspace `producers`; the log engine's checkpoints).
 //!
 //! Layout, tag `0x01`: epoch u64, last_seq u64, receipt count u8, then (when the count is not
 //! zero) the newest receipt as u64 and, going back in time, the difference to each older receipt

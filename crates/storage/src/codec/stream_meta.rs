@@ -1,5 +1,5 @@
-//! The stored form of [`StreamMeta`], a stream's metadata (keyspace `streams`, keyed by path).
-//! The type itself is the engine-neutral one of `oncelog-storage`; only its encoding lives here.
+//! The stored form of [`StreamMeta`], a stream's metadata (the embedded engine's keyspace
+//! `streams`, keyed by path; the log engine's create records and checkpoints).
 //!
 //! Layout, tag `0x01`: id u64, created_ms i64, content_type str, expiry kind u8 (0 never, 1 ttl,
 //! 2 at) + value (u64 seconds or i64 ms; absent for 0), closed u8, stream_seq flag u8 + str,
@@ -13,7 +13,7 @@
 //! disagree with the data. Rewritten only when a field changes (create, close, `Stream-Seq`).
 
 use oncelog_protocol::headers::Expiry;
-use oncelog_storage::{ForkOf, StreamMeta};
+use crate::{ForkOf, StreamMeta};
 
 use super::{DecodeError, Decoder, Encoder};
 

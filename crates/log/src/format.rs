@@ -1,0 +1,380 @@
+//! The on-disk format of the log. This comment is the format's specification; the code below
+//! and its round-trip tests hold it.
+//!
+//! ## Files
+//! - `log/NNNNNNNNNNNNNNNNNNNN.seg` (20 decimal digits, the segment number, from 1, no gaps):
+//!   segments of the log. A segment starts with a 16-byte header (`ONCELOG\x01` then the segment
+//!   number, u64 little-endian) and holds frames back to back. Only the last segment is written;
+//!   a segment is never rewritten, only deleted whole once nothing in it is needed.
+//! - `checkpoint`: the whole state as of one frame (see [`Checkpoint`]); optional, derived,
+//!   replaced atomically (`checkpoint.tmp`, fsync, rename, directory fsync).
+//!
+//! ## Frames
+//! One frame is one group commit: written with one `pwrite`, made durable with one `fdatasync`.
+//!
+//! ```text
+//! magic u32 = 0x474C_4E4F ("ONLG") | crc32c u32 | payload length u32 | lsn u64 | payload
+//! ```
+//! The CRC (Castagnoli) covers the length, the lsn and the payload. LSNs start at 1 and grow by
+//! one per frame across segments, so recovery can tell a torn tail from a hole.
+//!
+//! ## Records (inside a payload, back to back)
+//! Each starts with a tag byte; all integers are LEB128 varints unless noted:
+//! - `0x01` **Create**: id, path (len + bytes), the stream's metadata as
+//!   [`oncelog_storage::codec::stream_meta`] (len + bytes), initial data (len + bytes).
+//! - `0x02` **Append**: id, new tail, flags u8 (bit 0 close, bit 1 `Stream-Seq`, bit 2 producer),
+//!   [`Stream-Seq` (len + bytes)], [producer id (len + bytes), epoch, seq], data (len + bytes).
+//!   The data and *all* of its effects are one record inside one checksummed frame: a power cut
+//!   keeps all of them or none.
+//! - `0x03` **SoftDelete**: id. The stream keeps its data for its forks; its producers are dropped.
+//! - `0x04` **Remove**: id. The stream and its producers are gone; its data is garbage.
+//!
+//! ## Invariants
+//! 1. A frame is acknowledged only after it (and every frame before it) was synced; a new segment
+//!    is created, and the directory synced, before any frame goes into it.
+//! 2. Hence after a power cut only the tail of the last segment can be damaged: recovery cuts a
+//!    torn or zeroed tail there. A bad frame anywhere else, or one followed by a valid frame of a
+//!    higher LSN, is corruption of acknowledged data: recovery refuses to start and says where.
+//! 3. Replaying every frame after the checkpoint's position, in order, over the checkpoint's
+//!    state yields the state at the last frame; records are effects decided by the rules before
+//!    they were written, never re-decided.
+
+use oncelog_protocol::producer::ProducerState;
+use oncelog_storage::codec::{stream_meta, DecodeError, Decoder, Encoder, ProducerRecord};
+use oncelog_storage::StreamMeta;
+
+pub const SEGMENT_MAGIC: &[u8; 8] = b"ONCELOG\x01";
+pub const SEGMENT_HEADER: u64 = 16;
+pub const FRAME_MAGIC: u32 = 0x474C_4E4F;
+pub const FRAME_HEADER: usize = 20;
+/// Largest frame payload; a bigger length in a header is damage, not data.
+pub const MAX_FRAME: usize = 1 << 30;
+
+pub const CHECKPOINT: &str = "checkpoint";
+pub const CHECKPOINT_TMP: &str = "checkpoint.tmp";
+pub const LOG_DIR: &str = "log";
+const CHECKPOINT_MAGIC: &[u8; 8] = b"ONCECKP\x01";
+
+const TAG_CREATE: u8 = 0x01;
+const TAG_APPEND: u8 = 0x02;
+const TAG_SOFT_DELETE: u8 = 0x03;
+const TAG_REMOVE: u8 = 0x04;
+
+pub fn segment_name(n: u64) -> String {
+    format!("{LOG_DIR}/{n:020}.seg")
+}
+
+/// The segment number of a file name in `log/`, if it is one.
+pub fn parse_segment_name(file: &str) -> Option<u64> {
+    let digits = file.strip_suffix(".seg")?;
+    (digits.len() == 20).then(|| digits.parse().ok()).flatten()
+}
+
+pub fn segment_header(n: u64) -> [u8; SEGMENT_HEADER as usize] {
+    let mut h = [0u8; SEGMENT_HEADER as usize];
+    h[..8].copy_from_slice(SEGMENT_MAGIC);
+    h[8..].copy_from_slice(&n.to_le_bytes());
+    h
+}
+
+/// Fills in the frame header in the first [`FRAME_HEADER`] bytes of `frame` (whose payload
+/// follows them).
+pub fn seal_frame(frame: &mut [u8], lsn: u64) {
+    let len = (frame.len() - FRAME_HEADER) as u32;
+    frame[8..12].copy_from_slice(&len.to_le_bytes());
+    frame[12..20].copy_from_slice(&lsn.to_le_bytes());
+    let crc = crc32c::crc32c(&frame[8..]);
+    frame[0..4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());
+    frame[4..8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// A frame header as read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    pub crc: u32,
+    pub len: usize,
+    pub lsn: u64,
+}
+
+/// Parses a frame header; `None` when the magic is wrong or the length impossible.
+pub fn parse_frame_header(h: &[u8]) -> Option<FrameHeader> {
+    let word = |r: std::ops::Range<usize>| h.get(r).and_then(|b| <[u8; 4]>::try_from(b).ok()).map(u32::from_le_bytes);
+    if word(0..4)? != FRAME_MAGIC {
+        return None;
+    }
+    let len = word(8..12)? as usize;
+    let lsn = u64::from_le_bytes(h.get(12..20)?.try_into().ok()?);
+    (len <= MAX_FRAME).then_some(FrameHeader { crc: word(4..8)?, len, lsn })
+}
+
+/// Whether `frame` (header and payload) checks out.
+pub fn frame_is_valid(h: &FrameHeader, frame: &[u8]) -> bool {
+    frame.len() == FRAME_HEADER + h.len && crc32c::crc32c(&frame[8..]) == h.crc
+}
+
+/// One record, as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record<'a> {
+    Create { id: u64, path: &'a str, meta: &'a StreamMeta, data: &'a [u8] },
+    Append {
+        id: u64,
+        new_tail: u64,
+        close: bool,
+        stream_seq: Option<&'a str>,
+        producer: Option<(&'a str, u64, u64)>,
+        data: &'a [u8],
+    },
+    SoftDelete { id: u64 },
+    Remove { id: u64 },
+}
+
+/// One record, as read back: data is located (offset of its first byte in the payload and its
+/// length), not copied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replayed {
+    Create { id: u64, path: String, meta: StreamMeta, data_at: usize, data_len: u64 },
+    Append {
+        id: u64,
+        new_tail: u64,
+        close: bool,
+        stream_seq: Option<String>,
+        producer: Option<(String, u64, u64)>,
+        data_at: usize,
+        data_len: u64,
+    },
+    SoftDelete { id: u64 },
+    Remove { id: u64 },
+}
+
+/// Appends `rec` to a frame payload; returns where its data starts within `out`.
+pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
+    let mut e = Encoder(std::mem::take(out));
+    let at = match rec {
+        Record::Create { id, path, meta, data } => {
+            e.u8(TAG_CREATE).varint(*id).varint(path.len() as u64);
+            e.0.extend_from_slice(path.as_bytes());
+            let m = stream_meta::encode(meta);
+            e.varint(m.len() as u64);
+            e.0.extend_from_slice(&m);
+            e.varint(data.len() as u64);
+            let at = e.0.len();
+            e.0.extend_from_slice(data);
+            at
+        }
+        Record::Append { id, new_tail, close, stream_seq, producer, data } => {
+            let flags = u8::from(*close) | u8::from(stream_seq.is_some()) << 1 | u8::from(producer.is_some()) << 2;
+            e.u8(TAG_APPEND).varint(*id).varint(*new_tail).u8(flags);
+            if let Some(s) = stream_seq {
+                e.varint(s.len() as u64);
+                e.0.extend_from_slice(s.as_bytes());
+            }
+            if let Some((pid, epoch, seq)) = producer {
+                e.varint(pid.len() as u64);
+                e.0.extend_from_slice(pid.as_bytes());
+                e.varint(*epoch).varint(*seq);
+            }
+            e.varint(data.len() as u64);
+            let at = e.0.len();
+            e.0.extend_from_slice(data);
+            at
+        }
+        Record::SoftDelete { id } => {
+            e.u8(TAG_SOFT_DELETE).varint(*id);
+            e.0.len()
+        }
+        Record::Remove { id } => {
+            e.u8(TAG_REMOVE).varint(*id);
+            e.0.len()
+        }
+    };
+    *out = e.0;
+    at
+}
+
+fn var_bytes<'a>(d: &mut Decoder<'a>) -> Result<&'a [u8], DecodeError> {
+    let n = usize::try_from(d.varint()?).map_err(|_| DecodeError::Truncated)?;
+    d.take(n)
+}
+
+fn var_string(d: &mut Decoder<'_>) -> Result<String, DecodeError> {
+    String::from_utf8(var_bytes(d)?.to_vec()).map_err(|_| DecodeError::InvalidUtf8)
+}
+
+/// Decodes every record of a frame payload.
+pub fn decode_payload(payload: &[u8]) -> Result<Vec<Replayed>, DecodeError> {
+    let mut d = Decoder(payload);
+    let mut out = Vec::new();
+    while d.remaining() > 0 {
+        let at_data = |d: &Decoder<'_>| payload.len() - d.remaining();
+        let rec = match d.u8()? {
+            TAG_CREATE => {
+                let id = d.varint()?;
+                let path = var_string(&mut d)?;
+                let meta = stream_meta::decode(var_bytes(&mut d)?)?;
+                let data_len = d.varint()?;
+                let data_at = at_data(&d);
+                d.take(usize::try_from(data_len).map_err(|_| DecodeError::Truncated)?)?;
+                Replayed::Create { id, path, meta, data_at, data_len }
+            }
+            TAG_APPEND => {
+                let id = d.varint()?;
+                let new_tail = d.varint()?;
+                let flags = d.u8()?;
+                if flags & !0b111 != 0 {
+                    return Err(DecodeError::InvalidValue);
+                }
+                let stream_seq = if flags & 2 != 0 { Some(var_string(&mut d)?) } else { None };
+                let producer = if flags & 4 != 0 { Some((var_string(&mut d)?, d.varint()?, d.varint()?)) } else { None };
+                let data_len = d.varint()?;
+                let data_at = at_data(&d);
+                d.take(usize::try_from(data_len).map_err(|_| DecodeError::Truncated)?)?;
+                Replayed::Append { id, new_tail, close: flags & 1 != 0, stream_seq, producer, data_at, data_len }
+            }
+            TAG_SOFT_DELETE => Replayed::SoftDelete { id: d.varint()? },
+            TAG_REMOVE => Replayed::Remove { id: d.varint()? },
+            t => return Err(DecodeError::UnknownTag(t)),
+        };
+        out.push(rec);
+    }
+    Ok(out)
+}
+
+/// Where one append's bytes lie: the stream offset where they end, and the segment and file
+/// position where they start. 16 bytes per append in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub end: u64,
+    /// Segment number (high 24 bits) and file position (low 40 bits: segments stay below 1 TiB).
+    loc: u64,
+}
+
+pub const MAX_SEGMENT_NUMBER: u64 = (1 << 24) - 1;
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 40;
+
+impl Extent {
+    pub fn new(end: u64, segment: u64, pos: u64) -> Self {
+        debug_assert!(segment <= MAX_SEGMENT_NUMBER && pos < MAX_SEGMENT_BYTES);
+        Extent { end, loc: segment << 40 | pos }
+    }
+    pub fn segment(&self) -> u64 {
+        self.loc >> 40
+    }
+    pub fn pos(&self) -> u64 {
+        self.loc & (MAX_SEGMENT_BYTES - 1)
+    }
+}
+
+/// One stream in a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointStream {
+    pub path: String,
+    pub meta: StreamMeta,
+    pub tail: u64,
+    /// Where the stream's own data begins (0, or a fork's fork point).
+    pub start: u64,
+    pub producers: Vec<(String, ProducerState)>,
+    pub extents: Vec<Extent>,
+}
+
+/// The state as of frame `lsn`; replay continues at `segment`, file position `pos`.
+///
+/// Layout: `ONCECKP\x01`, crc32c u32 of the body, body length u64, body: lsn, segment, pos,
+/// next_id, stream count, then per stream: path, metadata (len + [`stream_meta`] bytes), tail,
+/// start, producer count and per producer (id, len + [`ProducerRecord`] bytes), extent count and
+/// per extent (end minus the previous end, segment, position). All varints.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Checkpoint {
+    pub lsn: u64,
+    pub segment: u64,
+    pub pos: u64,
+    pub next_id: u64,
+    pub streams: Vec<CheckpointStream>,
+}
+
+impl Checkpoint {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder(Vec::with_capacity(64 + self.streams.len() * 64));
+        e.varint(self.lsn).varint(self.segment).varint(self.pos).varint(self.next_id).varint(self.streams.len() as u64);
+        for s in &self.streams {
+            e.varint(s.path.len() as u64);
+            e.0.extend_from_slice(s.path.as_bytes());
+            let m = stream_meta::encode(&s.meta);
+            e.varint(m.len() as u64);
+            e.0.extend_from_slice(&m);
+            e.varint(s.tail).varint(s.start).varint(s.producers.len() as u64);
+            for (id, state) in &s.producers {
+                e.varint(id.len() as u64);
+                e.0.extend_from_slice(id.as_bytes());
+                let p = ProducerRecord::encode_state(state);
+                e.varint(p.len() as u64);
+                e.0.extend_from_slice(&p);
+            }
+            e.varint(s.extents.len() as u64);
+            let mut prev = s.start;
+            for x in &s.extents {
+                e.varint(x.end.wrapping_sub(prev)).varint(x.segment()).varint(x.pos());
+                prev = x.end;
+            }
+        }
+        let body = e.0;
+        let mut out = Vec::with_capacity(body.len() + 20);
+        out.extend_from_slice(CHECKPOINT_MAGIC);
+        out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        let mut d = Decoder(bytes);
+        if d.take(8)? != CHECKPOINT_MAGIC {
+            return Err(DecodeError::UnknownTag(bytes.first().copied().unwrap_or(0)));
+        }
+        let crc = d.u32()?;
+        let len = usize::try_from(d.u64()?).map_err(|_| DecodeError::Truncated)?;
+        let body = d.take(len)?;
+        d.finish()?;
+        if crc32c::crc32c(body) != crc {
+            return Err(DecodeError::InvalidValue);
+        }
+        let mut d = Decoder(body);
+        let mut c = Checkpoint {
+            lsn: d.varint()?,
+            segment: d.varint()?,
+            pos: d.varint()?,
+            next_id: d.varint()?,
+            streams: Vec::new(),
+        };
+        let n = d.varint()?;
+        for _ in 0..n {
+            let path = var_string(&mut d)?;
+            let meta = stream_meta::decode(var_bytes(&mut d)?)?;
+            let tail = d.varint()?;
+            let start = d.varint()?;
+            let np = d.varint()?;
+            let mut producers = Vec::new();
+            for _ in 0..np {
+                let id = var_string(&mut d)?;
+                producers.push((id, ProducerRecord::decode(var_bytes(&mut d)?)?.0));
+            }
+            let nx = d.varint()?;
+            let mut extents = Vec::new();
+            let mut prev = start;
+            for _ in 0..nx {
+                let end = prev.wrapping_add(d.varint()?);
+                let (segment, pos) = (d.varint()?, d.varint()?);
+                if segment > MAX_SEGMENT_NUMBER || pos >= MAX_SEGMENT_BYTES {
+                    return Err(DecodeError::InvalidValue);
+                }
+                extents.push(Extent::new(end, segment, pos));
+                prev = end;
+            }
+            c.streams.push(CheckpointStream { path, meta, tail, start, producers, extents });
+        }
+        d.finish()?;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests;

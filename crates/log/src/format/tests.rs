@@ -1,0 +1,124 @@
+use oncelog_protocol::headers::Expiry;
+use oncelog_protocol::Offset;
+use oncelog_storage::ForkOf;
+use proptest::prelude::*;
+
+use super::*;
+
+fn meta() -> impl Strategy<Value = StreamMeta> {
+    (any::<u64>(), "[a-z/+]{1,20}", any::<bool>(), proptest::option::of("[0-9]{1,5}"), proptest::option::of((any::<u64>(), any::<u64>())), any::<bool>())
+        .prop_map(|(id, content_type, closed, stream_seq, fork, soft_deleted)| StreamMeta {
+            id,
+            created_ms: 7,
+            content_type,
+            expiry: Expiry::Ttl(60),
+            closed,
+            stream_seq,
+            fork: fork.map(|(source_id, fork_point)| ForkOf { source_id, fork_point }),
+            soft_deleted,
+        })
+}
+
+/// Encodes `rec` into a payload, decodes it back, and checks the data is where decoding says.
+fn round_trip(rec: Record<'_>) -> Replayed {
+    let mut payload = vec![0xAA; 3]; // records follow others in a payload
+    let at = encode(&rec, &mut payload);
+    let mut out = decode_payload(&payload[3..]).expect("decodes");
+    assert_eq!(out.len(), 1);
+    let r = out.remove(0);
+    let (data_at, data_len) = match &r {
+        Replayed::Create { data_at, data_len, .. } | Replayed::Append { data_at, data_len, .. } => (*data_at, *data_len),
+        _ => (at - 3, 0),
+    };
+    assert_eq!(data_at + 3, at);
+    let data = match &rec {
+        Record::Create { data, .. } | Record::Append { data, .. } => *data,
+        _ => &[],
+    };
+    assert_eq!(&payload[at..at + data_len as usize], data);
+    r
+}
+
+proptest! {
+    #[test]
+    fn create_records_round_trip(id: u64, path in "[a-z/]{1,30}", m in meta(), data in proptest::collection::vec(any::<u8>(), 0..64)) {
+        let r = round_trip(Record::Create { id, path: &path, meta: &m, data: &data });
+        let data_at = match &r { Replayed::Create { data_at, .. } => *data_at, _ => usize::MAX };
+        prop_assert_eq!(r, Replayed::Create { id, path, meta: m, data_at, data_len: data.len() as u64 });
+    }
+
+    #[test]
+    fn append_records_round_trip(
+        id: u64, new_tail: u64, close: bool,
+        stream_seq in proptest::option::of("[0-9a-z]{0,12}"),
+        producer in proptest::option::of(("[a-z0-9-]{1,20}", any::<u64>(), any::<u64>())),
+        data in proptest::collection::vec(any::<u8>(), 0..64),
+    ) {
+        let p = producer.as_ref().map(|(s, e, q)| (s.as_str(), *e, *q));
+        let r = round_trip(Record::Append { id, new_tail, close, stream_seq: stream_seq.as_deref(), producer: p, data: &data });
+        match r {
+            Replayed::Append { id: i, new_tail: t, close: c, stream_seq: s, producer: pr, data_len, .. } => {
+                prop_assert_eq!((i, t, c, s, pr, data_len), (id, new_tail, close, stream_seq, producer, data.len() as u64));
+            }
+            other => prop_assert!(false, "{other:?}"),
+        }
+    }
+
+    #[test]
+    fn deletes_round_trip(id: u64, soft: bool) {
+        let r = round_trip(if soft { Record::SoftDelete { id } } else { Record::Remove { id } });
+        prop_assert_eq!(r, if soft { Replayed::SoftDelete { id } } else { Replayed::Remove { id } });
+    }
+
+    #[test]
+    fn garbage_payloads_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
+        let _ = decode_payload(&bytes);
+    }
+
+    #[test]
+    fn checkpoints_round_trip(
+        lsn: u64, segment in 0..MAX_SEGMENT_NUMBER, pos in 0..MAX_SEGMENT_BYTES, next_id: u64,
+        streams in proptest::collection::vec((meta(), "[a-z/]{1,10}", 0u64..1000, proptest::collection::vec((1u64..100, 1u64..50, 0u64..1_000_000), 0..5), proptest::collection::vec(("[a-z]{1,5}", any::<u64>(), any::<u64>()), 0..3)), 0..5),
+    ) {
+        let streams = streams.into_iter().map(|(meta, path, start, ext, prods)| {
+            let mut end = start;
+            let extents = ext.into_iter().map(|(len, seg, p)| { end += len; Extent::new(end, seg, p) }).collect();
+            let producers = prods.into_iter().map(|(id, epoch, seq)| {
+                let mut s = ProducerState::new(epoch);
+                s.accept(epoch, seq, Offset(end));
+                (id, s)
+            }).collect();
+            CheckpointStream { path, meta, tail: end, start, producers, extents }
+        }).collect();
+        let c = Checkpoint { lsn, segment, pos, next_id, streams };
+        prop_assert_eq!(Checkpoint::decode(&c.encode()), Ok(c));
+    }
+
+    #[test]
+    fn garbage_checkpoints_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
+        let _ = Checkpoint::decode(&bytes);
+    }
+}
+
+#[test]
+fn a_frame_checks_out_only_unchanged() {
+    let mut frame = vec![0u8; FRAME_HEADER];
+    encode(&Record::Remove { id: 9 }, &mut frame);
+    seal_frame(&mut frame, 42);
+    let h = parse_frame_header(&frame).expect("header");
+    assert_eq!((h.lsn, h.len), (42, frame.len() - FRAME_HEADER));
+    assert!(frame_is_valid(&h, &frame));
+    for i in 4..frame.len() {
+        let mut bad = frame.clone();
+        bad[i] ^= 0x10;
+        let ok = parse_frame_header(&bad).is_some_and(|h| frame_is_valid(&h, &bad));
+        assert!(!ok, "flipping byte {i} went unnoticed");
+    }
+}
+
+#[test]
+fn segment_names_round_trip() {
+    assert_eq!(parse_segment_name(segment_name(7).trim_start_matches("log/")), Some(7));
+    assert_eq!(parse_segment_name("7.seg"), None);
+    assert_eq!(parse_segment_name("checkpoint"), None);
+}

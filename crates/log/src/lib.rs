@@ -1,0 +1,397 @@
+//! Oncelog's own log engine: a segmented, checksummed write-ahead log that *is* the store.
+//!
+//! Module map:
+//! - [`fs`]: the file-system trait all I/O goes through, and the real file system;
+//! - [`sim`]: a simulated disk that loses unsynced writes at a power cut (tests);
+//! - [`format`]: segments, frames, records and checkpoints — the on-disk format and its
+//!   invariants, written beside the code;
+//! - `store`: the writer's state, the group commit and recovery (synchronous, so a seeded test
+//!   can drive it step by step);
+//! - `read`: reads from the hot tail or the segment files;
+//! - this file: [`LogEngine`], the [`Engine`] over a writer thread and a checkpointer thread.
+//!
+//! Data flow of an append: the HTTP task sends a command to the writer thread and awaits a
+//! oneshot reply. The writer drains what is queued, decides each command with the shared
+//! [`oncelog_storage::rules`] against its in-memory state, encodes each accepted one as **one
+//! record** (data, closure, `Stream-Seq` and producer state together) into **one frame**, writes
+//! the frame with one `pwrite`, `fdatasync`s once, then publishes the new tails (and the
+//! appended bytes, as a hot tail) to readers and replies. Background work — the checkpoint that
+//! bounds recovery time and lets old segments go — runs on its own thread from a snapshot and
+//! never holds anything the commit path needs.
+//!
+//! Why written by hand: the log, its commit path and its recovery are the product's core (the
+//! exactly-once promise is only as good as them), and owning them removes the failure modes a
+//! general-purpose store brought (a foreign lock on the commit path, a poisoning race after a
+//! failed fsync, no way to simulate power loss beneath it).
+//!
+//! Memory: per stream its metadata, a `watch` channel, and 16 bytes per append of index; per
+//! producer its state; plus a store-wide bounded hot tail. Data lives in the segment files and
+//! the OS page cache.
+
+pub mod format;
+pub mod fs;
+mod read;
+pub mod sim;
+mod store;
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use oncelog_protocol::Offset;
+use oncelog_storage::*;
+use tokio::sync::oneshot;
+
+pub use store::RecoveryReport;
+use store::{Command, Group, Shared, Store, StoreConfig, View};
+
+/// Largest single record's data: a request body must fit a frame.
+pub const MAX_RECORD_BYTES: usize = format::MAX_FRAME - 64 * 1024;
+
+/// Most commands in one group commit: bounds the latency a group adds to its first member.
+const MAX_GROUP_COMMANDS: usize = 4096;
+/// Most data bytes in one group commit, for the same reason.
+const MAX_GROUP_BYTES: usize = 32 << 20;
+
+/// What "acknowledged" means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Acknowledged after `fdatasync` of the frame (the default): survives power loss.
+    Fsync,
+    /// Acknowledged after the frame is handed to the OS: survives a process crash, not a power
+    /// loss. An explicit, weaker choice for throughput.
+    Buffered,
+}
+
+/// The log engine's own failures (wrapped in [`StorageError`] at the seam).
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("cannot {what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error("the log is corrupt: {0}")]
+    Corrupt(String),
+    #[error(
+        "this data directory holds a store of the earlier fjall engine; start it with `--storage fjall` \
+         (see docs/OPERATIONS.md, \"Moving from the fjall engine\")"
+    )]
+    FjallDirectory,
+    #[error("a group commit does not fit a segment")]
+    FrameTooLarge,
+    #[error("the log has run out of segment numbers")]
+    TooManySegments,
+    #[error("log segment {0} is gone while a stream still reads it")]
+    MissingSegment(u64),
+}
+
+pub(crate) fn backend(e: LogError) -> StorageError {
+    match e {
+        LogError::Corrupt(_) => StorageError::Corrupt(Arc::new(e)),
+        e => StorageError::Backend(Arc::new(e)),
+    }
+}
+
+pub(crate) fn corrupt(why: String) -> StorageError {
+    backend(LogError::Corrupt(why))
+}
+
+#[derive(Clone)]
+pub struct LogOptions {
+    /// Where the files are (the data directory, or a simulated disk).
+    pub fs: Arc<dyn fs::Fs>,
+    pub durability: Durability,
+    /// A new segment starts when a frame would take the current one past this.
+    pub segment_bytes: u64,
+    /// A checkpoint is written after this many bytes of log (bounds replay at start).
+    pub checkpoint_bytes: u64,
+    /// Store-wide bound on the hot tail (recent appends kept in memory for live readers).
+    pub hot_bytes: usize,
+    /// Where recovery takes "now" from (the start of every recovered stream's TTL window).
+    pub clock: Arc<dyn Clock>,
+}
+
+impl LogOptions {
+    /// Defaults on the real file system under `data_dir`.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self::with_fs(Arc::new(fs::RealFs::new(data_dir.into())))
+    }
+
+    pub fn with_fs(fs: Arc<dyn fs::Fs>) -> Self {
+        Self {
+            fs,
+            durability: Durability::Fsync,
+            segment_bytes: 64 << 20,
+            checkpoint_bytes: 256 << 20,
+            hot_bytes: 32 << 20,
+            clock: Arc::new(SystemClock::default()),
+        }
+    }
+}
+
+/// The log engine. Cheap to clone.
+#[derive(Clone)]
+pub struct LogEngine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    view: Arc<View>,
+    counters: Arc<store::Counters>,
+    /// `None` once shutdown began.
+    tx: Mutex<Option<mpsc::Sender<Command>>>,
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    report: RecoveryReport,
+}
+
+impl LogEngine {
+    /// Opens (or creates) the store, recovers it, and starts the writer thread.
+    pub fn open(opts: LogOptions) -> Result<Self, StorageError> {
+        let cfg = StoreConfig { durability: opts.durability, segment_bytes: opts.segment_bytes, hot_bytes: opts.hot_bytes };
+        let started = Instant::now();
+        let (store, report) = store::open(opts.fs.clone(), cfg, opts.clock.now_ms())?;
+        tracing::info!(?report, elapsed = ?started.elapsed(), "log recovered");
+        let view = store.view().clone();
+        let counters = store.counters().clone();
+        // Unbounded: every queued command is an HTTP request already holding its body, so the
+        // server's in-flight requests bound the queue; sending never blocks a runtime thread.
+        let (tx, rx) = mpsc::channel();
+        let checkpoint_bytes = opts.checkpoint_bytes;
+        let fs = opts.fs.clone();
+        let handle = std::thread::Builder::new()
+            .name("oncelog-log-writer".into())
+            .spawn(move || run_writer(store, rx, fs, checkpoint_bytes))
+            .map_err(|e| backend(LogError::Io { what: "start the writer thread".into(), source: e }))?;
+        Ok(Self {
+            inner: Arc::new(Inner { view, counters, tx: Mutex::new(Some(tx)), writer: Mutex::new(Some(handle)), report }),
+        })
+    }
+
+    pub fn recovery_report(&self) -> RecoveryReport {
+        self.inner.report
+    }
+
+    async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, StorageError> {
+        let tx = self.inner.tx.lock().map_err(|_| StorageError::Poisoned)?.clone().ok_or(StorageError::ShuttingDown)?;
+        let (reply, rx) = oneshot::channel();
+        tx.send(make(reply)).map_err(|_| StorageError::ShuttingDown)?;
+        rx.await.map_err(|_| StorageError::ShuttingDown)
+    }
+
+    fn lookup(&self, path: &str, now_ms: i64) -> Result<Arc<Shared>, LookupError> {
+        let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
+        let s = map.get(path).ok_or(LookupError::NotFound)?;
+        let soft_deleted = s.state.borrow().soft_deleted;
+        rules::visible(soft_deleted, s.expired(now_ms), s.forks())?;
+        Ok(s.clone())
+    }
+}
+
+/// The writer thread: one group per loop, a checkpoint handed to its own thread now and then.
+fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>, checkpoint_bytes: u64) {
+    store.collect_orphans();
+    let checkpointer = Checkpointer::start(fs, store.view().clone(), store.counters().clone());
+    loop {
+        let first = match store.next_park_deadline() {
+            None => match rx.recv() {
+                Ok(cmd) => Some(cmd),
+                Err(_) => break,
+            },
+            Some(deadline) => match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(cmd) => Some(cmd),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            },
+        };
+        let mut g = Group::new();
+        store.expire_parked(Instant::now(), &mut g);
+        if let Some(first) = first {
+            store.stage(first, &mut g);
+            let mut count = 1usize;
+            while count < MAX_GROUP_COMMANDS && g.bytes < MAX_GROUP_BYTES {
+                let Ok(cmd) = rx.try_recv() else { break };
+                store.stage(cmd, &mut g);
+                count += 1;
+            }
+            metrics::histogram!("oncelog_group_commit_commands").record(count as f64);
+        }
+        let failure = store.commit(&mut g);
+        store.finish(g, failure);
+        if store.since_checkpoint >= checkpoint_bytes && !store.counters().failed() && checkpointer.idle() {
+            store.since_checkpoint = 0;
+            checkpointer.send(store.snapshot());
+        }
+    }
+    // Channel closed: shutdown. Parked appends get their final answer; a last checkpoint makes
+    // the next start quick.
+    let mut g = Group::new();
+    store.expire_all_parked(&mut g);
+    let failure = store.commit(&mut g);
+    store.finish(g, failure);
+    if !store.counters().failed() && store.since_checkpoint > 0 {
+        checkpointer.send(store.snapshot());
+    }
+    checkpointer.stop();
+}
+
+/// Writes checkpoints on its own thread, one at a time; a failure stops all writes (fail-stop
+/// covers background work too).
+struct Checkpointer {
+    tx: Option<mpsc::SyncSender<format::Checkpoint>>,
+    busy: Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Checkpointer {
+    fn start(fs: Arc<dyn fs::Fs>, view: Arc<View>, counters: Arc<store::Counters>) -> Self {
+        let (tx, rx) = mpsc::sync_channel::<format::Checkpoint>(1);
+        let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = busy.clone();
+        let handle = std::thread::Builder::new()
+            .name("oncelog-checkpoint".into())
+            .spawn(move || {
+                for cp in rx {
+                    let started = Instant::now();
+                    match store::write_checkpoint(&*fs, &view, &cp) {
+                        Ok(removed) => {
+                            metrics::histogram!("oncelog_checkpoint_seconds").record(started.elapsed().as_secs_f64());
+                            tracing::debug!(lsn = cp.lsn, removed_segments = removed, elapsed = ?started.elapsed(), "checkpoint written");
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %e, "checkpoint failed; refusing all further writes");
+                            counters.fail(format!("writes stopped after a checkpoint failure: {e}"));
+                        }
+                    }
+                    flag.store(false, Ordering::SeqCst);
+                }
+            })
+            .ok();
+        Checkpointer { tx: handle.as_ref().map(|_| tx), busy, handle }
+    }
+
+    fn idle(&self) -> bool {
+        !self.busy.load(Ordering::SeqCst)
+    }
+
+    fn send(&self, cp: format::Checkpoint) {
+        if let Some(tx) = &self.tx {
+            self.busy.store(true, Ordering::SeqCst);
+            if tx.send(cp).is_err() {
+                self.busy.store(false, Ordering::SeqCst);
+            }
+        }
+    }
+
+    fn stop(mut self) {
+        self.tx.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Engine for LogEngine {
+    async fn create(&self, req: CreateRequest) -> Result<CreateOutcome, CreateError> {
+        self.call(|reply| Command::Create { req, reply }).await?
+    }
+
+    async fn append(&self, req: AppendRequest) -> Result<AppendOutcome, AppendError> {
+        self.call(|reply| Command::Append { req, reply }).await?
+    }
+
+    async fn delete(&self, path: &str, now_ms: i64) -> Result<(), LookupError> {
+        let path = path.to_owned();
+        self.call(|reply| Command::Delete { path, now_ms, reply }).await?
+    }
+
+    async fn head(&self, path: &str, now_ms: i64) -> Result<StreamInfo, LookupError> {
+        Ok(self.lookup(path, now_ms)?.info())
+    }
+
+    async fn read(&self, path: &str, from: Offset, max_bytes: usize, now_ms: i64) -> Result<ReadChunk, LookupError> {
+        let shared = self.lookup(path, now_ms)?;
+        shared.touch(now_ms);
+        let info = shared.info();
+        if from >= info.tail {
+            return Ok(ReadChunk { next: from, data: Bytes::new(), info, aligned: true });
+        }
+        // The hot tail answers a live reader without touching a file; only a read that needs
+        // the disk leaves the async runtime.
+        if let Some((data, next, aligned)) = read::read_hot(&shared, from.0, info.tail.0, max_bytes) {
+            return Ok(ReadChunk { info, data, next, aligned });
+        }
+        let view = self.inner.view.clone();
+        let tail = info.tail.0;
+        let (data, next, aligned) = tokio::task::spawn_blocking(move || read::read(&shared, &view.segments, from.0, tail, max_bytes))
+            .await
+            .map_err(|e| backend(LogError::Io { what: "read".into(), source: std::io::Error::other(e) }))??;
+        Ok(ReadChunk { info, data, next, aligned })
+    }
+
+    async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {
+        let shared = self.lookup(path, now_ms)?;
+        shared.touch(now_ms);
+        let mut rx = shared.state.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let p = *rx.borrow_and_update();
+            if p.deleted {
+                return Err(LookupError::NotFound);
+            }
+            if p.soft_deleted {
+                return Err(LookupError::Gone);
+            }
+            if p.tail > after || p.closed {
+                return Ok(WaitOutcome::Changed(shared.info()));
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Err(_) => return Ok(WaitOutcome::TimedOut(shared.info())),
+                Ok(Err(_)) => return Err(LookupError::NotFound),
+                Ok(Ok(())) => {}
+            }
+        }
+    }
+
+    async fn expire(&self, now_ms: i64) -> Result<usize, StorageError> {
+        let expired: Vec<String> = {
+            let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
+            map.iter().filter(|(_, s)| !s.state.borrow().soft_deleted && s.expired(now_ms)).map(|(p, _)| p.clone()).collect()
+        };
+        if expired.is_empty() {
+            return Ok(0);
+        }
+        self.call(|reply| Command::Expire { paths: expired, now_ms, reply }).await?
+    }
+
+    async fn shutdown(&self) -> Result<(), StorageError> {
+        self.inner.tx.lock().map_err(|_| StorageError::Poisoned)?.take();
+        let handle = self.inner.writer.lock().map_err(|_| StorageError::Poisoned)?.take();
+        if let Some(h) = handle {
+            tokio::task::spawn_blocking(move || h.join())
+                .await
+                .map_err(|e| backend(LogError::Io { what: "stop the writer".into(), source: std::io::Error::other(e) }))?
+                .map_err(|_| StorageError::Poisoned)?;
+        }
+        Ok(())
+    }
+
+    fn readiness(&self) -> Readiness {
+        if let Ok(slot) = self.inner.counters.failure.lock() {
+            if let Some(reason) = slot.as_ref() {
+                return Readiness::NotReady { reason: reason.clone() };
+            }
+        }
+        match self.inner.tx.lock() {
+            Ok(tx) if tx.is_some() => Readiness::Ready,
+            _ => Readiness::NotReady { reason: "shutting down".into() },
+        }
+    }
+
+    fn stats(&self) -> EngineStats {
+        EngineStats {
+            streams: self.inner.counters.streams.load(Ordering::Relaxed),
+            producers: self.inner.counters.producers.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! Reads: from the hot tail when the bytes are there (shared `Bytes`, no copy), else from the
+//! segment files with positional reads — one `pread` for a run of appends that lie close
+//! together in a segment (a stream written steadily has its appends a few header bytes apart).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use bytes::{Bytes, BytesMut};
+use oncelog_protocol::Offset;
+use oncelog_storage::StorageError;
+
+use crate::fs::File;
+use crate::store::Shared;
+use crate::{backend, LogError};
+
+/// Appends this close together in one segment are read with one `pread` (the gap holds the
+/// next record's header).
+const COALESCE_GAP: u64 = 4096;
+
+/// One piece of a read, before it is materialised.
+enum Piece {
+    Mem(Bytes),
+    Disk { segment: u64, pos: u64, len: usize },
+}
+
+/// Reads stored bytes of `shared` from `from`, through a fork's ancestors and then its own
+/// data, up to `tail` (published, so durable) and about `max_bytes` (whole appends, except
+/// where a fork point cuts one). Also says whether `from` starts an append or a fork segment.
+pub(crate) fn read(
+    shared: &Shared,
+    segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>,
+    from: u64,
+    tail: u64,
+    max_bytes: usize,
+) -> Result<(Bytes, Offset, bool), StorageError> {
+    let plan = plan(shared, from, tail, max_bytes)?;
+    if let [Piece::Mem(b)] = plan.pieces.as_slice() {
+        return Ok((b.clone(), plan.next, plan.aligned));
+    }
+    Ok((materialise(&plan.pieces, plan.total, segments)?, plan.next, plan.aligned))
+}
+
+/// The same read when every byte of it is in the hot tail (no file is touched); `None` when
+/// some must come from disk.
+pub(crate) fn read_hot(shared: &Shared, from: u64, tail: u64, max_bytes: usize) -> Option<(Bytes, Offset, bool)> {
+    let plan = plan(shared, from, tail, max_bytes).ok()?;
+    if plan.pieces.iter().any(|p| matches!(p, Piece::Disk { .. })) {
+        return None;
+    }
+    match plan.pieces.as_slice() {
+        [Piece::Mem(b)] => Some((b.clone(), plan.next, plan.aligned)),
+        pieces => {
+            let mut out = BytesMut::with_capacity(plan.total);
+            for p in pieces {
+                if let Piece::Mem(b) = p {
+                    out.extend_from_slice(b);
+                }
+            }
+            Some((out.freeze(), plan.next, plan.aligned))
+        }
+    }
+}
+
+struct Plan {
+    pieces: Vec<Piece>,
+    total: usize,
+    next: Offset,
+    aligned: bool,
+}
+
+/// Which appends (or parts) a read returns, and where each one's bytes are.
+fn plan(shared: &Shared, from: u64, tail: u64, max_bytes: usize) -> Result<Plan, StorageError> {
+    let mut pieces = Vec::new();
+    let mut total = 0usize;
+    let mut pos = from;
+    let mut aligned = from == 0 || shared.chain.iter().any(|(end, _)| *end == from);
+    let parts = shared.chain.iter().map(|(end, s)| (*end, &**s)).chain(std::iter::once((tail, shared)));
+    for (part_end, s) in parts {
+        let part_end = part_end.min(tail);
+        if pos >= part_end {
+            continue;
+        }
+        let d = s.data.read().map_err(|_| StorageError::Poisoned)?;
+        let mut i = d.extents.partition_point(|e| e.end <= pos);
+        while i < d.extents.len() && pos < part_end && total < max_bytes {
+            let e = d.extents[i];
+            let start = if i == 0 { d.start } else { d.extents[i - 1].end };
+            if pos == start && pos == from {
+                aligned = true;
+            }
+            let lo = (pos - start) as usize;
+            let hi = (e.end.min(part_end) - start) as usize;
+            let hot = d.hot.binary_search_by_key(&start, |(s, _)| *s).ok().map(|k| &d.hot[k].1);
+            match hot {
+                Some(b) => pieces.push(Piece::Mem(b.slice(lo..hi))),
+                None => pieces.push(Piece::Disk { segment: e.segment(), pos: e.pos() + lo as u64, len: hi - lo }),
+            }
+            total += hi - lo;
+            pos = start + hi as u64;
+            i += 1;
+        }
+        if total >= max_bytes {
+            break;
+        }
+    }
+    Ok(Plan { pieces, total, next: Offset(pos), aligned })
+}
+
+fn io(e: std::io::Error) -> StorageError {
+    backend(LogError::Io { what: "read from the log".into(), source: e })
+}
+
+fn materialise(pieces: &[Piece], total: usize, segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>) -> Result<Bytes, StorageError> {
+    let mut out = BytesMut::with_capacity(total);
+    let mut scratch = Vec::new();
+    let mut i = 0;
+    while i < pieces.len() {
+        match &pieces[i] {
+            Piece::Mem(b) => {
+                out.extend_from_slice(b);
+                i += 1;
+            }
+            Piece::Disk { segment, pos, len } => {
+                // A run of disk pieces in the same segment, each starting shortly after the last.
+                let mut j = i + 1;
+                let mut end = pos + *len as u64;
+                while let Some(Piece::Disk { segment: s, pos: p, len: l }) = pieces.get(j) {
+                    if s != segment || *p < end || *p - end > COALESCE_GAP {
+                        break;
+                    }
+                    end = p + *l as u64;
+                    j += 1;
+                }
+                let file = segments
+                    .read()
+                    .map_err(|_| StorageError::Poisoned)?
+                    .get(segment)
+                    .cloned()
+                    .ok_or_else(|| backend(LogError::MissingSegment(*segment)))?;
+                if j == i + 1 {
+                    let at = out.len();
+                    out.resize(at + len, 0);
+                    file.read_exact_at(&mut out[at..], *pos).map_err(io)?;
+                } else {
+                    scratch.resize((end - pos) as usize, 0);
+                    file.read_exact_at(&mut scratch, *pos).map_err(io)?;
+                    for p in &pieces[i..j] {
+                        if let Piece::Disk { pos: p, len: l, .. } = p {
+                            let off = (p - pos) as usize;
+                            out.extend_from_slice(&scratch[off..off + l]);
+                        }
+                    }
+                }
+                i = j;
+            }
+        }
+    }
+    Ok(out.freeze())
+}
+
+/// The append of `shared` that starts exactly at `at`, if any: its stored bytes, cut at the
+/// fork segment boundary it lies in. Used to resolve fork sub-offsets.
+pub(crate) fn append_at(
+    shared: &Shared,
+    segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>,
+    at: u64,
+    tail: u64,
+) -> Result<Option<Bytes>, StorageError> {
+    let mut part_start = 0;
+    let parts = shared.chain.iter().map(|(end, s)| (*end, &**s)).chain(std::iter::once((tail, shared)));
+    for (part_end, s) in parts {
+        let part_end = part_end.min(tail);
+        if at >= part_start && at < part_end {
+            let d = s.data.read().map_err(|_| StorageError::Poisoned)?;
+            let i = d.extents.partition_point(|e| e.end <= at);
+            let Some(e) = d.extents.get(i).copied() else { return Ok(None) };
+            let start = if i == 0 { d.start } else { d.extents[i - 1].end };
+            if start != at {
+                return Ok(None);
+            }
+            let len = (e.end.min(part_end) - start) as usize;
+            drop(d);
+            let piece = [Piece::Disk { segment: e.segment(), pos: e.pos(), len }];
+            return materialise(&piece, len, segments).map(Some);
+        }
+        part_start = part_end;
+    }
+    Ok(None)
+}

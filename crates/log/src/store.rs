@@ -1,0 +1,980 @@
+//! The writer's side of the log: the authoritative state of every stream, the group commit, and
+//! recovery. Synchronous and single-threaded by design — the engine runs it on one thread, and
+//! the power-loss simulation drives it step by step with a seeded schedule.
+//!
+//! One group: [`Store::stage`] each command (decided by the shared rules against the state as
+//! left by the commands before it, and encoded as one record into the frame being built), then
+//! [`Store::commit`] (one `pwrite` of the frame, one `fdatasync`), then [`Store::finish`]
+//! (publish to readers, answer). A failed write or sync stops all writes for good (fail-stop):
+//! the kernel may have dropped the unsynced pages and would report the next sync as a success.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Instant;
+
+use bytes::Bytes;
+use oncelog_protocol::producer::ProducerState;
+use oncelog_protocol::Offset;
+use oncelog_storage::parking::ParkingLot;
+use oncelog_storage::rules::{self, AppendPlan, CreatePlan, Removal, PARK_TIMEOUT};
+use oncelog_storage::*;
+use tokio::sync::{oneshot, watch};
+
+use crate::format::{self, Checkpoint, CheckpointStream, Extent, Record, Replayed};
+use crate::fs::{File, Fs};
+use crate::{backend, corrupt, Durability, LogError};
+
+/// The published, reader-visible state of a stream: only durable effects reach it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Published {
+    pub tail: Offset,
+    pub closed: bool,
+    /// Fully removed: waiters end with 404.
+    pub deleted: bool,
+    /// Deleted by its owner while forks still read it: 410 on its path.
+    pub soft_deleted: bool,
+}
+
+/// Where a stream's bytes are, for readers. Appended to after each durable commit, before the
+/// new tail is published, so a reader that saw a tail finds every byte below it here.
+pub(crate) struct StreamData {
+    /// Where the stream's own data begins: 0, or a fork's fork point.
+    pub start: u64,
+    /// One per append, in offset order.
+    pub extents: Vec<Extent>,
+    /// The newest appends' bytes (start offset, bytes), shared with every live reader: N readers
+    /// of a stream cost no storage read and no copy. Bounded by the store-wide hot budget.
+    pub hot: VecDeque<(u64, Bytes)>,
+}
+
+/// Per-stream entry shared by readers.
+pub(crate) struct Shared {
+    pub id: u64,
+    pub config: StreamConfig,
+    /// For a fork: each ancestor's byte range it reads, as (end offset, ancestor), oldest first.
+    /// Holding the ancestors keeps their index alive exactly as long as a fork reads it.
+    pub chain: Vec<(u64, Arc<Shared>)>,
+    /// Forks of this stream that still exist (a stream with forks is soft-deleted, not removed).
+    pub forks: AtomicUsize,
+    /// Publishes tail and closure after each durable commit; live readers subscribe to it.
+    pub state: watch::Sender<Published>,
+    /// Last read or write (Unix ms), for the sliding TTL. Memory only: a read never writes.
+    pub last_access_ms: AtomicI64,
+    pub data: RwLock<StreamData>,
+}
+
+impl Shared {
+    pub fn info(&self) -> StreamInfo {
+        let p = *self.state.borrow();
+        StreamInfo { id: self.id, config: self.config.clone(), tail: p.tail, closed: p.closed }
+    }
+
+    pub fn touch(&self, now_ms: i64) {
+        self.last_access_ms.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    pub fn expired(&self, now_ms: i64) -> bool {
+        rules::expired(self.config.expiry, self.last_access_ms.load(Ordering::Relaxed), now_ms)
+    }
+
+    pub fn forks(&self) -> usize {
+        self.forks.load(Ordering::Relaxed)
+    }
+}
+
+/// Reader-visible state of the whole store, shared by the writer, the readers and the
+/// checkpointer.
+#[derive(Default)]
+pub(crate) struct View {
+    pub streams: RwLock<HashMap<String, Arc<Shared>>>,
+    /// Every segment file still on disk, open once (no descriptor per stream).
+    pub segments: RwLock<std::collections::BTreeMap<u64, Arc<dyn File>>>,
+}
+
+/// Shared between the writer, the checkpointer and the engine handle.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub streams: AtomicU64,
+    pub producers: AtomicU64,
+    /// Why writes stopped, once they have (set by the writer or by background work).
+    pub failure: Mutex<Option<String>>,
+}
+
+impl Counters {
+    pub fn fail(&self, why: String) {
+        if let Ok(mut slot) = self.failure.lock() {
+            slot.get_or_insert(why);
+        }
+    }
+
+    pub fn failed(&self) -> bool {
+        self.failure.lock().map_or(true, |s| s.is_some())
+    }
+}
+
+/// A command for the writer.
+pub(crate) enum Command {
+    Create { req: CreateRequest, reply: oneshot::Sender<Result<CreateOutcome, CreateError>> },
+    Append { req: AppendRequest, reply: oneshot::Sender<Result<AppendOutcome, AppendError>> },
+    Delete { path: String, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
+    Expire { paths: Vec<String>, now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
+}
+
+/// The writer's authoritative view of one stream.
+struct WStream {
+    meta: StreamMeta,
+    tail: Offset,
+    producers: HashMap<String, ProducerState>,
+    shared: Arc<Shared>,
+}
+
+/// A change to make visible, or an answer to send, once the group is durable.
+enum Effect {
+    /// New data of `shared` ends at `end` and starts at payload offset `at` (`hot`: its bytes).
+    Data { shared: Arc<Shared>, end: u64, at: usize, hot: Bytes },
+    Publish { shared: Arc<Shared>, tail: Offset, closed: bool },
+    Insert { path: String, shared: Arc<Shared> },
+    Remove { path: String, shared: Arc<Shared> },
+    SoftDelete { shared: Arc<Shared> },
+    Reply(Box<dyn FnOnce(Option<StorageError>) + Send>),
+}
+
+/// Wraps a reply so that a failure of the whole group overrides the staged result.
+fn reply<T: Send + 'static, E: From<StorageError> + Send + 'static>(tx: oneshot::Sender<Result<T, E>>, result: Result<T, E>) -> Effect {
+    Effect::Reply(Box::new(move |failure| {
+        let _ = tx.send(match failure {
+            Some(e) => Err(E::from(e)),
+            None => result,
+        });
+    }))
+}
+
+/// The frame being built and what to do once it is durable.
+pub(crate) struct Group {
+    /// Frame header space followed by the records.
+    frame: Vec<u8>,
+    effects: Vec<Effect>,
+    /// Data bytes staged, to bound a group.
+    pub bytes: usize,
+}
+
+impl Group {
+    pub fn new() -> Self {
+        Group { frame: vec![0; format::FRAME_HEADER], effects: Vec::new(), bytes: 0 }
+    }
+
+    fn record(&mut self, rec: &Record<'_>) -> usize {
+        format::encode(rec, &mut self.frame)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.frame.len() == format::FRAME_HEADER
+    }
+}
+
+/// Tuning and durability, fixed at open.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoreConfig {
+    pub durability: Durability,
+    pub segment_bytes: u64,
+    pub hot_bytes: usize,
+}
+
+/// Largest append kept in the hot tail: bigger ones are read from the page cache.
+const MAX_HOT_APPEND: usize = 1 << 20;
+
+pub(crate) struct Store {
+    fs: Arc<dyn Fs>,
+    view: Arc<View>,
+    cfg: StoreConfig,
+    streams: HashMap<String, WStream>,
+    /// Path of every stream by id, to follow a fork to its source.
+    paths_by_id: HashMap<u64, String>,
+    next_id: u64,
+    /// The segment frames go to, its number and its length (where the next frame goes).
+    active: Arc<dyn File>,
+    active_no: u64,
+    active_len: u64,
+    /// LSN of the last frame written.
+    lsn: u64,
+    /// Log bytes written since the last checkpoint.
+    pub since_checkpoint: u64,
+    counters: Arc<Counters>,
+    /// Set after a failed write or sync (by the writer or the checkpointer): writes are refused.
+    poisoned: bool,
+    parked: ParkingLot,
+    /// Hot-tail entries oldest first, store-wide, with their sizes: evicted past the budget.
+    hot_queue: VecDeque<(Weak<Shared>, u64, usize)>,
+    hot_bytes: usize,
+}
+
+/// What recovery found, for the startup log.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub streams: usize,
+    pub producers: usize,
+    pub closed_streams: usize,
+    /// Sum of all tails: bytes of stream data.
+    pub bytes: u64,
+    /// Frames replayed after the checkpoint.
+    pub frames_replayed: u64,
+    /// Bytes cut from a torn tail of the last segment.
+    pub torn_bytes_cut: u64,
+    /// Whether a checkpoint was loaded.
+    pub from_checkpoint: bool,
+}
+
+fn new_shared(meta: &StreamMeta, tail: Offset, chain: Vec<(u64, Arc<Shared>)>, forks: usize, now_ms: i64, data: StreamData) -> Arc<Shared> {
+    let published = Published { tail, closed: meta.closed, deleted: false, soft_deleted: meta.soft_deleted };
+    let (state, _) = watch::channel(published);
+    Arc::new(Shared {
+        id: meta.id,
+        config: meta.config(),
+        chain,
+        forks: AtomicUsize::new(forks),
+        state,
+        last_access_ms: AtomicI64::new(now_ms),
+        data: RwLock::new(data),
+    })
+}
+
+/// A fork's chain: its source's chain cut at the fork point, then the source itself.
+fn chain_of(src: &Arc<Shared>, fork_point: u64) -> Vec<(u64, Arc<Shared>)> {
+    let mut chain = Vec::with_capacity(src.chain.len() + 1);
+    let mut start = 0;
+    for (end, s) in src.chain.iter().map(|(e, s)| (*e, s)).chain(std::iter::once((u64::MAX, src))) {
+        if start >= fork_point {
+            break;
+        }
+        let end = end.min(fork_point);
+        if end > start {
+            chain.push((end, s.clone()));
+        }
+        start = end;
+    }
+    chain
+}
+
+fn io_err(what: &str, e: std::io::Error) -> StorageError {
+    backend(LogError::Io { what: what.to_owned(), source: e })
+}
+
+impl Store {
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    pub fn view(&self) -> &Arc<View> {
+        &self.view
+    }
+
+    fn poisoned(&mut self) -> bool {
+        if !self.poisoned && self.counters.failed() {
+            self.poisoned = true;
+        }
+        self.poisoned
+    }
+
+    fn fail(&mut self, e: StorageError) -> StorageError {
+        tracing::error!(error = %e, "log write or sync failed; refusing all further writes");
+        self.poisoned = true;
+        self.counters.fail(format!("writes stopped after a storage failure: {e}"));
+        e
+    }
+
+    pub fn next_park_deadline(&self) -> Option<Instant> {
+        self.parked.next_deadline()
+    }
+
+    /// Validates one command against current state and stages its effects.
+    pub fn stage(&mut self, cmd: Command, g: &mut Group) {
+        if self.poisoned() {
+            match cmd {
+                Command::Create { reply: tx, .. } => g.effects.push(reply(tx, Err(CreateError::Storage(StorageError::Poisoned)))),
+                Command::Append { reply: tx, .. } => g.effects.push(reply(tx, Err(AppendError::Storage(StorageError::Poisoned)))),
+                Command::Delete { reply: tx, .. } => g.effects.push(reply(tx, Err(LookupError::Storage(StorageError::Poisoned)))),
+                Command::Expire { reply: tx, .. } => g.effects.push(reply(tx, Err(StorageError::Poisoned))),
+            }
+            return;
+        }
+        match cmd {
+            Command::Create { req, reply: tx } => {
+                g.bytes += req.initial.len();
+                let r = self.create(req, g);
+                g.effects.push(reply(tx, r));
+            }
+            Command::Append { req, reply: tx } => {
+                g.bytes += req.data.len();
+                self.stage_append(req, tx, g);
+            }
+            Command::Delete { path, now_ms, reply: tx } => {
+                self.drop_if_expired(&path, now_ms, g);
+                let r = self.delete(&path, g);
+                self.count_streams();
+                g.effects.push(reply(tx, r));
+            }
+            Command::Expire { paths, now_ms, reply: tx } => {
+                let before = self.streams.len();
+                for p in &paths {
+                    self.drop_if_expired(p, now_ms, g);
+                }
+                self.count_streams();
+                g.effects.push(reply(tx, Ok(before - self.streams.len())));
+            }
+        }
+    }
+
+    /// Answers parked appends whose wait is over: decided again now, never parked again.
+    pub fn expire_parked(&mut self, now: Instant, g: &mut Group) {
+        for p in self.parked.take_due(now) {
+            let r = self.append(&p.req, g);
+            g.effects.push(reply(p.reply, r));
+        }
+    }
+
+    /// Final answers for every parked append (at shutdown).
+    pub fn expire_all_parked(&mut self, g: &mut Group) {
+        self.expire_parked(Instant::now() + PARK_TIMEOUT * 2, g);
+    }
+
+    fn stage_append(&mut self, req: AppendRequest, tx: oneshot::Sender<Result<AppendOutcome, AppendError>>, g: &mut Group) {
+        let r = self.append(&req, g);
+        let Some(p) = &req.producer else {
+            g.effects.push(reply(tx, r));
+            return;
+        };
+        match &r {
+            Err(e) if !self.poisoned && rules::parkable(&req, e) => {
+                metrics::counter!("oncelog_parked_appends_total").increment(1);
+                let r2 = r.clone();
+                if let Some(old) = self.parked.park(req, tx, Instant::now()) {
+                    g.effects.push(reply(old.reply, r2));
+                }
+            }
+            Ok(out) if out.status == AppendStatus::Appended => {
+                g.effects.push(reply(tx, r.clone()));
+                if !self.parked.is_empty() {
+                    let (path, id) = (req.path.clone(), p.id.clone());
+                    self.release_parked(&path, &id, g);
+                }
+            }
+            _ => g.effects.push(reply(tx, r)),
+        }
+    }
+
+    /// Stages the parked successors of a producer's newly accepted sequence number, in order.
+    fn release_parked(&mut self, path: &str, producer: &str, g: &mut Group) {
+        loop {
+            let next = self.streams.get(path).and_then(|w| w.producers.get(producer)).map(rules::next_expected);
+            let Some(p) = next.and_then(|n| self.parked.take(path, producer, n)) else { return };
+            let r = self.append(&p.req, g);
+            let accepted = matches!(&r, Ok(o) if o.status == AppendStatus::Appended);
+            g.effects.push(reply(p.reply, r));
+            if !accepted {
+                return;
+            }
+        }
+    }
+
+    /// Writes the group's frame and syncs it: one `pwrite`, one `fdatasync`. Returns the failure
+    /// that every reply of the group must carry instead of its staged result.
+    pub fn commit(&mut self, g: &mut Group) -> Option<StorageError> {
+        if self.poisoned() {
+            return Some(StorageError::Poisoned);
+        }
+        if g.is_empty() {
+            return None;
+        }
+        let started = Instant::now();
+        let len = g.frame.len() as u64;
+        if self.active_len > format::SEGMENT_HEADER && self.active_len + len > self.cfg.segment_bytes {
+            if let Err(e) = self.rotate() {
+                return Some(self.fail(e));
+            }
+        }
+        if self.active_len + len >= format::MAX_SEGMENT_BYTES {
+            return Some(self.fail(backend(LogError::FrameTooLarge)));
+        }
+        format::seal_frame(&mut g.frame, self.lsn + 1);
+        let pos = self.active_len;
+        let written = self.active.write_all_at(&g.frame, pos).map_err(|e| io_err("write to the log", e));
+        let written_at = started.elapsed();
+        let synced = written.and_then(|()| match self.cfg.durability {
+            Durability::Fsync => self.active.sync_data().map_err(|e| io_err("fdatasync of the log", e)),
+            Durability::Buffered => Ok(()),
+        });
+        let total = started.elapsed();
+        metrics::histogram!("oncelog_fsync_seconds").record((total - written_at).as_secs_f64());
+        metrics::histogram!("oncelog_group_commit_seconds").record(total.as_secs_f64());
+        if let Err(e) = synced {
+            return Some(self.fail(e));
+        }
+        self.active_len += len;
+        self.lsn += 1;
+        self.since_checkpoint += len;
+        // Data positions so far are relative to the frame; make them absolute file positions.
+        let base = pos;
+        for e in &mut g.effects {
+            if let Effect::Data { at, .. } = e {
+                *at += base as usize;
+            }
+        }
+        None
+    }
+
+    /// Starts a new segment: created, its header synced, and the directory synced before any
+    /// frame goes into it, so a synced frame is never in a file the directory may lose.
+    fn rotate(&mut self) -> Result<(), StorageError> {
+        let no = self.active_no + 1;
+        if no > format::MAX_SEGMENT_NUMBER {
+            return Err(backend(LogError::TooManySegments));
+        }
+        let file = new_segment(&*self.fs, no)?;
+        if let Ok(mut segs) = self.view.segments.write() {
+            segs.insert(no, file.clone());
+        }
+        self.active = file;
+        self.active_no = no;
+        self.active_len = format::SEGMENT_HEADER;
+        Ok(())
+    }
+
+    /// Publishes a committed group to readers and answers every command in it.
+    pub fn finish(&mut self, g: Group, failure: Option<StorageError>) {
+        let segment = self.active_no;
+        for effect in g.effects {
+            match effect {
+                Effect::Reply(f) => f(failure.clone()),
+                _ if failure.is_some() => {}
+                Effect::Data { shared, end, at, hot } => {
+                    let start = end - hot.len() as u64;
+                    let keep_hot = self.cfg.hot_bytes > 0 && hot.len() <= MAX_HOT_APPEND.min(self.cfg.hot_bytes);
+                    if let Ok(mut d) = shared.data.write() {
+                        d.extents.push(Extent::new(end, segment, at as u64));
+                        if keep_hot {
+                            d.hot.push_back((start, hot.clone()));
+                        }
+                    }
+                    if keep_hot {
+                        self.hot_bytes += hot.len();
+                        self.hot_queue.push_back((Arc::downgrade(&shared), start, hot.len()));
+                        self.evict_hot();
+                    }
+                }
+                Effect::Publish { shared, tail, closed } => shared.state.send_modify(|p| {
+                    p.tail = tail;
+                    p.closed = closed;
+                }),
+                Effect::Insert { path, shared } => {
+                    if let Ok(mut map) = self.view.streams.write() {
+                        map.insert(path, shared);
+                    }
+                }
+                Effect::SoftDelete { shared } => shared.state.send_modify(|p| p.soft_deleted = true),
+                Effect::Remove { path, shared } => {
+                    if let Ok(mut map) = self.view.streams.write() {
+                        if map.get(&path).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
+                            map.remove(&path);
+                        }
+                    }
+                    shared.state.send_modify(|p| p.deleted = true);
+                }
+            }
+        }
+    }
+
+    /// Drops the oldest hot-tail entries until the store-wide budget holds.
+    fn evict_hot(&mut self) {
+        while self.hot_bytes > self.cfg.hot_bytes {
+            let Some((weak, start, len)) = self.hot_queue.pop_front() else { return };
+            self.hot_bytes -= len;
+            if let Some(shared) = weak.upgrade() {
+                if let Ok(mut d) = shared.data.write() {
+                    if d.hot.front().is_some_and(|(s, _)| *s == start) {
+                        d.hot.pop_front();
+                    }
+                }
+            }
+        }
+    }
+
+    fn count_streams(&self) {
+        self.counters.streams.store(self.streams.len() as u64, Ordering::Relaxed);
+    }
+
+    fn drop_if_expired(&mut self, path: &str, now_ms: i64, g: &mut Group) {
+        let expired = self.streams.get(path).is_some_and(|w| !w.meta.soft_deleted && w.shared.expired(now_ms));
+        if expired {
+            // It exists and is not soft-deleted, so the delete verdict cannot be an error.
+            let _ = self.delete(path, g);
+        }
+    }
+
+    /// Deletes a stream as [`rules::delete`] decides.
+    fn delete(&mut self, path: &str, g: &mut Group) -> Result<(), LookupError> {
+        let w = self.streams.get_mut(path).ok_or(LookupError::NotFound)?;
+        match rules::delete(&w.meta, w.shared.forks())? {
+            Removal::Remove => self.remove(path, g),
+            Removal::SoftDelete => {
+                w.meta.soft_deleted = true;
+                g.record(&Record::SoftDelete { id: w.meta.id });
+                let dropped = std::mem::take(&mut w.producers);
+                self.counters.producers.fetch_sub(dropped.len() as u64, Ordering::Relaxed);
+                g.effects.push(Effect::SoftDelete { shared: w.shared.clone() });
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a stream; a fork releases its source, and a soft-deleted source whose last fork
+    /// this was goes too, up the chain, in the same frame.
+    fn remove(&mut self, path: &str, g: &mut Group) {
+        let mut next = Some(path.to_owned());
+        while let Some(path) = next.take() {
+            let Some(w) = self.streams.remove(&path) else { return };
+            self.paths_by_id.remove(&w.meta.id);
+            g.record(&Record::Remove { id: w.meta.id });
+            self.counters.producers.fetch_sub(w.producers.len() as u64, Ordering::Relaxed);
+            g.effects.push(Effect::Remove { path, shared: w.shared });
+            let Some(f) = w.meta.fork else { continue };
+            let Some(src_path) = self.paths_by_id.get(&f.source_id) else { continue };
+            let Some(src) = self.streams.get(src_path) else { continue };
+            let left = src.shared.forks.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
+            if rules::source_follows(&src.meta, left) {
+                next = Some(src_path.clone());
+            }
+        }
+    }
+
+    fn create(&mut self, req: CreateRequest, g: &mut Group) -> Result<CreateOutcome, CreateError> {
+        if req.path.is_empty() || req.path.len() > oncelog_protocol::headers::MAX_PATH_BYTES {
+            return Err(CreateError::InvalidPath);
+        }
+        if req.initial.len() > crate::MAX_RECORD_BYTES {
+            return Err(CreateError::TooLarge);
+        }
+        self.drop_if_expired(&req.path, req.now_ms, g);
+        let mut fork = None;
+        if let Some(f) = &req.fork {
+            self.drop_if_expired(&f.source, req.now_ms, g);
+            let src = self.streams.get(&f.source);
+            let view = &self.view;
+            let resolved = rules::resolve_fork(src.map(|w| (&w.meta, w.tail)), f, |at| match src {
+                Some(w) => crate::read::append_at(&w.shared, &view.segments, at, w.tail.0).map_err(StorageError::from),
+                None => Ok(None),
+            })?;
+            let chain = src.map_or_else(Vec::new, |w| chain_of(&w.shared, resolved.fork.fork_point));
+            fork = Some((resolved, chain));
+        }
+        let existing = self.streams.get(&req.path).map(|w| (&w.meta, w.tail));
+        let (meta, tail) = match rules::create(existing, fork.as_ref().map(|f| &f.0), &req, self.next_id)? {
+            CreatePlan::Existing(info) => return Ok(CreateOutcome::Existing(info)),
+            CreatePlan::Create { meta, tail } => (meta, tail),
+        };
+        let id = meta.id;
+        self.next_id += 1;
+        let at = g.record(&Record::Create { id, path: &req.path, meta: &meta, data: &req.initial });
+        let start = meta.fork.map_or(0, |f| f.fork_point);
+        let chain = match fork {
+            Some((_, chain)) => {
+                if let Some(src) = req.fork.as_ref().and_then(|f| self.streams.get(&f.source)) {
+                    src.shared.forks.fetch_add(1, Ordering::Relaxed);
+                }
+                chain
+            }
+            None => Vec::new(),
+        };
+        let data = StreamData { start, extents: Vec::new(), hot: VecDeque::new() };
+        let shared = new_shared(&meta, tail, chain, 0, req.now_ms, data);
+        if !req.initial.is_empty() {
+            g.effects.push(Effect::Data { shared: shared.clone(), end: tail.0, at, hot: req.initial.clone() });
+        }
+        let info = meta.info(tail);
+        self.streams.insert(req.path.clone(), WStream { meta, tail, producers: HashMap::new(), shared: shared.clone() });
+        self.paths_by_id.insert(id, req.path.clone());
+        self.count_streams();
+        g.effects.push(Effect::Insert { path: req.path, shared });
+        Ok(CreateOutcome::Created(info))
+    }
+
+    /// Decides one append by [`rules::append`] and stages it as one record.
+    fn append(&mut self, req: &AppendRequest, g: &mut Group) -> Result<AppendOutcome, AppendError> {
+        if req.producer.as_ref().is_some_and(|p| p.id.is_empty() || p.id.len() > oncelog_protocol::headers::MAX_PRODUCER_ID_BYTES) {
+            return Err(AppendError::ProducerIdTooLong);
+        }
+        if req.data.len() > crate::MAX_RECORD_BYTES {
+            return Err(AppendError::TooLarge);
+        }
+        self.drop_if_expired(&req.path, req.now_ms, g);
+        let Some(w) = self.streams.get_mut(&req.path) else { return Err(AppendError::NotFound) };
+        if req.stream_id.is_none_or(|id| id == w.meta.id) {
+            w.shared.touch(req.now_ms);
+        }
+        let producer = req.producer.as_ref().and_then(|p| w.producers.get(&p.id));
+        let write = match rules::append(&w.meta, w.tail, producer, req)? {
+            AppendPlan::Answer(outcome) => return Ok(outcome),
+            AppendPlan::Write(write) => write,
+        };
+        let at = g.record(&Record::Append {
+            id: w.meta.id,
+            new_tail: write.new_tail.0,
+            close: write.close,
+            stream_seq: if write.set_stream_seq { req.stream_seq.as_deref() } else { None },
+            producer: write.producer.zip(req.producer.as_ref()).map(|((e, s), p)| (p.id.as_str(), e, s)),
+            data: &req.data,
+        });
+        let closed_before = w.meta.closed;
+        write.apply_meta(&mut w.meta, req);
+        if let Some(p) = &req.producer {
+            let state = match w.producers.get_mut(&p.id) {
+                Some(s) => s,
+                None => {
+                    self.counters.producers.fetch_add(1, Ordering::Relaxed);
+                    w.producers.entry(p.id.clone()).or_insert_with(|| ProducerState::new(p.epoch))
+                }
+            };
+            write.apply_producer(state);
+        }
+        w.tail = write.new_tail;
+        if !req.data.is_empty() {
+            g.effects.push(Effect::Data { shared: w.shared.clone(), end: w.tail.0, at, hot: req.data.clone() });
+        }
+        g.effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });
+        Ok(write.outcome(closed_before))
+    }
+
+    /// A consistent snapshot of the state as of the last committed frame (call between groups).
+    pub fn snapshot(&self) -> Checkpoint {
+        let streams = self
+            .streams
+            .iter()
+            .map(|(path, w)| {
+                let (start, extents) = w.shared.data.read().map(|d| (d.start, d.extents.clone())).unwrap_or_default();
+                CheckpointStream {
+                    path: path.clone(),
+                    meta: w.meta.clone(),
+                    tail: w.tail.0,
+                    start,
+                    producers: w.producers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    extents,
+                }
+            })
+            .collect();
+        Checkpoint { lsn: self.lsn, segment: self.active_no, pos: self.active_len, next_id: self.next_id, streams }
+    }
+
+    /// Removes soft-deleted streams no fork references any more (cannot normally happen: a
+    /// fork's removal takes its source along in the same frame).
+    pub fn collect_orphans(&mut self) {
+        let orphans: Vec<String> =
+            self.streams.iter().filter(|(_, w)| w.meta.soft_deleted && w.shared.forks() == 0).map(|(p, _)| p.clone()).collect();
+        if orphans.is_empty() {
+            return;
+        }
+        let mut g = Group::new();
+        for p in orphans {
+            self.remove(&p, &mut g);
+        }
+        self.count_streams();
+        let failure = self.commit(&mut g);
+        self.finish(g, failure);
+    }
+}
+
+/// Creates segment `no` with its header, synced, and syncs the directory.
+fn new_segment(fs: &dyn Fs, no: u64) -> Result<Arc<dyn File>, StorageError> {
+    let name = format::segment_name(no);
+    let file = fs.open(&name, true).map_err(|e| io_err("create a log segment", e))?;
+    file.set_len(0).map_err(|e| io_err("create a log segment", e))?;
+    file.write_all_at(&format::segment_header(no), 0).map_err(|e| io_err("write a segment header", e))?;
+    file.sync_data().map_err(|e| io_err("sync a segment header", e))?;
+    fs.sync_dir(format::LOG_DIR).map_err(|e| io_err("sync the log directory", e))?;
+    Ok(file)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints
+
+/// Writes `cp` atomically (temporary file, sync, rename, directory sync), then deletes every
+/// segment before the checkpoint's that no stream's data lies in any more.
+pub(crate) fn write_checkpoint(fs: &dyn Fs, view: &View, cp: &Checkpoint) -> Result<usize, StorageError> {
+    let bytes = cp.encode();
+    let tmp = fs.open(format::CHECKPOINT_TMP, true).map_err(|e| io_err("create the checkpoint", e))?;
+    tmp.set_len(0).map_err(|e| io_err("write the checkpoint", e))?;
+    tmp.write_all_at(&bytes, 0).map_err(|e| io_err("write the checkpoint", e))?;
+    tmp.sync_data().map_err(|e| io_err("sync the checkpoint", e))?;
+    fs.rename(format::CHECKPOINT_TMP, format::CHECKPOINT).map_err(|e| io_err("install the checkpoint", e))?;
+    fs.sync_dir("").map_err(|e| io_err("sync the data directory", e))?;
+    let live: std::collections::BTreeSet<u64> = cp.streams.iter().flat_map(|s| s.extents.iter().map(Extent::segment)).collect();
+    let dead: Vec<u64> = match view.segments.read() {
+        Ok(segs) => segs.keys().copied().filter(|n| *n < cp.segment && !live.contains(n)).collect(),
+        Err(_) => return Err(StorageError::Poisoned),
+    };
+    for n in &dead {
+        // Readers that already hold the file keep reading it; the space returns when they finish.
+        if let Ok(mut segs) = view.segments.write() {
+            segs.remove(n);
+        }
+        fs.remove(&format::segment_name(*n)).map_err(|e| io_err("remove a log segment", e))?;
+    }
+    Ok(dead.len())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recovery
+
+/// A stream as recovery rebuilds it, before readers exist.
+struct Building {
+    path: String,
+    meta: StreamMeta,
+    tail: u64,
+    start: u64,
+    producers: HashMap<String, ProducerState>,
+    extents: Vec<Extent>,
+}
+
+/// Opens the store: loads the checkpoint, replays the log after it (cutting a torn tail), and
+/// rebuilds readers' state. Refuses to start on corruption anywhere but a torn tail.
+pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(Store, RecoveryReport), StorageError> {
+    if fs.exists("keyspaces").map_err(|e| io_err("inspect the data directory", e))? {
+        return Err(backend(LogError::FjallDirectory));
+    }
+    let fresh = !fs.exists(format::LOG_DIR).map_err(|e| io_err("inspect the data directory", e))?;
+    if fresh {
+        fs.create_dir(format::LOG_DIR).map_err(|e| io_err("create the log directory", e))?;
+        fs.sync_dir("").map_err(|e| io_err("sync the data directory", e))?;
+    }
+    let mut report = RecoveryReport::default();
+    let cp = if fs.exists(format::CHECKPOINT).map_err(|e| io_err("inspect the data directory", e))? {
+        let f = fs.open(format::CHECKPOINT, false).map_err(|e| io_err("open the checkpoint", e))?;
+        let len = f.len().map_err(|e| io_err("read the checkpoint", e))?;
+        let mut buf = vec![0u8; len as usize];
+        f.read_exact_at(&mut buf, 0).map_err(|e| io_err("read the checkpoint", e))?;
+        report.from_checkpoint = true;
+        Checkpoint::decode(&buf).map_err(|e| corrupt(format!("checkpoint: {e}")))?
+    } else {
+        Checkpoint { lsn: 0, segment: 1, pos: format::SEGMENT_HEADER, next_id: 1, streams: Vec::new() }
+    };
+    let mut numbers: Vec<u64> = fs
+        .list(format::LOG_DIR)
+        .map_err(|e| io_err("list the log directory", e))?
+        .iter()
+        .filter_map(|n| format::parse_segment_name(n))
+        .collect();
+    numbers.sort_unstable();
+    // Segments before the checkpoint's hold only data (or nothing still needed).
+    let first = numbers.iter().position(|n| *n >= cp.segment).unwrap_or(numbers.len());
+    let to_replay = &numbers[first..];
+    for w in to_replay.windows(2) {
+        if w[1] != w[0] + 1 {
+            return Err(corrupt(format!("log segment {} is missing", w[0] + 1)));
+        }
+    }
+    if to_replay.first().is_some_and(|n| *n != cp.segment) || (to_replay.is_empty() && report.from_checkpoint && cp.lsn > 0 && cp.pos > format::SEGMENT_HEADER) {
+        return Err(corrupt(format!("log segment {} (where the checkpoint continues) is missing", cp.segment)));
+    }
+
+    let mut streams: HashMap<u64, Building> = HashMap::new();
+    let mut next_id = cp.next_id;
+    for s in cp.streams {
+        let producers = s.producers.into_iter().collect();
+        streams.insert(s.meta.id, Building { path: s.path, meta: s.meta, tail: s.tail, start: s.start, producers, extents: s.extents });
+    }
+    let mut segments = std::collections::BTreeMap::new();
+    for n in &numbers[..first] {
+        let f = fs.open(&format::segment_name(*n), false).map_err(|e| io_err("open a log segment", e))?;
+        segments.insert(*n, f);
+    }
+    let mut lsn = cp.lsn;
+    let mut active = None;
+    for (i, n) in to_replay.iter().enumerate() {
+        let last = i + 1 == to_replay.len();
+        let name = format::segment_name(*n);
+        let f = fs.open(&name, false).map_err(|e| io_err("open a log segment", e))?;
+        let len = f.len().map_err(|e| io_err("read a log segment", e))?;
+        let mut buf = vec![0u8; len as usize];
+        f.read_exact_at(&mut buf, 0).map_err(|e| io_err("read a log segment", e))?;
+        let header_ok = buf.len() >= format::SEGMENT_HEADER as usize && buf[..format::SEGMENT_HEADER as usize] == format::segment_header(*n);
+        let mut pos = if *n == cp.segment { cp.pos as usize } else { format::SEGMENT_HEADER as usize };
+        if !header_ok {
+            if !last || find_frame_after(&buf, 0, lsn).is_some() {
+                return Err(corrupt(format!("{name}: bad segment header")));
+            }
+            // Created but its header never reached the disk: start it again.
+            let f = new_segment(&*fs, *n)?;
+            report.torn_bytes_cut += len;
+            segments.insert(*n, f.clone());
+            active = Some((f, *n, format::SEGMENT_HEADER));
+            continue;
+        }
+        loop {
+            if pos == buf.len() {
+                break;
+            }
+            let frame = format::parse_frame_header(buf.get(pos..pos + format::FRAME_HEADER).unwrap_or(&[]))
+                .filter(|h| buf.len() >= pos + format::FRAME_HEADER + h.len && format::frame_is_valid(h, &buf[pos..pos + format::FRAME_HEADER + h.len]));
+            let Some(h) = frame else {
+                if !last || find_frame_after(&buf, pos + 1, lsn).is_some() {
+                    return Err(corrupt(format!(
+                        "{name}: damaged frame at byte {pos} with acknowledged frames after it; the data directory needs repair (see docs/OPERATIONS.md)"
+                    )));
+                }
+                // A torn tail: never acknowledged. Cut it, durably.
+                report.torn_bytes_cut += (buf.len() - pos) as u64;
+                f.set_len(pos as u64).map_err(|e| io_err("cut a torn log tail", e))?;
+                f.sync_data().map_err(|e| io_err("cut a torn log tail", e))?;
+                break;
+            };
+            if h.lsn != lsn + 1 {
+                return Err(corrupt(format!("{name}: frame at byte {pos} has lsn {} where {} was expected", h.lsn, lsn + 1)));
+            }
+            let payload = &buf[pos + format::FRAME_HEADER..pos + format::FRAME_HEADER + h.len];
+            let records = format::decode_payload(payload).map_err(|e| corrupt(format!("{name}: frame at byte {pos}: {e}")))?;
+            let base = (pos + format::FRAME_HEADER) as u64;
+            for r in records {
+                replay(r, *n, base, &mut streams, &mut next_id).map_err(|e| corrupt(format!("{name}: frame at byte {pos}: {e}")))?;
+            }
+            lsn = h.lsn;
+            report.frames_replayed += 1;
+            pos += format::FRAME_HEADER + h.len;
+        }
+        segments.insert(*n, f.clone());
+        if last {
+            active = Some((f, *n, pos as u64));
+        }
+    }
+    let (active, active_no, active_len) = match active {
+        Some(a) => a,
+        None => {
+            let no = numbers.last().map_or(cp.segment, |n| n + 1).max(cp.segment);
+            let f = new_segment(&*fs, no)?;
+            segments.insert(no, f.clone());
+            (f, no, format::SEGMENT_HEADER)
+        }
+    };
+
+    // Readers' state: chains need sources first; build in id order (a source is older).
+    let mut order: Vec<u64> = streams.keys().copied().collect();
+    order.sort_unstable();
+    let mut fork_counts: HashMap<u64, usize> = HashMap::new();
+    for b in streams.values() {
+        if let Some(f) = b.meta.fork {
+            *fork_counts.entry(f.source_id).or_default() += 1;
+        }
+    }
+    let mut shared_by_id: HashMap<u64, Arc<Shared>> = HashMap::new();
+    let mut wstreams = HashMap::new();
+    let mut paths_by_id = HashMap::new();
+    let mut producers = 0usize;
+    for id in order {
+        let Some(b) = streams.remove(&id) else { continue };
+        let chain = match b.meta.fork {
+            None => Vec::new(),
+            Some(f) => {
+                let src = shared_by_id.get(&f.source_id).ok_or_else(|| corrupt(format!("stream {id}: fork source {} is missing", f.source_id)))?;
+                chain_of(src, f.fork_point)
+            }
+        };
+        let data = StreamData { start: b.start, extents: b.extents, hot: VecDeque::new() };
+        let forks = fork_counts.get(&id).copied().unwrap_or(0);
+        let shared = new_shared(&b.meta, Offset(b.tail), chain, forks, now_ms, data);
+        report.streams += 1;
+        report.bytes += b.tail;
+        report.closed_streams += usize::from(b.meta.closed);
+        report.producers += b.producers.len();
+        producers += b.producers.len();
+        shared_by_id.insert(id, shared.clone());
+        paths_by_id.insert(id, b.path.clone());
+        wstreams.insert(b.path, WStream { meta: b.meta, tail: Offset(b.tail), producers: b.producers, shared });
+    }
+    let view = Arc::new(View::default());
+    if let Ok(mut m) = view.streams.write() {
+        *m = wstreams.iter().map(|(p, w)| (p.clone(), w.shared.clone())).collect();
+    }
+    if let Ok(mut s) = view.segments.write() {
+        *s = segments;
+    }
+    let counters = Arc::new(Counters::default());
+    counters.streams.store(wstreams.len() as u64, Ordering::Relaxed);
+    counters.producers.store(producers as u64, Ordering::Relaxed);
+    let store = Store {
+        fs,
+        view,
+        cfg,
+        streams: wstreams,
+        paths_by_id,
+        next_id,
+        active,
+        active_no,
+        active_len,
+        lsn,
+        since_checkpoint: 0,
+        counters,
+        poisoned: false,
+        parked: ParkingLot::default(),
+        hot_queue: VecDeque::new(),
+        hot_bytes: 0,
+    };
+    Ok((store, report))
+}
+
+/// Whether a valid frame with an LSN above `lsn` starts anywhere at or after `from`: proof
+/// that damage before it hit acknowledged data rather than a torn tail.
+fn find_frame_after(buf: &[u8], from: usize, lsn: u64) -> Option<usize> {
+    let magic = format::FRAME_MAGIC.to_le_bytes();
+    let mut i = from;
+    while i + format::FRAME_HEADER <= buf.len() {
+        let at = buf[i..].windows(4).position(|w| w == magic)? + i;
+        if let Some(h) = format::parse_frame_header(&buf[at..]) {
+            let end = at + format::FRAME_HEADER + h.len;
+            if h.lsn > lsn && end <= buf.len() && format::frame_is_valid(&h, &buf[at..end]) {
+                return Some(at);
+            }
+        }
+        i = at + 1;
+    }
+    None
+}
+
+/// Applies one replayed record to the state being rebuilt.
+fn replay(r: Replayed, segment: u64, base: u64, streams: &mut HashMap<u64, Building>, next_id: &mut u64) -> Result<(), String> {
+    match r {
+        Replayed::Create { id, path, meta, data_at, data_len } => {
+            if meta.id != id || streams.contains_key(&id) {
+                return Err(format!("create of stream {id} twice"));
+            }
+            let start = meta.fork.map_or(0, |f| f.fork_point);
+            let tail = start + data_len;
+            let extents = if data_len > 0 { vec![Extent::new(tail, segment, base + data_at as u64)] } else { Vec::new() };
+            *next_id = (*next_id).max(id + 1);
+            streams.insert(id, Building { path, meta, tail, start, producers: HashMap::new(), extents });
+        }
+        Replayed::Append { id, new_tail, close, stream_seq, producer, data_at, data_len } => {
+            let b = streams.get_mut(&id).ok_or_else(|| format!("append to unknown stream {id}"))?;
+            if new_tail != b.tail + data_len {
+                return Err(format!("append to stream {id} ends at {new_tail}, expected {}", b.tail + data_len));
+            }
+            if data_len > 0 {
+                b.extents.push(Extent::new(new_tail, segment, base + data_at as u64));
+            }
+            b.tail = new_tail;
+            b.meta.closed |= close;
+            if stream_seq.is_some() {
+                b.meta.stream_seq = stream_seq;
+            }
+            if let Some((pid, epoch, seq)) = producer {
+                b.producers.entry(pid).or_insert_with(|| ProducerState::new(epoch)).accept(epoch, seq, Offset(new_tail));
+            }
+        }
+        Replayed::SoftDelete { id } => {
+            let b = streams.get_mut(&id).ok_or_else(|| format!("delete of unknown stream {id}"))?;
+            b.meta.soft_deleted = true;
+            b.producers.clear();
+        }
+        Replayed::Remove { id } => {
+            streams.remove(&id).ok_or_else(|| format!("removal of unknown stream {id}"))?;
+        }
+    }
+    Ok(())
+}

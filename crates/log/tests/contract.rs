@@ -1,0 +1,42 @@
+//! The log engine runs the engine contract suite, on a temporary directory; `reopen` shuts the
+//! engine down and recovers a new one from the same directory.
+
+use oncelog_log::{Durability, LogEngine, LogOptions};
+use oncelog_storage::contract::Harness;
+use oncelog_storage::Engine;
+
+struct Log {
+    dir: tempfile::TempDir,
+    /// `None` only inside `reopen`: the old engine must be gone before the directory reopens.
+    engine: Option<LogEngine>,
+}
+
+fn open(dir: &std::path::Path) -> LogEngine {
+    let mut opts = LogOptions::new(dir);
+    // The contract is about behaviour; durability has its own tests (power loss, kill -9).
+    opts.durability = Durability::Buffered;
+    LogEngine::open(opts).expect("open the log engine")
+}
+
+impl Harness for Log {
+    type Engine = LogEngine;
+
+    async fn open() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let engine = open(dir.path());
+        Log { dir, engine: Some(engine) }
+    }
+
+    fn engine(&self) -> &LogEngine {
+        self.engine.as_ref().expect("engine open")
+    }
+
+    async fn reopen(&mut self) {
+        if let Some(old) = self.engine.take() {
+            old.shutdown().await.expect("shutdown");
+        }
+        self.engine = Some(open(self.dir.path()));
+    }
+}
+
+oncelog_storage::engine_contract_tests!(Log);
