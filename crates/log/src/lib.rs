@@ -33,6 +33,10 @@ pub mod fs;
 mod read;
 pub mod sim;
 mod store;
+#[cfg(test)]
+mod power_loss;
+#[cfg(test)]
+mod fault_tests;
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -148,7 +152,12 @@ struct Inner {
 impl LogEngine {
     /// Opens (or creates) the store, recovers it, and starts the writer thread.
     pub fn open(opts: LogOptions) -> Result<Self, StorageError> {
-        let cfg = StoreConfig { durability: opts.durability, segment_bytes: opts.segment_bytes, hot_bytes: opts.hot_bytes };
+        let cfg = StoreConfig {
+            durability: opts.durability,
+            segment_bytes: opts.segment_bytes,
+            hot_bytes: opts.hot_bytes,
+            mutant: store::Mutant::None,
+        };
         let started = Instant::now();
         let (store, report) = store::open(opts.fs.clone(), cfg, opts.clock.now_ms())?;
         tracing::info!(?report, elapsed = ?started.elapsed(), "log recovered");

@@ -101,6 +101,11 @@ impl SimFs {
         self.disk().fail_syncs = on;
     }
 
+    /// The power goes out now (if it has not already).
+    pub fn kill(&self) {
+        self.disk().dead = true;
+    }
+
     /// Operations performed so far.
     pub fn ops(&self) -> u64 {
         self.disk().ops

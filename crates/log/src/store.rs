@@ -154,6 +154,8 @@ fn reply<T: Send + 'static, E: From<StorageError> + Send + 'static>(tx: oneshot:
 pub(crate) struct Group {
     /// Frame header space followed by the records.
     frame: Vec<u8>,
+    /// Only under [`Mutant::SplitProducer`]: producer effects, committed as a second frame.
+    split: Vec<u8>,
     effects: Vec<Effect>,
     /// Data bytes staged, to bound a group.
     pub bytes: usize,
@@ -161,7 +163,7 @@ pub(crate) struct Group {
 
 impl Group {
     pub fn new() -> Self {
-        Group { frame: vec![0; format::FRAME_HEADER], effects: Vec::new(), bytes: 0 }
+        Group { frame: vec![0; format::FRAME_HEADER], split: vec![0; format::FRAME_HEADER], effects: Vec::new(), bytes: 0 }
     }
 
     fn record(&mut self, rec: &Record<'_>) -> usize {
@@ -179,6 +181,22 @@ pub(crate) struct StoreConfig {
     pub durability: Durability,
     pub segment_bytes: u64,
     pub hot_bytes: usize,
+    /// Always [`Mutant::None`] outside the power-loss test, which breaks one guarantee at a time
+    /// to show that it notices.
+    pub mutant: Mutant,
+}
+
+/// A deliberate defect, for showing that the power-loss simulation catches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) enum Mutant {
+    None,
+    /// Acknowledge without `fdatasync`.
+    SkipSync,
+    /// Start segments without syncing the directory.
+    SkipDirSync,
+    /// Write producer state in its own frame after the data's, as stores that keep it apart do.
+    SplitProducer,
 }
 
 /// Largest append kept in the hot tail: bigger ones are read from the page cache.
@@ -387,7 +405,7 @@ impl Store {
             return None;
         }
         let started = Instant::now();
-        let len = g.frame.len() as u64;
+        let len = (g.frame.len() + g.split.len()) as u64;
         if self.active_len > format::SEGMENT_HEADER && self.active_len + len > self.cfg.segment_bytes {
             if let Err(e) = self.rotate() {
                 return Some(self.fail(e));
@@ -396,23 +414,17 @@ impl Store {
         if self.active_len + len >= format::MAX_SEGMENT_BYTES {
             return Some(self.fail(backend(LogError::FrameTooLarge)));
         }
-        format::seal_frame(&mut g.frame, self.lsn + 1);
         let pos = self.active_len;
-        let written = self.active.write_all_at(&g.frame, pos).map_err(|e| io_err("write to the log", e));
-        let written_at = started.elapsed();
-        let synced = written.and_then(|()| match self.cfg.durability {
-            Durability::Fsync => self.active.sync_data().map_err(|e| io_err("fdatasync of the log", e)),
-            Durability::Buffered => Ok(()),
-        });
-        let total = started.elapsed();
-        metrics::histogram!("oncelog_fsync_seconds").record((total - written_at).as_secs_f64());
-        metrics::histogram!("oncelog_group_commit_seconds").record(total.as_secs_f64());
-        if let Err(e) = synced {
+        if let Err(e) = self.write_frame(&mut g.frame, started) {
             return Some(self.fail(e));
         }
-        self.active_len += len;
-        self.lsn += 1;
-        self.since_checkpoint += len;
+        if g.split.len() > format::FRAME_HEADER {
+            let mut split = std::mem::take(&mut g.split);
+            if let Err(e) = self.write_frame(&mut split, started) {
+                return Some(self.fail(e));
+            }
+        }
+        metrics::histogram!("oncelog_group_commit_seconds").record(started.elapsed().as_secs_f64());
         // Data positions so far are relative to the frame; make them absolute file positions.
         let base = pos;
         for e in &mut g.effects {
@@ -423,6 +435,21 @@ impl Store {
         None
     }
 
+    /// Seals and writes one frame at the end of the active segment, then syncs it.
+    fn write_frame(&mut self, frame: &mut [u8], started: Instant) -> Result<(), StorageError> {
+        format::seal_frame(frame, self.lsn + 1);
+        self.active.write_all_at(frame, self.active_len).map_err(|e| io_err("write to the log", e))?;
+        let written_at = started.elapsed();
+        if self.cfg.durability == Durability::Fsync && self.cfg.mutant != Mutant::SkipSync {
+            self.active.sync_data().map_err(|e| io_err("fdatasync of the log", e))?;
+        }
+        metrics::histogram!("oncelog_fsync_seconds").record((started.elapsed() - written_at).as_secs_f64());
+        self.active_len += frame.len() as u64;
+        self.lsn += 1;
+        self.since_checkpoint += frame.len() as u64;
+        Ok(())
+    }
+
     /// Starts a new segment: created, its header synced, and the directory synced before any
     /// frame goes into it, so a synced frame is never in a file the directory may lose.
     fn rotate(&mut self) -> Result<(), StorageError> {
@@ -430,7 +457,7 @@ impl Store {
         if no > format::MAX_SEGMENT_NUMBER {
             return Err(backend(LogError::TooManySegments));
         }
-        let file = new_segment(&*self.fs, no)?;
+        let file = new_segment(&*self.fs, no, self.cfg.mutant != Mutant::SkipDirSync)?;
         if let Ok(mut segs) = self.view.segments.write() {
             segs.insert(no, file.clone());
         }
@@ -616,14 +643,20 @@ impl Store {
             AppendPlan::Answer(outcome) => return Ok(outcome),
             AppendPlan::Write(write) => write,
         };
+        let producer = write.producer.zip(req.producer.as_ref()).map(|((e, s), p)| (p.id.as_str(), e, s));
+        let split = self.cfg.mutant == Mutant::SplitProducer && producer.is_some();
         let at = g.record(&Record::Append {
             id: w.meta.id,
             new_tail: write.new_tail.0,
             close: write.close,
             stream_seq: if write.set_stream_seq { req.stream_seq.as_deref() } else { None },
-            producer: write.producer.zip(req.producer.as_ref()).map(|((e, s), p)| (p.id.as_str(), e, s)),
+            producer: if split { None } else { producer },
             data: &req.data,
         });
+        if split {
+            let rec = Record::Append { id: w.meta.id, new_tail: write.new_tail.0, close: false, stream_seq: None, producer, data: &[] };
+            format::encode(&rec, &mut g.split);
+        }
         let closed_before = w.meta.closed;
         write.apply_meta(&mut w.meta, req);
         if let Some(p) = &req.producer {
@@ -683,13 +716,15 @@ impl Store {
 }
 
 /// Creates segment `no` with its header, synced, and syncs the directory.
-fn new_segment(fs: &dyn Fs, no: u64) -> Result<Arc<dyn File>, StorageError> {
+fn new_segment(fs: &dyn Fs, no: u64, sync_dir: bool) -> Result<Arc<dyn File>, StorageError> {
     let name = format::segment_name(no);
     let file = fs.open(&name, true).map_err(|e| io_err("create a log segment", e))?;
     file.set_len(0).map_err(|e| io_err("create a log segment", e))?;
     file.write_all_at(&format::segment_header(no), 0).map_err(|e| io_err("write a segment header", e))?;
     file.sync_data().map_err(|e| io_err("sync a segment header", e))?;
-    fs.sync_dir(format::LOG_DIR).map_err(|e| io_err("sync the log directory", e))?;
+    if sync_dir {
+        fs.sync_dir(format::LOG_DIR).map_err(|e| io_err("sync the log directory", e))?;
+    }
     Ok(file)
 }
 
@@ -802,7 +837,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
                 return Err(corrupt(format!("{name}: bad segment header")));
             }
             // Created but its header never reached the disk: start it again.
-            let f = new_segment(&*fs, *n)?;
+            let f = new_segment(&*fs, *n, true)?;
             report.torn_bytes_cut += len;
             segments.insert(*n, f.clone());
             active = Some((f, *n, format::SEGMENT_HEADER));
@@ -848,7 +883,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         Some(a) => a,
         None => {
             let no = numbers.last().map_or(cp.segment, |n| n + 1).max(cp.segment);
-            let f = new_segment(&*fs, no)?;
+            let f = new_segment(&*fs, no, true)?;
             segments.insert(no, f.clone());
             (f, no, format::SEGMENT_HEADER)
         }
@@ -952,6 +987,15 @@ fn replay(r: Replayed, segment: u64, base: u64, streams: &mut HashMap<u64, Build
         }
         Replayed::Append { id, new_tail, close, stream_seq, producer, data_at, data_len } => {
             let b = streams.get_mut(&id).ok_or_else(|| format!("append to unknown stream {id}"))?;
+            // Only the power-loss test's split-producer mutant writes producer effects apart
+            // from their data; production replay holds every record to its data.
+            let mutant_split = cfg!(test) && data_len == 0 && !close && producer.is_some() && new_tail <= b.tail;
+            if mutant_split {
+                if let Some((pid, epoch, seq)) = producer {
+                    b.producers.entry(pid).or_insert_with(|| ProducerState::new(epoch)).accept(epoch, seq, Offset(new_tail));
+                }
+                return Ok(());
+            }
             if new_tail != b.tail + data_len {
                 return Err(format!("append to stream {id} ends at {new_tail}, expected {}", b.tail + data_len));
             }

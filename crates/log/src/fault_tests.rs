@@ -1,0 +1,175 @@
+//! Scenario tests of the log's failure handling on the simulated disk: fail-stop after a failed
+//! sync, torn tails, damage in the middle, checkpoints and the space they give back.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use oncelog_protocol::headers::ProducerHeaders;
+use oncelog_storage::*;
+use tokio::sync::oneshot;
+
+use crate::format;
+use crate::sim::SimFs;
+use crate::store::{self, Command, Group, Mutant, Store, StoreConfig};
+use crate::Durability;
+
+fn config() -> StoreConfig {
+    StoreConfig { durability: Durability::Fsync, segment_bytes: 4096, hot_bytes: 0, mutant: Mutant::None }
+}
+
+fn open(fs: &SimFs) -> Result<Store, StorageError> {
+    store::open(Arc::new(fs.clone()), config(), 0).map(|(s, _)| s)
+}
+
+fn create(store: &mut Store, path: &str) {
+    let req = CreateRequest {
+        path: path.into(),
+        content_type: None,
+        expiry: None,
+        fork: None,
+        closed: false,
+        initial: Bytes::new(),
+        json_framed: false,
+        now_ms: 0,
+    };
+    let (tx, mut rx) = oneshot::channel();
+    let mut g = Group::new();
+    store.stage(Command::Create { req, reply: tx }, &mut g);
+    let f = store.commit(&mut g);
+    store.finish(g, f);
+    assert!(matches!(rx.try_recv(), Ok(Ok(CreateOutcome::Created(_)))));
+}
+
+fn append(store: &mut Store, path: &str, seq: u64, data: &[u8]) -> Result<AppendOutcome, AppendError> {
+    let req = AppendRequest {
+        path: path.into(),
+        stream_id: None,
+        json_framed: false,
+        content_type: Some("application/octet-stream".into()),
+        data: Bytes::copy_from_slice(data),
+        close: false,
+        stream_seq: None,
+        producer: Some(ProducerHeaders { id: "p".into(), epoch: 0, seq }),
+        now_ms: 0,
+    };
+    let (tx, mut rx) = oneshot::channel();
+    let mut g = Group::new();
+    store.stage(Command::Append { req, reply: tx }, &mut g);
+    let f = store.commit(&mut g);
+    store.finish(g, f);
+    rx.try_recv().expect("answered")
+}
+
+fn delete(store: &mut Store, path: &str) {
+    let (tx, mut rx) = oneshot::channel();
+    let mut g = Group::new();
+    store.stage(Command::Delete { path: path.into(), now_ms: 0, reply: tx }, &mut g);
+    let f = store.commit(&mut g);
+    store.finish(g, f);
+    assert!(matches!(rx.try_recv(), Ok(Ok(()))));
+}
+
+fn contents(store: &Store, path: &str) -> Vec<u8> {
+    let view = store.view();
+    let s = view.streams.read().expect("lock").get(path).cloned().expect("stream");
+    let tail = s.state.borrow().tail.0;
+    crate::read::read(&s, &view.segments, 0, tail, usize::MAX).expect("read").0.to_vec()
+}
+
+#[test]
+fn a_failed_fdatasync_stops_every_later_write() {
+    let fs = SimFs::new();
+    let mut store = open(&fs).expect("open");
+    create(&mut store, "s");
+    append(&mut store, "s", 0, b"kept").expect("first append");
+    fs.fail_syncs(true);
+    let failed = append(&mut store, "s", 1, b"lost");
+    assert!(matches!(failed, Err(AppendError::Storage(_))), "{failed:?}");
+    // The disk "recovers" and the next sync would report success: writes must stay stopped.
+    fs.fail_syncs(false);
+    let after = append(&mut store, "s", 1, b"again");
+    assert!(matches!(after, Err(AppendError::Storage(StorageError::Poisoned))), "{after:?}");
+    assert!(store.counters().failed());
+    assert_eq!(contents(&store, "s"), b"kept", "readers never saw the failed group");
+    drop(store);
+    fs.power_cut(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(1));
+    let mut store = open(&fs).expect("reopen");
+    assert_eq!(contents(&store, "s"), b"kept");
+    assert_eq!(append(&mut store, "s", 1, b"retry").map(|o| o.status).ok(), Some(AppendStatus::Appended));
+}
+
+#[test]
+fn a_torn_tail_is_cut_and_everything_acknowledged_stays() {
+    let fs = SimFs::new();
+    let mut store = open(&fs).expect("open");
+    create(&mut store, "s");
+    append(&mut store, "s", 0, b"one").expect("append");
+    append(&mut store, "s", 1, b"two").expect("append");
+    drop(store);
+    let name = format::segment_name(1);
+    let mut bytes = fs.contents(&name).expect("segment");
+    let good = bytes.len();
+    bytes.extend_from_slice(&format::FRAME_MAGIC.to_le_bytes());
+    bytes.extend_from_slice(&[0xEE; 40]);
+    fs.set_contents(&name, bytes);
+    let (mut store, report) = store::open(Arc::new(fs.clone()), config(), 0).expect("a torn tail is not damage");
+    assert_eq!(report.torn_bytes_cut, 44);
+    assert_eq!(fs.contents(&name).map(|b| b.len()), Some(good));
+    assert_eq!(contents(&store, "s"), b"onetwo");
+    assert_eq!(append(&mut store, "s", 1, b"two").map(|o| o.status).ok(), Some(AppendStatus::Duplicate));
+}
+
+#[test]
+fn damage_before_acknowledged_frames_refuses_to_start() {
+    let fs = SimFs::new();
+    let mut store = open(&fs).expect("open");
+    create(&mut store, "s");
+    append(&mut store, "s", 0, b"first").expect("append");
+    append(&mut store, "s", 1, b"second").expect("append");
+    drop(store);
+    let name = format::segment_name(1);
+    let mut bytes = fs.contents(&name).expect("segment");
+    // Flip a bit inside the first frame's payload; valid frames follow it.
+    let at = format::SEGMENT_HEADER as usize + format::FRAME_HEADER + 2;
+    bytes[at] ^= 0x01;
+    fs.set_contents(&name, bytes);
+    let err = open(&fs).err().expect("must refuse").to_string();
+    assert!(err.contains("damaged frame at byte 16") && err.contains("acknowledged frames after it"), "{err}");
+}
+
+#[test]
+fn a_checkpoint_gives_back_the_segments_of_deleted_streams_and_recovery_starts_there() {
+    let fs = SimFs::new();
+    let mut store = open(&fs).expect("open");
+    create(&mut store, "gone");
+    create(&mut store, "kept");
+    for seq in 0..40 {
+        append(&mut store, "gone", seq, &[b'g'; 500]).expect("append");
+    }
+    append(&mut store, "kept", 0, b"still here").expect("append");
+    delete(&mut store, "gone");
+    let segments_before = fs_segments(&fs);
+    assert!(segments_before.len() > 3, "{segments_before:?}");
+    let removed = store::write_checkpoint(&fs, store.view(), &store.snapshot()).expect("checkpoint");
+    let segments_after = fs_segments(&fs);
+    assert_eq!(removed, segments_before.len() - segments_after.len());
+    assert!(removed >= segments_before.len() - 2, "only the segment of `kept` and the active one stay: {segments_after:?}");
+    drop(store);
+    let (mut store, report) = store::open(Arc::new(fs.clone()), config(), 0).expect("reopen");
+    assert!(report.from_checkpoint);
+    assert_eq!(report.frames_replayed, 0);
+    assert_eq!(contents(&store, "kept"), b"still here");
+    assert_eq!(append(&mut store, "kept", 0, b"still here").map(|o| o.status).ok(), Some(AppendStatus::Duplicate));
+}
+
+#[test]
+fn a_fjall_data_directory_is_refused_with_instructions() {
+    let fs = SimFs::new();
+    crate::fs::Fs::create_dir(&fs, "keyspaces").expect("dir");
+    let err = open(&fs).err().expect("refused").to_string();
+    assert!(err.contains("--storage fjall"), "{err}");
+}
+
+fn fs_segments(fs: &SimFs) -> Vec<String> {
+    crate::fs::Fs::list(fs, format::LOG_DIR).expect("list")
+}
