@@ -27,7 +27,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let dir = tempfile::tempdir()?;
-//! # let engine = oncelog_embedded::EmbeddedEngine::open(oncelog_embedded::EmbeddedOptions::new(dir.path()))?;
+//! # let engine = oncelog_log::LogEngine::open(oncelog_log::LogOptions::new(dir.path()))?;
 //! # let state = oncelog_server::AppState::new(std::sync::Arc::new(engine), Default::default());
 //! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! # let base_url = format!("http://{}/v1/stream", listener.local_addr()?);
@@ -65,7 +65,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let dir = tempfile::tempdir()?;
-//! # let engine = oncelog_embedded::EmbeddedEngine::open(oncelog_embedded::EmbeddedOptions::new(dir.path()))?;
+//! # let engine = oncelog_log::LogEngine::open(oncelog_log::LogOptions::new(dir.path()))?;
 //! # let state = oncelog_server::AppState::new(std::sync::Arc::new(engine), Default::default());
 //! # let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! # let base_url = format!("http://{}/v1/stream", listener.local_addr()?);

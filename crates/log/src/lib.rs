@@ -114,6 +114,26 @@ pub struct LogOptions {
     pub hot_bytes: usize,
     /// Where recovery takes "now" from (the start of every recovered stream's TTL window).
     pub clock: Arc<dyn Clock>,
+    /// Fault injection for tests; production leaves it at the default (inactive).
+    pub failpoints: Failpoints,
+}
+
+/// Switches that make the log fail on purpose, so fail-stop behaviour can be tested through the
+/// server on a real disk. Cheap to clone; all clones share the switches.
+#[derive(Debug, Clone, Default)]
+pub struct Failpoints {
+    sync_error: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Failpoints {
+    /// While set, every group commit fails as if `fdatasync` had returned EIO.
+    pub fn fail_sync(&self, on: bool) {
+        self.sync_error.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn sync_should_fail(&self) -> bool {
+        self.sync_error.load(Ordering::SeqCst)
+    }
 }
 
 impl LogOptions {
@@ -130,6 +150,7 @@ impl LogOptions {
             checkpoint_bytes: 256 << 20,
             hot_bytes: 32 << 20,
             clock: Arc::new(SystemClock::default()),
+            failpoints: Failpoints::default(),
         }
     }
 }
@@ -157,6 +178,7 @@ impl LogEngine {
             segment_bytes: opts.segment_bytes,
             hot_bytes: opts.hot_bytes,
             mutant: store::Mutant::None,
+            failpoints: opts.failpoints.clone(),
         };
         let started = Instant::now();
         let (store, report) = store::open(opts.fs.clone(), cfg, opts.clock.now_ms())?;

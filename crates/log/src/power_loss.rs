@@ -296,7 +296,7 @@ fn op_key(op: &Op) -> (String, String, u64, u64) {
 }
 
 fn config(mutant: Mutant) -> StoreConfig {
-    StoreConfig { durability: Durability::Fsync, segment_bytes: 1024, hot_bytes: 256, mutant }
+    StoreConfig { durability: Durability::Fsync, segment_bytes: 1024, hot_bytes: 256, mutant, failpoints: Default::default() }
 }
 
 /// One schedule: `groups` groups of random operations with power cuts; `Err` describes the

@@ -176,7 +176,7 @@ impl Group {
 }
 
 /// Tuning and durability, fixed at open.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct StoreConfig {
     pub durability: Durability,
     pub segment_bytes: u64,
@@ -184,6 +184,7 @@ pub(crate) struct StoreConfig {
     /// Always [`Mutant::None`] outside the power-loss test, which breaks one guarantee at a time
     /// to show that it notices.
     pub mutant: Mutant,
+    pub failpoints: crate::Failpoints,
 }
 
 /// A deliberate defect, for showing that the power-loss simulation catches it.
@@ -440,6 +441,9 @@ impl Store {
         format::seal_frame(frame, self.lsn + 1);
         self.active.write_all_at(frame, self.active_len).map_err(|e| io_err("write to the log", e))?;
         let written_at = started.elapsed();
+        if self.cfg.failpoints.sync_should_fail() {
+            return Err(io_err("fdatasync of the log", std::io::Error::other("injected fdatasync failure")));
+        }
         if self.cfg.durability == Durability::Fsync && self.cfg.mutant != Mutant::SkipSync {
             self.active.sync_data().map_err(|e| io_err("fdatasync of the log", e))?;
         }

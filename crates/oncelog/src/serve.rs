@@ -1,4 +1,4 @@
-//! `oncelog serve`: picks and opens the storage engine, then runs [`oncelog_server::serve`]
+//! `oncelog serve`: picks and opens the storage engine (the log engine by default, fjall on request), then runs [`oncelog_server::serve`]
 //! until SIGTERM or Ctrl-C. Flags, behaviour and the one stdout line are part of the contract.
 
 use std::net::SocketAddr;
@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ArgAction;
-use oncelog_embedded::{Durability, EmbeddedEngine, EmbeddedOptions};
+use oncelog_embedded::{EmbeddedEngine, EmbeddedOptions};
+use oncelog_log::{LogEngine, LogOptions};
 use oncelog_server::auth::token::{TokenAuth, TokenConfig};
 use oncelog_server::headers::CorsOrigins;
 use oncelog_server::tls::TlsFiles;
@@ -44,16 +45,22 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_FSYNC", default_value_t = true, action = ArgAction::Set)]
     fsync: bool,
 
-    /// Memory for caching stream data blocks, in MiB.
+    /// `--storage fjall` only: memory for caching stream data blocks, in MiB.
     #[arg(long, env = "ONCELOG_CACHE_MB", default_value_t = 64)]
     cache_mb: u64,
+
+    /// `--storage log`: memory for the hot tail, the most recent appends kept for live readers
+    /// (shared by all streams), in MiB. 0 turns it off (live reads then come from the page cache).
+    #[arg(long, env = "ONCELOG_HOT_TAIL_MB", default_value_t = 32)]
+    hot_tail_mb: usize,
 
     /// On SIGTERM, how long in-flight requests (including live reads) may take to finish, in ms.
     #[arg(long, env = "ONCELOG_SHUTDOWN_GRACE_MS", default_value_t = 2_000)]
     shutdown_grace_ms: u64,
 
-    /// Storage engine: `embedded` (the crash-safe engine in --data-dir). More engines come later.
-    #[arg(long, env = "ONCELOG_STORAGE", default_value = "embedded")]
+    /// Storage engine, in --data-dir: `log` (Oncelog's own log, the default) or `fjall` (the
+    /// earlier engine, for data directories it wrote).
+    #[arg(long, env = "ONCELOG_STORAGE", default_value = "log")]
     storage: String,
 
     /// How often expired streams are looked for and deleted, in ms (access already hides them).
@@ -155,8 +162,10 @@ pub struct ServeArgs {
 /// Why `oncelog serve` could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("unknown storage {0:?}: the choices are `embedded`")]
+    #[error("unknown storage {0:?}: the choices are `log` (the default) and `fjall`")]
     UnknownStorage(String),
+    #[error("{0} holds a store of the log engine; start it with `--storage log` (the default)")]
+    LogDirectory(String),
 }
 
 pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -188,9 +197,15 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     config.validate()?;
     let auth = access_control(&args)?;
     match args.storage.as_str() {
-        "embedded" => {
-            let engine = open_embedded(&args)?;
-            let mut state = AppState::new(Arc::new(engine), config);
+        "log" => {
+            let mut state = AppState::new(Arc::new(open_log(&args)?), config);
+            if let Some(auth) = auth {
+                state = state.with_auth(auth);
+            }
+            run(state, args.addr).await
+        }
+        "fjall" => {
+            let mut state = AppState::new(Arc::new(open_fjall(&args)?), config);
             if let Some(auth) = auth {
                 state = state.with_auth(auth);
             }
@@ -198,6 +213,30 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         other => Err(StartError::UnknownStorage(other.to_owned()).into()),
     }
+}
+
+fn open_log(args: &ServeArgs) -> Result<LogEngine, Box<dyn std::error::Error>> {
+    std::fs::create_dir_all(&args.data_dir)?;
+    let mut opts = LogOptions::new(&args.data_dir);
+    opts.durability = if args.fsync { oncelog_log::Durability::Fsync } else { oncelog_log::Durability::Buffered };
+    opts.hot_bytes = args.hot_tail_mb << 20;
+    let started = std::time::Instant::now();
+    let engine = LogEngine::open(opts)?;
+    let r = engine.recovery_report();
+    tracing::info!(
+        data_dir = %args.data_dir.display(),
+        streams = r.streams,
+        closed = r.closed_streams,
+        producers = r.producers,
+        bytes = r.bytes,
+        from_checkpoint = r.from_checkpoint,
+        frames_replayed = r.frames_replayed,
+        torn_bytes_cut = r.torn_bytes_cut,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        fsync = args.fsync,
+        "recovered"
+    );
+    Ok(engine)
 }
 
 /// Token authentication when a secret or JWKS file is given; otherwise none, with a warning
@@ -221,9 +260,12 @@ fn access_control(args: &ServeArgs) -> Result<Option<Arc<dyn Authorize>>, Box<dy
     Ok(Some(auth))
 }
 
-fn open_embedded(args: &ServeArgs) -> Result<EmbeddedEngine, Box<dyn std::error::Error>> {
+fn open_fjall(args: &ServeArgs) -> Result<EmbeddedEngine, Box<dyn std::error::Error>> {
+    if args.data_dir.join(oncelog_log::format::LOG_DIR).exists() {
+        return Err(StartError::LogDirectory(args.data_dir.display().to_string()).into());
+    }
     let mut opts = EmbeddedOptions::new(&args.data_dir);
-    opts.durability = if args.fsync { Durability::Fsync } else { Durability::Buffered };
+    opts.durability = if args.fsync { oncelog_embedded::Durability::Fsync } else { oncelog_embedded::Durability::Buffered };
     opts.cache_bytes = args.cache_mb << 20;
     let engine = EmbeddedEngine::open(opts)?;
     let r = engine.recovery_report();

@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncelog_embedded::{EmbeddedEngine, EmbeddedOptions};
+use oncelog_log::{LogEngine, LogOptions};
 use oncelog_server::{serve, AppState, ServerConfig};
 use oncelog_storage::{Engine, StorageError};
 use reqwest::StatusCode;
@@ -63,7 +63,7 @@ async fn ops_paths_are_configurable_and_metrics_can_be_switched_off() {
 #[tokio::test]
 async fn serve_refuses_a_bad_config_and_stops_cleanly_when_told() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let engine = Arc::new(EmbeddedEngine::open(EmbeddedOptions::new(dir.path())).expect("engine"));
+    let engine = Arc::new(LogEngine::open(LogOptions::new(dir.path())).expect("engine"));
     let bad = ServerConfig { readyz_path: "/v1/stream/ready".into(), ..ServerConfig::default() };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let r = serve(listener, AppState::new(engine.clone(), bad), std::future::pending()).await;

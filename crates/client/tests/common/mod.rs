@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncelog_embedded::{Durability, EmbeddedEngine, EmbeddedOptions};
+use oncelog_log::{Durability, LogEngine, LogOptions};
 use oncelog_server::{serve, AppState, ServerConfig};
 
 /// A running server; dropping it stops accepting (the runtime ends with the test).
@@ -31,10 +31,10 @@ impl TestServer {
 
     pub async fn start_with(config: ServerConfig) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut opts = EmbeddedOptions::new(dir.path());
+        let mut opts = LogOptions::new(dir.path());
         // The tests here are about the network path, not disk durability.
         opts.durability = Durability::Buffered;
-        let engine = EmbeddedEngine::open(opts).expect("engine");
+        let engine = LogEngine::open(opts).expect("engine");
         let state = AppState::new(Arc::new(engine), config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncelog_embedded::{Durability, EmbeddedEngine, EmbeddedOptions};
+use oncelog_log::{Durability, LogEngine, LogOptions};
 use oncelog_server::{serve, AllowAll, AppState, Authorize, ServerConfig};
 
 pub struct Harness {
@@ -26,9 +26,9 @@ impl Harness {
     pub fn start_with(auth: Arc<dyn Authorize>) -> Harness {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut opts = EmbeddedOptions::new(dir.path().join("data"));
+        let mut opts = LogOptions::new(dir.path().join("data"));
         opts.durability = Durability::Buffered;
-        let engine = EmbeddedEngine::open(opts).expect("engine");
+        let engine = LogEngine::open(opts).expect("engine");
         let config = ServerConfig { long_poll_timeout: Duration::from_millis(500), ..ServerConfig::default() };
         let state = AppState::new(Arc::new(engine), config).with_auth(auth);
         let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");

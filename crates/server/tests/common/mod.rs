@@ -1,11 +1,11 @@
-//! A real server for the HTTP tests: the embedded engine in a temporary directory, run by
+//! A real server for the HTTP tests: the log engine (the default) in a temporary directory, run by
 //! `oncelog_server::serve` on a loopback port 0 until the test's runtime ends.
 
 #![allow(dead_code)]
 
 use std::sync::Arc;
 
-use oncelog_embedded::{EmbeddedEngine, EmbeddedOptions, Failpoints};
+use oncelog_log::{Failpoints, LogEngine, LogOptions};
 use oncelog_server::{serve, AppState, Authorize, Clock, ServerConfig};
 
 pub struct TestServer {
@@ -27,9 +27,9 @@ impl TestServer {
 
     pub async fn start_with_auth(config: ServerConfig, clock: Option<Arc<dyn Clock>>, auth: Option<Arc<dyn Authorize>>) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
-        let opts = EmbeddedOptions::new(dir.path());
+        let opts = LogOptions::new(dir.path());
         let failpoints = opts.failpoints.clone();
-        let engine = EmbeddedEngine::open(opts).expect("engine");
+        let engine = LogEngine::open(opts).expect("engine");
         let mut state = AppState::new(Arc::new(engine), config);
         if let Some(clock) = clock {
             state = state.with_clock(clock);
