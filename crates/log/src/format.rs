@@ -8,6 +8,7 @@
 //!   a segment is never rewritten, only deleted whole once nothing in it is needed.
 //! - `checkpoint`: the whole state as of one frame (see [`Checkpoint`]); optional, derived,
 //!   replaced atomically (`checkpoint.tmp`, fsync, rename, directory fsync).
+//! - `lock`: empty; locked (`flock`) while a server has the directory open.
 //!
 //! ## Frames
 //! One frame is one group commit: written with one `pwrite`, made durable with one `fdatasync`.
@@ -51,6 +52,8 @@ pub const FRAME_HEADER: usize = 20;
 pub const MAX_FRAME: usize = 1 << 30;
 
 pub const CHECKPOINT: &str = "checkpoint";
+/// Locked while a server has the directory open.
+pub const LOCK: &str = "lock";
 pub const CHECKPOINT_TMP: &str = "checkpoint.tmp";
 pub const LOG_DIR: &str = "log";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"ONCECKP\x01";

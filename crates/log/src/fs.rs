@@ -37,6 +37,9 @@ pub trait Fs: Send + Sync + 'static {
     fn remove(&self, name: &str) -> io::Result<()>;
     /// `fsync` of directory `dir`: creations, renames and removals in it survive a power cut.
     fn sync_dir(&self, dir: &str) -> io::Result<()>;
+    /// Takes an exclusive lock named `name` for as long as the returned guard lives; fails with
+    /// `WouldBlock` when another process holds it (one server per data directory).
+    fn lock(&self, name: &str) -> io::Result<Box<dyn std::any::Any + Send + Sync>>;
 }
 
 /// The real file system under a root directory.
@@ -109,5 +112,13 @@ impl Fs for RealFs {
     }
     fn sync_dir(&self, dir: &str) -> io::Result<()> {
         std::fs::File::open(self.path(dir))?.sync_all()
+    }
+    fn lock(&self, name: &str) -> io::Result<Box<dyn std::any::Any + Send + Sync>> {
+        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(self.path(name))?;
+        f.try_lock().map_err(|e| match e {
+            std::fs::TryLockError::WouldBlock => io::Error::from(io::ErrorKind::WouldBlock),
+            std::fs::TryLockError::Error(e) => e,
+        })?;
+        Ok(Box::new(f))
     }
 }

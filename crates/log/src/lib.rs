@@ -82,6 +82,8 @@ pub enum LogError {
          (see docs/OPERATIONS.md, \"Moving from the fjall engine\")"
     )]
     FjallDirectory,
+    #[error("another oncelog server is using this data directory")]
+    Locked,
     #[error("a group commit does not fit a segment")]
     FrameTooLarge,
     #[error("the log has run out of segment numbers")]

@@ -292,6 +292,10 @@ impl Fs for SimFs {
         d.op(None)?;
         d.names.remove(name).map(|_| ()).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "remove"))
     }
+    fn lock(&self, _name: &str) -> io::Result<Box<dyn std::any::Any + Send + Sync>> {
+        // One simulated process at a time uses a simulated disk.
+        Ok(Box::new(()))
+    }
     fn sync_dir(&self, dir: &str) -> io::Result<()> {
         let mut d = self.disk();
         d.op(None)?;

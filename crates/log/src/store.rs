@@ -226,6 +226,8 @@ pub(crate) struct Store {
     /// Hot-tail entries oldest first, store-wide, with their sizes: evicted past the budget.
     hot_queue: VecDeque<(Weak<Shared>, u64, usize)>,
     hot_bytes: usize,
+    /// Held while the store is open: one server per data directory.
+    _lock: Box<dyn std::any::Any + Send + Sync>,
 }
 
 /// What recovery found, for the startup log.
@@ -779,6 +781,10 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
     if fs.exists("keyspaces").map_err(|e| io_err("inspect the data directory", e))? {
         return Err(backend(LogError::FjallDirectory));
     }
+    let lock = fs.lock(format::LOCK).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock => backend(LogError::Locked),
+        _ => io_err("lock the data directory", e),
+    })?;
     let fresh = !fs.exists(format::LOG_DIR).map_err(|e| io_err("inspect the data directory", e))?;
     if fresh {
         fs.create_dir(format::LOG_DIR).map_err(|e| io_err("create the log directory", e))?;
@@ -954,6 +960,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         parked: ParkingLot::default(),
         hot_queue: VecDeque::new(),
         hot_bytes: 0,
+        _lock: lock,
     };
     Ok((store, report))
 }

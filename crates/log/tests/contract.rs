@@ -40,3 +40,19 @@ impl Harness for Log {
 }
 
 oncelog_storage::engine_contract_tests!(Log);
+
+/// One server per data directory: a second engine on the same directory is refused while the
+/// first is open, and opens once it is gone.
+#[test]
+fn a_second_engine_on_the_same_directory_is_refused() {
+    oncelog_storage::contract::run(|| async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = open(dir.path());
+        let err = LogEngine::open(LogOptions::new(dir.path())).err().expect("refused").to_string();
+        assert!(err.contains("another oncelog server"), "{err}");
+        first.shutdown().await.expect("shutdown");
+        drop(first);
+        let again = LogEngine::open(LogOptions::new(dir.path()));
+        assert!(again.is_ok(), "{:?}", again.err());
+    });
+}
