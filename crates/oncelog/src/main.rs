@@ -1,4 +1,4 @@
-//! `oncelog`: the command line. `serve` runs the Durable Streams server on the embedded engine;
+//! `oncelog`: the command line. `serve` runs the Durable Streams server on its storage engine;
 //! `create | append | read | tail | head | close | delete` are a client built on
 //! `oncelog-client`; `token` mints credentials. Thin by design: all behaviour lives in the library crates.
 //!
@@ -11,6 +11,9 @@ mod token;
 
 use clap::{Parser, Subcommand};
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "oncelog", version, about = "Durable Streams server and client with exactly-once producers")]
 struct Cli {
@@ -20,7 +23,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the server on the embedded, crash-safe storage engine.
+    /// Run the server on its crash-safe storage engine (`--storage`).
     Serve(Box<serve::ServeArgs>),
     /// Create a stream (succeeds if an identical one exists); prints its tail offset.
     Create(commands::CreateArgs),
