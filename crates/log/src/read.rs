@@ -16,6 +16,9 @@ use crate::{backend, LogError};
 /// Appends this close together in one segment are read with one `pread` (the gap holds the
 /// next record's header).
 const COALESCE_GAP: u64 = 4096;
+/// Appends at least this large get a `pread` of their own into the answer; only smaller ones are
+/// read in runs (through a scratch buffer, to drop the record headers between them).
+const LARGE_PIECE: usize = 64 * 1024;
 
 /// One piece of a read, before it is materialised.
 enum Piece {
@@ -125,7 +128,8 @@ fn materialise(pieces: &[Piece], total: usize, segments: &RwLock<BTreeMap<u64, A
                 let mut j = i + 1;
                 let mut end = pos + *len as u64;
                 while let Some(Piece::Disk { segment: s, pos: p, len: l }) = pieces.get(j) {
-                    if s != segment || *p < end || *p - end > COALESCE_GAP {
+                    // Large pieces are read straight into the answer: one copy, not two.
+                    if s != segment || *p < end || *p - end > COALESCE_GAP || *len >= LARGE_PIECE || *l >= LARGE_PIECE {
                         break;
                     }
                     end = p + *l as u64;
