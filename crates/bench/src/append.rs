@@ -1,5 +1,10 @@
-//! Workload S1: N idempotent producers over M streams, closed loop (one request in flight per
-//! producer), fixed body size, fixed duration after a warm-up that is not counted.
+//! Workload S1: N idempotent producers over M streams, closed loop (by default one request in
+//! flight per producer), fixed body size, fixed duration after a warm-up that is not counted.
+//!
+//! With `--in-flight K` each producer keeps K requests with consecutive sequence numbers in
+//! flight, each on its own connection (HTTP/1.1 has no multiplexing), so they can reach the
+//! server out of order. A 409 for a sequence gap is then retried once the producer's previous
+//! sequence number is acknowledged, as a pipelining client would do.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,16 +13,20 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::common::{self, json_f64, json_str, LatencySummary};
+use crate::common::{self, error_kind, json_f64, json_str, LatencySummary};
 
 #[derive(clap::Args, Debug)]
 pub struct AppendArgs {
-    /// Base URL of the server (loopback only).
-    #[arg(long, default_value = "http://127.0.0.1:4437")]
-    pub url: String,
-    /// Number of producers; each sends one request at a time on its own connection.
+    #[command(flatten)]
+    pub target: common::TargetArgs,
+    /// Number of producers; each sends one request at a time on its own connection (or
+    /// --in-flight requests on as many connections).
     #[arg(long, default_value_t = 64)]
     pub producers: usize,
+    /// Requests each producer keeps in flight, with consecutive sequence numbers, each on its
+    /// own connection.
+    #[arg(long, default_value_t = 1)]
+    pub in_flight: usize,
     /// Number of streams; producer i appends to stream i mod M.
     #[arg(long, default_value_t = 8)]
     pub streams: usize,
@@ -45,20 +54,33 @@ struct Live {
     max_us: Arc<AtomicU64>,
 }
 
-/// What one producer saw during the measured window.
+/// What one connection of a producer saw during the measured window.
 #[derive(Default)]
 struct ProducerReport {
     latencies_us: Vec<u32>,
     acked: u64,
     duplicates: u64,
+    /// 409 answers (sequence gap: a later request overtook an earlier one).
+    conflicts: u64,
+    /// Requests started and finished inside the window, whatever their outcome.
+    requests: u64,
     errors: u64,
     error_kinds: BTreeMap<String, u64>,
 }
 
+/// Sequence numbers of one producer, shared by its in-flight connections.
+struct ProducerSeq {
+    /// Next sequence number to hand out.
+    next: AtomicU64,
+    /// How many sequence numbers are known to be stored (0..done): a 200 or 204 for seq s
+    /// means the server has every earlier one as well.
+    done: tokio::sync::watch::Sender<u64>,
+}
+
 pub async fn run(args: AppendArgs) -> Result<(), String> {
-    let base = common::loopback_base(&args.url)?;
-    if args.producers == 0 || args.streams == 0 || args.duration == 0 {
-        return Err("--producers, --streams and --duration must be positive".into());
+    let target = args.target.resolve()?;
+    if args.producers == 0 || args.streams == 0 || args.duration == 0 || args.in_flight == 0 {
+        return Err("--producers, --streams, --in-flight and --duration must be positive".into());
     }
     let tag = common::run_tag();
     let streams: Vec<String> = (0..args.streams)
@@ -68,7 +90,7 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
 
     let setup = common::client(timeout)?;
     for s in &streams {
-        common::create_stream(&setup, &base, s).await?;
+        common::create_stream(&setup, &target.stream_url(s), "application/octet-stream").await?;
     }
     drop(setup);
 
@@ -85,23 +107,41 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
     let stop_at = measure_from + Duration::from_secs(args.duration);
 
     eprintln!(
-        "append: {} producers over {} streams, {} B bodies, warm-up {} s, measuring {} s, {}",
-        args.producers, args.streams, args.body_bytes, args.warmup, args.duration, base
+        "append: {} producers x {} in flight over {} streams, {} B bodies, warm-up {} s, measuring {} s, {}",
+        args.producers,
+        args.in_flight,
+        args.streams,
+        args.body_bytes,
+        args.warmup,
+        args.duration,
+        target.describe()
     );
 
-    let mut tasks = Vec::with_capacity(args.producers);
+    let mut tasks = Vec::with_capacity(args.producers * args.in_flight);
     for p in 0..args.producers {
-        let client = common::client(timeout)?;
-        let url = format!("{base}/v1/stream/{}", streams[p % streams.len()]);
-        let producer_id = format!("bench-{tag}-p{p}");
-        let body = body.clone();
-        let live = Live {
-            acked: acked_live.clone(),
-            max_us: max_live.clone(),
-        };
-        tasks.push(tokio::spawn(async move {
-            producer_loop(client, url, producer_id, body, measure_from, stop_at, live).await
-        }));
+        let url = Arc::new(target.stream_url(&streams[p % streams.len()]));
+        let producer_id = Arc::new(format!("bench-{tag}-p{p}"));
+        let seqs = Arc::new(ProducerSeq {
+            next: AtomicU64::new(0),
+            done: tokio::sync::watch::Sender::new(0),
+        });
+        for _ in 0..args.in_flight {
+            let lane = Lane {
+                client: common::client(timeout)?,
+                url: url.clone(),
+                producer_id: producer_id.clone(),
+                seqs: seqs.clone(),
+                pipelined: args.in_flight > 1,
+            };
+            let body = body.clone();
+            let live = Live {
+                acked: acked_live.clone(),
+                max_us: max_live.clone(),
+            };
+            tasks.push(tokio::spawn(async move {
+                lane.run(body, measure_from, stop_at, live).await
+            }));
+        }
     }
 
     let progress = if args.progress {
@@ -151,11 +191,14 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
 
     let mut latencies = Vec::new();
     let (mut acked, mut duplicates, mut errors) = (0u64, 0u64, 0u64);
+    let (mut conflicts, mut requests) = (0u64, 0u64);
     let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
     for r in reports {
         acked += r.acked;
         duplicates += r.duplicates;
         errors += r.errors;
+        conflicts += r.conflicts;
+        requests += r.requests;
         latencies.extend(r.latencies_us);
         for (k, v) in r.error_kinds {
             *kinds.entry(k).or_default() += v;
@@ -164,20 +207,29 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
     let secs = args.duration as f64;
     let rate = acked as f64 / secs;
     let lat = LatencySummary::from_micros(latencies);
+    // Every acknowledgement since the streams were created, warm-up included: the denominator
+    // for the server's CPU time per append, which is sampled around the whole run.
+    let acked_total = acked_live.load(Ordering::Relaxed);
+    let requests_per_append = if acked > 0 {
+        requests as f64 / acked as f64
+    } else {
+        f64::NAN
+    };
 
     println!(
         "S1 append results ({} s measured after {} s warm-up)",
         args.duration, args.warmup
     );
     println!(
-        "  producers/streams     {}/{}",
-        args.producers, args.streams
+        "  producers/streams     {}/{} ({} in flight per producer)",
+        args.producers, args.streams, args.in_flight
     );
     println!(
         "  acknowledged appends  {acked} ({rate:.0}/s, {:.2} MB/s of payload)",
         rate * args.body_bytes as f64 / 1e6
     );
     println!("  duplicates (204)      {duplicates}");
+    println!("  conflicts (409)       {conflicts} ({requests} requests, {requests_per_append:.2} per acknowledged append)");
     println!("  errors                {errors}");
     for (k, v) in &kinds {
         println!("    {k}: {v}");
@@ -191,11 +243,13 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
         common::summary_line(&[
             ("bench", json_str("append")),
             ("producers", args.producers.to_string()),
+            ("in_flight", args.in_flight.to_string()),
             ("streams", args.streams.to_string()),
             ("body_bytes", args.body_bytes.to_string()),
             ("duration_s", args.duration.to_string()),
             ("warmup_s", args.warmup.to_string()),
             ("acked", acked.to_string()),
+            ("acked_total", acked_total.to_string()),
             ("appends_per_s", json_f64(rate, 1)),
             ("p50_ms", json_f64(lat.p50_ms, 3)),
             ("p90_ms", json_f64(lat.p90_ms, 3)),
@@ -204,6 +258,9 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
             ("max_ms", json_f64(lat.max_ms, 3)),
             ("mean_ms", json_f64(lat.mean_ms, 3)),
             ("duplicates", duplicates.to_string()),
+            ("conflicts", conflicts.to_string()),
+            ("requests", requests.to_string()),
+            ("requests_per_append", json_f64(requests_per_append, 3)),
             ("errors", errors.to_string()),
         ])
     );
@@ -213,89 +270,124 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// One producer: sequence numbers 0, 1, 2, ... sent one at a time. A failed request (transport
-/// error, timeout or unexpected status) is retried with the same sequence number.
-async fn producer_loop(
+/// One connection of a producer.
+struct Lane {
     client: reqwest::Client,
-    url: String,
-    producer_id: String,
-    body: Bytes,
-    measure_from: Instant,
-    stop_at: Instant,
-    live: Live,
-) -> ProducerReport {
-    let mut rep = ProducerReport::default();
-    let mut seq: u64 = 0;
-    loop {
-        let sent = Instant::now();
-        if sent >= stop_at {
-            break;
-        }
-        let result = client
-            .post(&url)
-            .header("content-type", "application/octet-stream")
-            .header("producer-id", producer_id.as_str())
-            .header("producer-epoch", "0")
-            .header("producer-seq", seq.to_string())
-            .body(body.clone())
-            .send()
-            .await;
-        let outcome: Result<u16, String> = match result {
-            Ok(resp) => {
-                let status = resp.status().as_u16();
-                match resp.bytes().await {
-                    Ok(_) => Ok(status),
-                    Err(e) => Err(format!("body: {}", error_kind(&e))),
-                }
-            }
-            Err(e) => Err(error_kind(&e)),
-        };
-        let done = Instant::now();
-        // Counted only if the request both started and finished inside the measured window.
-        let counted = sent >= measure_from && done <= stop_at;
-        match outcome {
-            Ok(200) => {
-                seq += 1;
-                let us = u32::try_from(done.duration_since(sent).as_micros()).unwrap_or(u32::MAX);
-                live.acked.fetch_add(1, Ordering::Relaxed);
-                live.max_us.fetch_max(u64::from(us), Ordering::Relaxed);
-                if counted {
-                    rep.acked += 1;
-                    rep.latencies_us.push(us);
-                }
-            }
-            Ok(204) => {
-                // Duplicate: the server already had this sequence number (after a retry).
-                seq += 1;
-                if counted {
-                    rep.duplicates += 1;
-                }
-            }
-            Ok(other) => {
-                if counted {
-                    rep.errors += 1;
-                    *rep.error_kinds.entry(format!("HTTP {other}")).or_default() += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(kind) => {
-                if counted {
-                    rep.errors += 1;
-                    *rep.error_kinds.entry(kind).or_default() += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
-    rep
+    url: Arc<String>,
+    producer_id: Arc<String>,
+    seqs: Arc<ProducerSeq>,
+    /// Several lanes share the producer: a 409 means "overtaken", not an error.
+    pipelined: bool,
 }
 
-fn error_kind(e: &reqwest::Error) -> String {
-    if e.is_timeout() {
-        "timeout".into()
-    } else if e.is_connect() {
-        "connect error".into()
-    } else {
-        format!("transport error: {e}")
+impl Lane {
+    /// Takes the producer's next sequence number, sends it until the server has it, repeats.
+    /// A failed request (transport error, timeout or unexpected status) is retried with the
+    /// same sequence number. With one lane this is the plain closed loop: 0, 1, 2, ... one at
+    /// a time.
+    async fn run(
+        self,
+        body: Bytes,
+        measure_from: Instant,
+        stop_at: Instant,
+        live: Live,
+    ) -> ProducerReport {
+        let mut rep = ProducerReport::default();
+        let mut done_rx = self.seqs.done.subscribe();
+        'next_seq: while Instant::now() < stop_at {
+            let seq = self.seqs.next.fetch_add(1, Ordering::Relaxed);
+            let seq_text = seq.to_string();
+            // Latency runs from the first attempt: retries (and waits after a 409) included.
+            let first_sent = Instant::now();
+            loop {
+                let sent = Instant::now();
+                if sent >= stop_at {
+                    break 'next_seq;
+                }
+                let outcome = self.send(&seq_text, body.clone()).await;
+                let done = Instant::now();
+                // Counted only if the request both started and finished inside the window.
+                let counted = sent >= measure_from && done <= stop_at;
+                if counted {
+                    rep.requests += 1;
+                }
+                match outcome {
+                    Ok(200) => {
+                        self.mark_done(seq);
+                        let us = common::micros_u32(done.duration_since(first_sent));
+                        live.acked.fetch_add(1, Ordering::Relaxed);
+                        live.max_us.fetch_max(u64::from(us), Ordering::Relaxed);
+                        if first_sent >= measure_from && done <= stop_at {
+                            rep.acked += 1;
+                            rep.latencies_us.push(us);
+                        }
+                        continue 'next_seq;
+                    }
+                    Ok(204) => {
+                        // Duplicate: the server already had this sequence number (after a retry).
+                        self.mark_done(seq);
+                        if counted {
+                            rep.duplicates += 1;
+                        }
+                        continue 'next_seq;
+                    }
+                    Ok(409) if self.pipelined && seq > 0 => {
+                        if counted {
+                            rep.conflicts += 1;
+                        }
+                        // Overtaken: wait until the previous number is stored (or a short
+                        // while, in case that request failed and is being retried), then resend.
+                        let wait = done_rx.wait_for(|&d| d >= seq);
+                        let _ = tokio::time::timeout(Duration::from_millis(50), wait).await;
+                    }
+                    Ok(other) => {
+                        if counted {
+                            rep.errors += 1;
+                            *rep.error_kinds.entry(format!("HTTP {other}")).or_default() += 1;
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    Err(kind) => {
+                        if counted {
+                            rep.errors += 1;
+                            *rep.error_kinds.entry(kind).or_default() += 1;
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }
+        }
+        rep
+    }
+
+    async fn send(&self, seq: &str, body: Bytes) -> Result<u16, String> {
+        let resp = self
+            .client
+            .post(self.url.as_str())
+            .header("content-type", "application/octet-stream")
+            .header("producer-id", self.producer_id.as_str())
+            .header("producer-epoch", "0")
+            .header("producer-seq", seq)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| error_kind(&e))?;
+        let status = resp.status().as_u16();
+        match resp.bytes().await {
+            Ok(_) => Ok(status),
+            Err(e) => Err(format!("body: {}", error_kind(&e))),
+        }
+    }
+
+    /// Records that the server has every sequence number up to and including `seq`.
+    fn mark_done(&self, seq: u64) {
+        self.seqs.done.send_if_modified(|d| {
+            if *d < seq + 1 {
+                *d = seq + 1;
+                true
+            } else {
+                false
+            }
+        });
     }
 }

@@ -39,10 +39,23 @@ pub fn loopback_base(url: &str) -> Result<String, String> {
 /// An HTTP/1.1 client that keeps (at most) one idle keep-alive connection. Each simulated
 /// producer or reader owns one, so each uses its own TCP connection, as a real client would.
 pub fn client(request_timeout: Duration) -> Result<reqwest::Client, String> {
+    pooled_client(request_timeout, 1)
+}
+
+/// An HTTP/1.1 client keeping up to `max_idle` idle keep-alive connections. Concurrent requests
+/// through it each get their own connection (HTTP/1.1 has no multiplexing), so one such client
+/// can serve many readers without building one client (and TLS setup) per reader.
+pub fn pooled_client(
+    request_timeout: Duration,
+    max_idle: usize,
+) -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .http1_only()
-        .pool_max_idle_per_host(1)
+        .pool_max_idle_per_host(max_idle)
         .tcp_nodelay(true)
+        // Plain HTTP to loopback only: skip loading the system's root certificates, which makes
+        // building a client cheap.
+        .tls_built_in_root_certs(false)
         .no_proxy()
         .timeout(request_timeout)
         .connect_timeout(Duration::from_secs(5))
@@ -143,25 +156,167 @@ pub fn json_f64(v: f64, decimals: usize) -> String {
     }
 }
 
-/// Creates a stream (PUT). 201 (created) and 200 (already there, same config) both count as ready.
-pub async fn create_stream(client: &reqwest::Client, base: &str, name: &str) -> Result<(), String> {
-    let url = format!("{base}/v1/stream/{name}");
+/// Where the streams live: `--url` (loopback only) and `--prefix`, shared by every subcommand.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TargetArgs {
+    /// Base URL of the server (loopback only).
+    #[arg(long, default_value = "http://127.0.0.1:4437")]
+    pub url: String,
+    /// Path under which the server serves streams: stream NAME is at URL/PREFIX/NAME. Oncelog
+    /// uses `/v1/stream`; the reference Node server and Electric's server treat every path as a
+    /// stream name and are run with an empty prefix (`--prefix ''`).
+    #[arg(long, default_value = "/v1/stream")]
+    pub prefix: String,
+}
+
+/// A resolved [`TargetArgs`]: the base URL plus the normalised prefix.
+#[derive(Clone, Debug)]
+pub struct Target {
+    root: String,
+}
+
+impl TargetArgs {
+    pub fn resolve(&self) -> Result<Target, String> {
+        let base = loopback_base(&self.url)?;
+        let prefix = self.prefix.trim_matches('/');
+        if prefix.contains(['?', '#', ' ']) {
+            return Err(format!(
+                "--prefix {:?} must be a plain path (no '?', '#' or spaces)",
+                self.prefix
+            ));
+        }
+        let root = if prefix.is_empty() {
+            base
+        } else {
+            format!("{base}/{prefix}")
+        };
+        Ok(Target { root })
+    }
+}
+
+impl Target {
+    /// URL of stream `name` (names used by the benchmarks need no escaping).
+    pub fn stream_url(&self, name: &str) -> String {
+        format!("{}/{name}", self.root)
+    }
+
+    /// Human-readable description for progress lines.
+    pub fn describe(&self) -> &str {
+        &self.root
+    }
+}
+
+/// Creates a stream (PUT) with `content_type`. 201 (created) and 200 (already there, same
+/// config) both count as ready. Returns the `Stream-Next-Offset` of the answer, if any.
+pub async fn create_stream(
+    client: &reqwest::Client,
+    url: &str,
+    content_type: &str,
+) -> Result<Option<String>, String> {
     let resp = client
-        .put(&url)
-        .header("content-type", "application/octet-stream")
+        .put(url)
+        .header("content-type", content_type)
         .send()
         .await
-        .map_err(|e| format!("PUT {url}: {e}"))?;
+        .map_err(|e| format!("PUT {url}: {}", error_kind(&e)))?;
     let status = resp.status();
+    let next = header_str(&resp, "stream-next-offset");
     let body = resp.bytes().await.unwrap_or_default();
     if status.as_u16() == 201 || status.as_u16() == 200 {
-        Ok(())
+        Ok(next)
     } else {
         Err(format!(
             "PUT {url}: unexpected status {status}: {}",
             String::from_utf8_lossy(&body)
         ))
     }
+}
+
+/// HEAD of a stream: the status and the `Stream-Next-Offset` (the tail), if the answer has one.
+pub async fn head_tail(
+    client: &reqwest::Client,
+    url: &str,
+) -> Result<(u16, Option<String>), reqwest::Error> {
+    let resp = client.head(url).send().await?;
+    Ok((
+        resp.status().as_u16(),
+        header_str(&resp, "stream-next-offset"),
+    ))
+}
+
+/// A response header as an owned string (None if absent or not visible ASCII).
+pub fn header_str(resp: &reqwest::Response, name: &str) -> Option<String> {
+    resp.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+/// Short classification of a transport error, used as a key when counting errors.
+pub fn error_kind(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        "timeout".into()
+    } else if e.is_connect() {
+        "connect error".into()
+    } else {
+        format!("transport error: {e}")
+    }
+}
+
+/// Microseconds since the first call in this process: the clock that writers stamp into
+/// payloads and readers compare against (both run in this process, so no clock skew).
+pub fn now_micros() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+    u64::try_from(epoch.elapsed().as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Duration as microseconds saturated into a u32 (about 71 minutes), the unit of latency samples.
+pub fn micros_u32(d: Duration) -> u32 {
+    u32::try_from(d.as_micros()).unwrap_or(u32::MAX)
+}
+
+/// A manifest names streams and their expected tails (`Stream-Next-Offset`), one
+/// `NAME<TAB>TAIL` line each. Written by `streams` and `fill`, checked by `ready` after a
+/// restart.
+pub fn write_manifest(path: &std::path::Path, entries: &[(String, String)]) -> Result<(), String> {
+    let mut text = String::new();
+    for (name, tail) in entries {
+        let _ = writeln!(text, "{name}\t{tail}");
+    }
+    std::fs::write(path, text).map_err(|e| format!("cannot write manifest {}: {e}", path.display()))
+}
+
+pub fn read_manifest(path: &std::path::Path) -> Result<Vec<(String, String)>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read manifest {}: {e}", path.display()))?;
+    let mut entries = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (name, tail) = line.split_once('\t').ok_or_else(|| {
+            format!(
+                "manifest {} line {}: expected NAME<TAB>TAIL",
+                path.display(),
+                i + 1
+            )
+        })?;
+        entries.push((name.to_string(), tail.to_string()));
+    }
+    if entries.is_empty() {
+        return Err(format!("manifest {} names no stream", path.display()));
+    }
+    Ok(entries)
+}
+
+/// Formats a map of error kinds as a JSON object.
+pub fn json_counts(kinds: &std::collections::BTreeMap<String, u64>) -> String {
+    let body: Vec<String> = kinds
+        .iter()
+        .map(|(k, v)| format!("{}:{v}", json_str(k)))
+        .collect();
+    format!("{{{}}}", body.join(","))
 }
 
 #[cfg(test)]
@@ -193,6 +348,41 @@ mod tests {
         assert!((s.max_ms - 1.0).abs() < 1e-9);
         let empty = LatencySummary::from_micros(Vec::new());
         assert_eq!(empty.count, 0);
+    }
+
+    #[test]
+    fn targets_join_prefix() {
+        let t = |url: &str, prefix: &str| {
+            TargetArgs {
+                url: url.into(),
+                prefix: prefix.into(),
+            }
+            .resolve()
+            .map(|t| t.stream_url("s"))
+        };
+        assert_eq!(
+            t("http://127.0.0.1:1", "/v1/stream").unwrap(),
+            "http://127.0.0.1:1/v1/stream/s"
+        );
+        assert_eq!(
+            t("http://127.0.0.1:1/", "v1/stream/").unwrap(),
+            "http://127.0.0.1:1/v1/stream/s"
+        );
+        assert_eq!(t("http://127.0.0.1:1", "").unwrap(), "http://127.0.0.1:1/s");
+        assert!(t("http://127.0.0.1:1", "/a?b").is_err());
+        assert!(t("http://10.1.1.1:1", "").is_err());
+    }
+
+    #[test]
+    fn manifest_round_trip() {
+        let dir = std::env::temp_dir().join(format!("oncelog-bench-test-{}", run_tag()));
+        let entries = vec![
+            ("a".to_string(), "0_1".to_string()),
+            ("b".into(), "0_2".into()),
+        ];
+        write_manifest(&dir, &entries).unwrap();
+        assert_eq!(read_manifest(&dir).unwrap(), entries);
+        let _ = std::fs::remove_file(&dir);
     }
 
     #[test]

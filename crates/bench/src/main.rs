@@ -1,14 +1,28 @@
-//! `oncelog-bench`: load generators for Oncelog (see docs/BENCHMARKS.md).
+//! `oncelog-bench`: load generators for Oncelog (see docs/BENCHMARKS.md and scripts/bench-peers).
 //!
-//! * `append`: workload S1, idempotent producers in a closed loop, reports appends/s and latency.
-//! * `read`: writes one large stream, then measures concurrent catch-up reads of all of it.
+//! * `append` ([`append`]): workload S1, idempotent producers in a closed loop (optionally
+//!   several requests in flight per producer), reports appends/s, latency and 409s.
+//! * `read` ([`read`]): writes one large stream, then measures concurrent catch-up reads of it.
+//! * `sse` and `longpoll` ([`live`]): R live readers of one stream while a writer appends;
+//!   append→delivery latency and whether every reader got every message.
+//! * `streams` ([`streams`]): create N streams with one append each; streams/s and errors.
+//! * `fill` ([`fill`]): write a volume of data over several streams and record their tails.
+//! * `ready` ([`ready`]): after a restart, time until the recorded streams answer HEAD with
+//!   their tails.
+//! * `free-port` ([`port`]): print an unused loopback TCP port.
 //!
-//! Both only talk to loopback URLs and stop by themselves. Each prints human-readable results
-//! and one final machine-readable line starting with `oncelog-bench-summary ` followed by JSON.
+//! All talk only to loopback URLs (`--url`, with `--prefix` for where streams live) and stop by
+//! themselves. Each benchmark prints human-readable results and one final machine-readable line
+//! starting with `oncelog-bench-summary ` followed by a flat JSON object.
 
 mod append;
 mod common;
+mod fill;
+mod live;
+mod port;
 mod read;
+mod ready;
+mod streams;
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +46,18 @@ enum Command {
     Append(append::AppendArgs),
     /// Write one large stream, then read it whole with R concurrent catch-up readers.
     Read(read::ReadArgs),
+    /// R SSE readers of one stream while one writer appends: append→delivery latency.
+    Sse(live::LiveArgs),
+    /// R long-poll readers of one stream while one writer appends: append→delivery latency.
+    Longpoll(live::LiveArgs),
+    /// Create N streams and append once to each: streams/s, errors.
+    Streams(streams::StreamsArgs),
+    /// Write a volume of data over several streams; record their tails in a manifest.
+    Fill(fill::FillArgs),
+    /// Poll the streams of a manifest until each answers HEAD with its recorded tail.
+    Ready(ready::ReadyArgs),
+    /// Print an unused TCP port on 127.0.0.1.
+    FreePort,
 }
 
 fn main() -> std::process::ExitCode {
@@ -52,6 +78,12 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Append(a) => append::run(a).await,
             Command::Read(r) => read::run(r).await,
+            Command::Sse(l) => live::run(l, live::Mode::Sse).await,
+            Command::Longpoll(l) => live::run(l, live::Mode::LongPoll).await,
+            Command::Streams(s) => streams::run(s).await,
+            Command::Fill(f) => fill::run(f).await,
+            Command::Ready(r) => ready::run(r).await,
+            Command::FreePort => port::run(),
         }
     });
     // Do not wait for stray tasks (e.g. a request stuck past its deadline).

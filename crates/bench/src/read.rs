@@ -9,9 +9,8 @@ use crate::common::{self, json_f64, json_str};
 
 #[derive(clap::Args, Debug)]
 pub struct ReadArgs {
-    /// Base URL of the server (loopback only).
-    #[arg(long, default_value = "http://127.0.0.1:4437")]
-    pub url: String,
+    #[command(flatten)]
+    pub target: common::TargetArgs,
     /// Size of the stream to write and read back, in MB (10^6 bytes).
     #[arg(long, default_value_t = 500)]
     pub size_mb: u64,
@@ -33,12 +32,12 @@ struct ReaderReport {
 }
 
 pub async fn run(args: ReadArgs) -> Result<(), String> {
-    let base = common::loopback_base(&args.url)?;
+    let target = args.target.resolve()?;
     if args.readers == 0 || args.size_mb == 0 || args.append_bytes == 0 {
         return Err("--readers, --size-mb and --append-bytes must be positive".into());
     }
     let limit = Duration::from_secs(args.timeout.max(1));
-    match tokio::time::timeout(limit, run_inner(&args, &base)).await {
+    match tokio::time::timeout(limit, run_inner(&args, &target)).await {
         Ok(r) => r,
         Err(_) => Err(format!(
             "read benchmark aborted: not finished after {} s",
@@ -47,15 +46,15 @@ pub async fn run(args: ReadArgs) -> Result<(), String> {
     }
 }
 
-async fn run_inner(args: &ReadArgs, base: &str) -> Result<(), String> {
+async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), String> {
     let total = args.size_mb * 1_000_000;
     let stream = format!("bench-read-{}", common::run_tag());
-    let url = format!("{base}/v1/stream/{stream}");
+    let url = target.stream_url(&stream);
     let request_timeout = Duration::from_secs(60);
 
     // Phase 1: write the stream with one idempotent producer, one large append at a time.
     let writer = common::client(request_timeout)?;
-    common::create_stream(&writer, base, &stream).await?;
+    common::create_stream(&writer, &url, "application/octet-stream").await?;
     let chunk = Bytes::from(
         (0..args.append_bytes)
             .map(|i| (i % 251) as u8)
