@@ -52,13 +52,15 @@ use tokio::sync::oneshot;
 pub use store::RecoveryReport;
 use store::{Command, Group, Shared, Store, StoreConfig, View};
 
-/// Largest single record's data: a request body must fit a frame.
-pub const MAX_RECORD_BYTES: usize = format::MAX_FRAME - 64 * 1024;
+/// Largest single record's data. A group stops taking commands at [`MAX_GROUP_BYTES`], so its
+/// frame stays below `MAX_GROUP_BYTES` + this + headers, well inside [`format::MAX_FRAME`] (a
+/// longer frame header would read as damage at recovery).
+pub const MAX_RECORD_BYTES: usize = format::MAX_FRAME / 2;
 
 /// Most commands in one group commit: bounds the latency a group adds to its first member.
 const MAX_GROUP_COMMANDS: usize = 4096;
 /// Most data bytes in one group commit, for the same reason.
-const MAX_GROUP_BYTES: usize = 32 << 20;
+pub(crate) const MAX_GROUP_BYTES: usize = 32 << 20;
 
 /// What "acknowledged" means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

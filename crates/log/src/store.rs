@@ -740,6 +740,12 @@ fn new_segment(fs: &dyn Fs, no: u64, sync_dir: bool) -> Result<Arc<dyn File>, St
 /// Writes `cp` atomically (temporary file, sync, rename, directory sync), then deletes every
 /// segment before the checkpoint's that no stream's data lies in any more.
 pub(crate) fn write_checkpoint(fs: &dyn Fs, view: &View, cp: &Checkpoint) -> Result<usize, StorageError> {
+    // Every frame the checkpoint covers must be on disk before the checkpoint is (with
+    // `--fsync false` they may not be yet).
+    let active = view.segments.read().map_err(|_| StorageError::Poisoned)?.get(&cp.segment).cloned();
+    if let Some(f) = active {
+        f.sync_data().map_err(|e| io_err("sync the log before a checkpoint", e))?;
+    }
     let bytes = cp.encode();
     let tmp = fs.open(format::CHECKPOINT_TMP, true).map_err(|e| io_err("create the checkpoint", e))?;
     tmp.set_len(0).map_err(|e| io_err("write the checkpoint", e))?;
@@ -843,7 +849,8 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         let header_ok = buf.len() >= format::SEGMENT_HEADER as usize && buf[..format::SEGMENT_HEADER as usize] == format::segment_header(*n);
         let mut pos = if *n == cp.segment { cp.pos as usize } else { format::SEGMENT_HEADER as usize };
         if !header_ok {
-            if !last || find_frame_after(&buf, 0, lsn).is_some() {
+            let covered = *n == cp.segment && cp.pos > format::SEGMENT_HEADER;
+            if !last || covered || find_frame_after(&buf, 0, lsn).is_some() {
                 return Err(corrupt(format!("{name}: bad segment header")));
             }
             // Created but its header never reached the disk: start it again.
@@ -852,6 +859,9 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
             segments.insert(*n, f.clone());
             active = Some((f, *n, format::SEGMENT_HEADER));
             continue;
+        }
+        if pos > buf.len() {
+            return Err(corrupt(format!("{name} ends at byte {} before the checkpoint's position {pos}", buf.len())));
         }
         loop {
             if pos == buf.len() {
