@@ -1,14 +1,11 @@
 //! Headers every response carries, and the CORS preflight.
 
-use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
-use axum::middleware::Next;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 /// Response headers a browser client must be allowed to read.
-const EXPOSE: &str = "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, stream-ttl, \
+pub(crate) const EXPOSE: &str = "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, stream-ttl, \
 stream-expires-at, stream-sse-data-encoding, producer-epoch, producer-seq, producer-expected-seq, \
 producer-received-seq, etag, location, content-type";
 
@@ -36,28 +33,6 @@ impl CorsOrigins {
         }
         CorsOrigins::List(text.split(',').map(|o| o.trim().trim_end_matches('/').to_owned()).filter(|o| !o.is_empty()).collect())
     }
-}
-
-/// Adds CORS and browser-security headers (section 12.7) to every response.
-pub async fn common(State(cors): State<Arc<CorsOrigins>>, req: Request, next: Next) -> Response {
-    let origin = req.headers().get("origin").cloned();
-    let mut resp = next.run(req).await;
-    let h = resp.headers_mut();
-    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
-    h.insert("cross-origin-resource-policy", HeaderValue::from_static("cross-origin"));
-    match &*cors {
-        CorsOrigins::Any => {
-            h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
-        }
-        CorsOrigins::List(allowed) => {
-            h.append("vary", HeaderValue::from_static("origin"));
-            if let Some(o) = origin.filter(|o| o.to_str().is_ok_and(|o| allowed.iter().any(|a| a == o))) {
-                h.insert("access-control-allow-origin", o);
-            }
-        }
-    }
-    h.insert("access-control-expose-headers", HeaderValue::from_static(EXPOSE));
-    resp
 }
 
 /// Answers a CORS preflight for any stream path, existing or not.

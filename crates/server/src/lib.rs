@@ -10,8 +10,9 @@
 //! - [`error`]: every error the server can answer with, mapped to a status code in one place.
 //! - [`handlers`]: thin axum handlers: parse → one engine call → render.
 //! - [`read`]: rendering of catch-up, long-poll and SSE reads.
-//! - [`headers`]: the response headers every answer carries (CORS, browser security) and the
-//!   CORS preflight.
+//! - [`front`]: the one service in front of the router: peer address, authentication hook,
+//!   request metrics, CORS and browser-security headers on every answer.
+//! - [`headers`]: CORS origins and the CORS preflight.
 //! - [`auth`]: the authentication hook point.
 //! - [`deadline_io`]: sockets whose blocked writes time out (stalled readers).
 //! - [`live`]: bounds on live readers, in all and per stream.
@@ -31,6 +32,7 @@ pub mod auth;
 pub mod config;
 pub mod deadline_io;
 pub mod error;
+pub mod front;
 pub mod handlers;
 pub mod headers;
 pub mod listen;
@@ -139,30 +141,30 @@ impl<E: Engine> AppState<E> {
     }
 }
 
-/// The router. Layers, outermost first:
-/// 1. CORS and browser-security headers on every answer ([`headers::common`]);
-/// 2. the operational endpoints ([`ops`]), which nothing below applies to;
-/// 3. the authentication hook for everything else, which also counts every answer in the
-///    request metrics ([`auth::check`]: one layer for both, as each layer costs on every request);
-/// 4. the routes: streams under `/v1/stream/{path}`; anything else is a 404 with a reason.
-pub fn app<E: Engine>(state: AppState<E>) -> Result<Router, ConfigError> {
+/// The service: [`front::Front`] (peer address, authentication hook for everything but the
+/// operational endpoints, request metrics, CORS and browser-security headers on every answer)
+/// in front of the router: the operational endpoints ([`ops`]), streams under
+/// `/v1/stream/{path}`, and a 404 with a reason for anything else.
+pub fn app<E: Engine>(state: AppState<E>) -> Result<front::Front, ConfigError> {
     state.config.validate()?;
     let streams = Router::new()
         .route("/v1/stream/{*path}", any(handlers::stream::<E>))
         .fallback(handlers::no_route)
-        .layer(axum::middleware::from_fn_with_state(
-            auth::Gate { auth: state.auth.clone(), clock: state.clock.clone() },
-            auth::check,
-        ))
         .with_state(state.clone());
     let mut ops = Router::new()
         .route(&state.config.healthz_path, get(ops::healthz))
         .route(&state.config.readyz_path, get(ops::readyz::<E>));
+    let mut ops_paths = vec![state.config.healthz_path.clone(), state.config.readyz_path.clone()];
     if let Some(path) = &state.config.metrics_path {
         ops = ops.route(path, get(ops::metrics::<E>));
+        ops_paths.push(path.clone());
     }
-    let cors = Arc::new(state.config.cors_origins.clone());
-    Ok(ops.with_state(state).merge(streams).layer(axum::middleware::from_fn_with_state(cors, headers::common)))
+    let config = front::FrontConfig {
+        gate: auth::Gate { auth: state.auth.clone(), clock: state.clock.clone() },
+        cors: state.config.cors_origins.clone(),
+        ops_paths,
+    };
+    Ok(front::Front::new(ops.with_state(state).merge(streams), config))
 }
 
 /// Why [`serve`] stopped with an error.

@@ -22,7 +22,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
+use crate::front::Front;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -95,7 +95,7 @@ async fn sniff(stream: &tokio::net::TcpStream, deadline: tokio::time::Instant) -
 /// connection finished within the grace period.
 pub async fn run(
     listener: TcpListener,
-    router: Router,
+    router: Front,
     limits: Limits,
     tls: Option<tokio_rustls::TlsAcceptor>,
     stop: impl Future<Output = ()>,
@@ -131,7 +131,7 @@ pub async fn run(
         };
         let _ = stream.set_nodelay(true);
         metrics::counter!("oncelog_connections_accepted_total").increment(1);
-        let service = TowerToHyperService::new(tower_layer_peer(router.clone(), peer));
+        let service = TowerToHyperService::new(router.for_peer(peer));
         let (h1, h2) = (h1.clone(), h2.clone());
         let watcher = graceful.watcher();
         let first_bytes_by = tokio::time::Instant::now() + limits.header_read_timeout;
@@ -160,13 +160,8 @@ pub async fn run(
     tokio::time::timeout(grace, graceful.shutdown()).await.is_ok()
 }
 
-/// `router` with the connection's peer address added to every request.
-fn tower_layer_peer(router: Router, peer: std::net::SocketAddr) -> Router {
-    router.layer(axum::Extension(PeerAddr(peer)))
-}
-
 /// Serves one connection until it ends or the graceful shutdown it is watched by closes it.
-async fn serve_io<I>(builder: &Builder<TokioExecutor>, io: I, service: TowerToHyperService<Router>, watcher: hyper_util::server::graceful::Watcher)
+async fn serve_io<I>(builder: &Builder<TokioExecutor>, io: I, service: TowerToHyperService<Front>, watcher: hyper_util::server::graceful::Watcher)
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {

@@ -15,13 +15,8 @@ pub mod token;
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
 use axum::http::request::Parts;
-use axum::http::Method;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 
-use crate::error::ApiError;
 use crate::Clock;
 
 pub use signed_url::SignatureError;
@@ -67,31 +62,10 @@ impl Authorize for AllowAll {
     }
 }
 
-/// The middleware state: the hook and the clock it decides with.
+/// The hook and the clock it decides with (used by [`crate::front`]).
 #[derive(Clone)]
 pub struct Gate {
     pub auth: Arc<dyn Authorize>,
     pub clock: Arc<dyn Clock>,
 }
 
-/// The middleware that asks the hook, hands the [`Access`] to the handlers, and counts the
-/// answer in the request metrics (one layer for both: every layer costs on every request).
-pub async fn check(State(gate): State<Gate>, req: Request, next: Next) -> Response {
-    let method = req.method().clone();
-    let resp = if method == Method::OPTIONS {
-        next.run(req).await
-    } else {
-        let (mut parts, body) = req.into_parts();
-        match gate.auth.authorize(&parts, gate.clock.now_ms()) {
-            Ok(access) => {
-                if access != Access::default() {
-                    parts.extensions.insert(access);
-                }
-                next.run(Request::from_parts(parts, body)).await
-            }
-            Err(e) => ApiError::Auth(e).into_response(),
-        }
-    };
-    crate::metrics::request(&method, resp.status());
-    resp
-}

@@ -1,0 +1,133 @@
+//! The one service in front of the router, run for every request: it adds the connection's
+//! peer address, asks the authentication hook (stream paths only), hands the resulting
+//! [`Access`] to the handlers, counts the answer in the request metrics, and puts the CORS and
+//! browser-security headers on every answer.
+//!
+//! Written as one hand-made `tower::Service` rather than as `axum::middleware::from_fn` layers:
+//! each of those boxes a future and clones the inner service per request, and a per-connection
+//! `Extension` layer re-wraps every route. Together they were about 10% of the server's CPU per
+//! append in `perf` (docs/BENCHMARKS.md).
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use axum::http::{HeaderValue, Method, Request};
+use tower_service::Service;
+
+use crate::auth::{Access, Gate};
+use crate::error::ApiError;
+use crate::headers::{self, CorsOrigins};
+use crate::listen::PeerAddr;
+
+/// What the front service needs besides the router; shared by every connection.
+pub struct FrontConfig {
+    pub gate: Gate,
+    pub cors: CorsOrigins,
+    /// Operational endpoints: neither authenticated nor counted in the request metrics.
+    pub ops_paths: Vec<String>,
+}
+
+/// The router behind the front service, for one connection.
+#[derive(Clone)]
+pub struct Front {
+    router: Router,
+    config: Arc<FrontConfig>,
+    /// The connection's peer, when known (not in `app()` used alone).
+    peer: Option<SocketAddr>,
+}
+
+impl Front {
+    pub fn new(router: Router, config: FrontConfig) -> Self {
+        Front { router, config: Arc::new(config), peer: None }
+    }
+
+    /// The same service for a connection from `peer`.
+    pub fn for_peer(&self, peer: SocketAddr) -> Self {
+        Front { router: self.router.clone(), config: self.config.clone(), peer: Some(peer) }
+    }
+}
+
+impl<B> Service<Request<B>> for Front
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The router is always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let config = self.config.clone();
+        let origin = req.headers().get(axum::http::header::ORIGIN).cloned();
+        let (mut parts, body) = req.into_parts();
+        if let Some(peer) = self.peer {
+            parts.extensions.insert(PeerAddr(peer));
+        }
+        let req = Request::from_parts(parts, Body::new(body));
+        if config.ops_paths.iter().any(|p| p == req.uri().path()) {
+            let fut = self.router.call(req);
+            return Box::pin(async move {
+                let mut resp = fut.await.unwrap_or_else(|never| match never {});
+                decorate(&mut resp, &config.cors, origin);
+                Ok(resp)
+            });
+        }
+        let method = req.method().clone();
+        let admitted = if method == Method::OPTIONS {
+            Ok(req)
+        } else {
+            let (mut parts, body) = req.into_parts();
+            match config.gate.auth.authorize(&parts, config.gate.clock.now_ms()) {
+                Ok(access) => {
+                    if access != Access::default() {
+                        parts.extensions.insert(access);
+                    }
+                    Ok(Request::from_parts(parts, body))
+                }
+                Err(e) => Err(ApiError::Auth(e).into_response()),
+            }
+        };
+        let fut = admitted.map(|req| self.router.call(req));
+        Box::pin(async move {
+            let mut resp = match fut {
+                Ok(fut) => fut.await.unwrap_or_else(|never| match never {}),
+                Err(refused) => refused,
+            };
+            crate::metrics::request(&method, resp.status());
+            decorate(&mut resp, &config.cors, origin);
+            Ok(resp)
+        })
+    }
+}
+
+/// The CORS and browser-security headers of section 12.7.
+fn decorate(resp: &mut Response, cors: &CorsOrigins, origin: Option<HeaderValue>) {
+    let h = resp.headers_mut();
+    h.reserve(5);
+    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
+    h.insert("cross-origin-resource-policy", HeaderValue::from_static("cross-origin"));
+    match cors {
+        CorsOrigins::Any => {
+            h.insert("access-control-allow-origin", HeaderValue::from_static("*"));
+        }
+        CorsOrigins::List(allowed) => {
+            h.append("vary", HeaderValue::from_static("origin"));
+            if let Some(o) = origin.filter(|o| o.to_str().is_ok_and(|o| allowed.iter().any(|a| a == o))) {
+                h.insert("access-control-allow-origin", o);
+            }
+        }
+    }
+    h.insert("access-control-expose-headers", HeaderValue::from_static(headers::EXPOSE));
+}
