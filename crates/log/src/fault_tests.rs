@@ -72,7 +72,7 @@ fn delete(store: &mut Store, path: &str) {
 fn contents(store: &Store, path: &str) -> Vec<u8> {
     let view = store.view();
     let s = view.streams.read().expect("lock").get(path).cloned().expect("stream");
-    let tail = s.state.borrow().tail.0;
+    let tail = s.state.get().tail.0;
     crate::read::read(&s, &view.segments, 0, tail, usize::MAX).expect("read").0.to_vec()
 }
 

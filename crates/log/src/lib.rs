@@ -24,7 +24,8 @@
 //! general-purpose store brought (a foreign lock on the commit path, a poisoning race after a
 //! failed fsync, no way to simulate power loss beneath it).
 //!
-//! Memory: per stream its metadata, a `watch` channel, and 16 bytes per append of index; per
+//! Memory: per stream its metadata, a packed published state with a `Notify`, and 16 bytes per
+//! append of index; per
 //! producer its state; plus a store-wide bounded hot tail. Data lives in the segment files and
 //! the OS page cache.
 
@@ -217,7 +218,7 @@ impl LogEngine {
     fn lookup(&self, path: &str, now_ms: i64) -> Result<Arc<Shared>, LookupError> {
         let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
         let s = map.get(path).ok_or(LookupError::NotFound)?;
-        let soft_deleted = s.state.borrow().soft_deleted;
+        let soft_deleted = s.state.get().soft_deleted;
         rules::visible(soft_deleted, s.expired(now_ms), s.forks())?;
         Ok(s.clone())
     }
@@ -367,10 +368,9 @@ impl Engine for LogEngine {
     async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {
         let shared = self.lookup(path, now_ms)?;
         shared.touch(now_ms);
-        let mut rx = shared.state.subscribe();
         let deadline = tokio::time::Instant::now() + timeout;
+        let mut p = shared.state.get();
         loop {
-            let p = *rx.borrow_and_update();
             if p.deleted {
                 return Err(LookupError::NotFound);
             }
@@ -380,18 +380,17 @@ impl Engine for LogEngine {
             if p.tail > after || p.closed {
                 return Ok(WaitOutcome::Changed(shared.info()));
             }
-            match tokio::time::timeout_at(deadline, rx.changed()).await {
-                Err(_) => return Ok(WaitOutcome::TimedOut(shared.info())),
-                Ok(Err(_)) => return Err(LookupError::NotFound),
-                Ok(Ok(())) => {}
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(WaitOutcome::TimedOut(shared.info()));
             }
+            p = shared.state.changed_from(p, deadline).await;
         }
     }
 
     async fn expire(&self, now_ms: i64) -> Result<usize, StorageError> {
         let expired: Vec<String> = {
             let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
-            map.iter().filter(|(_, s)| !s.state.borrow().soft_deleted && s.expired(now_ms)).map(|(p, _)| p.clone()).collect()
+            map.iter().filter(|(_, s)| !s.state.get().soft_deleted && s.expired(now_ms)).map(|(p, _)| p.to_string()).collect()
         };
         if expired.is_empty() {
             return Ok(0);

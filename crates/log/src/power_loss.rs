@@ -269,20 +269,20 @@ fn status(p: Pending) -> String {
 /// Everything a reader can see in the store.
 fn observe(store: &Store) -> Result<BTreeMap<String, Seen>, String> {
     let view = store.view();
-    let streams: Vec<(String, Arc<store::Shared>)> =
+    let streams: Vec<(Arc<str>, Arc<store::Shared>)> =
         view.streams.read().map_err(|_| "lock")?.iter().map(|(p, s)| (p.clone(), s.clone())).collect();
     let mut out = BTreeMap::new();
     for (path, s) in streams {
-        let p = *s.state.borrow();
+        let p = s.state.get();
         if p.soft_deleted {
-            out.insert(path, Seen::Gone);
+            out.insert(path.to_string(), Seen::Gone);
             continue;
         }
         let (data, next, _) = crate::read::read(&s, &view.segments, 0, p.tail.0, usize::MAX).map_err(|e| format!("read {path}: {e}"))?;
         if next != p.tail {
             return Err(format!("{path}: read ended at {} below the tail {}", next.0, p.tail.0));
         }
-        out.insert(path, Seen::Live { data: data.to_vec(), closed: p.closed });
+        out.insert(path.to_string(), Seen::Live { data: data.to_vec(), closed: p.closed });
     }
     Ok(out)
 }

@@ -19,13 +19,14 @@ use oncelog_protocol::Offset;
 use oncelog_storage::parking::ParkingLot;
 use oncelog_storage::rules::{self, AppendPlan, CreatePlan, Removal, PARK_TIMEOUT};
 use oncelog_storage::*;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{oneshot, Notify};
 
 use crate::format::{self, Checkpoint, CheckpointStream, Extent, Record, Replayed};
 use crate::fs::{File, Fs};
 use crate::{backend, corrupt, Durability, LogError};
 
-/// The published, reader-visible state of a stream: only durable effects reach it.
+/// The published, reader-visible state of a stream: only durable effects reach it. Kept packed
+/// in one `AtomicU64` ([`PublishedCell`]): offsets stay below 2^54.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Published {
     pub tail: Offset,
@@ -34,6 +35,62 @@ pub(crate) struct Published {
     pub deleted: bool,
     /// Deleted by its owner while forks still read it: 410 on its path.
     pub soft_deleted: bool,
+}
+
+const CLOSED: u64 = 1 << 63;
+const DELETED: u64 = 1 << 62;
+const SOFT_DELETED: u64 = 1 << 61;
+const TAIL_MASK: u64 = (1 << 61) - 1;
+
+/// [`Published`] in one word, with a [`Notify`] that wakes live readers when it changes: per
+/// stream about 40 bytes, where a `tokio::sync::watch` channel took several hundred (it matters
+/// at a million streams).
+pub(crate) struct PublishedCell {
+    word: AtomicU64,
+    changed: Notify,
+}
+
+impl PublishedCell {
+    fn new(p: Published) -> Self {
+        PublishedCell { word: AtomicU64::new(Self::pack(p)), changed: Notify::new() }
+    }
+
+    fn pack(p: Published) -> u64 {
+        (p.tail.0 & TAIL_MASK)
+            | if p.closed { CLOSED } else { 0 }
+            | if p.deleted { DELETED } else { 0 }
+            | if p.soft_deleted { SOFT_DELETED } else { 0 }
+    }
+
+    pub fn get(&self) -> Published {
+        let w = self.word.load(Ordering::Acquire);
+        Published { tail: Offset(w & TAIL_MASK), closed: w & CLOSED != 0, deleted: w & DELETED != 0, soft_deleted: w & SOFT_DELETED != 0 }
+    }
+
+    /// Changes the state (writer only) and wakes every waiting reader.
+    fn modify(&self, f: impl FnOnce(&mut Published)) {
+        let mut p = self.get();
+        f(&mut p);
+        self.word.store(Self::pack(p), Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until the state is not `seen` any more, or `deadline`. Returns the state then.
+    pub async fn changed_from(&self, seen: Published, deadline: tokio::time::Instant) -> Published {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            // Registered before the state is read again, so a change in between is not missed.
+            notified.as_mut().enable();
+            let now = self.get();
+            if now != seen {
+                return now;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.get();
+            }
+        }
+    }
 }
 
 /// Where a stream's bytes are, for readers. Appended to after each durable commit, before the
@@ -57,8 +114,8 @@ pub(crate) struct Shared {
     pub chain: Vec<(u64, Arc<Shared>)>,
     /// Forks of this stream that still exist (a stream with forks is soft-deleted, not removed).
     pub forks: AtomicUsize,
-    /// Publishes tail and closure after each durable commit; live readers subscribe to it.
-    pub state: watch::Sender<Published>,
+    /// Tail and closure, published after each durable commit; live readers wait on it.
+    pub state: PublishedCell,
     /// Last read or write (Unix ms), for the sliding TTL. Memory only: a read never writes.
     pub last_access_ms: AtomicI64,
     pub data: RwLock<StreamData>,
@@ -66,7 +123,7 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub fn info(&self) -> StreamInfo {
-        let p = *self.state.borrow();
+        let p = self.state.get();
         StreamInfo { id: self.id, config: self.config.clone(), tail: p.tail, closed: p.closed }
     }
 
@@ -87,7 +144,7 @@ impl Shared {
 /// checkpointer.
 #[derive(Default)]
 pub(crate) struct View {
-    pub streams: RwLock<HashMap<String, Arc<Shared>>>,
+    pub streams: RwLock<HashMap<Arc<str>, Arc<Shared>>>,
     /// Every segment file still on disk, open once (no descriptor per stream).
     pub segments: RwLock<std::collections::BTreeMap<u64, Arc<dyn File>>>,
 }
@@ -134,8 +191,8 @@ enum Effect {
     /// New data of `shared` ends at `end` and starts at payload offset `at` (`hot`: its bytes).
     Data { shared: Arc<Shared>, end: u64, at: usize, hot: Bytes },
     Publish { shared: Arc<Shared>, tail: Offset, closed: bool },
-    Insert { path: String, shared: Arc<Shared> },
-    Remove { path: String, shared: Arc<Shared> },
+    Insert { path: Arc<str>, shared: Arc<Shared> },
+    Remove { path: Arc<str>, shared: Arc<Shared> },
     SoftDelete { shared: Arc<Shared> },
     Reply(Box<dyn FnOnce(Option<StorageError>) + Send>),
 }
@@ -200,6 +257,9 @@ pub(crate) enum Mutant {
     SplitProducer,
 }
 
+/// Appends up to this size are copied into the hot tail (see [`Store::finish`]).
+const SMALL_APPEND: usize = 4096;
+
 /// Largest append kept in the hot tail: bigger ones are read from the page cache.
 const MAX_HOT_APPEND: usize = 1 << 20;
 
@@ -207,9 +267,10 @@ pub(crate) struct Store {
     fs: Arc<dyn Fs>,
     view: Arc<View>,
     cfg: StoreConfig,
-    streams: HashMap<String, WStream>,
+    /// Boxed: a map's empty slots then cost a pointer, not a whole stream's state.
+    streams: HashMap<Arc<str>, Box<WStream>>,
     /// Path of every stream by id, to follow a fork to its source.
-    paths_by_id: HashMap<u64, String>,
+    paths_by_id: HashMap<u64, Arc<str>>,
     next_id: u64,
     /// The segment frames go to, its number and its length (where the next frame goes).
     active: Arc<dyn File>,
@@ -247,8 +308,7 @@ pub struct RecoveryReport {
 }
 
 fn new_shared(meta: &StreamMeta, tail: Offset, chain: Vec<(u64, Arc<Shared>)>, forks: usize, now_ms: i64, data: StreamData) -> Arc<Shared> {
-    let published = Published { tail, closed: meta.closed, deleted: false, soft_deleted: meta.soft_deleted };
-    let (state, _) = watch::channel(published);
+    let state = PublishedCell::new(Published { tail, closed: meta.closed, deleted: false, soft_deleted: meta.soft_deleted });
     Arc::new(Shared {
         id: meta.id,
         config: meta.config(),
@@ -483,9 +543,19 @@ impl Store {
                 Effect::Data { shared, end, at, hot } => {
                     let start = end - hot.len() as u64;
                     let keep_hot = self.cfg.hot_bytes > 0 && hot.len() <= MAX_HOT_APPEND.min(self.cfg.hot_bytes);
+                    // A small append usually shares its buffer with the connection that read it;
+                    // its own copy keeps the hot tail from pinning that buffer.
+                    let hot = if hot.len() <= SMALL_APPEND { Bytes::copy_from_slice(&hot) } else { hot };
                     if let Ok(mut d) = shared.data.write() {
+                        // Most streams hold few appends: start with room for exactly one.
+                        if d.extents.capacity() == 0 {
+                            d.extents.reserve_exact(1);
+                        }
                         d.extents.push(Extent::new(end, segment, at as u64));
                         if keep_hot {
+                            if d.hot.capacity() == 0 {
+                                d.hot.reserve_exact(1);
+                            }
                             d.hot.push_back((start, hot.clone()));
                         }
                     }
@@ -495,7 +565,7 @@ impl Store {
                         self.evict_hot();
                     }
                 }
-                Effect::Publish { shared, tail, closed } => shared.state.send_modify(|p| {
+                Effect::Publish { shared, tail, closed } => shared.state.modify(|p| {
                     p.tail = tail;
                     p.closed = closed;
                 }),
@@ -504,14 +574,14 @@ impl Store {
                         map.insert(path, shared);
                     }
                 }
-                Effect::SoftDelete { shared } => shared.state.send_modify(|p| p.soft_deleted = true),
+                Effect::SoftDelete { shared } => shared.state.modify(|p| p.soft_deleted = true),
                 Effect::Remove { path, shared } => {
                     if let Ok(mut map) = self.view.streams.write() {
                         if map.get(&path).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
                             map.remove(&path);
                         }
                     }
-                    shared.state.send_modify(|p| p.deleted = true);
+                    shared.state.modify(|p| p.deleted = true);
                 }
             }
         }
@@ -563,7 +633,7 @@ impl Store {
     /// Removes a stream; a fork releases its source, and a soft-deleted source whose last fork
     /// this was goes too, up the chain, in the same frame.
     fn remove(&mut self, path: &str, g: &mut Group) {
-        let mut next = Some(path.to_owned());
+        let mut next = self.streams.get_key_value(path).map(|(k, _)| k.clone());
         while let Some(path) = next.take() {
             let Some(w) = self.streams.remove(&path) else { return };
             self.paths_by_id.remove(&w.meta.id);
@@ -591,7 +661,7 @@ impl Store {
         let mut fork = None;
         if let Some(f) = &req.fork {
             self.drop_if_expired(&f.source, req.now_ms, g);
-            let src = self.streams.get(&f.source);
+            let src = self.streams.get(f.source.as_str());
             let view = &self.view;
             let resolved = rules::resolve_fork(src.map(|w| (&w.meta, w.tail)), f, |at| match src {
                 Some(w) => crate::read::append_at(&w.shared, &view.segments, at, w.tail.0).map_err(StorageError::from),
@@ -600,7 +670,7 @@ impl Store {
             let chain = src.map_or_else(Vec::new, |w| chain_of(&w.shared, resolved.fork.fork_point));
             fork = Some((resolved, chain));
         }
-        let existing = self.streams.get(&req.path).map(|w| (&w.meta, w.tail));
+        let existing = self.streams.get(req.path.as_str()).map(|w| (&w.meta, w.tail));
         let (meta, tail) = match rules::create(existing, fork.as_ref().map(|f| &f.0), &req, self.next_id)? {
             CreatePlan::Existing(info) => return Ok(CreateOutcome::Existing(info)),
             CreatePlan::Create { meta, tail } => (meta, tail),
@@ -611,7 +681,7 @@ impl Store {
         let start = meta.fork.map_or(0, |f| f.fork_point);
         let chain = match fork {
             Some((_, chain)) => {
-                if let Some(src) = req.fork.as_ref().and_then(|f| self.streams.get(&f.source)) {
+                if let Some(src) = req.fork.as_ref().and_then(|f| self.streams.get(f.source.as_str())) {
                     src.shared.forks.fetch_add(1, Ordering::Relaxed);
                 }
                 chain
@@ -624,10 +694,11 @@ impl Store {
             g.effects.push(Effect::Data { shared: shared.clone(), end: tail.0, at, hot: req.initial.clone() });
         }
         let info = meta.info(tail);
-        self.streams.insert(req.path.clone(), WStream { meta, tail, producers: HashMap::new(), shared: shared.clone() });
-        self.paths_by_id.insert(id, req.path.clone());
+        let path: Arc<str> = Arc::from(req.path.as_str());
+        self.streams.insert(path.clone(), Box::new(WStream { meta, tail, producers: HashMap::new(), shared: shared.clone() }));
+        self.paths_by_id.insert(id, path.clone());
         self.count_streams();
-        g.effects.push(Effect::Insert { path: req.path, shared });
+        g.effects.push(Effect::Insert { path, shared });
         Ok(CreateOutcome::Created(info))
     }
 
@@ -640,7 +711,7 @@ impl Store {
             return Err(AppendError::TooLarge);
         }
         self.drop_if_expired(&req.path, req.now_ms, g);
-        let Some(w) = self.streams.get_mut(&req.path) else { return Err(AppendError::NotFound) };
+        let Some(w) = self.streams.get_mut(req.path.as_str()) else { return Err(AppendError::NotFound) };
         if req.stream_id.is_none_or(|id| id == w.meta.id) {
             w.shared.touch(req.now_ms);
         }
@@ -691,7 +762,7 @@ impl Store {
             .map(|(path, w)| {
                 let (start, extents) = w.shared.data.read().map(|d| (d.start, d.extents.clone())).unwrap_or_default();
                 CheckpointStream {
-                    path: path.clone(),
+                    path: path.to_string(),
                     meta: w.meta.clone(),
                     tail: w.tail.0,
                     start,
@@ -707,7 +778,7 @@ impl Store {
     /// fork's removal takes its source along in the same frame).
     pub fn collect_orphans(&mut self) {
         let orphans: Vec<String> =
-            self.streams.iter().filter(|(_, w)| w.meta.soft_deleted && w.shared.forks() == 0).map(|(p, _)| p.clone()).collect();
+            self.streams.iter().filter(|(_, w)| w.meta.soft_deleted && w.shared.forks() == 0).map(|(p, _)| p.to_string()).collect();
         if orphans.is_empty() {
             return;
         }
@@ -940,8 +1011,9 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         report.producers += b.producers.len();
         producers += b.producers.len();
         shared_by_id.insert(id, shared.clone());
-        paths_by_id.insert(id, b.path.clone());
-        wstreams.insert(b.path, WStream { meta: b.meta, tail: Offset(b.tail), producers: b.producers, shared });
+        let path: Arc<str> = Arc::from(b.path);
+        paths_by_id.insert(id, path.clone());
+        wstreams.insert(path, Box::new(WStream { meta: b.meta, tail: Offset(b.tail), producers: b.producers, shared }));
     }
     let view = Arc::new(View::default());
     if let Ok(mut m) = view.streams.write() {
