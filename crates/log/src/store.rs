@@ -858,6 +858,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
     if fs.exists("keyspaces").map_err(|e| io_err("inspect the data directory", e))? {
         return Err(backend(LogError::FjallDirectory));
     }
+    fs.create_dir("").map_err(|e| io_err("create the data directory", e))?;
     let lock = fs.lock(format::LOCK).map_err(|e| match e.kind() {
         std::io::ErrorKind::WouldBlock => backend(LogError::Locked),
         _ => io_err("lock the data directory", e),

@@ -56,3 +56,13 @@ fn a_second_engine_on_the_same_directory_is_refused() {
         assert!(again.is_ok(), "{:?}", again.err());
     });
 }
+
+/// A data directory that does not exist yet is created (the lock file needs it first).
+#[test]
+fn a_missing_data_directory_is_created() {
+    oncelog_storage::contract::run(|| async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let engine = open(&dir.path().join("not/yet/there"));
+        engine.shutdown().await.expect("shutdown");
+    });
+}
