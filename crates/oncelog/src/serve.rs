@@ -45,6 +45,14 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_FSYNC", default_value_t = true, action = ArgAction::Set)]
     fsync: bool,
 
+    /// How often an HTTP/2 connection is pinged (to find peers that vanished), in ms.
+    #[arg(long, env = "ONCELOG_H2_PING_INTERVAL_MS", default_value_t = 30_000)]
+    h2_ping_interval_ms: u64,
+
+    /// How long a ping's answer may take before the HTTP/2 connection is dropped, in ms.
+    #[arg(long, env = "ONCELOG_H2_PING_TIMEOUT_MS", default_value_t = 20_000)]
+    h2_ping_timeout_ms: u64,
+
     /// `--storage fjall` only: memory for caching stream data blocks, in MiB.
     #[arg(long, env = "ONCELOG_CACHE_MB", default_value_t = 64)]
     cache_mb: u64,
@@ -183,6 +191,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
         write_timeout: Duration::from_millis(args.write_timeout_ms),
+        h2_ping_interval: Duration::from_millis(args.h2_ping_interval_ms),
+        h2_ping_timeout: Duration::from_millis(args.h2_ping_timeout_ms),
         max_live_readers: args.max_live_readers,
         max_live_readers_per_stream: args.max_live_readers_per_stream,
         sse_keepalive: Duration::from_millis(args.sse_keepalive_ms),

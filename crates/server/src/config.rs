@@ -52,6 +52,10 @@ pub struct ServerConfig {
     pub cors_origins: crate::headers::CorsOrigins,
     /// Serve HTTPS with these certificate files; `None`: cleartext (HTTP/1.1 and h2c).
     pub tls: Option<crate::tls::TlsFiles>,
+    /// How often an HTTP/2 connection is pinged, to find peers that vanished without closing.
+    pub h2_ping_interval: Duration,
+    /// How long the answer to a ping may take before the connection (and its streams) is dropped.
+    pub h2_ping_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -77,6 +81,8 @@ impl Default for ServerConfig {
             append_byte_rate_limit: 0,
             cors_origins: crate::headers::CorsOrigins::Any,
             tls: None,
+            h2_ping_interval: Duration::from_secs(30),
+            h2_ping_timeout: Duration::from_secs(20),
         }
     }
 }

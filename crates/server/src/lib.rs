@@ -201,6 +201,8 @@ pub async fn serve<E: Engine>(
         max_connections: state.config.max_connections,
         header_read_timeout: state.config.header_read_timeout,
         write_timeout: state.config.write_timeout,
+        h2_ping_interval: state.config.h2_ping_interval,
+        h2_ping_timeout: state.config.h2_ping_timeout,
     };
     let draining = state.draining.clone();
     let stop = async move {

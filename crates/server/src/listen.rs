@@ -40,6 +40,9 @@ pub struct Limits {
     /// Longest a write to a client may stay blocked (the client not reading) before the
     /// connection is closed.
     pub write_timeout: Duration,
+    /// HTTP/2 keep-alive pings: interval, and how long an answer may take.
+    pub h2_ping_interval: Duration,
+    pub h2_ping_timeout: Duration,
 }
 
 /// The client's address, in every request's extensions (for per-address limits).
@@ -49,10 +52,6 @@ pub struct PeerAddr(pub std::net::SocketAddr);
 /// How long to pause accepting after an accept error (such as running out of file descriptors),
 /// so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
-
-/// How often an idle HTTP/2 connection is pinged, and how long the answer may take.
-const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
-const H2_PING_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// What an HTTP/2 client sends first (RFC 9113 section 3.4).
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -105,7 +104,7 @@ pub async fn run(
     h1.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).half_close(true);
     let mut h2 = Builder::new(TokioExecutor::new()).http2_only();
     // Pings find HTTP/2 peers that vanished without closing (their streams are then dropped).
-    h2.http2().timer(TokioTimer::new()).keep_alive_interval(H2_PING_INTERVAL).keep_alive_timeout(H2_PING_TIMEOUT);
+    h2.http2().timer(TokioTimer::new()).keep_alive_interval(limits.h2_ping_interval).keep_alive_timeout(limits.h2_ping_timeout);
     let (h1, h2) = (Arc::new(h1), Arc::new(h2));
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();

@@ -196,3 +196,49 @@ async fn a_reader_that_stops_reading_is_disconnected_after_the_write_timeout() {
     let body = http.get(s.url("big")).send().await.expect("get").bytes().await.expect("bytes");
     assert!(!body.is_empty());
 }
+
+/// Speaks just enough raw HTTP/2 to open a connection (preface, empty SETTINGS, a SETTINGS
+/// acknowledgement) and then reads frames for `for_how_long`, answering PINGs only if
+/// `answer_pings`. Returns whether the server closed the connection in that time.
+async fn h2_peer(s: &common::TestServer, answer_pings: bool, for_how_long: Duration) -> bool {
+    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.expect("preface");
+    conn.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.expect("settings");
+    let deadline = tokio::time::Instant::now() + for_how_long;
+    loop {
+        let mut head = [0u8; 9];
+        match tokio::time::timeout_at(deadline, conn.read_exact(&mut head)).await {
+            Err(_) => return false,
+            Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+        let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+        let mut payload = vec![0u8; len];
+        if conn.read_exact(&mut payload).await.is_err() {
+            return true;
+        }
+        let (kind, flags) = (head[3], head[4]);
+        if kind == 4 && flags & 1 == 0 {
+            conn.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await.expect("settings ack");
+        }
+        if kind == 6 && flags & 1 == 0 && answer_pings {
+            let mut ack = vec![0, 0, 8, 6, 1, 0, 0, 0, 0];
+            ack.extend_from_slice(&payload);
+            conn.write_all(&ack).await.expect("ping ack");
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_http2_peer_that_stops_answering_pings_is_dropped_and_one_that_answers_stays() {
+    let pings = ServerConfig {
+        h2_ping_interval: Duration::from_millis(200),
+        h2_ping_timeout: Duration::from_millis(200),
+        ..config()
+    };
+    let s = common::TestServer::start(pings, None).await;
+    let (silent, answering) =
+        tokio::join!(h2_peer(&s, false, Duration::from_secs(3)), h2_peer(&s, true, Duration::from_secs(2)));
+    assert!(silent, "a peer that never answers pings must be dropped within interval + timeout");
+    assert!(!answering, "a peer that answers pings must keep its connection");
+}
