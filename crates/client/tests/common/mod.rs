@@ -30,12 +30,20 @@ impl TestServer {
     }
 
     pub async fn start_with(config: ServerConfig) -> TestServer {
+        TestServer::start_with_auth(config, None).await
+    }
+
+    /// A server whose requests are decided by `auth` (token authentication, say).
+    pub async fn start_with_auth(config: ServerConfig, auth: Option<Arc<dyn oncelog_server::Authorize>>) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut opts = LogOptions::new(dir.path());
         // The tests here are about the network path, not disk durability.
         opts.durability = Durability::Buffered;
         let engine = LogEngine::open(opts).expect("engine");
-        let state = AppState::new(Arc::new(engine), config);
+        let mut state = AppState::new(Arc::new(engine), config);
+        if let Some(auth) = auth {
+            state = state.with_auth(auth);
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(serve(listener, state, std::future::pending()));
