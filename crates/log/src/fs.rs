@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 /// An open file. Positional I/O only, so readers and the writer share one handle without a seek
 /// position between them.
+#[allow(clippy::len_without_is_empty)] // a file's length is a size, not a collection's
 pub trait File: Send + Sync + 'static {
     /// Fills `buf` from `pos`; fails with `UnexpectedEof` past the end.
     fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()>;

@@ -664,7 +664,7 @@ impl Store {
             let src = self.streams.get(f.source.as_str());
             let view = &self.view;
             let resolved = rules::resolve_fork(src.map(|w| (&w.meta, w.tail)), f, |at| match src {
-                Some(w) => crate::read::append_at(&w.shared, &view.segments, at, w.tail.0).map_err(StorageError::from),
+                Some(w) => crate::read::append_at(&w.shared, &view.segments, at, w.tail.0),
                 None => Ok(None),
             })?;
             let chain = src.map_or_else(Vec::new, |w| chain_of(&w.shared, resolved.fork.fork_point));
