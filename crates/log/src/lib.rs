@@ -353,15 +353,16 @@ impl Engine for LogEngine {
             return Ok(ReadChunk { next: from, data: Bytes::new(), info, aligned: true });
         }
         // The hot tail answers a live reader without touching a file; only a read that needs
-        // the disk leaves the async runtime.
-        if let Some((data, next, aligned)) = read::read_hot(&shared, from.0, info.tail.0, max_bytes) {
-            return Ok(ReadChunk { info, data, next, aligned });
-        }
-        let view = self.inner.view.clone();
-        let tail = info.tail.0;
-        let (data, next, aligned) = tokio::task::spawn_blocking(move || read::read(&shared, &view.segments, from.0, tail, max_bytes))
-            .await
-            .map_err(|e| backend(LogError::Io { what: "read".into(), source: std::io::Error::other(e) }))??;
+        // the disk leaves the async runtime. The plan is made once, either way.
+        let plan = read::plan(&shared, from.0, info.tail.0, max_bytes)?;
+        let (data, next, aligned) = if plan.in_memory() {
+            plan.bytes(&self.inner.view.segments)?
+        } else {
+            let view = self.inner.view.clone();
+            tokio::task::spawn_blocking(move || plan.bytes(&view.segments))
+                .await
+                .map_err(|e| backend(LogError::Io { what: "read".into(), source: std::io::Error::other(e) }))??
+        };
         Ok(ReadChunk { info, data, next, aligned })
     }
 

@@ -26,53 +26,18 @@ enum Piece {
     Disk { segment: u64, pos: u64, len: usize },
 }
 
-/// Reads stored bytes of `shared` from `from`, through a fork's ancestors and then its own
-/// data, up to `tail` (published, so durable) and about `max_bytes` (whole appends, except
-/// where a fork point cuts one). Also says whether `from` starts an append or a fork segment.
-pub(crate) fn read(
-    shared: &Shared,
-    segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>,
-    from: u64,
-    tail: u64,
-    max_bytes: usize,
-) -> Result<(Bytes, Offset, bool), StorageError> {
-    let plan = plan(shared, from, tail, max_bytes)?;
-    if let [Piece::Mem(b)] = plan.pieces.as_slice() {
-        return Ok((b.clone(), plan.next, plan.aligned));
-    }
-    Ok((materialise(&plan.pieces, plan.total, segments)?, plan.next, plan.aligned))
-}
-
-/// The same read when every byte of it is in the hot tail (no file is touched); `None` when
-/// some must come from disk.
-pub(crate) fn read_hot(shared: &Shared, from: u64, tail: u64, max_bytes: usize) -> Option<(Bytes, Offset, bool)> {
-    let plan = plan(shared, from, tail, max_bytes).ok()?;
-    if plan.pieces.iter().any(|p| matches!(p, Piece::Disk { .. })) {
-        return None;
-    }
-    match plan.pieces.as_slice() {
-        [Piece::Mem(b)] => Some((b.clone(), plan.next, plan.aligned)),
-        pieces => {
-            let mut out = BytesMut::with_capacity(plan.total);
-            for p in pieces {
-                if let Piece::Mem(b) = p {
-                    out.extend_from_slice(b);
-                }
-            }
-            Some((out.freeze(), plan.next, plan.aligned))
-        }
-    }
-}
-
-struct Plan {
+/// Which stored bytes of a stream a read returns, from `from` through a fork's ancestors and
+/// then its own data, up to `tail` (published, so durable) and about `max_bytes` (whole appends,
+/// except where a fork point cuts one), and where each piece is; also whether `from` starts an
+/// append or a fork segment. Decided under the stream's index lock, without I/O.
+pub(crate) struct Plan {
     pieces: Vec<Piece>,
     total: usize,
     next: Offset,
     aligned: bool,
 }
 
-/// Which appends (or parts) a read returns, and where each one's bytes are.
-fn plan(shared: &Shared, from: u64, tail: u64, max_bytes: usize) -> Result<Plan, StorageError> {
+pub(crate) fn plan(shared: &Shared, from: u64, tail: u64, max_bytes: usize) -> Result<Plan, StorageError> {
     let mut pieces = Vec::new();
     let mut total = 0usize;
     let mut pos = from;
@@ -107,6 +72,21 @@ fn plan(shared: &Shared, from: u64, tail: u64, max_bytes: usize) -> Result<Plan,
         }
     }
     Ok(Plan { pieces, total, next: Offset(pos), aligned })
+}
+
+impl Plan {
+    /// Whether every byte is in the hot tail (no file to read: no need to leave the runtime).
+    pub fn in_memory(&self) -> bool {
+        self.pieces.iter().all(|p| matches!(p, Piece::Mem(_)))
+    }
+
+    /// The bytes: one shared piece as is, otherwise gathered into one buffer (files read here).
+    pub fn bytes(self, segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>) -> Result<(Bytes, Offset, bool), StorageError> {
+        if let [Piece::Mem(b)] = self.pieces.as_slice() {
+            return Ok((b.clone(), self.next, self.aligned));
+        }
+        Ok((materialise(&self.pieces, self.total, segments)?, self.next, self.aligned))
+    }
 }
 
 fn io(e: std::io::Error) -> StorageError {
