@@ -818,6 +818,11 @@ pub(crate) fn write_checkpoint(fs: &dyn Fs, view: &View, cp: &Checkpoint) -> Res
         f.sync_data().map_err(|e| io_err("sync the log before a checkpoint", e))?;
     }
     let bytes = cp.encode();
+    // A leftover temporary file is unlinked, not truncated: a crash between a rename and its
+    // directory sync may leave that name on the installed checkpoint's own inode.
+    if fs.exists(format::CHECKPOINT_TMP).map_err(|e| io_err("inspect the data directory", e))? {
+        fs.remove(format::CHECKPOINT_TMP).map_err(|e| io_err("remove a leftover checkpoint", e))?;
+    }
     let tmp = fs.open(format::CHECKPOINT_TMP, true).map_err(|e| io_err("create the checkpoint", e))?;
     tmp.set_len(0).map_err(|e| io_err("write the checkpoint", e))?;
     tmp.write_all_at(&bytes, 0).map_err(|e| io_err("write the checkpoint", e))?;
