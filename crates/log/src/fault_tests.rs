@@ -3,8 +3,7 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use oncelog_protocol::headers::ProducerHeaders;
+use oncelog_storage::contract::{create_req, produce};
 use oncelog_storage::*;
 use tokio::sync::oneshot;
 
@@ -21,51 +20,30 @@ fn open(fs: &SimFs) -> Result<Store, StorageError> {
     store::open(Arc::new(fs.clone()), config(), 0).map(|(s, _)| s)
 }
 
-fn create(store: &mut Store, path: &str) {
-    let req = CreateRequest {
-        path: path.into(),
-        content_type: None,
-        expiry: None,
-        fork: None,
-        closed: false,
-        initial: Bytes::new(),
-        json_framed: false,
-        now_ms: 0,
-    };
-    let (tx, mut rx) = oneshot::channel();
+/// Runs one command as a group of its own: staged, committed, published.
+fn run(store: &mut Store, cmd: Command) {
     let mut g = Group::new();
-    store.stage(Command::Create { req, reply: tx }, &mut g);
-    let f = store.commit(&mut g);
-    store.finish(g, f);
+    store.stage(cmd, &mut g);
+    let failure = store.commit(&mut g);
+    store.finish(g, failure);
+}
+
+fn create(store: &mut Store, path: &str) {
+    let (tx, mut rx) = oneshot::channel();
+    run(store, Command::Create { req: create_req(path, "text/plain"), reply: tx });
     assert!(matches!(rx.try_recv(), Ok(Ok(CreateOutcome::Created(_)))));
 }
 
-fn append(store: &mut Store, path: &str, seq: u64, data: &[u8]) -> Result<AppendOutcome, AppendError> {
-    let req = AppendRequest {
-        path: path.into(),
-        stream_id: None,
-        json_framed: false,
-        content_type: Some("application/octet-stream".into()),
-        data: Bytes::copy_from_slice(data),
-        close: false,
-        stream_seq: None,
-        producer: Some(ProducerHeaders { id: "p".into(), epoch: 0, seq }),
-        now_ms: 0,
-    };
+/// Producer `p`, epoch 0, sequence number `seq`.
+fn append(store: &mut Store, path: &str, seq: u64, data: &str) -> Result<AppendOutcome, AppendError> {
     let (tx, mut rx) = oneshot::channel();
-    let mut g = Group::new();
-    store.stage(Command::Append { req, reply: tx }, &mut g);
-    let f = store.commit(&mut g);
-    store.finish(g, f);
+    run(store, Command::Append { req: produce(path, data, "p", 0, seq), reply: tx });
     rx.try_recv().expect("answered")
 }
 
 fn delete(store: &mut Store, path: &str) {
     let (tx, mut rx) = oneshot::channel();
-    let mut g = Group::new();
-    store.stage(Command::Delete { path: path.into(), now_ms: 0, reply: tx }, &mut g);
-    let f = store.commit(&mut g);
-    store.finish(g, f);
+    run(store, Command::Delete { path: path.into(), now_ms: 0, reply: tx });
     assert!(matches!(rx.try_recv(), Ok(Ok(()))));
 }
 
@@ -81,13 +59,13 @@ fn a_failed_fdatasync_stops_every_later_write() {
     let fs = SimFs::new();
     let mut store = open(&fs).expect("open");
     create(&mut store, "s");
-    append(&mut store, "s", 0, b"kept").expect("first append");
+    append(&mut store, "s", 0, "kept").expect("first append");
     fs.fail_syncs(true);
-    let failed = append(&mut store, "s", 1, b"lost");
+    let failed = append(&mut store, "s", 1, "lost");
     assert!(matches!(failed, Err(AppendError::Storage(_))), "{failed:?}");
     // The disk "recovers" and the next sync would report success: writes must stay stopped.
     fs.fail_syncs(false);
-    let after = append(&mut store, "s", 1, b"again");
+    let after = append(&mut store, "s", 1, "again");
     assert!(matches!(after, Err(AppendError::Storage(StorageError::Poisoned))), "{after:?}");
     assert!(store.counters().failed());
     assert_eq!(contents(&store, "s"), b"kept", "readers never saw the failed group");
@@ -95,7 +73,7 @@ fn a_failed_fdatasync_stops_every_later_write() {
     fs.power_cut(&mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(1));
     let mut store = open(&fs).expect("reopen");
     assert_eq!(contents(&store, "s"), b"kept");
-    assert_eq!(append(&mut store, "s", 1, b"retry").map(|o| o.status).ok(), Some(AppendStatus::Appended));
+    assert_eq!(append(&mut store, "s", 1, "retry").map(|o| o.status).ok(), Some(AppendStatus::Appended));
 }
 
 #[test]
@@ -103,8 +81,8 @@ fn a_torn_tail_is_cut_and_everything_acknowledged_stays() {
     let fs = SimFs::new();
     let mut store = open(&fs).expect("open");
     create(&mut store, "s");
-    append(&mut store, "s", 0, b"one").expect("append");
-    append(&mut store, "s", 1, b"two").expect("append");
+    append(&mut store, "s", 0, "one").expect("append");
+    append(&mut store, "s", 1, "two").expect("append");
     drop(store);
     let name = format::segment_name(1);
     let mut bytes = fs.contents(&name).expect("segment");
@@ -116,7 +94,7 @@ fn a_torn_tail_is_cut_and_everything_acknowledged_stays() {
     assert_eq!(report.torn_bytes_cut, 44);
     assert_eq!(fs.contents(&name).map(|b| b.len()), Some(good));
     assert_eq!(contents(&store, "s"), b"onetwo");
-    assert_eq!(append(&mut store, "s", 1, b"two").map(|o| o.status).ok(), Some(AppendStatus::Duplicate));
+    assert_eq!(append(&mut store, "s", 1, "two").map(|o| o.status).ok(), Some(AppendStatus::Duplicate));
 }
 
 #[test]
@@ -124,8 +102,8 @@ fn damage_before_acknowledged_frames_refuses_to_start() {
     let fs = SimFs::new();
     let mut store = open(&fs).expect("open");
     create(&mut store, "s");
-    append(&mut store, "s", 0, b"first").expect("append");
-    append(&mut store, "s", 1, b"second").expect("append");
+    append(&mut store, "s", 0, "first").expect("append");
+    append(&mut store, "s", 1, "second").expect("append");
     drop(store);
     let name = format::segment_name(1);
     let mut bytes = fs.contents(&name).expect("segment");
@@ -144,9 +122,9 @@ fn a_checkpoint_gives_back_the_segments_of_deleted_streams_and_recovery_starts_t
     create(&mut store, "gone");
     create(&mut store, "kept");
     for seq in 0..40 {
-        append(&mut store, "gone", seq, &[b'g'; 500]).expect("append");
+        append(&mut store, "gone", seq, &"g".repeat(500)).expect("append");
     }
-    append(&mut store, "kept", 0, b"still here").expect("append");
+    append(&mut store, "kept", 0, "still here").expect("append");
     delete(&mut store, "gone");
     let segments_before = fs_segments(&fs);
     assert!(segments_before.len() > 3, "{segments_before:?}");
@@ -159,7 +137,7 @@ fn a_checkpoint_gives_back_the_segments_of_deleted_streams_and_recovery_starts_t
     assert!(report.from_checkpoint);
     assert_eq!(report.frames_replayed, 0);
     assert_eq!(contents(&store, "kept"), b"still here");
-    assert_eq!(append(&mut store, "kept", 0, b"still here").map(|o| o.status).ok(), Some(AppendStatus::Duplicate));
+    assert_eq!(append(&mut store, "kept", 0, "still here").map(|o| o.status).ok(), Some(AppendStatus::Duplicate));
 }
 
 #[test]

@@ -17,9 +17,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use oncelog_protocol::headers::ProducerHeaders;
-use oncelog_protocol::Offset;
+use oncelog_storage::contract::{append_req, create_req, fork_req, produce};
 use oncelog_storage::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -29,7 +27,8 @@ use crate::sim::SimFs;
 use crate::store::{self, Command, Group, Mutant, Store, StoreConfig};
 use crate::Durability;
 
-const CT: &str = "application/octet-stream";
+/// The content type of the contract suite's request builders.
+const CT: &str = "text/plain";
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -192,38 +191,19 @@ enum Pending {
 fn command(op: &Op) -> (Command, Pending) {
     match op {
         Op::Create { path } | Op::Fork { path, .. } => {
-            let fork = match op {
-                Op::Fork { source, at, .. } => Some(ForkRequest { source: source.clone(), offset: Some(Offset(*at)), sub_offset: 0 }),
-                _ => None,
-            };
-            let req = CreateRequest {
-                path: path.clone(),
-                content_type: Some(CT.into()),
-                expiry: None,
-                fork,
-                closed: false,
-                initial: Bytes::new(),
-                json_framed: false,
-                now_ms: 0,
+            let req = match op {
+                Op::Fork { source, at, .. } => fork_req(path, source, Some(*at), 0),
+                _ => create_req(path, CT),
             };
             let (tx, rx) = oneshot::channel();
             (Command::Create { req, reply: tx }, Pending::Create(rx))
         }
         Op::Append { path, data } | Op::Produce { path, data, .. } => {
-            let (producer, close) = match op {
-                Op::Produce { producer, epoch, seq, close, .. } => (Some(ProducerHeaders { id: producer.clone(), epoch: *epoch, seq: *seq }), *close),
-                _ => (None, false),
-            };
-            let req = AppendRequest {
-                path: path.clone(),
-                stream_id: None,
-                json_framed: false,
-                content_type: Some(CT.into()),
-                data: Bytes::from(data.clone()),
-                close,
-                stream_seq: None,
-                producer,
-                now_ms: 0,
+            // Generated data is ASCII (`<n>`).
+            let text = String::from_utf8_lossy(data);
+            let req = match op {
+                Op::Produce { producer, epoch, seq, close, .. } => AppendRequest { close: *close, ..produce(path, &text, producer, *epoch, *seq) },
+                _ => append_req(path, &text),
             };
             let (tx, rx) = oneshot::channel();
             (Command::Append { req, reply: tx }, Pending::Append(rx))
