@@ -51,7 +51,7 @@ fn contents(store: &Store, path: &str) -> Vec<u8> {
     let view = store.view();
     let s = view.streams.read().expect("lock").get(path).cloned().expect("stream");
     let tail = s.state.get().tail.0;
-    crate::read::plan(&s, 0, tail, usize::MAX).and_then(|p| p.bytes(&view.segments)).expect("read").0.to_vec()
+    crate::read::plan(&s, 0, tail, usize::MAX, false).and_then(|p| p.bytes(&view.segments)).expect("read").0.to_vec()
 }
 
 #[test]

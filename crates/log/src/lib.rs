@@ -176,6 +176,29 @@ struct Inner {
 }
 
 impl LogEngine {
+    /// A read of up to about `max_bytes` (exactly, when `bounded`: see [`Engine::read_bounded`]).
+    async fn read_planned(&self, path: &str, from: Offset, max_bytes: usize, bounded: bool, now_ms: i64) -> Result<ReadChunk, LookupError> {
+        let shared = self.lookup(path, now_ms)?;
+        shared.touch(now_ms);
+        let info = shared.info();
+        if from >= info.tail {
+            return Ok(ReadChunk { next: from, data: Bytes::new(), info, aligned: true });
+        }
+        // The hot tail answers a live reader without touching a file; only a read that needs
+        // the disk leaves the async runtime. The plan is made once, either way.
+        let plan = read::plan(&shared, from.0, info.tail.0, max_bytes, bounded)?;
+        let (data, next, aligned) = if plan.in_memory() {
+            plan.bytes(&self.inner.view.segments)?
+        } else {
+            let view = self.inner.view.clone();
+            tokio::task::spawn_blocking(move || plan.bytes(&view.segments))
+                .await
+                .map_err(|e| backend(LogError::Io { what: "read".into(), source: std::io::Error::other(e) }))??
+        };
+        Ok(ReadChunk { info, data, next, aligned })
+    }
+
+
     /// Opens (or creates) the store, recovers it, and starts the writer thread.
     pub fn open(opts: LogOptions) -> Result<Self, StorageError> {
         let cfg = StoreConfig {
@@ -346,24 +369,11 @@ impl Engine for LogEngine {
     }
 
     async fn read(&self, path: &str, from: Offset, max_bytes: usize, now_ms: i64) -> Result<ReadChunk, LookupError> {
-        let shared = self.lookup(path, now_ms)?;
-        shared.touch(now_ms);
-        let info = shared.info();
-        if from >= info.tail {
-            return Ok(ReadChunk { next: from, data: Bytes::new(), info, aligned: true });
-        }
-        // The hot tail answers a live reader without touching a file; only a read that needs
-        // the disk leaves the async runtime. The plan is made once, either way.
-        let plan = read::plan(&shared, from.0, info.tail.0, max_bytes)?;
-        let (data, next, aligned) = if plan.in_memory() {
-            plan.bytes(&self.inner.view.segments)?
-        } else {
-            let view = self.inner.view.clone();
-            tokio::task::spawn_blocking(move || plan.bytes(&view.segments))
-                .await
-                .map_err(|e| backend(LogError::Io { what: "read".into(), source: std::io::Error::other(e) }))??
-        };
-        Ok(ReadChunk { info, data, next, aligned })
+        self.read_planned(path, from, max_bytes, false, now_ms).await
+    }
+
+    async fn read_bounded(&self, path: &str, from: Offset, max_bytes: usize, now_ms: i64) -> Result<ReadChunk, LookupError> {
+        self.read_planned(path, from, max_bytes.max(1), true, now_ms).await
     }
 
     async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {

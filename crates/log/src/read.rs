@@ -37,7 +37,8 @@ pub(crate) struct Plan {
     aligned: bool,
 }
 
-pub(crate) fn plan(shared: &Shared, from: u64, tail: u64, max_bytes: usize) -> Result<Plan, StorageError> {
+/// `bounded`: `max_bytes` is a hard limit, and the last append may be cut to meet it.
+pub(crate) fn plan(shared: &Shared, from: u64, tail: u64, max_bytes: usize, bounded: bool) -> Result<Plan, StorageError> {
     let mut pieces = Vec::new();
     let mut total = 0usize;
     let mut pos = from;
@@ -57,7 +58,10 @@ pub(crate) fn plan(shared: &Shared, from: u64, tail: u64, max_bytes: usize) -> R
                 aligned = true;
             }
             let lo = (pos - start) as usize;
-            let hi = (e.end.min(part_end) - start) as usize;
+            let mut hi = (e.end.min(part_end) - start) as usize;
+            if bounded {
+                hi = hi.min(lo + (max_bytes - total));
+            }
             let hot = d.hot.binary_search_by_key(&start, |(s, _)| *s).ok().map(|k| &d.hot[k].1);
             match hot {
                 Some(b) => pieces.push(Piece::Mem(b.slice(lo..hi))),

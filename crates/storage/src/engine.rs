@@ -260,6 +260,31 @@ pub trait Engine: Send + Sync + 'static {
         now_ms: i64,
     ) -> impl Future<Output = Result<ReadChunk, LookupError>> + Send;
 
+    /// Like [`Engine::read`], but never more than `max_bytes` (at least one byte when data
+    /// exists): it may end inside an append. For byte streams only (a JSON reader needs whole
+    /// messages). A live reader that stops reading holds one such chunk, so what it can pin does
+    /// not grow with the size of the appends. The default reads as [`Engine::read`] and cuts the
+    /// answer: right, but it does not save the memory; engines that can read part of an append
+    /// should do so.
+    fn read_bounded(
+        &self,
+        path: &str,
+        from: Offset,
+        max_bytes: usize,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<ReadChunk, LookupError>> + Send {
+        async move {
+            let max_bytes = max_bytes.max(1);
+            let mut chunk = self.read(path, from, max_bytes, now_ms).await?;
+            if chunk.data.len() > max_bytes {
+                let cut = (chunk.data.len() - max_bytes) as u64;
+                chunk.data.truncate(max_bytes);
+                chunk.next = Offset(chunk.next.0 - cut);
+            }
+            Ok(chunk)
+        }
+    }
+
     /// Waits until the tail passes `after` or the stream closes, at most `timeout`.
     fn wait(
         &self,

@@ -29,6 +29,39 @@ pub async fn reads_page_through_whole_appends<H: Harness>() {
     assert!(matches!(e.read("nope", Offset::ZERO, 10, 0).await, Err(LookupError::NotFound)));
 }
 
+pub async fn bounded_reads_may_end_inside_an_append<H: Harness>() {
+    let mut h = H::open().await;
+    create(h.engine(), create_req("s", "text/plain")).await;
+    let words = ["alpha", "beta", "gamma", "a-longer-append-than-the-page", "z"];
+    for w in words {
+        append(h.engine(), append_req("s", w)).await;
+    }
+    let whole: String = words.concat();
+    // Twice: once as written, once reopened (the bytes then come from storage, not memory).
+    for round in 0..2 {
+        let e = h.engine();
+        for page in [1, 3, 7, 64] {
+            let mut at = Offset::ZERO;
+            let mut got = Vec::new();
+            loop {
+                let c = e.read_bounded("s", at, page, 0).await.expect("read");
+                assert!(c.data.len() <= page, "round {round}: {} bytes for a page of {page}", c.data.len());
+                assert_eq!(c.next.0, at.0 + c.data.len() as u64, "next is where the bytes end");
+                got.extend_from_slice(&c.data);
+                at = c.next;
+                if c.up_to_date() {
+                    break;
+                }
+                assert!(!c.data.is_empty(), "a read before the tail returns data");
+            }
+            assert_eq!(String::from_utf8(got).expect("utf-8"), whole, "page {page}, round {round}");
+        }
+        let c = e.read_bounded("s", Offset(2), 4, 0).await.expect("read");
+        assert_eq!((&c.data[..], c.next), (&b"phab"[..], Offset(6)));
+        h.reopen().await;
+    }
+}
+
 pub async fn ttl_and_absolute_expiry<H: Harness>() {
     let h = H::open().await;
     let e = h.engine();

@@ -64,6 +64,7 @@ macro_rules! engine_contract_tests {
             forks::fork_verdicts,
             forks::soft_delete_keeps_data_for_forks_and_cascades,
             lifecycle::reads_page_through_whole_appends,
+            lifecycle::bounded_reads_may_end_inside_an_append,
             lifecycle::reads_say_whether_they_start_at_a_minted_offset,
             lifecycle::ttl_and_absolute_expiry,
             lifecycle::live_waits_wake_on_append_closure_and_delete,
