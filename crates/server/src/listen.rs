@@ -92,6 +92,9 @@ async fn sniff(stream: &tokio::net::TcpStream, deadline: tokio::time::Instant) -
 /// Serves `router` on `listener` until `stop` completes, then stops accepting and lets open
 /// connections finish their in-flight requests for at most `grace`. Returns whether every
 /// connection finished within the grace period.
+/// Most an HTTP/1 connection queues for writing (and buffers of a request head still incomplete).
+pub const HTTP1_BUFFER_BYTES: usize = 64 << 10;
+
 pub async fn run(
     listener: TcpListener,
     router: Front,
@@ -101,7 +104,13 @@ pub async fn run(
     grace: Duration,
 ) -> bool {
     let mut h1 = Builder::new(TokioExecutor::new()).http1_only();
-    h1.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout).half_close(true);
+    // The write queue of a connection holds at most HTTP1_BUFFER_BYTES (and one more body
+    // piece): what a reader that stops reading can pin in it (hyper's default is about 400 KiB).
+    h1.http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .half_close(true)
+        .max_buf_size(HTTP1_BUFFER_BYTES);
     let mut h2 = Builder::new(TokioExecutor::new()).http2_only();
     // Pings find HTTP/2 peers that vanished without closing (their streams are then dropped).
     h2.http2().timer(TokioTimer::new()).keep_alive_interval(limits.h2_ping_interval).keep_alive_timeout(limits.h2_ping_timeout);

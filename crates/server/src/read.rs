@@ -47,12 +47,26 @@ pub async fn get<E: Engine>(
             // The first read happens before the 200 goes out, so a bad offset is still a 400;
             // the response then starts with that chunk instead of reading it again.
             let first = if from < info.tail {
-                Some(aligned(st.engine.read(path, from, st.config.max_read_bytes, now_ms).await?)?)
+                Some(aligned(sse_read(st, path, from, content_type::is_json(&info.config.content_type), now_ms).await?)?)
             } else {
                 None
             };
             sse(st, path, &q, from, &info, access, first)
         }
+    }
+}
+
+/// Most an SSE reader of a byte stream holds of it at once, whatever the size of its appends:
+/// the reads behind the events are cut to this size (a JSON stream's reads are whole messages).
+/// With the events framed a piece at a time, this bounds what a reader that stops reading pins.
+pub const SSE_READ_BYTES: usize = 64 << 10;
+
+/// The next chunk for an SSE response.
+async fn sse_read<E: Engine>(st: &AppState<E>, path: &str, from: Offset, json: bool, now_ms: i64) -> Result<ReadChunk, oncelog_storage::LookupError> {
+    if json {
+        st.engine.read(path, from, st.config.max_read_bytes, now_ms).await
+    } else {
+        st.engine.read_bounded(path, from, st.config.max_read_bytes.min(SSE_READ_BYTES), now_ms).await
     }
 }
 
@@ -196,6 +210,16 @@ struct SseState<E> {
     _live: LiveSlot,
     /// The chunk read before the response began, sent first.
     first: Option<ReadChunk>,
+    /// The data event being sent, framed a piece at a time: a reader that stops reading holds
+    /// one piece (and a share of the chunk) instead of a framed copy of the whole chunk.
+    sending: Option<Sending>,
+}
+
+/// A data event on its way out, and the control event that follows it.
+struct Sending {
+    event: sse::DataEvent,
+    up_to_date: bool,
+    closed: bool,
 }
 
 fn sse<E: Engine>(
@@ -226,6 +250,7 @@ fn sse<E: Engine>(
         done: false,
         _live: live,
         first,
+        sending: None,
     };
     let events = futures_util::stream::unfold(state, |mut s| async move {
         let bytes = s.next_event().await?;
@@ -248,6 +273,18 @@ impl<E: Engine> SseState<E> {
             if self.done {
                 return None;
             }
+            if let Some(sending) = &mut self.sending {
+                // One piece per poll: the connection asks for the next only when it took this one.
+                let mut out = Vec::with_capacity(sse::PIECE_BYTES * 4 / 3 + 256);
+                if sending.event.next_into(&mut out) {
+                    return Some(Bytes::from(out));
+                }
+                let (up_to_date, closed) = (sending.up_to_date, sending.closed);
+                self.sending = None;
+                // The last piece and its control go out in one write.
+                self.control(&mut out, up_to_date, closed);
+                return Some(Bytes::from(out));
+            }
             if self.ends_for_credentials && tokio::time::Instant::now() >= self.deadline {
                 let mut out = Vec::new();
                 self.end_for_credentials(&mut out);
@@ -256,27 +293,22 @@ impl<E: Engine> SseState<E> {
             // One lookup per step: at the tail the read is empty and still reports closure.
             let chunk = match self.first.take() {
                 Some(chunk) => chunk,
-                None => self
-                    .st
-                    .engine
-                    .read(&self.path, self.offset, self.st.config.max_read_bytes, self.st.clock.now_ms())
-                    .await
-                    .ok()?,
+                None => sse_read(&self.st, &self.path, self.offset, self.json, self.st.clock.now_ms()).await.ok()?,
             };
             if chunk.next > self.offset {
-                let mut out = Vec::with_capacity(chunk.data.len() * 4 / 3 + 256);
-                let rendered;
-                let payload: &[u8] = if self.json {
-                    rendered = json::render_array(&chunk.data);
-                    &rendered
+                let event = if self.json {
+                    let inner = chunk.data.strip_suffix(b",").map_or(chunk.data.len(), <[u8]>::len);
+                    sse::DataEvent::wrapped(chunk.data.slice(..inner), self.encoding, b"[", b"]")
                 } else {
-                    &chunk.data
+                    sse::DataEvent::new(chunk.data.clone(), self.encoding)
                 };
-                sse::data_event(&mut out, payload, self.encoding);
                 self.offset = chunk.next;
-                // Data and its control go out in one write.
-                self.control(&mut out, chunk.up_to_date(), chunk.info.closed && chunk.up_to_date());
-                return Some(Bytes::from(out));
+                self.sending = Some(Sending {
+                    event,
+                    up_to_date: chunk.up_to_date(),
+                    closed: chunk.info.closed && chunk.up_to_date(),
+                });
+                continue;
             }
             if chunk.info.closed {
                 let mut out = Vec::new();
