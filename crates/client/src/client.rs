@@ -406,6 +406,12 @@ pub(crate) async fn error_from_response(resp: reqwest::Response, op: Op, idempot
         409 if closed_flag(header_str(&headers, names::STREAM_CLOSED)) => {
             return Error::StreamClosed { final_offset: next_offset(&headers).ok() };
         }
+        412 => {
+            return match next_offset(&headers) {
+                Ok(current) => Error::PreconditionFailed { current, closed: closed_flag(header_str(&headers, names::STREAM_CLOSED)) },
+                Err(e) => e,
+            };
+        }
         _ => {}
     }
     if status == 409 {

@@ -105,6 +105,16 @@ pub enum Error {
         received: u64,
     },
 
+    /// `412` to a conditional append ([`crate::StreamHandle::append_if`]): the stream's tail is no
+    /// longer the offset the append was conditional on; nothing was written.
+    #[error("precondition failed: the stream's tail is now {current}{}", if *.closed { " (closed)" } else { "" })]
+    PreconditionFailed {
+        /// The stream's tail now: read from the old one up to here, decide again, retry with it.
+        current: StreamOffset,
+        /// Whether the stream is closed (then no conditional append can succeed).
+        closed: bool,
+    },
+
     /// `400`: the server refused the request as malformed (an invalid offset, for example).
     #[error("bad request: {message}")]
     BadRequest {

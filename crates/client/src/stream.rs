@@ -75,6 +75,9 @@ pub struct AppendOptions {
     pub content_type: Option<String>,
     /// `Stream-Seq`: an application sequence that must increase byte-wise.
     pub stream_seq: Option<String>,
+    /// `If-Match`: append only if the stream's tail is this offset, else
+    /// [`Error::PreconditionFailed`] and nothing is written (see [`StreamHandle::append_if`]).
+    pub if_match: Option<StreamOffset>,
     /// Extra headers for this request.
     pub headers: HeaderMap,
 }
@@ -190,6 +193,18 @@ impl StreamHandle {
         self.post(data.into(), opts, false).await
     }
 
+    /// Appends `data` only if nobody wrote since the reader saw the tail `offset` (optimistic
+    /// concurrency): the new tail, or [`Error::PreconditionFailed`] carrying the current tail,
+    /// in which case nothing was written; read what changed, decide again, retry at the new
+    /// tail. A conditional append can never land twice or anywhere but at `offset`. Like
+    /// [`StreamHandle::append`] it is not retried after an ambiguous failure (a lost answer
+    /// followed by a retry would look like someone else's write); send it through a
+    /// [`crate::Producer`]-style request with producer headers when that must be told apart.
+    pub async fn append_if(&self, offset: &StreamOffset, data: impl Into<Bytes>) -> Result<StreamOffset, Error> {
+        let opts = AppendOptions { if_match: Some(offset.clone()), ..AppendOptions::default() };
+        Ok(self.post(data.into(), opts, false).await?.next_offset)
+    }
+
     /// Appends `data` and closes the stream in one atomic step. Not idempotent, like
     /// [`StreamHandle::append`].
     pub async fn append_and_close(&self, data: impl Into<Bytes>, opts: AppendOptions) -> Result<Appended, Error> {
@@ -208,6 +223,9 @@ impl StreamHandle {
         req.header("content-type", &ct)?;
         if let Some(seq) = &opts.stream_seq {
             req.header(names::STREAM_SEQ, seq)?;
+        }
+        if let Some(tail) = &opts.if_match {
+            req.header(names::IF_MATCH, tail.as_str())?;
         }
         if close {
             req.header(names::STREAM_CLOSED, "true")?;

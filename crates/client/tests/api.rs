@@ -309,3 +309,22 @@ async fn a_plain_append_is_never_retried_once_the_server_may_have_it() {
     assert!(err.is_transient(), "{err:?}");
     assert_eq!(seen.load(Ordering::SeqCst), 3);
 }
+
+#[tokio::test]
+async fn append_if_writes_at_the_tail_it_saw_or_returns_the_current_one() {
+    let srv = TestServer::start().await;
+    let client = Client::new(&srv.base).expect("client");
+    let s = client.stream("occ");
+    let start = s.create(CreateOptions::content_type("text/plain")).await.expect("create").next_offset;
+    let after = s.append_if(&start, "mine").await.expect("append at the tail");
+    // A second writer that saw the same tail loses and learns the current one.
+    match s.append_if(&start, "theirs").await {
+        Err(Error::PreconditionFailed { current, closed: false }) => assert_eq!(current, after),
+        other => panic!("expected a precondition failure, got {other:?}"),
+    }
+    // It re-reads and tries again at the current tail.
+    let end = s.append_if(&after, "theirs").await.expect("append at the new tail");
+    let all = collect(s.read(ReadOptions::new(ReadFrom::Beginning, LiveMode::CatchUp))).await.expect("read");
+    assert_eq!(text(&all), "minetheirs");
+    assert_eq!(s.head().await.expect("head").next_offset, end);
+}

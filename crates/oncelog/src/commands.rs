@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use oncelog_client::{Chunk, Client, CreateOptions, FileEpochStore, LiveMode, ReadFrom, ReadOptions, RetryPolicy, StreamHandle};
+use oncelog_client::{AppendOptions, Chunk, Client, CreateOptions, FileEpochStore, LiveMode, ReadFrom, ReadOptions, RetryPolicy, StreamHandle, StreamOffset};
 
 /// Why a client subcommand failed.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +29,11 @@ pub fn exit(result: Result<(), CliError>) -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // A reader piped into `head` has nothing left to do.
         Err(CliError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::ExitCode::SUCCESS,
+        // A conditional append lost the race: scripts retry on this status.
+        Err(e @ CliError::Client(oncelog_client::Error::PreconditionFailed { .. })) => {
+            eprintln!("oncelog: {e}");
+            std::process::ExitCode::from(3)
+        }
         Err(e) => {
             eprintln!("oncelog: {e}");
             std::process::ExitCode::FAILURE
@@ -148,6 +153,11 @@ pub struct AppendArgs {
     /// Close the stream after the last line (EOF for readers).
     #[arg(long)]
     close: bool,
+    /// Conditional append: all of stdin as one append, written only if the stream's tail is this
+    /// offset (a Stream-Next-Offset printed earlier). Otherwise nothing is written, the current
+    /// tail is printed on stderr and the exit status is 3. No producer is used.
+    #[arg(long, value_name = "OFFSET", conflicts_with_all = ["producer_id", "epoch", "epoch_file", "auto_claim"])]
+    if_match: Option<String>,
 }
 
 /// Where a read starts: -1 (the beginning), now (the tail) or an offset token.
@@ -264,8 +274,35 @@ fn spawn_stdin_reader(json: bool) -> tokio::sync::mpsc::Receiver<Result<Bytes, C
     rx
 }
 
+/// `append --if-match`: stdin as one conditional append.
+async fn append_if(s: &oncelog_client::StreamHandle, offset: &str, close: bool) -> Result<(), CliError> {
+    let json = oncelog_protocol::content_type::is_json(&s.content_type().await?);
+    let mut input = spawn_stdin_reader(json);
+    let mut items = Vec::new();
+    while let Some(item) = input.recv().await {
+        items.push(item?);
+    }
+    if items.is_empty() {
+        return Err(CliError::Input("--if-match needs data on stdin".into()));
+    }
+    let body = if json {
+        let mut out = Vec::new();
+        oncelog_protocol::json::write_array(items.iter().map(|b| &b[..]), &mut out);
+        Bytes::from(out)
+    } else {
+        Bytes::from(items.concat())
+    };
+    let opts = AppendOptions { if_match: Some(StreamOffset::new(offset)), ..AppendOptions::default() };
+    let appended = if close { s.append_and_close(body, opts).await? } else { s.append(body, opts).await? };
+    println!("{}", appended.next_offset);
+    Ok(())
+}
+
 pub async fn append(a: AppendArgs) -> Result<(), CliError> {
     let s = a.conn.stream(&a.stream)?;
+    if let Some(offset) = &a.if_match {
+        return append_if(&s, offset, a.close).await;
+    }
     let content_type = s.content_type().await?;
     let id = a.producer_id.unwrap_or_else(|| {
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);

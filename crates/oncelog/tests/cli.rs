@@ -117,3 +117,30 @@ fn the_auth_header_comes_from_a_flag_or_the_environment() {
     c.args(["read", "private", "--url", &h.base, "-H", "Authorization: Bearer s3cret"]);
     assert_eq!(run(c, b"", LIMIT).stdout, "hello\n");
 }
+
+#[test]
+fn a_conditional_append_writes_at_the_named_tail_and_exits_3_elsewhere() {
+    let h = Harness::start();
+    let cmd = |args: &[&str]| {
+        let mut c = bin();
+        c.args(args).args(["--url", &h.base]);
+        c
+    };
+    assert!(run(cmd(&["create", "doc"]), b"", LIMIT).ok);
+    let start = run(cmd(&["head", "doc"]), b"", LIMIT).stdout;
+    let start = start.lines().find_map(|l| l.strip_prefix("next-offset: ")).expect("next-offset").to_owned();
+    // All of stdin as one append at the tail read.
+    let out = run(cmd(&["append", "doc", "--if-match", &start]), b"one\ntwo\n", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    let after = out.stdout.trim().to_owned();
+    // Again at the old tail: refused, nothing written, the tail on stderr, status 3.
+    let out = run(cmd(&["append", "doc", "--if-match", &start]), b"three\n", LIMIT);
+    assert_eq!(out.code, Some(3), "{}", out.stderr);
+    assert!(out.stderr.contains("precondition failed") && out.stderr.contains(&after), "{}", out.stderr);
+    let out = run(cmd(&["append", "doc", "--if-match", &after]), b"three\n", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(run(cmd(&["read", "doc"]), b"", LIMIT).stdout, "one\ntwo\nthree\n");
+    // A producer cannot be combined with it.
+    let out = run(cmd(&["append", "doc", "--if-match", &after, "--producer-id", "p"]), b"x\n", LIMIT);
+    assert!(!out.ok && out.code != Some(3), "{}", out.stderr);
+}

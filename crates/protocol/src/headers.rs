@@ -21,6 +21,9 @@ pub mod names {
     pub const PRODUCER_SEQ: &str = "producer-seq";
     pub const PRODUCER_EXPECTED_SEQ: &str = "producer-expected-seq";
     pub const PRODUCER_RECEIVED_SEQ: &str = "producer-received-seq";
+    /// A conditional append: written only if the stream's tail is this offset (an Oncelog
+    /// extension; `412 Precondition Failed` otherwise).
+    pub const IF_MATCH: &str = "if-match";
 }
 
 /// Longest accepted `Producer-Id`, in bytes. Producer ids are stored in keys; real ones are
@@ -66,6 +69,39 @@ pub enum HeaderError {
     SubOffsetWithoutOffset,
     #[error("Stream-Forked-From must name a stream path")]
     InvalidForkSource,
+    #[error("If-Match must be * or offsets returned by this server (Stream-Next-Offset), bare or quoted")]
+    InvalidIfMatch,
+    #[error("If-Match needs a strong tag: an offset, not W/\"...\"")]
+    WeakIfMatch,
+}
+
+/// Most offsets one `If-Match` may list.
+pub const MAX_IF_MATCH_OFFSETS: usize = 16;
+
+/// `If-Match` on an append: `None` for `*` (any tail: the stream only has to exist), else the
+/// tails the append is allowed at. Each is an offset token as `Stream-Next-Offset` gives it,
+/// bare or quoted like an entity tag; several are separated by commas.
+pub fn parse_if_match(value: &str) -> Result<Option<Vec<crate::Offset>>, HeaderError> {
+    let value = value.trim();
+    if value == "*" {
+        return Ok(None);
+    }
+    let mut offsets = Vec::new();
+    for item in value.split(',') {
+        let item = item.trim();
+        if item.starts_with("W/") {
+            return Err(HeaderError::WeakIfMatch);
+        }
+        let token = match item.strip_prefix('"') {
+            Some(rest) => rest.strip_suffix('"').ok_or(HeaderError::InvalidIfMatch)?,
+            None => item,
+        };
+        offsets.push(crate::Offset::parse(token).map_err(|_| HeaderError::InvalidIfMatch)?);
+        if offsets.len() > MAX_IF_MATCH_OFFSETS {
+            return Err(HeaderError::InvalidIfMatch);
+        }
+    }
+    Ok(Some(offsets))
 }
 
 /// `Stream-Closed` counts only when its value is `true`, compared case-insensitively; any other
@@ -183,6 +219,22 @@ pub fn parse_expiry(ttl: Option<&str>, expires_at: Option<&str>) -> Result<Expir
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn if_match_takes_bare_quoted_and_listed_offsets() {
+        use crate::Offset;
+        let t = |n| Offset(n).to_string();
+        assert_eq!(parse_if_match("*"), Ok(None));
+        assert_eq!(parse_if_match(&t(5)), Ok(Some(vec![Offset(5)])));
+        assert_eq!(parse_if_match(&format!(" \"{}\" ", t(5))), Ok(Some(vec![Offset(5)])));
+        assert_eq!(parse_if_match(&format!("\"{}\", {}", t(1), t(2))), Ok(Some(vec![Offset(1), Offset(2)])));
+        assert_eq!(parse_if_match(&format!("W/\"{}\"", t(5))), Err(HeaderError::WeakIfMatch));
+        for bad in ["", "-1", "now", "5", "\"", "\"0000000000000000_0000000000000005", "a,b", ","] {
+            assert_eq!(parse_if_match(bad), Err(HeaderError::InvalidIfMatch), "{bad:?}");
+        }
+        let many = vec![t(1); MAX_IF_MATCH_OFFSETS + 1].join(",");
+        assert_eq!(parse_if_match(&many), Err(HeaderError::InvalidIfMatch));
+    }
+
     use super::*;
 
     #[test]

@@ -99,6 +99,13 @@ impl ApiError {
                 AppendError::ProducerEpochSeq | AppendError::ProducerIdTooLong => (StatusCode::BAD_REQUEST, vec![]),
                 AppendError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
                 AppendError::OffsetOverflow => (StatusCode::INSUFFICIENT_STORAGE, vec![]),
+                AppendError::PreconditionFailed { tail, closed } => {
+                    let mut v = vec![h(names::STREAM_NEXT_OFFSET, tail)];
+                    if *closed {
+                        v.push(h(names::STREAM_CLOSED, "true"));
+                    }
+                    (StatusCode::PRECONDITION_FAILED, v)
+                }
                 AppendError::Storage(e) => (storage_status(e), vec![]),
             },
             ApiError::Auth(e) => match e {

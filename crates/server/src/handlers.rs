@@ -252,6 +252,7 @@ async fn append<E: Engine>(
             close: h.close,
             stream_seq: h.stream_seq.clone(),
             producer: h.producer.clone(),
+            if_match: h.if_match.clone(),
             now_ms: st.clock.now_ms(),
         };
         match st.engine.append(req).await {

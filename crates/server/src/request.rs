@@ -190,6 +190,8 @@ pub struct AppendHeaders {
     pub ignored_closed_value: Option<String>,
     pub stream_seq: Option<String>,
     pub producer: Option<ProducerHeaders>,
+    /// `If-Match`: the tails the append may be written at (`None`: absent or `*`).
+    pub if_match: Option<Vec<oncelog_protocol::Offset>>,
 }
 
 impl AppendHeaders {
@@ -212,6 +214,7 @@ impl AppendHeaders {
             ignored_closed_value: closed.filter(|_| !close).map(str::to_owned),
             stream_seq,
             producer,
+            if_match: header(h, names::IF_MATCH)?.map(headers::parse_if_match).transpose()?.flatten(),
         })
     }
 }

@@ -117,6 +117,9 @@ pub struct AppendRequest {
     pub close: bool,
     pub stream_seq: Option<String>,
     pub producer: Option<ProducerHeaders>,
+    /// `If-Match`: the append is written only if the stream's tail is one of these (else
+    /// [`AppendError::PreconditionFailed`]). `None`: unconditional.
+    pub if_match: Option<Vec<Offset>>,
     pub now_ms: i64,
 }
 
@@ -172,6 +175,8 @@ pub enum AppendError {
     StreamChanged,
     #[error("body framing does not match the stream's content type")]
     FramingMismatch,
+    #[error("the stream's tail is not the one If-Match names: someone wrote since; read from the tail in Stream-Next-Offset and decide again")]
+    PreconditionFailed { tail: Offset, closed: bool },
     #[error(transparent)]
     Storage(#[from] StorageError),
 }

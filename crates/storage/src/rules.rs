@@ -11,12 +11,15 @@
 //! Precedence of an append's checks, in order (the first that applies answers):
 //! 1. the stream incarnation ([`AppendError::StreamChanged`]) and soft deletion (`Gone`);
 //! 2. the producer verdict: a retry of an accepted request is a duplicate whatever changed since
-//!    (even when that request closed the stream); a stale epoch is fenced; a gap on a *closed*
-//!    stream answers `Closed` (waiting for predecessors cannot help);
-//! 3. closure (a close-only request on a closed stream is `AlreadyClosed`, not an error);
-//! 4. content type (only when there is a body), then JSON framing;
-//! 5. `Stream-Seq`, strictly increasing byte-wise;
-//! 6. offset space.
+//!    (even when that request closed the stream, or when its `If-Match` no longer holds); a stale
+//!    epoch is fenced; a gap on a *closed* stream answers `Closed` (waiting for predecessors
+//!    cannot help);
+//! 3. `If-Match`: a tail other than the ones named is `PreconditionFailed`, with the tail and
+//!    closure, so a conditional writer learns both from one answer;
+//! 4. closure (a close-only request on a closed stream is `AlreadyClosed`, not an error);
+//! 5. content type (only when there is a body), then JSON framing;
+//! 6. `Stream-Seq`, strictly increasing byte-wise;
+//! 7. offset space.
 
 use std::time::Duration;
 
@@ -162,7 +165,11 @@ pub fn append(
             Verdict::Gap { expected, received } => return Err(AppendError::ProducerSeqGap { expected, received }),
         }
     }
-    // 3. Closure.
+    // 3. The condition.
+    if req.if_match.as_ref().is_some_and(|tails| !tails.contains(&tail)) {
+        return Err(AppendError::PreconditionFailed { tail, closed: meta.closed });
+    }
+    // 4. Closure.
     if meta.closed {
         if req.close && req.data.is_empty() {
             return Ok(AppendPlan::Answer(AppendOutcome {
@@ -174,7 +181,7 @@ pub fn append(
         }
         return Err(AppendError::Closed { tail });
     }
-    // 4. Content type and framing, when there is a body.
+    // 5. Content type and framing, when there is a body.
     if !req.data.is_empty() {
         let ok = req.content_type.as_deref().is_some_and(|ct| content_type::matches(ct, &meta.content_type));
         if !ok {
@@ -184,13 +191,13 @@ pub fn append(
             return Err(AppendError::FramingMismatch);
         }
     }
-    // 5. Stream-Seq.
+    // 6. Stream-Seq.
     if let (Some(seq), Some(last)) = (&req.stream_seq, &meta.stream_seq) {
         if seq.as_bytes() <= last.as_bytes() {
             return Err(AppendError::StreamSeqRegression);
         }
     }
-    // 6. Offset space.
+    // 7. Offset space.
     let new_tail = tail
         .0
         .checked_add(req.data.len() as u64)

@@ -344,6 +344,7 @@ impl Adapter {
             content_type: Some(self.content_type(path)),
             stream_seq: cmd.get("seq").and_then(|v| v.as_i64().map(|n| n.to_string()).or_else(|| v.as_str().map(str::to_owned))),
             headers: headers_of(cmd)?,
+            if_match: None,
         };
         let appended = stream.append(body, opts).await?;
         Ok(json!({ "type": "append", "success": true, "status": 200, "offset": appended.next_offset.as_str() }))

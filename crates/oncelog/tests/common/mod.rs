@@ -57,6 +57,8 @@ pub fn bin() -> std::process::Command {
 pub struct Output {
     /// Exit status 0.
     pub ok: bool,
+    /// The exit status (`None` when a signal ended the child).
+    pub code: Option<i32>,
     /// Everything printed on stdout.
     pub stdout: String,
     /// Everything printed on stderr (error messages are checked).
@@ -98,5 +100,5 @@ pub fn run(mut cmd: std::process::Command, stdin: &[u8], limit: Duration) -> Out
         std::thread::sleep(Duration::from_millis(10));
     };
     let _ = writer.join();
-    Output { ok: status.success(), stdout: out_t.join().unwrap_or_default(), stderr: err_t.join().unwrap_or_default() }
+    Output { ok: status.success(), code: status.code(), stdout: out_t.join().unwrap_or_default(), stderr: err_t.join().unwrap_or_default() }
 }

@@ -52,6 +52,7 @@ macro_rules! engine_contract_tests {
         $crate::engine_contract_tests!(@cases $harness;
             writes::create_verdicts,
             writes::append_precedence,
+            writes::conditional_appends,
             writes::duplicates_answer_with_their_original_offset,
             writes::out_of_order_producer_appends_wait_for_their_predecessors,
             writes::a_real_gap_is_answered_after_the_park_timeout,
@@ -116,6 +117,7 @@ pub fn append_req(path: &str, data: &str) -> AppendRequest {
         close: false,
         stream_seq: None,
         producer: None,
+        if_match: None,
         now_ms: 0,
     }
 }

@@ -71,6 +71,41 @@ pub async fn append_precedence<H: Harness>() {
     assert_eq!(read_all(e, "s", 1 << 20).await, "abc");
 }
 
+pub async fn conditional_appends<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("s", "text/plain")).await;
+    let at = |req: AppendRequest, tails: &[u64]| AppendRequest { if_match: Some(tails.iter().map(|t| Offset(*t)).collect()), ..req };
+    // At the named tail: written. Anywhere else: refused with the tail, nothing written.
+    assert_eq!(append(e, at(append_req("s", "ab"), &[0])).await.next_offset, Offset(2));
+    let stale = e.append(at(append_req("s", "zz"), &[0])).await;
+    assert!(matches!(stale, Err(AppendError::PreconditionFailed { tail: Offset(2), closed: false })), "{stale:?}");
+    // One of several named tails.
+    assert_eq!(append(e, at(append_req("s", "c"), &[0, 2])).await.next_offset, Offset(3));
+    // A producer's retry of a conditional append that landed is its duplicate, not a refusal,
+    // although the condition no longer holds.
+    let first = append(e, at(produce("s", "de", "p", 0, 0), &[3])).await;
+    assert_eq!((first.status, first.next_offset), (AppendStatus::Appended, Offset(5)));
+    let retry = append(e, at(produce("s", "de", "p", 0, 0), &[3])).await;
+    assert_eq!((retry.status, retry.next_offset), (AppendStatus::Duplicate, Offset(5)));
+    // A refused producer append consumes nothing: the same seq goes through at the right tail.
+    let refused = e.append(at(produce("s", "f", "p", 0, 1), &[3])).await;
+    assert!(matches!(refused, Err(AppendError::PreconditionFailed { tail: Offset(5), .. })), "{refused:?}");
+    assert_eq!(append(e, at(produce("s", "f", "p", 0, 1), &[5])).await.next_offset, Offset(6));
+    // The condition is checked before closure and content type, after the stream's existence.
+    let wrong_type = AppendRequest { content_type: Some("text/html".into()), ..append_req("s", "g") };
+    assert!(matches!(e.append(at(wrong_type.clone(), &[0])).await, Err(AppendError::PreconditionFailed { .. })));
+    assert!(matches!(e.append(at(wrong_type, &[6])).await, Err(AppendError::ContentTypeMismatch)));
+    assert!(matches!(e.append(at(append_req("missing", "g"), &[0])).await, Err(AppendError::NotFound)));
+    // A conditional close: at the tail it closes; on a closed stream the refusal says closed.
+    let close = append(e, at(close_req("s"), &[6])).await;
+    assert_eq!((close.status, close.closed), (AppendStatus::Appended, true));
+    let late = e.append(at(append_req("s", "h"), &[5])).await;
+    assert!(matches!(late, Err(AppendError::PreconditionFailed { tail: Offset(6), closed: true })), "{late:?}");
+    assert!(matches!(e.append(at(append_req("s", "h"), &[6])).await, Err(AppendError::Closed { .. })));
+    assert_eq!(read_all(e, "s", 1 << 20).await, "abcdef");
+}
+
 pub async fn duplicates_answer_with_their_original_offset<H: Harness>() {
     let mut h = H::open().await;
     create(h.engine(), create_req("s", "text/plain")).await;

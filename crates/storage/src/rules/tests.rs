@@ -53,6 +53,7 @@ fn request(op: &Op) -> AppendRequest {
         close: op.close,
         stream_seq: op.stream_seq.map(|s| format!("s{s}")),
         producer: op.producer.map(|(id, epoch, seq)| ProducerHeaders { id: format!("p{id}"), epoch, seq }),
+        if_match: None,
         now_ms: 0,
     }
 }

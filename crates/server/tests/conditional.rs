@@ -1,0 +1,139 @@
+//! Conditional appends over HTTP: `If-Match: <offset>` writes only at that tail, `412` otherwise.
+
+mod common;
+
+use std::sync::Arc;
+
+use oncelog_protocol::Offset;
+use oncelog_server::ServerConfig;
+use reqwest::{Client, StatusCode};
+use tokio::sync::Barrier;
+
+async fn server() -> (common::TestServer, Client) {
+    let s = common::TestServer::start(ServerConfig::default(), None).await;
+    let http = Client::new();
+    let r = http.put(s.url("s")).header("content-type", "text/plain").send().await.expect("put");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    (s, http)
+}
+
+fn tail(r: &reqwest::Response) -> String {
+    r.headers().get("stream-next-offset").and_then(|v| v.to_str().ok()).expect("Stream-Next-Offset").to_owned()
+}
+
+async fn post(http: &Client, url: &str, if_match: &str, body: &'static str) -> reqwest::Response {
+    http.post(url).header("content-type", "text/plain").header("if-match", if_match).body(body).send().await.expect("post")
+}
+
+#[tokio::test]
+async fn an_append_at_the_named_tail_is_written_and_elsewhere_is_412_with_the_tail() {
+    let (s, http) = server().await;
+    let url = s.url("s");
+    let zero = Offset(0).to_string();
+    // Bare, and quoted like an entity tag.
+    let r = post(&http, &url, &zero, "ab").await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert_eq!(tail(&r), Offset(2).to_string());
+    let r = post(&http, &url, &format!("\"{}\"", Offset(2)), "c").await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    // Stale: 412, the current tail, nothing written.
+    let r = post(&http, &url, &zero, "zz").await;
+    assert_eq!(r.status(), StatusCode::PRECONDITION_FAILED);
+    assert_eq!(tail(&r), Offset(3).to_string());
+    assert!(r.headers().get("stream-closed").is_none());
+    assert!(!r.text().await.expect("body").is_empty(), "the 412 says why");
+    // `*` only asks for the stream to exist.
+    assert_eq!(post(&http, &url, "*", "d").await.status(), StatusCode::NO_CONTENT);
+    assert_eq!(post(&http, &s.url("missing"), "*", "d").await.status(), StatusCode::NOT_FOUND);
+    // Malformed or weak: 400 with a reason.
+    for bad in ["-1", "now", "5", "W/\"0000000000000000_0000000000000004\""] {
+        let r = post(&http, &url, bad, "x").await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
+        assert!(r.text().await.expect("body").contains("If-Match"), "{bad}");
+    }
+    // A closed stream: a stale condition is 412 and says closed.
+    let r = http.post(&url).header("stream-closed", "true").header("if-match", Offset(4).to_string()).send().await.expect("close");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = post(&http, &url, &zero, "x").await;
+    assert_eq!(r.status(), StatusCode::PRECONDITION_FAILED);
+    assert_eq!(r.headers().get("stream-closed").map(|v| v.to_str().unwrap_or("")), Some("true"));
+    let body = http.get(&url).send().await.expect("get").text().await.expect("text");
+    assert_eq!(body, "abcd");
+}
+
+#[tokio::test]
+async fn a_producer_retry_of_a_conditional_append_that_landed_is_a_duplicate_not_412() {
+    let (s, http) = server().await;
+    let url = s.url("s");
+    let send = || {
+        http.post(&url)
+            .header("content-type", "text/plain")
+            .header("if-match", Offset(0).to_string())
+            .header("producer-id", "p")
+            .header("producer-epoch", "0")
+            .header("producer-seq", "0")
+            .body("once")
+            .send()
+    };
+    let first = send().await.expect("post");
+    assert_eq!(first.status(), StatusCode::OK);
+    // The response was lost; the client sends the same request again.
+    let retry = send().await.expect("post");
+    assert_eq!(retry.status(), StatusCode::NO_CONTENT);
+    assert_eq!(tail(&retry), Offset(4).to_string());
+    assert_eq!(http.get(&url).send().await.expect("get").text().await.expect("text"), "once");
+}
+
+/// Writers that each read the tail and then append conditionally on it: per round exactly one
+/// wins, the others learn the new tail, and the stream holds the winners' records whole, each
+/// at the offset its writer read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_conditional_writers_have_exactly_one_winner_per_round() {
+    const WRITERS: usize = 8;
+    const ROUNDS: usize = 25;
+    let (s, http) = server().await;
+    let url = Arc::new(s.url("s"));
+    let barrier = Arc::new(Barrier::new(WRITERS));
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let (http, url, barrier) = (http.clone(), url.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut wins = Vec::new();
+            for round in 0..ROUNDS {
+                let seen = tail(&http.head(url.as_str()).send().await.expect("head"));
+                barrier.wait().await;
+                let record = format!("[w{w} r{round} at {seen}]");
+                let r = http
+                    .post(url.as_str())
+                    .header("content-type", "text/plain")
+                    .header("if-match", &seen)
+                    .body(record.clone())
+                    .send()
+                    .await
+                    .expect("post");
+                match r.status() {
+                    StatusCode::NO_CONTENT => wins.push((round, seen, record)),
+                    StatusCode::PRECONDITION_FAILED => assert_ne!(tail(&r), seen, "a 412 names a tail other than the one read"),
+                    other => panic!("unexpected {other}"),
+                }
+                // Everyone has answered before the next round reads the tail.
+                barrier.wait().await;
+            }
+            wins
+        }));
+    }
+    let mut wins = Vec::new();
+    for t in tasks {
+        wins.extend(t.await.expect("writer"));
+    }
+    wins.sort();
+    let rounds: Vec<usize> = wins.iter().map(|(r, _, _)| *r).collect();
+    assert_eq!(rounds, (0..ROUNDS).collect::<Vec<_>>(), "exactly one winner per round");
+    let body = http.get(url.as_str()).send().await.expect("get").text().await.expect("text");
+    let mut expected = String::new();
+    for (_, seen, record) in &wins {
+        assert_eq!(Offset::parse(seen).expect("offset").0, expected.len() as u64, "each record lands where its writer read the tail");
+        expected.push_str(record);
+    }
+    assert_eq!(body, expected);
+}
