@@ -8,14 +8,17 @@ use common::{bin, run, Harness};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
+/// `oncelog ARGS --url` the harness's server.
+fn against(h: &Harness, args: &[&str]) -> std::process::Command {
+    let mut c = bin();
+    c.args(args).args(["--url", &h.base]);
+    c
+}
+
 #[test]
 fn create_append_read_tail_head_close_delete() {
     let h = Harness::start();
-    let cmd = |args: &[&str]| {
-        let mut c = bin();
-        c.args(args).args(["--url", &h.base]);
-        c
-    };
+    let cmd = |args: &[&str]| against(&h, args);
 
     let out = run(cmd(&["create", "logs/app"]), b"", LIMIT);
     assert!(out.ok, "{}", out.stderr);
@@ -121,11 +124,7 @@ fn the_auth_header_comes_from_a_flag_or_the_environment() {
 #[test]
 fn a_conditional_append_writes_at_the_named_tail_and_exits_3_elsewhere() {
     let h = Harness::start();
-    let cmd = |args: &[&str]| {
-        let mut c = bin();
-        c.args(args).args(["--url", &h.base]);
-        c
-    };
+    let cmd = |args: &[&str]| against(&h, args);
     assert!(run(cmd(&["create", "doc"]), b"", LIMIT).ok);
     let start = run(cmd(&["head", "doc"]), b"", LIMIT).stdout;
     let start = start.lines().find_map(|l| l.strip_prefix("next-offset: ")).expect("next-offset").to_owned();
