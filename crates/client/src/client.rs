@@ -414,6 +414,11 @@ pub(crate) async fn error_from_response(resp: reqwest::Response, op: Op, idempot
         }
         _ => {}
     }
+    if status == 409 && header_str(&headers, names::PRODUCER_CONFLICT) == Some("body-mismatch") {
+        if let (Some(epoch), Some(seq)) = (header_u64(&headers, names::PRODUCER_EPOCH), header_u64(&headers, names::PRODUCER_SEQ)) {
+            return Error::BodyMismatch { epoch, seq };
+        }
+    }
     if status == 409 {
         if let (Some(expected), Some(received)) = (
             header_u64(&headers, names::PRODUCER_EXPECTED_SEQ),

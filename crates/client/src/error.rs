@@ -105,6 +105,17 @@ pub enum Error {
         received: u64,
     },
 
+    /// `409` with `Producer-Conflict: body-mismatch`: this `(epoch, seq)` was already accepted
+    /// with a different body. A client bug (a sequence number reused for new data); nothing was
+    /// written.
+    #[error("producer conflict: seq {seq} of epoch {epoch} was already accepted with a different body")]
+    BodyMismatch {
+        /// `Producer-Epoch`.
+        epoch: u64,
+        /// `Producer-Seq`.
+        seq: u64,
+    },
+
     /// `412` to a conditional append ([`crate::StreamHandle::append_if`]): the stream's tail is no
     /// longer the offset the append was conditional on; nothing was written.
     #[error("precondition failed: the stream's tail is now {current}{}", if *.closed { " (closed)" } else { "" })]

@@ -328,3 +328,23 @@ async fn append_if_writes_at_the_tail_it_saw_or_returns_the_current_one() {
     assert_eq!(text(&all), "minetheirs");
     assert_eq!(s.head().await.expect("head").next_offset, end);
 }
+
+#[tokio::test]
+async fn a_sequence_number_reused_for_other_bytes_is_a_typed_body_mismatch() {
+    let srv = TestServer::start().await;
+    let client = Client::new(&srv.base).expect("client");
+    let s = client.stream("reuse");
+    s.create(CreateOptions::content_type("text/plain")).await.expect("create");
+    let opts = || {
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (k, v) in [("producer-id", "p"), ("producer-epoch", "1"), ("producer-seq", "0")] {
+            headers.insert(k, v.parse().expect("header value"));
+        }
+        AppendOptions { headers, ..AppendOptions::default() }
+    };
+    s.append("one", opts()).await.expect("first");
+    match s.append("two", opts()).await {
+        Err(Error::BodyMismatch { epoch: 1, seq: 0 }) => {}
+        other => panic!("expected a body mismatch, got {other:?}"),
+    }
+}

@@ -90,6 +90,7 @@ async fn a_fork_of_a_100_mb_stream_costs_metadata_not_data() {
             stream_seq: None,
             producer: None,
             if_match: None,
+            body_digest: None,
             now_ms: 0,
         })
         .await

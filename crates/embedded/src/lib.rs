@@ -69,6 +69,9 @@ pub struct EmbeddedOptions {
     pub failpoints: Failpoints,
     /// Where recovery takes "now" from (the start of every recovered stream's TTL window).
     pub clock: Arc<dyn Clock>,
+    /// How long idle producer state counts (`--producer-state-ttl`). This engine treats expired
+    /// state as absent but keeps its record until the stream is deleted.
+    pub retention: rules::Retention,
 }
 
 impl EmbeddedOptions {
@@ -79,6 +82,7 @@ impl EmbeddedOptions {
             cache_bytes: 64 << 20,
             failpoints: Failpoints::default(),
             clock: Arc::new(SystemClock::default()),
+            retention: rules::Retention::default(),
         }
     }
 }
@@ -238,6 +242,7 @@ impl EmbeddedEngine {
             gc.clone(),
             opts.failpoints.clone(),
             counters.clone(),
+            opts.retention,
         );
         let handle = std::thread::Builder::new()
             .name("oncelog-writer".into())
@@ -572,7 +577,7 @@ fn recover(ks: &Keyspaces, now_ms: i64) -> Result<(HashMap<String, WStream>, u64
     for item in ks.producers.iter() {
         let (k, v) = item.into_inner().map_err(backend)?;
         let (id, producer) = keys::parse_producer(&k).ok_or(DecodeError::Truncated)?;
-        let rec = ProducerRecord::decode(&v)?;
+        let rec = ProducerRecord::decode(&v, now_ms)?;
         if let Some(w) = by_id.get(&id).and_then(|p| streams.get_mut(p)) {
             w.producers.insert(producer, rec.0);
             report.producers += 1;

@@ -101,6 +101,7 @@ pub(crate) struct Writer {
     counters: Arc<Counters>,
     /// Appends that arrived ahead of sequence.
     parked: ParkingLot,
+    retention: rules::Retention,
 }
 
 /// Wraps a reply so that a storage failure of the whole group overrides the staged result.
@@ -128,6 +129,7 @@ impl Writer {
         gc: GcHandle,
         failpoints: Failpoints,
         counters: Arc<Counters>,
+        retention: rules::Retention,
     ) -> Self {
         let paths_by_id = streams.iter().map(|(p, w)| (w.meta.id, p.clone())).collect();
         let producers: usize = streams.values().map(|w| w.producers.len()).sum();
@@ -145,6 +147,7 @@ impl Writer {
             poisoned: false,
             counters,
             parked: ParkingLot::default(),
+            retention,
         }
     }
 
@@ -510,7 +513,7 @@ impl Writer {
             w.shared.touch(req.now_ms);
         }
         let producer = req.producer.as_ref().and_then(|p| w.producers.get(&p.id));
-        let plan = rules::append(&w.meta, w.tail, producer, req)?;
+        let plan = rules::append(&w.meta, w.tail, producer, req, &self.retention)?;
         let write = match plan {
             AppendPlan::Answer(outcome) => return Ok(outcome),
             AppendPlan::Write(write) => write,

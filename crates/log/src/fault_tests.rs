@@ -13,7 +13,7 @@ use crate::store::{self, Command, Group, Mutant, Store, StoreConfig};
 use crate::Durability;
 
 fn config() -> StoreConfig {
-    StoreConfig { durability: Durability::Fsync, segment_bytes: 4096, hot_bytes: 0, mutant: Mutant::None, failpoints: Default::default() }
+    StoreConfig { durability: Durability::Fsync, segment_bytes: 4096, hot_bytes: 0, mutant: Mutant::None, failpoints: Default::default(), retention: Default::default() }
 }
 
 fn open(fs: &SimFs) -> Result<Store, StorageError> {

@@ -23,8 +23,12 @@
 //! Each starts with a tag byte; all integers are LEB128 varints unless noted:
 //! - `0x01` **Create**: id, path (len + bytes), the stream's metadata as
 //!   [`oncelog_storage::codec::stream_meta`] (len + bytes), initial data (len + bytes).
-//! - `0x02` **Append**: id, new tail, flags u8 (bit 0 close, bit 1 `Stream-Seq`, bit 2 producer),
-//!   [`Stream-Seq` (len + bytes)], [producer id (len + bytes), epoch, seq], data (len + bytes).
+//! - `0x02` **Append**: id, new tail, flags u8 (bit 0 close, bit 1 `Stream-Seq`, bit 2 producer,
+//!   bit 3 producer details), [`Stream-Seq` (len + bytes)], [producer id (len + bytes), epoch,
+//!   seq], [body digest u64 little-endian, time of acceptance in Unix ms], data (len + bytes).
+//!   Bit 3 is set with every bit 2 this version writes; records without it (written before body
+//!   digests and producer activity times were kept) replay with an unknown digest and the
+//!   recovery time as the producer's activity.
 //!   The data and *all* of its effects are one record inside one checksummed frame: a power cut
 //!   keeps all of them or none.
 //! - `0x03` **SoftDelete**: id. The stream keeps its data for its forks; its producers are dropped.
@@ -40,6 +44,7 @@
 //!    state yields the state at the last frame; records are effects decided by the rules before
 //!    they were written, never re-decided.
 
+use oncelog_protocol::digest::BodyDigest;
 use oncelog_protocol::producer::ProducerState;
 use oncelog_storage::codec::{stream_meta, DecodeError, Decoder, Encoder, ProducerRecord};
 use oncelog_storage::StreamMeta;
@@ -115,6 +120,16 @@ pub fn frame_is_valid(h: &FrameHeader, frame: &[u8]) -> bool {
     frame.len() == FRAME_HEADER + h.len && crc32c::crc32c(&frame[8..]) == h.crc
 }
 
+/// A producer's acceptance inside an Append record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProducerEffect<S> {
+    pub id: S,
+    pub epoch: u64,
+    pub seq: u64,
+    /// Digest and acceptance time; `None` in records written before they were kept.
+    pub details: Option<(BodyDigest, i64)>,
+}
+
 /// One record, as written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record<'a> {
@@ -124,7 +139,7 @@ pub enum Record<'a> {
         new_tail: u64,
         close: bool,
         stream_seq: Option<&'a str>,
-        producer: Option<(&'a str, u64, u64)>,
+        producer: Option<ProducerEffect<&'a str>>,
         data: &'a [u8],
     },
     SoftDelete { id: u64 },
@@ -141,7 +156,7 @@ pub enum Replayed {
         new_tail: u64,
         close: bool,
         stream_seq: Option<String>,
-        producer: Option<(String, u64, u64)>,
+        producer: Option<ProducerEffect<String>>,
         data_at: usize,
         data_len: u64,
     },
@@ -165,16 +180,24 @@ pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
             at
         }
         Record::Append { id, new_tail, close, stream_seq, producer, data } => {
-            let flags = u8::from(*close) | u8::from(stream_seq.is_some()) << 1 | u8::from(producer.is_some()) << 2;
+            let details = producer.as_ref().and_then(|p| p.details);
+            let flags = u8::from(*close)
+                | u8::from(stream_seq.is_some()) << 1
+                | u8::from(producer.is_some()) << 2
+                | u8::from(details.is_some()) << 3;
             e.u8(TAG_APPEND).varint(*id).varint(*new_tail).u8(flags);
             if let Some(s) = stream_seq {
                 e.varint(s.len() as u64);
                 e.0.extend_from_slice(s.as_bytes());
             }
-            if let Some((pid, epoch, seq)) = producer {
-                e.varint(pid.len() as u64);
-                e.0.extend_from_slice(pid.as_bytes());
-                e.varint(*epoch).varint(*seq);
+            if let Some(p) = producer {
+                e.varint(p.id.len() as u64);
+                e.0.extend_from_slice(p.id.as_bytes());
+                e.varint(p.epoch).varint(p.seq);
+            }
+            if let Some((digest, at_ms)) = details {
+                // Times before 1970 do not occur; they are recorded as 0.
+                e.u64(digest.0).varint(u64::try_from(at_ms).unwrap_or(0));
             }
             e.varint(data.len() as u64);
             let at = e.0.len();
@@ -223,11 +246,21 @@ pub fn decode_payload(payload: &[u8]) -> Result<Vec<Replayed>, DecodeError> {
                 let id = d.varint()?;
                 let new_tail = d.varint()?;
                 let flags = d.u8()?;
-                if flags & !0b111 != 0 {
+                // Details (bit 3) exist only with a producer (bit 2).
+                if flags & !0b1111 != 0 || flags & 0b1100 == 0b1000 {
                     return Err(DecodeError::InvalidValue);
                 }
                 let stream_seq = if flags & 2 != 0 { Some(var_string(&mut d)?) } else { None };
-                let producer = if flags & 4 != 0 { Some((var_string(&mut d)?, d.varint()?, d.varint()?)) } else { None };
+                let mut producer = if flags & 4 != 0 {
+                    Some(ProducerEffect { id: var_string(&mut d)?, epoch: d.varint()?, seq: d.varint()?, details: None })
+                } else {
+                    None
+                };
+                if let (Some(p), true) = (&mut producer, flags & 8 != 0) {
+                    let digest = BodyDigest(d.u64()?);
+                    let at_ms = i64::try_from(d.varint()?).map_err(|_| DecodeError::InvalidValue)?;
+                    p.details = Some((digest, at_ms));
+                }
                 let data_len = d.varint()?;
                 let data_at = at_data(&d);
                 d.take(usize::try_from(data_len).map_err(|_| DecodeError::Truncated)?)?;
@@ -328,7 +361,8 @@ impl Checkpoint {
         out
     }
 
-    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+    /// `now_ms` stands in for the activity time of producer records written before it was kept.
+    pub fn decode(bytes: &[u8], now_ms: i64) -> Result<Self, DecodeError> {
         let mut d = Decoder(bytes);
         if d.take(8)? != CHECKPOINT_MAGIC {
             return Err(DecodeError::UnknownTag(bytes.first().copied().unwrap_or(0)));
@@ -358,7 +392,7 @@ impl Checkpoint {
             let mut producers = Vec::new();
             for _ in 0..np {
                 let id = var_string(&mut d)?;
-                producers.push((id, ProducerRecord::decode(var_bytes(&mut d)?)?.0));
+                producers.push((id, ProducerRecord::decode(var_bytes(&mut d)?, now_ms)?.0));
             }
             let nx = d.varint()?;
             let mut extents = Vec::new();

@@ -47,6 +47,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use oncelog_protocol::Offset;
+use oncelog_storage::rules::Retention;
 use oncelog_storage::*;
 use tokio::sync::oneshot;
 
@@ -121,6 +122,8 @@ pub struct LogOptions {
     pub clock: Arc<dyn Clock>,
     /// Fault injection for tests; production leaves it at the default (inactive).
     pub failpoints: Failpoints,
+    /// How long idle producer state counts (`--producer-state-ttl`).
+    pub retention: Retention,
 }
 
 /// Switches that make the log fail on purpose, so fail-stop behaviour can be tested through the
@@ -156,6 +159,7 @@ impl LogOptions {
             hot_bytes: 32 << 20,
             clock: Arc::new(SystemClock::default()),
             failpoints: Failpoints::default(),
+            retention: Retention::default(),
         }
     }
 }
@@ -207,6 +211,7 @@ impl LogEngine {
             hot_bytes: opts.hot_bytes,
             mutant: store::Mutant::None,
             failpoints: opts.failpoints.clone(),
+            retention: opts.retention,
         };
         let started = Instant::now();
         let (store, report) = store::open(opts.fs.clone(), cfg, opts.clock.now_ms())?;
@@ -279,6 +284,7 @@ fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>
         store.finish(g, failure);
         if store.since_checkpoint >= checkpoint_bytes && !store.counters().failed() && checkpointer.idle() {
             store.since_checkpoint = 0;
+            store.prune_producers();
             checkpointer.send(store.snapshot());
         }
     }
@@ -289,6 +295,7 @@ fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>
     let failure = store.commit(&mut g);
     store.finish(g, failure);
     if !store.counters().failed() && store.since_checkpoint > 0 {
+        store.prune_producers();
         checkpointer.send(store.snapshot());
     }
     checkpointer.stop();

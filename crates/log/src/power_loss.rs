@@ -53,8 +53,8 @@ struct MStream {
     closed: bool,
     soft_deleted: bool,
     fork_of: Option<String>,
-    /// Producer → (epoch, next seq, end offset of its last accepted append).
-    producers: BTreeMap<String, (u64, u64, u64)>,
+    /// Producer → (epoch, next seq, end offset and body of its last accepted append).
+    producers: BTreeMap<String, (u64, u64, u64, Vec<u8>)>,
 }
 
 /// What a reader can observe of a path.
@@ -84,7 +84,7 @@ impl Model {
                 let s = self.streams.get_mut(path).expect("generated valid");
                 s.data.extend_from_slice(data);
                 s.closed |= close;
-                s.producers.insert(producer.clone(), (*epoch, seq + 1, s.data.len() as u64));
+                s.producers.insert(producer.clone(), (*epoch, seq + 1, s.data.len() as u64, data.clone()));
             }
             Op::Delete { path } => {
                 let has_forks = self.streams.values().any(|s| s.fork_of.as_deref() == Some(path));
@@ -157,7 +157,7 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
             let (epoch, seq) = match model.streams[&path].producers.get(&producer) {
                 None => (0, 0),
                 Some(_) if rng.random_range(0..20) == 0 => (model.streams[&path].producers[&producer].0 + 1, 0),
-                Some((e, next, _)) => (*e, *next),
+                Some((e, next, _, _)) => (*e, *next),
             };
             Op::Produce { path, producer, epoch, seq, data, close: rng.random_range(0..25) == 0 }
         } else {
@@ -276,7 +276,7 @@ fn op_key(op: &Op) -> (String, String, u64, u64) {
 }
 
 fn config(mutant: Mutant) -> StoreConfig {
-    StoreConfig { durability: Durability::Fsync, segment_bytes: 1024, hot_bytes: 256, mutant, failpoints: Default::default() }
+    StoreConfig { durability: Durability::Fsync, segment_bytes: 1024, hot_bytes: 256, mutant, failpoints: Default::default(), retention: Default::default() }
 }
 
 /// One schedule: `groups` groups of random operations with power cuts; `Err` describes the
@@ -416,12 +416,21 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
             if s.soft_deleted {
                 continue;
             }
-            for (producer, (epoch, next, end)) in &s.producers {
-                let op = Op::Produce { path: path.clone(), producer: producer.clone(), epoch: *epoch, seq: next - 1, data: b"?".to_vec(), close: false };
+            for (producer, (epoch, next, end, data)) in &s.producers {
+                let op = Op::Produce { path: path.clone(), producer: producer.clone(), epoch: *epoch, seq: next - 1, data: data.clone(), close: false };
                 let answers = run_group(&mut store, std::slice::from_ref(&op)).map_err(|e| format!("step {step}: retry failed: {e}"))?;
                 let got = status(answers.into_iter().next().ok_or("no answer")?);
                 if got != format!("Duplicate@{end}") {
                     return Err(format!("step {step}: {producer} on {path}: retry of its last append answered {got}, expected Duplicate@{end}"));
+                }
+                // Its body's digest survived too: the same seq with other bytes is refused (on an
+                // open stream; on a closed one every duplicate is a duplicate).
+                let changed = Op::Produce { path: path.clone(), producer: producer.clone(), epoch: *epoch, seq: next - 1, data: [data.as_slice(), b"!"].concat(), close: false };
+                let answers = run_group(&mut store, std::slice::from_ref(&changed)).map_err(|e| format!("step {step}: retry failed: {e}"))?;
+                let got = status(answers.into_iter().next().ok_or("no answer")?);
+                let expected = if s.closed { got == format!("Duplicate@{end}") } else { got.contains("different body") };
+                if !expected {
+                    return Err(format!("step {step}: {producer} on {path}: its last seq with another body answered {got}"));
                 }
             }
         }

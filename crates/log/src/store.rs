@@ -14,14 +14,15 @@ use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Instant;
 
 use bytes::Bytes;
-use oncelog_protocol::producer::ProducerState;
+use oncelog_protocol::digest::BodyDigest;
+use oncelog_protocol::producer::{ProducerState, Receipt};
 use oncelog_protocol::Offset;
 use oncelog_storage::parking::ParkingLot;
 use oncelog_storage::rules::{self, AppendPlan, CreatePlan, Removal, PARK_TIMEOUT};
 use oncelog_storage::*;
 use tokio::sync::{oneshot, Notify};
 
-use crate::format::{self, Checkpoint, CheckpointStream, Extent, Record, Replayed};
+use crate::format::{self, Checkpoint, CheckpointStream, Extent, ProducerEffect, Record, Replayed};
 use crate::fs::{File, Fs};
 use crate::{backend, corrupt, Durability, LogError};
 
@@ -242,6 +243,7 @@ pub(crate) struct StoreConfig {
     /// to show that it notices.
     pub mutant: Mutant,
     pub failpoints: crate::Failpoints,
+    pub retention: rules::Retention,
 }
 
 /// A deliberate defect, for showing that the power-loss simulation catches it.
@@ -280,6 +282,9 @@ pub(crate) struct Store {
     lsn: u64,
     /// Log bytes written since the last checkpoint.
     pub since_checkpoint: u64,
+    /// The latest request time seen (Unix ms): what "now" is when idle producers are pruned
+    /// (the store reads no clock; time comes with the commands).
+    latest_ms: i64,
     counters: Arc<Counters>,
     /// Set after a failed write or sync (by the writer or the checkpointer): writes are refused.
     poisoned: bool,
@@ -379,6 +384,12 @@ impl Store {
             }
             return;
         }
+        let at = match &cmd {
+            Command::Create { req, .. } => req.now_ms,
+            Command::Append { req, .. } => req.now_ms,
+            Command::Delete { now_ms, .. } | Command::Expire { now_ms, .. } => *now_ms,
+        };
+        self.latest_ms = self.latest_ms.max(at);
         match cmd {
             Command::Create { req, reply: tx } => {
                 g.bytes += req.initial.len();
@@ -716,22 +727,27 @@ impl Store {
             w.shared.touch(req.now_ms);
         }
         let producer = req.producer.as_ref().and_then(|p| w.producers.get(&p.id));
-        let write = match rules::append(&w.meta, w.tail, producer, req)? {
+        let write = match rules::append(&w.meta, w.tail, producer, req, &self.cfg.retention)? {
             AppendPlan::Answer(outcome) => return Ok(outcome),
             AppendPlan::Write(write) => write,
         };
-        let producer = write.producer.zip(req.producer.as_ref()).map(|((e, s), p)| (p.id.as_str(), e, s));
+        let producer = write.producer.zip(req.producer.as_ref()).map(|((epoch, seq), p)| ProducerEffect {
+            id: p.id.as_str(),
+            epoch,
+            seq,
+            details: Some((write.digest, write.at_ms)),
+        });
         let split = self.cfg.mutant == Mutant::SplitProducer && producer.is_some();
         let at = g.record(&Record::Append {
             id: w.meta.id,
             new_tail: write.new_tail.0,
             close: write.close,
             stream_seq: if write.set_stream_seq { req.stream_seq.as_deref() } else { None },
-            producer: if split { None } else { producer },
+            producer: if split { None } else { producer.clone() },
             data: &req.data,
         });
         if split {
-            let rec = Record::Append { id: w.meta.id, new_tail: write.new_tail.0, close: false, stream_seq: None, producer, data: &[] };
+            let rec = Record::Append { id: w.meta.id, new_tail: write.new_tail.0, close: false, stream_seq: None, producer: producer.clone(), data: &[] };
             format::encode(&rec, &mut g.split);
         }
         let closed_before = w.meta.closed;
@@ -752,6 +768,21 @@ impl Store {
         }
         g.effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });
         Ok(write.outcome(closed_before))
+    }
+
+    /// Drops the state of producers idle for longer than the TTL (the rules already treat it as
+    /// absent; this gives the memory back, and keeps it out of the next checkpoint). Called
+    /// before each checkpoint, so state cannot pile up for longer than a checkpoint interval.
+    pub fn prune_producers(&mut self) -> usize {
+        let (now, ttl) = (self.latest_ms, self.cfg.retention.producer_ttl_ms);
+        let mut dropped = 0;
+        for w in self.streams.values_mut() {
+            let before = w.producers.len();
+            w.producers.retain(|_, s| s.is_live(now, ttl));
+            dropped += before - w.producers.len();
+        }
+        self.counters.producers.fetch_sub(dropped as u64, Ordering::Relaxed);
+        dropped
     }
 
     /// A consistent snapshot of the state as of the last committed frame (call between groups).
@@ -880,7 +911,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         let mut buf = vec![0u8; len as usize];
         f.read_exact_at(&mut buf, 0).map_err(|e| io_err("read the checkpoint", e))?;
         report.from_checkpoint = true;
-        Checkpoint::decode(&buf).map_err(|e| corrupt(format!("checkpoint: {e}")))?
+        Checkpoint::decode(&buf, now_ms).map_err(|e| corrupt(format!("checkpoint: {e}")))?
     } else {
         Checkpoint { lsn: 0, segment: 1, pos: format::SEGMENT_HEADER, next_id: 1, streams: Vec::new() }
     };
@@ -965,7 +996,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
             let records = format::decode_payload(payload).map_err(|e| corrupt(format!("{name}: frame at byte {pos}: {e}")))?;
             let base = (pos + format::FRAME_HEADER) as u64;
             for r in records {
-                replay(r, *n, base, &mut streams, &mut next_id).map_err(|e| corrupt(format!("{name}: frame at byte {pos}: {e}")))?;
+                replay(r, *n, base, now_ms, &mut streams, &mut next_id).map_err(|e| corrupt(format!("{name}: frame at byte {pos}: {e}")))?;
             }
             lsn = h.lsn;
             report.frames_replayed += 1;
@@ -1043,6 +1074,8 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         active_len,
         lsn,
         since_checkpoint: 0,
+        // Only request times count: recovery's clock may be far from the requests' (tests).
+        latest_ms: i64::MIN,
         counters,
         poisoned: false,
         parked: ParkingLot::default(),
@@ -1072,7 +1105,12 @@ fn find_frame_after(buf: &[u8], from: usize, lsn: u64) -> Option<usize> {
 }
 
 /// Applies one replayed record to the state being rebuilt.
-fn replay(r: Replayed, segment: u64, base: u64, streams: &mut HashMap<u64, Building>, next_id: &mut u64) -> Result<(), String> {
+/// `now_ms` stands in for the activity time of producer effects written before it was kept.
+fn replay(r: Replayed, segment: u64, base: u64, now_ms: i64, streams: &mut HashMap<u64, Building>, next_id: &mut u64) -> Result<(), String> {
+    let accept = |producers: &mut HashMap<String, ProducerState>, p: ProducerEffect<String>, end: u64| {
+        let (digest, at_ms) = p.details.unwrap_or((BodyDigest::UNKNOWN, now_ms));
+        producers.entry(p.id).or_insert_with(|| ProducerState::new(p.epoch)).accept(p.epoch, p.seq, Receipt { end: Offset(end), digest }, at_ms);
+    };
     match r {
         Replayed::Create { id, path, meta, data_at, data_len } => {
             if meta.id != id || streams.contains_key(&id) {
@@ -1090,8 +1128,8 @@ fn replay(r: Replayed, segment: u64, base: u64, streams: &mut HashMap<u64, Build
             // from their data; production replay holds every record to its data.
             let mutant_split = cfg!(test) && data_len == 0 && !close && producer.is_some() && new_tail <= b.tail;
             if mutant_split {
-                if let Some((pid, epoch, seq)) = producer {
-                    b.producers.entry(pid).or_insert_with(|| ProducerState::new(epoch)).accept(epoch, seq, Offset(new_tail));
+                if let Some(p) = producer {
+                    accept(&mut b.producers, p, new_tail);
                 }
                 return Ok(());
             }
@@ -1106,8 +1144,8 @@ fn replay(r: Replayed, segment: u64, base: u64, streams: &mut HashMap<u64, Build
             if stream_seq.is_some() {
                 b.meta.stream_seq = stream_seq;
             }
-            if let Some((pid, epoch, seq)) = producer {
-                b.producers.entry(pid).or_insert_with(|| ProducerState::new(epoch)).accept(epoch, seq, Offset(new_tail));
+            if let Some(p) = producer {
+                accept(&mut b.producers, p, new_tail);
             }
         }
         Replayed::SoftDelete { id } => {

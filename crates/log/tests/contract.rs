@@ -66,3 +66,30 @@ fn a_missing_data_directory_is_created() {
         engine.shutdown().await.expect("shutdown");
     });
 }
+
+/// Producer state idle past the TTL is not only ignored but dropped: after the checkpoint a
+/// shutdown writes, the engine counts no producers, and the next start recovers none.
+#[test]
+fn idle_producers_are_dropped_at_the_next_checkpoint() {
+    use oncelog_storage::contract::{append, create, create_req, produce};
+    use oncelog_storage::rules::Retention;
+    use oncelog_storage::AppendRequest;
+    oncelog_storage::contract::run(|| async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ttl = Retention::DEFAULT_PRODUCER_TTL_MS;
+        let e = open(dir.path());
+        create(&e, create_req("s", "text/plain")).await;
+        for p in ["a", "b", "c"] {
+            append(&e, AppendRequest { now_ms: 0, ..produce("s", "x", p, 0, 0) }).await;
+        }
+        // "c" stays active; the others go idle for longer than the TTL.
+        append(&e, AppendRequest { now_ms: ttl / 2, ..produce("s", "y", "c", 0, 1) }).await;
+        append(&e, AppendRequest { now_ms: ttl + 1, ..oncelog_storage::contract::append_req("s", "z") }).await;
+        assert_eq!(e.stats().producers, 3);
+        e.shutdown().await.expect("shutdown");
+        assert_eq!(e.stats().producers, 1, "dropped before the shutdown checkpoint");
+        drop(e);
+        let again = open(dir.path());
+        assert_eq!(again.stats().producers, 1, "and not recovered");
+    });
+}

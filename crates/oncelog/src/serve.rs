@@ -71,6 +71,12 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_STORAGE", default_value = "log")]
     storage: String,
 
+    /// How long a producer's state (its epoch, sequence and receipts) is kept after its last
+    /// accepted append: `7d`, `24h`, `30m`, `90s`. A retry that arrives later may be taken as new
+    /// data (see docs/WRITE-MODES.md); expired state is dropped at the next checkpoint.
+    #[arg(long, env = "ONCELOG_PRODUCER_STATE_TTL", default_value = "7d", value_parser = crate::token::parse_duration)]
+    pub producer_state_ttl: std::time::Duration,
+
     /// How often expired streams are looked for and deleted, in ms (access already hides them).
     #[arg(long, env = "ONCELOG_SWEEP_INTERVAL_MS", default_value_t = 5_000)]
     sweep_interval_ms: u64,
@@ -225,11 +231,16 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
+fn retention(args: &ServeArgs) -> oncelog_storage::rules::Retention {
+    oncelog_storage::rules::Retention { producer_ttl_ms: i64::try_from(args.producer_state_ttl.as_millis()).unwrap_or(i64::MAX) }
+}
+
 fn open_log(args: &ServeArgs) -> Result<LogEngine, Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&args.data_dir)?;
     let mut opts = LogOptions::new(&args.data_dir);
     opts.durability = if args.fsync { oncelog_log::Durability::Fsync } else { oncelog_log::Durability::Buffered };
     opts.hot_bytes = args.hot_tail_mb << 20;
+    opts.retention = retention(args);
     let started = std::time::Instant::now();
     let engine = LogEngine::open(opts)?;
     let r = engine.recovery_report();
@@ -277,6 +288,7 @@ fn open_fjall(args: &ServeArgs) -> Result<EmbeddedEngine, Box<dyn std::error::Er
     let mut opts = EmbeddedOptions::new(&args.data_dir);
     opts.durability = if args.fsync { oncelog_embedded::Durability::Fsync } else { oncelog_embedded::Durability::Buffered };
     opts.cache_bytes = args.cache_mb << 20;
+    opts.retention = retention(args);
     let engine = EmbeddedEngine::open(opts)?;
     let r = engine.recovery_report();
     tracing::info!(

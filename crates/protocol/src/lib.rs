@@ -18,6 +18,7 @@
 
 pub mod content_type;
 pub mod cursor;
+pub mod digest;
 pub mod headers;
 pub mod json;
 pub mod offset;

@@ -6,12 +6,15 @@
 //! The storage engine calls [`validate`] while it holds the stream's write serialisation, and on
 //! [`Verdict::Accept`] commits [`ProducerState::accepted`] in the same atomic unit as the data.
 //!
-//! Beyond the protocol, the state keeps *receipts*: the end offset of each of the last
-//! [`RECEIPT_WINDOW`] accepted sequence numbers of the current epoch, so that the `204` answering a
-//! duplicate can say where the original append landed.
+//! Beyond the protocol, the state keeps *receipts*: the end offset and body digest of each of the
+//! last [`RECEIPT_WINDOW`] accepted sequence numbers of the current epoch, so that the `204`
+//! answering a duplicate can say where the original append landed, and a "duplicate" whose body
+//! differs is refused instead of silently dropped. It also keeps when the producer was last
+//! active, so state idle for longer than a TTL can be forgotten ([`ProducerState::is_live`]).
 
 use std::collections::VecDeque;
 
+use crate::digest::BodyDigest;
 use crate::Offset;
 
 /// How many recent sequence numbers remember their offsets. A pipelined client keeps a handful of
@@ -25,9 +28,20 @@ pub struct ProducerState {
     pub epoch: u64,
     /// The highest sequence number accepted in `epoch`.
     pub last_seq: u64,
-    /// End offsets of the most recent accepted sequence numbers of `epoch`, oldest first; the last
-    /// entry belongs to `last_seq`.
-    pub receipts: VecDeque<Offset>,
+    /// The most recent accepted sequence numbers of `epoch`, oldest first; the last entry
+    /// belongs to `last_seq`.
+    pub receipts: VecDeque<Receipt>,
+    /// When a request of this producer was last accepted (Unix ms): how long it has been idle.
+    pub last_active_ms: i64,
+}
+
+/// What is remembered of one accepted append.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Receipt {
+    /// Where its data ended.
+    pub end: Offset,
+    /// Its body's digest.
+    pub digest: BodyDigest,
 }
 
 /// The decision for one request.
@@ -35,9 +49,9 @@ pub struct ProducerState {
 pub enum Verdict {
     /// New data in sequence: append it, then record [`ProducerState::accepted`].
     Accept,
-    /// Already accepted: answer `204` without writing. `receipt` is where that append ended, when
-    /// the sequence number is still inside the receipt window.
-    Duplicate { receipt: Option<Offset> },
+    /// Already accepted: answer `204` without writing (unless the body differs from the
+    /// receipt's). `receipt` is that append's, while the sequence number is inside the window.
+    Duplicate { receipt: Option<Receipt> },
     /// A zombie from an older epoch: `403` with the current epoch.
     Fenced { current_epoch: u64 },
     /// A gap: `409` with the expected and received sequence numbers.
@@ -72,34 +86,42 @@ pub fn validate(state: Option<&ProducerState>, epoch: u64, seq: u64) -> Verdict 
 }
 
 impl ProducerState {
-    /// The state after `(epoch, seq)` was accepted and its data ends at `end`.
-    pub fn accepted(state: Option<&ProducerState>, epoch: u64, seq: u64, end: Offset) -> ProducerState {
+    /// The state after `(epoch, seq)` was accepted at `at_ms`, with `receipt`.
+    pub fn accepted(state: Option<&ProducerState>, epoch: u64, seq: u64, receipt: Receipt, at_ms: i64) -> ProducerState {
         let mut next = state.cloned().unwrap_or_else(|| ProducerState::new(epoch));
-        next.accept(epoch, seq, end);
+        next.accept(epoch, seq, receipt, at_ms);
         next
     }
 
     /// A producer seen for the first time, before its first accepted request.
     pub fn new(epoch: u64) -> ProducerState {
-        ProducerState { epoch, last_seq: 0, receipts: VecDeque::with_capacity(RECEIPT_WINDOW) }
+        ProducerState { epoch, last_seq: 0, receipts: VecDeque::with_capacity(RECEIPT_WINDOW), last_active_ms: i64::MIN }
     }
 
-    /// Records in place that `(epoch, seq)` was accepted and its data ends at `end` (the same as
-    /// [`ProducerState::accepted`], without copying the receipts).
-    pub fn accept(&mut self, epoch: u64, seq: u64, end: Offset) {
-        if epoch != self.epoch {
+    /// Records in place that `(epoch, seq)` was accepted at `at_ms` (the same as
+    /// [`ProducerState::accepted`], without copying the receipts). Sequence 0 starts afresh: it is
+    /// accepted only for a producer new to the stream, a new epoch, or state that had expired.
+    pub fn accept(&mut self, epoch: u64, seq: u64, receipt: Receipt, at_ms: i64) {
+        if epoch != self.epoch || seq == 0 {
             self.receipts.clear();
         }
         if self.receipts.len() == RECEIPT_WINDOW {
             self.receipts.pop_front();
         }
-        self.receipts.push_back(end);
+        self.receipts.push_back(receipt);
         self.epoch = epoch;
         self.last_seq = seq;
+        self.last_active_ms = self.last_active_ms.max(at_ms);
     }
 
-    /// The end offset of `seq` in the current epoch, if still remembered.
-    pub fn receipt(&self, seq: u64) -> Option<Offset> {
+    /// Whether the state still counts at `now_ms` with an idle TTL of `ttl_ms`; state idle for
+    /// longer is treated as absent (a new producer).
+    pub fn is_live(&self, now_ms: i64, ttl_ms: i64) -> bool {
+        now_ms < self.last_active_ms.saturating_add(ttl_ms)
+    }
+
+    /// The receipt of `seq` in the current epoch, if still remembered.
+    pub fn receipt(&self, seq: u64) -> Option<Receipt> {
         let back = self.last_seq.checked_sub(seq)?;
         let back = usize::try_from(back).ok()?;
         let idx = self.receipts.len().checked_sub(1)?.checked_sub(back)?;
@@ -112,31 +134,47 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn at(end: u64) -> Receipt {
+        Receipt { end: Offset(end), digest: BodyDigest(end) }
+    }
+
     #[test]
     fn spec_examples() {
-        let s0 = ProducerState::accepted(None, 0, 0, Offset(10));
+        let s0 = ProducerState::accepted(None, 0, 0, at(10), 5);
         assert_eq!(validate(None, 0, 0), Verdict::Accept);
         assert_eq!(validate(None, 0, 3), Verdict::Gap { expected: 0, received: 3 });
-        assert_eq!(validate(Some(&s0), 0, 0), Verdict::Duplicate { receipt: Some(Offset(10)) });
+        assert_eq!(validate(Some(&s0), 0, 0), Verdict::Duplicate { receipt: Some(at(10)) });
         assert_eq!(validate(Some(&s0), 0, 1), Verdict::Accept);
         assert_eq!(validate(Some(&s0), 0, 2), Verdict::Gap { expected: 1, received: 2 });
         assert_eq!(validate(Some(&s0), 1, 1), Verdict::NewEpochMustStartAtZero);
-        let s1 = ProducerState::accepted(Some(&s0), 1, 0, Offset(20));
+        let s1 = ProducerState::accepted(Some(&s0), 1, 0, at(20), 7);
         assert_eq!(validate(Some(&s1), 0, 5), Verdict::Fenced { current_epoch: 1 });
         assert_eq!(s1.receipts.len(), 1, "a new epoch starts a fresh receipt window");
+        assert_eq!(s1.last_active_ms, 7);
+        assert!(s1.is_live(7 + 99, 100) && !s1.is_live(7 + 100, 100));
+    }
+
+    #[test]
+    fn sequence_zero_after_expiry_starts_afresh() {
+        let mut s = ProducerState::accepted(None, 2, 0, at(1), 0);
+        s.accept(2, 1, at(2), 10);
+        // Forgotten after its TTL: the same epoch's seq 0 is a new producer's first append.
+        s.accept(2, 0, at(3), 1_000);
+        assert_eq!((s.last_seq, s.receipts.len(), s.last_active_ms), (0, 1, 1_000));
+        assert_eq!(s.receipt(0), Some(at(3)));
     }
 
     #[test]
     fn receipts_expire_after_the_window() {
-        let mut s = ProducerState::accepted(None, 0, 0, Offset(1));
+        let mut s = ProducerState::accepted(None, 0, 0, at(1), 0);
         for seq in 1..=(RECEIPT_WINDOW as u64 + 5) {
-            s = ProducerState::accepted(Some(&s), 0, seq, Offset(seq + 1));
+            s = ProducerState::accepted(Some(&s), 0, seq, at(seq + 1), 0);
         }
         assert_eq!(s.receipts.len(), RECEIPT_WINDOW);
         assert_eq!(validate(Some(&s), 0, 0), Verdict::Duplicate { receipt: None });
-        assert_eq!(validate(Some(&s), 0, s.last_seq), Verdict::Duplicate { receipt: Some(Offset(s.last_seq + 1)) });
+        assert_eq!(validate(Some(&s), 0, s.last_seq), Verdict::Duplicate { receipt: Some(at(s.last_seq + 1)) });
         let oldest = s.last_seq + 1 - RECEIPT_WINDOW as u64;
-        assert_eq!(s.receipt(oldest), Some(Offset(oldest + 1)));
+        assert_eq!(s.receipt(oldest), Some(at(oldest + 1)));
         assert_eq!(s.receipt(oldest - 1), None);
     }
 
@@ -161,7 +199,7 @@ mod tests {
             let max_seq = in_epoch.iter().map(|a| a.1).max().unwrap_or(0);
             if seq <= max_seq {
                 let recent = in_epoch.iter().rev().take(RECEIPT_WINDOW).find(|a| a.1 == seq);
-                return Verdict::Duplicate { receipt: recent.map(|a| a.2) };
+                return Verdict::Duplicate { receipt: recent.map(|a| Receipt { end: a.2, digest: BodyDigest(a.2 .0) }) };
             }
             if seq == max_seq + 1 {
                 Verdict::Accept
@@ -182,7 +220,7 @@ mod tests {
                 prop_assert_eq!(got, model.verdict(epoch, seq), "epoch {} seq {}", epoch, seq);
                 if got == Verdict::Accept {
                     tail += 1 + seq;
-                    state = Some(ProducerState::accepted(state.as_ref(), epoch, seq, Offset(tail)));
+                    state = Some(ProducerState::accepted(state.as_ref(), epoch, seq, at(tail), 0));
                     model.accepted.push((epoch, seq, Offset(tail)));
                 }
             }

@@ -99,6 +99,10 @@ impl ApiError {
                 AppendError::ProducerEpochSeq | AppendError::ProducerIdTooLong => (StatusCode::BAD_REQUEST, vec![]),
                 AppendError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
                 AppendError::OffsetOverflow => (StatusCode::INSUFFICIENT_STORAGE, vec![]),
+                AppendError::ProducerBodyMismatch { epoch, seq } => (
+                    StatusCode::CONFLICT,
+                    vec![h(names::PRODUCER_CONFLICT, "body-mismatch"), h(names::PRODUCER_EPOCH, epoch), h(names::PRODUCER_SEQ, seq)],
+                ),
                 AppendError::PreconditionFailed { tail, closed } => {
                     let mut v = vec![h(names::STREAM_NEXT_OFFSET, tail)];
                     if *closed {

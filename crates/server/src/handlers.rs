@@ -8,6 +8,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
 use oncelog_protocol::headers::{format_rfc3339, names, Expiry};
 use oncelog_protocol::json::{self, EmptyArray};
+use oncelog_protocol::digest::BodyDigest;
 use oncelog_protocol::{content_type, Offset};
 use oncelog_storage::{
     AppendError, AppendOutcome, AppendRequest, AppendStatus, CreateError, CreateOutcome, CreateRequest, Engine, ForkRequest,
@@ -243,6 +244,8 @@ async fn append<E: Engine>(
         } else {
             body.clone()
         };
+        // Hashed here, on the request's task, not on the engine's writer.
+        let body_digest = h.producer.is_some().then(|| BodyDigest::of(&data));
         let req = AppendRequest {
             path: path.to_owned(),
             stream_id: Some(info.id),
@@ -253,6 +256,7 @@ async fn append<E: Engine>(
             stream_seq: h.stream_seq.clone(),
             producer: h.producer.clone(),
             if_match: h.if_match.clone(),
+            body_digest,
             now_ms: st.clock.now_ms(),
         };
         match st.engine.append(req).await {

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncelog_protocol::headers::{Expiry, ProducerHeaders};
+use oncelog_protocol::digest::BodyDigest;
 use oncelog_protocol::Offset;
 
 /// Configuration fixed at creation; an idempotent re-create must match it exactly.
@@ -120,6 +121,9 @@ pub struct AppendRequest {
     /// `If-Match`: the append is written only if the stream's tail is one of these (else
     /// [`AppendError::PreconditionFailed`]). `None`: unconditional.
     pub if_match: Option<Vec<Offset>>,
+    /// The digest of `data`, when the caller computed it (off the engine's writer); computed
+    /// from `data` when needed otherwise.
+    pub body_digest: Option<BodyDigest>,
     pub now_ms: i64,
 }
 
@@ -175,6 +179,8 @@ pub enum AppendError {
     StreamChanged,
     #[error("body framing does not match the stream's content type")]
     FramingMismatch,
+    #[error("Producer-Seq {seq} of epoch {epoch} was already accepted with a different body; a retry must resend the same bytes, new data needs the next Producer-Seq")]
+    ProducerBodyMismatch { epoch: u64, seq: u64 },
     #[error("the stream's tail is not the one If-Match names: someone wrote since; read from the tail in Stream-Next-Offset and decide again")]
     PreconditionFailed { tail: Offset, closed: bool },
     #[error(transparent)]

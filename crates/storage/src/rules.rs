@@ -10,8 +10,11 @@
 //!
 //! Precedence of an append's checks, in order (the first that applies answers):
 //! 1. the stream incarnation ([`AppendError::StreamChanged`]) and soft deletion (`Gone`);
-//! 2. the producer verdict: a retry of an accepted request is a duplicate whatever changed since
-//!    (even when that request closed the stream, or when its `If-Match` no longer holds); a stale
+//! 2. the producer verdict (state idle for longer than [`Retention::producer_ttl_ms`] counts as
+//!    absent): a retry of an accepted request is a duplicate whatever changed since (even when
+//!    that request closed the stream, or when its `If-Match` no longer holds) — unless its body
+//!    differs from the original's on a stream still open, which is `ProducerBodyMismatch`,
+//!    never a silent drop; a stale
 //!    epoch is fenced; a gap on a *closed* stream answers `Closed` (waiting for predecessors
 //!    cannot help);
 //! 3. `If-Match`: a tail other than the ones named is `PreconditionFailed`, with the tail and
@@ -25,7 +28,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncelog_protocol::headers::Expiry;
-use oncelog_protocol::producer::{self, ProducerState, Verdict};
+use oncelog_protocol::digest::BodyDigest;
+use oncelog_protocol::producer::{self, ProducerState, Receipt, Verdict};
 use oncelog_protocol::{content_type, json, Offset};
 
 use crate::engine::*;
@@ -38,6 +42,27 @@ pub const PARK_TIMEOUT: Duration = Duration::from_millis(250);
 
 /// How far ahead of the expected sequence number a request may be and still wait.
 pub const MAX_PARK_AHEAD: u64 = 64;
+
+/// How long write-side state is kept, set per server (`--producer-state-ttl`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// A producer idle for longer is forgotten: treated as new by the rules at once, its state
+    /// dropped from memory and storage later. A retry that arrives after this may be taken as
+    /// new data (a forgotten producer's seq 0 is appended again); any other sequence number of a
+    /// forgotten producer is a gap (`409`), never accepted.
+    pub producer_ttl_ms: i64,
+}
+
+impl Retention {
+    /// Seven days, as Kafka keeps idle producer ids.
+    pub const DEFAULT_PRODUCER_TTL_MS: i64 = 7 * 24 * 3600 * 1000;
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Retention { producer_ttl_ms: Self::DEFAULT_PRODUCER_TTL_MS }
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Expiry and visibility
@@ -87,8 +112,13 @@ pub struct AppendWrite {
     pub close: bool,
     /// The request's `Stream-Seq` becomes the stream's last one.
     pub set_stream_seq: bool,
-    /// `(epoch, seq)` to accept into the producer's state, with `new_tail` as its receipt.
+    /// `(epoch, seq)` to accept into the producer's state, with `new_tail` and `digest` as its
+    /// receipt, at `at_ms`.
     pub producer: Option<(u64, u64)>,
+    /// The body's digest (for the producer's receipt).
+    pub digest: BodyDigest,
+    /// When the request was decided (the producer's activity time).
+    pub at_ms: i64,
 }
 
 impl AppendWrite {
@@ -113,7 +143,7 @@ impl AppendWrite {
     /// from `ProducerState::new(epoch)`.
     pub fn apply_producer(&self, state: &mut ProducerState) {
         if let Some((epoch, seq)) = self.producer {
-            state.accept(epoch, seq, self.new_tail);
+            state.accept(epoch, seq, Receipt { end: self.new_tail, digest: self.digest }, self.at_ms);
         }
     }
 
@@ -129,13 +159,17 @@ impl AppendWrite {
 }
 
 /// Decides an append against the stream's current state. `producer` is the state of the
-/// request's producer on this stream, if it has one.
+/// request's producer on this stream, if it has one (expired or not: `retention` decides).
 pub fn append(
     meta: &StreamMeta,
     tail: Offset,
     producer: Option<&ProducerState>,
     req: &AppendRequest,
+    retention: &Retention,
 ) -> Result<AppendPlan, AppendError> {
+    let producer = producer.filter(|s| s.is_live(req.now_ms, retention.producer_ttl_ms));
+    // Hashed only when a producer needs it (its receipt, or the duplicate check).
+    let digest = || req.body_digest.unwrap_or_else(|| BodyDigest::of(&req.data));
     // 1. Incarnation and deletion.
     if req.stream_id.is_some_and(|id| id != meta.id) {
         return Err(AppendError::StreamChanged);
@@ -151,10 +185,15 @@ pub fn append(
         match producer::validate(producer, p.epoch, p.seq) {
             Verdict::Accept => {}
             Verdict::Duplicate { receipt } => {
+                // On a closed stream nothing more can be written anyway, and the protocol's
+                // conformance suite requires a retried close with another body to be a duplicate.
+                if !meta.closed && receipt.is_some_and(|r| !r.digest.matches(digest())) {
+                    return Err(AppendError::ProducerBodyMismatch { epoch: p.epoch, seq: p.seq });
+                }
                 let last = producer.map_or(p.seq, |s| s.last_seq);
                 return Ok(AppendPlan::Answer(AppendOutcome {
                     status: AppendStatus::Duplicate,
-                    next_offset: receipt.unwrap_or(tail),
+                    next_offset: receipt.map_or(tail, |r| r.end),
                     closed: meta.closed,
                     producer: Some((p.epoch, last)),
                 }));
@@ -208,6 +247,8 @@ pub fn append(
         close: req.close,
         set_stream_seq: req.stream_seq.is_some(),
         producer: req.producer.as_ref().map(|p| (p.epoch, p.seq)),
+        digest: if req.producer.is_some() { digest() } else { BodyDigest::UNKNOWN },
+        at_ms: req.now_ms,
     }))
 }
 

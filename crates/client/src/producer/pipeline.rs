@@ -493,6 +493,22 @@ impl Pipeline {
                 Counters::bump(&self.shared.counters.gap_waits);
                 b.state = State::WaitPredecessors;
             }
+            // The server holds other bytes under this (epoch, seq). First answer of a session:
+            // an earlier session used the epoch (as a duplicate answer would say, had the bytes
+            // been equal). Later: the same seq was sent with two bodies, which this pipeline
+            // never does; refuse rather than lose either.
+            Verdict::BodyMismatch if !self.established => {
+                let epoch = self.epoch;
+                if self.settings.auto_claim && self.failed.is_none() && self.claims < MAX_CLAIMS {
+                    self.claim(epoch.saturating_add(1), i).await;
+                } else {
+                    self.fail_from(i, Error::EpochReused { epoch });
+                }
+            }
+            Verdict::BodyMismatch => {
+                let epoch = self.epoch;
+                self.fail_from(i, Error::BodyMismatch { epoch, seq });
+            }
             Verdict::Fenced { current_epoch } => {
                 let epoch = self.epoch;
                 if self.settings.auto_claim && self.failed.is_none() && self.claims < MAX_CLAIMS {

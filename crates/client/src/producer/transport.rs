@@ -43,6 +43,8 @@ pub(crate) struct BatchResponse {
     pub expected_seq: Option<u64>,
     /// `Producer-Received-Seq` (on a `409` gap).
     pub received_seq: Option<u64>,
+    /// `Producer-Conflict: body-mismatch` (on a `409`): the seq was accepted with other bytes.
+    pub body_mismatch: bool,
     /// `Retry-After`.
     pub retry_after: Option<Duration>,
     /// The start of an error body.
@@ -103,6 +105,7 @@ impl Transport for HttpTransport {
                 producer_seq: header_u64(&h, names::PRODUCER_SEQ),
                 expected_seq: header_u64(&h, names::PRODUCER_EXPECTED_SEQ),
                 received_seq: header_u64(&h, names::PRODUCER_RECEIVED_SEQ),
+                body_mismatch: header_str(&h, names::PRODUCER_CONFLICT) == Some("body-mismatch"),
                 retry_after: retry_after(&h),
                 message,
                 url: req.url.as_str().to_owned(),
@@ -137,6 +140,9 @@ pub(crate) enum Verdict {
         /// The server's epoch.
         current_epoch: u64,
     },
+    /// `409 Producer-Conflict: body-mismatch`: this `(epoch, seq)` holds other bytes (on a
+    /// session's first answer: an earlier session used the epoch).
+    BodyMismatch,
     /// Anything else: this batch cannot succeed.
     Fatal(Error),
 }
@@ -164,6 +170,7 @@ pub(crate) fn classify(outcome: &Result<BatchResponse, Error>, body_empty: bool)
             None => Verdict::Fatal(Error::Status { status: 403, message: message(), retry_after: None, retry_safe: false }),
         },
         409 if r.closed => Verdict::Fatal(Error::StreamClosed { final_offset: r.next_offset.clone() }),
+        409 if r.body_mismatch => Verdict::BodyMismatch,
         409 => match (r.expected_seq, r.received_seq) {
             (Some(expected), Some(received)) => Verdict::Gap { expected, received },
             _ => Verdict::Fatal(Error::Conflict { message: message() }),
@@ -202,6 +209,8 @@ mod tests {
         assert!(matches!(classify(&Ok(gap), false), Verdict::Gap { expected: 2, received: 4 }));
         let closed = BatchResponse { status: 409, closed: true, expected_seq: Some(2), received_seq: Some(4), ..resp(409) };
         assert!(matches!(classify(&Ok(closed), false), Verdict::Fatal(Error::StreamClosed { .. })), "closed wins, never retried");
+        let mismatch = BatchResponse { status: 409, body_mismatch: true, ..resp(409) };
+        assert!(matches!(classify(&Ok(mismatch), false), Verdict::BodyMismatch));
         let fenced = BatchResponse { status: 403, producer_epoch: Some(7), ..BatchResponse::default() };
         assert!(matches!(classify(&Ok(fenced), false), Verdict::Fenced { current_epoch: 7 }));
         assert!(matches!(classify(&Ok(resp(403)), false), Verdict::Fatal(_)), "403 without an epoch is not fencing");

@@ -1,4 +1,5 @@
 use oncelog_protocol::headers::Expiry;
+use oncelog_protocol::producer::Receipt;
 use oncelog_protocol::Offset;
 use oncelog_storage::ForkOf;
 use proptest::prelude::*;
@@ -51,10 +52,11 @@ proptest! {
     fn append_records_round_trip(
         id: u64, new_tail: u64, close: bool,
         stream_seq in proptest::option::of("[0-9a-z]{0,12}"),
-        producer in proptest::option::of(("[a-z0-9-]{1,20}", any::<u64>(), any::<u64>())),
+        producer in proptest::option::of(("[a-z0-9-]{1,20}", any::<u64>(), any::<u64>(), proptest::option::of((any::<u64>(), 0i64..i64::MAX)))),
         data in proptest::collection::vec(any::<u8>(), 0..64),
     ) {
-        let p = producer.as_ref().map(|(s, e, q)| (s.as_str(), *e, *q));
+        let producer = producer.map(|(id, epoch, seq, details)| ProducerEffect { id, epoch, seq, details: details.map(|(d, t)| (BodyDigest(d), t)) });
+        let p = producer.as_ref().map(|p| ProducerEffect { id: p.id.as_str(), epoch: p.epoch, seq: p.seq, details: p.details });
         let r = round_trip(Record::Append { id, new_tail, close, stream_seq: stream_seq.as_deref(), producer: p, data: &data });
         match r {
             Replayed::Append { id: i, new_tail: t, close: c, stream_seq: s, producer: pr, data_len, .. } => {
@@ -85,18 +87,18 @@ proptest! {
             let extents = ext.into_iter().map(|(len, seg, p)| { end += len; Extent::new(end, seg, p) }).collect();
             let producers = prods.into_iter().map(|(id, epoch, seq)| {
                 let mut s = ProducerState::new(epoch);
-                s.accept(epoch, seq, Offset(end));
+                s.accept(epoch, seq, Receipt { end: Offset(end), digest: BodyDigest(seq ^ end) }, end as i64);
                 (id, s)
             }).collect();
             CheckpointStream { path, meta, tail: end, start, producers, extents }
         }).collect();
         let c = Checkpoint { lsn, segment, pos, next_id, streams };
-        prop_assert_eq!(Checkpoint::decode(&c.encode()), Ok(c));
+        prop_assert_eq!(Checkpoint::decode(&c.encode(), 0), Ok(c));
     }
 
     #[test]
     fn garbage_checkpoints_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..128)) {
-        let _ = Checkpoint::decode(&bytes);
+        let _ = Checkpoint::decode(&bytes, 0);
     }
 }
 
@@ -121,4 +123,21 @@ fn segment_names_round_trip() {
     assert_eq!(parse_segment_name(segment_name(7).trim_start_matches("log/")), Some(7));
     assert_eq!(parse_segment_name("7.seg"), None);
     assert_eq!(parse_segment_name("checkpoint"), None);
+}
+
+/// An Append record as the previous version wrote it (producer without bit 3) still replays,
+/// with no details; bit 3 without bit 2 is refused.
+#[test]
+fn append_records_without_producer_details_still_decode() {
+    let mut payload = vec![0x02, 7, 10, 0b100];
+    payload.extend_from_slice(&[1, b'p', 2, 3]); // producer "p", epoch 2, seq 3
+    payload.extend_from_slice(&[2, b'h', b'i']);
+    let got = decode_payload(&payload).expect("legacy record");
+    match &got[..] {
+        [Replayed::Append { id: 7, new_tail: 10, producer: Some(p), data_len: 2, .. }] => {
+            assert_eq!((p.id.as_str(), p.epoch, p.seq, p.details), ("p", 2, 3, None));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(decode_payload(&[0x02, 7, 10, 0b1000, 0]), Err(DecodeError::InvalidValue));
 }

@@ -53,6 +53,8 @@ macro_rules! engine_contract_tests {
             writes::create_verdicts,
             writes::append_precedence,
             writes::conditional_appends,
+            writes::a_producer_retry_with_another_body_is_refused,
+            writes::idle_producer_state_expires,
             writes::duplicates_answer_with_their_original_offset,
             writes::out_of_order_producer_appends_wait_for_their_predecessors,
             writes::a_real_gap_is_answered_after_the_park_timeout,
@@ -118,6 +120,7 @@ pub fn append_req(path: &str, data: &str) -> AppendRequest {
         stream_seq: None,
         producer: None,
         if_match: None,
+        body_digest: None,
         now_ms: 0,
     }
 }

@@ -106,6 +106,59 @@ pub async fn conditional_appends<H: Harness>() {
     assert_eq!(read_all(e, "s", 1 << 20).await, "abcdef");
 }
 
+pub async fn a_producer_retry_with_another_body_is_refused<H: Harness>() {
+    let mut h = H::open().await;
+    create(h.engine(), create_req("s", "text/plain")).await;
+    append(h.engine(), produce("s", "ab", "p", 0, 0)).await;
+    append(h.engine(), produce("s", "cd", "p", 0, 1)).await;
+    // Twice: as written, and reopened (the digests are stored with the receipts).
+    for round in 0..2 {
+        let e = h.engine();
+        let same = append(e, produce("s", "ab", "p", 0, 0)).await;
+        assert_eq!((same.status, same.next_offset), (AppendStatus::Duplicate, Offset(2)), "round {round}");
+        let other = e.append(produce("s", "XY", "p", 0, 0)).await;
+        assert!(matches!(other, Err(AppendError::ProducerBodyMismatch { epoch: 0, seq: 0 })), "round {round}: {other:?}");
+        let other = e.append(produce("s", "cd!", "p", 0, 1)).await;
+        assert!(matches!(other, Err(AppendError::ProducerBodyMismatch { epoch: 0, seq: 1 })), "round {round}: {other:?}");
+        assert_eq!(read_all(e, "s", 1 << 20).await, "abcd", "round {round}: nothing written");
+        h.reopen().await;
+    }
+    // Once the stream is closed, a retry is a duplicate whatever its body (the protocol's suite
+    // requires it of a retried close).
+    let close = append(h.engine(), AppendRequest { close: true, ..produce("s", "ef", "p", 0, 2) }).await;
+    assert!(close.closed);
+    let retry = append(h.engine(), AppendRequest { close: true, ..produce("s", "EF", "p", 0, 2) }).await;
+    assert_eq!((retry.status, retry.next_offset), (AppendStatus::Duplicate, Offset(6)));
+}
+
+pub async fn idle_producer_state_expires<H: Harness>() {
+    let mut h = H::open().await;
+    let ttl = crate::rules::Retention::DEFAULT_PRODUCER_TTL_MS;
+    let at = |req: AppendRequest, now_ms: i64| AppendRequest { now_ms, ..req };
+    create(h.engine(), create_req("s", "text/plain")).await;
+    append(h.engine(), at(produce("s", "a", "p", 3, 0), 0)).await;
+    append(h.engine(), at(produce("s", "b", "p", 3, 1), 1_000)).await;
+    h.reopen().await;
+    // Within the TTL of the last activity (kept across the reopen): a retry is a duplicate.
+    let dup = append(h.engine(), at(produce("s", "b", "p", 3, 1), 1_000 + ttl - 1)).await;
+    assert_eq!(dup.status, AppendStatus::Duplicate);
+    // Past it, the producer is forgotten: a later sequence number is a gap from 0, never
+    // accepted; so it stays after a reopen.
+    for round in 0..2 {
+        let late = h.engine().append(at(produce("s", "c", "p", 3, 100), 1_000 + ttl + round)).await;
+        assert!(matches!(late, Err(AppendError::ProducerSeqGap { expected: 0, received: 100 })), "round {round}: {late:?}");
+        h.reopen().await;
+    }
+    // Sequence 0 of a forgotten producer is new data (the documented trade-off), whatever its
+    // epoch, and starts a fresh state.
+    let e = h.engine();
+    let again = append(e, at(produce("s", "a", "p", 1, 0), 1_000 + ttl + 2)).await;
+    assert_eq!((again.status, again.next_offset), (AppendStatus::Appended, Offset(3)));
+    let dup = append(e, at(produce("s", "a", "p", 1, 0), 1_000 + ttl + 3)).await;
+    assert_eq!((dup.status, dup.next_offset), (AppendStatus::Duplicate, Offset(3)));
+    assert_eq!(read_all(e, "s", 1 << 20).await, "aba");
+}
+
 pub async fn duplicates_answer_with_their_original_offset<H: Harness>() {
     let mut h = H::open().await;
     create(h.engine(), create_req("s", "text/plain")).await;

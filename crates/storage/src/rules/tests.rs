@@ -28,77 +28,123 @@ struct Op {
     producer: Option<(u8, u64, u64)>,
     matching_type: bool,
     len: usize,
+    /// Which bytes: a producer retry with another variant has a different body.
+    variant: u8,
     close: bool,
     stream_seq: Option<u8>,
+    /// Time passing before the request (now and then beyond the producer TTL).
+    wait_ms: i64,
 }
+
+/// The producer TTL of the model test: a few waits exceed it.
+const TTL_MS: i64 = 100;
 
 fn op() -> impl Strategy<Value = Op> {
     (
         proptest::option::weighted(0.8, (0u8..2, 0u64..3, 0u64..6)),
         proptest::bool::weighted(0.9),
         0usize..4,
+        proptest::bool::weighted(0.2).prop_map(u8::from),
         proptest::bool::weighted(0.05),
         proptest::option::weighted(0.2, 0u8..6),
+        prop_oneof![8 => Just(0i64), 1 => 0i64..(2 * TTL_MS)],
     )
-        .prop_map(|(producer, matching_type, len, close, stream_seq)| Op { producer, matching_type, len, close, stream_seq })
+        .prop_map(|(producer, matching_type, len, variant, close, stream_seq, wait_ms)| Op {
+            producer,
+            matching_type,
+            len,
+            variant,
+            close,
+            stream_seq,
+            wait_ms,
+        })
 }
 
-fn request(op: &Op) -> AppendRequest {
+fn request(op: &Op, now_ms: i64) -> AppendRequest {
     AppendRequest {
         path: "s".into(),
         stream_id: Some(1),
         json_framed: false,
         content_type: Some(if op.matching_type { "text/plain; charset=utf-8" } else { "text/html" }.into()),
-        data: Bytes::from(vec![b'x'; op.len]),
+        data: Bytes::from(vec![b'x' + op.variant; op.len]),
         close: op.close,
         stream_seq: op.stream_seq.map(|s| format!("s{s}")),
         producer: op.producer.map(|(id, epoch, seq)| ProducerHeaders { id: format!("p{id}"), epoch, seq }),
         if_match: None,
-        now_ms: 0,
+        body_digest: None,
+        now_ms,
     }
 }
 
-/// One accepted request: (producer (id, epoch, seq), end offset, closed the stream, stream seq).
-type Accepted = (Option<(u8, u64, u64)>, u64, bool, Option<u8>);
+/// One accepted request.
+#[derive(Debug, Clone)]
+struct Accepted {
+    /// (id, epoch, seq, incarnation of the producer's state: a new one after it expired)
+    producer: Option<(u8, u64, u64, u32)>,
+    end: u64,
+    close: bool,
+    stream_seq: Option<u8>,
+    body: Vec<u8>,
+    at_ms: i64,
+}
 
 /// Every accepted request, in order: the model's only state.
 #[derive(Default)]
 struct Model {
     accepted: Vec<Accepted>,
+    /// Per producer id, how many times its state was forgotten.
+    incarnations: HashMap<u8, u32>,
 }
 
 impl Model {
     fn tail(&self) -> u64 {
-        self.accepted.last().map_or(0, |a| a.1)
+        self.accepted.last().map_or(0, |a| a.end)
     }
     fn closed(&self) -> bool {
-        self.accepted.iter().any(|a| a.2)
+        self.accepted.iter().any(|a| a.close)
     }
 
-    fn answer(&self, op: &Op) -> Result<AppendOutcome, AppendError> {
+    /// The producer's accepted requests that still count at `now`: those of its current
+    /// incarnation, unless it has been idle for the TTL.
+    fn live_history(&mut self, id: u8, now: i64) -> Vec<Accepted> {
+        let inc = *self.incarnations.get(&id).unwrap_or(&0);
+        let mine: Vec<Accepted> = self.accepted.iter().filter(|a| a.producer.is_some_and(|p| p.0 == id && p.3 == inc)).cloned().collect();
+        match mine.last() {
+            Some(last) if now >= last.at_ms + TTL_MS => {
+                self.incarnations.insert(id, inc + 1);
+                Vec::new()
+            }
+            _ => mine,
+        }
+    }
+
+    fn answer(&mut self, op: &Op, now: i64) -> Result<AppendOutcome, AppendError> {
         let tail = Offset(self.tail());
         let closed = self.closed();
         if op.len == 0 && !op.close {
             return Err(AppendError::Empty);
         }
         if let Some((id, epoch, seq)) = op.producer {
-            let mine: Vec<(u64, u64, u64)> =
-                self.accepted.iter().filter_map(|a| a.0.filter(|p| p.0 == id).map(|p| (p.1, p.2, a.1))).collect();
-            match mine.last() {
+            let mine = self.live_history(id, now);
+            let body = vec![b'x' + op.variant; op.len];
+            match mine.last().and_then(|a| a.producer) {
                 None if seq != 0 => {
                     return Err(if closed { AppendError::Closed { tail } } else { AppendError::ProducerSeqGap { expected: 0, received: seq } })
                 }
                 None => {}
-                Some(&(cur, _, _)) if epoch < cur => return Err(AppendError::ProducerFenced { current_epoch: cur }),
-                Some(&(cur, _, _)) if epoch > cur && seq != 0 => return Err(AppendError::ProducerEpochSeq),
-                Some(&(cur, _, _)) if epoch > cur => {}
-                Some(&(cur, last, _)) => {
-                    let in_epoch: Vec<_> = mine.iter().filter(|m| m.0 == cur).collect();
+                Some((_, cur, _, _)) if epoch < cur => return Err(AppendError::ProducerFenced { current_epoch: cur }),
+                Some((_, cur, _, _)) if epoch > cur && seq != 0 => return Err(AppendError::ProducerEpochSeq),
+                Some((_, cur, _, _)) if epoch > cur => {}
+                Some((_, cur, last, _)) => {
+                    let in_epoch: Vec<&Accepted> = mine.iter().filter(|m| m.producer.is_some_and(|p| p.1 == cur)).collect();
                     if seq <= last {
-                        let receipt = in_epoch.iter().rev().take(RECEIPT_WINDOW).find(|m| m.1 == seq).map(|m| Offset(m.2));
+                        let original = in_epoch.iter().rev().take(RECEIPT_WINDOW).find(|m| m.producer.is_some_and(|p| p.2 == seq));
+                        if !closed && original.is_some_and(|o| o.body != body) {
+                            return Err(AppendError::ProducerBodyMismatch { epoch, seq });
+                        }
                         return Ok(AppendOutcome {
                             status: AppendStatus::Duplicate,
-                            next_offset: receipt.unwrap_or(tail),
+                            next_offset: original.map_or(tail, |o| Offset(o.end)),
                             closed,
                             producer: Some((epoch, last)),
                         });
@@ -123,7 +169,7 @@ impl Model {
         if op.len > 0 && !op.matching_type {
             return Err(AppendError::ContentTypeMismatch);
         }
-        let last_seq = self.accepted.iter().filter_map(|a| a.3).next_back();
+        let last_seq = self.accepted.iter().filter_map(|a| a.stream_seq).next_back();
         if let (Some(s), Some(last)) = (op.stream_seq, last_seq) {
             if format!("s{s}") <= format!("s{last}") {
                 return Err(AppendError::StreamSeqRegression);
@@ -135,6 +181,12 @@ impl Model {
             closed: op.close,
             producer: op.producer.map(|p| (p.1, p.2)),
         })
+    }
+
+    fn record(&mut self, op: &Op, end: u64, now: i64) {
+        let producer = op.producer.map(|(id, e, s)| (id, e, s, *self.incarnations.get(&id).unwrap_or(&0)));
+        let body = vec![b'x' + op.variant; op.len];
+        self.accepted.push(Accepted { producer, end, close: op.close, stream_seq: op.stream_seq, body, at_ms: now });
     }
 }
 
@@ -150,11 +202,14 @@ proptest! {
         let mut tail = Offset::ZERO;
         let mut producers: HashMap<String, ProducerState> = HashMap::new();
         let mut model = Model::default();
+        let retention = Retention { producer_ttl_ms: TTL_MS };
+        let mut now = 0i64;
         for op in ops {
-            let req = request(&op);
+            now += op.wait_ms;
+            let req = request(&op, now);
             let pstate = req.producer.as_ref().and_then(|p| producers.get(&p.id));
-            let got = append(&m, tail, pstate, &req);
-            let want = model.answer(&op);
+            let got = append(&m, tail, pstate, &req, &retention);
+            let want = model.answer(&op, now);
             match (&got, &want) {
                 (Ok(AppendPlan::Write(w)), Ok(o)) => {
                     let closed_before = m.closed;
@@ -165,7 +220,7 @@ proptest! {
                     }
                     tail = w.new_tail;
                     prop_assert_eq!(&w.outcome(closed_before), o);
-                    model.accepted.push((op.producer, tail.0, op.close, op.stream_seq));
+                    model.record(&op, tail.0, now);
                 }
                 (Ok(AppendPlan::Answer(a)), Ok(o)) => prop_assert_eq!(a, o),
                 (Err(a), Err(b)) => prop_assert!(same_error(a, b), "{:?} vs {:?} for {:?}", a, b, op),
@@ -179,25 +234,25 @@ proptest! {
 #[test]
 fn a_request_for_another_incarnation_is_refused_before_anything_else() {
     let m = meta("application/json");
-    let mut req = request(&Op { producer: Some((0, 0, 0)), matching_type: true, len: 3, close: false, stream_seq: None });
+    let mut req = request(&Op { producer: Some((0, 0, 0)), matching_type: true, len: 3, variant: 0, close: false, stream_seq: None, wait_ms: 0 }, 0);
     req.stream_id = Some(2);
-    assert!(matches!(append(&m, Offset::ZERO, None, &req), Err(AppendError::StreamChanged)));
+    assert!(matches!(append(&m, Offset::ZERO, None, &req, &Retention::default()), Err(AppendError::StreamChanged)));
     // The same request for the right incarnation, unframed, into a JSON stream.
     req.stream_id = Some(1);
     req.content_type = Some("application/json".into());
-    assert!(matches!(append(&m, Offset::ZERO, None, &req), Err(AppendError::FramingMismatch)));
+    assert!(matches!(append(&m, Offset::ZERO, None, &req, &Retention::default()), Err(AppendError::FramingMismatch)));
     req.json_framed = true;
-    assert!(matches!(append(&m, Offset::ZERO, None, &req), Ok(AppendPlan::Write(_))));
+    assert!(matches!(append(&m, Offset::ZERO, None, &req, &Retention::default()), Ok(AppendPlan::Write(_))));
 }
 
 #[test]
 fn parking_covers_small_gaps_and_early_new_epoch_requests_only() {
-    let req = request(&Op { producer: Some((0, 1, 3)), matching_type: true, len: 1, close: false, stream_seq: None });
+    let req = request(&Op { producer: Some((0, 1, 3)), matching_type: true, len: 1, variant: 0, close: false, stream_seq: None, wait_ms: 0 }, 0);
     assert!(parkable(&req, &AppendError::ProducerSeqGap { expected: 1, received: 3 }));
     assert!(!parkable(&req, &AppendError::ProducerSeqGap { expected: 1, received: 1 + MAX_PARK_AHEAD + 1 }));
     assert!(parkable(&req, &AppendError::ProducerEpochSeq));
     assert!(!parkable(&req, &AppendError::ContentTypeMismatch));
-    let plain = request(&Op { producer: None, matching_type: true, len: 1, close: false, stream_seq: None });
+    let plain = request(&Op { producer: None, matching_type: true, len: 1, variant: 0, close: false, stream_seq: None, wait_ms: 0 }, 0);
     assert!(!parkable(&plain, &AppendError::ProducerSeqGap { expected: 1, received: 3 }));
 }
 
