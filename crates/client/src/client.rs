@@ -432,6 +432,7 @@ pub(crate) async fn error_from_response(resp: reqwest::Response, op: Op, idempot
         (400, _) => Error::BadRequest { message },
         (410, _) => Error::Gone { message },
         (413, _) => Error::PayloadTooLarge { message },
+        (422, Op::Append { .. }) => Error::IdempotencyKeyMismatch { message },
         (409, Op::Create) => Error::ConfigMismatch { message },
         (409, Op::Append { stream_seq: true }) if !message.to_ascii_lowercase().contains("content") => {
             Error::StreamSeqConflict { message }

@@ -116,6 +116,14 @@ pub enum Error {
         seq: u64,
     },
 
+    /// `422` to an append with an `Idempotency-Key`: the key was already used on this stream,
+    /// within its window, with a different body. Nothing was written; new data needs a new key.
+    #[error("idempotency key reused with a different body: {message}")]
+    IdempotencyKeyMismatch {
+        /// The server's one-line reason.
+        message: String,
+    },
+
     /// `412` to a conditional append ([`crate::StreamHandle::append_if`]): the stream's tail is no
     /// longer the offset the append was conditional on; nothing was written.
     #[error("precondition failed: the stream's tail is now {current}{}", if *.closed { " (closed)" } else { "" })]

@@ -102,6 +102,7 @@
 
 pub mod client;
 pub mod error;
+pub mod key;
 pub mod offset;
 pub mod producer;
 pub mod read;
@@ -111,6 +112,7 @@ pub mod stream;
 
 pub use client::{Client, ClientBuilder};
 pub use error::Error;
+pub use key::new_idempotency_key;
 pub use offset::{ReadFrom, StreamOffset};
 pub use producer::{Ack, EpochStore, FileEpochStore, Producer, ProducerBuilder, ProducerStats, Receipt};
 pub use read::{Chunk, ChunkStream, JsonBatch, LiveMode, ReadOptions, ReadStatus};

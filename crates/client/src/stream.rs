@@ -78,6 +78,10 @@ pub struct AppendOptions {
     /// `If-Match`: append only if the stream's tail is this offset, else
     /// [`Error::PreconditionFailed`] and nothing is written (see [`StreamHandle::append_if`]).
     pub if_match: Option<StreamOffset>,
+    /// `Idempotency-Key` (see [`crate::new_idempotency_key`]): a repeat of the append with the
+    /// same key and body is answered from the first, never written twice, so an append with a
+    /// key is retried after any transient failure.
+    pub idempotency_key: Option<String>,
     /// Extra headers for this request.
     pub headers: HeaderMap,
 }
@@ -219,13 +223,18 @@ impl StreamHandle {
             Some(ct) => ct,
             None => self.content_type().await?,
         };
-        let mut req = self.request(Method::POST, false);
+        // With a key the server answers a repeat from the first append: safe to retry.
+        let idempotent = opts.idempotency_key.is_some();
+        let mut req = self.request(Method::POST, idempotent);
         req.header("content-type", &ct)?;
         if let Some(seq) = &opts.stream_seq {
             req.header(names::STREAM_SEQ, seq)?;
         }
         if let Some(tail) = &opts.if_match {
             req.header(names::IF_MATCH, tail.as_str())?;
+        }
+        if let Some(key) = &opts.idempotency_key {
+            req.header(names::IDEMPOTENCY_KEY, key)?;
         }
         if close {
             req.header(names::STREAM_CLOSED, "true")?;
@@ -234,7 +243,7 @@ impl StreamHandle {
         req.body = data;
         let resp = self.client.send(&req, self.client.retry_policy()).await?;
         if !matches!(resp.status().as_u16(), 200 | 204) {
-            return Err(error_from_response(resp, Op::Append { stream_seq: opts.stream_seq.is_some() }, false).await);
+            return Err(error_from_response(resp, Op::Append { stream_seq: opts.stream_seq.is_some() }, idempotent).await);
         }
         let h = resp.headers();
         Ok(Appended { next_offset: next_offset(h)?, closed: closed_flag(header_str(h, names::STREAM_CLOSED)) })

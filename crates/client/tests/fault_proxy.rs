@@ -286,3 +286,74 @@ async fn exactly_once_through_a_faulty_network() {
     assert!(total(|s| s.duplicates) > 0, "some retries hit requests the server had already stored");
     assert_eq!(read_back, stored, "the SSE reader saw exactly the stream");
 }
+
+/// Writers that keep no counter: each append carries a fresh `Idempotency-Key` and is retried
+/// through the faulty proxy until acknowledged, and every append is also sent a second time on
+/// its own (a duplicating network or an impatient user). Every append is in the stream exactly
+/// once, each writer's in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_writers_append_exactly_once_through_a_faulty_network() {
+    const WRITERS: usize = 4;
+    const PER_WRITER: usize = 250;
+    const KEYED: &str = "chaos/keyed";
+    let server = TestServer::start().await;
+    let plan = FaultPlan { drop_request: 15, drop_response: 60, reset: 15, delay: 40 };
+    let proxy = Proxy::start(server.addr, plan).await;
+    let proxied = Client::builder(format!("http://{}/v1/stream", proxy.addr))
+        .request_timeout(Duration::from_secs(10))
+        .retry_policy(RetryPolicy::default().with_max_attempts(None).expect("policy"))
+        .build()
+        .expect("client");
+    let direct = Client::new(&server.base).expect("client");
+    direct.stream(KEYED).create(CreateOptions::content_type("text/plain")).await.expect("create");
+    let mut tasks = Vec::new();
+    for w in 0..WRITERS {
+        let stream = proxied.stream(KEYED).with_content_type("text/plain");
+        tasks.push(tokio::spawn(async move {
+            for n in 0..PER_WRITER {
+                let key = oncelog_client::new_idempotency_key();
+                let opts = || oncelog_client::AppendOptions { idempotency_key: Some(key.clone()), ..Default::default() };
+                let body = message(w, n);
+                // The same request twice at once; both must succeed, one of them as the repeat.
+                let (a, b) = tokio::join!(stream.append(body.clone(), opts()), stream.append(body.clone(), opts()));
+                let (a, b) = (a.expect("keyed appends are retried until acknowledged"), b.expect("and so is the repeat"));
+                assert_eq!(a.next_offset, b.next_offset, "both answers name the one append");
+            }
+        }));
+    }
+    tokio::time::timeout(TIME_LIMIT, async {
+        for t in tasks {
+            t.await.expect("writer");
+        }
+    })
+    .await
+    .expect("the keyed writers finished in time");
+    // A catch-up read pages through the whole stream and ends at the tail.
+    let mut chunks = direct.stream(KEYED).read(ReadOptions::default());
+    let mut all = String::new();
+    while let Some(c) = chunks.next().await {
+        all.push_str(std::str::from_utf8(&c.expect("read").data).expect("utf-8"));
+    }
+    let mut count: HashMap<&str, usize> = HashMap::new();
+    let mut last: HashMap<usize, usize> = HashMap::new();
+    for line in all.lines() {
+        *count.entry(line).or_default() += 1;
+        let (w, n) = line.trim_start_matches('p').split_once('-').expect("message shape");
+        let (w, n): (usize, usize) = (w.parse().expect("writer"), n.parse().expect("n"));
+        if let Some(prev) = last.insert(w, n) {
+            assert!(n > prev, "writer {w}: {n} after {prev}");
+        }
+    }
+    let c = &proxy.counts;
+    println!(
+        "keyed writers: {} lines, {} distinct; faults: {} dropped responses, {} dropped requests, {} resets",
+        all.lines().count(),
+        count.len(),
+        c.dropped_responses.load(Ordering::Relaxed),
+        c.dropped_requests.load(Ordering::Relaxed),
+        c.resets.load(Ordering::Relaxed)
+    );
+    assert_eq!(count.len(), WRITERS * PER_WRITER, "every append is there");
+    assert!(count.values().all(|n| *n == 1), "none twice");
+    assert!(c.dropped_responses.load(Ordering::Relaxed) > 0, "faults were injected");
+}

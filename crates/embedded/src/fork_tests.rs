@@ -91,6 +91,7 @@ async fn a_fork_of_a_100_mb_stream_costs_metadata_not_data() {
             producer: None,
             if_match: None,
             body_digest: None,
+            idempotency_key: None,
             now_ms: 0,
         })
         .await

@@ -174,6 +174,7 @@ pub(crate) struct Keyspaces {
     streams: Keyspace,
     data: Keyspace,
     producers: Keyspace,
+    idempotency: Keyspace,
     gc: Keyspace,
     sys: Keyspace,
 }
@@ -219,6 +220,7 @@ impl EmbeddedEngine {
                 })
                 .map_err(backend)?,
             producers: db.keyspace("producers", plain).map_err(backend)?,
+            idempotency: db.keyspace("idempotency", plain).map_err(backend)?,
             gc: db.keyspace("gc", plain).map_err(backend)?,
             sys: db.keyspace("sys", plain).map_err(backend)?,
             db,
@@ -269,7 +271,7 @@ impl EmbeddedEngine {
     /// without the journal (tests and benchmarks).
     pub fn flush_to_tables(&self) -> Result<(), StorageError> {
         let ks = &self.inner.ks;
-        for k in [&ks.streams, &ks.data, &ks.producers, &ks.gc, &ks.sys] {
+        for k in [&ks.streams, &ks.data, &ks.producers, &ks.idempotency, &ks.gc, &ks.sys] {
             k.rotate_memtable_and_wait().map_err(backend)?;
         }
         Ok(())
@@ -581,6 +583,14 @@ fn recover(ks: &Keyspaces, now_ms: i64) -> Result<(HashMap<String, WStream>, u64
         if let Some(w) = by_id.get(&id).and_then(|p| streams.get_mut(p)) {
             w.producers.insert(producer, rec.0);
             report.producers += 1;
+        }
+    }
+    for item in ks.idempotency.iter() {
+        let (k, v) = item.into_inner().map_err(backend)?;
+        let (id, key) = keys::parse_idempotency(&k).ok_or(DecodeError::Truncated)?;
+        let entry = oncelog_storage::codec::key_entry::decode(&v)?;
+        if let Some(w) = by_id.get(&id).and_then(|p| streams.get_mut(p)) {
+            w.keys.get_or_insert_with(Default::default).insert(key, entry);
         }
     }
     let mut pending = Vec::new();

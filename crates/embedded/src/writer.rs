@@ -48,6 +48,9 @@ pub(crate) struct WStream {
     pub meta: StreamMeta,
     pub tail: Offset,
     pub producers: HashMap<String, ProducerState>,
+    /// Idempotency keys (none for most streams). Expired ones are ignored by the rules and
+    /// stay stored until the stream is deleted.
+    pub keys: IdempotencyKeys,
     /// The reader-visible entry this stream publishes to.
     pub shared: Arc<Shared>,
 }
@@ -55,7 +58,7 @@ pub(crate) struct WStream {
 impl WStream {
     pub fn recovered(meta: StreamMeta, tail: Offset, chain: Vec<Segment>, forks: usize, now_ms: i64) -> Self {
         let shared = new_shared(&meta, tail, chain, forks, now_ms);
-        WStream { meta, tail, producers: HashMap::new(), shared }
+        WStream { meta, tail, producers: HashMap::new(), keys: None, shared }
     }
 
     fn forks(&self) -> usize {
@@ -414,6 +417,9 @@ impl Writer {
                     batch.remove(&self.ks.producers, keys::producer(w.meta.id, producer));
                 }
                 self.counters.producers.fetch_sub(dropped.len() as u64, Ordering::Relaxed);
+                for k in w.keys.take().iter().flat_map(|m| m.keys()) {
+                    batch.remove(&self.ks.idempotency, keys::idempotency(w.meta.id, *k));
+                }
                 effects.push(Effect::SoftDelete { shared: w.shared.clone() });
             }
         }
@@ -433,6 +439,9 @@ impl Writer {
                 batch.remove(&self.ks.producers, keys::producer(w.meta.id, producer));
             }
             self.counters.producers.fetch_sub(w.producers.len() as u64, Ordering::Relaxed);
+            for k in w.keys.iter().flat_map(|m| m.keys()) {
+                batch.remove(&self.ks.idempotency, keys::idempotency(w.meta.id, *k));
+            }
             batch.insert(&self.ks.gc, keys::stream_prefix(w.meta.id), Vec::new());
             effects.push(Effect::Remove { path, shared: w.shared });
             let Some(f) = w.meta.fork else { continue };
@@ -489,7 +498,7 @@ impl Writer {
         };
         let shared = new_shared(&meta, tail, chain, 0, req.now_ms);
         let info = meta.info(tail);
-        self.streams.insert(req.path.clone(), WStream { meta, tail, producers: HashMap::new(), shared: shared.clone() });
+        self.streams.insert(req.path.clone(), WStream { meta, tail, producers: HashMap::new(), keys: None, shared: shared.clone() });
         self.paths_by_id.insert(id, req.path.clone());
         self.count_streams();
         effects.push(Effect::Insert { path: req.path, shared });
@@ -512,8 +521,8 @@ impl Writer {
             // Any request that reaches this stream is an access: it slides the TTL window.
             w.shared.touch(req.now_ms);
         }
-        let producer = req.producer.as_ref().and_then(|p| w.producers.get(&p.id));
-        let plan = rules::append(&w.meta, w.tail, producer, req, &self.retention)?;
+        let writer = rules::WriterState::of(req, &w.producers, &w.keys);
+        let plan = rules::append(&w.meta, w.tail, writer, req, &self.retention)?;
         let write = match plan {
             AppendPlan::Answer(outcome) => return Ok(outcome),
             AppendPlan::Write(write) => write,
@@ -535,6 +544,12 @@ impl Writer {
             };
             write.apply_producer(state);
             batch.insert(&self.ks.producers, keys::producer(w.meta.id, &p.id), ProducerRecord::encode_state(state));
+        }
+        if let Some(k) = write.key {
+            write.apply_key(&mut w.keys);
+            if let Some(entry) = w.keys.as_ref().and_then(|m| m.get(&k)) {
+                batch.insert(&self.ks.idempotency, keys::idempotency(w.meta.id, k), oncelog_storage::codec::key_entry::encode(entry));
+            }
         }
         w.tail = write.new_tail;
         effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });

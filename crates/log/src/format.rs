@@ -24,8 +24,10 @@
 //! - `0x01` **Create**: id, path (len + bytes), the stream's metadata as
 //!   [`oncelog_storage::codec::stream_meta`] (len + bytes), initial data (len + bytes).
 //! - `0x02` **Append**: id, new tail, flags u8 (bit 0 close, bit 1 `Stream-Seq`, bit 2 producer,
-//!   bit 3 producer details), [`Stream-Seq` (len + bytes)], [producer id (len + bytes), epoch,
-//!   seq], [body digest u64 little-endian, time of acceptance in Unix ms], data (len + bytes).
+//!   bit 3 producer details, bit 4 idempotency key), [`Stream-Seq` (len + bytes)], [producer id
+//!   (len + bytes), epoch, seq], [body digest u64 little-endian, time of acceptance in Unix ms],
+//!   [key id u128 little-endian, body digest u64 little-endian, time of acceptance], data
+//!   (len + bytes). A record has a producer or a key, never both.
 //!   Bit 3 is set with every bit 2 this version writes; records without it (written before body
 //!   digests and producer activity times were kept) replay with an unknown digest and the
 //!   recovery time as the producer's activity.
@@ -44,10 +46,11 @@
 //!    state yields the state at the last frame; records are effects decided by the rules before
 //!    they were written, never re-decided.
 
-use oncelog_protocol::digest::BodyDigest;
+use oncelog_protocol::digest::{BodyDigest, KeyId};
 use oncelog_protocol::producer::ProducerState;
+use oncelog_protocol::Offset;
 use oncelog_storage::codec::{stream_meta, DecodeError, Decoder, Encoder, ProducerRecord};
-use oncelog_storage::StreamMeta;
+use oncelog_storage::{KeyEntry, StreamMeta};
 
 pub const SEGMENT_MAGIC: &[u8; 8] = b"ONCELOG\x01";
 pub const SEGMENT_HEADER: u64 = 16;
@@ -61,7 +64,9 @@ pub const CHECKPOINT: &str = "checkpoint";
 pub const LOCK: &str = "lock";
 pub const CHECKPOINT_TMP: &str = "checkpoint.tmp";
 pub const LOG_DIR: &str = "log";
-const CHECKPOINT_MAGIC: &[u8; 8] = b"ONCECKP\x01";
+const CHECKPOINT_MAGIC: &[u8; 8] = b"ONCECKP\x02";
+/// Checkpoints written before idempotency keys: the same without the per-stream key list.
+const CHECKPOINT_MAGIC_V1: &[u8; 8] = b"ONCECKP\x01";
 
 const TAG_CREATE: u8 = 0x01;
 const TAG_APPEND: u8 = 0x02;
@@ -140,6 +145,7 @@ pub enum Record<'a> {
         close: bool,
         stream_seq: Option<&'a str>,
         producer: Option<ProducerEffect<&'a str>>,
+        key: Option<(KeyId, BodyDigest, i64)>,
         data: &'a [u8],
     },
     SoftDelete { id: u64 },
@@ -157,6 +163,7 @@ pub enum Replayed {
         close: bool,
         stream_seq: Option<String>,
         producer: Option<ProducerEffect<String>>,
+        key: Option<(KeyId, BodyDigest, i64)>,
         data_at: usize,
         data_len: u64,
     },
@@ -179,12 +186,13 @@ pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
             e.0.extend_from_slice(data);
             at
         }
-        Record::Append { id, new_tail, close, stream_seq, producer, data } => {
+        Record::Append { id, new_tail, close, stream_seq, producer, key, data } => {
             let details = producer.as_ref().and_then(|p| p.details);
             let flags = u8::from(*close)
                 | u8::from(stream_seq.is_some()) << 1
                 | u8::from(producer.is_some()) << 2
-                | u8::from(details.is_some()) << 3;
+                | u8::from(details.is_some()) << 3
+                | u8::from(key.is_some()) << 4;
             e.u8(TAG_APPEND).varint(*id).varint(*new_tail).u8(flags);
             if let Some(s) = stream_seq {
                 e.varint(s.len() as u64);
@@ -198,6 +206,10 @@ pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
             if let Some((digest, at_ms)) = details {
                 // Times before 1970 do not occur; they are recorded as 0.
                 e.u64(digest.0).varint(u64::try_from(at_ms).unwrap_or(0));
+            }
+            if let Some((k, digest, at_ms)) = key {
+                e.0.extend_from_slice(&k.0.to_le_bytes());
+                e.u64(digest.0).varint(u64::try_from(*at_ms).unwrap_or(0));
             }
             e.varint(data.len() as u64);
             let at = e.0.len();
@@ -246,8 +258,8 @@ pub fn decode_payload(payload: &[u8]) -> Result<Vec<Replayed>, DecodeError> {
                 let id = d.varint()?;
                 let new_tail = d.varint()?;
                 let flags = d.u8()?;
-                // Details (bit 3) exist only with a producer (bit 2).
-                if flags & !0b1111 != 0 || flags & 0b1100 == 0b1000 {
+                // Details (bit 3) exist only with a producer (bit 2); a key (bit 4) never with one.
+                if flags & !0b1_1111 != 0 || flags & 0b1100 == 0b1000 || flags & 0b1_0100 == 0b1_0100 {
                     return Err(DecodeError::InvalidValue);
                 }
                 let stream_seq = if flags & 2 != 0 { Some(var_string(&mut d)?) } else { None };
@@ -261,10 +273,18 @@ pub fn decode_payload(payload: &[u8]) -> Result<Vec<Replayed>, DecodeError> {
                     let at_ms = i64::try_from(d.varint()?).map_err(|_| DecodeError::InvalidValue)?;
                     p.details = Some((digest, at_ms));
                 }
+                let key = if flags & 16 != 0 {
+                    let k = u128::from_le_bytes(d.take(16)?.try_into().map_err(|_| DecodeError::Truncated)?);
+                    let digest = BodyDigest(d.u64()?);
+                    let at_ms = i64::try_from(d.varint()?).map_err(|_| DecodeError::InvalidValue)?;
+                    Some((KeyId(k), digest, at_ms))
+                } else {
+                    None
+                };
                 let data_len = d.varint()?;
                 let data_at = at_data(&d);
                 d.take(usize::try_from(data_len).map_err(|_| DecodeError::Truncated)?)?;
-                Replayed::Append { id, new_tail, close: flags & 1 != 0, stream_seq, producer, data_at, data_len }
+                Replayed::Append { id, new_tail, close: flags & 1 != 0, stream_seq, producer, key, data_at, data_len }
             }
             TAG_SOFT_DELETE => Replayed::SoftDelete { id: d.varint()? },
             TAG_REMOVE => Replayed::Remove { id: d.varint()? },
@@ -310,14 +330,17 @@ pub struct CheckpointStream {
     pub start: u64,
     pub producers: Vec<(String, ProducerState)>,
     pub extents: Vec<Extent>,
+    pub keys: Vec<(KeyId, KeyEntry)>,
 }
 
 /// The state as of frame `lsn`; replay continues at `segment`, file position `pos`.
 ///
-/// Layout: `ONCECKP\x01`, crc32c u32 of the body, body length u64, body: lsn, segment, pos,
+/// Layout: `ONCECKP\x02`, crc32c u32 of the body, body length u64, body: lsn, segment, pos,
 /// next_id, stream count, then per stream: path, metadata (len + [`stream_meta`] bytes), tail,
 /// start, producer count and per producer (id, len + [`ProducerRecord`] bytes), extent count and
-/// per extent (end minus the previous end, segment, position). All varints.
+/// per extent (end minus the previous end, segment, position), idempotency key count and per key
+/// (key id u128 little-endian, end, body digest u64 little-endian, time of acceptance). Varints
+/// unless noted. `ONCECKP\x01` (before keys) is the same without the key list, and still read.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Checkpoint {
     pub lsn: u64,
@@ -351,6 +374,11 @@ impl Checkpoint {
                 e.varint(x.end.wrapping_sub(prev)).varint(x.segment()).varint(x.pos());
                 prev = x.end;
             }
+            e.varint(s.keys.len() as u64);
+            for (k, entry) in &s.keys {
+                e.0.extend_from_slice(&k.0.to_le_bytes());
+                e.varint(entry.end.0).u64(entry.digest.0).varint(u64::try_from(entry.at_ms).unwrap_or(0));
+            }
         }
         let body = e.0;
         let mut out = Vec::with_capacity(body.len() + 20);
@@ -364,9 +392,11 @@ impl Checkpoint {
     /// `now_ms` stands in for the activity time of producer records written before it was kept.
     pub fn decode(bytes: &[u8], now_ms: i64) -> Result<Self, DecodeError> {
         let mut d = Decoder(bytes);
-        if d.take(8)? != CHECKPOINT_MAGIC {
-            return Err(DecodeError::UnknownTag(bytes.first().copied().unwrap_or(0)));
-        }
+        let with_keys = match d.take(8)? {
+            m if m == CHECKPOINT_MAGIC => true,
+            m if m == CHECKPOINT_MAGIC_V1 => false,
+            _ => return Err(DecodeError::UnknownTag(bytes.first().copied().unwrap_or(0))),
+        };
         let crc = d.u32()?;
         let len = usize::try_from(d.u64()?).map_err(|_| DecodeError::Truncated)?;
         let body = d.take(len)?;
@@ -406,7 +436,17 @@ impl Checkpoint {
                 extents.push(Extent::new(end, segment, pos));
                 prev = end;
             }
-            c.streams.push(CheckpointStream { path, meta, tail, start, producers, extents });
+            let mut keys = Vec::new();
+            if with_keys {
+                for _ in 0..d.varint()? {
+                    let k = KeyId(u128::from_le_bytes(d.take(16)?.try_into().map_err(|_| DecodeError::Truncated)?));
+                    let end = Offset(d.varint()?);
+                    let digest = BodyDigest(d.u64()?);
+                    let at_ms = i64::try_from(d.varint()?).map_err(|_| DecodeError::InvalidValue)?;
+                    keys.push((k, KeyEntry { end, digest, at_ms }));
+                }
+            }
+            c.streams.push(CheckpointStream { path, meta, tail, start, producers, extents, keys });
         }
         d.finish()?;
         Ok(c)

@@ -284,7 +284,7 @@ fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>
         store.finish(g, failure);
         if store.since_checkpoint >= checkpoint_bytes && !store.counters().failed() && checkpointer.idle() {
             store.since_checkpoint = 0;
-            store.prune_producers();
+            store.prune_writers();
             checkpointer.send(store.snapshot());
         }
     }
@@ -295,7 +295,7 @@ fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>
     let failure = store.commit(&mut g);
     store.finish(g, failure);
     if !store.counters().failed() && store.since_checkpoint > 0 {
-        store.prune_producers();
+        store.prune_writers();
         checkpointer.send(store.snapshot());
     }
     checkpointer.stop();

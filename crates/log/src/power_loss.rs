@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use oncelog_storage::contract::{append_req, create_req, fork_req, produce};
+use oncelog_storage::contract::{append_req, create_req, fork_req, keyed, produce};
 use oncelog_storage::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -36,13 +36,15 @@ enum Op {
     Fork { path: String, source: String, at: u64 },
     Append { path: String, data: Vec<u8> },
     Produce { path: String, producer: String, epoch: u64, seq: u64, data: Vec<u8>, close: bool },
+    /// An append with an idempotency key (a fresh one: repeats come as retries).
+    Keyed { path: String, key: String, data: Vec<u8> },
     Delete { path: String },
 }
 
 impl Op {
     fn path(&self) -> &str {
         match self {
-            Op::Create { path } | Op::Fork { path, .. } | Op::Append { path, .. } | Op::Produce { path, .. } | Op::Delete { path } => path,
+            Op::Create { path } | Op::Fork { path, .. } | Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Delete { path } => path,
         }
     }
 }
@@ -55,6 +57,8 @@ struct MStream {
     fork_of: Option<String>,
     /// Producer → (epoch, next seq, end offset and body of its last accepted append).
     producers: BTreeMap<String, (u64, u64, u64, Vec<u8>)>,
+    /// Idempotency key → (end offset, body) of its append.
+    keys: BTreeMap<String, (u64, Vec<u8>)>,
 }
 
 /// What a reader can observe of a path.
@@ -86,12 +90,18 @@ impl Model {
                 s.closed |= close;
                 s.producers.insert(producer.clone(), (*epoch, seq + 1, s.data.len() as u64, data.clone()));
             }
+            Op::Keyed { path, key, data } => {
+                let s = self.streams.get_mut(path).expect("generated valid");
+                s.data.extend_from_slice(data);
+                s.keys.insert(key.clone(), (s.data.len() as u64, data.clone()));
+            }
             Op::Delete { path } => {
                 let has_forks = self.streams.values().any(|s| s.fork_of.as_deref() == Some(path));
                 if has_forks {
                     let s = self.streams.get_mut(path).expect("generated valid");
                     s.soft_deleted = true;
                     s.producers.clear();
+                    s.keys.clear();
                     return;
                 }
                 let mut cur = self.streams.remove(path).and_then(|s| s.fork_of);
@@ -149,8 +159,10 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
             // (A cascade may have removed and a create re-made the source within the group.)
             let len = lengths.get(&source).copied().unwrap_or(0).min(model.streams[&source].data.len() as u64);
             Op::Fork { path, source, at: rng.random_range(0..=len) }
-        } else if roll < 30 {
+        } else if roll < 24 {
             Op::Append { path: writable[rng.random_range(0..writable.len())].clone(), data }
+        } else if roll < 30 {
+            Op::Keyed { path: writable[rng.random_range(0..writable.len())].clone(), key: format!("k{counter}"), data }
         } else if roll < 92 {
             let path = writable[rng.random_range(0..writable.len())].clone();
             let producer = ["a", "b"][rng.random_range(0..2)].to_owned();
@@ -198,11 +210,12 @@ fn command(op: &Op) -> (Command, Pending) {
             let (tx, rx) = oneshot::channel();
             (Command::Create { req, reply: tx }, Pending::Create(rx))
         }
-        Op::Append { path, data } | Op::Produce { path, data, .. } => {
+        Op::Append { path, data } | Op::Produce { path, data, .. } | Op::Keyed { path, data, .. } => {
             // Generated data is ASCII (`<n>`).
             let text = String::from_utf8_lossy(data);
             let req = match op {
                 Op::Produce { producer, epoch, seq, close, .. } => AppendRequest { close: *close, ..produce(path, &text, producer, *epoch, *seq) },
+                Op::Keyed { key, .. } => keyed(path, &text, key),
                 _ => append_req(path, &text),
             };
             let (tx, rx) = oneshot::channel();
@@ -271,6 +284,7 @@ fn observe(store: &Store) -> Result<BTreeMap<String, Seen>, String> {
 fn op_key(op: &Op) -> (String, String, u64, u64) {
     match op {
         Op::Produce { path, producer, epoch, seq, .. } => (path.clone(), producer.clone(), *epoch, *seq),
+        Op::Keyed { path, key, .. } => (path.clone(), format!("key {key}"), 0, 0),
         _ => Default::default(),
     }
 }
@@ -303,7 +317,7 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                     let got = status(a);
                     let want = match op {
                         Op::Create { .. } | Op::Fork { .. } => "Created".to_owned(),
-                        Op::Append { path, .. } | Op::Produce { path, .. } => format!("Appended@{}", check.streams[path].data.len()),
+                        Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } => format!("Appended@{}", check.streams[path].data.len()),
                         Op::Delete { .. } => "Deleted".into(),
                     };
                     if got != want {
@@ -361,6 +375,9 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                 let answer = if bumped { "producer epoch is stale".to_owned() } else { format!("Duplicate@{}", replay.streams[path].data.len()) };
                 ends.insert(op_key(op), answer);
             }
+            if let Op::Keyed { path, .. } = op {
+                ends.insert(op_key(op), format!("Duplicate@{}", replay.streams[path].data.len()));
+            }
         }
         // Retry the group as clients would (plain appends have no way to retry safely).
         let retry: Vec<Op> = ops.iter().filter(|o| !matches!(o, Op::Append { .. })).cloned().collect();
@@ -370,8 +387,8 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
             let answers = run_group(&mut store, std::slice::from_ref(op)).map_err(|e| format!("step {step}: retry failed: {e}"))?;
             let got = status(answers.into_iter().next().ok_or("no answer")?);
             let ok = match op {
-                Op::Produce { .. } if acked => Some(&got) == ends.get(&op_key(op)),
-                Op::Produce { path, .. } => {
+                Op::Produce { .. } | Op::Keyed { .. } if acked => Some(&got) == ends.get(&op_key(op)),
+                Op::Produce { path, .. } | Op::Keyed { path, .. } => {
                     cur.apply(op);
                     got == format!("Appended@{}", cur.streams[path].data.len())
                 }
@@ -431,6 +448,18 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                 let expected = if s.closed { got == format!("Duplicate@{end}") } else { got.contains("different body") };
                 if !expected {
                     return Err(format!("step {step}: {producer} on {path}: its last seq with another body answered {got}"));
+                }
+            }
+            // Every idempotency key is still known, with its append's offset and body.
+            for (key, (end, data)) in &s.keys {
+                let repeat = Op::Keyed { path: path.clone(), key: key.clone(), data: data.clone() };
+                let changed = Op::Keyed { path: path.clone(), key: key.clone(), data: [data.as_slice(), b"!"].concat() };
+                for (op, want) in [(repeat, format!("Duplicate@{end}")), (changed, "different body".to_owned())] {
+                    let answers = run_group(&mut store, std::slice::from_ref(&op)).map_err(|e| format!("step {step}: retry failed: {e}"))?;
+                    let got = status(answers.into_iter().next().ok_or("no answer")?);
+                    if !got.contains(&want) {
+                        return Err(format!("step {step}: key {key} on {path}: {op:?} answered {got}, expected {want}"));
+                    }
                 }
             }
         }

@@ -184,6 +184,8 @@ struct WStream {
     meta: StreamMeta,
     tail: Offset,
     producers: HashMap<String, ProducerState>,
+    /// Idempotency keys of the window (none for most streams).
+    keys: IdempotencyKeys,
     shared: Arc<Shared>,
 }
 
@@ -635,6 +637,7 @@ impl Store {
                 g.record(&Record::SoftDelete { id: w.meta.id });
                 let dropped = std::mem::take(&mut w.producers);
                 self.counters.producers.fetch_sub(dropped.len() as u64, Ordering::Relaxed);
+                w.keys = None;
                 g.effects.push(Effect::SoftDelete { shared: w.shared.clone() });
             }
         }
@@ -706,7 +709,7 @@ impl Store {
         }
         let info = meta.info(tail);
         let path: Arc<str> = Arc::from(req.path.as_str());
-        self.streams.insert(path.clone(), Box::new(WStream { meta, tail, producers: HashMap::new(), shared: shared.clone() }));
+        self.streams.insert(path.clone(), Box::new(WStream { meta, tail, producers: HashMap::new(), keys: None, shared: shared.clone() }));
         self.paths_by_id.insert(id, path.clone());
         self.count_streams();
         g.effects.push(Effect::Insert { path, shared });
@@ -726,8 +729,8 @@ impl Store {
         if req.stream_id.is_none_or(|id| id == w.meta.id) {
             w.shared.touch(req.now_ms);
         }
-        let producer = req.producer.as_ref().and_then(|p| w.producers.get(&p.id));
-        let write = match rules::append(&w.meta, w.tail, producer, req, &self.cfg.retention)? {
+        let writer = rules::WriterState::of(req, &w.producers, &w.keys);
+        let write = match rules::append(&w.meta, w.tail, writer, req, &self.cfg.retention)? {
             AppendPlan::Answer(outcome) => return Ok(outcome),
             AppendPlan::Write(write) => write,
         };
@@ -744,10 +747,11 @@ impl Store {
             close: write.close,
             stream_seq: if write.set_stream_seq { req.stream_seq.as_deref() } else { None },
             producer: if split { None } else { producer.clone() },
+            key: write.key.map(|k| (k, write.digest, write.at_ms)),
             data: &req.data,
         });
         if split {
-            let rec = Record::Append { id: w.meta.id, new_tail: write.new_tail.0, close: false, stream_seq: None, producer: producer.clone(), data: &[] };
+            let rec = Record::Append { id: w.meta.id, new_tail: write.new_tail.0, close: false, stream_seq: None, producer: producer.clone(), key: None, data: &[] };
             format::encode(&rec, &mut g.split);
         }
         let closed_before = w.meta.closed;
@@ -762,6 +766,7 @@ impl Store {
             };
             write.apply_producer(state);
         }
+        write.apply_key(&mut w.keys);
         w.tail = write.new_tail;
         if !req.data.is_empty() {
             g.effects.push(Effect::Data { shared: w.shared.clone(), end: w.tail.0, at, hot: req.data.clone() });
@@ -770,16 +775,23 @@ impl Store {
         Ok(write.outcome(closed_before))
     }
 
-    /// Drops the state of producers idle for longer than the TTL (the rules already treat it as
-    /// absent; this gives the memory back, and keeps it out of the next checkpoint). Called
-    /// before each checkpoint, so state cannot pile up for longer than a checkpoint interval.
-    pub fn prune_producers(&mut self) -> usize {
-        let (now, ttl) = (self.latest_ms, self.cfg.retention.producer_ttl_ms);
+    /// Drops the state of producers idle for longer than the TTL and idempotency keys older than
+    /// their window (the rules already treat both as absent; this gives the memory back, and
+    /// keeps them out of the next checkpoint). Called before each checkpoint, so state cannot
+    /// pile up for longer than a checkpoint interval.
+    pub fn prune_writers(&mut self) -> usize {
+        let (now, retention) = (self.latest_ms, self.cfg.retention);
         let mut dropped = 0;
         for w in self.streams.values_mut() {
             let before = w.producers.len();
-            w.producers.retain(|_, s| s.is_live(now, ttl));
+            w.producers.retain(|_, s| s.is_live(now, retention.producer_ttl_ms));
             dropped += before - w.producers.len();
+            if let Some(keys) = &mut w.keys {
+                keys.retain(|_, e| retention.key_is_live(e, now));
+                if keys.is_empty() {
+                    w.keys = None;
+                }
+            }
         }
         self.counters.producers.fetch_sub(dropped as u64, Ordering::Relaxed);
         dropped
@@ -799,6 +811,7 @@ impl Store {
                     start,
                     producers: w.producers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
                     extents,
+                    keys: w.keys.iter().flat_map(|m| m.iter().map(|(k, e)| (*k, *e))).collect(),
                 }
             })
             .collect();
@@ -886,6 +899,7 @@ struct Building {
     start: u64,
     producers: HashMap<String, ProducerState>,
     extents: Vec<Extent>,
+    keys: IdempotencyKeys,
 }
 
 /// Opens the store: loads the checkpoint, replays the log after it (cutting a torn tail), and
@@ -938,7 +952,8 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
     let mut next_id = cp.next_id;
     for s in cp.streams {
         let producers = s.producers.into_iter().collect();
-        streams.insert(s.meta.id, Building { path: s.path, meta: s.meta, tail: s.tail, start: s.start, producers, extents: s.extents });
+        let keys = (!s.keys.is_empty()).then(|| Box::new(s.keys.into_iter().collect()));
+        streams.insert(s.meta.id, Building { path: s.path, meta: s.meta, tail: s.tail, start: s.start, producers, extents: s.extents, keys });
     }
     let mut segments = std::collections::BTreeMap::new();
     for n in &numbers[..first] {
@@ -1050,7 +1065,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         shared_by_id.insert(id, shared.clone());
         let path: Arc<str> = Arc::from(b.path);
         paths_by_id.insert(id, path.clone());
-        wstreams.insert(path, Box::new(WStream { meta: b.meta, tail: Offset(b.tail), producers: b.producers, shared }));
+        wstreams.insert(path, Box::new(WStream { meta: b.meta, tail: Offset(b.tail), producers: b.producers, keys: b.keys, shared }));
     }
     let view = Arc::new(View::default());
     if let Ok(mut m) = view.streams.write() {
@@ -1120,9 +1135,9 @@ fn replay(r: Replayed, segment: u64, base: u64, now_ms: i64, streams: &mut HashM
             let tail = start + data_len;
             let extents = if data_len > 0 { vec![Extent::new(tail, segment, base + data_at as u64)] } else { Vec::new() };
             *next_id = (*next_id).max(id + 1);
-            streams.insert(id, Building { path, meta, tail, start, producers: HashMap::new(), extents });
+            streams.insert(id, Building { path, meta, tail, start, producers: HashMap::new(), extents, keys: None });
         }
-        Replayed::Append { id, new_tail, close, stream_seq, producer, data_at, data_len } => {
+        Replayed::Append { id, new_tail, close, stream_seq, producer, key, data_at, data_len } => {
             let b = streams.get_mut(&id).ok_or_else(|| format!("append to unknown stream {id}"))?;
             // Only the power-loss test's split-producer mutant writes producer effects apart
             // from their data; production replay holds every record to its data.
@@ -1147,11 +1162,15 @@ fn replay(r: Replayed, segment: u64, base: u64, now_ms: i64, streams: &mut HashM
             if let Some(p) = producer {
                 accept(&mut b.producers, p, new_tail);
             }
+            if let Some((k, digest, at_ms)) = key {
+                b.keys.get_or_insert_with(Default::default).insert(k, KeyEntry { end: Offset(new_tail), digest, at_ms });
+            }
         }
         Replayed::SoftDelete { id } => {
             let b = streams.get_mut(&id).ok_or_else(|| format!("delete of unknown stream {id}"))?;
             b.meta.soft_deleted = true;
             b.producers.clear();
+            b.keys = None;
         }
         Replayed::Remove { id } => {
             streams.remove(&id).ok_or_else(|| format!("removal of unknown stream {id}"))?;

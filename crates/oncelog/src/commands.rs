@@ -158,6 +158,11 @@ pub struct AppendArgs {
     /// tail is printed on stderr and the exit status is 3. No producer is used.
     #[arg(long, value_name = "OFFSET", conflicts_with_all = ["producer_id", "epoch", "epoch_file", "auto_claim"])]
     if_match: Option<String>,
+    /// All of stdin as one append with this Idempotency-Key (a new UUIDv7 when no value is
+    /// given, printed on stderr): retried until acknowledged, never written twice. Running the
+    /// command again with the same key and input is answered from the first run.
+    #[arg(long, value_name = "KEY", num_args = 0..=1, default_missing_value = "", conflicts_with_all = ["producer_id", "epoch", "epoch_file", "auto_claim"])]
+    idempotency_key: Option<String>,
 }
 
 /// Where a read starts: -1 (the beginning), now (the tail) or an offset token.
@@ -274,8 +279,8 @@ fn spawn_stdin_reader(json: bool) -> tokio::sync::mpsc::Receiver<Result<Bytes, C
     rx
 }
 
-/// `append --if-match`: stdin as one conditional append.
-async fn append_if(s: &oncelog_client::StreamHandle, offset: &str, close: bool) -> Result<(), CliError> {
+/// `append --if-match` / `--idempotency-key`: stdin as one append, conditional and/or keyed.
+async fn append_once(s: &oncelog_client::StreamHandle, if_match: Option<&str>, key: Option<&str>, close: bool) -> Result<(), CliError> {
     let json = oncelog_protocol::content_type::is_json(&s.content_type().await?);
     let mut input = spawn_stdin_reader(json);
     let mut items = Vec::new();
@@ -283,7 +288,7 @@ async fn append_if(s: &oncelog_client::StreamHandle, offset: &str, close: bool) 
         items.push(item?);
     }
     if items.is_empty() {
-        return Err(CliError::Input("--if-match needs data on stdin".into()));
+        return Err(CliError::Input("--if-match and --idempotency-key need data on stdin".into()));
     }
     let body = if json {
         let mut out = Vec::new();
@@ -292,7 +297,16 @@ async fn append_if(s: &oncelog_client::StreamHandle, offset: &str, close: bool) 
     } else {
         Bytes::from(items.concat())
     };
-    let opts = AppendOptions { if_match: Some(StreamOffset::new(offset)), ..AppendOptions::default() };
+    let key = key.map(|k| {
+        if k.is_empty() {
+            let k = oncelog_client::new_idempotency_key();
+            eprintln!("idempotency-key: {k}");
+            k
+        } else {
+            k.to_owned()
+        }
+    });
+    let opts = AppendOptions { if_match: if_match.map(StreamOffset::new), idempotency_key: key, ..AppendOptions::default() };
     let appended = if close { s.append_and_close(body, opts).await? } else { s.append(body, opts).await? };
     println!("{}", appended.next_offset);
     Ok(())
@@ -300,8 +314,8 @@ async fn append_if(s: &oncelog_client::StreamHandle, offset: &str, close: bool) 
 
 pub async fn append(a: AppendArgs) -> Result<(), CliError> {
     let s = a.conn.stream(&a.stream)?;
-    if let Some(offset) = &a.if_match {
-        return append_if(&s, offset, a.close).await;
+    if a.if_match.is_some() || a.idempotency_key.is_some() {
+        return append_once(&s, a.if_match.as_deref(), a.idempotency_key.as_deref(), a.close).await;
     }
     let content_type = s.content_type().await?;
     let id = a.producer_id.unwrap_or_else(|| {

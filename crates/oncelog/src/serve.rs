@@ -77,6 +77,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_PRODUCER_STATE_TTL", default_value = "7d", value_parser = crate::token::parse_duration)]
     pub producer_state_ttl: std::time::Duration,
 
+    /// How long an Idempotency-Key is remembered after its append: `24h`, `7d`, `30m`. A repeat
+    /// that arrives later is taken as new data (see docs/WRITE-MODES.md).
+    #[arg(long, env = "ONCELOG_IDEMPOTENCY_WINDOW", default_value = "24h", value_parser = crate::token::parse_duration)]
+    pub idempotency_window: std::time::Duration,
+
     /// How often expired streams are looked for and deleted, in ms (access already hides them).
     #[arg(long, env = "ONCELOG_SWEEP_INTERVAL_MS", default_value_t = 5_000)]
     sweep_interval_ms: u64,
@@ -232,7 +237,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn retention(args: &ServeArgs) -> oncelog_storage::rules::Retention {
-    oncelog_storage::rules::Retention { producer_ttl_ms: i64::try_from(args.producer_state_ttl.as_millis()).unwrap_or(i64::MAX) }
+    let ms = |d: std::time::Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+    oncelog_storage::rules::Retention {
+        producer_ttl_ms: ms(args.producer_state_ttl),
+        idempotency_window_ms: ms(args.idempotency_window),
+    }
 }
 
 fn open_log(args: &ServeArgs) -> Result<LogEngine, Box<dyn std::error::Error>> {

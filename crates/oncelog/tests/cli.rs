@@ -143,3 +143,23 @@ fn a_conditional_append_writes_at_the_named_tail_and_exits_3_elsewhere() {
     let out = run(cmd(&["append", "doc", "--if-match", &after, "--producer-id", "p"]), b"x\n", LIMIT);
     assert!(!out.ok && out.code != Some(3), "{}", out.stderr);
 }
+
+#[test]
+fn a_keyed_append_run_twice_is_written_once() {
+    let h = Harness::start();
+    let cmd = |args: &[&str]| against(&h, args);
+    assert!(run(cmd(&["create", "orders"]), b"", LIMIT).ok);
+    let first = run(cmd(&["append", "orders", "--idempotency-key", "order-17"]), b"paid\n", LIMIT);
+    assert!(first.ok, "{}", first.stderr);
+    // The same command again (a retried script): answered from the first, same offset.
+    let again = run(cmd(&["append", "orders", "--idempotency-key", "order-17"]), b"paid\n", LIMIT);
+    assert!(again.ok, "{}", again.stderr);
+    assert_eq!(again.stdout, first.stdout);
+    // Other bytes under the key: refused.
+    let changed = run(cmd(&["append", "orders", "--idempotency-key", "order-17"]), b"refunded\n", LIMIT);
+    assert!(!changed.ok && changed.stderr.contains("different body"), "{}", changed.stderr);
+    // No value: a fresh UUIDv7, shown on stderr.
+    let auto = run(cmd(&["append", "orders", "--idempotency-key"]), b"shipped\n", LIMIT);
+    assert!(auto.ok && auto.stderr.contains("idempotency-key: "), "{}", auto.stderr);
+    assert_eq!(run(cmd(&["read", "orders"]), b"", LIMIT).stdout, "paid\nshipped\n");
+}

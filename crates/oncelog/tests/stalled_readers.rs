@@ -14,9 +14,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
+
+use common::Server;
 
 use futures_util::StreamExt;
 use oncelog_client::{Client, CreateOptions, LiveMode, ReadFrom, ReadOptions};
@@ -32,50 +32,6 @@ const MESSAGE_BYTES: usize = 4 << 20;
 /// themselves (51 MiB measured in all). Before: 896 MiB with whole appends read per reader, and
 /// more with each event framed whole.
 const RSS_GROWTH_BOUND: u64 = 96 << 20;
-
-/// `oncelog serve` as a child, killed when dropped.
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn start(data_dir: &std::path::Path) -> Server {
-        let mut child = common::bin()
-            .args(["serve", "--addr", "127.0.0.1:0", "--fsync", "false", "--write-timeout-ms", "120000", "--data-dir"])
-            .arg(data_dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn oncelog serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read the address line");
-        let url = line.trim().strip_prefix("oncelog listening on ").unwrap_or_else(|| panic!("unexpected line {line:?}")).to_owned();
-        Server { child, url }
-    }
-
-    fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("read /proc status");
-        let kb: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS line");
-        kb * 1024
-    }
-
-    fn addr(&self) -> std::net::SocketAddr {
-        self.url.strip_prefix("http://").expect("http url").parse().expect("socket address")
-    }
-}
 
 /// A reader that asks for the stream's future over SSE and then never reads: a small receive
 /// window, so the server's writes block almost at once.
@@ -94,7 +50,7 @@ fn message(i: usize) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_sse_readers_that_never_read_keep_rss_bounded_while_a_normal_reader_gets_everything() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let server = Server::start(&dir.path().join("data"));
+    let server = Server::start(&dir.path().join("data"), &["--fsync", "false", "--write-timeout-ms", "120000"]);
     let client = Client::new(format!("{}/v1/stream", server.url)).expect("client");
     let stream = client.stream("fanout");
     stream.create(CreateOptions::content_type("application/octet-stream")).await.expect("create");

@@ -26,6 +26,18 @@ impl BodyDigest {
     }
 }
 
+/// An `Idempotency-Key`, as kept: the 128-bit XXH3 of the key, so every key costs 16 bytes in
+/// records and memory whatever its length (up to 255 characters); two different keys of one
+/// stream colliding is a 1-in-2^128 event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct KeyId(pub u128);
+
+impl KeyId {
+    pub fn of(key: &str) -> KeyId {
+        KeyId(xxhash_rust::xxh3::xxh3_128(key.as_bytes()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

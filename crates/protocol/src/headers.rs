@@ -27,6 +27,9 @@ pub mod names {
     /// On a `409`: why a producer request conflicts beyond a sequence gap (`body-mismatch`: the
     /// sequence number was accepted with a different body). An Oncelog extension.
     pub const PRODUCER_CONFLICT: &str = "producer-conflict";
+    /// A key a writer without a sequence counter sends with an append: a repeat with the same key
+    /// is answered from the first, not written again. An Oncelog extension.
+    pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 }
 
 /// Longest accepted `Producer-Id`, in bytes. Producer ids are stored in keys; real ones are
@@ -76,6 +79,24 @@ pub enum HeaderError {
     InvalidIfMatch,
     #[error("If-Match needs a strong tag: an offset, not W/\"...\"")]
     WeakIfMatch,
+    #[error("Idempotency-Key must be 1 to 255 visible ASCII characters, bare or in double quotes")]
+    InvalidIdempotencyKey,
+    #[error("Idempotency-Key cannot be combined with Producer-Id/Epoch/Seq: a producer's sequence numbers already make its appends idempotent")]
+    IdempotencyKeyWithProducer,
+}
+
+/// Longest accepted `Idempotency-Key`, in characters.
+pub const MAX_IDEMPOTENCY_KEY_CHARS: usize = 255;
+
+/// `Idempotency-Key`: 1 to 255 visible ASCII characters; one pair of surrounding double quotes
+/// (the structured-field string form of the IETF draft) is taken off.
+pub fn parse_idempotency_key(value: &str) -> Result<&str, HeaderError> {
+    let key = value.strip_prefix('"').and_then(|v| v.strip_suffix('"')).unwrap_or(value);
+    let visible = |b: u8| (0x21..=0x7e).contains(&b);
+    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_CHARS || !key.bytes().all(visible) {
+        return Err(HeaderError::InvalidIdempotencyKey);
+    }
+    Ok(key)
 }
 
 /// Most offsets one `If-Match` may list.
@@ -222,6 +243,17 @@ pub fn parse_expiry(ttl: Option<&str>, expires_at: Option<&str>) -> Result<Expir
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn idempotency_keys_are_visible_ascii_bare_or_quoted() {
+        assert_eq!(parse_idempotency_key("0190f5a2-7c1e-7d3a-9f00-2b5c1d2e3f40"), Ok("0190f5a2-7c1e-7d3a-9f00-2b5c1d2e3f40"));
+        assert_eq!(parse_idempotency_key("\"abc\""), Ok("abc"));
+        let long = "k".repeat(MAX_IDEMPOTENCY_KEY_CHARS);
+        assert_eq!(parse_idempotency_key(&long), Ok(long.as_str()));
+        for bad in ["", "\"\"", "a b", "tab\tkey", "é", &"k".repeat(MAX_IDEMPOTENCY_KEY_CHARS + 1)] {
+            assert_eq!(parse_idempotency_key(bad), Err(HeaderError::InvalidIdempotencyKey), "{bad:?}");
+        }
+    }
+
     #[test]
     fn if_match_takes_bare_quoted_and_listed_offsets() {
         use crate::Offset;

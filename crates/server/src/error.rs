@@ -103,6 +103,8 @@ impl ApiError {
                     StatusCode::CONFLICT,
                     vec![h(names::PRODUCER_CONFLICT, "body-mismatch"), h(names::PRODUCER_EPOCH, epoch), h(names::PRODUCER_SEQ, seq)],
                 ),
+                AppendError::IdempotencyKeyMismatch => (StatusCode::UNPROCESSABLE_ENTITY, vec![]),
+                AppendError::IdempotencyKeyWithProducer => (StatusCode::BAD_REQUEST, vec![]),
                 AppendError::PreconditionFailed { tail, closed } => {
                     let mut v = vec![h(names::STREAM_NEXT_OFFSET, tail)];
                     if *closed {

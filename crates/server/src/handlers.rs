@@ -230,7 +230,8 @@ async fn append<E: Engine>(
         .into());
     }
     let ct = if body.is_empty() { None } else { Some(h.content_type.clone().ok_or(RequestError::MissingContentType)?) };
-    let has_producer = h.producer.is_some();
+    // New data from a writer that can tell retries apart (a producer or a key) is 200.
+    let has_producer = h.producer.is_some() || h.idempotency_key.is_some();
     let mut attempt = 0;
     let started = std::time::Instant::now();
     let result = loop {
@@ -245,7 +246,7 @@ async fn append<E: Engine>(
             body.clone()
         };
         // Hashed here, on the request's task, not on the engine's writer.
-        let body_digest = h.producer.is_some().then(|| BodyDigest::of(&data));
+        let body_digest = (h.producer.is_some() || h.idempotency_key.is_some()).then(|| BodyDigest::of(&data));
         let req = AppendRequest {
             path: path.to_owned(),
             stream_id: Some(info.id),
@@ -257,6 +258,7 @@ async fn append<E: Engine>(
             producer: h.producer.clone(),
             if_match: h.if_match.clone(),
             body_digest,
+            idempotency_key: h.idempotency_key,
             now_ms: st.clock.now_ms(),
         };
         match st.engine.append(req).await {
@@ -269,7 +271,7 @@ async fn append<E: Engine>(
     // Once per request, whatever number of attempts it took.
     metrics::appended(&result, body.len(), started.elapsed());
     let out: AppendOutcome = result?;
-    // 200 marks new data from an idempotent producer; every other success is 204.
+    // 200 marks new data from an idempotent producer or keyed writer; every other success is 204.
     let status = if out.status == AppendStatus::Appended && has_producer && !body.is_empty() {
         StatusCode::OK
     } else {

@@ -12,7 +12,7 @@ producer-received-seq, producer-conflict, etag, location, content-type";
 /// Request headers a browser client may send.
 const ALLOW_HEADERS: &str = "content-type, if-none-match, authorization, stream-ttl, stream-expires-at, \
 stream-closed, stream-seq, stream-forked-from, stream-fork-offset, stream-fork-sub-offset, producer-id, \
-producer-epoch, producer-seq, if-match";
+producer-epoch, producer-seq, if-match, idempotency-key";
 
 /// Which browser origins may read answers (`--cors-origins`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -192,6 +192,8 @@ pub struct AppendHeaders {
     pub producer: Option<ProducerHeaders>,
     /// `If-Match`: the tails the append may be written at (`None`: absent or `*`).
     pub if_match: Option<Vec<oncelog_protocol::Offset>>,
+    /// `Idempotency-Key`, as kept.
+    pub idempotency_key: Option<oncelog_protocol::digest::KeyId>,
 }
 
 impl AppendHeaders {
@@ -208,6 +210,11 @@ impl AppendHeaders {
         };
         let closed = header(h, names::STREAM_CLOSED)?;
         let close = headers::closed_flag(closed);
+        let idempotency_key = match header(h, names::IDEMPOTENCY_KEY)? {
+            Some(_) if producer.is_some() => return Err(HeaderError::IdempotencyKeyWithProducer.into()),
+            Some(v) => Some(oncelog_protocol::digest::KeyId::of(headers::parse_idempotency_key(v)?)),
+            None => None,
+        };
         Ok(Self {
             content_type: content_type(h)?,
             close,
@@ -215,6 +222,7 @@ impl AppendHeaders {
             stream_seq,
             producer,
             if_match: header(h, names::IF_MATCH)?.map(headers::parse_if_match).transpose()?.flatten(),
+            idempotency_key,
         })
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncelog_protocol::headers::{Expiry, ProducerHeaders};
-use oncelog_protocol::digest::BodyDigest;
+use oncelog_protocol::digest::{BodyDigest, KeyId};
 use oncelog_protocol::Offset;
 
 /// Configuration fixed at creation; an idempotent re-create must match it exactly.
@@ -124,6 +124,9 @@ pub struct AppendRequest {
     /// The digest of `data`, when the caller computed it (off the engine's writer); computed
     /// from `data` when needed otherwise.
     pub body_digest: Option<BodyDigest>,
+    /// `Idempotency-Key` (as its [`KeyId`]): a repeat within the window is answered from the
+    /// first append instead of written again.
+    pub idempotency_key: Option<KeyId>,
     pub now_ms: i64,
 }
 
@@ -181,6 +184,10 @@ pub enum AppendError {
     FramingMismatch,
     #[error("Producer-Seq {seq} of epoch {epoch} was already accepted with a different body; a retry must resend the same bytes, new data needs the next Producer-Seq")]
     ProducerBodyMismatch { epoch: u64, seq: u64 },
+    #[error("this Idempotency-Key was already used on this stream with a different body; use a new key for new data")]
+    IdempotencyKeyMismatch,
+    #[error("Idempotency-Key cannot be combined with producer headers")]
+    IdempotencyKeyWithProducer,
     #[error("the stream's tail is not the one If-Match names: someone wrote since; read from the tail in Stream-Next-Offset and decide again")]
     PreconditionFailed { tail: Offset, closed: bool },
     #[error(transparent)]

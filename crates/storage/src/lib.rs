@@ -31,4 +31,4 @@ pub mod contract;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::*;
-pub use state::{ForkOf, StreamMeta};
+pub use state::{ForkOf, IdempotencyKeys, KeyEntry, StreamMeta};

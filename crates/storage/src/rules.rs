@@ -10,7 +10,9 @@
 //!
 //! Precedence of an append's checks, in order (the first that applies answers):
 //! 1. the stream incarnation ([`AppendError::StreamChanged`]) and soft deletion (`Gone`);
-//! 2. the producer verdict (state idle for longer than [`Retention::producer_ttl_ms`] counts as
+//! 2. the idempotency key (combined with producer headers: `IdempotencyKeyWithProducer`): a key
+//!    seen within the window is a duplicate answered with its append's end offset, or
+//!    `IdempotencyKeyMismatch` when the body differs; or the producer verdict (state idle for longer than [`Retention::producer_ttl_ms`] counts as
 //!    absent): a retry of an accepted request is a duplicate whatever changed since (even when
 //!    that request closed the stream, or when its `If-Match` no longer holds) — unless its body
 //!    differs from the original's on a stream still open, which is `ProducerBodyMismatch`,
@@ -28,12 +30,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use oncelog_protocol::headers::Expiry;
-use oncelog_protocol::digest::BodyDigest;
+use oncelog_protocol::digest::{BodyDigest, KeyId};
 use oncelog_protocol::producer::{self, ProducerState, Receipt, Verdict};
 use oncelog_protocol::{content_type, json, Offset};
 
 use crate::engine::*;
-use crate::state::{ForkOf, StreamMeta};
+use crate::state::{ForkOf, IdempotencyKeys, KeyEntry, StreamMeta};
 
 /// How long an append that arrived ahead of its producer's next sequence number waits for its
 /// predecessors before it gets its gap answer. Pipelined requests over several connections
@@ -51,16 +53,26 @@ pub struct Retention {
     /// new data (a forgotten producer's seq 0 is appended again); any other sequence number of a
     /// forgotten producer is a gap (`409`), never accepted.
     pub producer_ttl_ms: i64,
+    /// An `Idempotency-Key` counts for this long after its append (`--idempotency-window`); a
+    /// repeat that arrives later is taken as new data.
+    pub idempotency_window_ms: i64,
 }
 
 impl Retention {
     /// Seven days, as Kafka keeps idle producer ids.
     pub const DEFAULT_PRODUCER_TTL_MS: i64 = 7 * 24 * 3600 * 1000;
+    /// A day: longer than any client's retry schedule.
+    pub const DEFAULT_IDEMPOTENCY_WINDOW_MS: i64 = 24 * 3600 * 1000;
+
+    /// Whether an idempotency key accepted at `at_ms` still counts at `now_ms`.
+    pub fn key_is_live(&self, entry: &KeyEntry, now_ms: i64) -> bool {
+        now_ms < entry.at_ms.saturating_add(self.idempotency_window_ms)
+    }
 }
 
 impl Default for Retention {
     fn default() -> Self {
-        Retention { producer_ttl_ms: Self::DEFAULT_PRODUCER_TTL_MS }
+        Retention { producer_ttl_ms: Self::DEFAULT_PRODUCER_TTL_MS, idempotency_window_ms: Self::DEFAULT_IDEMPOTENCY_WINDOW_MS }
     }
 }
 
@@ -119,6 +131,8 @@ pub struct AppendWrite {
     pub digest: BodyDigest,
     /// When the request was decided (the producer's activity time).
     pub at_ms: i64,
+    /// The request's idempotency key, to remember with `new_tail` and `digest`.
+    pub key: Option<KeyId>,
 }
 
 impl AppendWrite {
@@ -147,6 +161,14 @@ impl AppendWrite {
         }
     }
 
+    /// Records the idempotency key's entry, if the request had one.
+    pub fn apply_key(&self, keys: &mut IdempotencyKeys) {
+        if let Some(k) = self.key {
+            let entry = KeyEntry { end: self.new_tail, digest: self.digest, at_ms: self.at_ms };
+            keys.get_or_insert_with(Default::default).insert(k, entry);
+        }
+    }
+
     /// The answer once the effects are durable.
     pub fn outcome(&self, closed_before: bool) -> AppendOutcome {
         AppendOutcome {
@@ -158,16 +180,35 @@ impl AppendWrite {
     }
 }
 
-/// Decides an append against the stream's current state. `producer` is the state of the
-/// request's producer on this stream, if it has one (expired or not: `retention` decides).
+/// What an append is decided against besides the stream's metadata and tail: the state of the
+/// request's producer on this stream and the entry of its idempotency key, when there are
+/// (expired or not: the [`Retention`] decides).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriterState<'a> {
+    pub producer: Option<&'a ProducerState>,
+    pub key: Option<&'a KeyEntry>,
+}
+
+impl<'a> WriterState<'a> {
+    /// Looks the request's producer and key up in a stream's maps.
+    pub fn of(req: &AppendRequest, producers: &'a std::collections::HashMap<String, ProducerState>, keys: &'a IdempotencyKeys) -> Self {
+        WriterState {
+            producer: req.producer.as_ref().and_then(|p| producers.get(&p.id)),
+            key: req.idempotency_key.and_then(|k| keys.as_ref()?.get(&k)),
+        }
+    }
+}
+
+/// Decides an append against the stream's current state.
 pub fn append(
     meta: &StreamMeta,
     tail: Offset,
-    producer: Option<&ProducerState>,
+    writer: WriterState<'_>,
     req: &AppendRequest,
     retention: &Retention,
 ) -> Result<AppendPlan, AppendError> {
-    let producer = producer.filter(|s| s.is_live(req.now_ms, retention.producer_ttl_ms));
+    let producer = writer.producer.filter(|s| s.is_live(req.now_ms, retention.producer_ttl_ms));
+    let key = writer.key.filter(|k| retention.key_is_live(k, req.now_ms));
     // Hashed only when a producer needs it (its receipt, or the duplicate check).
     let digest = || req.body_digest.unwrap_or_else(|| BodyDigest::of(&req.data));
     // 1. Incarnation and deletion.
@@ -180,7 +221,21 @@ pub fn append(
     if req.data.is_empty() && !req.close {
         return Err(AppendError::Empty);
     }
-    // 2. Producer verdict.
+    if req.idempotency_key.is_some() && req.producer.is_some() {
+        return Err(AppendError::IdempotencyKeyWithProducer);
+    }
+    // 2. Producer verdict, or the idempotency key's (a writer has one or the other).
+    if let Some(k) = key {
+        if !k.digest.matches(digest()) {
+            return Err(AppendError::IdempotencyKeyMismatch);
+        }
+        return Ok(AppendPlan::Answer(AppendOutcome {
+            status: AppendStatus::Duplicate,
+            next_offset: k.end,
+            closed: meta.closed,
+            producer: None,
+        }));
+    }
     if let Some(p) = &req.producer {
         match producer::validate(producer, p.epoch, p.seq) {
             Verdict::Accept => {}
@@ -247,8 +302,9 @@ pub fn append(
         close: req.close,
         set_stream_seq: req.stream_seq.is_some(),
         producer: req.producer.as_ref().map(|p| (p.epoch, p.seq)),
-        digest: if req.producer.is_some() { digest() } else { BodyDigest::UNKNOWN },
+        digest: if req.producer.is_some() || req.idempotency_key.is_some() { digest() } else { BodyDigest::UNKNOWN },
         at_ms: req.now_ms,
+        key: req.idempotency_key,
     }))
 }
 

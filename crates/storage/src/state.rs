@@ -1,7 +1,26 @@
 //! A stream's logical state, the same for every engine: what the [`crate::rules`] decide over
 //! and what an engine persists (each in its own format).
 
+use std::collections::HashMap;
+
+use oncelog_protocol::digest::{BodyDigest, KeyId};
 use oncelog_protocol::headers::Expiry;
+use oncelog_protocol::Offset;
+
+/// What is remembered of an append made with an `Idempotency-Key`, for the key's window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyEntry {
+    /// Where its data ended (the `Stream-Next-Offset` a repeat is answered with).
+    pub end: Offset,
+    /// Its body's digest: a repeat with other bytes is refused.
+    pub digest: BodyDigest,
+    /// When it was accepted (Unix ms); the key counts until `at_ms` + the window.
+    pub at_ms: i64,
+}
+
+/// A stream's idempotency keys. Boxed and absent until the first key: most streams have none, and
+/// an empty map would cost every stream 48 bytes.
+pub type IdempotencyKeys = Option<Box<HashMap<KeyId, KeyEntry>>>;
 
 /// A stream's metadata. The tail is kept beside it by each engine (the embedded engine derives
 /// it from its data on recovery), and producer states are kept per producer.

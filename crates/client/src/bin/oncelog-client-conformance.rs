@@ -345,6 +345,7 @@ impl Adapter {
             stream_seq: cmd.get("seq").and_then(|v| v.as_i64().map(|n| n.to_string()).or_else(|| v.as_str().map(str::to_owned))),
             headers: headers_of(cmd)?,
             if_match: None,
+            idempotency_key: None,
         };
         let appended = stream.append(body, opts).await?;
         Ok(json!({ "type": "append", "success": true, "status": 200, "offset": appended.next_offset.as_str() }))

@@ -5,12 +5,15 @@
 //! | `streams`   | stream path (UTF-8)                   | [`super::StreamMeta`]          |
 //! | `data`      | stream id (u64 BE) ++ end offset (u64 BE) | the append's stored bytes  |
 //! | `producers` | stream id (u64 BE) ++ producer id     | [`super::ProducerRecord`]      |
+//! | `idempotency` | stream id (u64 BE) ++ key id (u128 BE) | [`oncelog_storage::codec::key_entry`] |
 //! | `gc`        | stream id (u64 BE)                    | empty: data of a deleted stream still to be removed |
 //! | `sys`       | `next_stream_id`                      | [`super::sys`] (tagged u64)    |
 //!
 //! A data key holds the append's *end* offset, so the append containing offset `o` is the first
 //! key at or after `(id, o + 1)`: one forward range scan serves any read, and the last key of a
 //! stream gives its tail on recovery.
+
+use oncelog_protocol::digest::KeyId;
 
 pub const NEXT_STREAM_ID: &[u8] = b"next_stream_id";
 
@@ -37,6 +40,20 @@ pub fn producer(stream_id: u64, producer_id: &str) -> Vec<u8> {
     k.extend_from_slice(&stream_id.to_be_bytes());
     k.extend_from_slice(producer_id.as_bytes());
     k
+}
+
+pub fn idempotency(stream_id: u64, key: KeyId) -> [u8; 24] {
+    let mut k = [0u8; 24];
+    k[..8].copy_from_slice(&stream_id.to_be_bytes());
+    k[8..].copy_from_slice(&key.0.to_be_bytes());
+    k
+}
+
+/// Splits an idempotency key into (stream id, key id).
+pub fn parse_idempotency(key: &[u8]) -> Option<(u64, KeyId)> {
+    let id = u64::from_be_bytes(key.get(..8)?.try_into().ok()?);
+    let k = u128::from_be_bytes(key.get(8..24)?.try_into().ok()?);
+    (key.len() == 24).then_some((id, KeyId(k)))
 }
 
 /// Splits a producer key into (stream id, producer id).

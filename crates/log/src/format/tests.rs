@@ -1,7 +1,7 @@
 use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::producer::Receipt;
 use oncelog_protocol::Offset;
-use oncelog_storage::ForkOf;
+use oncelog_storage::{ForkOf, KeyEntry};
 use proptest::prelude::*;
 
 use super::*;
@@ -53,14 +53,17 @@ proptest! {
         id: u64, new_tail: u64, close: bool,
         stream_seq in proptest::option::of("[0-9a-z]{0,12}"),
         producer in proptest::option::of(("[a-z0-9-]{1,20}", any::<u64>(), any::<u64>(), proptest::option::of((any::<u64>(), 0i64..i64::MAX)))),
+        key in proptest::option::of((any::<u128>(), any::<u64>(), 0i64..i64::MAX)),
         data in proptest::collection::vec(any::<u8>(), 0..64),
     ) {
+        // A record has a producer or a key, never both.
+        let key = if producer.is_some() { None } else { key.map(|(k, d, t)| (KeyId(k), BodyDigest(d), t)) };
         let producer = producer.map(|(id, epoch, seq, details)| ProducerEffect { id, epoch, seq, details: details.map(|(d, t)| (BodyDigest(d), t)) });
         let p = producer.as_ref().map(|p| ProducerEffect { id: p.id.as_str(), epoch: p.epoch, seq: p.seq, details: p.details });
-        let r = round_trip(Record::Append { id, new_tail, close, stream_seq: stream_seq.as_deref(), producer: p, data: &data });
+        let r = round_trip(Record::Append { id, new_tail, close, stream_seq: stream_seq.as_deref(), producer: p, key, data: &data });
         match r {
-            Replayed::Append { id: i, new_tail: t, close: c, stream_seq: s, producer: pr, data_len, .. } => {
-                prop_assert_eq!((i, t, c, s, pr, data_len), (id, new_tail, close, stream_seq, producer, data.len() as u64));
+            Replayed::Append { id: i, new_tail: t, close: c, stream_seq: s, producer: pr, key: k, data_len, .. } => {
+                prop_assert_eq!((i, t, c, s, pr, k, data_len), (id, new_tail, close, stream_seq, producer, key, data.len() as u64));
             }
             other => prop_assert!(false, "{other:?}"),
         }
@@ -80,9 +83,9 @@ proptest! {
     #[test]
     fn checkpoints_round_trip(
         lsn: u64, segment in 0..MAX_SEGMENT_NUMBER, pos in 0..MAX_SEGMENT_BYTES, next_id: u64,
-        streams in proptest::collection::vec((meta(), "[a-z/]{1,10}", 0u64..1000, proptest::collection::vec((1u64..100, 1u64..50, 0u64..1_000_000), 0..5), proptest::collection::vec(("[a-z]{1,5}", any::<u64>(), any::<u64>()), 0..3)), 0..5),
+        streams in proptest::collection::vec((meta(), "[a-z/]{1,10}", 0u64..1000, proptest::collection::vec((1u64..100, 1u64..50, 0u64..1_000_000), 0..5), proptest::collection::vec(("[a-z]{1,5}", any::<u64>(), any::<u64>()), 0..3), proptest::collection::vec((any::<u128>(), any::<u64>(), any::<u64>(), 0i64..i64::MAX), 0..3)), 0..5),
     ) {
-        let streams = streams.into_iter().map(|(meta, path, start, ext, prods)| {
+        let streams = streams.into_iter().map(|(meta, path, start, ext, prods, keys)| {
             let mut end = start;
             let extents = ext.into_iter().map(|(len, seg, p)| { end += len; Extent::new(end, seg, p) }).collect();
             let producers = prods.into_iter().map(|(id, epoch, seq)| {
@@ -90,7 +93,8 @@ proptest! {
                 s.accept(epoch, seq, Receipt { end: Offset(end), digest: BodyDigest(seq ^ end) }, end as i64);
                 (id, s)
             }).collect();
-            CheckpointStream { path, meta, tail: end, start, producers, extents }
+            let keys = keys.into_iter().map(|(k, e, d, t)| (KeyId(k), KeyEntry { end: Offset(e), digest: BodyDigest(d), at_ms: t })).collect();
+            CheckpointStream { path, meta, tail: end, start, producers, extents, keys }
         }).collect();
         let c = Checkpoint { lsn, segment, pos, next_id, streams };
         prop_assert_eq!(Checkpoint::decode(&c.encode(), 0), Ok(c));
@@ -140,4 +144,16 @@ fn append_records_without_producer_details_still_decode() {
         other => panic!("{other:?}"),
     }
     assert_eq!(decode_payload(&[0x02, 7, 10, 0b1000, 0]), Err(DecodeError::InvalidValue));
+}
+
+/// A checkpoint of the previous version (no key lists) still loads.
+#[test]
+fn version_1_checkpoints_still_decode() {
+    let body = [3u8, 1, 16, 9, 0]; // lsn 3, segment 1, pos 16, next id 9, no streams
+    let mut bytes = b"ONCECKP\x01".to_vec();
+    bytes.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    bytes.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    bytes.extend_from_slice(&body);
+    let c = Checkpoint::decode(&bytes, 0).expect("v1 checkpoint");
+    assert_eq!((c.lsn, c.segment, c.pos, c.next_id, c.streams.len()), (3, 1, 16, 9, 0));
 }

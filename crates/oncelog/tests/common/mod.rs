@@ -102,3 +102,58 @@ pub fn run(mut cmd: std::process::Command, stdin: &[u8], limit: Duration) -> Out
     let _ = writer.join();
     Output { ok: status.success(), code: status.code(), stdout: out_t.join().unwrap_or_default(), stderr: err_t.join().unwrap_or_default() }
 }
+
+/// `oncelog serve` as a child process on `127.0.0.1:0`, killed when dropped.
+pub struct Server {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT`, as the server printed it.
+    pub url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// Starts a server on `data_dir` with extra `args`; returns once it listens.
+    pub fn start(data_dir: &std::path::Path, args: &[&str]) -> Server {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let mut child = bin()
+            .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn oncelog serve");
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read the address line");
+        let url = line.trim().strip_prefix("oncelog listening on ").unwrap_or_else(|| panic!("unexpected line {line:?}")).to_owned();
+        Server { child, url }
+    }
+
+    /// SIGKILL, and wait for the child to be gone.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("read /proc status");
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS line");
+        kb * 1024
+    }
+
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.url.strip_prefix("http://").expect("http url").parse().expect("socket address")
+    }
+}

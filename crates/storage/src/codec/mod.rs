@@ -8,6 +8,7 @@
 //! Hand-written rather than serde-derived: the format is an on-disk contract, and a derive would
 //! let a field rename silently change it.
 
+pub mod key_entry;
 pub mod producer;
 pub mod stream_meta;
 

@@ -55,6 +55,7 @@ macro_rules! engine_contract_tests {
             writes::conditional_appends,
             writes::a_producer_retry_with_another_body_is_refused,
             writes::idle_producer_state_expires,
+            writes::idempotency_keys,
             writes::duplicates_answer_with_their_original_offset,
             writes::out_of_order_producer_appends_wait_for_their_predecessors,
             writes::a_real_gap_is_answered_after_the_park_timeout,
@@ -121,12 +122,18 @@ pub fn append_req(path: &str, data: &str) -> AppendRequest {
         producer: None,
         if_match: None,
         body_digest: None,
+        idempotency_key: None,
         now_ms: 0,
     }
 }
 
 pub fn produce(path: &str, data: &str, id: &str, epoch: u64, seq: u64) -> AppendRequest {
     AppendRequest { producer: Some(ProducerHeaders { id: id.into(), epoch, seq }), ..append_req(path, data) }
+}
+
+/// An append with an `Idempotency-Key`.
+pub fn keyed(path: &str, data: &str, key: &str) -> AppendRequest {
+    AppendRequest { idempotency_key: Some(oncelog_protocol::digest::KeyId::of(key)), ..append_req(path, data) }
 }
 
 pub fn close_req(path: &str) -> AppendRequest {

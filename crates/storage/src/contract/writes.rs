@@ -159,6 +159,44 @@ pub async fn idle_producer_state_expires<H: Harness>() {
     assert_eq!(read_all(e, "s", 1 << 20).await, "aba");
 }
 
+pub async fn idempotency_keys<H: Harness>() {
+    let mut h = H::open().await;
+    let window = crate::rules::Retention::DEFAULT_IDEMPOTENCY_WINDOW_MS;
+    let at = |req: AppendRequest, now_ms: i64| AppendRequest { now_ms, ..req };
+    create(h.engine(), create_req("s", "text/plain")).await;
+    create(h.engine(), create_req("t", "text/plain")).await;
+    let first = append(h.engine(), at(keyed("s", "ab", "k1"), 0)).await;
+    assert_eq!((first.status, first.next_offset), (AppendStatus::Appended, Offset(2)));
+    append(h.engine(), append_req("s", "cd")).await;
+    // Twice: as written, and reopened (keys are stored with their appends).
+    for round in 0..2 {
+        let e = h.engine();
+        // A repeat, after other appends: answered with the original's end, nothing written.
+        let again = append(e, at(keyed("s", "ab", "k1"), 10)).await;
+        assert_eq!((again.status, again.next_offset), (AppendStatus::Duplicate, Offset(2)), "round {round}");
+        let other = e.append(at(keyed("s", "XY", "k1"), 10)).await;
+        assert!(matches!(other, Err(AppendError::IdempotencyKeyMismatch)), "round {round}: {other:?}");
+        assert_eq!(read_all(e, "s", 1 << 20).await, "abcd", "round {round}");
+        h.reopen().await;
+    }
+    let e = h.engine();
+    // Keys are per stream.
+    let elsewhere = append(e, at(keyed("t", "ab", "k1"), 10)).await;
+    assert_eq!((elsewhere.status, elsewhere.next_offset), (AppendStatus::Appended, Offset(2)));
+    // With producer headers: refused.
+    let both = AppendRequest { idempotency_key: keyed("s", "x", "k2").idempotency_key, ..produce("s", "x", "p", 0, 0) };
+    assert!(matches!(e.append(both).await, Err(AppendError::IdempotencyKeyWithProducer)));
+    // A repeat on a stream closed since is still a duplicate; new keyed data is refused.
+    append(e, close_req("s")).await;
+    let closed = append(e, at(keyed("s", "ab", "k1"), 20)).await;
+    assert_eq!((closed.status, closed.next_offset, closed.closed), (AppendStatus::Duplicate, Offset(2), true));
+    assert!(matches!(e.append(at(keyed("s", "z", "k3"), 20)).await, Err(AppendError::Closed { .. })));
+    // After the window the key is forgotten: the same request is new data (the trade-off).
+    let late = append(e, at(keyed("t", "ab", "k1"), 10 + window)).await;
+    assert_eq!((late.status, late.next_offset), (AppendStatus::Appended, Offset(4)));
+    assert_eq!(read_all(e, "t", 1 << 20).await, "abab");
+}
+
 pub async fn duplicates_answer_with_their_original_offset<H: Harness>() {
     let mut h = H::open().await;
     create(h.engine(), create_req("s", "text/plain")).await;

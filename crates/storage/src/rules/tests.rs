@@ -72,6 +72,7 @@ fn request(op: &Op, now_ms: i64) -> AppendRequest {
         producer: op.producer.map(|(id, epoch, seq)| ProducerHeaders { id: format!("p{id}"), epoch, seq }),
         if_match: None,
         body_digest: None,
+        idempotency_key: None,
         now_ms,
     }
 }
@@ -202,13 +203,13 @@ proptest! {
         let mut tail = Offset::ZERO;
         let mut producers: HashMap<String, ProducerState> = HashMap::new();
         let mut model = Model::default();
-        let retention = Retention { producer_ttl_ms: TTL_MS };
+        let retention = Retention { producer_ttl_ms: TTL_MS, ..Retention::default() };
         let mut now = 0i64;
         for op in ops {
             now += op.wait_ms;
             let req = request(&op, now);
             let pstate = req.producer.as_ref().and_then(|p| producers.get(&p.id));
-            let got = append(&m, tail, pstate, &req, &retention);
+            let got = append(&m, tail, WriterState { producer: pstate, key: None }, &req, &retention);
             let want = model.answer(&op, now);
             match (&got, &want) {
                 (Ok(AppendPlan::Write(w)), Ok(o)) => {
@@ -236,13 +237,13 @@ fn a_request_for_another_incarnation_is_refused_before_anything_else() {
     let m = meta("application/json");
     let mut req = request(&Op { producer: Some((0, 0, 0)), matching_type: true, len: 3, variant: 0, close: false, stream_seq: None, wait_ms: 0 }, 0);
     req.stream_id = Some(2);
-    assert!(matches!(append(&m, Offset::ZERO, None, &req, &Retention::default()), Err(AppendError::StreamChanged)));
+    assert!(matches!(append(&m, Offset::ZERO, WriterState::default(), &req, &Retention::default()), Err(AppendError::StreamChanged)));
     // The same request for the right incarnation, unframed, into a JSON stream.
     req.stream_id = Some(1);
     req.content_type = Some("application/json".into());
-    assert!(matches!(append(&m, Offset::ZERO, None, &req, &Retention::default()), Err(AppendError::FramingMismatch)));
+    assert!(matches!(append(&m, Offset::ZERO, WriterState::default(), &req, &Retention::default()), Err(AppendError::FramingMismatch)));
     req.json_framed = true;
-    assert!(matches!(append(&m, Offset::ZERO, None, &req, &Retention::default()), Ok(AppendPlan::Write(_))));
+    assert!(matches!(append(&m, Offset::ZERO, WriterState::default(), &req, &Retention::default()), Ok(AppendPlan::Write(_))));
 }
 
 #[test]
