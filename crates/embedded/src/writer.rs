@@ -39,7 +39,7 @@ const SLOW_GROUP: Duration = Duration::from_millis(20);
 pub(crate) enum Command {
     Create { req: CreateRequest, reply: oneshot::Sender<Result<CreateOutcome, CreateError>> },
     Append { req: AppendRequest, reply: oneshot::Sender<Result<AppendOutcome, AppendError>> },
-    Delete { path: String, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
+    Delete { path: String, if_tail: Option<Vec<Offset>>, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
     Expire { paths: Vec<String>, now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
 }
 
@@ -369,9 +369,9 @@ impl Writer {
                 self.stage_append(req, tx, batch, effects);
                 n
             }
-            Command::Delete { path, now_ms, reply: tx } => {
+            Command::Delete { path, if_tail, now_ms, reply: tx } => {
                 self.drop_if_expired(&path, now_ms, batch, effects);
-                let r = self.delete(&path, batch, effects);
+                let r = self.delete(&path, if_tail.as_deref(), batch, effects);
                 self.count_streams();
                 effects.push(reply(tx, r));
                 0
@@ -398,15 +398,15 @@ impl Writer {
         });
         if expired {
             // It exists and is not soft-deleted, so the delete verdict cannot be an error.
-            let _ = self.delete(path, batch, effects);
+            let _ = self.delete(path, None, batch, effects);
         }
     }
 
     /// Deletes a stream as [`rules::delete`] decides: soft-deletes it while forks still read it,
     /// removes it otherwise.
-    fn delete(&mut self, path: &str, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<(), LookupError> {
+    fn delete(&mut self, path: &str, if_tail: Option<&[Offset]>, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<(), LookupError> {
         let w = self.streams.get_mut(path).ok_or(LookupError::NotFound)?;
-        match rules::delete(&w.meta, w.forks())? {
+        match rules::delete(&w.meta, w.tail, w.forks(), if_tail)? {
             Removal::Remove => self.remove(path, batch, effects),
             Removal::SoftDelete => {
                 // Its data stays for the forks; its writer state goes, as nothing can append any more.

@@ -223,7 +223,7 @@ fn command(op: &Op) -> (Command, Pending) {
         }
         Op::Delete { path } => {
             let (tx, rx) = oneshot::channel();
-            (Command::Delete { path: path.clone(), now_ms: 0, reply: tx }, Pending::Delete(rx))
+            (Command::Delete { path: path.clone(), if_tail: None, now_ms: 0, reply: tx }, Pending::Delete(rx))
         }
     }
 }

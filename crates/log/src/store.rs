@@ -175,7 +175,7 @@ impl Counters {
 pub(crate) enum Command {
     Create { req: CreateRequest, reply: oneshot::Sender<Result<CreateOutcome, CreateError>> },
     Append { req: AppendRequest, reply: oneshot::Sender<Result<AppendOutcome, AppendError>> },
-    Delete { path: String, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
+    Delete { path: String, if_tail: Option<Vec<Offset>>, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
     Expire { paths: Vec<String>, now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
 }
 
@@ -402,9 +402,9 @@ impl Store {
                 g.bytes += req.data.len();
                 self.stage_append(req, tx, g);
             }
-            Command::Delete { path, now_ms, reply: tx } => {
+            Command::Delete { path, if_tail, now_ms, reply: tx } => {
                 self.drop_if_expired(&path, now_ms, g);
-                let r = self.delete(&path, g);
+                let r = self.delete(&path, if_tail.as_deref(), g);
                 self.count_streams();
                 g.effects.push(reply(tx, r));
             }
@@ -623,14 +623,14 @@ impl Store {
         let expired = self.streams.get(path).is_some_and(|w| !w.meta.soft_deleted && w.shared.expired(now_ms));
         if expired {
             // It exists and is not soft-deleted, so the delete verdict cannot be an error.
-            let _ = self.delete(path, g);
+            let _ = self.delete(path, None, g);
         }
     }
 
     /// Deletes a stream as [`rules::delete`] decides.
-    fn delete(&mut self, path: &str, g: &mut Group) -> Result<(), LookupError> {
+    fn delete(&mut self, path: &str, if_tail: Option<&[Offset]>, g: &mut Group) -> Result<(), LookupError> {
         let w = self.streams.get_mut(path).ok_or(LookupError::NotFound)?;
-        match rules::delete(&w.meta, w.shared.forks())? {
+        match rules::delete(&w.meta, w.tail, w.shared.forks(), if_tail)? {
             Removal::Remove => self.remove(path, g),
             Removal::SoftDelete => {
                 w.meta.soft_deleted = true;

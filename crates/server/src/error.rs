@@ -26,6 +26,10 @@ pub enum ApiError {
     NoRoute,
     #[error("method not allowed on a stream")]
     MethodNotAllowed,
+    #[error("If-Match needs an existing stream, and there is none")]
+    PreconditionNoStream,
+    #[error("If-Match names none of this response's entity tags")]
+    PreconditionEtag,
     #[error(transparent)]
     Create(#[from] CreateError),
     #[error(transparent)]
@@ -43,6 +47,15 @@ fn storage_status(e: &StorageError) -> StatusCode {
         StorageError::Poisoned | StorageError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         StorageError::Backend(_) | StorageError::Corrupt(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
+}
+
+/// `412`: the tail the request was conditional on is not the stream's; here is the current one.
+fn precondition_failed(tail: oncelog_protocol::Offset, closed: bool) -> (StatusCode, Vec<(HeaderName, HeaderValue)>) {
+    let mut v = vec![h(names::STREAM_NEXT_OFFSET, tail)];
+    if closed {
+        v.push(h(names::STREAM_CLOSED, "true"));
+    }
+    (StatusCode::PRECONDITION_FAILED, v)
 }
 
 fn h(name: &'static str, value: impl ToString) -> (HeaderName, HeaderValue) {
@@ -105,13 +118,7 @@ impl ApiError {
                 ),
                 AppendError::IdempotencyKeyMismatch => (StatusCode::UNPROCESSABLE_ENTITY, vec![]),
                 AppendError::IdempotencyKeyWithProducer => (StatusCode::BAD_REQUEST, vec![]),
-                AppendError::PreconditionFailed { tail, closed } => {
-                    let mut v = vec![h(names::STREAM_NEXT_OFFSET, tail)];
-                    if *closed {
-                        v.push(h(names::STREAM_CLOSED, "true"));
-                    }
-                    (StatusCode::PRECONDITION_FAILED, v)
-                }
+                AppendError::PreconditionFailed { tail, closed } => precondition_failed(*tail, *closed),
                 AppendError::Storage(e) => (storage_status(e), vec![]),
             },
             ApiError::Auth(e) => match e {
@@ -122,8 +129,10 @@ impl ApiError {
                 AuthError::Forbidden => (StatusCode::FORBIDDEN, vec![]),
                 AuthError::Hidden => (StatusCode::NOT_FOUND, vec![]),
             },
+            ApiError::PreconditionNoStream | ApiError::PreconditionEtag => (StatusCode::PRECONDITION_FAILED, vec![]),
             ApiError::Lookup(LookupError::NotFound) => (StatusCode::NOT_FOUND, vec![]),
             ApiError::Lookup(LookupError::Gone) => (StatusCode::GONE, vec![]),
+            ApiError::Lookup(LookupError::PreconditionFailed { tail, closed }) => precondition_failed(*tail, *closed),
             ApiError::Lookup(LookupError::Storage(e)) | ApiError::Storage(e) => (storage_status(e), vec![]),
         }
     }

@@ -12,7 +12,7 @@ use oncelog_protocol::digest::BodyDigest;
 use oncelog_protocol::{content_type, Offset};
 use oncelog_storage::{
     AppendError, AppendOutcome, AppendRequest, AppendStatus, CreateError, CreateOutcome, CreateRequest, Engine, ForkRequest,
-    StreamInfo,
+    LookupError, StreamInfo,
 };
 
 use crate::error::ApiError;
@@ -45,10 +45,10 @@ pub async fn stream<E: Engine>(
     } else {
         match method {
             Method::GET => read::get(&st, &path, uri.query(), &req_headers, &access).await,
-            Method::HEAD => head(&st, &path).await,
+            Method::HEAD => head(&st, &path, &req_headers).await,
             Method::PUT => create(&st, &path, &uri, &req_headers, body).await,
             Method::POST => append(&st, &path, &req_headers, body, &access, peer).await,
-            Method::DELETE => delete(&st, &path).await,
+            Method::DELETE => delete(&st, &path, &req_headers).await,
             Method::OPTIONS => Ok(headers::preflight(&req_headers)),
             _ => Err(ApiError::MethodNotAllowed),
         }
@@ -141,8 +141,14 @@ fn meta_headers(info: &StreamInfo) -> Vec<(&'static str, String)> {
     v
 }
 
-async fn head<E: Engine>(st: &AppState<E>, path: &str) -> Result<Response, ApiError> {
+async fn head<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap) -> Result<Response, ApiError> {
     let info = st.engine.head(path, st.clock.now_ms()).await?;
+    // The stream's entity tag for preconditions is its tail, as for conditional appends.
+    if let Some(Some(tails)) = crate::request::if_match(req_headers)? {
+        if !tails.contains(&info.tail) {
+            return Err(LookupError::PreconditionFailed { tail: info.tail, closed: info.closed }.into());
+        }
+    }
     let mut h = meta_headers(&info);
     h.push(("cache-control", "no-store".into()));
     Ok(respond(StatusCode::OK, h, Body::empty()))
@@ -156,6 +162,16 @@ async fn create<E: Engine>(
     body: Body,
 ) -> Result<Response, ApiError> {
     let h = CreateHeaders::parse(req_headers)?;
+    // With If-Match, PUT only confirms an existing stream (whose tail, when named, must match):
+    // without a current representation the precondition fails.
+    if let Some(cond) = crate::request::if_match(req_headers)? {
+        match st.engine.head(path, st.clock.now_ms()).await {
+            Ok(info) if cond.as_ref().is_none_or(|t| t.contains(&info.tail)) => {}
+            Ok(info) => return Err(LookupError::PreconditionFailed { tail: info.tail, closed: info.closed }.into()),
+            Err(LookupError::NotFound | LookupError::Gone) => return Err(ApiError::PreconditionNoStream),
+            Err(e) => return Err(e.into()),
+        }
+    }
     let body = body_bytes(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?;
     let fork = h.fork.map(|f| ForkRequest { source: f.source, offset: f.offset, sub_offset: f.sub_offset });
     let mut attempt = 0;
@@ -288,8 +304,11 @@ async fn append<E: Engine>(
     Ok(respond(status, pairs, Body::empty()))
 }
 
-async fn delete<E: Engine>(st: &AppState<E>, path: &str) -> Result<Response, ApiError> {
-    st.engine.delete(path, st.clock.now_ms()).await?;
+async fn delete<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap) -> Result<Response, ApiError> {
+    // Conditional: deleted only if nobody wrote since the tail named, decided by the engine
+    // atomically with the delete.
+    let if_tail = crate::request::if_match(req_headers)?.flatten();
+    st.engine.delete_if(path, if_tail, st.clock.now_ms()).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use oncelog_protocol::headers::names;
 use oncelog_protocol::sse::{self, Control, DataEncoding};
@@ -128,9 +128,16 @@ fn render_chunk(chunk: &ReadChunk, from: Offset, is_now: bool, cursor: Option<u6
         let private = req_headers.contains_key("authorization");
         pairs.push(("cache-control", if private { CACHEABLE_PRIVATE } else { CACHEABLE }.into()));
     }
-    if !is_now {
-        // Varies with the stream, the range and closure, so a 304 never hides new data or EOF.
-        let etag = format!("\"{}:{}:{}{}\"", info.id, from.0, chunk.next.0, if eof { ":c" } else { "" });
+    // Varies with the stream, the range and closure, so a 304 never hides new data or EOF.
+    let etag = (!is_now).then(|| format!("\"{}:{}:{}{}\"", info.id, from.0, chunk.next.0, if eof { ":c" } else { "" }));
+    // If-Match on a read, per HTTP: `*`, or one of the tags must be this response's (strong).
+    if let Some(cond) = req_headers.get("if-match").map(|v| v.to_str().unwrap_or("")) {
+        let ok = cond.trim() == "*" || etag.as_ref().is_some_and(|e| cond.split(',').any(|t| t.trim() == e));
+        if !ok {
+            return crate::error::ApiError::PreconditionEtag.into_response();
+        }
+    }
+    if let Some(etag) = etag {
         let matches = req_headers
             .get("if-none-match")
             .and_then(|v| v.to_str().ok())

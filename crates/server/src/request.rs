@@ -180,6 +180,12 @@ impl CreateHeaders {
     }
 }
 
+/// `If-Match` on any method: `None` when absent; `Some(None)` for `*` (the stream must exist);
+/// else the tails it names. On `GET` it is compared with the response's entity tag instead.
+pub fn if_match(h: &HeaderMap) -> Result<Option<Option<Vec<oncelog_protocol::Offset>>>, RequestError> {
+    Ok(header(h, names::IF_MATCH)?.map(headers::parse_if_match).transpose()?)
+}
+
 /// The headers of a POST.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppendHeaders {
@@ -221,7 +227,7 @@ impl AppendHeaders {
             ignored_closed_value: closed.filter(|_| !close).map(str::to_owned),
             stream_seq,
             producer,
-            if_match: header(h, names::IF_MATCH)?.map(headers::parse_if_match).transpose()?.flatten(),
+            if_match: if_match(h)?.flatten(),
             idempotency_key,
         })
     }

@@ -137,3 +137,34 @@ async fn racing_conditional_writers_have_exactly_one_winner_per_round() {
     }
     assert_eq!(body, expected);
 }
+
+/// If-Match on the other methods, per HTTP: HEAD, PUT and DELETE take the stream's tail as its
+/// entity tag (as a conditional append does); GET compares with the read's own ETag.
+#[tokio::test]
+async fn if_match_on_head_put_delete_and_get() {
+    let (s, http) = server().await;
+    let url = s.url("s");
+    let zero = Offset(0).to_string();
+    assert_eq!(post(&http, &url, &zero, "abc").await.status(), StatusCode::NO_CONTENT);
+    let at = |o: u64| Offset(o).to_string();
+    // HEAD: 200 at the tail, 412 with the tail elsewhere.
+    assert_eq!(http.head(&url).header("if-match", at(3)).send().await.expect("head").status(), StatusCode::OK);
+    let r = http.head(&url).header("if-match", at(1)).send().await.expect("head");
+    assert_eq!((r.status(), tail(&r)), (StatusCode::PRECONDITION_FAILED, at(3)));
+    // PUT: confirms an existing stream at the named tail; no stream, no representation: 412.
+    let put = |u: String, m: String| http.put(u).header("content-type", "text/plain").header("if-match", m).send();
+    assert_eq!(put(url.clone(), at(3)).await.expect("put").status(), StatusCode::OK);
+    assert_eq!(put(url.clone(), at(1)).await.expect("put").status(), StatusCode::PRECONDITION_FAILED);
+    assert_eq!(put(s.url("new"), "*".into()).await.expect("put").status(), StatusCode::PRECONDITION_FAILED);
+    assert_eq!(http.head(s.url("new")).send().await.expect("head").status(), StatusCode::NOT_FOUND, "nothing created");
+    // GET: the read's ETag.
+    let r = http.get(&url).send().await.expect("get");
+    let etag = r.headers().get("etag").and_then(|v| v.to_str().ok()).expect("etag").to_owned();
+    assert_eq!(http.get(&url).header("if-match", &etag).send().await.expect("get").status(), StatusCode::OK);
+    assert_eq!(http.get(&url).header("if-match", "\"other\"").send().await.expect("get").status(), StatusCode::PRECONDITION_FAILED);
+    // DELETE: only at the named tail.
+    let r = http.delete(&url).header("if-match", at(1)).send().await.expect("delete");
+    assert_eq!((r.status(), tail(&r)), (StatusCode::PRECONDITION_FAILED, at(3)));
+    assert_eq!(http.delete(&url).header("if-match", at(3)).send().await.expect("delete").status(), StatusCode::NO_CONTENT);
+    assert_eq!(http.head(&url).send().await.expect("head").status(), StatusCode::NOT_FOUND);
+}

@@ -200,6 +200,9 @@ pub enum LookupError {
     NotFound,
     #[error("stream has been deleted")]
     Gone,
+    /// A conditional delete whose `If-Match` names another tail.
+    #[error("the stream's tail is not the one If-Match names: someone wrote since")]
+    PreconditionFailed { tail: Offset, closed: bool },
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -264,7 +267,13 @@ pub trait Engine: Send + Sync + 'static {
     /// requests overtake each other on separate connections therefore see no spurious `409`.
     fn append(&self, req: AppendRequest) -> impl Future<Output = Result<AppendOutcome, AppendError>> + Send;
 
-    fn delete(&self, path: &str, now_ms: i64) -> impl Future<Output = Result<(), LookupError>> + Send;
+    /// Deletes the stream at `path`, only if its tail is one of `if_tail` when given (`If-Match`;
+    /// else [`LookupError::PreconditionFailed`]), decided atomically with the delete.
+    fn delete_if(&self, path: &str, if_tail: Option<Vec<Offset>>, now_ms: i64) -> impl Future<Output = Result<(), LookupError>> + Send;
+
+    fn delete(&self, path: &str, now_ms: i64) -> impl Future<Output = Result<(), LookupError>> + Send {
+        self.delete_if(path, None, now_ms)
+    }
 
     /// Metadata without sliding the TTL. Reflects every acknowledged write.
     fn head(&self, path: &str, now_ms: i64) -> impl Future<Output = Result<StreamInfo, LookupError>> + Send;

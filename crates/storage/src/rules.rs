@@ -478,10 +478,14 @@ pub enum Removal {
     Remove,
 }
 
-/// Decides a delete of an existing stream with `live_forks` forks.
-pub fn delete(meta: &StreamMeta, live_forks: usize) -> Result<Removal, LookupError> {
+/// Decides a delete of an existing stream with `live_forks` forks, whose tail is `tail`;
+/// `if_tail` (`If-Match`): only if the tail is one of these.
+pub fn delete(meta: &StreamMeta, tail: Offset, live_forks: usize, if_tail: Option<&[Offset]>) -> Result<Removal, LookupError> {
     if meta.soft_deleted {
         return Err(LookupError::Gone);
+    }
+    if if_tail.is_some_and(|t| !t.contains(&tail)) {
+        return Err(LookupError::PreconditionFailed { tail, closed: meta.closed });
     }
     Ok(if live_forks == 0 { Removal::Remove } else { Removal::SoftDelete })
 }

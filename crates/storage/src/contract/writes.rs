@@ -104,6 +104,12 @@ pub async fn conditional_appends<H: Harness>() {
     assert!(matches!(late, Err(AppendError::PreconditionFailed { tail: Offset(6), closed: true })), "{late:?}");
     assert!(matches!(e.append(at(append_req("s", "h"), &[6])).await, Err(AppendError::Closed { .. })));
     assert_eq!(read_all(e, "s", 1 << 20).await, "abcdef");
+    // A conditional delete: at another tail it is refused and the stream stays.
+    let stale = e.delete_if("s", Some(vec![Offset(5)]), 0).await;
+    assert!(matches!(stale, Err(LookupError::PreconditionFailed { tail: Offset(6), closed: true })), "{stale:?}");
+    assert_eq!(read_all(e, "s", 1 << 20).await, "abcdef");
+    e.delete_if("s", Some(vec![Offset(6)]), 0).await.expect("deleted at its tail");
+    assert!(matches!(e.head("s", 0).await, Err(LookupError::NotFound)));
 }
 
 pub async fn a_producer_retry_with_another_body_is_refused<H: Harness>() {

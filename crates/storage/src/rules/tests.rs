@@ -336,10 +336,12 @@ fn fork_chains_are_the_parents_view_below_the_fork_point() {
 #[test]
 fn delete_expiry_and_visibility_verdicts() {
     let mut m = meta("text/plain");
-    assert!(matches!(delete(&m, 0), Ok(Removal::Remove)));
-    assert!(matches!(delete(&m, 2), Ok(Removal::SoftDelete)));
+    assert!(matches!(delete(&m, Offset(4), 0, None), Ok(Removal::Remove)));
+    assert!(matches!(delete(&m, Offset(4), 2, None), Ok(Removal::SoftDelete)));
+    assert!(matches!(delete(&m, Offset(4), 0, Some(&[Offset(4)])), Ok(Removal::Remove)));
+    assert!(matches!(delete(&m, Offset(4), 0, Some(&[Offset(3)])), Err(LookupError::PreconditionFailed { tail: Offset(4), closed: false })));
     m.soft_deleted = true;
-    assert!(matches!(delete(&m, 2), Err(LookupError::Gone)));
+    assert!(matches!(delete(&m, Offset(4), 2, None), Err(LookupError::Gone)));
     assert!(source_follows(&m, 0));
     assert!(!source_follows(&m, 1));
     assert!(matches!(visible(m.soft_deleted, false, 1), Err(LookupError::Gone)));
