@@ -26,6 +26,14 @@ async fn collect(mut s: oncelog_client::ChunkStream) -> Result<Vec<Chunk>, Error
     Ok(out)
 }
 
+/// A server and a fresh stream of content type `ct` on it (keep the server alive while testing).
+async fn stream_on_a_server(name: &str, ct: &str) -> (TestServer, oncelog_client::StreamHandle) {
+    let srv = TestServer::start().await;
+    let s = Client::new(&srv.base).expect("client").stream(name);
+    s.create(CreateOptions::content_type(ct)).await.expect("create");
+    (srv, s)
+}
+
 fn text(chunks: &[Chunk]) -> String {
     chunks.iter().map(|c| String::from_utf8_lossy(&c.data).into_owned()).collect()
 }
@@ -163,10 +171,7 @@ struct Event {
 
 #[tokio::test]
 async fn json_streams_give_typed_messages_in_every_mode() {
-    let srv = TestServer::start().await;
-    let client = Client::new(&srv.base).expect("client");
-    let s = client.stream("json/events");
-    s.create(CreateOptions::content_type("application/json")).await.expect("create");
+    let (_srv, s) = stream_on_a_server("json/events", "application/json").await;
     let p = s.producer("typed").linger(Duration::from_millis(2)).start().await.expect("producer");
     let events: Vec<Event> = (0..50).map(|id| Event { id, kind: if id % 2 == 0 { "even".into() } else { "odd".into() } }).collect();
     for e in &events {
@@ -187,10 +192,7 @@ async fn json_streams_give_typed_messages_in_every_mode() {
 
 #[tokio::test]
 async fn producer_fences_zombies_and_answers_duplicates_with_their_offsets() {
-    let srv = TestServer::start().await;
-    let client = Client::new(&srv.base).expect("client");
-    let s = client.stream("prod/fence");
-    s.create(CreateOptions::content_type("text/plain")).await.expect("create");
+    let (_srv, s) = stream_on_a_server("prod/fence", "text/plain").await;
     let old = s.producer("writer").epoch(0).start().await.expect("producer");
     let a = old.append("a").await.expect("append").await.expect("stored");
     assert_eq!((a.epoch, a.seq, a.duplicate), (0, 0, false));
@@ -312,10 +314,8 @@ async fn a_plain_append_is_never_retried_once_the_server_may_have_it() {
 
 #[tokio::test]
 async fn append_if_writes_at_the_tail_it_saw_or_returns_the_current_one() {
-    let srv = TestServer::start().await;
-    let client = Client::new(&srv.base).expect("client");
-    let s = client.stream("occ");
-    let start = s.create(CreateOptions::content_type("text/plain")).await.expect("create").next_offset;
+    let (_srv, s) = stream_on_a_server("occ", "text/plain").await;
+    let start = s.head().await.expect("head").next_offset;
     let after = s.append_if(&start, "mine").await.expect("append at the tail");
     // A second writer that saw the same tail loses and learns the current one.
     match s.append_if(&start, "theirs").await {
@@ -331,10 +331,7 @@ async fn append_if_writes_at_the_tail_it_saw_or_returns_the_current_one() {
 
 #[tokio::test]
 async fn a_sequence_number_reused_for_other_bytes_is_a_typed_body_mismatch() {
-    let srv = TestServer::start().await;
-    let client = Client::new(&srv.base).expect("client");
-    let s = client.stream("reuse");
-    s.create(CreateOptions::content_type("text/plain")).await.expect("create");
+    let (_srv, s) = stream_on_a_server("reuse", "text/plain").await;
     let opts = || {
         let mut headers = reqwest::header::HeaderMap::new();
         for (k, v) in [("producer-id", "p"), ("producer-epoch", "1"), ("producer-seq", "0")] {

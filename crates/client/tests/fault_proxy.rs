@@ -167,14 +167,10 @@ async fn proxy_connection(mut client: TcpStream, upstream: SocketAddr, plan: Fau
     drop(server);
 }
 
-fn message(producer: usize, n: usize) -> String {
-    format!("p{producer}-{n:06}\n")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exactly_once_through_a_faulty_network() {
+/// A server with text stream `stream`, a proxy injecting `plan` in front of it, a client through
+/// the proxy (retrying transient failures forever) and one straight to the server.
+async fn chaos(stream: &str, plan: FaultPlan) -> (TestServer, Proxy, Client, Client) {
     let server = TestServer::start().await;
-    let plan = FaultPlan { drop_request: 15, drop_response: 40, reset: 15, delay: 40 };
     let proxy = Proxy::start(server.addr, plan).await;
     let proxied = Client::builder(format!("http://{}/v1/stream", proxy.addr))
         .request_timeout(Duration::from_secs(10))
@@ -182,7 +178,17 @@ async fn exactly_once_through_a_faulty_network() {
         .build()
         .expect("client");
     let direct = Client::new(&server.base).expect("client");
-    direct.stream(STREAM).create(CreateOptions::content_type("text/plain")).await.expect("create");
+    direct.stream(stream).create(CreateOptions::content_type("text/plain")).await.expect("create");
+    (server, proxy, proxied, direct)
+}
+
+fn message(producer: usize, n: usize) -> String {
+    format!("p{producer}-{n:06}\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exactly_once_through_a_faulty_network() {
+    let (_server, proxy, proxied, direct) = chaos(STREAM, FaultPlan { drop_request: 15, drop_response: 40, reset: 15, delay: 40 }).await;
     let started = Instant::now();
 
     // A live reader through the proxy, from the beginning, until EOF.
@@ -296,16 +302,7 @@ async fn keyed_writers_append_exactly_once_through_a_faulty_network() {
     const WRITERS: usize = 4;
     const PER_WRITER: usize = 250;
     const KEYED: &str = "chaos/keyed";
-    let server = TestServer::start().await;
-    let plan = FaultPlan { drop_request: 15, drop_response: 60, reset: 15, delay: 40 };
-    let proxy = Proxy::start(server.addr, plan).await;
-    let proxied = Client::builder(format!("http://{}/v1/stream", proxy.addr))
-        .request_timeout(Duration::from_secs(10))
-        .retry_policy(RetryPolicy::default().with_max_attempts(None).expect("policy"))
-        .build()
-        .expect("client");
-    let direct = Client::new(&server.base).expect("client");
-    direct.stream(KEYED).create(CreateOptions::content_type("text/plain")).await.expect("create");
+    let (_server, proxy, proxied, direct) = chaos(KEYED, FaultPlan { drop_request: 15, drop_response: 60, reset: 15, delay: 40 }).await;
     let mut tasks = Vec::new();
     for w in 0..WRITERS {
         let stream = proxied.stream(KEYED).with_content_type("text/plain");
