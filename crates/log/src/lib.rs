@@ -29,6 +29,7 @@
 //! producer its state; plus a store-wide bounded hot tail. Data lives in the segment files and
 //! the OS page cache.
 
+pub mod backup;
 pub mod format;
 pub mod fs;
 mod read;

@@ -955,6 +955,14 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         let keys = (!s.keys.is_empty()).then(|| Box::new(s.keys.into_iter().collect()));
         streams.insert(s.meta.id, Building { path: s.path, meta: s.meta, tail: s.tail, start: s.start, producers, extents: s.extents, keys });
     }
+    // Every segment a checkpointed stream still has data in must be there (a backup that missed
+    // one, or a file removed by hand): refuse to start rather than fail its reads later.
+    let present: std::collections::HashSet<u64> = numbers.iter().copied().collect();
+    for b in streams.values() {
+        if let Some(missing) = b.extents.iter().map(|e| e.segment()).find(|n| !present.contains(n)) {
+            return Err(corrupt(format!("log segment {missing} is missing (stream {:?} has data in it)", b.path)));
+        }
+    }
     let mut segments = std::collections::BTreeMap::new();
     for n in &numbers[..first] {
         let f = fs.open(&format::segment_name(*n), false).map_err(|e| io_err("open a log segment", e))?;

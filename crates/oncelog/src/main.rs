@@ -43,6 +43,19 @@ enum Command {
     /// Mint bearer tokens and signed read URLs with the server's HMAC secret.
     #[command(subcommand)]
     Token(token::TokenCommand),
+    /// Copy a log-engine data directory while its server keeps running; the copy opens as the
+    /// state of one moment (`oncelog serve --data-dir DIR`).
+    Backup(BackupArgs),
+}
+
+#[derive(clap::Args)]
+struct BackupArgs {
+    /// The server's data directory.
+    #[arg(long, env = "ONCELOG_DATA_DIR", default_value = "./data")]
+    data_dir: std::path::PathBuf,
+    /// Where the copy goes: a new or empty directory.
+    #[arg(long)]
+    to: std::path::PathBuf,
 }
 
 fn main() -> std::process::ExitCode {
@@ -64,6 +77,24 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = match cli.command {
+        Command::Backup(a) => {
+            return match oncelog_log::backup::backup(&a.data_dir, &a.to) {
+                Ok(r) => {
+                    println!(
+                        "backed up {} segment(s){}, {} bytes, into {}",
+                        r.segments.len(),
+                        if r.checkpoint { " and the checkpoint" } else { "" },
+                        r.bytes,
+                        a.to.display()
+                    );
+                    std::process::ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("oncelog: backup failed: {e}");
+                    std::process::ExitCode::FAILURE
+                }
+            };
+        }
         Command::Token(cmd) => {
             return match token::run(cmd) {
                 Ok(out) => {

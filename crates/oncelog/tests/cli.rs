@@ -163,3 +163,21 @@ fn a_keyed_append_run_twice_is_written_once() {
     assert!(auto.ok && auto.stderr.contains("idempotency-key: "), "{}", auto.stderr);
     assert_eq!(run(cmd(&["read", "orders"]), b"", LIMIT).stdout, "paid\nshipped\n");
 }
+
+#[test]
+fn a_backup_of_a_running_server_serves_the_same_streams() {
+    let h = Harness::start();
+    let cmd = |args: &[&str]| against(&h, args);
+    assert!(run(cmd(&["create", "logs/app"]), b"", LIMIT).ok);
+    assert!(run(cmd(&["append", "logs/app"]), b"one\ntwo\n", LIMIT).ok);
+    let copy = h.dir.path().join("copy");
+    let mut backup = bin();
+    backup.args(["backup", "--data-dir"]).arg(h.dir.path().join("data")).arg("--to").arg(&copy);
+    let out = run(backup, b"", LIMIT);
+    assert!(out.ok && out.stdout.starts_with("backed up"), "{} {}", out.stdout, out.stderr);
+    // The copy is a data directory of its own.
+    let server = common::Server::start(&copy, &[]);
+    let mut read = bin();
+    read.args(["read", "logs/app", "--url", &format!("{}/v1/stream", server.url)]);
+    assert_eq!(run(read, b"", LIMIT).stdout, "one\ntwo\n");
+}
