@@ -126,6 +126,8 @@ pub(crate) struct Published {
     deleted: bool,
     /// Deleted by its owner while forks still read it: 410 on its path.
     soft_deleted: bool,
+    /// Where reads may start (raised by a trim once it is durable).
+    earliest: Offset,
 }
 
 /// Per-stream entry shared by readers.
@@ -148,7 +150,7 @@ pub(crate) struct Shared {
 impl Shared {
     fn info(&self) -> StreamInfo {
         let p = *self.state.borrow();
-        StreamInfo { id: self.id, config: self.config.clone(), tail: p.tail, closed: p.closed }
+        StreamInfo { id: self.id, config: self.config.clone(), tail: p.tail, closed: p.closed, earliest: p.earliest }
     }
 
     fn touch(&self, now_ms: i64) {
@@ -308,6 +310,11 @@ impl Engine for EmbeddedEngine {
         self.call(|reply| Command::Append { req, reply }).await?
     }
 
+    async fn trim(&self, path: &str, to: Offset, now_ms: i64) -> Result<TrimOutcome, TrimError> {
+        let path = path.to_owned();
+        self.call(|reply| Command::Trim { path, to, now_ms, reply }).await?
+    }
+
     async fn delete_if(&self, path: &str, if_tail: Option<Vec<Offset>>, now_ms: i64) -> Result<(), LookupError> {
         let path = path.to_owned();
         self.call(|reply| Command::Delete { path, if_tail, now_ms, reply }).await?
@@ -322,6 +329,7 @@ impl Engine for EmbeddedEngine {
         let shared = self.lookup(path, now_ms)?;
         shared.touch(now_ms);
         let info = shared.info();
+        rules::readable_from(info.earliest, from)?;
         if from >= info.tail {
             return Ok(ReadChunk { next: from, data: Bytes::new(), info, aligned: true });
         }

@@ -40,6 +40,7 @@ pub(crate) enum Command {
     Create { req: CreateRequest, reply: oneshot::Sender<Result<CreateOutcome, CreateError>> },
     Append { req: AppendRequest, reply: oneshot::Sender<Result<AppendOutcome, AppendError>> },
     Delete { path: String, if_tail: Option<Vec<Offset>>, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
+    Trim { path: String, to: Offset, now_ms: i64, reply: oneshot::Sender<Result<TrimOutcome, TrimError>> },
     Expire { paths: Vec<String>, now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
 }
 
@@ -67,7 +68,7 @@ impl WStream {
 }
 
 fn new_shared(meta: &StreamMeta, tail: Offset, chain: Vec<Segment>, forks: usize, now_ms: i64) -> Arc<Shared> {
-    let published = Published { tail, closed: meta.closed, deleted: false, soft_deleted: meta.soft_deleted };
+    let published = Published { tail, closed: meta.closed, deleted: false, soft_deleted: meta.soft_deleted, earliest: meta.earliest };
     let (state, _) = watch::channel(published);
     Arc::new(Shared {
         id: meta.id,
@@ -85,6 +86,7 @@ enum Effect {
     Insert { path: String, shared: Arc<Shared> },
     Remove { path: String, shared: Arc<Shared> },
     SoftDelete { shared: Arc<Shared> },
+    Trim { shared: Arc<Shared>, earliest: Offset },
     Reply(Box<dyn FnOnce(Option<StorageError>) + Send>),
 }
 
@@ -320,6 +322,7 @@ impl Writer {
             match effect {
                 Effect::Reply(f) => f(failure.clone()),
                 _ if failure.is_some() => {}
+                Effect::Trim { shared, earliest } => shared.state.send_modify(|p| p.earliest = p.earliest.max(earliest)),
                 Effect::Publish { shared, tail, closed } => {
                     shared.state.send_modify(|p| {
                         p.tail = tail;
@@ -354,6 +357,7 @@ impl Writer {
                 Command::Append { reply: tx, .. } => effects.push(reply(tx, Err(AppendError::Storage(StorageError::Poisoned)))),
                 Command::Delete { reply: tx, .. } => effects.push(reply(tx, Err(LookupError::Storage(StorageError::Poisoned)))),
                 Command::Expire { reply: tx, .. } => effects.push(reply(tx, Err(StorageError::Poisoned))),
+                Command::Trim { reply: tx, .. } => effects.push(reply(tx, Err(TrimError::Storage(StorageError::Poisoned)))),
             }
             return 0;
         }
@@ -373,6 +377,12 @@ impl Writer {
                 self.drop_if_expired(&path, now_ms, batch, effects);
                 let r = self.delete(&path, if_tail.as_deref(), batch, effects);
                 self.count_streams();
+                effects.push(reply(tx, r));
+                0
+            }
+            Command::Trim { path, to, now_ms, reply: tx } => {
+                self.drop_if_expired(&path, now_ms, batch, effects);
+                let r = self.trim(&path, to, batch, effects);
                 effects.push(reply(tx, r));
                 0
             }
@@ -400,6 +410,18 @@ impl Writer {
             // It exists and is not soft-deleted, so the delete verdict cannot be an error.
             let _ = self.delete(path, None, batch, effects);
         }
+    }
+
+    /// Moves a stream's earliest offset forward as [`rules::trim`] decides: its metadata is
+    /// rewritten in the group's batch.
+    fn trim(&mut self, path: &str, to: Offset, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<TrimOutcome, TrimError> {
+        let w = self.streams.get_mut(path).ok_or(TrimError::NotFound)?;
+        if let Some(earliest) = rules::trim(&w.meta, w.tail, to)? {
+            w.meta.earliest = earliest;
+            batch.insert(&self.ks.streams, path.as_bytes(), stream_meta::encode(&w.meta));
+            effects.push(Effect::Trim { shared: w.shared.clone(), earliest });
+        }
+        Ok(TrimOutcome { earliest: w.meta.earliest, tail: w.tail })
     }
 
     /// Deletes a stream as [`rules::delete`] decides: soft-deletes it while forks still read it,

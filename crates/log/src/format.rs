@@ -35,6 +35,8 @@
 //!   keeps all of them or none.
 //! - `0x03` **SoftDelete**: id. The stream keeps its data for its forks; its producers are dropped.
 //! - `0x04` **Remove**: id. The stream and its producers are gone; its data is garbage.
+//! - `0x05` **Trim**: id, earliest. Reads from before `earliest` are refused from here on; the
+//!   bytes stay until space reclamation drops them (forks keep reading what they reference).
 //!
 //! ## Invariants
 //! 1. A frame is acknowledged only after it (and every frame before it) was synced; a new segment
@@ -72,6 +74,7 @@ const TAG_CREATE: u8 = 0x01;
 const TAG_APPEND: u8 = 0x02;
 const TAG_SOFT_DELETE: u8 = 0x03;
 const TAG_REMOVE: u8 = 0x04;
+const TAG_TRIM: u8 = 0x05;
 
 pub fn segment_name(n: u64) -> String {
     format!("{LOG_DIR}/{n:020}.seg")
@@ -150,6 +153,7 @@ pub enum Record<'a> {
     },
     SoftDelete { id: u64 },
     Remove { id: u64 },
+    Trim { id: u64, earliest: u64 },
 }
 
 /// One record, as read back: data is located (offset of its first byte in the payload and its
@@ -169,6 +173,7 @@ pub enum Replayed {
     },
     SoftDelete { id: u64 },
     Remove { id: u64 },
+    Trim { id: u64, earliest: u64 },
 }
 
 /// Appends `rec` to a frame payload; returns where its data starts within `out`.
@@ -222,6 +227,10 @@ pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
         }
         Record::Remove { id } => {
             e.u8(TAG_REMOVE).varint(*id);
+            e.0.len()
+        }
+        Record::Trim { id, earliest } => {
+            e.u8(TAG_TRIM).varint(*id).varint(*earliest);
             e.0.len()
         }
     };
@@ -288,6 +297,7 @@ pub fn decode_payload(payload: &[u8]) -> Result<Vec<Replayed>, DecodeError> {
             }
             TAG_SOFT_DELETE => Replayed::SoftDelete { id: d.varint()? },
             TAG_REMOVE => Replayed::Remove { id: d.varint()? },
+            TAG_TRIM => Replayed::Trim { id: d.varint()?, earliest: d.varint()? },
             t => return Err(DecodeError::UnknownTag(t)),
         };
         out.push(rec);

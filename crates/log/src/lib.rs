@@ -186,6 +186,7 @@ impl LogEngine {
         let shared = self.lookup(path, now_ms)?;
         shared.touch(now_ms);
         let info = shared.info();
+        rules::readable_from(info.earliest, from)?;
         if from >= info.tail {
             return Ok(ReadChunk { next: from, data: Bytes::new(), info, aligned: true });
         }
@@ -365,6 +366,11 @@ impl Engine for LogEngine {
 
     async fn append(&self, req: AppendRequest) -> Result<AppendOutcome, AppendError> {
         self.call(|reply| Command::Append { req, reply }).await?
+    }
+
+    async fn trim(&self, path: &str, to: Offset, now_ms: i64) -> Result<TrimOutcome, TrimError> {
+        let path = path.to_owned();
+        self.call(|reply| Command::Trim { path, to, now_ms, reply }).await?
     }
 
     async fn delete_if(&self, path: &str, if_tail: Option<Vec<Offset>>, now_ms: i64) -> Result<(), LookupError> {

@@ -38,13 +38,14 @@ enum Op {
     Produce { path: String, producer: String, epoch: u64, seq: u64, data: Vec<u8>, close: bool },
     /// An append with an idempotency key (a fresh one: repeats come as retries).
     Keyed { path: String, key: String, data: Vec<u8> },
+    Trim { path: String, to: u64 },
     Delete { path: String },
 }
 
 impl Op {
     fn path(&self) -> &str {
         match self {
-            Op::Create { path } | Op::Fork { path, .. } | Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Delete { path } => path,
+            Op::Create { path } | Op::Fork { path, .. } | Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Trim { path, .. } | Op::Delete { path } => path,
         }
     }
 }
@@ -59,13 +60,15 @@ struct MStream {
     producers: BTreeMap<String, (u64, u64, u64, Vec<u8>)>,
     /// Idempotency key → (end offset, body) of its append.
     keys: BTreeMap<String, (u64, Vec<u8>)>,
+    /// Where reads may start.
+    earliest: u64,
 }
 
 /// What a reader can observe of a path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Seen {
     Gone,
-    Live { data: Vec<u8>, closed: bool },
+    Live { data: Vec<u8>, closed: bool, earliest: u64 },
 }
 
 #[derive(Debug, Clone, Default)]
@@ -81,7 +84,8 @@ impl Model {
             }
             Op::Fork { path, source, at } => {
                 let data = self.streams[source].data[..*at as usize].to_vec();
-                self.streams.insert(path.clone(), MStream { data, fork_of: Some(source.clone()), ..Default::default() });
+                let earliest = self.streams[source].earliest;
+                self.streams.insert(path.clone(), MStream { data, fork_of: Some(source.clone()), earliest, ..Default::default() });
             }
             Op::Append { path, data } => self.streams.get_mut(path).expect("generated valid").data.extend_from_slice(data),
             Op::Produce { path, producer, epoch, seq, data, close } => {
@@ -89,6 +93,10 @@ impl Model {
                 s.data.extend_from_slice(data);
                 s.closed |= close;
                 s.producers.insert(producer.clone(), (*epoch, seq + 1, s.data.len() as u64, data.clone()));
+            }
+            Op::Trim { path, to } => {
+                let s = self.streams.get_mut(path).expect("generated valid");
+                s.earliest = s.earliest.max(*to);
             }
             Op::Keyed { path, key, data } => {
                 let s = self.streams.get_mut(path).expect("generated valid");
@@ -118,7 +126,7 @@ impl Model {
     fn seen(&self) -> BTreeMap<String, Seen> {
         self.streams
             .iter()
-            .map(|(p, s)| (p.clone(), if s.soft_deleted { Seen::Gone } else { Seen::Live { data: s.data.clone(), closed: s.closed } }))
+            .map(|(p, s)| (p.clone(), if s.soft_deleted { Seen::Gone } else { Seen::Live { data: s.data.clone(), closed: s.closed, earliest: s.earliest } }))
             .collect()
     }
 
@@ -158,11 +166,26 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
             let source = sources[rng.random_range(0..sources.len())].clone();
             // (A cascade may have removed and a create re-made the source within the group.)
             let len = lengths.get(&source).copied().unwrap_or(0).min(model.streams[&source].data.len() as u64);
-            Op::Fork { path, source, at: rng.random_range(0..=len) }
+            // Not from before the source's earliest offset (that fork is refused).
+            let earliest = model.streams[&source].earliest;
+            if earliest > len {
+                continue;
+            }
+            Op::Fork { path, source, at: rng.random_range(earliest..=len) }
         } else if roll < 24 {
             Op::Append { path: writable[rng.random_range(0..writable.len())].clone(), data }
         } else if roll < 30 {
             Op::Keyed { path: writable[rng.random_range(0..writable.len())].clone(), key: format!("k{counter}"), data }
+        } else if roll < 34 {
+            // A trim of a stream that existed before the group, within what it held then.
+            let candidates: Vec<&String> =
+                existing.iter().filter(|p| lengths.contains_key(*p) && !structural.contains(p) && !model.streams[*p].soft_deleted).collect();
+            if candidates.is_empty() {
+                continue;
+            }
+            let path = candidates[rng.random_range(0..candidates.len())].clone();
+            let (earliest, len) = (model.streams[&path].earliest, lengths[&path]);
+            Op::Trim { path, to: rng.random_range(earliest.min(len)..=len) }
         } else if roll < 92 {
             let path = writable[rng.random_range(0..writable.len())].clone();
             let producer = ["a", "b"][rng.random_range(0..2)].to_owned();
@@ -198,6 +221,7 @@ enum Pending {
     Create(oneshot::Receiver<Result<CreateOutcome, CreateError>>),
     Append(oneshot::Receiver<Result<AppendOutcome, AppendError>>),
     Delete(oneshot::Receiver<Result<(), LookupError>>),
+    Trim(oneshot::Receiver<Result<TrimOutcome, TrimError>>),
 }
 
 fn command(op: &Op) -> (Command, Pending) {
@@ -220,6 +244,10 @@ fn command(op: &Op) -> (Command, Pending) {
             };
             let (tx, rx) = oneshot::channel();
             (Command::Append { req, reply: tx }, Pending::Append(rx))
+        }
+        Op::Trim { path, to } => {
+            let (tx, rx) = oneshot::channel();
+            (Command::Trim { path: path.clone(), to: oncelog_protocol::Offset(*to), now_ms: 0, reply: tx }, Pending::Trim(rx))
         }
         Op::Delete { path } => {
             let (tx, rx) = oneshot::channel();
@@ -252,6 +280,7 @@ fn status(p: Pending) -> String {
         Pending::Create(mut rx) => rx.try_recv().map(|r| r.map(|o| format!("{o:?}").split('(').next().unwrap_or("").to_owned()).map_err(|e| e.to_string())),
         Pending::Append(mut rx) => rx.try_recv().map(|r| r.map(|o| format!("{:?}@{}", o.status, o.next_offset.0)).map_err(|e| e.to_string())),
         Pending::Delete(mut rx) => rx.try_recv().map(|r| r.map(|()| "Deleted".to_owned()).map_err(|e| e.to_string())),
+        Pending::Trim(mut rx) => rx.try_recv().map(|r| r.map(|t| format!("Trimmed@{}", t.earliest.0)).map_err(|e| e.to_string())),
     };
     match r {
         Ok(Ok(s)) | Ok(Err(s)) => s,
@@ -275,7 +304,8 @@ fn observe(store: &Store) -> Result<BTreeMap<String, Seen>, String> {
         if next != p.tail {
             return Err(format!("{path}: read ended at {} below the tail {}", next.0, p.tail.0));
         }
-        out.insert(path.to_string(), Seen::Live { data: data.to_vec(), closed: p.closed });
+        let earliest = s.earliest.load(std::sync::atomic::Ordering::Acquire);
+        out.insert(path.to_string(), Seen::Live { data: data.to_vec(), closed: p.closed, earliest });
     }
     Ok(out)
 }
@@ -318,6 +348,7 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                     let want = match op {
                         Op::Create { .. } | Op::Fork { .. } => "Created".to_owned(),
                         Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } => format!("Appended@{}", check.streams[path].data.len()),
+                        Op::Trim { path, .. } => format!("Trimmed@{}", check.streams[path].earliest),
                         Op::Delete { .. } => "Deleted".into(),
                     };
                     if got != want {
@@ -400,12 +431,22 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                     let closed = model.streams.get(path).is_some_and(|s| s.closed);
                     // A fork is resolved against its source first: one deleted since is gone.
                     let source_gone = matches!(op, Op::Fork { source, .. } if model.streams.get(source).is_some_and(|s| s.soft_deleted));
+                    // ... and one trimmed past the fork point since refuses it.
+                    let source_trimmed = matches!(op, Op::Fork { source, at, .. } if model.streams.get(source).is_some_and(|s| s.earliest > *at));
                     got == match (acked, source_gone, closed) {
                         (false, _, _) => "Created",
                         (true, true, _) => "fork source has been deleted",
+                        (true, false, _) if source_trimmed => "the fork offset was trimmed from the source; it now starts at Stream-Earliest-Offset",
                         (true, false, false) => "Existing",
                         (true, false, true) => "stream exists with a different configuration",
                     }
+                }
+                Op::Trim { path, .. } => {
+                    // Idempotent: the retry answers where the stream starts now.
+                    if !acked {
+                        cur.apply(op);
+                    }
+                    got == format!("Trimmed@{}", cur.streams[path].earliest)
                 }
                 Op::Delete { .. } => {
                     if !acked {

@@ -119,13 +119,15 @@ pub(crate) struct Shared {
     pub state: PublishedCell,
     /// Last read or write (Unix ms), for the sliding TTL. Memory only: a read never writes.
     pub last_access_ms: AtomicI64,
+    /// Where reads may start (raised by a trim once it is durable).
+    pub earliest: AtomicU64,
     pub data: RwLock<StreamData>,
 }
 
 impl Shared {
     pub fn info(&self) -> StreamInfo {
         let p = self.state.get();
-        StreamInfo { id: self.id, config: self.config.clone(), tail: p.tail, closed: p.closed }
+        StreamInfo { id: self.id, config: self.config.clone(), tail: p.tail, closed: p.closed, earliest: Offset(self.earliest.load(Ordering::Acquire)) }
     }
 
     pub fn touch(&self, now_ms: i64) {
@@ -176,6 +178,7 @@ pub(crate) enum Command {
     Create { req: CreateRequest, reply: oneshot::Sender<Result<CreateOutcome, CreateError>> },
     Append { req: AppendRequest, reply: oneshot::Sender<Result<AppendOutcome, AppendError>> },
     Delete { path: String, if_tail: Option<Vec<Offset>>, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
+    Trim { path: String, to: Offset, now_ms: i64, reply: oneshot::Sender<Result<TrimOutcome, TrimError>> },
     Expire { paths: Vec<String>, now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
 }
 
@@ -197,6 +200,7 @@ enum Effect {
     Insert { path: Arc<str>, shared: Arc<Shared> },
     Remove { path: Arc<str>, shared: Arc<Shared> },
     SoftDelete { shared: Arc<Shared> },
+    Trim { shared: Arc<Shared>, earliest: u64 },
     Reply(Box<dyn FnOnce(Option<StorageError>) + Send>),
 }
 
@@ -323,6 +327,7 @@ fn new_shared(meta: &StreamMeta, tail: Offset, chain: Vec<(u64, Arc<Shared>)>, f
         forks: AtomicUsize::new(forks),
         state,
         last_access_ms: AtomicI64::new(now_ms),
+        earliest: AtomicU64::new(meta.earliest.0),
         data: RwLock::new(data),
     })
 }
@@ -383,13 +388,14 @@ impl Store {
                 Command::Append { reply: tx, .. } => g.effects.push(reply(tx, Err(AppendError::Storage(StorageError::Poisoned)))),
                 Command::Delete { reply: tx, .. } => g.effects.push(reply(tx, Err(LookupError::Storage(StorageError::Poisoned)))),
                 Command::Expire { reply: tx, .. } => g.effects.push(reply(tx, Err(StorageError::Poisoned))),
+                Command::Trim { reply: tx, .. } => g.effects.push(reply(tx, Err(TrimError::Storage(StorageError::Poisoned)))),
             }
             return;
         }
         let at = match &cmd {
             Command::Create { req, .. } => req.now_ms,
             Command::Append { req, .. } => req.now_ms,
-            Command::Delete { now_ms, .. } | Command::Expire { now_ms, .. } => *now_ms,
+            Command::Delete { now_ms, .. } | Command::Expire { now_ms, .. } | Command::Trim { now_ms, .. } => *now_ms,
         };
         self.latest_ms = self.latest_ms.max(at);
         match cmd {
@@ -406,6 +412,11 @@ impl Store {
                 self.drop_if_expired(&path, now_ms, g);
                 let r = self.delete(&path, if_tail.as_deref(), g);
                 self.count_streams();
+                g.effects.push(reply(tx, r));
+            }
+            Command::Trim { path, to, now_ms, reply: tx } => {
+                self.drop_if_expired(&path, now_ms, g);
+                let r = self.trim(&path, to, g);
                 g.effects.push(reply(tx, r));
             }
             Command::Expire { paths, now_ms, reply: tx } => {
@@ -588,6 +599,9 @@ impl Store {
                     }
                 }
                 Effect::SoftDelete { shared } => shared.state.modify(|p| p.soft_deleted = true),
+                Effect::Trim { shared, earliest } => {
+                    shared.earliest.fetch_max(earliest, Ordering::AcqRel);
+                }
                 Effect::Remove { path, shared } => {
                     if let Ok(mut map) = self.view.streams.write() {
                         if map.get(&path).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
@@ -642,6 +656,17 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// Moves a stream's earliest offset forward as [`rules::trim`] decides: one Trim record.
+    fn trim(&mut self, path: &str, to: Offset, g: &mut Group) -> Result<TrimOutcome, TrimError> {
+        let w = self.streams.get_mut(path).ok_or(TrimError::NotFound)?;
+        if let Some(earliest) = rules::trim(&w.meta, w.tail, to)? {
+            g.record(&Record::Trim { id: w.meta.id, earliest: earliest.0 });
+            w.meta.earliest = earliest;
+            g.effects.push(Effect::Trim { shared: w.shared.clone(), earliest: earliest.0 });
+        }
+        Ok(TrimOutcome { earliest: w.meta.earliest, tail: w.tail })
     }
 
     /// Removes a stream; a fork releases its source, and a soft-deleted source whose last fork
@@ -1179,6 +1204,10 @@ fn replay(r: Replayed, segment: u64, base: u64, now_ms: i64, streams: &mut HashM
             b.meta.soft_deleted = true;
             b.producers.clear();
             b.keys = None;
+        }
+        Replayed::Trim { id, earliest } => {
+            let b = streams.get_mut(&id).ok_or_else(|| format!("trim of unknown stream {id}"))?;
+            b.meta.earliest = b.meta.earliest.max(Offset(earliest));
         }
         Replayed::Remove { id } => {
             streams.remove(&id).ok_or_else(|| format!("removal of unknown stream {id}"))?;

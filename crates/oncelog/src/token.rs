@@ -27,8 +27,8 @@ pub struct IssueArgs {
     /// Grant on exactly this stream.
     #[arg(long)]
     stream: Option<String>,
-    /// Comma-separated operations: read, append, create, close, delete, or the groups write
-    /// (append, close), manage (create, delete), all.
+    /// Comma-separated operations: read, append, create, close, delete, trim, or the groups
+    /// write (append, close), manage (create, delete, trim), all.
     #[arg(long, value_delimiter = ',', required = true)]
     ops: Vec<String>,
     /// How long the token is valid: a number with s, m, h or d (e.g. 90s, 15m, 1h, 7d).
@@ -90,7 +90,7 @@ fn now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
-const KNOWN_OPS: &[&str] = &["read", "append", "create", "close", "delete", "write", "manage", "all"];
+const KNOWN_OPS: &[&str] = &["read", "append", "create", "close", "delete", "trim", "write", "manage", "all"];
 
 pub fn run(cmd: TokenCommand) -> Result<String, TokenError> {
     match cmd {

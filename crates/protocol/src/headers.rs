@@ -30,6 +30,12 @@ pub mod names {
     /// A key a writer without a sequence counter sends with an append: a repeat with the same key
     /// is answered from the first, not written again. An Oncelog extension.
     pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+    /// The earliest offset a stream can still be read from (on HEAD, trims and `410`s). An
+    /// Oncelog extension (the name upstream's client design reads).
+    pub const STREAM_EARLIEST_OFFSET: &str = "stream-earliest-offset";
+    /// A trim: `POST` with an empty body moves the stream's earliest offset forward to this one.
+    /// An Oncelog extension.
+    pub const STREAM_TRIM_TO: &str = "stream-trim-to";
 }
 
 /// Longest accepted `Producer-Id`, in bytes. Producer ids are stored in keys; real ones are

@@ -3,7 +3,7 @@
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use oncelog_protocol::headers::names;
-use oncelog_storage::{AppendError, CreateError, LookupError, StorageError};
+use oncelog_storage::{AppendError, CreateError, LookupError, StorageError, TrimError};
 
 use crate::auth::AuthError;
 use crate::request::RequestError;
@@ -37,6 +37,10 @@ pub enum ApiError {
     #[error(transparent)]
     Lookup(#[from] LookupError),
     #[error(transparent)]
+    Trim(#[from] TrimError),
+    #[error("a trim carries no body and no producer, key, If-Match or Stream-Closed headers")]
+    TrimWithWrite,
+    #[error(transparent)]
     Storage(#[from] StorageError),
     #[error(transparent)]
     Auth(#[from] AuthError),
@@ -47,6 +51,11 @@ fn storage_status(e: &StorageError) -> StatusCode {
         StorageError::Poisoned | StorageError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         StorageError::Backend(_) | StorageError::Corrupt(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
+}
+
+/// `410` for an offset before the stream's earliest: where it starts now (which moves: no-store).
+fn trimmed(earliest: oncelog_protocol::Offset) -> (StatusCode, Vec<(HeaderName, HeaderValue)>) {
+    (StatusCode::GONE, vec![h(names::STREAM_EARLIEST_OFFSET, earliest), h("cache-control", "no-store")])
 }
 
 /// `412`: the tail the request was conditional on is not the stream's; here is the current one.
@@ -84,6 +93,7 @@ impl ApiError {
                 | CreateError::ContentTypeMismatch
                 | CreateError::FramingMismatch => (StatusCode::CONFLICT, vec![]),
                 CreateError::SourceNotFound => (StatusCode::NOT_FOUND, vec![]),
+                CreateError::ForkTrimmed { earliest } => trimmed(*earliest),
                 CreateError::ForkOffsetBeyondTail | CreateError::SubOffsetOvershoot | CreateError::InvalidPath => {
                     (StatusCode::BAD_REQUEST, vec![])
                 }
@@ -133,6 +143,14 @@ impl ApiError {
             ApiError::Lookup(LookupError::NotFound) => (StatusCode::NOT_FOUND, vec![]),
             ApiError::Lookup(LookupError::Gone) => (StatusCode::GONE, vec![]),
             ApiError::Lookup(LookupError::PreconditionFailed { tail, closed }) => precondition_failed(*tail, *closed),
+            ApiError::Lookup(LookupError::Trimmed { earliest }) => trimmed(*earliest),
+            ApiError::Trim(e) => match e {
+                TrimError::NotFound => (StatusCode::NOT_FOUND, vec![]),
+                TrimError::Gone => (StatusCode::GONE, vec![]),
+                TrimError::BeyondTail { tail } => (StatusCode::BAD_REQUEST, vec![h(names::STREAM_NEXT_OFFSET, tail)]),
+                TrimError::Storage(e) => (storage_status(e), vec![]),
+            },
+            ApiError::TrimWithWrite => (StatusCode::BAD_REQUEST, vec![]),
             ApiError::Lookup(LookupError::Storage(e)) | ApiError::Storage(e) => (storage_status(e), vec![]),
         }
     }

@@ -129,6 +129,7 @@ fn meta_headers(info: &StreamInfo) -> Vec<(&'static str, String)> {
     let mut v = vec![
         ("content-type", info.config.content_type.clone()),
         (names::STREAM_NEXT_OFFSET, info.tail.to_string()),
+        (names::STREAM_EARLIEST_OFFSET, info.earliest.to_string()),
     ];
     match info.config.expiry {
         Expiry::Never => {}
@@ -229,6 +230,9 @@ async fn append<E: Engine>(
 ) -> Result<Response, ApiError> {
     // Existence first: a missing stream is 404 whatever else is wrong with the request.
     let mut info = st.engine.head(path, st.clock.now_ms()).await?;
+    if let Some(to) = req_headers.get(names::STREAM_TRIM_TO) {
+        return trim(st, path, &info, to, req_headers, body).await;
+    }
     let h = AppendHeaders::parse(req_headers)?;
     let writer = st.rate.enabled().then(|| writer_key(access, peer));
     if let Some(w) = &writer {
@@ -304,6 +308,36 @@ async fn append<E: Engine>(
     Ok(respond(status, pairs, Body::empty()))
 }
 
+/// `POST` with `Stream-Trim-To` and no body: moves the stream's earliest offset forward (an
+/// Oncelog extension). A JSON stream is trimmed only at a message boundary.
+async fn trim<E: Engine>(
+    st: &AppState<E>,
+    path: &str,
+    info: &StreamInfo,
+    to: &axum::http::HeaderValue,
+    req_headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let to = to.to_str().ok().and_then(|v| Offset::parse(v.trim()).ok()).ok_or(RequestError::Offset(oncelog_protocol::offset::OffsetError::Malformed))?;
+    let writes = [names::PRODUCER_ID, names::PRODUCER_EPOCH, names::PRODUCER_SEQ, names::IDEMPOTENCY_KEY, names::IF_MATCH, names::STREAM_SEQ];
+    let closes = oncelog_protocol::headers::closed_flag(req_headers.get(names::STREAM_CLOSED).and_then(|v| v.to_str().ok()));
+    if closes || writes.iter().any(|h| req_headers.contains_key(*h)) {
+        return Err(ApiError::TrimWithWrite);
+    }
+    if !body_bytes(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?.is_empty() {
+        return Err(ApiError::TrimWithWrite);
+    }
+    if content_type::is_json(&info.config.content_type) && to > info.earliest && to <= info.tail {
+        let chunk = st.engine.read(path, to, 1, st.clock.now_ms()).await?;
+        if !chunk.aligned {
+            return Err(RequestError::OffsetInsideMessage.into());
+        }
+    }
+    let t = st.engine.trim(path, to, st.clock.now_ms()).await?;
+    let pairs = vec![(names::STREAM_EARLIEST_OFFSET, t.earliest.to_string()), (names::STREAM_NEXT_OFFSET, t.tail.to_string())];
+    Ok(respond(StatusCode::NO_CONTENT, pairs, Body::empty()))
+}
+
 async fn delete<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap) -> Result<Response, ApiError> {
     // Conditional: deleted only if nobody wrote since the tail named, decided by the engine
     // atomically with the delete.
@@ -313,14 +347,17 @@ async fn delete<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap
 }
 
 /// The offset a read starts from, checked against the tail.
-pub(crate) fn start_offset(param: oncelog_protocol::OffsetParam, tail: Offset) -> Result<Offset, RequestError> {
+pub(crate) fn start_offset(param: oncelog_protocol::OffsetParam, info: &StreamInfo) -> Result<Offset, ApiError> {
+    let tail = info.tail;
     let from = match param {
-        oncelog_protocol::OffsetParam::Start => Offset::ZERO,
+        // The beginning is where the stream can still be read from.
+        oncelog_protocol::OffsetParam::Start => info.earliest,
         oncelog_protocol::OffsetParam::Now => tail,
         oncelog_protocol::OffsetParam::At(o) => o,
     };
     if from > tail {
-        return Err(RequestError::OffsetBeyondTail);
+        return Err(RequestError::OffsetBeyondTail.into());
     }
+    oncelog_storage::rules::readable_from(info.earliest, from)?;
     Ok(from)
 }

@@ -36,7 +36,7 @@ pub async fn get<E: Engine>(
     let now_ms = st.clock.now_ms();
     let info = st.engine.head(path, now_ms).await?;
     let q = ReadQuery::parse(query)?;
-    let from = start_offset(q.offset, info.tail)?;
+    let from = start_offset(q.offset, &info)?;
     match q.live {
         Live::CatchUp => {
             let chunk = aligned(st.engine.read(path, from, st.config.max_read_bytes, now_ms).await?)?;

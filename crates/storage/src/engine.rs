@@ -31,6 +31,8 @@ pub struct StreamInfo {
     /// Offset after the last durable byte.
     pub tail: Offset,
     pub closed: bool,
+    /// Where reads may start (an explicit trim moved it; 0 until then).
+    pub earliest: Offset,
 }
 
 #[derive(Debug, Clone)]
@@ -78,6 +80,8 @@ pub enum CreateOutcome {
 pub enum CreateError {
     #[error("stream exists with a different configuration")]
     ConfigMismatch,
+    #[error("the fork offset was trimmed from the source; it now starts at Stream-Earliest-Offset")]
+    ForkTrimmed { earliest: Offset },
     #[error("path belongs to a deleted stream whose data forks still read")]
     PathReserved,
     #[error("fork source not found")]
@@ -194,12 +198,35 @@ pub enum AppendError {
     Storage(#[from] StorageError),
 }
 
+/// Why a trim was refused.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TrimError {
+    #[error("stream not found")]
+    NotFound,
+    #[error("stream has been deleted")]
+    Gone,
+    #[error("the trim offset lies beyond the stream's tail")]
+    BeyondTail { tail: Offset },
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// A trim's result: where the stream now starts, and its tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TrimOutcome {
+    pub earliest: Offset,
+    pub tail: Offset,
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LookupError {
     #[error("stream not found")]
     NotFound,
     #[error("stream has been deleted")]
     Gone,
+    /// The offset read lies before the stream's earliest retained one (trimmed).
+    #[error("that offset was trimmed; the stream now starts at Stream-Earliest-Offset")]
+    Trimmed { earliest: Offset },
     /// A conditional delete whose `If-Match` names another tail.
     #[error("the stream's tail is not the one If-Match names: someone wrote since")]
     PreconditionFailed { tail: Offset, closed: bool },
@@ -266,6 +293,12 @@ pub trait Engine: Send + Sync + 'static {
     /// land, and only then, if they never came, gets its gap answer. Pipelined producers whose
     /// requests overtake each other on separate connections therefore see no spurious `409`.
     fn append(&self, req: AppendRequest) -> impl Future<Output = Result<AppendOutcome, AppendError>> + Send;
+
+    /// Moves the stream's earliest readable offset forward to `to` (never back: a trim at or
+    /// below the current earliest changes nothing). Durable and atomic like an append; reads
+    /// from before it then answer [`LookupError::Trimmed`]. Producer state, receipts and
+    /// idempotency keys are not affected; forks keep reading what they reference.
+    fn trim(&self, path: &str, to: Offset, now_ms: i64) -> impl Future<Output = Result<TrimOutcome, TrimError>> + Send;
 
     /// Deletes the stream at `path`, only if its tail is one of `if_tail` when given (`If-Match`;
     /// else [`LookupError::PreconditionFailed`]), decided atomically with the delete.

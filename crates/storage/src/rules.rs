@@ -363,6 +363,8 @@ pub struct ResolvedFork {
     /// Inherited unless the request names its own.
     pub content_type: String,
     pub expiry: Expiry,
+    /// The source's earliest offset: the fork starts there too.
+    pub earliest: Offset,
 }
 
 /// Resolves `Stream-Forked-From` / `-Fork-Offset` / `-Fork-Sub-Offset` against the source
@@ -381,6 +383,9 @@ pub fn resolve_fork(
     let at = f.offset.map_or(tail.0, |o| o.0);
     if at > tail.0 {
         return Err(CreateError::ForkOffsetBeyondTail);
+    }
+    if at < src.earliest.0 {
+        return Err(CreateError::ForkTrimmed { earliest: src.earliest });
     }
     let point = if f.sub_offset == 0 {
         at
@@ -405,6 +410,7 @@ pub fn resolve_fork(
         fork: ForkOf { source_id: src.id, fork_point: point },
         content_type: src.content_type.clone(),
         expiry: src.expiry,
+        earliest: src.earliest,
     })
 }
 
@@ -461,6 +467,7 @@ pub fn create(
         stream_seq: None,
         fork: fork_of,
         soft_deleted: false,
+        earliest: fork.map_or(Offset::ZERO, |f| f.earliest),
     };
     Ok(CreatePlan::Create { meta, tail: Offset(tail) })
 }
@@ -488,6 +495,26 @@ pub fn delete(meta: &StreamMeta, tail: Offset, live_forks: usize, if_tail: Optio
         return Err(LookupError::PreconditionFailed { tail, closed: meta.closed });
     }
     Ok(if live_forks == 0 { Removal::Remove } else { Removal::SoftDelete })
+}
+
+/// Decides a trim of a stream to `to`: the new earliest offset, or `None` when it would not move
+/// forward (a repeat, or an older trim arriving late).
+pub fn trim(meta: &StreamMeta, tail: Offset, to: Offset) -> Result<Option<Offset>, TrimError> {
+    if meta.soft_deleted {
+        return Err(TrimError::Gone);
+    }
+    if to > tail {
+        return Err(TrimError::BeyondTail { tail });
+    }
+    Ok((to > meta.earliest).then_some(to))
+}
+
+/// Whether a read from `from` is allowed by the stream's earliest offset.
+pub fn readable_from(earliest: Offset, from: Offset) -> Result<(), LookupError> {
+    if from < earliest {
+        return Err(LookupError::Trimmed { earliest });
+    }
+    Ok(())
 }
 
 /// After a fork was removed, whether its source is removed too (in the same atomic unit): a

@@ -42,6 +42,9 @@ pub struct StreamMeta {
     /// Deleted by its owner while forks still read its data: the path answers 410 and stays
     /// reserved until the last fork goes.
     pub soft_deleted: bool,
+    /// The earliest offset readers may read from (a trim moved it forward; 0 otherwise). Only
+    /// ever grows.
+    pub earliest: Offset,
 }
 
 /// Where a fork comes from.
@@ -60,6 +63,6 @@ impl StreamMeta {
 
     /// What readers see of this stream at `tail`.
     pub fn info(&self, tail: oncelog_protocol::Offset) -> crate::StreamInfo {
-        crate::StreamInfo { id: self.id, config: self.config(), tail, closed: self.closed }
+        crate::StreamInfo { id: self.id, config: self.config(), tail, closed: self.closed, earliest: self.earliest }
     }
 }

@@ -17,6 +17,7 @@ fn meta() -> impl Strategy<Value = StreamMeta> {
             stream_seq,
             fork: fork.map(|(source_id, fork_point)| ForkOf { source_id, fork_point }),
             soft_deleted,
+            earliest: Offset(7),
         })
 }
 

@@ -29,6 +29,8 @@ pub enum Op {
     Create,
     Close,
     Delete,
+    /// Moving a stream's earliest offset forward (`Stream-Trim-To`).
+    Trim,
 }
 
 impl Op {
@@ -40,9 +42,10 @@ impl Op {
             "create" => &[Op::Create],
             "close" => &[Op::Close],
             "delete" => &[Op::Delete],
+            "trim" => &[Op::Trim],
             "write" => &[Op::Append, Op::Close],
-            "manage" => &[Op::Create, Op::Delete],
-            "all" => &[Op::Read, Op::Append, Op::Create, Op::Close, Op::Delete],
+            "manage" => &[Op::Create, Op::Delete, Op::Trim],
+            "all" => &[Op::Read, Op::Append, Op::Create, Op::Close, Op::Delete, Op::Trim],
             _ => &[],
         }
     }
@@ -137,6 +140,7 @@ pub fn required(parts: &Parts, path: &str) -> Vec<(String, Op)> {
             }
             ops
         }
+        Method::POST if parts.headers.contains_key(names::STREAM_TRIM_TO) => vec![(path.to_owned(), Op::Trim)],
         Method::POST => {
             let declared_empty = parts.headers.get("content-length").is_some_and(|v| v.as_bytes() == b"0")
                 || (parts.headers.get("content-length").is_none() && parts.headers.get("transfer-encoding").is_none());
@@ -181,6 +185,11 @@ mod tests {
         assert!(!s.allows("x", Op::Read), "unknown operations grant nothing");
         let groups = scope(&[("", false, &["write"])]);
         assert!(groups.allows("any/thing", Op::Close) && !groups.allows("any/thing", Op::Read));
+        // Trimming is its own operation, in `manage` and `all`, not in `write`.
+        assert!(!groups.allows("any/thing", Op::Trim));
+        assert!(s.allows("logs/app", Op::Trim) && scope(&[("", false, &["manage"])]).allows("a", Op::Trim));
+        let trim = axum::http::Request::post("/v1/stream/a").header(names::STREAM_TRIM_TO, "0").body(()).expect("request").into_parts().0;
+        assert_eq!(required(&trim, "a"), vec![("a".to_owned(), Op::Trim)]);
         let bad = ScopeClaim { grants: vec![GrantClaim { stream: Some("a".into()), prefix: Some("b".into()), ops: vec![] }] };
         assert_eq!(Scope::from_claim(&bad), Err(BadGrant));
     }

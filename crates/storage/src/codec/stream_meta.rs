@@ -1,9 +1,10 @@
 //! The stored form of [`StreamMeta`], a stream's metadata (the embedded engine's keyspace
 //! `streams`, keyed by path; the log engine's create records and checkpoints).
 //!
-//! Layout, tag `0x01`: id u64, created_ms i64, content_type str, expiry kind u8 (0 never, 1 ttl,
+//! Layout, tag `0x02`: id u64, created_ms i64, content_type str, expiry kind u8 (0 never, 1 ttl,
 //! 2 at) + value (u64 seconds or i64 ms; absent for 0), closed u8, stream_seq flag u8 + str,
-//! fork flag u8 + (source id u64, fork point u64), soft_deleted u8.
+//! fork flag u8 + (source id u64, fork point u64), soft_deleted u8, earliest u64. Tag `0x01`
+//! (before trims) is the same without `earliest`, which then is 0; it is still read.
 //!
 //! A fork records only its *direct* source and the position where it diverges; the whole chain
 //! of ancestors is derived on recovery, and so are reference counts (the number of streams whose
@@ -13,16 +14,18 @@
 //! disagree with the data. Rewritten only when a field changes (create, close, `Stream-Seq`).
 
 use oncelog_protocol::headers::Expiry;
+use oncelog_protocol::Offset;
 use crate::{ForkOf, StreamMeta};
 
 use super::{DecodeError, Decoder, Encoder};
 
 const TAG_V1: u8 = 0x01;
+const TAG_V2: u8 = 0x02;
 
 /// Encodes `meta` as a tagged record.
 pub fn encode(meta: &StreamMeta) -> Vec<u8> {
     let mut e = Encoder(Vec::with_capacity(64 + meta.content_type.len()));
-    e.u8(TAG_V1).u64(meta.id).i64(meta.created_ms).str(&meta.content_type);
+    e.u8(TAG_V2).u64(meta.id).i64(meta.created_ms).str(&meta.content_type);
     match meta.expiry {
         Expiry::Never => e.u8(0),
         Expiry::Ttl(s) => e.u8(1).u64(s),
@@ -37,14 +40,18 @@ pub fn encode(meta: &StreamMeta) -> Vec<u8> {
         None => e.u8(0),
         Some(f) => e.u8(1).u64(f.source_id).u64(f.fork_point),
     };
-    e.u8(u8::from(meta.soft_deleted));
+    e.u8(u8::from(meta.soft_deleted)).u64(meta.earliest.0);
     e.0
 }
 
 /// Decodes a record written by [`encode`].
 pub fn decode(bytes: &[u8]) -> Result<StreamMeta, DecodeError> {
     let mut d = Decoder(bytes);
-    d.tag(TAG_V1)?;
+    let v2 = match d.u8()? {
+        TAG_V1 => false,
+        TAG_V2 => true,
+        t => return Err(DecodeError::UnknownTag(t)),
+    };
     let id = d.u64()?;
     let created_ms = d.i64()?;
     let content_type = d.string()?;
@@ -58,8 +65,9 @@ pub fn decode(bytes: &[u8]) -> Result<StreamMeta, DecodeError> {
     let stream_seq = if d.bool()? { Some(d.string()?) } else { None };
     let fork = if d.bool()? { Some(ForkOf { source_id: d.u64()?, fork_point: d.u64()? }) } else { None };
     let soft_deleted = d.bool()?;
+    let earliest = Offset(if v2 { d.u64()? } else { 0 });
     d.finish()?;
-    Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted })
+    Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest })
 }
 
 #[cfg(test)]
@@ -77,10 +85,10 @@ mod tests {
             id: u64, created_ms: i64, content_type in "\\PC{0,40}", expiry in expiry(), closed: bool,
             stream_seq in proptest::option::of("\\PC{0,20}"),
             fork in proptest::option::of((any::<u64>(), any::<u64>())),
-            soft_deleted: bool,
+            soft_deleted: bool, earliest: u64,
         ) {
             let fork = fork.map(|(source_id, fork_point)| ForkOf { source_id, fork_point });
-            let m = StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted };
+            let m = StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest: Offset(earliest) };
             prop_assert_eq!(decode(&encode(&m)), Ok(m));
         }
 

@@ -62,6 +62,37 @@ pub async fn bounded_reads_may_end_inside_an_append<H: Harness>() {
     }
 }
 
+pub async fn trims_move_the_earliest_offset_forward<H: Harness>() {
+    let mut h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("s", "text/plain")).await;
+    append(e, produce("s", "abc", "p", 0, 0)).await;
+    append(e, append_req("s", "def")).await;
+    let t = e.trim("s", Offset(3), 0).await.expect("trim");
+    assert_eq!((t.earliest, t.tail), (Offset(3), Offset(6)));
+    // Never backwards; never beyond the tail; only existing streams.
+    assert_eq!(e.trim("s", Offset(2), 0).await.expect("trim").earliest, Offset(3));
+    assert!(matches!(e.trim("s", Offset(7), 0).await, Err(TrimError::BeyondTail { tail: Offset(6) })));
+    assert!(matches!(e.trim("nope", Offset(0), 0).await, Err(TrimError::NotFound)));
+    // A fork from a trimmed offset is refused; one above the earliest starts where its source does.
+    assert!(matches!(e.create(fork_req("early", "s", Some(2), 0)).await, Err(CreateError::ForkTrimmed { earliest: Offset(3) })));
+    create(e, fork_req("f", "s", Some(4), 0)).await;
+    // Twice: as written, and reopened (the earliest offset is stored).
+    for round in 0..2 {
+        let e = h.engine();
+        assert_eq!(e.head("s", 0).await.expect("head").earliest, Offset(3), "round {round}");
+        assert!(matches!(e.read("s", Offset(0), 1 << 20, 0).await, Err(LookupError::Trimmed { earliest: Offset(3) })), "round {round}");
+        assert_eq!(&e.read("s", Offset(3), 1 << 20, 0).await.expect("read").data[..], b"def", "round {round}");
+        // Producer state is not affected: a retry of the trimmed append is still its duplicate.
+        let dup = append(e, produce("s", "abc", "p", 0, 0)).await;
+        assert_eq!((dup.status, dup.next_offset), (AppendStatus::Duplicate, Offset(3)), "round {round}");
+        let fork = e.head("f", 0).await.expect("fork");
+        assert_eq!(fork.earliest, Offset(3), "round {round}");
+        assert_eq!(&e.read("f", Offset(3), 1 << 20, 0).await.expect("read").data[..], b"d", "round {round}");
+        h.reopen().await;
+    }
+}
+
 pub async fn ttl_and_absolute_expiry<H: Harness>() {
     let h = H::open().await;
     let e = h.engine();

@@ -69,6 +69,7 @@ macro_rules! engine_contract_tests {
             forks::soft_delete_keeps_data_for_forks_and_cascades,
             lifecycle::reads_page_through_whole_appends,
             lifecycle::bounded_reads_may_end_inside_an_append,
+            lifecycle::trims_move_the_earliest_offset_forward,
             lifecycle::reads_say_whether_they_start_at_a_minted_offset,
             lifecycle::ttl_and_absolute_expiry,
             lifecycle::live_waits_wake_on_append_closure_and_delete,

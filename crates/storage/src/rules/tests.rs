@@ -20,6 +20,7 @@ fn meta(ct: &str) -> StreamMeta {
         stream_seq: None,
         fork: None,
         soft_deleted: false,
+        earliest: Offset::ZERO,
     }
 }
 

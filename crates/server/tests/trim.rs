@@ -1,0 +1,75 @@
+//! Explicit trim over HTTP: `POST` with `Stream-Trim-To` moves the earliest offset; reads from
+//! before it are `410` with `Stream-Earliest-Offset`; `offset=-1` starts there.
+
+mod common;
+
+use oncelog_protocol::Offset;
+use oncelog_server::ServerConfig;
+use reqwest::{Client, StatusCode};
+
+fn header(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+#[tokio::test]
+async fn trimmed_offsets_are_gone_and_the_beginning_moves() {
+    let s = common::TestServer::start(ServerConfig::default(), None).await;
+    let http = Client::new();
+    let url = s.url("s");
+    assert_eq!(http.put(&url).header("content-type", "text/plain").send().await.expect("put").status(), StatusCode::CREATED);
+    for part in ["abc", "def"] {
+        http.post(&url).header("content-type", "text/plain").body(part).send().await.expect("post");
+    }
+    let trim = |to: String| http.post(&url).header("stream-trim-to", to).send();
+    let r = trim(Offset(3).to_string()).await.expect("trim");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert_eq!(header(&r, "stream-earliest-offset"), Some(Offset(3).to_string()));
+    assert_eq!(header(&r, "stream-next-offset"), Some(Offset(6).to_string()));
+    // A lower trim changes nothing; beyond the tail or malformed is 400.
+    let r = trim(Offset(1).to_string()).await.expect("trim");
+    assert_eq!((r.status(), header(&r, "stream-earliest-offset")), (StatusCode::NO_CONTENT, Some(Offset(3).to_string())));
+    assert_eq!(trim(Offset(7).to_string()).await.expect("trim").status(), StatusCode::BAD_REQUEST);
+    assert_eq!(trim("now".into()).await.expect("trim").status(), StatusCode::BAD_REQUEST);
+    // A trim writes nothing: with a body or write headers it is refused.
+    let with_body = http.post(&url).header("stream-trim-to", Offset(4).to_string()).header("content-type", "text/plain").body("x").send().await.expect("post");
+    assert_eq!(with_body.status(), StatusCode::BAD_REQUEST);
+    let with_close = http.post(&url).header("stream-trim-to", Offset(4).to_string()).header("stream-closed", "true").send().await.expect("post");
+    assert_eq!(with_close.status(), StatusCode::BAD_REQUEST);
+    // HEAD shows it; -1 starts there; anything before it is 410 in every read mode.
+    let head = http.head(&url).send().await.expect("head");
+    assert_eq!(header(&head, "stream-earliest-offset"), Some(Offset(3).to_string()));
+    assert_eq!(http.get(format!("{url}?offset=-1")).send().await.expect("get").text().await.expect("text"), "def");
+    for q in ["", "&live=long-poll", "&live=sse"] {
+        let r = http.get(format!("{url}?offset={}{q}", Offset(1))).send().await.expect("get");
+        assert_eq!(r.status(), StatusCode::GONE, "{q}");
+        assert_eq!(header(&r, "stream-earliest-offset"), Some(Offset(3).to_string()), "{q}");
+        assert_eq!(header(&r, "cache-control").as_deref(), Some("no-store"), "{q}");
+    }
+    // Forking from before the earliest offset: 410 too.
+    let fork = http
+        .put(s.url("f"))
+        .header("content-type", "text/plain")
+        .header("stream-forked-from", "/v1/stream/s")
+        .header("stream-fork-offset", Offset(2).to_string())
+        .send()
+        .await
+        .expect("fork");
+    assert_eq!(fork.status(), StatusCode::GONE);
+}
+
+#[tokio::test]
+async fn a_json_stream_is_trimmed_only_at_a_message_boundary() {
+    let s = common::TestServer::start(ServerConfig::default(), None).await;
+    let http = Client::new();
+    let url = s.url("j");
+    http.put(&url).header("content-type", "application/json").send().await.expect("put");
+    let first = http.post(&url).header("content-type", "application/json").body(r#"{"a":1}"#).send().await.expect("post");
+    let boundary = header(&first, "stream-next-offset").expect("offset");
+    http.post(&url).header("content-type", "application/json").body(r#"{"b":2}"#).send().await.expect("post");
+    let inside = http.post(&url).header("stream-trim-to", Offset(2).to_string()).send().await.expect("trim");
+    assert_eq!(inside.status(), StatusCode::BAD_REQUEST);
+    let at = http.post(&url).header("stream-trim-to", &boundary).send().await.expect("trim");
+    assert_eq!(at.status(), StatusCode::NO_CONTENT);
+    let body = http.get(format!("{url}?offset=-1")).send().await.expect("get").text().await.expect("text");
+    assert_eq!(body, r#"[{"b":2}]"#);
+}
