@@ -329,9 +329,8 @@ impl Engine for EmbeddedEngine {
         let shared = self.lookup(path, now_ms)?;
         shared.touch(now_ms);
         let info = shared.info();
-        rules::readable_from(info.earliest, from)?;
-        if from >= info.tail {
-            return Ok(ReadChunk { next: from, data: Bytes::new(), info, aligned: true });
+        if let Some(at_tail) = rules::read_start(&info, from)? {
+            return Ok(at_tail);
         }
         let id = info.id;
         let tail = info.tail;

@@ -46,7 +46,6 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use oncelog_protocol::Offset;
 use oncelog_storage::rules::Retention;
 use oncelog_storage::*;
@@ -186,9 +185,8 @@ impl LogEngine {
         let shared = self.lookup(path, now_ms)?;
         shared.touch(now_ms);
         let info = shared.info();
-        rules::readable_from(info.earliest, from)?;
-        if from >= info.tail {
-            return Ok(ReadChunk { next: from, data: Bytes::new(), info, aligned: true });
+        if let Some(at_tail) = rules::read_start(&info, from)? {
+            return Ok(at_tail);
         }
         // The hot tail answers a live reader without touching a file; only a read that needs
         // the disk leaves the async runtime. The plan is made once, either way.

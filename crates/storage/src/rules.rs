@@ -517,6 +517,14 @@ pub fn readable_from(earliest: Offset, from: Offset) -> Result<(), LookupError> 
     Ok(())
 }
 
+/// The start of a read from `from` of a stream as `info` describes it: refused before the
+/// earliest offset; at or past the tail, the (empty, up-to-date) answer itself; otherwise `None`:
+/// the engine reads the bytes.
+pub fn read_start(info: &StreamInfo, from: Offset) -> Result<Option<ReadChunk>, LookupError> {
+    readable_from(info.earliest, from)?;
+    Ok((from >= info.tail).then(|| ReadChunk { next: from, data: Bytes::new(), info: info.clone(), aligned: true }))
+}
+
 /// After a fork was removed, whether its source is removed too (in the same atomic unit): a
 /// soft-deleted source whose last fork that was.
 pub fn source_follows(source: &StreamMeta, forks_left: usize) -> bool {
