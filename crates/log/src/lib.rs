@@ -116,6 +116,9 @@ pub struct LogOptions {
     pub segment_bytes: u64,
     /// A checkpoint is written after this many bytes of log (bounds replay at start).
     pub checkpoint_bytes: u64,
+    /// After a trim, a checkpoint (which gives the trimmed space back) is written at most this
+    /// long after the previous one.
+    pub reclaim_interval: Duration,
     /// Store-wide bound on the hot tail (recent appends kept in memory for live readers).
     pub hot_bytes: usize,
     /// Where recovery takes "now" from (the start of every recovered stream's TTL window).
@@ -156,6 +159,7 @@ impl LogOptions {
             durability: Durability::Fsync,
             segment_bytes: 64 << 20,
             checkpoint_bytes: 256 << 20,
+            reclaim_interval: Duration::from_secs(10),
             hot_bytes: 32 << 20,
             clock: Arc::new(SystemClock::default()),
             failpoints: Failpoints::default(),
@@ -221,11 +225,11 @@ impl LogEngine {
         // Unbounded: every queued command is an HTTP request already holding its body, so the
         // server's in-flight requests bound the queue; sending never blocks a runtime thread.
         let (tx, rx) = mpsc::channel();
-        let checkpoint_bytes = opts.checkpoint_bytes;
+        let (checkpoint_bytes, reclaim_interval) = (opts.checkpoint_bytes, opts.reclaim_interval);
         let fs = opts.fs.clone();
         let handle = std::thread::Builder::new()
             .name("oncelog-log-writer".into())
-            .spawn(move || run_writer(store, rx, fs, checkpoint_bytes))
+            .spawn(move || run_writer(store, rx, fs, checkpoint_bytes, reclaim_interval))
             .map_err(|e| backend(LogError::Io { what: "start the writer thread".into(), source: e }))?;
         Ok(Self {
             inner: Arc::new(Inner { view, counters, tx: Mutex::new(Some(tx)), writer: Mutex::new(Some(handle)), report }),
@@ -252,12 +256,19 @@ impl LogEngine {
     }
 }
 
+/// How soon a due trim checkpoint is tried again while the checkpointer is busy.
+const RECLAIM_RETRY: Duration = Duration::from_millis(20);
+
 /// The writer thread: one group per loop, a checkpoint handed to its own thread now and then.
-fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>, checkpoint_bytes: u64) {
+fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>, checkpoint_bytes: u64, reclaim_interval: Duration) {
+    let mut last_checkpoint = Instant::now();
     store.collect_orphans();
     let checkpointer = Checkpointer::start(fs, store.view().clone(), store.counters().clone());
     loop {
-        let first = match store.next_park_deadline() {
+        // Wake for a parked append's deadline, and for a trim's checkpoint when it is due (a
+        // little later again while the checkpointer is still busy with the last one).
+        let reclaim_at = store.reclaim_wanted.then(|| (last_checkpoint + reclaim_interval).max(Instant::now() + RECLAIM_RETRY));
+        let first = match [store.next_park_deadline(), reclaim_at].into_iter().flatten().min() {
             None => match rx.recv() {
                 Ok(cmd) => Some(cmd),
                 Err(_) => break,
@@ -282,9 +293,13 @@ fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>
         }
         let failure = store.commit(&mut g);
         store.finish(g, failure);
-        if store.since_checkpoint >= checkpoint_bytes && !store.counters().failed() && checkpointer.idle() {
+        let due = store.since_checkpoint >= checkpoint_bytes || (store.reclaim_wanted && last_checkpoint.elapsed() >= reclaim_interval);
+        if due && !store.counters().failed() && checkpointer.idle() {
             store.since_checkpoint = 0;
+            store.reclaim_wanted = false;
+            last_checkpoint = Instant::now();
             store.prune_writers();
+            store.prune_index();
             checkpointer.send(store.snapshot());
         }
     }
@@ -294,8 +309,9 @@ fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>
     store.expire_all_parked(&mut g);
     let failure = store.commit(&mut g);
     store.finish(g, failure);
-    if !store.counters().failed() && store.since_checkpoint > 0 {
+    if !store.counters().failed() && (store.since_checkpoint > 0 || store.reclaim_wanted) {
         store.prune_writers();
+        store.prune_index();
         checkpointer.send(store.snapshot());
     }
     checkpointer.stop();

@@ -50,6 +50,10 @@ pub(crate) fn plan(shared: &Shared, from: u64, tail: u64, max_bytes: usize, boun
             continue;
         }
         let d = s.data.read().map_err(|_| StorageError::Poisoned)?;
+        if pos < d.start {
+            // Below what the index retains (trimmed, and no fork pins it): never guess bytes.
+            return Err(backend(LogError::Corrupt(format!("read at {pos} below the retained index (from {})", d.start))));
+        }
         let mut i = d.extents.partition_point(|e| e.end <= pos);
         while i < d.extents.len() && pos < part_end && total < max_bytes {
             let e = d.extents[i];

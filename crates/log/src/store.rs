@@ -288,6 +288,9 @@ pub(crate) struct Store {
     lsn: u64,
     /// Log bytes written since the last checkpoint.
     pub since_checkpoint: u64,
+    /// A trim made index entries (and maybe whole segments) unreachable: the next checkpoint
+    /// gives them back, so it is written soon rather than after `checkpoint_bytes`.
+    pub reclaim_wanted: bool,
     /// The latest request time seen (Unix ms): what "now" is when idle producers are pruned
     /// (the store reads no clock; time comes with the commands).
     latest_ms: i64,
@@ -664,6 +667,7 @@ impl Store {
         if let Some(earliest) = rules::trim(&w.meta, w.tail, to)? {
             g.record(&Record::Trim { id: w.meta.id, earliest: earliest.0 });
             w.meta.earliest = earliest;
+            self.reclaim_wanted = true;
             g.effects.push(Effect::Trim { shared: w.shared.clone(), earliest: earliest.0 });
         }
         Ok(TrimOutcome { earliest: w.meta.earliest, tail: w.tail })
@@ -819,6 +823,42 @@ impl Store {
             }
         }
         self.counters.producers.fetch_sub(dropped as u64, Ordering::Relaxed);
+        dropped
+    }
+
+    /// Drops the index entries no reader can reach any more: those wholly below a stream's
+    /// earliest offset, unless a fork still reads them (a fork pins what it references from its
+    /// earliest offset on). The next checkpoint then no longer lists them, and segments nothing
+    /// listed lives in are deleted after it: the space of trimmed data comes back. Called before
+    /// each checkpoint. Returns the number of entries dropped.
+    pub fn prune_index(&mut self) -> usize {
+        // Each stream's floor: its own earliest offset, lowered by the forks that read it.
+        let mut floor: HashMap<u64, u64> = self.streams.values().map(|w| (w.meta.id, w.meta.earliest.0)).collect();
+        for w in self.streams.values() {
+            let reads_from = w.meta.earliest.0;
+            let mut lo = 0;
+            for (hi, ancestor) in &w.shared.chain {
+                if reads_from < *hi {
+                    let pin = lo.max(reads_from);
+                    floor.entry(ancestor.id).and_modify(|f| *f = (*f).min(pin));
+                }
+                lo = *hi;
+            }
+        }
+        let mut dropped = 0;
+        for w in self.streams.values() {
+            let f = floor.get(&w.meta.id).copied().unwrap_or(0);
+            if f == 0 {
+                continue;
+            }
+            let Ok(mut d) = w.shared.data.write() else { continue };
+            let n = d.extents.partition_point(|x| x.end <= f);
+            if n > 0 {
+                d.start = d.extents[n - 1].end;
+                d.extents.drain(..n);
+                dropped += n;
+            }
+        }
         dropped
     }
 
@@ -1122,6 +1162,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         active_len,
         lsn,
         since_checkpoint: 0,
+        reclaim_wanted: false,
         // Only request times count: recovery's clock may be far from the requests' (tests).
         latest_ms: i64::MIN,
         counters,
