@@ -185,7 +185,8 @@ pub struct Control {
     pub closed: bool,
     /// Why the server ends the response although the stream is open (an Oncelog extension,
     /// `endReason`; clients that do not know it reconnect as after any end). `tokenExpired`: the
-    /// reader's credentials expired, and reconnecting needs new ones.
+    /// reader's credentials expired, and reconnecting needs new ones. `trimmed`: a trim passed
+    /// the reader's offset; reconnecting from it answers `410` with the earliest offset.
     pub end_reason: Option<&'static str>,
 }
 

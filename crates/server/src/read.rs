@@ -300,7 +300,17 @@ impl<E: Engine> SseState<E> {
             // One lookup per step: at the tail the read is empty and still reports closure.
             let chunk = match self.first.take() {
                 Some(chunk) => chunk,
-                None => sse_read(&self.st, &self.path, self.offset, self.json, self.st.clock.now_ms()).await.ok()?,
+                None => match sse_read(&self.st, &self.path, self.offset, self.json, self.st.clock.now_ms()).await {
+                    Ok(chunk) => chunk,
+                    // A trim overtook this reader: say so; its reconnect gets the 410 and the
+                    // stream's earliest offset.
+                    Err(oncelog_storage::LookupError::Trimmed { .. }) => {
+                        let mut out = Vec::new();
+                        self.end_with(&mut out, "trimmed");
+                        return Some(Bytes::from(out));
+                    }
+                    Err(_) => return None,
+                },
             };
             if chunk.next > self.offset {
                 let event = if self.json {
@@ -362,10 +372,15 @@ impl<E: Engine> SseState<E> {
 
     /// The last event of a response whose reader's credentials expired.
     fn end_for_credentials(&mut self, out: &mut Vec<u8>) {
+        self.end_with(out, "tokenExpired");
+    }
+
+    /// The last event of a response the server ends for `reason` (an `endReason`).
+    fn end_with(&mut self, out: &mut Vec<u8>, reason: &'static str) {
         self.done = true;
         sse::control_event(
             out,
-            &Control { next_offset: self.offset, cursor: None, up_to_date: false, closed: false, end_reason: Some("tokenExpired") },
+            &Control { next_offset: self.offset, cursor: None, up_to_date: false, closed: false, end_reason: Some(reason) },
         );
     }
 }

@@ -73,3 +73,44 @@ async fn a_json_stream_is_trimmed_only_at_a_message_boundary() {
     let body = http.get(format!("{url}?offset=-1")).send().await.expect("get").text().await.expect("text");
     assert_eq!(body, r#"[{"b":2}]"#);
 }
+
+/// An SSE reader that lags behind a trim is told so: its response ends with a control event
+/// whose `endReason` is `trimmed` (and its reconnect gets the 410).
+#[tokio::test]
+async fn an_sse_reader_overtaken_by_a_trim_is_told_why_its_response_ends() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = common::TestServer::start(ServerConfig::default(), None).await;
+    let http = Client::new();
+    let url = s.url("t");
+    http.put(&url).header("content-type", "application/octet-stream").send().await.expect("put");
+    // More than the socket buffers of a reader that does not read yet can hold (~4-6 MB on
+    // loopback): the server's SSE state is still behind when the trim comes.
+    let piece = vec![7u8; 1 << 20];
+    for _ in 0..12 {
+        http.post(&url).header("content-type", "application/octet-stream").body(piece.clone()).send().await.expect("post");
+    }
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.expect("connect");
+    conn.write_all(format!("GET /v1/stream/t?offset={}&live=sse HTTP/1.1\r\nHost: t\r\n\r\n", Offset(0)).as_bytes()).await.expect("request");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let r = http.post(&url).header("stream-trim-to", Offset(12 << 20).to_string()).send().await.expect("trim");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    // Drain the rest: it ends with the explanation.
+    let mut rest = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let found = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            let n = conn.read(&mut buf).await.expect("read");
+            if n == 0 {
+                return false;
+            }
+            rest.extend_from_slice(&buf[..n]);
+            let needle = br#""endReason":"trimmed""#;
+            if rest.windows(needle.len()).any(|w| w == needle) {
+                return true;
+            }
+        }
+    })
+    .await
+    .expect("the response went on without ending");
+    assert!(found, "the response ended without saying it was trimmed");
+}
