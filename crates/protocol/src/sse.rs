@@ -117,6 +117,13 @@ impl DataEvent {
 }
 
 impl DataEvent {
+    /// About how many bytes the next piece takes (to size the buffer it is written into: a
+    /// small event's piece is small).
+    pub fn next_piece_len(&self) -> usize {
+        let payload = (self.payload.len() - self.pos).min(self.piece_bytes);
+        payload * 4 / 3 + self.open.len() + self.close.len() + 32
+    }
+
     /// Writes the next piece to `out`; false when that was the last (or there is none).
     pub fn next_into(&mut self, out: &mut Vec<u8>) -> bool {
         if self.finished {

@@ -282,7 +282,8 @@ impl<E: Engine> SseState<E> {
             }
             if let Some(sending) = &mut self.sending {
                 // One piece per poll: the connection asks for the next only when it took this one.
-                let mut out = Vec::with_capacity(sse::PIECE_BYTES * 4 / 3 + 256);
+                // Sized to the piece (plus its control event): small events stay small.
+                let mut out = Vec::with_capacity(sending.event.next_piece_len() + 160);
                 if sending.event.next_into(&mut out) {
                     return Some(Bytes::from(out));
                 }
