@@ -39,13 +39,16 @@ enum Op {
     /// An append with an idempotency key (a fresh one: repeats come as retries).
     Keyed { path: String, key: String, data: Vec<u8> },
     Trim { path: String, to: u64 },
+    /// A plain append with `If-Match: at`; `holds` when `at` is the tail it will meet (else it is
+    /// refused and changes nothing).
+    Conditional { path: String, data: Vec<u8>, at: u64, holds: bool },
     Delete { path: String },
 }
 
 impl Op {
     fn path(&self) -> &str {
         match self {
-            Op::Create { path } | Op::Fork { path, .. } | Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Trim { path, .. } | Op::Delete { path } => path,
+            Op::Create { path } | Op::Fork { path, .. } | Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Trim { path, .. } | Op::Conditional { path, .. } | Op::Delete { path } => path,
         }
     }
 }
@@ -87,7 +90,10 @@ impl Model {
                 let earliest = self.streams[source].earliest;
                 self.streams.insert(path.clone(), MStream { data, fork_of: Some(source.clone()), earliest, ..Default::default() });
             }
-            Op::Append { path, data } => self.streams.get_mut(path).expect("generated valid").data.extend_from_slice(data),
+            Op::Append { path, data } | Op::Conditional { path, data, holds: true, .. } => {
+                self.streams.get_mut(path).expect("generated valid").data.extend_from_slice(data)
+            }
+            Op::Conditional { holds: false, .. } => {}
             Op::Produce { path, producer, epoch, seq, data, close } => {
                 let s = self.streams.get_mut(path).expect("generated valid");
                 s.data.extend_from_slice(data);
@@ -173,7 +179,15 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
             }
             Op::Fork { path, source, at: rng.random_range(earliest..=len) }
         } else if roll < 24 {
-            Op::Append { path: writable[rng.random_range(0..writable.len())].clone(), data }
+            let path = writable[rng.random_range(0..writable.len())].clone();
+            if roll < 21 {
+                Op::Append { path, data }
+            } else {
+                // At the tail it will meet, or one byte past it (refused).
+                let tail = model.streams[&path].data.len() as u64;
+                let holds = rng.random_range(0..3) > 0;
+                Op::Conditional { path, data, at: if holds { tail } else { tail + 1 }, holds }
+            }
         } else if roll < 30 {
             Op::Keyed { path: writable[rng.random_range(0..writable.len())].clone(), key: format!("k{counter}"), data }
         } else if roll < 34 {
@@ -234,12 +248,13 @@ fn command(op: &Op) -> (Command, Pending) {
             let (tx, rx) = oneshot::channel();
             (Command::Create { req, reply: tx }, Pending::Create(rx))
         }
-        Op::Append { path, data } | Op::Produce { path, data, .. } | Op::Keyed { path, data, .. } => {
+        Op::Append { path, data } | Op::Produce { path, data, .. } | Op::Keyed { path, data, .. } | Op::Conditional { path, data, .. } => {
             // Generated data is ASCII (`<n>`).
             let text = String::from_utf8_lossy(data);
             let req = match op {
                 Op::Produce { producer, epoch, seq, close, .. } => AppendRequest { close: *close, ..produce(path, &text, producer, *epoch, *seq) },
                 Op::Keyed { key, .. } => keyed(path, &text, key),
+                Op::Conditional { at, .. } => AppendRequest { if_match: Some(vec![oncelog_protocol::Offset(*at)]), ..append_req(path, &text) },
                 _ => append_req(path, &text),
             };
             let (tx, rx) = oneshot::channel();
@@ -347,7 +362,10 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                     let got = status(a);
                     let want = match op {
                         Op::Create { .. } | Op::Fork { .. } => "Created".to_owned(),
-                        Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } => format!("Appended@{}", check.streams[path].data.len()),
+                        Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Conditional { path, holds: true, .. } => {
+                            format!("Appended@{}", check.streams[path].data.len())
+                        }
+                        Op::Conditional { holds: false, .. } => AppendError::PreconditionFailed { tail: Default::default(), closed: false }.to_string(),
                         Op::Trim { path, .. } => format!("Trimmed@{}", check.streams[path].earliest),
                         Op::Delete { .. } => "Deleted".into(),
                     };
@@ -411,7 +429,8 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
             }
         }
         // Retry the group as clients would (plain appends have no way to retry safely).
-        let retry: Vec<Op> = ops.iter().filter(|o| !matches!(o, Op::Append { .. })).cloned().collect();
+        // (Neither are conditional ones: a retry after a lost answer meets a moved tail.)
+        let retry: Vec<Op> = ops.iter().filter(|o| !matches!(o, Op::Append { .. } | Op::Conditional { .. })).cloned().collect();
         let mut expect = if acked { model.clone() } else { before.clone() };
         let mut cur = if acked { model.clone() } else { before.clone() };
         for op in &retry {
@@ -454,7 +473,7 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                     }
                     if acked { got.contains("not found") || got.contains("deleted") } else { got == "Deleted" }
                 }
-                Op::Append { .. } => true,
+                Op::Append { .. } | Op::Conditional { .. } => true,
             };
             if !ok {
                 return Err(format!("step {step}: retry of {op:?} after recovery ({}) answered {got}", if acked { "its group survived" } else { "its group was lost" }));
