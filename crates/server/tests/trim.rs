@@ -7,16 +7,23 @@ use oncelog_protocol::Offset;
 use oncelog_server::ServerConfig;
 use reqwest::{Client, StatusCode};
 
+/// A server with one new stream of content type `ct`: (server, client, the stream's URL).
+async fn with_stream(name: &str, ct: &str) -> (common::TestServer, Client, String) {
+    let s = common::TestServer::start(ServerConfig::default(), None).await;
+    let http = Client::new();
+    let url = s.url(name);
+    let r = http.put(&url).header("content-type", ct).send().await.expect("put");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    (s, http, url)
+}
+
 fn header(r: &reqwest::Response, name: &str) -> Option<String> {
     r.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
 }
 
 #[tokio::test]
 async fn trimmed_offsets_are_gone_and_the_beginning_moves() {
-    let s = common::TestServer::start(ServerConfig::default(), None).await;
-    let http = Client::new();
-    let url = s.url("s");
-    assert_eq!(http.put(&url).header("content-type", "text/plain").send().await.expect("put").status(), StatusCode::CREATED);
+    let (s, http, url) = with_stream("s", "text/plain").await;
     for part in ["abc", "def"] {
         http.post(&url).header("content-type", "text/plain").body(part).send().await.expect("post");
     }
@@ -59,10 +66,7 @@ async fn trimmed_offsets_are_gone_and_the_beginning_moves() {
 
 #[tokio::test]
 async fn a_json_stream_is_trimmed_only_at_a_message_boundary() {
-    let s = common::TestServer::start(ServerConfig::default(), None).await;
-    let http = Client::new();
-    let url = s.url("j");
-    http.put(&url).header("content-type", "application/json").send().await.expect("put");
+    let (_server, http, url) = with_stream("j", "application/json").await;
     let first = http.post(&url).header("content-type", "application/json").body(r#"{"a":1}"#).send().await.expect("post");
     let boundary = header(&first, "stream-next-offset").expect("offset");
     http.post(&url).header("content-type", "application/json").body(r#"{"b":2}"#).send().await.expect("post");
@@ -79,10 +83,7 @@ async fn a_json_stream_is_trimmed_only_at_a_message_boundary() {
 #[tokio::test]
 async fn an_sse_reader_overtaken_by_a_trim_is_told_why_its_response_ends() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let s = common::TestServer::start(ServerConfig::default(), None).await;
-    let http = Client::new();
-    let url = s.url("t");
-    http.put(&url).header("content-type", "application/octet-stream").send().await.expect("put");
+    let (s, http, url) = with_stream("t", "application/octet-stream").await;
     // More than the socket buffers of a reader that does not read yet can hold (~4-6 MB on
     // loopback): the server's SSE state is still behind when the trim comes.
     let piece = vec![7u8; 1 << 20];
