@@ -271,10 +271,25 @@ impl EmbeddedEngine {
 
     /// Flushes every keyspace's memtable to disk tables, so on-disk size can be measured
     /// without the journal (tests and benchmarks).
+    ///
+    /// Waits at most `FLUSH_WAIT` for the background flushes: a flush that cannot finish (a full
+    /// disk: fjall's worker keeps retrying) is an error here, never a wait without end.
     pub fn flush_to_tables(&self) -> Result<(), StorageError> {
+        const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
         let ks = &self.inner.ks;
-        for k in [&ks.streams, &ks.data, &ks.producers, &ks.idempotency, &ks.gc, &ks.sys] {
-            k.rotate_memtable_and_wait().map_err(backend)?;
+        let all = [&ks.streams, &ks.data, &ks.producers, &ks.idempotency, &ks.gc, &ks.sys];
+        for k in all {
+            k.rotate_memtable().map_err(backend)?;
+        }
+        let deadline = std::time::Instant::now() + FLUSH_WAIT;
+        while all.iter().any(|k| k.sealed_memtable_count() > 0) {
+            if std::time::Instant::now() >= deadline {
+                return Err(backend(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("memtables not flushed within {FLUSH_WAIT:?} (is the disk full?)"),
+                )));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 use oncelog_protocol::Offset;
 use oncelog_storage::contract::{self, append_req, create_req, produce};
 
-use super::test_support::copy_dir;
+use super::test_support::{copy_dir, write_at};
 use super::*;
 
 async fn read_all(e: &EmbeddedEngine, path: &str) -> Vec<u8> {
@@ -63,10 +63,11 @@ async fn torn_journal_tail_is_truncated_on_recovery() {
         .expect("a journal file");
     let mut bytes = std::fs::read(&jnl).expect("read journal");
     let end = bytes.iter().rposition(|b| *b != 0).expect("journal has data");
-    for b in &mut bytes[end.saturating_sub(6)..=end] {
+    let start = end.saturating_sub(6);
+    for b in &mut bytes[start..=end] {
         *b ^= 0xA5;
     }
-    std::fs::write(&jnl, &bytes).expect("write journal");
+    write_at(&jnl, start as u64, &bytes[start..=end]);
 
     let e = open(copy.path());
     let data = read_all(&e, "s").await;
