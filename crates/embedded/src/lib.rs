@@ -177,6 +177,7 @@ pub(crate) struct Keyspaces {
     data: Keyspace,
     producers: Keyspace,
     idempotency: Keyspace,
+    marks: Keyspace,
     gc: Keyspace,
     sys: Keyspace,
 }
@@ -223,6 +224,7 @@ impl EmbeddedEngine {
                 .map_err(backend)?,
             producers: db.keyspace("producers", plain).map_err(backend)?,
             idempotency: db.keyspace("idempotency", plain).map_err(backend)?,
+            marks: db.keyspace("marks", plain).map_err(backend)?,
             gc: db.keyspace("gc", plain).map_err(backend)?,
             sys: db.keyspace("sys", plain).map_err(backend)?,
             db,
@@ -277,7 +279,7 @@ impl EmbeddedEngine {
     pub fn flush_to_tables(&self) -> Result<(), StorageError> {
         const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
         let ks = &self.inner.ks;
-        let all = [&ks.streams, &ks.data, &ks.producers, &ks.idempotency, &ks.gc, &ks.sys];
+        let all = [&ks.streams, &ks.data, &ks.producers, &ks.idempotency, &ks.marks, &ks.gc, &ks.sys];
         for k in all {
             k.rotate_memtable().map_err(backend)?;
         }
@@ -395,6 +397,17 @@ impl Engine for EmbeddedEngine {
             return Ok(0);
         }
         self.call(|reply| Command::Expire { paths: expired, now_ms, reply }).await?
+    }
+
+    async fn retain(&self, now_ms: i64) -> Result<usize, StorageError> {
+        let any = {
+            let map = self.inner.streams.read().map_err(|_| StorageError::Poisoned)?;
+            map.values().any(|s| !s.config.retention.is_none())
+        };
+        if !any {
+            return Ok(0);
+        }
+        self.call(|reply| Command::Retain { now_ms, reply }).await?
     }
 
     async fn shutdown(&self) -> Result<(), StorageError> {
@@ -613,6 +626,18 @@ fn recover(ks: &Keyspaces, now_ms: i64) -> Result<(HashMap<String, WStream>, u64
         let entry = oncelog_storage::codec::key_entry::decode(&v)?;
         if let Some(w) = by_id.get(&id).and_then(|p| streams.get_mut(p)) {
             w.keys.get_or_insert_with(Default::default).insert(key, entry);
+        }
+    }
+    for item in ks.marks.iter() {
+        let (k, v) = item.into_inner().map_err(backend)?;
+        let (id, no) = keys::parse_data(&k).ok_or(DecodeError::Truncated)?;
+        let mark = keys::parse_mark_value(&v).ok_or(DecodeError::Truncated)?;
+        if let Some(w) = by_id.get(&id).and_then(|p| streams.get_mut(p)) {
+            // Keys sort by number: the first one read is the stream's first mark.
+            if w.marks.is_empty() {
+                w.mark_base = no;
+            }
+            w.marks.push(mark);
         }
     }
     let mut pending = Vec::new();

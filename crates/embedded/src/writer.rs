@@ -42,6 +42,8 @@ pub(crate) enum Command {
     Delete { path: String, if_tail: Option<Vec<Offset>>, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
     Trim { path: String, to: Offset, now_ms: i64, reply: oneshot::Sender<Result<TrimOutcome, TrimError>> },
     Expire { paths: Vec<String>, now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
+    /// The retention sweep (see [`Engine::retain`]).
+    Retain { now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
 }
 
 /// The writer's authoritative view of one stream.
@@ -52,6 +54,10 @@ pub(crate) struct WStream {
     /// Idempotency keys (none for most streams). Expired ones are ignored by the rules and
     /// stay stored until the stream is deleted.
     pub keys: IdempotencyKeys,
+    /// When its data was written, for its maximum age (empty without one); mark `i` is stored
+    /// under number `mark_base + i`.
+    pub marks: TimeMarks,
+    pub mark_base: u64,
     /// The reader-visible entry this stream publishes to.
     pub shared: Arc<Shared>,
 }
@@ -59,7 +65,7 @@ pub(crate) struct WStream {
 impl WStream {
     pub fn recovered(meta: StreamMeta, tail: Offset, chain: Vec<Segment>, forks: usize, now_ms: i64) -> Self {
         let shared = new_shared(&meta, tail, chain, forks, now_ms);
-        WStream { meta, tail, producers: HashMap::new(), keys: None, shared }
+        WStream { meta, tail, producers: HashMap::new(), keys: None, marks: TimeMarks::new(), mark_base: 0, shared }
     }
 
     fn forks(&self) -> usize {
@@ -358,6 +364,7 @@ impl Writer {
                 Command::Delete { reply: tx, .. } => effects.push(reply(tx, Err(LookupError::Storage(StorageError::Poisoned)))),
                 Command::Expire { reply: tx, .. } => effects.push(reply(tx, Err(StorageError::Poisoned))),
                 Command::Trim { reply: tx, .. } => effects.push(reply(tx, Err(TrimError::Storage(StorageError::Poisoned)))),
+                Command::Retain { reply: tx, .. } => effects.push(reply(tx, Err(StorageError::Poisoned))),
             }
             return 0;
         }
@@ -395,7 +402,54 @@ impl Writer {
                 effects.push(reply(tx, Ok(before - self.streams.len())));
                 0
             }
+            Command::Retain { now_ms, reply: tx } => {
+                let n = self.retain(now_ms, batch, effects);
+                effects.push(reply(tx, n));
+                0
+            }
         }
+    }
+
+    /// Trims every stream whose retention policy lets go of data, to where
+    /// [`retention::floor`] says; returns how many moved. A fork's retention drops only its
+    /// own appends.
+    fn retain(&mut self, now_ms: i64, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<usize, StorageError> {
+        let mut due = Vec::new();
+        for (path, w) in &self.streams {
+            if w.meta.retention.is_none() || w.meta.soft_deleted {
+                continue;
+            }
+            let (id, own_start, earliest) = (w.meta.id, w.meta.fork.map_or(0, |f| f.fork_point), w.meta.earliest);
+            let mut failure = None;
+            let below = |x: Offset| {
+                if x.0 < own_start {
+                    return earliest;
+                }
+                let last = self.ks.data.range(keys::data(id, own_start + 1)..=keys::data(id, x.0)).next_back();
+                match last.map(|item| item.key()) {
+                    None => Offset(own_start),
+                    Some(Ok(k)) => keys::parse_data(&k).map_or(earliest, |(_, end)| Offset(end)),
+                    Some(Err(e)) => {
+                        failure.get_or_insert(e);
+                        earliest
+                    }
+                }
+            };
+            let to = retention::floor(&w.meta.retention, w.tail, earliest, now_ms, &w.marks, below);
+            if let Some(e) = failure {
+                return Err(backend(e));
+            }
+            if let Some(to) = to {
+                due.push((path.clone(), to));
+            }
+        }
+        let mut moved = 0;
+        for (path, to) in due {
+            if let Ok(out) = self.trim(&path, to, batch, effects) {
+                moved += usize::from(out.earliest == to);
+            }
+        }
+        Ok(moved)
     }
 
     fn count_streams(&self) {
@@ -419,6 +473,11 @@ impl Writer {
         if let Some(earliest) = rules::trim(&w.meta, w.tail, to)? {
             w.meta.earliest = earliest;
             batch.insert(&self.ks.streams, path.as_bytes(), stream_meta::encode(&w.meta));
+            let dropped = retention::drop_marks_below(&mut w.marks, earliest) as u64;
+            for no in w.mark_base..w.mark_base + dropped {
+                batch.remove(&self.ks.marks, keys::mark(w.meta.id, no));
+            }
+            w.mark_base += dropped;
             effects.push(Effect::Trim { shared: w.shared.clone(), earliest });
         }
         Ok(TrimOutcome { earliest: w.meta.earliest, tail: w.tail })
@@ -464,6 +523,9 @@ impl Writer {
             for k in w.keys.iter().flat_map(|m| m.keys()) {
                 batch.remove(&self.ks.idempotency, keys::idempotency(w.meta.id, *k));
             }
+            for no in w.mark_base..w.mark_base + w.marks.len() as u64 {
+                batch.remove(&self.ks.marks, keys::mark(w.meta.id, no));
+            }
             batch.insert(&self.ks.gc, keys::stream_prefix(w.meta.id), Vec::new());
             effects.push(Effect::Remove { path, shared: w.shared });
             let Some(f) = w.meta.fork else { continue };
@@ -506,7 +568,8 @@ impl Writer {
         self.next_id += 1;
         batch.insert(&self.ks.sys, keys::NEXT_STREAM_ID, sys::encode(self.next_id));
         batch.insert(&self.ks.streams, req.path.as_bytes(), stream_meta::encode(&meta));
-        if !req.initial.is_empty() {
+        let has_initial = !req.initial.is_empty();
+        if has_initial {
             batch.insert(&self.ks.data, keys::data(id, tail.0), req.initial);
         }
         let chain = match fork {
@@ -520,7 +583,12 @@ impl Writer {
         };
         let shared = new_shared(&meta, tail, chain, 0, req.now_ms);
         let info = meta.info(tail);
-        self.streams.insert(req.path.clone(), WStream { meta, tail, producers: HashMap::new(), keys: None, shared: shared.clone() });
+        let mut marks = TimeMarks::new();
+        if has_initial && retention::note_write(&mut marks, &meta.retention, tail, req.now_ms) != retention::MarkChange::None {
+            batch.insert(&self.ks.marks, keys::mark(id, 0), keys::mark_value(&marks[0]));
+        }
+        let w = WStream { meta, tail, producers: HashMap::new(), keys: None, marks, mark_base: 0, shared: shared.clone() };
+        self.streams.insert(req.path.clone(), w);
         self.paths_by_id.insert(id, req.path.clone());
         self.count_streams();
         effects.push(Effect::Insert { path: req.path, shared });
@@ -574,6 +642,12 @@ impl Writer {
             }
         }
         w.tail = write.new_tail;
+        if !req.data.is_empty() && retention::note_write(&mut w.marks, &w.meta.retention, w.tail, req.now_ms) != retention::MarkChange::None {
+            if let Some(last) = w.marks.last() {
+                let no = w.mark_base + w.marks.len() as u64 - 1;
+                batch.insert(&self.ks.marks, keys::mark(w.meta.id, no), keys::mark_value(last));
+            }
+        }
         effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });
         Ok(write.outcome(closed_before))
     }

@@ -24,10 +24,12 @@
 //! - `0x01` **Create**: id, path (len + bytes), the stream's metadata as
 //!   [`oncelog_storage::codec::stream_meta`] (len + bytes), initial data (len + bytes).
 //! - `0x02` **Append**: id, new tail, flags u8 (bit 0 close, bit 1 `Stream-Seq`, bit 2 producer,
-//!   bit 3 producer details, bit 4 idempotency key), [`Stream-Seq` (len + bytes)], [producer id
-//!   (len + bytes), epoch, seq], [body digest u64 little-endian, time of acceptance in Unix ms],
-//!   [key id u128 little-endian, body digest u64 little-endian, time of acceptance], data
-//!   (len + bytes). A record has a producer or a key, never both.
+//!   bit 3 producer details, bit 4 idempotency key, bit 5 write time), [`Stream-Seq` (len +
+//!   bytes)], [producer id (len + bytes), epoch, seq], [body digest u64 little-endian, time of
+//!   acceptance in Unix ms], [key id u128 little-endian, body digest u64 little-endian, time of
+//!   acceptance], [write time in Unix ms], data (len + bytes). A record has a producer or a key,
+//!   never both. The write time is set on the appends of streams with a maximum age, and
+//!   replayed into the stream's time marks ([`oncelog_storage::retention`]).
 //!   Bit 3 is set with every bit 2 this version writes; records without it (written before body
 //!   digests and producer activity times were kept) replay with an unknown digest and the
 //!   recovery time as the producer's activity.
@@ -66,8 +68,10 @@ pub const CHECKPOINT: &str = "checkpoint";
 pub const LOCK: &str = "lock";
 pub const CHECKPOINT_TMP: &str = "checkpoint.tmp";
 pub const LOG_DIR: &str = "log";
-const CHECKPOINT_MAGIC: &[u8; 8] = b"ONCECKP\x02";
-/// Checkpoints written before idempotency keys: the same without the per-stream key list.
+const CHECKPOINT_MAGIC: &[u8; 8] = b"ONCECKP\x03";
+/// Checkpoints written before time marks: the same without the per-stream mark list.
+const CHECKPOINT_MAGIC_V2: &[u8; 8] = b"ONCECKP\x02";
+/// Checkpoints written before idempotency keys: also without the per-stream key list.
 const CHECKPOINT_MAGIC_V1: &[u8; 8] = b"ONCECKP\x01";
 
 const TAG_CREATE: u8 = 0x01;
@@ -149,6 +153,8 @@ pub enum Record<'a> {
         stream_seq: Option<&'a str>,
         producer: Option<ProducerEffect<&'a str>>,
         key: Option<(KeyId, BodyDigest, i64)>,
+        /// When it was written, for streams whose retention needs it.
+        time: Option<i64>,
         data: &'a [u8],
     },
     SoftDelete { id: u64 },
@@ -168,6 +174,7 @@ pub enum Replayed {
         stream_seq: Option<String>,
         producer: Option<ProducerEffect<String>>,
         key: Option<(KeyId, BodyDigest, i64)>,
+        time: Option<i64>,
         data_at: usize,
         data_len: u64,
     },
@@ -191,13 +198,14 @@ pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
             e.0.extend_from_slice(data);
             at
         }
-        Record::Append { id, new_tail, close, stream_seq, producer, key, data } => {
+        Record::Append { id, new_tail, close, stream_seq, producer, key, time, data } => {
             let details = producer.as_ref().and_then(|p| p.details);
             let flags = u8::from(*close)
                 | u8::from(stream_seq.is_some()) << 1
                 | u8::from(producer.is_some()) << 2
                 | u8::from(details.is_some()) << 3
-                | u8::from(key.is_some()) << 4;
+                | u8::from(key.is_some()) << 4
+                | u8::from(time.is_some()) << 5;
             e.u8(TAG_APPEND).varint(*id).varint(*new_tail).u8(flags);
             if let Some(s) = stream_seq {
                 e.varint(s.len() as u64);
@@ -215,6 +223,9 @@ pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
             if let Some((k, digest, at_ms)) = key {
                 e.0.extend_from_slice(&k.0.to_le_bytes());
                 e.u64(digest.0).varint(u64::try_from(*at_ms).unwrap_or(0));
+            }
+            if let Some(at_ms) = time {
+                e.varint(u64::try_from(*at_ms).unwrap_or(0));
             }
             e.varint(data.len() as u64);
             let at = e.0.len();
@@ -268,7 +279,7 @@ pub fn decode_payload(payload: &[u8]) -> Result<Vec<Replayed>, DecodeError> {
                 let new_tail = d.varint()?;
                 let flags = d.u8()?;
                 // Details (bit 3) exist only with a producer (bit 2); a key (bit 4) never with one.
-                if flags & !0b1_1111 != 0 || flags & 0b1100 == 0b1000 || flags & 0b1_0100 == 0b1_0100 {
+                if flags & !0b11_1111 != 0 || flags & 0b1100 == 0b1000 || flags & 0b1_0100 == 0b1_0100 {
                     return Err(DecodeError::InvalidValue);
                 }
                 let stream_seq = if flags & 2 != 0 { Some(var_string(&mut d)?) } else { None };
@@ -290,10 +301,15 @@ pub fn decode_payload(payload: &[u8]) -> Result<Vec<Replayed>, DecodeError> {
                 } else {
                     None
                 };
+                let time = if flags & 32 != 0 {
+                    Some(i64::try_from(d.varint()?).map_err(|_| DecodeError::InvalidValue)?)
+                } else {
+                    None
+                };
                 let data_len = d.varint()?;
                 let data_at = at_data(&d);
                 d.take(usize::try_from(data_len).map_err(|_| DecodeError::Truncated)?)?;
-                Replayed::Append { id, new_tail, close: flags & 1 != 0, stream_seq, producer, key, data_at, data_len }
+                Replayed::Append { id, new_tail, close: flags & 1 != 0, stream_seq, producer, key, time, data_at, data_len }
             }
             TAG_SOFT_DELETE => Replayed::SoftDelete { id: d.varint()? },
             TAG_REMOVE => Replayed::Remove { id: d.varint()? },
@@ -341,6 +357,7 @@ pub struct CheckpointStream {
     pub producers: Vec<(String, ProducerState)>,
     pub extents: Vec<Extent>,
     pub keys: Vec<(KeyId, KeyEntry)>,
+    pub marks: oncelog_storage::TimeMarks,
 }
 
 /// The state as of frame `lsn`; replay continues at `segment`, file position `pos`.
@@ -349,8 +366,10 @@ pub struct CheckpointStream {
 /// next_id, stream count, then per stream: path, metadata (len + [`stream_meta`] bytes), tail,
 /// start, producer count and per producer (id, len + [`ProducerRecord`] bytes), extent count and
 /// per extent (end minus the previous end, segment, position), idempotency key count and per key
-/// (key id u128 little-endian, end, body digest u64 little-endian, time of acceptance). Varints
-/// unless noted. `ONCECKP\x01` (before keys) is the same without the key list, and still read.
+/// (key id u128 little-endian, end, body digest u64 little-endian, time of acceptance), time mark
+/// count and per mark (end minus the previous mark's end, from 0; time in Unix ms). Varints
+/// unless noted. `ONCECKP\x02` (before marks) is the same without the mark list, `ONCECKP\x01`
+/// (before keys) also without the key list; both are still read.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Checkpoint {
     pub lsn: u64,
@@ -389,6 +408,12 @@ impl Checkpoint {
                 e.0.extend_from_slice(&k.0.to_le_bytes());
                 e.varint(entry.end.0).u64(entry.digest.0).varint(u64::try_from(entry.at_ms).unwrap_or(0));
             }
+            e.varint(s.marks.len() as u64);
+            let mut prev = 0;
+            for m in &s.marks {
+                e.varint(m.end.0.wrapping_sub(prev)).varint(u64::try_from(m.at_ms).unwrap_or(0));
+                prev = m.end.0;
+            }
         }
         let body = e.0;
         let mut out = Vec::with_capacity(body.len() + 20);
@@ -402,9 +427,10 @@ impl Checkpoint {
     /// `now_ms` stands in for the activity time of producer records written before it was kept.
     pub fn decode(bytes: &[u8], now_ms: i64) -> Result<Self, DecodeError> {
         let mut d = Decoder(bytes);
-        let with_keys = match d.take(8)? {
-            m if m == CHECKPOINT_MAGIC => true,
-            m if m == CHECKPOINT_MAGIC_V1 => false,
+        let (with_keys, with_marks) = match d.take(8)? {
+            m if m == CHECKPOINT_MAGIC => (true, true),
+            m if m == CHECKPOINT_MAGIC_V2 => (true, false),
+            m if m == CHECKPOINT_MAGIC_V1 => (false, false),
             _ => return Err(DecodeError::UnknownTag(bytes.first().copied().unwrap_or(0))),
         };
         let crc = d.u32()?;
@@ -456,7 +482,17 @@ impl Checkpoint {
                     keys.push((k, KeyEntry { end, digest, at_ms }));
                 }
             }
-            c.streams.push(CheckpointStream { path, meta, tail, start, producers, extents, keys });
+            let mut marks = oncelog_storage::TimeMarks::new();
+            if with_marks {
+                let mut prev = 0u64;
+                for _ in 0..d.varint()? {
+                    let end = prev.wrapping_add(d.varint()?);
+                    let at_ms = i64::try_from(d.varint()?).map_err(|_| DecodeError::InvalidValue)?;
+                    marks.push(oncelog_storage::TimeMark { end: Offset(end), at_ms });
+                    prev = end;
+                }
+            }
+            c.streams.push(CheckpointStream { path, meta, tail, start, producers, extents, keys, marks });
         }
         d.finish()?;
         Ok(c)

@@ -437,6 +437,17 @@ impl Engine for LogEngine {
         self.call(|reply| Command::Expire { paths: expired, now_ms, reply }).await?
     }
 
+    async fn retain(&self, now_ms: i64) -> Result<usize, StorageError> {
+        let any = {
+            let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
+            map.values().any(|s| !s.config.retention.is_none())
+        };
+        if !any {
+            return Ok(0);
+        }
+        self.call(|reply| Command::Retain { now_ms, reply }).await?
+    }
+
     async fn shutdown(&self) -> Result<(), StorageError> {
         self.inner.tx.lock().map_err(|_| StorageError::Poisoned)?.take();
         let handle = self.inner.writer.lock().map_err(|_| StorageError::Poisoned)?.take();

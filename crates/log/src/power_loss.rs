@@ -9,7 +9,10 @@
 //! - a producer retry after recovery is a duplicate exactly when its data survived, and applies
 //!   it exactly once when it did not;
 //! - the most recent acknowledged append of every producer is still recognised as a duplicate,
-//!   with its original offset.
+//!   with its original offset;
+//! - retention sweeps (some streams keep 16 s of data, one keeps its newest 24 bytes; time moves
+//!   0.9 s per group) trim exactly where the model's sweep does, so time marks survive power
+//!   cuts exactly as they were written.
 //!
 //! [`the_simulation_catches_broken_guarantees`] shows that it bites: with the sync skipped, the
 //! directory sync skipped, or producer state written in a frame of its own, it fails.
@@ -43,13 +46,25 @@ enum Op {
     /// refused and changes nothing).
     Conditional { path: String, data: Vec<u8>, at: u64, holds: bool },
     Delete { path: String },
+    /// The retention sweep, at the group's time.
+    Retain,
 }
 
 impl Op {
     fn path(&self) -> &str {
         match self {
             Op::Create { path } | Op::Fork { path, .. } | Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Trim { path, .. } | Op::Conditional { path, .. } | Op::Delete { path } => path,
+            Op::Retain => "",
         }
+    }
+}
+
+/// The retention policy the generated create of `path` asks for.
+fn policy_of(path: &str) -> RetentionPolicy {
+    match path {
+        "s0" | "s1" => RetentionPolicy { max_age_s: Some(16), max_bytes: None },
+        "s2" => RetentionPolicy { max_age_s: None, max_bytes: Some(24) },
+        _ => RetentionPolicy::NONE,
     }
 }
 
@@ -65,6 +80,26 @@ struct MStream {
     keys: BTreeMap<String, (u64, Vec<u8>)>,
     /// Where reads may start.
     earliest: u64,
+    policy: RetentionPolicy,
+    /// Every append's end offset, for the byte limit's boundaries.
+    bounds: Vec<u64>,
+    /// Time marks, noted as the store notes them.
+    marks: TimeMarks,
+}
+
+impl MStream {
+    /// An append of `data` at `now`.
+    fn push(&mut self, data: &[u8], now: i64) {
+        self.data.extend_from_slice(data);
+        let end = self.data.len() as u64;
+        self.bounds.push(end);
+        retention::note_write(&mut self.marks, &self.policy, oncelog_protocol::Offset(end), now);
+    }
+
+    fn trim_to(&mut self, to: u64) {
+        self.earliest = self.earliest.max(to);
+        retention::drop_marks_below(&mut self.marks, oncelog_protocol::Offset(self.earliest));
+    }
 }
 
 /// What a reader can observe of a path.
@@ -77,13 +112,15 @@ enum Seen {
 #[derive(Debug, Clone, Default)]
 struct Model {
     streams: BTreeMap<String, MStream>,
+    /// The time of the group being applied (Unix ms).
+    now: i64,
 }
 
 impl Model {
     fn apply(&mut self, op: &Op) {
         match op {
             Op::Create { path } => {
-                self.streams.insert(path.clone(), MStream::default());
+                self.streams.insert(path.clone(), MStream { policy: policy_of(path), ..MStream::default() });
             }
             Op::Fork { path, source, at } => {
                 let data = self.streams[source].data[..*at as usize].to_vec();
@@ -91,22 +128,30 @@ impl Model {
                 self.streams.insert(path.clone(), MStream { data, fork_of: Some(source.clone()), earliest, ..Default::default() });
             }
             Op::Append { path, data } | Op::Conditional { path, data, holds: true, .. } => {
-                self.streams.get_mut(path).expect("generated valid").data.extend_from_slice(data)
+                self.streams.get_mut(path).expect("generated valid").push(data, self.now)
             }
             Op::Conditional { holds: false, .. } => {}
             Op::Produce { path, producer, epoch, seq, data, close } => {
                 let s = self.streams.get_mut(path).expect("generated valid");
-                s.data.extend_from_slice(data);
+                s.push(data, self.now);
                 s.closed |= close;
                 s.producers.insert(producer.clone(), (*epoch, seq + 1, s.data.len() as u64, data.clone()));
             }
-            Op::Trim { path, to } => {
-                let s = self.streams.get_mut(path).expect("generated valid");
-                s.earliest = s.earliest.max(*to);
+            Op::Trim { path, to } => self.streams.get_mut(path).expect("generated valid").trim_to(*to),
+            Op::Retain => {
+                for s in self.streams.values_mut().filter(|s| !s.soft_deleted && !s.policy.is_none()) {
+                    let below = |x: oncelog_protocol::Offset| {
+                        oncelog_protocol::Offset(s.bounds.iter().copied().filter(|b| *b <= x.0).last().unwrap_or(0))
+                    };
+                    let tail = oncelog_protocol::Offset(s.data.len() as u64);
+                    if let Some(to) = retention::floor(&s.policy, tail, oncelog_protocol::Offset(s.earliest), self.now, &s.marks, below) {
+                        s.trim_to(to.0);
+                    }
+                }
             }
             Op::Keyed { path, key, data } => {
                 let s = self.streams.get_mut(path).expect("generated valid");
-                s.data.extend_from_slice(data);
+                s.push(data, self.now);
                 s.keys.insert(key.clone(), (s.data.len() as u64, data.clone()));
             }
             Op::Delete { path } => {
@@ -200,6 +245,8 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
             let path = candidates[rng.random_range(0..candidates.len())].clone();
             let (earliest, len) = (model.streams[&path].earliest, lengths[&path]);
             Op::Trim { path, to: rng.random_range(earliest.min(len)..=len) }
+        } else if roll < 37 {
+            Op::Retain
         } else if roll < 92 {
             let path = writable[rng.random_range(0..writable.len())].clone();
             let producer = ["a", "b"][rng.random_range(0..2)].to_owned();
@@ -236,15 +283,20 @@ enum Pending {
     Append(oneshot::Receiver<Result<AppendOutcome, AppendError>>),
     Delete(oneshot::Receiver<Result<(), LookupError>>),
     Trim(oneshot::Receiver<Result<TrimOutcome, TrimError>>),
+    Retain(oneshot::Receiver<Result<usize, StorageError>>),
 }
 
-fn command(op: &Op) -> (Command, Pending) {
+fn command(op: &Op, now_ms: i64) -> (Command, Pending) {
     match op {
         Op::Create { path } | Op::Fork { path, .. } => {
             let req = match op {
                 Op::Fork { source, at, .. } => fork_req(path, source, Some(*at), 0),
-                _ => create_req(path, CT),
+                _ => {
+                    let retention = RetentionRequest { policy: policy_of(path), named_age: true, named_bytes: true };
+                    CreateRequest { retention, ..create_req(path, CT) }
+                }
             };
+            let req = CreateRequest { now_ms, ..req };
             let (tx, rx) = oneshot::channel();
             (Command::Create { req, reply: tx }, Pending::Create(rx))
         }
@@ -257,6 +309,7 @@ fn command(op: &Op) -> (Command, Pending) {
                 Op::Conditional { at, .. } => AppendRequest { if_match: Some(vec![oncelog_protocol::Offset(*at)]), ..append_req(path, &text) },
                 _ => append_req(path, &text),
             };
+            let req = AppendRequest { now_ms, ..req };
             let (tx, rx) = oneshot::channel();
             (Command::Append { req, reply: tx }, Pending::Append(rx))
         }
@@ -268,15 +321,19 @@ fn command(op: &Op) -> (Command, Pending) {
             let (tx, rx) = oneshot::channel();
             (Command::Delete { path: path.clone(), if_tail: None, now_ms: 0, reply: tx }, Pending::Delete(rx))
         }
+        Op::Retain => {
+            let (tx, rx) = oneshot::channel();
+            (Command::Retain { now_ms, reply: tx }, Pending::Retain(rx))
+        }
     }
 }
 
 /// Stages `ops` as one group and commits it. `Ok(answers)` when it was acknowledged.
-fn run_group(store: &mut Store, ops: &[Op]) -> Result<Vec<Pending>, StorageError> {
+fn run_group(store: &mut Store, ops: &[Op], now_ms: i64) -> Result<Vec<Pending>, StorageError> {
     let mut g = Group::new();
     let mut pending = Vec::new();
     for op in ops {
-        let (cmd, p) = command(op);
+        let (cmd, p) = command(op, now_ms);
         store.stage(cmd, &mut g);
         pending.push(p);
     }
@@ -296,6 +353,7 @@ fn status(p: Pending) -> String {
         Pending::Append(mut rx) => rx.try_recv().map(|r| r.map(|o| format!("{:?}@{}", o.status, o.next_offset.0)).map_err(|e| e.to_string())),
         Pending::Delete(mut rx) => rx.try_recv().map(|r| r.map(|()| "Deleted".to_owned()).map_err(|e| e.to_string())),
         Pending::Trim(mut rx) => rx.try_recv().map(|r| r.map(|t| format!("Trimmed@{}", t.earliest.0)).map_err(|e| e.to_string())),
+        Pending::Retain(mut rx) => rx.try_recv().map(|r| r.map(|_| "Retained".to_owned()).map_err(|e| e.to_string())),
     };
     match r {
         Ok(Ok(s)) | Ok(Err(s)) => s,
@@ -348,13 +406,16 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
     let mut model = Model::default();
     let mut counter = 0;
     for step in 0..groups {
+        // Time moves 0.9 s per group: marks (a second apart for a 16 s age) start now and then.
+        let t = 1_000_000 + 900 * step as i64;
+        model.now = t;
         let before = model.clone();
         let ops = gen_group(&mut rng, &mut model, &mut counter);
         let cut = rng.random_range(0..100);
         if cut < 15 {
             fs.fail_after(rng.random_range(0..10));
         }
-        match run_group(&mut store, &ops) {
+        match run_group(&mut store, &ops, t) {
             Ok(answers) => {
                 let mut check = before.clone();
                 for (op, a) in ops.iter().zip(answers) {
@@ -368,6 +429,7 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                         Op::Conditional { holds: false, .. } => AppendError::PreconditionFailed { tail: Default::default(), closed: false }.to_string(),
                         Op::Trim { path, .. } => format!("Trimmed@{}", check.streams[path].earliest),
                         Op::Delete { .. } => "Deleted".into(),
+                        Op::Retain => "Retained".into(),
                     };
                     if got != want {
                         return Err(format!("step {step}: {op:?} answered {got}, expected {want}"));
@@ -430,11 +492,12 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
         }
         // Retry the group as clients would (plain appends have no way to retry safely).
         // (Neither are conditional ones: a retry after a lost answer meets a moved tail.)
-        let retry: Vec<Op> = ops.iter().filter(|o| !matches!(o, Op::Append { .. } | Op::Conditional { .. })).cloned().collect();
+        // Nor is the retention sweep a request anyone retries: the next sweep is its own.
+        let retry: Vec<Op> = ops.iter().filter(|o| !matches!(o, Op::Append { .. } | Op::Conditional { .. } | Op::Retain)).cloned().collect();
         let mut expect = if acked { model.clone() } else { before.clone() };
         let mut cur = if acked { model.clone() } else { before.clone() };
         for op in &retry {
-            let answers = run_group(&mut store, std::slice::from_ref(op)).map_err(|e| format!("step {step}: retry failed: {e}"))?;
+            let answers = run_group(&mut store, std::slice::from_ref(op), t).map_err(|e| format!("step {step}: retry failed: {e}"))?;
             let got = status(answers.into_iter().next().ok_or("no answer")?);
             let ok = match op {
                 Op::Produce { .. } | Op::Keyed { .. } if acked => Some(&got) == ends.get(&op_key(op)),
@@ -473,7 +536,7 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                     }
                     if acked { got.contains("not found") || got.contains("deleted") } else { got == "Deleted" }
                 }
-                Op::Append { .. } | Op::Conditional { .. } => true,
+                Op::Append { .. } | Op::Conditional { .. } | Op::Retain => true,
             };
             if !ok {
                 return Err(format!("step {step}: retry of {op:?} after recovery ({}) answered {got}", if acked { "its group survived" } else { "its group was lost" }));
@@ -495,7 +558,7 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
             }
             for (producer, (epoch, next, end, data)) in &s.producers {
                 let op = Op::Produce { path: path.clone(), producer: producer.clone(), epoch: *epoch, seq: next - 1, data: data.clone(), close: false };
-                let answers = run_group(&mut store, std::slice::from_ref(&op)).map_err(|e| format!("step {step}: retry failed: {e}"))?;
+                let answers = run_group(&mut store, std::slice::from_ref(&op), t).map_err(|e| format!("step {step}: retry failed: {e}"))?;
                 let got = status(answers.into_iter().next().ok_or("no answer")?);
                 if got != format!("Duplicate@{end}") {
                     return Err(format!("step {step}: {producer} on {path}: retry of its last append answered {got}, expected Duplicate@{end}"));
@@ -503,7 +566,7 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                 // Its body's digest survived too: the same seq with other bytes is refused (on an
                 // open stream; on a closed one every duplicate is a duplicate).
                 let changed = Op::Produce { path: path.clone(), producer: producer.clone(), epoch: *epoch, seq: next - 1, data: [data.as_slice(), b"!"].concat(), close: false };
-                let answers = run_group(&mut store, std::slice::from_ref(&changed)).map_err(|e| format!("step {step}: retry failed: {e}"))?;
+                let answers = run_group(&mut store, std::slice::from_ref(&changed), t).map_err(|e| format!("step {step}: retry failed: {e}"))?;
                 let got = status(answers.into_iter().next().ok_or("no answer")?);
                 let expected = if s.closed { got == format!("Duplicate@{end}") } else { got.contains("different body") };
                 if !expected {
@@ -515,7 +578,7 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                 let repeat = Op::Keyed { path: path.clone(), key: key.clone(), data: data.clone() };
                 let changed = Op::Keyed { path: path.clone(), key: key.clone(), data: [data.as_slice(), b"!"].concat() };
                 for (op, want) in [(repeat, format!("Duplicate@{end}")), (changed, "different body".to_owned())] {
-                    let answers = run_group(&mut store, std::slice::from_ref(&op)).map_err(|e| format!("step {step}: retry failed: {e}"))?;
+                    let answers = run_group(&mut store, std::slice::from_ref(&op), t).map_err(|e| format!("step {step}: retry failed: {e}"))?;
                     let got = status(answers.into_iter().next().ok_or("no answer")?);
                     if !got.contains(&want) {
                         return Err(format!("step {step}: key {key} on {path}: {op:?} answered {got}, expected {want}"));

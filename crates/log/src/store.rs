@@ -180,6 +180,8 @@ pub(crate) enum Command {
     Delete { path: String, if_tail: Option<Vec<Offset>>, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
     Trim { path: String, to: Offset, now_ms: i64, reply: oneshot::Sender<Result<TrimOutcome, TrimError>> },
     Expire { paths: Vec<String>, now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
+    /// The retention sweep: trims every stream its policy lets go of (one Trim record each).
+    Retain { now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
 }
 
 /// The writer's authoritative view of one stream.
@@ -189,6 +191,8 @@ struct WStream {
     producers: HashMap<String, ProducerState>,
     /// Idempotency keys of the window (none for most streams).
     keys: IdempotencyKeys,
+    /// When its data was written, for its maximum age (empty without one).
+    marks: TimeMarks,
     shared: Arc<Shared>,
 }
 
@@ -392,13 +396,17 @@ impl Store {
                 Command::Delete { reply: tx, .. } => g.effects.push(reply(tx, Err(LookupError::Storage(StorageError::Poisoned)))),
                 Command::Expire { reply: tx, .. } => g.effects.push(reply(tx, Err(StorageError::Poisoned))),
                 Command::Trim { reply: tx, .. } => g.effects.push(reply(tx, Err(TrimError::Storage(StorageError::Poisoned)))),
+                Command::Retain { reply: tx, .. } => g.effects.push(reply(tx, Err(StorageError::Poisoned))),
             }
             return;
         }
         let at = match &cmd {
             Command::Create { req, .. } => req.now_ms,
             Command::Append { req, .. } => req.now_ms,
-            Command::Delete { now_ms, .. } | Command::Expire { now_ms, .. } | Command::Trim { now_ms, .. } => *now_ms,
+            Command::Delete { now_ms, .. }
+            | Command::Expire { now_ms, .. }
+            | Command::Trim { now_ms, .. }
+            | Command::Retain { now_ms, .. } => *now_ms,
         };
         self.latest_ms = self.latest_ms.max(at);
         match cmd {
@@ -430,7 +438,42 @@ impl Store {
                 self.count_streams();
                 g.effects.push(reply(tx, Ok(before - self.streams.len())));
             }
+            Command::Retain { now_ms, reply: tx } => {
+                let n = self.retain(now_ms, g);
+                g.effects.push(reply(tx, Ok(n)));
+            }
         }
+    }
+
+    /// Trims every stream whose retention policy lets go of data, to where
+    /// [`retention::floor`] says; returns how many moved. A fork's retention drops only its
+    /// own appends (the boundaries of what it inherited are its source's).
+    fn retain(&mut self, now_ms: i64, g: &mut Group) -> usize {
+        let due: Vec<(Arc<str>, Offset)> = self
+            .streams
+            .iter()
+            .filter(|(_, w)| !w.meta.retention.is_none() && !w.meta.soft_deleted)
+            .filter_map(|(path, w)| {
+                let d = w.shared.data.read().ok()?;
+                let below = |x: Offset| {
+                    let n = d.extents.partition_point(|e| e.end <= x.0);
+                    Offset(match n {
+                        0 if x.0 >= d.start => d.start,
+                        0 => w.meta.earliest.0,
+                        n => d.extents[n - 1].end,
+                    })
+                };
+                let to = retention::floor(&w.meta.retention, w.tail, w.meta.earliest, now_ms, &w.marks, below)?;
+                Some((path.clone(), to))
+            })
+            .collect();
+        let mut moved = 0;
+        for (path, to) in due {
+            if let Ok(out) = self.trim(&path, to, g) {
+                moved += usize::from(out.earliest == to);
+            }
+        }
+        moved
     }
 
     /// Answers parked appends whose wait is over: decided again now, never parked again.
@@ -667,6 +710,7 @@ impl Store {
         if let Some(earliest) = rules::trim(&w.meta, w.tail, to)? {
             g.record(&Record::Trim { id: w.meta.id, earliest: earliest.0 });
             w.meta.earliest = earliest;
+            retention::drop_marks_below(&mut w.marks, earliest);
             self.reclaim_wanted = true;
             g.effects.push(Effect::Trim { shared: w.shared.clone(), earliest: earliest.0 });
         }
@@ -733,12 +777,17 @@ impl Store {
         };
         let data = StreamData { start, extents: Vec::new(), hot: VecDeque::new() };
         let shared = new_shared(&meta, tail, chain, 0, req.now_ms, data);
+        let mut marks = TimeMarks::new();
+        if !req.initial.is_empty() {
+            // Replay notes the same from the record's creation time.
+            retention::note_write(&mut marks, &meta.retention, tail, meta.created_ms);
+        }
         if !req.initial.is_empty() {
             g.effects.push(Effect::Data { shared: shared.clone(), end: tail.0, at, hot: req.initial.clone() });
         }
         let info = meta.info(tail);
         let path: Arc<str> = Arc::from(req.path.as_str());
-        self.streams.insert(path.clone(), Box::new(WStream { meta, tail, producers: HashMap::new(), keys: None, shared: shared.clone() }));
+        self.streams.insert(path.clone(), Box::new(WStream { meta, tail, producers: HashMap::new(), keys: None, marks, shared: shared.clone() }));
         self.paths_by_id.insert(id, path.clone());
         self.count_streams();
         g.effects.push(Effect::Insert { path, shared });
@@ -777,10 +826,11 @@ impl Store {
             stream_seq: if write.set_stream_seq { req.stream_seq.as_deref() } else { None },
             producer: if split { None } else { producer.clone() },
             key: write.key.map(|k| (k, write.digest, write.at_ms)),
+            time: (retention::marks_writes(&w.meta.retention) && !req.data.is_empty()).then_some(req.now_ms),
             data: &req.data,
         });
         if split {
-            let rec = Record::Append { id: w.meta.id, new_tail: write.new_tail.0, close: false, stream_seq: None, producer: producer.clone(), key: None, data: &[] };
+            let rec = Record::Append { id: w.meta.id, new_tail: write.new_tail.0, close: false, stream_seq: None, producer: producer.clone(), key: None, time: None, data: &[] };
             format::encode(&rec, &mut g.split);
         }
         let closed_before = w.meta.closed;
@@ -797,6 +847,9 @@ impl Store {
         }
         write.apply_key(&mut w.keys);
         w.tail = write.new_tail;
+        if !req.data.is_empty() {
+            retention::note_write(&mut w.marks, &w.meta.retention, w.tail, req.now_ms);
+        }
         if !req.data.is_empty() {
             g.effects.push(Effect::Data { shared: w.shared.clone(), end: w.tail.0, at, hot: req.data.clone() });
         }
@@ -877,6 +930,7 @@ impl Store {
                     producers: w.producers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
                     extents,
                     keys: w.keys.iter().flat_map(|m| m.iter().map(|(k, e)| (*k, *e))).collect(),
+                    marks: w.marks.clone(),
                 }
             })
             .collect();
@@ -965,6 +1019,7 @@ struct Building {
     producers: HashMap<String, ProducerState>,
     extents: Vec<Extent>,
     keys: IdempotencyKeys,
+    marks: TimeMarks,
 }
 
 /// Opens the store: loads the checkpoint, replays the log after it (cutting a torn tail), and
@@ -1018,7 +1073,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
     for s in cp.streams {
         let producers = s.producers.into_iter().collect();
         let keys = (!s.keys.is_empty()).then(|| Box::new(s.keys.into_iter().collect()));
-        streams.insert(s.meta.id, Building { path: s.path, meta: s.meta, tail: s.tail, start: s.start, producers, extents: s.extents, keys });
+        streams.insert(s.meta.id, Building { path: s.path, meta: s.meta, tail: s.tail, start: s.start, producers, extents: s.extents, keys, marks: s.marks });
     }
     // Every segment a checkpointed stream still has data in must be there (a backup that missed
     // one, or a file removed by hand): refuse to start rather than fail its reads later.
@@ -1138,7 +1193,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         shared_by_id.insert(id, shared.clone());
         let path: Arc<str> = Arc::from(b.path);
         paths_by_id.insert(id, path.clone());
-        wstreams.insert(path, Box::new(WStream { meta: b.meta, tail: Offset(b.tail), producers: b.producers, keys: b.keys, shared }));
+        wstreams.insert(path, Box::new(WStream { meta: b.meta, tail: Offset(b.tail), producers: b.producers, keys: b.keys, marks: b.marks, shared }));
     }
     let view = Arc::new(View::default());
     if let Ok(mut m) = view.streams.write() {
@@ -1209,9 +1264,13 @@ fn replay(r: Replayed, segment: u64, base: u64, now_ms: i64, streams: &mut HashM
             let tail = start + data_len;
             let extents = if data_len > 0 { vec![Extent::new(tail, segment, base + data_at as u64)] } else { Vec::new() };
             *next_id = (*next_id).max(id + 1);
-            streams.insert(id, Building { path, meta, tail, start, producers: HashMap::new(), extents, keys: None });
+            let mut marks = TimeMarks::new();
+            if data_len > 0 {
+                retention::note_write(&mut marks, &meta.retention, Offset(tail), meta.created_ms);
+            }
+            streams.insert(id, Building { path, meta, tail, start, producers: HashMap::new(), extents, keys: None, marks });
         }
-        Replayed::Append { id, new_tail, close, stream_seq, producer, key, data_at, data_len } => {
+        Replayed::Append { id, new_tail, close, stream_seq, producer, key, time, data_at, data_len } => {
             let b = streams.get_mut(&id).ok_or_else(|| format!("append to unknown stream {id}"))?;
             // Only the power-loss test's split-producer mutant writes producer effects apart
             // from their data; production replay holds every record to its data.
@@ -1239,6 +1298,9 @@ fn replay(r: Replayed, segment: u64, base: u64, now_ms: i64, streams: &mut HashM
             if let Some((k, digest, at_ms)) = key {
                 b.keys.get_or_insert_with(Default::default).insert(k, KeyEntry { end: Offset(new_tail), digest, at_ms });
             }
+            if let Some(at_ms) = time {
+                retention::note_write(&mut b.marks, &b.meta.retention, Offset(new_tail), at_ms);
+            }
         }
         Replayed::SoftDelete { id } => {
             let b = streams.get_mut(&id).ok_or_else(|| format!("delete of unknown stream {id}"))?;
@@ -1249,6 +1311,7 @@ fn replay(r: Replayed, segment: u64, base: u64, now_ms: i64, streams: &mut HashM
         Replayed::Trim { id, earliest } => {
             let b = streams.get_mut(&id).ok_or_else(|| format!("trim of unknown stream {id}"))?;
             b.meta.earliest = b.meta.earliest.max(Offset(earliest));
+            retention::drop_marks_below(&mut b.marks, b.meta.earliest);
         }
         Replayed::Remove { id } => {
             streams.remove(&id).ok_or_else(|| format!("removal of unknown stream {id}"))?;

@@ -82,7 +82,20 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_IDEMPOTENCY_WINDOW", default_value = "24h", value_parser = crate::token::parse_duration)]
     pub idempotency_window: std::time::Duration,
 
-    /// How often expired streams are looked for and deleted, in ms (access already hides them).
+    /// Default retention of streams created without `Stream-Retention-Max-Age`: data older than
+    /// this (`7d`, `24h`, `30m`) is dropped by the sweep, in whole appends. Fixed into each stream
+    /// at creation; none by default.
+    #[arg(long, env = "ONCELOG_RETENTION_MAX_AGE", value_parser = crate::token::parse_duration)]
+    pub retention_max_age: Option<std::time::Duration>,
+
+    /// Default retention of streams created without `Stream-Retention-Max-Bytes`: keep at least
+    /// this many of the newest bytes (`10G`, `512M`, or bytes), drop whole appends before them.
+    /// Fixed into each stream at creation; none by default.
+    #[arg(long, env = "ONCELOG_RETENTION_MAX_BYTES", value_parser = crate::token::parse_bytes)]
+    pub retention_max_bytes: Option<u64>,
+
+    /// How often expired streams are looked for and deleted, and retention policies applied,
+    /// in ms (access already hides expired streams).
     #[arg(long, env = "ONCELOG_SWEEP_INTERVAL_MS", default_value_t = 5_000)]
     sweep_interval_ms: u64,
 
@@ -213,6 +226,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         tls: match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => Some(TlsFiles { cert: cert.clone(), key: key.clone() }),
             _ => None,
+        },
+        default_retention: oncelog_storage::RetentionPolicy {
+            max_age_s: args.retention_max_age.map(|d| d.as_secs()),
+            max_bytes: args.retention_max_bytes,
         },
     };
     config.validate()?;

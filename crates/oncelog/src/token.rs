@@ -86,6 +86,27 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs(secs))
 }
 
+/// A size in bytes: a number, optionally followed by K, M, G or T (powers of 1024; `KiB`,
+/// `MB` and the like are read the same way).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (n, unit) = text.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("{text:?}: expected a number of bytes, optionally followed by K, M, G or T"))?;
+    let shift = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("{text:?}: the unit must be K, M, G or T")),
+    };
+    let bytes = n.checked_mul(1 << shift).ok_or_else(|| format!("{text:?} is too large"))?;
+    if bytes == 0 {
+        return Err("the size must be positive".into());
+    }
+    Ok(bytes)
+}
+
 fn now_s() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -121,6 +142,17 @@ mod tests {
         assert_eq!(parse_duration("7d"), Ok(Duration::from_secs(604_800)));
         for bad in ["", "h", "5", "5x", "0m", "-1h"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_bytes("1000"), Ok(1000));
+        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
+        assert_eq!(parse_bytes("10GiB"), Ok(10 << 30));
+        assert_eq!(parse_bytes("2kb"), Ok(2048));
+        for bad in ["", "G", "0", "5x", "-1", "99999999999T"] {
+            assert!(parse_bytes(bad).is_err(), "{bad}");
         }
     }
 }

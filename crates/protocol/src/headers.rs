@@ -36,6 +36,11 @@ pub mod names {
     /// A trim: `POST` with an empty body moves the stream's earliest offset forward to this one.
     /// An Oncelog extension.
     pub const STREAM_TRIM_TO: &str = "stream-trim-to";
+    /// A retention policy's maximum age in seconds (or `none`), on `PUT`, `HEAD` and `PUT`
+    /// answers. An Oncelog extension.
+    pub const STREAM_RETENTION_MAX_AGE: &str = "stream-retention-max-age";
+    /// A retention policy's byte limit (or `none`), as [`STREAM_RETENTION_MAX_AGE`].
+    pub const STREAM_RETENTION_MAX_BYTES: &str = "stream-retention-max-bytes";
 }
 
 /// Longest accepted `Producer-Id`, in bytes. Producer ids are stored in keys; real ones are
@@ -87,6 +92,8 @@ pub enum HeaderError {
     WeakIfMatch,
     #[error("Idempotency-Key must be 1 to 255 visible ASCII characters, bare or in double quotes")]
     InvalidIdempotencyKey,
+    #[error("{0} must be `none` or a decimal integer of at least 1 without sign or leading zeros")]
+    InvalidRetentionLimit(&'static str),
     #[error("Idempotency-Key cannot be combined with Producer-Id/Epoch/Seq: a producer's sequence numbers already make its appends idempotent")]
     IdempotencyKeyWithProducer,
 }
@@ -155,6 +162,18 @@ fn parse_strict_decimal(value: &str) -> Option<u64> {
 /// `Stream-TTL`: seconds, strictly `0` or a decimal without leading zeros.
 pub fn parse_ttl(value: &str) -> Result<u64, HeaderError> {
     parse_strict_decimal(value).ok_or(HeaderError::InvalidTtl)
+}
+
+/// `Stream-Retention-Max-Age` / `-Max-Bytes`: `none` (no limit, whatever the server's default)
+/// or a positive strict decimal. `name` is the header's display name, for the error.
+pub fn parse_retention_limit(value: &str, name: &'static str) -> Result<Option<u64>, HeaderError> {
+    if value.trim().eq_ignore_ascii_case("none") {
+        return Ok(None);
+    }
+    match parse_strict_decimal(value.trim()) {
+        Some(n) if n > 0 => Ok(Some(n)),
+        _ => Err(HeaderError::InvalidRetentionLimit(name)),
+    }
 }
 
 /// `Stream-Fork-Sub-Offset`: the same strict grammar as `Stream-TTL`.
@@ -249,6 +268,17 @@ pub fn parse_expiry(ttl: Option<&str>, expires_at: Option<&str>) -> Result<Expir
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn retention_limits_are_none_or_positive_integers() {
+        let n = "Stream-Retention-Max-Age";
+        assert_eq!(parse_retention_limit("none", n), Ok(None));
+        assert_eq!(parse_retention_limit("None", n), Ok(None));
+        assert_eq!(parse_retention_limit("3600", n), Ok(Some(3600)));
+        for bad in ["", "0", "01", "-1", "1.5", "1e3", "ten", "18446744073709551616"] {
+            assert_eq!(parse_retention_limit(bad, n), Err(HeaderError::InvalidRetentionLimit(n)), "{bad:?}");
+        }
+    }
+
     #[test]
     fn idempotency_keys_are_visible_ascii_bare_or_quoted() {
         assert_eq!(parse_idempotency_key("0190f5a2-7c1e-7d3a-9f00-2b5c1d2e3f40"), Ok("0190f5a2-7c1e-7d3a-9f00-2b5c1d2e3f40"));

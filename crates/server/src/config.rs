@@ -18,8 +18,9 @@ pub struct ServerConfig {
     /// Soft cap on one read response (whole appends are never split, so one large append can
     /// exceed it).
     pub max_read_bytes: usize,
-    /// How often the sweeper looks for expired streams. Expiry is also checked on every access,
-    /// so this only bounds how long expired data occupies disk.
+    /// How often the sweeper looks for expired streams and applies retention policies. Expiry is
+    /// also checked on every access, so this only bounds how long expired data occupies disk;
+    /// retention is applied only by the sweeper.
     pub sweep_interval: Duration,
     /// On shutdown, how long in-flight requests (live reads included) may take to finish before
     /// their connections are closed.
@@ -56,6 +57,10 @@ pub struct ServerConfig {
     pub h2_ping_interval: Duration,
     /// How long the answer to a ping may take before the connection (and its streams) is dropped.
     pub h2_ping_timeout: Duration,
+    /// The retention policy of streams created without `Stream-Retention-Max-Age` /
+    /// `-Max-Bytes` (`--retention-max-age`, `--retention-max-bytes`); none by default. Fixed
+    /// into each stream at creation.
+    pub default_retention: oncelog_storage::RetentionPolicy,
 }
 
 impl Default for ServerConfig {
@@ -83,6 +88,7 @@ impl Default for ServerConfig {
             tls: None,
             h2_ping_interval: Duration::from_secs(30),
             h2_ping_timeout: Duration::from_secs(20),
+            default_retention: oncelog_storage::RetentionPolicy::NONE,
         }
     }
 }

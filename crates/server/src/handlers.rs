@@ -12,7 +12,7 @@ use oncelog_protocol::digest::BodyDigest;
 use oncelog_protocol::{content_type, Offset};
 use oncelog_storage::{
     AppendError, AppendOutcome, AppendRequest, AppendStatus, CreateError, CreateOutcome, CreateRequest, Engine, ForkRequest,
-    LookupError, StreamInfo,
+    LookupError, RetentionPolicy, RetentionRequest, StreamInfo,
 };
 
 use crate::error::ApiError;
@@ -139,6 +139,12 @@ fn meta_headers(info: &StreamInfo) -> Vec<(&'static str, String)> {
     if info.closed {
         v.push((names::STREAM_CLOSED, "true".into()));
     }
+    let r = info.config.retention;
+    for (name, limit) in [(names::STREAM_RETENTION_MAX_AGE, r.max_age_s), (names::STREAM_RETENTION_MAX_BYTES, r.max_bytes)] {
+        if let Some(n) = limit {
+            v.push((name, n.to_string()));
+        }
+    }
     v
 }
 
@@ -175,6 +181,15 @@ async fn create<E: Engine>(
     }
     let body = body_bytes(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?;
     let fork = h.fork.map(|f| ForkRequest { source: f.source, offset: f.offset, sub_offset: f.sub_offset });
+    let defaults = st.config.default_retention;
+    let retention = RetentionRequest {
+        policy: RetentionPolicy {
+            max_age_s: h.retention_max_age.unwrap_or(defaults.max_age_s),
+            max_bytes: h.retention_max_bytes.unwrap_or(defaults.max_bytes),
+        },
+        named_age: h.retention_max_age.is_some(),
+        named_bytes: h.retention_max_bytes.is_some(),
+    };
     let mut attempt = 0;
     let outcome = loop {
         attempt += 1;
@@ -198,6 +213,7 @@ async fn create<E: Engine>(
             content_type: h.content_type.clone(),
             expiry: h.expiry,
             fork: fork.clone(),
+            retention,
             closed: h.closed,
             initial,
             json_framed,

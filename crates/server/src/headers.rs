@@ -7,12 +7,14 @@ use axum::response::{IntoResponse, Response};
 /// Response headers a browser client must be allowed to read.
 pub(crate) const EXPOSE: &str = "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, stream-ttl, \
 stream-expires-at, stream-sse-data-encoding, producer-epoch, producer-seq, producer-expected-seq, \
-producer-received-seq, producer-conflict, stream-earliest-offset, etag, location, content-type";
+producer-received-seq, producer-conflict, stream-earliest-offset, stream-retention-max-age, \
+stream-retention-max-bytes, etag, location, content-type";
 
 /// Request headers a browser client may send.
 const ALLOW_HEADERS: &str = "content-type, if-none-match, authorization, stream-ttl, stream-expires-at, \
 stream-closed, stream-seq, stream-forked-from, stream-fork-offset, stream-fork-sub-offset, producer-id, \
-producer-epoch, producer-seq, if-match, idempotency-key, stream-trim-to";
+producer-epoch, producer-seq, if-match, idempotency-key, stream-trim-to, stream-retention-max-age, \
+stream-retention-max-bytes";
 
 /// Which browser origins may read answers (`--cors-origins`).
 #[derive(Debug, Clone, PartialEq, Eq)]

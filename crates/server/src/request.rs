@@ -115,6 +115,11 @@ pub struct CreateHeaders {
     pub expiry: Option<Expiry>,
     pub closed: bool,
     pub fork: Option<ForkHeaders>,
+    /// `Stream-Retention-Max-Age`: absent (`None`: the server default), `none` (`Some(None)`),
+    /// or seconds.
+    pub retention_max_age: Option<Option<u64>>,
+    /// `Stream-Retention-Max-Bytes`, as `retention_max_age`.
+    pub retention_max_bytes: Option<Option<u64>>,
 }
 
 /// The fork headers of a PUT (section 4.2).
@@ -176,7 +181,17 @@ impl CreateHeaders {
                 Some(ForkHeaders { source: fork_source(source, header(h, "host")?)?, offset, sub_offset })
             }
         };
-        Ok(Self { content_type, expiry, closed: headers::closed_flag(header(h, names::STREAM_CLOSED)?), fork })
+        let limit = |name: &'static str, display: &'static str| -> Result<Option<Option<u64>>, RequestError> {
+            Ok(header(h, name)?.map(|v| headers::parse_retention_limit(v, display)).transpose()?)
+        };
+        Ok(Self {
+            content_type,
+            expiry,
+            closed: headers::closed_flag(header(h, names::STREAM_CLOSED)?),
+            fork,
+            retention_max_age: limit(names::STREAM_RETENTION_MAX_AGE, "Stream-Retention-Max-Age")?,
+            retention_max_bytes: limit(names::STREAM_RETENTION_MAX_BYTES, "Stream-Retention-Max-Bytes")?,
+        })
     }
 }
 

@@ -1,5 +1,6 @@
-//! Deletes expired streams in the background (and forgets idle rate-limit buckets). Access paths already treat an expired stream as
-//! absent; this reclaims its space when nobody touches it again.
+//! Deletes expired streams in the background, applies retention policies (and forgets idle
+//! rate-limit buckets). Access paths already treat an expired stream as absent; this reclaims
+//! its space when nobody touches it again. Retention is applied only here.
 
 use oncelog_storage::Engine;
 
@@ -17,6 +18,12 @@ pub async fn run<E: Engine>(state: AppState<E>) {
             Ok(n) => tracing::debug!(expired = n, "expired streams deleted"),
             Err(oncelog_storage::StorageError::ShuttingDown) => return,
             Err(e) => tracing::warn!(error = %e, "expiry sweep failed"),
+        }
+        match state.engine.retain(state.clock.now_ms()).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(streams = n, "retention moved earliest offsets"),
+            Err(oncelog_storage::StorageError::ShuttingDown) => return,
+            Err(e) => tracing::warn!(error = %e, "retention sweep failed"),
         }
     }
 }

@@ -90,6 +90,7 @@ async fn serve_refuses_a_bad_config_and_stops_cleanly_when_told() {
             content_type: None,
             expiry: None,
             fork: None,
+            retention: Default::default(),
             closed: false,
             initial: bytes::Bytes::new(),
             json_framed: false,

@@ -19,6 +19,9 @@ use oncelog_protocol::Offset;
 pub struct StreamConfig {
     pub content_type: String,
     pub expiry: Expiry,
+    /// What the retention sweep may drop (compared on re-create only where the request named
+    /// it: [`crate::RetentionRequest::matches`]).
+    pub retention: crate::RetentionPolicy,
 }
 
 /// What a reader needs to know about a stream, as of one moment.
@@ -44,6 +47,9 @@ pub struct CreateRequest {
     pub expiry: Option<Expiry>,
     /// Set to create a fork of another stream.
     pub fork: Option<ForkRequest>,
+    /// The retention policy (already resolved against the server's defaults). A fork has its
+    /// own: the source's is not inherited.
+    pub retention: crate::RetentionRequest,
     /// Create in the closed state (`Stream-Closed: true`).
     pub closed: bool,
     /// Initial content in stored form (already JSON-framed for JSON streams); may be empty.
@@ -356,6 +362,11 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Deletes every stream whose TTL or absolute expiry has passed; returns how many.
     fn expire(&self, now_ms: i64) -> impl Future<Output = Result<usize, StorageError>> + Send;
+
+    /// The retention sweep: moves the earliest offset of every stream whose retention policy
+    /// lets go of data to where [`crate::retention::floor`] says (durably, as a trim would);
+    /// returns how many streams moved.
+    fn retain(&self, now_ms: i64) -> impl Future<Output = Result<usize, StorageError>> + Send;
 
     /// Finishes in-flight writes and makes them durable; later writes fail with `ShuttingDown`.
     fn shutdown(&self) -> impl Future<Output = Result<(), StorageError>> + Send;

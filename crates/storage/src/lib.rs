@@ -10,6 +10,7 @@
 //! - [`state`]: a stream's logical state ([`StreamMeta`]), the same for every engine.
 //! - [`rules`]: the protocol's decisions (create, append, close, delete, fork, expiry, parking)
 //!   as pure functions over that state, returning verdicts and the effects to persist.
+//! - [`retention`]: retention policies, time marks and where the retention sweep trims to.
 //! - [`clock`]: time behind a trait, so expiry is testable with a manual clock.
 //! - `contract` (feature `contract`): the engine contract suite; every engine runs it through
 //!   [`engine_contract_tests!`].
@@ -23,6 +24,7 @@ pub mod clock;
 pub mod codec;
 pub mod engine;
 pub mod parking;
+pub mod retention;
 pub mod rules;
 pub mod state;
 
@@ -31,4 +33,5 @@ pub mod contract;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::*;
+pub use retention::{RetentionPolicy, RetentionRequest, TimeMark, TimeMarks};
 pub use state::{ForkOf, IdempotencyKeys, KeyEntry, StreamMeta};

@@ -450,7 +450,8 @@ pub fn create(
         let same = content_type::matches(&m.content_type, &content_type)
             && m.expiry == expiry
             && m.closed == req.closed
-            && m.fork == fork_of;
+            && m.fork == fork_of
+            && req.retention.matches(&m.retention);
         return if same { Ok(CreatePlan::Existing(m.info(tail))) } else { Err(CreateError::ConfigMismatch) };
     }
     if !req.initial.is_empty() && req.json_framed != content_type::is_json(&content_type) {
@@ -468,6 +469,7 @@ pub fn create(
         fork: fork_of,
         soft_deleted: false,
         earliest: fork.map_or(Offset::ZERO, |f| f.earliest),
+        retention: req.retention.policy,
     };
     Ok(CreatePlan::Create { meta, tail: Offset(tail) })
 }

@@ -45,6 +45,8 @@ pub struct StreamMeta {
     /// The earliest offset readers may read from (a trim moved it forward; 0 otherwise). Only
     /// ever grows.
     pub earliest: Offset,
+    /// What the retention sweep may drop; fixed at creation.
+    pub retention: crate::RetentionPolicy,
 }
 
 /// Where a fork comes from.
@@ -58,7 +60,7 @@ pub struct ForkOf {
 
 impl StreamMeta {
     pub fn config(&self) -> crate::StreamConfig {
-        crate::StreamConfig { content_type: self.content_type.clone(), expiry: self.expiry }
+        crate::StreamConfig { content_type: self.content_type.clone(), expiry: self.expiry, retention: self.retention }
     }
 
     /// What readers see of this stream at `tail`.

@@ -6,6 +6,7 @@
 //! | `data`      | stream id (u64 BE) ++ end offset (u64 BE) | the append's stored bytes  |
 //! | `producers` | stream id (u64 BE) ++ producer id     | [`super::ProducerRecord`]      |
 //! | `idempotency` | stream id (u64 BE) ++ key id (u128 BE) | [`oncelog_storage::codec::key_entry`] |
+//! | `marks`     | stream id (u64 BE) ++ mark number (u64 BE) | [`mark_value`]: end u64 LE ++ time (Unix ms) i64 LE |
 //! | `gc`        | stream id (u64 BE)                    | empty: data of a deleted stream still to be removed |
 //! | `sys`       | `next_stream_id`                      | [`super::sys`] (tagged u64)    |
 //!
@@ -47,6 +48,25 @@ pub fn idempotency(stream_id: u64, key: KeyId) -> [u8; 24] {
     k[..8].copy_from_slice(&stream_id.to_be_bytes());
     k[8..].copy_from_slice(&key.0.to_be_bytes());
     k
+}
+
+/// A stream's time mark number `no` (marks are numbered from 0 in the order they start; the
+/// last one is rewritten as it extends). Same layout as a data key.
+pub fn mark(stream_id: u64, no: u64) -> [u8; 16] {
+    data(stream_id, no)
+}
+
+pub fn mark_value(m: &oncelog_storage::TimeMark) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&m.end.0.to_le_bytes());
+    v[8..].copy_from_slice(&m.at_ms.to_le_bytes());
+    v
+}
+
+pub fn parse_mark_value(v: &[u8]) -> Option<oncelog_storage::TimeMark> {
+    let end = u64::from_le_bytes(v.get(..8)?.try_into().ok()?);
+    let at_ms = i64::from_le_bytes(v.get(8..16)?.try_into().ok()?);
+    (v.len() == 16).then_some(oncelog_storage::TimeMark { end: oncelog_protocol::Offset(end), at_ms })
 }
 
 /// Splits an idempotency key into (stream id, key id).

@@ -7,8 +7,16 @@ use proptest::prelude::*;
 use super::*;
 
 fn meta() -> impl Strategy<Value = StreamMeta> {
-    (any::<u64>(), "[a-z/+]{1,20}", any::<bool>(), proptest::option::of("[0-9]{1,5}"), proptest::option::of((any::<u64>(), any::<u64>())), any::<bool>())
-        .prop_map(|(id, content_type, closed, stream_seq, fork, soft_deleted)| StreamMeta {
+    (
+        any::<u64>(),
+        "[a-z/+]{1,20}",
+        any::<bool>(),
+        proptest::option::of("[0-9]{1,5}"),
+        proptest::option::of((any::<u64>(), any::<u64>())),
+        any::<bool>(),
+        proptest::option::of(any::<u64>()),
+    )
+        .prop_map(|(id, content_type, closed, stream_seq, fork, soft_deleted, max_age_s)| StreamMeta {
             id,
             created_ms: 7,
             content_type,
@@ -18,6 +26,7 @@ fn meta() -> impl Strategy<Value = StreamMeta> {
             fork: fork.map(|(source_id, fork_point)| ForkOf { source_id, fork_point }),
             soft_deleted,
             earliest: Offset(7),
+            retention: oncelog_storage::RetentionPolicy { max_age_s, max_bytes: None },
         })
 }
 
@@ -55,16 +64,17 @@ proptest! {
         stream_seq in proptest::option::of("[0-9a-z]{0,12}"),
         producer in proptest::option::of(("[a-z0-9-]{1,20}", any::<u64>(), any::<u64>(), proptest::option::of((any::<u64>(), 0i64..i64::MAX)))),
         key in proptest::option::of((any::<u128>(), any::<u64>(), 0i64..i64::MAX)),
+        time in proptest::option::of(0i64..i64::MAX),
         data in proptest::collection::vec(any::<u8>(), 0..64),
     ) {
         // A record has a producer or a key, never both.
         let key = if producer.is_some() { None } else { key.map(|(k, d, t)| (KeyId(k), BodyDigest(d), t)) };
         let producer = producer.map(|(id, epoch, seq, details)| ProducerEffect { id, epoch, seq, details: details.map(|(d, t)| (BodyDigest(d), t)) });
         let p = producer.as_ref().map(|p| ProducerEffect { id: p.id.as_str(), epoch: p.epoch, seq: p.seq, details: p.details });
-        let r = round_trip(Record::Append { id, new_tail, close, stream_seq: stream_seq.as_deref(), producer: p, key, data: &data });
+        let r = round_trip(Record::Append { id, new_tail, close, stream_seq: stream_seq.as_deref(), producer: p, key, time, data: &data });
         match r {
-            Replayed::Append { id: i, new_tail: t, close: c, stream_seq: s, producer: pr, key: k, data_len, .. } => {
-                prop_assert_eq!((i, t, c, s, pr, k, data_len), (id, new_tail, close, stream_seq, producer, key, data.len() as u64));
+            Replayed::Append { id: i, new_tail: t, close: c, stream_seq: s, producer: pr, key: k, time: tm, data_len, .. } => {
+                prop_assert_eq!((i, t, c, s, pr, k, tm, data_len), (id, new_tail, close, stream_seq, producer, key, time, data.len() as u64));
             }
             other => prop_assert!(false, "{other:?}"),
         }
@@ -84,9 +94,9 @@ proptest! {
     #[test]
     fn checkpoints_round_trip(
         lsn: u64, segment in 0..MAX_SEGMENT_NUMBER, pos in 0..MAX_SEGMENT_BYTES, next_id: u64,
-        streams in proptest::collection::vec((meta(), "[a-z/]{1,10}", 0u64..1000, proptest::collection::vec((1u64..100, 1u64..50, 0u64..1_000_000), 0..5), proptest::collection::vec(("[a-z]{1,5}", any::<u64>(), any::<u64>()), 0..3), proptest::collection::vec((any::<u128>(), any::<u64>(), any::<u64>(), 0i64..i64::MAX), 0..3)), 0..5),
+        streams in proptest::collection::vec((meta(), "[a-z/]{1,10}", 0u64..1000, proptest::collection::vec((1u64..100, 1u64..50, 0u64..1_000_000), 0..5), proptest::collection::vec(("[a-z]{1,5}", any::<u64>(), any::<u64>()), 0..3), proptest::collection::vec((any::<u128>(), any::<u64>(), any::<u64>(), 0i64..i64::MAX), 0..3), proptest::collection::vec((1u64..1000, 0i64..i64::MAX), 0..4)), 0..5),
     ) {
-        let streams = streams.into_iter().map(|(meta, path, start, ext, prods, keys)| {
+        let streams = streams.into_iter().map(|(meta, path, start, ext, prods, keys, marks)| {
             let mut end = start;
             let extents = ext.into_iter().map(|(len, seg, p)| { end += len; Extent::new(end, seg, p) }).collect();
             let producers = prods.into_iter().map(|(id, epoch, seq)| {
@@ -95,7 +105,9 @@ proptest! {
                 (id, s)
             }).collect();
             let keys = keys.into_iter().map(|(k, e, d, t)| (KeyId(k), KeyEntry { end: Offset(e), digest: BodyDigest(d), at_ms: t })).collect();
-            CheckpointStream { path, meta, tail: end, start, producers, extents, keys }
+            let mut at = 0;
+            let marks = marks.into_iter().map(|(len, t)| { at += len; oncelog_storage::TimeMark { end: Offset(at), at_ms: t } }).collect();
+            CheckpointStream { path, meta, tail: end, start, producers, extents, keys, marks }
         }).collect();
         let c = Checkpoint { lsn, segment, pos, next_id, streams };
         prop_assert_eq!(Checkpoint::decode(&c.encode(), 0), Ok(c));
@@ -157,4 +169,30 @@ fn version_1_checkpoints_still_decode() {
     bytes.extend_from_slice(&body);
     let c = Checkpoint::decode(&bytes, 0).expect("v1 checkpoint");
     assert_eq!((c.lsn, c.segment, c.pos, c.next_id, c.streams.len()), (3, 1, 16, 9, 0));
+}
+
+#[test]
+fn version_2_checkpoints_decode_without_time_marks() {
+    let meta = StreamMeta {
+        id: 4,
+        created_ms: 1,
+        content_type: "text/plain".into(),
+        expiry: Expiry::Never,
+        closed: false,
+        stream_seq: None,
+        fork: None,
+        soft_deleted: false,
+        earliest: Offset::ZERO,
+        retention: oncelog_storage::RetentionPolicy::NONE,
+    };
+    let s = CheckpointStream { path: "s".into(), meta, tail: 5, start: 0, producers: vec![], extents: vec![Extent::new(5, 1, 16)], keys: vec![], marks: vec![] };
+    let c = Checkpoint { lsn: 2, segment: 1, pos: 40, next_id: 5, streams: vec![s] };
+    let v3 = c.encode();
+    // A version 2 body is the same without the (here empty: one 0 byte) mark list at the end.
+    let body = &v3[20..v3.len() - 1];
+    let mut v2 = b"ONCECKP\x02".to_vec();
+    v2.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
+    v2.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    v2.extend_from_slice(body);
+    assert_eq!(Checkpoint::decode(&v2, 0), Ok(c));
 }

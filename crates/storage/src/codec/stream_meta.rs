@@ -3,8 +3,11 @@
 //!
 //! Layout, tag `0x02`: id u64, created_ms i64, content_type str, expiry kind u8 (0 never, 1 ttl,
 //! 2 at) + value (u64 seconds or i64 ms; absent for 0), closed u8, stream_seq flag u8 + str,
-//! fork flag u8 + (source id u64, fork point u64), soft_deleted u8, earliest u64. Tag `0x01`
-//! (before trims) is the same without `earliest`, which then is 0; it is still read.
+//! fork flag u8 + (source id u64, fork point u64), soft_deleted u8, earliest u64. Tag `0x03`
+//! adds the retention policy after `earliest`: max age flag u8 + u64 seconds, max bytes flag u8
+//! + u64; it is written only for streams that have a policy, so a store whose streams have none
+//! stays readable by the version before it. Tag `0x01` (before trims) is tag `0x02` without
+//! `earliest`, which then is 0. All three are read.
 //!
 //! A fork records only its *direct* source and the position where it diverges; the whole chain
 //! of ancestors is derived on recovery, and so are reference counts (the number of streams whose
@@ -21,11 +24,13 @@ use super::{DecodeError, Decoder, Encoder};
 
 const TAG_V1: u8 = 0x01;
 const TAG_V2: u8 = 0x02;
+const TAG_V3: u8 = 0x03;
 
 /// Encodes `meta` as a tagged record.
 pub fn encode(meta: &StreamMeta) -> Vec<u8> {
     let mut e = Encoder(Vec::with_capacity(64 + meta.content_type.len()));
-    e.u8(TAG_V2).u64(meta.id).i64(meta.created_ms).str(&meta.content_type);
+    let tag = if meta.retention.is_none() { TAG_V2 } else { TAG_V3 };
+    e.u8(tag).u64(meta.id).i64(meta.created_ms).str(&meta.content_type);
     match meta.expiry {
         Expiry::Never => e.u8(0),
         Expiry::Ttl(s) => e.u8(1).u64(s),
@@ -41,17 +46,24 @@ pub fn encode(meta: &StreamMeta) -> Vec<u8> {
         Some(f) => e.u8(1).u64(f.source_id).u64(f.fork_point),
     };
     e.u8(u8::from(meta.soft_deleted)).u64(meta.earliest.0);
+    if tag == TAG_V3 {
+        for limit in [meta.retention.max_age_s, meta.retention.max_bytes] {
+            match limit {
+                None => e.u8(0),
+                Some(v) => e.u8(1).u64(v),
+            };
+        }
+    }
     e.0
 }
 
 /// Decodes a record written by [`encode`].
 pub fn decode(bytes: &[u8]) -> Result<StreamMeta, DecodeError> {
     let mut d = Decoder(bytes);
-    let v2 = match d.u8()? {
-        TAG_V1 => false,
-        TAG_V2 => true,
-        t => return Err(DecodeError::UnknownTag(t)),
-    };
+    let tag = d.u8()?;
+    if !matches!(tag, TAG_V1 | TAG_V2 | TAG_V3) {
+        return Err(DecodeError::UnknownTag(tag));
+    }
     let id = d.u64()?;
     let created_ms = d.i64()?;
     let content_type = d.string()?;
@@ -65,9 +77,14 @@ pub fn decode(bytes: &[u8]) -> Result<StreamMeta, DecodeError> {
     let stream_seq = if d.bool()? { Some(d.string()?) } else { None };
     let fork = if d.bool()? { Some(ForkOf { source_id: d.u64()?, fork_point: d.u64()? }) } else { None };
     let soft_deleted = d.bool()?;
-    let earliest = Offset(if v2 { d.u64()? } else { 0 });
+    let earliest = Offset(if tag == TAG_V1 { 0 } else { d.u64()? });
+    let mut retention = crate::RetentionPolicy::NONE;
+    if tag == TAG_V3 {
+        retention.max_age_s = if d.bool()? { Some(d.u64()?) } else { None };
+        retention.max_bytes = if d.bool()? { Some(d.u64()?) } else { None };
+    }
     d.finish()?;
-    Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest })
+    Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest, retention })
 }
 
 #[cfg(test)]
@@ -86,9 +103,11 @@ mod tests {
             stream_seq in proptest::option::of("\\PC{0,20}"),
             fork in proptest::option::of((any::<u64>(), any::<u64>())),
             soft_deleted: bool, earliest: u64,
+            max_age_s in proptest::option::of(any::<u64>()), max_bytes in proptest::option::of(any::<u64>()),
         ) {
             let fork = fork.map(|(source_id, fork_point)| ForkOf { source_id, fork_point });
-            let m = StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest: Offset(earliest) };
+            let retention = crate::RetentionPolicy { max_age_s, max_bytes };
+            let m = StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest: Offset(earliest), retention };
             prop_assert_eq!(decode(&encode(&m)), Ok(m));
         }
 

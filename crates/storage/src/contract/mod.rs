@@ -8,7 +8,8 @@
 //! A behaviour that is not in this suite is not part of the contract. Cases are grouped by
 //! topic: [`writes`] (create and append verdicts, precedence, receipts, parking, closure,
 //! `Stream-Seq`, incarnations and framing), [`forks`] (chains, sub-offsets, soft delete and
-//! cascade), [`lifecycle`] (reads and their alignment, expiry, live waits, persistence across reopen, readiness).
+//! cascade), [`lifecycle`] (reads and their alignment, trims, expiry, live waits, persistence
+//! across reopen, readiness), [`retention`] (policies and the sweep that applies them).
 
 use std::future::Future;
 
@@ -20,6 +21,7 @@ use crate::engine::*;
 
 pub mod forks;
 pub mod lifecycle;
+pub mod retention;
 pub mod writes;
 
 /// How the suite gets engines: fresh ones on empty storage, and the same storage reopened.
@@ -70,6 +72,8 @@ macro_rules! engine_contract_tests {
             lifecycle::reads_page_through_whole_appends,
             lifecycle::bounded_reads_may_end_inside_an_append,
             lifecycle::trims_move_the_earliest_offset_forward,
+            retention::retention_policies_are_configuration,
+            retention::retention_drops_whole_old_appends_by_size_and_age,
             lifecycle::reads_say_whether_they_start_at_a_minted_offset,
             lifecycle::ttl_and_absolute_expiry,
             lifecycle::live_waits_wake_on_append_closure_and_delete,
@@ -96,6 +100,7 @@ pub fn create_req(path: &str, ct: &str) -> CreateRequest {
         content_type: Some(ct.into()),
         expiry: None,
         fork: None,
+        retention: Default::default(),
         closed: false,
         initial: Bytes::new(),
         json_framed: false,
@@ -154,7 +159,8 @@ pub async fn append<E: Engine>(e: &E, req: AppendRequest) -> AppendOutcome {
 /// A whole stream read in `page`-byte pages, so paging and segment boundaries are exercised.
 pub async fn read_all<E: Engine>(e: &E, path: &str, page: usize) -> String {
     let mut out = Vec::new();
-    let mut at = Offset::ZERO;
+    // From the earliest offset: everything still readable.
+    let mut at = e.head(path, 0).await.expect("head").earliest;
     loop {
         let c = e.read(path, at, page, 0).await.expect("read");
         assert!(c.next >= at, "reads never go backwards");

@@ -21,6 +21,7 @@ fn meta(ct: &str) -> StreamMeta {
         fork: None,
         soft_deleted: false,
         earliest: Offset::ZERO,
+        retention: crate::RetentionPolicy::NONE,
     }
 }
 
@@ -264,6 +265,7 @@ fn create_req(ct: Option<&str>, expiry: Option<Expiry>, closed: bool) -> CreateR
         content_type: ct.map(str::to_owned),
         expiry,
         fork: None,
+        retention: Default::default(),
         closed,
         initial: Bytes::new(),
         json_framed: false,
