@@ -403,6 +403,13 @@ pub(crate) async fn error_from_response(resp: reqwest::Response, op: Op, idempot
     let headers = resp.headers().clone();
     match status {
         404 => return Error::NotFound { url: resp.url().as_str().to_owned() },
+        410 => {
+            // Oncelog's trims and retention answer with where the stream starts now; a
+            // soft-deleted stream's 410 has no such header.
+            if let Some(earliest) = header_str(&headers, names::STREAM_EARLIEST_OFFSET).filter(|v| !v.is_empty()) {
+                return Error::Trimmed { earliest: StreamOffset::new(earliest) };
+            }
+        }
         409 if closed_flag(header_str(&headers, names::STREAM_CLOSED)) => {
             return Error::StreamClosed { final_offset: next_offset(&headers).ok() };
         }

@@ -42,7 +42,16 @@ pub enum Error {
         url: String,
     },
 
-    /// `410`: the stream or the requested offset is gone (retention, soft delete).
+    /// `410` with `Stream-Earliest-Offset`: the requested offset was dropped (a trim or the
+    /// stream's retention policy); the stream can still be read from `earliest`. A reader with
+    /// [`crate::OnTrimmed::RestartFromEarliest`] moves there by itself.
+    #[error("offset trimmed: the stream now starts at {earliest}")]
+    Trimmed {
+        /// Where the stream can be read from now.
+        earliest: StreamOffset,
+    },
+
+    /// `410`: the stream is gone (soft-deleted while forks still read it).
     #[error("gone: {message}")]
     Gone {
         /// The server's one-line reason.
@@ -214,7 +223,7 @@ impl Error {
     pub fn status(&self) -> Option<u16> {
         Some(match self {
             Error::NotFound { .. } => 404,
-            Error::Gone { .. } => 410,
+            Error::Gone { .. } | Error::Trimmed { .. } => 410,
             Error::ConfigMismatch { .. }
             | Error::StreamClosed { .. }
             | Error::StreamSeqConflict { .. }

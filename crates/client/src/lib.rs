@@ -115,6 +115,6 @@ pub use error::Error;
 pub use key::new_idempotency_key;
 pub use offset::{ReadFrom, StreamOffset};
 pub use producer::{Ack, EpochStore, FileEpochStore, Producer, ProducerBuilder, ProducerStats, Receipt};
-pub use read::{Chunk, ChunkStream, JsonBatch, LiveMode, ReadOptions, ReadStatus};
+pub use read::{Chunk, ChunkStream, JsonBatch, LiveMode, OnTrimmed, ReadOptions, ReadStatus};
 pub use retry::RetryPolicy;
-pub use stream::{AppendOptions, Appended, CreateOptions, Created, StreamHandle, StreamInfo};
+pub use stream::{AppendOptions, Appended, CreateOptions, Created, Limit, StreamHandle, StreamInfo, Trimmed};

@@ -47,6 +47,19 @@ pub enum LiveMode {
     Auto,
 }
 
+/// What a reader does when its position was dropped from the stream (a `410` with
+/// `Stream-Earliest-Offset`: a trim or a retention policy got there first), as Kafka's
+/// `auto.offset.reset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnTrimmed {
+    /// End with [`Error::Trimmed`], which carries the earliest offset: the caller decides.
+    #[default]
+    Fail,
+    /// Go on from the earliest offset (what was dropped is skipped; counted in
+    /// [`ReadStatus::trim_restarts`]).
+    RestartFromEarliest,
+}
+
 /// Options of [`StreamHandle::read`].
 #[derive(Debug, Clone, Default)]
 pub struct ReadOptions {
@@ -61,6 +74,8 @@ pub struct ReadOptions {
     /// The retry policy; the client's when `None`. Use `with_max_attempts(None)` for a tail that
     /// must never give up.
     pub retry: Option<RetryPolicy>,
+    /// When the reader's position was trimmed away.
+    pub on_trimmed: OnTrimmed,
 }
 
 impl ReadOptions {
@@ -125,6 +140,9 @@ pub struct ReadStatus {
     /// The HTTP status of the last successful response: `200`, or `204` when a long-poll ended
     /// without data.
     pub last_status: Option<u16>,
+    /// How many times the reader skipped to the earliest offset after its position was trimmed
+    /// ([`OnTrimmed::RestartFromEarliest`]).
+    pub trim_restarts: u64,
 }
 
 /// The chunks of a read, as a [`Stream`]. Ends after EOF (and, in catch-up mode, once up to
@@ -238,6 +256,8 @@ struct Reader {
     reported_up_to_date: bool,
     /// The open SSE connection, if any.
     sse: Option<SseConn>,
+    /// What to do when the position was trimmed away.
+    on_trimmed: OnTrimmed,
     /// Shared with the [`ChunkStream`].
     status: Arc<Mutex<ReadStatus>>,
 }
@@ -264,6 +284,7 @@ impl Reader {
             backoff,
             reported_up_to_date: false,
             sse: None,
+            on_trimmed: opts.on_trimmed,
             status,
         }
     }
@@ -281,6 +302,15 @@ impl Reader {
             match step {
                 Ok(Some(chunk)) => return Some(Ok(chunk)),
                 Ok(None) => continue,
+                Err(Error::Trimmed { earliest }) if self.on_trimmed == OnTrimmed::RestartFromEarliest => {
+                    tracing::warn!(url = %self.handle.url(), from = %self.from.as_query(), %earliest, "read position was trimmed; going on from the earliest offset");
+                    self.sse = None;
+                    self.from = ReadFrom::Offset(earliest.clone());
+                    if let Ok(mut s) = self.status.lock() {
+                        s.offset = Some(earliest);
+                        s.trim_restarts += 1;
+                    }
+                }
                 Err(e) => {
                     if e.is_retry_safe() {
                         if let Some(delay) = self.backoff.next_delay(e.retry_after()) {

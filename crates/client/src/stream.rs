@@ -44,10 +44,43 @@ pub struct CreateOptions {
     pub expires_at: Option<String>,
     /// Create the stream already closed (its body, if any, is all it will ever hold).
     pub closed: bool,
+    /// `Stream-Retention-Max-Age` (an Oncelog extension): data older than this many seconds is
+    /// dropped by the server's sweep. `None`: the server's default.
+    pub retention_max_age_seconds: Option<Limit>,
+    /// `Stream-Retention-Max-Bytes` (an Oncelog extension): keep at least this many of the
+    /// newest bytes, drop whole appends before them. `None`: the server's default.
+    pub retention_max_bytes: Option<Limit>,
     /// Initial content.
     pub body: Bytes,
     /// Extra headers for this request.
     pub headers: HeaderMap,
+}
+
+/// A retention limit asked for at creation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// No limit, whatever the server's default (`none`).
+    Unlimited,
+    /// This many seconds or bytes.
+    At(u64),
+}
+
+impl Limit {
+    fn header_value(&self) -> String {
+        match self {
+            Limit::Unlimited => "none".to_owned(),
+            Limit::At(n) => n.to_string(),
+        }
+    }
+}
+
+/// What [`StreamHandle::trim`] left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Trimmed {
+    /// Where the stream can be read from now.
+    pub earliest: StreamOffset,
+    /// The stream's tail.
+    pub next_offset: StreamOffset,
 }
 
 impl CreateOptions {
@@ -108,6 +141,13 @@ pub struct StreamInfo {
     pub ttl_seconds: Option<u64>,
     /// `Stream-Expires-At`, if set.
     pub expires_at: Option<String>,
+    /// `Stream-Earliest-Offset`: where reads can start (after trims and retention), when the
+    /// server says.
+    pub earliest_offset: Option<StreamOffset>,
+    /// `Stream-Retention-Max-Age`, if the stream has one.
+    pub retention_max_age_seconds: Option<u64>,
+    /// `Stream-Retention-Max-Bytes`, if the stream has one.
+    pub retention_max_bytes: Option<u64>,
 }
 
 impl StreamHandle {
@@ -170,6 +210,12 @@ impl StreamHandle {
         }
         if opts.closed {
             req.header(names::STREAM_CLOSED, "true")?;
+        }
+        if let Some(l) = opts.retention_max_age_seconds {
+            req.header(names::STREAM_RETENTION_MAX_AGE, &l.header_value())?;
+        }
+        if let Some(l) = opts.retention_max_bytes {
+            req.header(names::STREAM_RETENTION_MAX_BYTES, &l.header_value())?;
         }
         req.headers.extend(opts.headers);
         req.body = opts.body;
@@ -267,6 +313,26 @@ impl StreamHandle {
         next_offset(resp.headers())
     }
 
+    /// Drops everything before `to` (`POST` with `Stream-Trim-To`, an Oncelog extension): reads
+    /// from before it then fail with [`Error::Trimmed`]. Monotonic (a lower `to` changes
+    /// nothing) and idempotent, so it is retried like any idempotent request. `to` must be an
+    /// offset this server returned; beyond the tail (or inside a JSON message) is
+    /// [`Error::BadRequest`].
+    pub async fn trim(&self, to: &StreamOffset) -> Result<Trimmed, Error> {
+        let mut req = self.request(Method::POST, true);
+        req.header(names::STREAM_TRIM_TO, to.as_str())?;
+        let resp = self.client.send(&req, self.client.retry_policy()).await?;
+        if !matches!(resp.status().as_u16(), 200 | 204) {
+            return Err(error_from_response(resp, Op::Other, true).await);
+        }
+        let h = resp.headers();
+        let earliest = header_str(h, names::STREAM_EARLIEST_OFFSET)
+            .filter(|v| !v.is_empty())
+            .map(StreamOffset::new)
+            .ok_or_else(|| Error::InvalidResponse("trim answer has no Stream-Earliest-Offset header".into()))?;
+        Ok(Trimmed { earliest, next_offset: next_offset(h)? })
+    }
+
     /// `DELETE`: removes the stream and its data. Retried on transient failures; a `404` after
     /// an attempt whose outcome was lost counts as success (that attempt deleted it).
     pub async fn delete(&self) -> Result<(), Error> {
@@ -320,6 +386,9 @@ impl StreamHandle {
             closed: closed_flag(header_str(h, names::STREAM_CLOSED)),
             ttl_seconds: header_u64(h, names::STREAM_TTL),
             expires_at: header_str(h, names::STREAM_EXPIRES_AT).map(str::to_owned),
+            earliest_offset: header_str(h, names::STREAM_EARLIEST_OFFSET).filter(|v| !v.is_empty()).map(StreamOffset::new),
+            retention_max_age_seconds: header_u64(h, names::STREAM_RETENTION_MAX_AGE),
+            retention_max_bytes: header_u64(h, names::STREAM_RETENTION_MAX_BYTES),
         };
         self.set_content_type(info.content_type.clone());
         Ok(info)

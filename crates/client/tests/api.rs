@@ -345,3 +345,45 @@ async fn a_sequence_number_reused_for_other_bytes_is_a_typed_body_mismatch() {
         other => panic!("expected a body mismatch, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn trims_retention_and_readers_whose_position_was_dropped() {
+    let (_srv, s) = stream_on_a_server("trimmed", "text/plain").await;
+    let mut ends = Vec::new();
+    for part in ["aaaa", "bbbb", "cccc"] {
+        ends.push(s.append(part, AppendOptions::default()).await.expect("append").next_offset);
+    }
+    let t = s.trim(&ends[1]).await.expect("trim");
+    assert_eq!((t.earliest.clone(), t.next_offset.clone()), (ends[1].clone(), ends[2].clone()));
+    let info = s.head().await.expect("head");
+    assert_eq!(info.earliest_offset, Some(ends[1].clone()));
+    // A reader from a dropped position fails with the earliest offset, or goes on from there.
+    let from_start = || ReadOptions::new(ReadFrom::Offset(ends[0].clone()), LiveMode::CatchUp);
+    match collect(s.read(from_start())).await {
+        Err(Error::Trimmed { earliest }) => assert_eq!(earliest, ends[1]),
+        other => panic!("expected Trimmed, got {other:?}"),
+    }
+    let reader = s.read(ReadOptions { on_trimmed: oncelog_client::OnTrimmed::RestartFromEarliest, ..from_start() });
+    let status = reader.status();
+    assert_eq!(status.trim_restarts, 0);
+    let mut reader = reader;
+    let mut got = Vec::new();
+    while let Some(c) = tokio::time::timeout(LIMIT, reader.next()).await.expect("reader stalled") {
+        got.push(c.expect("restarted read"));
+    }
+    assert_eq!(text(&got), "cccc");
+    assert_eq!(reader.status().trim_restarts, 1);
+    // Beyond the tail is refused.
+    assert!(matches!(s.trim(&StreamOffset::new("9999999999999999_9999999999999999")).await, Err(Error::BadRequest { .. })));
+
+    // Retention asked for at creation is shown by HEAD.
+    let r = s.client().stream("kept");
+    let opts = CreateOptions {
+        retention_max_age_seconds: Some(oncelog_client::Limit::At(3600)),
+        retention_max_bytes: Some(oncelog_client::Limit::Unlimited),
+        ..CreateOptions::content_type("text/plain")
+    };
+    r.create(opts).await.expect("create");
+    let info = r.head().await.expect("head");
+    assert_eq!((info.retention_max_age_seconds, info.retention_max_bytes), (Some(3600), None));
+}

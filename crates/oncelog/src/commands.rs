@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
-use oncelog_client::{AppendOptions, Chunk, Client, CreateOptions, FileEpochStore, LiveMode, ReadFrom, ReadOptions, RetryPolicy, StreamHandle, StreamOffset};
+use oncelog_client::{
+    AppendOptions, Chunk, Client, CreateOptions, FileEpochStore, Limit, LiveMode, OnTrimmed, ReadFrom, ReadOptions, RetryPolicy, StreamHandle,
+    StreamOffset,
+};
 
 /// Why a client subcommand failed.
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +119,58 @@ pub struct CreateArgs {
     /// Create the stream already closed (empty, final).
     #[arg(long)]
     closed: bool,
+    /// Drop data older than this (`7d`, `24h`, `30m`, `90s`), or `none` for no limit whatever
+    /// the server's default. Without it, the server's default applies.
+    #[arg(long, value_name = "DURATION|none", value_parser = parse_age_limit)]
+    retention_max_age: Option<Limit>,
+    /// Keep at least this many of the newest bytes (`10G`, `512M`, bytes) and drop whole appends
+    /// before them, or `none`. Without it, the server's default applies.
+    #[arg(long, value_name = "SIZE|none", value_parser = parse_size_limit)]
+    retention_max_bytes: Option<Limit>,
+}
+
+fn parse_age_limit(text: &str) -> Result<Limit, String> {
+    if text.eq_ignore_ascii_case("none") {
+        return Ok(Limit::Unlimited);
+    }
+    crate::token::parse_duration(text).map(|d| Limit::At(d.as_secs()))
+}
+
+fn parse_size_limit(text: &str) -> Result<Limit, String> {
+    if text.eq_ignore_ascii_case("none") {
+        return Ok(Limit::Unlimited);
+    }
+    crate::token::parse_bytes(text).map(Limit::At)
+}
+
+/// What a reader does when its position was trimmed away (a trim or retention got there first).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum TrimmedMode {
+    /// Stop with an error naming the earliest offset.
+    Fail,
+    /// Go on from the earliest offset (what was dropped is skipped; a warning says so).
+    Restart,
+}
+
+impl From<TrimmedMode> for OnTrimmed {
+    fn from(m: TrimmedMode) -> OnTrimmed {
+        match m {
+            TrimmedMode::Fail => OnTrimmed::Fail,
+            TrimmedMode::Restart => OnTrimmed::RestartFromEarliest,
+        }
+    }
+}
+
+#[derive(clap::Args)]
+pub struct TrimArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// Stream name (its path under the URL).
+    stream: String,
+    /// Drop everything before this offset (one the server returned; a JSON stream's must be a
+    /// message boundary). A lower offset than the stream's earliest changes nothing.
+    #[arg(long, value_name = "OFFSET")]
+    to: String,
 }
 
 #[derive(clap::Args)]
@@ -185,6 +240,9 @@ pub struct ReadArgs {
     /// At the end, print the offset to resume from on stderr.
     #[arg(long)]
     print_offset: bool,
+    /// When the read position was trimmed away: fail, or restart from the earliest offset.
+    #[arg(long, value_enum, default_value = "fail")]
+    on_trimmed: TrimmedMode,
 }
 
 /// Live transport for `tail`.
@@ -209,6 +267,10 @@ pub struct TailArgs {
     /// At the end (EOF), print the final offset on stderr.
     #[arg(long)]
     print_offset: bool,
+    /// When the read position was trimmed away (the tail fell behind a trim or retention):
+    /// fail, or restart from the earliest offset.
+    #[arg(long, value_enum, default_value = "fail")]
+    on_trimmed: TrimmedMode,
 }
 
 #[derive(clap::Args)]
@@ -230,6 +292,8 @@ pub async fn create(a: CreateArgs) -> Result<(), CliError> {
         ttl_seconds: a.ttl,
         expires_at: a.expires_at,
         closed: a.closed,
+        retention_max_age_seconds: a.retention_max_age,
+        retention_max_bytes: a.retention_max_bytes,
         ..CreateOptions::default()
     };
     let created = s.create(opts).await?;
@@ -394,7 +458,8 @@ async fn print_stream(s: StreamHandle, opts: ReadOptions, print_offset: bool) ->
 
 pub async fn read(a: ReadArgs) -> Result<(), CliError> {
     let s = a.conn.stream(&a.stream)?;
-    print_stream(s, ReadOptions::new(a.from, LiveMode::CatchUp), a.print_offset).await
+    let opts = ReadOptions { on_trimmed: a.on_trimmed.into(), ..ReadOptions::new(a.from, LiveMode::CatchUp) };
+    print_stream(s, opts, a.print_offset).await
 }
 
 pub async fn tail(a: TailArgs) -> Result<(), CliError> {
@@ -405,7 +470,8 @@ pub async fn tail(a: TailArgs) -> Result<(), CliError> {
         TailMode::Sse => LiveMode::Sse,
         TailMode::LongPoll => LiveMode::LongPoll,
     };
-    print_stream(s, ReadOptions::new(a.from, live), a.print_offset).await
+    let opts = ReadOptions { on_trimmed: a.on_trimmed.into(), ..ReadOptions::new(a.from, live) };
+    print_stream(s, opts, a.print_offset).await
 }
 
 pub async fn head(a: StreamArgs) -> Result<(), CliError> {
@@ -419,6 +485,22 @@ pub async fn head(a: StreamArgs) -> Result<(), CliError> {
     if let Some(at) = info.expires_at {
         println!("expires-at: {at}");
     }
+    if let Some(earliest) = info.earliest_offset {
+        println!("earliest-offset: {earliest}");
+    }
+    if let Some(age) = info.retention_max_age_seconds {
+        println!("retention-max-age: {age}");
+    }
+    if let Some(bytes) = info.retention_max_bytes {
+        println!("retention-max-bytes: {bytes}");
+    }
+    Ok(())
+}
+
+/// Prints the earliest offset after the trim.
+pub async fn trim(a: TrimArgs) -> Result<(), CliError> {
+    let t = a.conn.stream(&a.stream)?.trim(&StreamOffset::new(a.to)).await?;
+    println!("{}", t.earliest);
     Ok(())
 }
 

@@ -34,12 +34,16 @@ enum Command {
     Read(commands::ReadArgs),
     /// Follow a stream live (SSE or long-poll) until it is closed.
     Tail(commands::TailArgs),
-    /// Print a stream's metadata: content type, tail offset, closure, expiry.
+    /// Print a stream's metadata: content type, tail offset, closure, expiry, earliest offset,
+    /// retention.
     Head(commands::StreamArgs),
     /// Close a stream (optionally appending a final message); prints the final offset.
     Close(commands::CloseArgs),
     /// Delete a stream and its data.
     Delete(commands::StreamArgs),
+    /// Drop a stream's data before an offset (reads from before it then get 410); prints the
+    /// earliest offset.
+    Trim(commands::TrimArgs),
     /// Mint bearer tokens and signed read URLs with the server's HMAC secret.
     #[command(subcommand)]
     Token(token::TokenCommand),
@@ -115,6 +119,7 @@ fn main() -> std::process::ExitCode {
         Command::Head(args) => return commands::exit(runtime.block_on(commands::head(args))),
         Command::Close(args) => return commands::exit(runtime.block_on(commands::close(args))),
         Command::Delete(args) => return commands::exit(runtime.block_on(commands::delete(args))),
+        Command::Trim(args) => return commands::exit(runtime.block_on(commands::trim(args))),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

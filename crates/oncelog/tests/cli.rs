@@ -165,6 +165,31 @@ fn a_keyed_append_run_twice_is_written_once() {
 }
 
 #[test]
+fn trim_drops_the_start_and_readers_fail_or_restart_from_the_earliest_offset() {
+    let h = Harness::start();
+    let cmd = |args: &[&str]| against(&h, args);
+    let out = run(cmd(&["create", "log", "--retention-max-age", "7d", "--retention-max-bytes", "none"]), b"", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    let first = run(cmd(&["append", "log", "--if-match", out.stdout.trim()]), b"old\n", LIMIT).stdout.trim().to_owned();
+    assert!(run(cmd(&["append", "log"]), b"new\n", LIMIT).ok);
+    let out = run(cmd(&["trim", "log", "--to", &first]), b"", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(out.stdout.trim(), first, "prints the earliest offset");
+    let head = run(cmd(&["head", "log"]), b"", LIMIT).stdout;
+    assert!(head.contains(&format!("earliest-offset: {first}")) && head.contains("retention-max-age: 604800"), "{head}");
+    // From the beginning (-1): what is left. From a dropped offset: an error, or a restart.
+    assert_eq!(run(cmd(&["read", "log"]), b"", LIMIT).stdout, "new\n");
+    let zero = "0000000000000000_0000000000000000";
+    let failed = run(cmd(&["read", "log", "--from", zero]), b"", LIMIT);
+    assert!(!failed.ok && failed.stderr.contains(&first), "{}", failed.stderr);
+    let restarted = run(cmd(&["read", "log", "--from", zero, "--on-trimmed", "restart"]), b"", LIMIT);
+    assert!(restarted.ok, "{}", restarted.stderr);
+    assert_eq!(restarted.stdout, "new\n");
+    let bad = run(cmd(&["create", "other", "--retention-max-bytes", "lots"]), b"", LIMIT);
+    assert!(!bad.ok, "{}", bad.stdout);
+}
+
+#[test]
 fn a_backup_of_a_running_server_serves_the_same_streams() {
     let h = Harness::start();
     let cmd = |args: &[&str]| against(&h, args);

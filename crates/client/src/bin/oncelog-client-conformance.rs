@@ -319,6 +319,7 @@ impl Adapter {
             closed: cmd.get("closed").and_then(Value::as_bool).unwrap_or(false),
             body: Bytes::from(s(cmd, "data").unwrap_or("").to_owned()),
             headers: headers_of(cmd)?,
+            ..CreateOptions::default()
         };
         let created = stream.create(opts).await?;
         self.content_types.insert(path.to_owned(), ct);
