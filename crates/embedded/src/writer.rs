@@ -42,6 +42,8 @@ pub(crate) enum Command {
     Delete { path: String, if_tail: Option<Vec<Offset>>, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
     Trim { path: String, to: Offset, now_ms: i64, reply: oneshot::Sender<Result<TrimOutcome, TrimError>> },
     Expire { paths: Vec<String>, now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
+    /// A State Protocol snapshot at the tail and the earliest offset moved there, in one batch.
+    Compact { req: CompactRequest, reply: oneshot::Sender<Result<TrimOutcome, CompactError>> },
     /// The retention sweep (see [`Engine::retain`]).
     Retain { now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
 }
@@ -365,6 +367,7 @@ impl Writer {
                 Command::Expire { reply: tx, .. } => effects.push(reply(tx, Err(StorageError::Poisoned))),
                 Command::Trim { reply: tx, .. } => effects.push(reply(tx, Err(TrimError::Storage(StorageError::Poisoned)))),
                 Command::Retain { reply: tx, .. } => effects.push(reply(tx, Err(StorageError::Poisoned))),
+                Command::Compact { reply: tx, .. } => effects.push(reply(tx, Err(CompactError::Storage(StorageError::Poisoned)))),
             }
             return 0;
         }
@@ -406,6 +409,13 @@ impl Writer {
                 let n = self.retain(now_ms, batch, effects);
                 effects.push(reply(tx, n));
                 0
+            }
+            Command::Compact { req, reply: tx } => {
+                let n = req.pieces.iter().map(bytes::Bytes::len).sum();
+                self.drop_if_expired(&req.path, req.now_ms, batch, effects);
+                let r = self.compact(req, batch, effects);
+                effects.push(reply(tx, r));
+                n
             }
         }
     }
@@ -468,6 +478,27 @@ impl Writer {
 
     /// Moves a stream's earliest offset forward as [`rules::trim`] decides: its metadata is
     /// rewritten in the group's batch.
+    /// Writes a compaction's snapshot pieces at the tail and trims to where they start, as
+    /// [`rules::compact`] decides, in this batch.
+    fn compact(&mut self, req: CompactRequest, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<TrimOutcome, CompactError> {
+        if req.pieces.iter().any(|p| p.len() as u64 > MAX_VALUE_BYTES) {
+            return Err(CompactError::TooLarge);
+        }
+        let w = self.streams.get_mut(&req.path).ok_or(CompactError::NotFound)?;
+        let ends = rules::compact(&w.meta, w.tail, &req)?;
+        for (piece, end) in req.pieces.iter().zip(&ends) {
+            batch.insert(&self.ks.data, keys::data(w.meta.id, end.0), piece.clone());
+            w.tail = *end;
+        }
+        effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });
+        self.trim(&req.path, req.at, batch, effects).map_err(|e| match e {
+            TrimError::NotFound => CompactError::NotFound,
+            TrimError::Gone => CompactError::Gone,
+            TrimError::BeyondTail { tail } => CompactError::Stale { tail },
+            TrimError::Storage(s) => CompactError::Storage(s),
+        })
+    }
+
     fn trim(&mut self, path: &str, to: Offset, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<TrimOutcome, TrimError> {
         let w = self.streams.get_mut(path).ok_or(TrimError::NotFound)?;
         if let Some(earliest) = rules::trim(&w.meta, w.tail, to)? {

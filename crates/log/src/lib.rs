@@ -387,6 +387,10 @@ impl Engine for LogEngine {
         self.call(|reply| Command::Trim { path, to, now_ms, reply }).await?
     }
 
+    async fn compact(&self, req: CompactRequest) -> Result<TrimOutcome, CompactError> {
+        self.call(|reply| Command::Compact { req, reply }).await?
+    }
+
     async fn delete_if(&self, path: &str, if_tail: Option<Vec<Offset>>, now_ms: i64) -> Result<(), LookupError> {
         let path = path.to_owned();
         self.call(|reply| Command::Delete { path, if_tail, now_ms, reply }).await?

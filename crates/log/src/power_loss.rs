@@ -12,7 +12,9 @@
 //!   with its original offset;
 //! - retention sweeps (some streams keep 16 s of data, one keeps its newest 24 bytes; time moves
 //!   0.9 s per group) trim exactly where the model's sweep does, so time marks survive power
-//!   cuts exactly as they were written.
+//!   cuts exactly as they were written;
+//! - compactions of a State Protocol stream (`c0`: its snapshot appended and its earliest offset
+//!   moved in one frame) are seen whole or not at all.
 //!
 //! [`the_simulation_catches_broken_guarantees`] shows that it bites: with the sync skipped, the
 //! directory sync skipped, or producer state written in a frame of its own, it fails.
@@ -48,14 +50,35 @@ enum Op {
     Delete { path: String },
     /// The retention sweep, at the group's time.
     Retain,
+    /// A compaction of a State Protocol stream: `pieces` (stored JSON) appended at the tail `at`,
+    /// which becomes the earliest offset.
+    Compact { path: String, at: u64, pieces: Vec<Vec<u8>> },
 }
 
 impl Op {
     fn path(&self) -> &str {
         match self {
-            Op::Create { path } | Op::Fork { path, .. } | Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Trim { path, .. } | Op::Conditional { path, .. } | Op::Delete { path } => path,
+            Op::Create { path } | Op::Fork { path, .. } | Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Trim { path, .. } | Op::Conditional { path, .. } | Op::Delete { path } | Op::Compact { path, .. } => path,
             Op::Retain => "",
         }
+    }
+}
+
+/// The State Protocol stream (JSON, made for compaction); every other path is `text/plain`.
+const STATE: &str = "c0";
+
+/// Generated data in the form the stream at `path` stores: a State Protocol change (stored JSON:
+/// its text and a `,`) for [`STATE`], else `<n>`. JSON data is recognised by its `{`.
+fn data_for(path: &str, counter: u64) -> Vec<u8> {
+    if path == STATE {
+        let key = counter % 4;
+        if counter % 5 == 0 {
+            format!(r#"{{"type":"t","key":"k{key}","headers":{{"operation":"delete"}}}},"#).into_bytes()
+        } else {
+            format!(r#"{{"type":"t","key":"k{key}","value":{counter},"headers":{{"operation":"upsert"}}}},"#).into_bytes()
+        }
+    } else {
+        format!("<{counter}>").into_bytes()
     }
 }
 
@@ -121,6 +144,13 @@ impl Model {
         match op {
             Op::Create { path } => {
                 self.streams.insert(path.clone(), MStream { policy: policy_of(path), ..MStream::default() });
+            }
+            Op::Compact { path, at, pieces } => {
+                let s = self.streams.get_mut(path).expect("generated valid");
+                for p in pieces {
+                    s.push(p, self.now);
+                }
+                s.trim_to(*at);
             }
             Op::Fork { path, source, at } => {
                 let data = self.streams[source].data[..*at as usize].to_vec();
@@ -203,14 +233,18 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
         let writable: Vec<String> = existing.iter().filter(|p| model.writable(p)).cloned().collect();
         let roll = rng.random_range(0..100);
         let op = if roll < 12 || writable.is_empty() {
-            let path = format!("s{}", rng.random_range(0..6));
+            let path = match rng.random_range(0..7) {
+                6 => STATE.to_owned(),
+                n => format!("s{n}"),
+            };
             if model.streams.contains_key(&path) || structural.contains(&path) {
                 continue;
             }
             Op::Create { path }
         } else if roll < 20 {
             let path = format!("f{}", rng.random_range(0..4));
-            let sources: Vec<&String> = existing.iter().filter(|p| !model.streams[*p].soft_deleted).collect();
+            // (Not of the JSON stream: a fork point there must be a message boundary.)
+            let sources: Vec<&String> = existing.iter().filter(|p| !model.streams[*p].soft_deleted && p.as_str() != STATE).collect();
             if model.streams.contains_key(&path) || structural.contains(&path) || sources.is_empty() {
                 continue;
             }
@@ -237,8 +271,11 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
             Op::Keyed { path: writable[rng.random_range(0..writable.len())].clone(), key: format!("k{counter}"), data }
         } else if roll < 34 {
             // A trim of a stream that existed before the group, within what it held then.
-            let candidates: Vec<&String> =
-                existing.iter().filter(|p| lengths.contains_key(*p) && !structural.contains(p) && !model.streams[*p].soft_deleted).collect();
+            // (Not the JSON stream: its trims must fall between messages.)
+            let candidates: Vec<&String> = existing
+                .iter()
+                .filter(|p| lengths.contains_key(*p) && !structural.contains(p) && !model.streams[*p].soft_deleted && p.as_str() != STATE)
+                .collect();
             if candidates.is_empty() {
                 continue;
             }
@@ -247,6 +284,15 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
             Op::Trim { path, to: rng.random_range(earliest.min(len)..=len) }
         } else if roll < 37 {
             Op::Retain
+        } else if roll < 40 {
+            if !writable.iter().any(|p| p == STATE) {
+                continue;
+            }
+            let st = &model.streams[STATE];
+            let mut folded = oncelog_protocol::state::Materialized::default();
+            folded.fold(&st.data[st.earliest as usize..]).expect("generated State Protocol data");
+            let at = st.data.len() as u64;
+            Op::Compact { path: STATE.to_owned(), at, pieces: oncelog_protocol::state::snapshot(&folded, oncelog_protocol::Offset(at)) }
         } else if roll < 92 {
             let path = writable[rng.random_range(0..writable.len())].clone();
             let producer = ["a", "b"][rng.random_range(0..2)].to_owned();
@@ -263,6 +309,10 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
             }
             Op::Delete { path: candidates[rng.random_range(0..candidates.len())].clone() }
         };
+        let mut op = op;
+        if let Op::Append { path, data } | Op::Produce { path, data, .. } | Op::Keyed { path, data, .. } | Op::Conditional { path, data, .. } = &mut op {
+            *data = data_for(path, *counter);
+        }
         match &op {
             Op::Create { path } | Op::Fork { path, .. } => structural.push(path.clone()),
             Op::Delete { path } => {
@@ -284,6 +334,7 @@ enum Pending {
     Delete(oneshot::Receiver<Result<(), LookupError>>),
     Trim(oneshot::Receiver<Result<TrimOutcome, TrimError>>),
     Retain(oneshot::Receiver<Result<usize, StorageError>>),
+    Compact(oneshot::Receiver<Result<TrimOutcome, CompactError>>),
 }
 
 fn command(op: &Op, now_ms: i64) -> (Command, Pending) {
@@ -291,6 +342,7 @@ fn command(op: &Op, now_ms: i64) -> (Command, Pending) {
         Op::Create { path } | Op::Fork { path, .. } => {
             let req = match op {
                 Op::Fork { source, at, .. } => fork_req(path, source, Some(*at), 0),
+                _ if path == STATE => CreateRequest { compaction: true, ..create_req(path, "application/json") },
                 _ => {
                     let retention = RetentionRequest { policy: policy_of(path), named_age: true, named_bytes: true };
                     CreateRequest { retention, ..create_req(path, CT) }
@@ -309,6 +361,12 @@ fn command(op: &Op, now_ms: i64) -> (Command, Pending) {
                 Op::Conditional { at, .. } => AppendRequest { if_match: Some(vec![oncelog_protocol::Offset(*at)]), ..append_req(path, &text) },
                 _ => append_req(path, &text),
             };
+            let req = if data.first() == Some(&b'{') {
+                // Already in stored JSON form (see `data_for`).
+                AppendRequest { json_framed: true, content_type: Some("application/json".into()), data: bytes::Bytes::from(data.clone()), ..req }
+            } else {
+                req
+            };
             let req = AppendRequest { now_ms, ..req };
             let (tx, rx) = oneshot::channel();
             (Command::Append { req, reply: tx }, Pending::Append(rx))
@@ -324,6 +382,17 @@ fn command(op: &Op, now_ms: i64) -> (Command, Pending) {
         Op::Retain => {
             let (tx, rx) = oneshot::channel();
             (Command::Retain { now_ms, reply: tx }, Pending::Retain(rx))
+        }
+        Op::Compact { path, at, pieces } => {
+            let (tx, rx) = oneshot::channel();
+            let req = CompactRequest {
+                path: path.clone(),
+                stream_id: None,
+                at: oncelog_protocol::Offset(*at),
+                pieces: pieces.iter().map(|p| bytes::Bytes::from(p.clone())).collect(),
+                now_ms,
+            };
+            (Command::Compact { req, reply: tx }, Pending::Compact(rx))
         }
     }
 }
@@ -354,6 +423,7 @@ fn status(p: Pending) -> String {
         Pending::Delete(mut rx) => rx.try_recv().map(|r| r.map(|()| "Deleted".to_owned()).map_err(|e| e.to_string())),
         Pending::Trim(mut rx) => rx.try_recv().map(|r| r.map(|t| format!("Trimmed@{}", t.earliest.0)).map_err(|e| e.to_string())),
         Pending::Retain(mut rx) => rx.try_recv().map(|r| r.map(|_| "Retained".to_owned()).map_err(|e| e.to_string())),
+        Pending::Compact(mut rx) => rx.try_recv().map(|r| r.map(|t| format!("Compacted@{}", t.earliest.0)).map_err(|e| e.to_string())),
     };
     match r {
         Ok(Ok(s)) | Ok(Err(s)) => s,
@@ -430,6 +500,7 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                         Op::Trim { path, .. } => format!("Trimmed@{}", check.streams[path].earliest),
                         Op::Delete { .. } => "Deleted".into(),
                         Op::Retain => "Retained".into(),
+                        Op::Compact { at, .. } => format!("Compacted@{at}"),
                     };
                     if got != want {
                         return Err(format!("step {step}: {op:?} answered {got}, expected {want}"));
@@ -493,7 +564,8 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
         // Retry the group as clients would (plain appends have no way to retry safely).
         // (Neither are conditional ones: a retry after a lost answer meets a moved tail.)
         // Nor is the retention sweep a request anyone retries: the next sweep is its own.
-        let retry: Vec<Op> = ops.iter().filter(|o| !matches!(o, Op::Append { .. } | Op::Conditional { .. } | Op::Retain)).cloned().collect();
+        // A compaction is made again from a new fold, never retried as it was.
+        let retry: Vec<Op> = ops.iter().filter(|o| !matches!(o, Op::Append { .. } | Op::Conditional { .. } | Op::Retain | Op::Compact { .. })).cloned().collect();
         let mut expect = if acked { model.clone() } else { before.clone() };
         let mut cur = if acked { model.clone() } else { before.clone() };
         for op in &retry {
@@ -536,7 +608,7 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                     }
                     if acked { got.contains("not found") || got.contains("deleted") } else { got == "Deleted" }
                 }
-                Op::Append { .. } | Op::Conditional { .. } | Op::Retain => true,
+                Op::Append { .. } | Op::Conditional { .. } | Op::Retain | Op::Compact { .. } => true,
             };
             if !ok {
                 return Err(format!("step {step}: retry of {op:?} after recovery ({}) answered {got}", if acked { "its group survived" } else { "its group was lost" }));
@@ -603,7 +675,7 @@ fn thousands_of_schedules_keep_every_acknowledged_write_exactly_once() {
 
 #[test]
 fn the_simulation_catches_broken_guarantees() {
-    for mutant in [Mutant::SkipSync, Mutant::SkipDirSync, Mutant::SplitProducer] {
+    for mutant in [Mutant::SkipSync, Mutant::SkipDirSync, Mutant::SplitProducer, Mutant::CompactInTwoFrames] {
         let caught = (0..2000).find_map(|seed| schedule(seed, 40, mutant).err().map(|e| (seed, e)));
         let (seed, why) = caught.unwrap_or_else(|| panic!("{mutant:?} went unnoticed in 2000 schedules"));
         eprintln!("{mutant:?} caught by seed {seed}: {}", why.lines().next().unwrap_or(""));

@@ -180,6 +180,9 @@ pub(crate) enum Command {
     Delete { path: String, if_tail: Option<Vec<Offset>>, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
     Trim { path: String, to: Offset, now_ms: i64, reply: oneshot::Sender<Result<TrimOutcome, TrimError>> },
     Expire { paths: Vec<String>, now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
+    /// A State Protocol snapshot appended at the tail and the earliest offset moved there, in
+    /// one frame.
+    Compact { req: CompactRequest, reply: oneshot::Sender<Result<TrimOutcome, CompactError>> },
     /// The retention sweep: trims every stream its policy lets go of (one Trim record each).
     Retain { now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
 }
@@ -222,7 +225,8 @@ fn reply<T: Send + 'static, E: From<StorageError> + Send + 'static>(tx: oneshot:
 pub(crate) struct Group {
     /// Frame header space followed by the records.
     frame: Vec<u8>,
-    /// Only under [`Mutant::SplitProducer`]: producer effects, committed as a second frame.
+    /// Only under [`Mutant::SplitProducer`] and [`Mutant::CompactInTwoFrames`]: records split
+    /// off into a second frame.
     split: Vec<u8>,
     effects: Vec<Effect>,
     /// Data bytes staged, to bound a group.
@@ -267,6 +271,8 @@ pub(crate) enum Mutant {
     SkipDirSync,
     /// Write producer state in its own frame after the data's, as stores that keep it apart do.
     SplitProducer,
+    /// Write a compaction's trim in its own frame after its snapshot's.
+    CompactInTwoFrames,
 }
 
 /// Appends up to this size are copied into the hot tail (see [`Store::finish`]).
@@ -397,12 +403,14 @@ impl Store {
                 Command::Expire { reply: tx, .. } => g.effects.push(reply(tx, Err(StorageError::Poisoned))),
                 Command::Trim { reply: tx, .. } => g.effects.push(reply(tx, Err(TrimError::Storage(StorageError::Poisoned)))),
                 Command::Retain { reply: tx, .. } => g.effects.push(reply(tx, Err(StorageError::Poisoned))),
+                Command::Compact { reply: tx, .. } => g.effects.push(reply(tx, Err(CompactError::Storage(StorageError::Poisoned)))),
             }
             return;
         }
         let at = match &cmd {
             Command::Create { req, .. } => req.now_ms,
             Command::Append { req, .. } => req.now_ms,
+            Command::Compact { req, .. } => req.now_ms,
             Command::Delete { now_ms, .. }
             | Command::Expire { now_ms, .. }
             | Command::Trim { now_ms, .. }
@@ -441,6 +449,12 @@ impl Store {
             Command::Retain { now_ms, reply: tx } => {
                 let n = self.retain(now_ms, g);
                 g.effects.push(reply(tx, Ok(n)));
+            }
+            Command::Compact { req, reply: tx } => {
+                g.bytes += req.pieces.iter().map(Bytes::len).sum::<usize>();
+                self.drop_if_expired(&req.path, req.now_ms, g);
+                let r = self.compact(req, g);
+                g.effects.push(reply(tx, r));
             }
         }
     }
@@ -702,6 +716,39 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// Appends a compaction's snapshot pieces and trims to where they start, as
+    /// [`rules::compact`] decides: Append records and a Trim record in this group's one frame,
+    /// so a power cut keeps all of it or none.
+    fn compact(&mut self, req: CompactRequest, g: &mut Group) -> Result<TrimOutcome, CompactError> {
+        if req.pieces.iter().any(|p| p.len() > crate::MAX_RECORD_BYTES) {
+            return Err(CompactError::TooLarge);
+        }
+        let w = self.streams.get_mut(req.path.as_str()).ok_or(CompactError::NotFound)?;
+        let ends = rules::compact(&w.meta, w.tail, &req)?;
+        for (piece, end) in req.pieces.iter().zip(&ends) {
+            let time = retention::marks_writes(&w.meta.retention).then_some(req.now_ms);
+            let at = g.record(&Record::Append { id: w.meta.id, new_tail: end.0, close: false, stream_seq: None, producer: None, key: None, time, data: piece });
+            w.tail = *end;
+            retention::note_write(&mut w.marks, &w.meta.retention, w.tail, req.now_ms);
+            g.effects.push(Effect::Data { shared: w.shared.clone(), end: end.0, at, hot: piece.clone() });
+        }
+        g.effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });
+        let split = self.cfg.mutant == Mutant::CompactInTwoFrames;
+        if split {
+            std::mem::swap(&mut g.frame, &mut g.split);
+        }
+        let trimmed = self.trim(&req.path, req.at, g);
+        if split {
+            std::mem::swap(&mut g.frame, &mut g.split);
+        }
+        trimmed.map_err(|e| match e {
+            TrimError::NotFound => CompactError::NotFound,
+            TrimError::Gone => CompactError::Gone,
+            TrimError::BeyondTail { tail } => CompactError::Stale { tail },
+            TrimError::Storage(s) => CompactError::Storage(s),
+        })
     }
 
     /// Moves a stream's earliest offset forward as [`rules::trim`] decides: one Trim record.

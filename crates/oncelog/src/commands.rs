@@ -127,6 +127,16 @@ pub struct CreateArgs {
     /// before them, or `none`. Without it, the server's default applies.
     #[arg(long, value_name = "SIZE|none", value_parser = parse_size_limit)]
     retention_max_bytes: Option<Limit>,
+    /// `state`: a JSON stream of State Protocol messages that `oncelog compact` can shorten.
+    #[arg(long, value_enum)]
+    compaction: Option<CompactionKind>,
+}
+
+/// The compactions a stream can be created for.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum CompactionKind {
+    /// State Protocol: the latest value of each entity replaces the history.
+    State,
 }
 
 fn parse_age_limit(text: &str) -> Result<Limit, String> {
@@ -294,6 +304,7 @@ pub async fn create(a: CreateArgs) -> Result<(), CliError> {
         closed: a.closed,
         retention_max_age_seconds: a.retention_max_age,
         retention_max_bytes: a.retention_max_bytes,
+        state_compaction: matches!(a.compaction, Some(CompactionKind::State)),
         ..CreateOptions::default()
     };
     let created = s.create(opts).await?;
@@ -494,6 +505,16 @@ pub async fn head(a: StreamArgs) -> Result<(), CliError> {
     if let Some(bytes) = info.retention_max_bytes {
         println!("retention-max-bytes: {bytes}");
     }
+    if info.state_compaction {
+        println!("compaction: state");
+    }
+    Ok(())
+}
+
+/// Prints the earliest offset after the compaction (where the snapshot starts).
+pub async fn compact(a: StreamArgs) -> Result<(), CliError> {
+    let t = a.conn.stream(&a.stream)?.compact().await?;
+    println!("{}", t.earliest);
     Ok(())
 }
 

@@ -44,6 +44,9 @@ enum Command {
     /// Drop a stream's data before an offset (reads from before it then get 410); prints the
     /// earliest offset.
     Trim(commands::TrimArgs),
+    /// Replace a State Protocol stream's history with a snapshot of its state (the stream was
+    /// created with `--compaction state`); prints where the stream starts now.
+    Compact(commands::StreamArgs),
     /// Mint bearer tokens and signed read URLs with the server's HMAC secret.
     #[command(subcommand)]
     Token(token::TokenCommand),
@@ -120,6 +123,7 @@ fn main() -> std::process::ExitCode {
         Command::Close(args) => return commands::exit(runtime.block_on(commands::close(args))),
         Command::Delete(args) => return commands::exit(runtime.block_on(commands::delete(args))),
         Command::Trim(args) => return commands::exit(runtime.block_on(commands::trim(args))),
+        Command::Compact(args) => return commands::exit(runtime.block_on(commands::compact(args))),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -190,6 +190,33 @@ fn trim_drops_the_start_and_readers_fail_or_restart_from_the_earliest_offset() {
 }
 
 #[test]
+fn compact_replaces_a_state_streams_history_with_its_snapshot() {
+    let h = Harness::start();
+    let cmd = |args: &[&str]| against(&h, args);
+    let out = run(cmd(&["create", "todos", "--json", "--compaction", "state"]), b"", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    assert!(run(cmd(&["head", "todos"]), b"", LIMIT).stdout.contains("compaction: state"));
+    // Many changes to two entities, one of them deleted at the end: the snapshot is smaller.
+    let mut changes: String = (0..20)
+        .map(|i| format!("{{\"type\":\"todo\",\"key\":\"{}\",\"value\":\"v{i}\",\"headers\":{{\"operation\":\"upsert\"}}}}\n", if i % 2 == 0 { "a" } else { "b" }))
+        .collect();
+    changes.push_str(r#"{"type":"todo","key":"a","headers":{"operation":"delete"}}"#);
+    changes.push('\n');
+    let tail = run(cmd(&["append", "todos"]), changes.as_bytes(), LIMIT);
+    assert!(tail.ok, "{}", tail.stderr);
+    // Not a State Protocol message: refused.
+    assert!(!run(cmd(&["append", "todos"]), b"{\"just\":\"json\"}\n", LIMIT).ok);
+    let out = run(cmd(&["compact", "todos"]), b"", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(out.stdout.trim(), tail.stdout.trim(), "the stream now starts where its history ended");
+    let read = run(cmd(&["read", "todos"]), b"", LIMIT).stdout;
+    let lines: Vec<&str> = read.lines().collect();
+    assert_eq!(lines.len(), 4, "reset, snapshot-start, one insert, snapshot-end: {read}");
+    assert!(lines[0].contains("\"reset\"") && lines[1].contains("snapshot-start") && lines[3].contains("snapshot-end"), "{read}");
+    assert!(lines[2].contains("\"key\":\"b\"") && lines[2].contains("\"v19\""), "{read}");
+}
+
+#[test]
 fn a_backup_of_a_running_server_serves_the_same_streams() {
     let h = Harness::start();
     let cmd = |args: &[&str]| against(&h, args);

@@ -41,6 +41,11 @@ pub mod names {
     pub const STREAM_RETENTION_MAX_AGE: &str = "stream-retention-max-age";
     /// A retention policy's byte limit (or `none`), as [`STREAM_RETENTION_MAX_AGE`].
     pub const STREAM_RETENTION_MAX_BYTES: &str = "stream-retention-max-bytes";
+    /// `state` on `PUT`: a JSON stream of State Protocol messages that compactions may shorten
+    /// (shown on `HEAD`). An Oncelog extension.
+    pub const STREAM_COMPACTION: &str = "stream-compaction";
+    /// `true` on a `POST` with an empty body: compact the stream now. An Oncelog extension.
+    pub const STREAM_COMPACT: &str = "stream-compact";
 }
 
 /// Longest accepted `Producer-Id`, in bytes. Producer ids are stored in keys; real ones are
@@ -92,6 +97,10 @@ pub enum HeaderError {
     WeakIfMatch,
     #[error("Idempotency-Key must be 1 to 255 visible ASCII characters, bare or in double quotes")]
     InvalidIdempotencyKey,
+    #[error("Stream-Compaction must be `state` (the only compaction there is)")]
+    InvalidCompaction,
+    #[error("Stream-Compact must be `true`")]
+    InvalidCompact,
     #[error("{0} must be `none` or a decimal integer of at least 1 without sign or leading zeros")]
     InvalidRetentionLimit(&'static str),
     #[error("Idempotency-Key cannot be combined with Producer-Id/Epoch/Seq: a producer's sequence numbers already make its appends idempotent")]

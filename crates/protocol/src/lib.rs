@@ -15,6 +15,8 @@
 //! - [`sse`]: Server-Sent-Events encoding of data and control events.
 //! - [`cursor`]: the CDN-collapsing cursor of section 10.1.
 //! - [`content_type`]: media-type normalisation and the rules that depend on it.
+//! - [`state`]: the State Protocol's changes and controls, the state they fold into, and the
+//!   snapshot a compaction writes.
 
 pub mod content_type;
 pub mod cursor;
@@ -24,5 +26,6 @@ pub mod json;
 pub mod offset;
 pub mod producer;
 pub mod sse;
+pub mod state;
 
 pub use offset::{Offset, OffsetParam};

@@ -3,7 +3,7 @@
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use oncelog_protocol::headers::names;
-use oncelog_storage::{AppendError, CreateError, LookupError, StorageError, TrimError};
+use oncelog_storage::{AppendError, CompactError, CreateError, LookupError, StorageError, TrimError};
 
 use crate::auth::AuthError;
 use crate::request::RequestError;
@@ -38,8 +38,10 @@ pub enum ApiError {
     Lookup(#[from] LookupError),
     #[error(transparent)]
     Trim(#[from] TrimError),
-    #[error("a trim carries no body and no producer, key, If-Match or Stream-Closed headers")]
+    #[error("a trim or compaction carries no body and no producer, key, If-Match or Stream-Closed headers")]
     TrimWithWrite,
+    #[error(transparent)]
+    Compact(#[from] CompactError),
     #[error(transparent)]
     Storage(#[from] StorageError),
     #[error(transparent)]
@@ -94,9 +96,11 @@ impl ApiError {
                 | CreateError::FramingMismatch => (StatusCode::CONFLICT, vec![]),
                 CreateError::SourceNotFound => (StatusCode::NOT_FOUND, vec![]),
                 CreateError::ForkTrimmed { earliest } => trimmed(*earliest),
-                CreateError::ForkOffsetBeyondTail | CreateError::SubOffsetOvershoot | CreateError::InvalidPath => {
-                    (StatusCode::BAD_REQUEST, vec![])
-                }
+                CreateError::ForkOffsetBeyondTail
+                | CreateError::SubOffsetOvershoot
+                | CreateError::InvalidPath
+                | CreateError::CompactionNeedsJson
+                | CreateError::CompactionWithRetention => (StatusCode::BAD_REQUEST, vec![]),
                 CreateError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
                 CreateError::Storage(e) => (storage_status(e), vec![]),
             },
@@ -151,6 +155,17 @@ impl ApiError {
                 TrimError::Storage(e) => (storage_status(e), vec![]),
             },
             ApiError::TrimWithWrite => (StatusCode::BAD_REQUEST, vec![]),
+            ApiError::Compact(e) => match e {
+                CompactError::NotFound => (StatusCode::NOT_FOUND, vec![]),
+                CompactError::Gone => (StatusCode::GONE, vec![]),
+                CompactError::NotCompactable => (StatusCode::CONFLICT, vec![]),
+                CompactError::Closed => (StatusCode::CONFLICT, vec![h(names::STREAM_CLOSED, "true")]),
+                // Appends kept the stream moving through every attempt: try again later.
+                CompactError::Stale { .. } => (StatusCode::SERVICE_UNAVAILABLE, vec![]),
+                CompactError::TooLarge => (StatusCode::INSUFFICIENT_STORAGE, vec![]),
+                CompactError::NotStateProtocol(_) => (StatusCode::CONFLICT, vec![]),
+                CompactError::Storage(e) => (storage_status(e), vec![]),
+            },
             ApiError::Lookup(LookupError::Storage(e)) | ApiError::Storage(e) => (storage_status(e), vec![]),
         }
     }

@@ -139,6 +139,9 @@ fn meta_headers(info: &StreamInfo) -> Vec<(&'static str, String)> {
     if info.closed {
         v.push((names::STREAM_CLOSED, "true".into()));
     }
+    if info.config.compaction {
+        v.push((names::STREAM_COMPACTION, "state".into()));
+    }
     let r = info.config.retention;
     for (name, limit) in [(names::STREAM_RETENTION_MAX_AGE, r.max_age_s), (names::STREAM_RETENTION_MAX_BYTES, r.max_bytes)] {
         if let Some(n) = limit {
@@ -181,7 +184,9 @@ async fn create<E: Engine>(
     }
     let body = body_bytes(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?;
     let fork = h.fork.map(|f| ForkRequest { source: f.source, offset: f.offset, sub_offset: f.sub_offset });
-    let defaults = st.config.default_retention;
+    // A compaction stream takes no retention from the defaults: retention would drop its
+    // snapshot (asked for by name, it is refused).
+    let defaults = if h.compaction { RetentionPolicy::NONE } else { st.config.default_retention };
     let retention = RetentionRequest {
         policy: RetentionPolicy {
             max_age_s: h.retention_max_age.unwrap_or(defaults.max_age_s),
@@ -208,12 +213,25 @@ async fn create<E: Engine>(
         } else {
             body.clone()
         };
+        // The initial messages of a compaction stream (or of a fork of one) must fold too.
+        let source_compacts = || async {
+            match &fork {
+                Some(f) => st.engine.head(&f.source, now_ms).await.is_ok_and(|i| i.config.compaction),
+                None => false,
+            }
+        };
+        if json_framed && (h.compaction || source_compacts().await) {
+            for m in json::messages(&initial) {
+                oncelog_protocol::state::parse(m).map_err(RequestError::from)?;
+            }
+        }
         let req = CreateRequest {
             path: path.to_owned(),
             content_type: h.content_type.clone(),
             expiry: h.expiry,
             fork: fork.clone(),
             retention,
+            compaction: h.compaction,
             closed: h.closed,
             initial,
             json_framed,
@@ -249,6 +267,12 @@ async fn append<E: Engine>(
     if let Some(to) = req_headers.get(names::STREAM_TRIM_TO) {
         return trim(st, path, &info, to, req_headers, body).await;
     }
+    if let Some(v) = req_headers.get(names::STREAM_COMPACT) {
+        if !v.to_str().is_ok_and(|v| v.trim().eq_ignore_ascii_case("true")) {
+            return Err(RequestError::from(oncelog_protocol::headers::HeaderError::InvalidCompact).into());
+        }
+        return compact(st, path, req_headers, body).await;
+    }
     let h = AppendHeaders::parse(req_headers)?;
     let writer = st.rate.enabled().then(|| writer_key(access, peer));
     if let Some(w) = &writer {
@@ -281,6 +305,12 @@ async fn append<E: Engine>(
         } else {
             body.clone()
         };
+        if info.config.compaction {
+            // A compaction must be able to fold every message it meets.
+            for m in json::messages(&data) {
+                oncelog_protocol::state::parse(m).map_err(RequestError::from)?;
+            }
+        }
         // Hashed here, on the request's task, not on the engine's writer.
         let body_digest = (h.producer.is_some() || h.idempotency_key.is_some()).then(|| BodyDigest::of(&data));
         let req = AppendRequest {
@@ -324,6 +354,29 @@ async fn append<E: Engine>(
     Ok(respond(status, pairs, Body::empty()))
 }
 
+/// A trim or a compaction writes nothing of the request's: no body, no write headers.
+async fn refuse_writes<E: Engine>(st: &AppState<E>, req_headers: &HeaderMap, body: Body) -> Result<(), ApiError> {
+    let writes = [names::PRODUCER_ID, names::PRODUCER_EPOCH, names::PRODUCER_SEQ, names::IDEMPOTENCY_KEY, names::IF_MATCH, names::STREAM_SEQ];
+    let closes = oncelog_protocol::headers::closed_flag(req_headers.get(names::STREAM_CLOSED).and_then(|v| v.to_str().ok()));
+    if closes || writes.iter().any(|h| req_headers.contains_key(*h)) {
+        return Err(ApiError::TrimWithWrite);
+    }
+    if !body_bytes(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?.is_empty() {
+        return Err(ApiError::TrimWithWrite);
+    }
+    Ok(())
+}
+
+/// `POST` with `Stream-Compact: true` and no body: replaces a State Protocol stream's history
+/// with a snapshot at its tail (an Oncelog extension; see `oncelog_storage::compaction`).
+async fn compact<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    refuse_writes(st, req_headers, body).await?;
+    let done = oncelog_storage::compaction::compact(st.engine.as_ref(), path, st.clock.now_ms()).await?;
+    tracing::debug!(path, written = done.written, entities = done.entities, history = done.history_bytes, snapshot = done.snapshot_bytes, "compaction");
+    let pairs = vec![(names::STREAM_EARLIEST_OFFSET, done.earliest.to_string()), (names::STREAM_NEXT_OFFSET, done.tail.to_string())];
+    Ok(respond(StatusCode::NO_CONTENT, pairs, Body::empty()))
+}
+
 /// `POST` with `Stream-Trim-To` and no body: moves the stream's earliest offset forward (an
 /// Oncelog extension). A JSON stream is trimmed only at a message boundary.
 async fn trim<E: Engine>(
@@ -335,14 +388,7 @@ async fn trim<E: Engine>(
     body: Body,
 ) -> Result<Response, ApiError> {
     let to = to.to_str().ok().and_then(|v| Offset::parse(v.trim()).ok()).ok_or(RequestError::Offset(oncelog_protocol::offset::OffsetError::Malformed))?;
-    let writes = [names::PRODUCER_ID, names::PRODUCER_EPOCH, names::PRODUCER_SEQ, names::IDEMPOTENCY_KEY, names::IF_MATCH, names::STREAM_SEQ];
-    let closes = oncelog_protocol::headers::closed_flag(req_headers.get(names::STREAM_CLOSED).and_then(|v| v.to_str().ok()));
-    if closes || writes.iter().any(|h| req_headers.contains_key(*h)) {
-        return Err(ApiError::TrimWithWrite);
-    }
-    if !body_bytes(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?.is_empty() {
-        return Err(ApiError::TrimWithWrite);
-    }
+    refuse_writes(st, req_headers, body).await?;
     if content_type::is_json(&info.config.content_type) && to > info.earliest && to <= info.tail {
         let chunk = st.engine.read(path, to, 1, st.clock.now_ms()).await?;
         if !chunk.aligned {

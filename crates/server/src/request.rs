@@ -39,6 +39,8 @@ pub enum RequestError {
     EmptyPath,
     #[error("stream path must be at most 4096 bytes")]
     PathTooLong,
+    #[error("this stream takes State Protocol messages only (it was created with Stream-Compaction: state): {0}")]
+    NotStateProtocol(#[from] oncelog_protocol::state::StateError),
 }
 
 /// The read mode of a GET.
@@ -120,6 +122,8 @@ pub struct CreateHeaders {
     pub retention_max_age: Option<Option<u64>>,
     /// `Stream-Retention-Max-Bytes`, as `retention_max_age`.
     pub retention_max_bytes: Option<Option<u64>>,
+    /// `Stream-Compaction: state`.
+    pub compaction: bool,
 }
 
 /// The fork headers of a PUT (section 4.2).
@@ -191,6 +195,11 @@ impl CreateHeaders {
             fork,
             retention_max_age: limit(names::STREAM_RETENTION_MAX_AGE, "Stream-Retention-Max-Age")?,
             retention_max_bytes: limit(names::STREAM_RETENTION_MAX_BYTES, "Stream-Retention-Max-Bytes")?,
+            compaction: match header(h, names::STREAM_COMPACTION)? {
+                None => false,
+                Some(v) if v.trim().eq_ignore_ascii_case("state") => true,
+                Some(_) => return Err(HeaderError::InvalidCompaction.into()),
+            },
         })
     }
 }

@@ -91,6 +91,7 @@ async fn serve_refuses_a_bad_config_and_stops_cleanly_when_told() {
             expiry: None,
             fork: None,
             retention: Default::default(),
+            compaction: false,
             closed: false,
             initial: bytes::Bytes::new(),
             json_framed: false,

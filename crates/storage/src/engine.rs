@@ -22,6 +22,8 @@ pub struct StreamConfig {
     /// What the retention sweep may drop (compared on re-create only where the request named
     /// it: [`crate::RetentionRequest::matches`]).
     pub retention: crate::RetentionPolicy,
+    /// `Stream-Compaction: state` (see [`StreamMeta::compaction`](crate::StreamMeta)).
+    pub compaction: bool,
 }
 
 /// What a reader needs to know about a stream, as of one moment.
@@ -50,6 +52,9 @@ pub struct CreateRequest {
     /// The retention policy (already resolved against the server's defaults). A fork has its
     /// own: the source's is not inherited.
     pub retention: crate::RetentionRequest,
+    /// `Stream-Compaction: state`: a JSON stream of State Protocol messages that compactions may
+    /// shorten. A fork of such a stream is one too.
+    pub compaction: bool,
     /// Create in the closed state (`Stream-Closed: true`).
     pub closed: bool,
     /// Initial content in stored form (already JSON-framed for JSON streams); may be empty.
@@ -106,6 +111,10 @@ pub enum CreateError {
     TooLarge,
     #[error("the fork source changed while the request was read; retry")]
     FramingMismatch,
+    #[error("Stream-Compaction: state needs a JSON stream (application/json)")]
+    CompactionNeedsJson,
+    #[error("Stream-Compaction: state cannot be combined with a retention policy: retention would drop the snapshot")]
+    CompactionWithRetention,
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -213,6 +222,42 @@ pub enum TrimError {
     Gone,
     #[error("the trim offset lies beyond the stream's tail")]
     BeyondTail { tail: Offset },
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// A compaction: the snapshot of a State Protocol stream's whole history, written at its tail
+/// with the earliest offset moved there, in one atomic unit (see [`Engine::compact`]).
+#[derive(Debug, Clone)]
+pub struct CompactRequest {
+    pub path: String,
+    /// The incarnation the snapshot was made from (`None`: whatever stream the path holds).
+    pub stream_id: Option<u64>,
+    /// The tail the snapshot describes: refused ([`CompactError::Stale`]) if the stream moved on.
+    pub at: Offset,
+    /// The snapshot's appends, in stored JSON form ([`oncelog_protocol::state::snapshot`]).
+    pub pieces: Vec<Bytes>,
+    pub now_ms: i64,
+}
+
+/// Why a compaction was refused.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CompactError {
+    #[error("stream not found")]
+    NotFound,
+    #[error("stream has been deleted")]
+    Gone,
+    #[error("the stream was not created with Stream-Compaction: state")]
+    NotCompactable,
+    #[error("a closed stream takes no snapshot")]
+    Closed,
+    #[error("the stream moved on while its snapshot was made")]
+    Stale { tail: Offset },
+    #[error("the snapshot is too large to store")]
+    TooLarge,
+    /// A stored message the fold cannot read (cannot happen for messages checked on append).
+    #[error("stored message is not a State Protocol message: {0}")]
+    NotStateProtocol(#[from] oncelog_protocol::state::StateError),
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -362,6 +407,13 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Deletes every stream whose TTL or absolute expiry has passed; returns how many.
     fn expire(&self, now_ms: i64) -> impl Future<Output = Result<usize, StorageError>> + Send;
+
+    /// Writes a State Protocol stream's snapshot (`req.pieces`, one append each) at its tail
+    /// `req.at` and moves its earliest offset there, all in one atomic unit: a reader from the
+    /// earliest offset then materialises the same state as one that read the whole history, and
+    /// readers of the dropped history get [`LookupError::Trimmed`]. Refused unless the stream is
+    /// still incarnation `req.stream_id` with tail `req.at`, open, and made for compaction.
+    fn compact(&self, req: CompactRequest) -> impl Future<Output = Result<TrimOutcome, CompactError>> + Send;
 
     /// The retention sweep: moves the earliest offset of every stream whose retention policy
     /// lets go of data to where [`crate::retention::floor`] says (durably, as a trim would);

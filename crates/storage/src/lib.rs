@@ -10,6 +10,8 @@
 //! - [`state`]: a stream's logical state ([`StreamMeta`]), the same for every engine.
 //! - [`rules`]: the protocol's decisions (create, append, close, delete, fork, expiry, parking)
 //!   as pure functions over that state, returning verdicts and the effects to persist.
+//! - [`compaction`]: compaction of State Protocol streams over any engine (fold the history,
+//!   [`Engine::compact`] the snapshot).
 //! - [`retention`]: retention policies, time marks and where the retention sweep trims to.
 //! - [`clock`]: time behind a trait, so expiry is testable with a manual clock.
 //! - `contract` (feature `contract`): the engine contract suite; every engine runs it through
@@ -22,6 +24,7 @@
 
 pub mod clock;
 pub mod codec;
+pub mod compaction;
 pub mod engine;
 pub mod parking;
 pub mod retention;

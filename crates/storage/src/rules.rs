@@ -365,6 +365,8 @@ pub struct ResolvedFork {
     pub expiry: Expiry,
     /// The source's earliest offset: the fork starts there too.
     pub earliest: Offset,
+    /// A fork of a stream made for compaction is one too.
+    pub compaction: bool,
 }
 
 /// Resolves `Stream-Forked-From` / `-Fork-Offset` / `-Fork-Sub-Offset` against the source
@@ -411,6 +413,7 @@ pub fn resolve_fork(
         content_type: src.content_type.clone(),
         expiry: src.expiry,
         earliest: src.earliest,
+        compaction: src.compaction,
     })
 }
 
@@ -443,6 +446,14 @@ pub fn create(
     // Section 4.2: a fork without its own expiry inherits the source's TTL or deadline.
     let expiry = req.expiry.or(fork.map(|f| f.expiry)).unwrap_or(Expiry::Never);
     let fork_of = fork.map(|f| f.fork);
+    let compaction = req.compaction || fork.is_some_and(|f| f.compaction);
+    if compaction && !content_type::is_json(&content_type) {
+        return Err(CreateError::CompactionNeedsJson);
+    }
+    // Retention would drop the snapshot a compaction writes, and with it the state.
+    if compaction && !req.retention.policy.is_none() {
+        return Err(CreateError::CompactionWithRetention);
+    }
     if let Some((m, tail)) = existing {
         if m.soft_deleted {
             return Err(CreateError::PathReserved);
@@ -451,6 +462,7 @@ pub fn create(
             && m.expiry == expiry
             && m.closed == req.closed
             && m.fork == fork_of
+            && m.compaction == compaction
             && req.retention.matches(&m.retention);
         return if same { Ok(CreatePlan::Existing(m.info(tail))) } else { Err(CreateError::ConfigMismatch) };
     }
@@ -470,6 +482,7 @@ pub fn create(
         soft_deleted: false,
         earliest: fork.map_or(Offset::ZERO, |f| f.earliest),
         retention: req.retention.policy,
+        compaction,
     };
     Ok(CreatePlan::Create { meta, tail: Offset(tail) })
 }
@@ -509,6 +522,33 @@ pub fn trim(meta: &StreamMeta, tail: Offset, to: Offset) -> Result<Option<Offset
         return Err(TrimError::BeyondTail { tail });
     }
     Ok((to > meta.earliest).then_some(to))
+}
+
+/// Decides a compaction of a stream as it is now; `Ok` gives each snapshot piece's end offset
+/// (the new tail is the last). The new earliest offset is `req.at`.
+pub fn compact(meta: &StreamMeta, tail: Offset, req: &CompactRequest) -> Result<Vec<Offset>, CompactError> {
+    if meta.soft_deleted {
+        return Err(CompactError::Gone);
+    }
+    if req.stream_id.is_some_and(|id| id != meta.id) {
+        return Err(CompactError::NotFound);
+    }
+    if !meta.compaction {
+        return Err(CompactError::NotCompactable);
+    }
+    if meta.closed {
+        return Err(CompactError::Closed);
+    }
+    if tail != req.at {
+        return Err(CompactError::Stale { tail });
+    }
+    let mut end = tail.0;
+    let mut ends = Vec::with_capacity(req.pieces.len());
+    for p in &req.pieces {
+        end = end.checked_add(p.len() as u64).filter(|e| *e <= Offset::MAX.0).ok_or(CompactError::TooLarge)?;
+        ends.push(Offset(end));
+    }
+    Ok(ends)
 }
 
 /// Whether a read from `from` is allowed by the stream's earliest offset.

@@ -47,6 +47,9 @@ pub struct StreamMeta {
     pub earliest: Offset,
     /// What the retention sweep may drop; fixed at creation.
     pub retention: crate::RetentionPolicy,
+    /// Created with `Stream-Compaction: state`: its messages are State Protocol messages, and a
+    /// compaction may replace its history with a snapshot.
+    pub compaction: bool,
 }
 
 /// Where a fork comes from.
@@ -60,7 +63,12 @@ pub struct ForkOf {
 
 impl StreamMeta {
     pub fn config(&self) -> crate::StreamConfig {
-        crate::StreamConfig { content_type: self.content_type.clone(), expiry: self.expiry, retention: self.retention }
+        crate::StreamConfig {
+            content_type: self.content_type.clone(),
+            expiry: self.expiry,
+            retention: self.retention,
+            compaction: self.compaction,
+        }
     }
 
     /// What readers see of this stream at `tail`.

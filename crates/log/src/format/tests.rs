@@ -27,6 +27,7 @@ fn meta() -> impl Strategy<Value = StreamMeta> {
             soft_deleted,
             earliest: Offset(7),
             retention: oncelog_storage::RetentionPolicy { max_age_s, max_bytes: None },
+            compaction: closed && soft_deleted,
         })
 }
 
@@ -184,6 +185,7 @@ fn version_2_checkpoints_decode_without_time_marks() {
         soft_deleted: false,
         earliest: Offset::ZERO,
         retention: oncelog_storage::RetentionPolicy::NONE,
+        compaction: false,
     };
     let s = CheckpointStream { path: "s".into(), meta, tail: 5, start: 0, producers: vec![], extents: vec![Extent::new(5, 1, 16)], keys: vec![], marks: vec![] };
     let c = Checkpoint { lsn: 2, segment: 1, pos: 40, next_id: 5, streams: vec![s] };

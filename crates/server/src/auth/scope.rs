@@ -29,7 +29,7 @@ pub enum Op {
     Create,
     Close,
     Delete,
-    /// Moving a stream's earliest offset forward (`Stream-Trim-To`).
+    /// Moving a stream's earliest offset forward (`Stream-Trim-To`, `Stream-Compact`).
     Trim,
 }
 
@@ -140,7 +140,9 @@ pub fn required(parts: &Parts, path: &str) -> Vec<(String, Op)> {
             }
             ops
         }
-        Method::POST if parts.headers.contains_key(names::STREAM_TRIM_TO) => vec![(path.to_owned(), Op::Trim)],
+        Method::POST if parts.headers.contains_key(names::STREAM_TRIM_TO) || parts.headers.contains_key(names::STREAM_COMPACT) => {
+            vec![(path.to_owned(), Op::Trim)]
+        }
         Method::POST => {
             let declared_empty = parts.headers.get("content-length").is_some_and(|v| v.as_bytes() == b"0")
                 || (parts.headers.get("content-length").is_none() && parts.headers.get("transfer-encoding").is_none());
@@ -190,6 +192,8 @@ mod tests {
         assert!(s.allows("logs/app", Op::Trim) && scope(&[("", false, &["manage"])]).allows("a", Op::Trim));
         let trim = axum::http::Request::post("/v1/stream/a").header(names::STREAM_TRIM_TO, "0").body(()).expect("request").into_parts().0;
         assert_eq!(required(&trim, "a"), vec![("a".to_owned(), Op::Trim)]);
+        let compact = axum::http::Request::post("/v1/stream/a").header(names::STREAM_COMPACT, "true").body(()).expect("request").into_parts().0;
+        assert_eq!(required(&compact, "a"), vec![("a".to_owned(), Op::Trim)]);
         let bad = ScopeClaim { grants: vec![GrantClaim { stream: Some("a".into()), prefix: Some("b".into()), ops: vec![] }] };
         assert_eq!(Scope::from_claim(&bad), Err(BadGrant));
     }

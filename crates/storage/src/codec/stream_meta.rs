@@ -4,9 +4,10 @@
 //! Layout, tag `0x02`: id u64, created_ms i64, content_type str, expiry kind u8 (0 never, 1 ttl,
 //! 2 at) + value (u64 seconds or i64 ms; absent for 0), closed u8, stream_seq flag u8 + str,
 //! fork flag u8 + (source id u64, fork point u64), soft_deleted u8, earliest u64. Tag `0x03`
-//! adds the retention policy after `earliest`: max age flag u8 + u64 seconds, max bytes flag u8
-//! + u64; it is written only for streams that have a policy, so a store whose streams have none
-//! stays readable by the version before it. Tag `0x01` (before trims) is tag `0x02` without
+//! adds, after `earliest`, the retention policy (max age flag u8 + u64 seconds, max bytes flag
+//! u8 + u64) and the compaction flag u8; it is written only for streams that have a policy or
+//! are made for compaction, so a store whose streams have neither stays readable by the version
+//! before it. Tag `0x01` (before trims) is tag `0x02` without
 //! `earliest`, which then is 0. All three are read.
 //!
 //! A fork records only its *direct* source and the position where it diverges; the whole chain
@@ -29,7 +30,7 @@ const TAG_V3: u8 = 0x03;
 /// Encodes `meta` as a tagged record.
 pub fn encode(meta: &StreamMeta) -> Vec<u8> {
     let mut e = Encoder(Vec::with_capacity(64 + meta.content_type.len()));
-    let tag = if meta.retention.is_none() { TAG_V2 } else { TAG_V3 };
+    let tag = if meta.retention.is_none() && !meta.compaction { TAG_V2 } else { TAG_V3 };
     e.u8(tag).u64(meta.id).i64(meta.created_ms).str(&meta.content_type);
     match meta.expiry {
         Expiry::Never => e.u8(0),
@@ -53,6 +54,7 @@ pub fn encode(meta: &StreamMeta) -> Vec<u8> {
                 Some(v) => e.u8(1).u64(v),
             };
         }
+        e.u8(u8::from(meta.compaction));
     }
     e.0
 }
@@ -79,12 +81,14 @@ pub fn decode(bytes: &[u8]) -> Result<StreamMeta, DecodeError> {
     let soft_deleted = d.bool()?;
     let earliest = Offset(if tag == TAG_V1 { 0 } else { d.u64()? });
     let mut retention = crate::RetentionPolicy::NONE;
+    let mut compaction = false;
     if tag == TAG_V3 {
         retention.max_age_s = if d.bool()? { Some(d.u64()?) } else { None };
         retention.max_bytes = if d.bool()? { Some(d.u64()?) } else { None };
+        compaction = d.bool()?;
     }
     d.finish()?;
-    Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest, retention })
+    Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest, retention, compaction })
 }
 
 #[cfg(test)]
@@ -104,10 +108,11 @@ mod tests {
             fork in proptest::option::of((any::<u64>(), any::<u64>())),
             soft_deleted: bool, earliest: u64,
             max_age_s in proptest::option::of(any::<u64>()), max_bytes in proptest::option::of(any::<u64>()),
+            compaction: bool,
         ) {
             let fork = fork.map(|(source_id, fork_point)| ForkOf { source_id, fork_point });
             let retention = crate::RetentionPolicy { max_age_s, max_bytes };
-            let m = StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest: Offset(earliest), retention };
+            let m = StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest: Offset(earliest), retention, compaction };
             prop_assert_eq!(decode(&encode(&m)), Ok(m));
         }
 

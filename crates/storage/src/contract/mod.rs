@@ -9,7 +9,8 @@
 //! topic: [`writes`] (create and append verdicts, precedence, receipts, parking, closure,
 //! `Stream-Seq`, incarnations and framing), [`forks`] (chains, sub-offsets, soft delete and
 //! cascade), [`lifecycle`] (reads and their alignment, trims, expiry, live waits, persistence
-//! across reopen, readiness), [`retention`] (policies and the sweep that applies them).
+//! across reopen, readiness), [`retention`] (policies and the sweep that applies them),
+//! [`compaction`] (State Protocol snapshots).
 
 use std::future::Future;
 
@@ -19,6 +20,7 @@ use oncelog_protocol::Offset;
 
 use crate::engine::*;
 
+pub mod compaction;
 pub mod forks;
 pub mod lifecycle;
 pub mod retention;
@@ -74,6 +76,7 @@ macro_rules! engine_contract_tests {
             lifecycle::trims_move_the_earliest_offset_forward,
             retention::retention_policies_are_configuration,
             retention::retention_drops_whole_old_appends_by_size_and_age,
+            compaction::compaction_replaces_the_history_with_a_snapshot,
             lifecycle::reads_say_whether_they_start_at_a_minted_offset,
             lifecycle::ttl_and_absolute_expiry,
             lifecycle::live_waits_wake_on_append_closure_and_delete,
@@ -101,6 +104,7 @@ pub fn create_req(path: &str, ct: &str) -> CreateRequest {
         expiry: None,
         fork: None,
         retention: Default::default(),
+        compaction: false,
         closed: false,
         initial: Bytes::new(),
         json_framed: false,

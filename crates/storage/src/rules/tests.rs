@@ -22,6 +22,7 @@ fn meta(ct: &str) -> StreamMeta {
         soft_deleted: false,
         earliest: Offset::ZERO,
         retention: crate::RetentionPolicy::NONE,
+        compaction: false,
     }
 }
 
@@ -266,6 +267,7 @@ fn create_req(ct: Option<&str>, expiry: Option<Expiry>, closed: bool) -> CreateR
         expiry,
         fork: None,
         retention: Default::default(),
+        compaction: false,
         closed,
         initial: Bytes::new(),
         json_framed: false,

@@ -1,0 +1,74 @@
+//! Compaction of State Protocol streams over HTTP: `Stream-Compaction: state` at creation,
+//! State Protocol messages only, `POST` + `Stream-Compact: true` writes the snapshot at the tail.
+
+mod common;
+
+use oncelog_protocol::state::Materialized;
+use oncelog_server::ServerConfig;
+use reqwest::{Client, StatusCode};
+
+fn header(r: &reqwest::Response, name: &str) -> Option<String> {
+    r.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+/// The state a JSON read from `offset` materialises (the array form, folded message by message).
+async fn state_from(http: &Client, url: &str, offset: &str) -> (StatusCode, Materialized) {
+    let r = http.get(format!("{url}?offset={offset}")).send().await.expect("get");
+    let status = r.status();
+    let body = r.bytes().await.expect("body");
+    let mut state = Materialized::default();
+    if status == StatusCode::OK {
+        let items: Vec<&serde_json::value::RawValue> = serde_json::from_slice(&body).expect("a JSON array");
+        for item in items {
+            state.apply(oncelog_protocol::state::parse(item.get().as_bytes()).expect("State Protocol"));
+        }
+    }
+    (status, state)
+}
+
+#[tokio::test]
+async fn a_compacted_stream_reads_from_minus_one_as_its_whole_history_did() {
+    let s = common::TestServer::start(ServerConfig::default(), None).await;
+    let http = Client::new();
+    let url = s.url("doc");
+    let put = |ct: &'static str, compaction: &'static str| http.put(&url).header("content-type", ct).header("stream-compaction", compaction).send();
+    assert_eq!(put("text/plain", "state").await.expect("put").status(), StatusCode::BAD_REQUEST, "JSON only");
+    assert_eq!(put("application/json", "everything").await.expect("put").status(), StatusCode::BAD_REQUEST);
+    let created = put("application/json", "state").await.expect("put");
+    assert_eq!(created.status(), StatusCode::CREATED);
+    assert_eq!(header(&created, "stream-compaction").as_deref(), Some("state"));
+    let with_retention = http
+        .put(s.url("r"))
+        .header("content-type", "application/json")
+        .header("stream-compaction", "state")
+        .header("stream-retention-max-bytes", "100")
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(with_retention.status(), StatusCode::BAD_REQUEST);
+
+    // Only State Protocol messages go in.
+    let post = |body: String| http.post(&url).header("content-type", "application/json").body(body).send();
+    assert_eq!(post(r#"{"hello":"world"}"#.into()).await.expect("post").status(), StatusCode::BAD_REQUEST);
+    for i in 0..40 {
+        let op = if i % 9 == 8 { "delete" } else { "upsert" };
+        let msg = format!(r#"[{{"type":"todo","key":"t{}","value":{{"n":{i}}},"headers":{{"operation":"{op}"}}}}]"#, i % 6);
+        assert_eq!(post(msg).await.expect("post").status(), StatusCode::NO_CONTENT);
+    }
+    let (_, whole) = state_from(&http, &url, "-1").await;
+    let before = header(&http.head(&url).send().await.expect("head"), "stream-next-offset").expect("tail");
+
+    let r = http.post(&url).header("stream-compact", "true").send().await.expect("compact");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert_eq!(header(&r, "stream-earliest-offset").as_deref(), Some(before.as_str()), "the snapshot starts at the old tail");
+    let (status, compacted) = state_from(&http, &url, "-1").await;
+    assert_eq!((status, compacted), (StatusCode::OK, whole));
+    let (status, _) = state_from(&http, &url, "0000000000000000_0000000000000000").await;
+    assert_eq!(status, StatusCode::GONE, "the history is gone");
+    // A compaction with a body, or of a stream not made for it, is refused.
+    let with_body = http.post(&url).header("stream-compact", "true").header("content-type", "application/json").body("{}").send().await.expect("post");
+    assert_eq!(with_body.status(), StatusCode::BAD_REQUEST);
+    http.put(s.url("plain")).header("content-type", "application/json").send().await.expect("put");
+    let plain = http.post(s.url("plain")).header("stream-compact", "true").send().await.expect("post");
+    assert_eq!(plain.status(), StatusCode::CONFLICT);
+}
