@@ -464,6 +464,16 @@ impl Engine for LogEngine {
         Ok(())
     }
 
+    fn compaction_candidates(&self, min_bytes: u64) -> Vec<(String, Offset)> {
+        let Ok(map) = self.inner.view.streams.read() else { return Vec::new() };
+        map.iter()
+            .filter(|(_, s)| s.config.compaction)
+            .map(|(p, s)| (p.to_string(), s.info()))
+            .filter(|(_, i)| !i.closed && i.tail.0.saturating_sub(i.earliest.0) >= min_bytes)
+            .map(|(p, i)| (p, i.tail))
+            .collect()
+    }
+
     fn readiness(&self) -> Readiness {
         if let Ok(slot) = self.inner.counters.failure.lock() {
             if let Some(reason) = slot.as_ref() {

@@ -94,6 +94,12 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_RETENTION_MAX_BYTES", value_parser = crate::token::parse_bytes)]
     pub retention_max_bytes: Option<u64>,
 
+    /// Compact a stream created with `Stream-Compaction: state` in the background once its
+    /// history reaches this size (`16M`, `1G`, bytes), and again each time it grew by as much;
+    /// `off` leaves compaction to `POST` with `Stream-Compact: true`.
+    #[arg(long, env = "ONCELOG_COMPACTION_MIN_BYTES", default_value = "16M", value_parser = parse_min_bytes)]
+    pub compaction_min_bytes: u64,
+
     /// How often expired streams are looked for and deleted, and retention policies applied,
     /// in ms (access already hides expired streams).
     #[arg(long, env = "ONCELOG_SWEEP_INTERVAL_MS", default_value_t = 5_000)]
@@ -227,6 +233,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             (Some(cert), Some(key)) => Some(TlsFiles { cert: cert.clone(), key: key.clone() }),
             _ => None,
         },
+        compaction_min_bytes: args.compaction_min_bytes,
         default_retention: oncelog_storage::RetentionPolicy {
             max_age_s: args.retention_max_age.map(|d| d.as_secs()),
             max_bytes: args.retention_max_bytes,
@@ -251,6 +258,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         other => Err(StartError::UnknownStorage(other.to_owned()).into()),
     }
+}
+
+/// `off` (0) or a size, as `token::parse_bytes` reads it.
+fn parse_min_bytes(text: &str) -> Result<u64, String> {
+    if text.eq_ignore_ascii_case("off") {
+        return Ok(0);
+    }
+    crate::token::parse_bytes(text)
 }
 
 fn retention(args: &ServeArgs) -> oncelog_storage::rules::Retention {

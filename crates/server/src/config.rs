@@ -61,6 +61,10 @@ pub struct ServerConfig {
     /// `-Max-Bytes` (`--retention-max-age`, `--retention-max-bytes`); none by default. Fixed
     /// into each stream at creation.
     pub default_retention: oncelog_storage::RetentionPolicy,
+    /// The sweeper compacts a stream made for compaction once its history (tail minus earliest
+    /// offset) reaches this many bytes, and again each time it grew by as much
+    /// (`--compaction-min-bytes`); 0 leaves compaction to requests.
+    pub compaction_min_bytes: u64,
 }
 
 impl Default for ServerConfig {
@@ -89,6 +93,7 @@ impl Default for ServerConfig {
             h2_ping_interval: Duration::from_secs(30),
             h2_ping_timeout: Duration::from_secs(20),
             default_retention: oncelog_storage::RetentionPolicy::NONE,
+            compaction_min_bytes: 16 << 20,
         }
     }
 }

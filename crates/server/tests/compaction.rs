@@ -72,3 +72,32 @@ async fn a_compacted_stream_reads_from_minus_one_as_its_whole_history_did() {
     let plain = http.post(s.url("plain")).header("stream-compact", "true").send().await.expect("post");
     assert_eq!(plain.status(), StatusCode::CONFLICT);
 }
+
+#[tokio::test]
+async fn the_sweeper_compacts_a_stream_whose_history_grew() {
+    let config = ServerConfig { sweep_interval: std::time::Duration::from_millis(20), compaction_min_bytes: 2_000, ..ServerConfig::default() };
+    let s = common::TestServer::start(config, None).await;
+    let http = Client::new();
+    let url = s.url("doc");
+    let r = http.put(&url).header("content-type", "application/json").header("stream-compaction", "state").send().await.expect("put");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    for i in 0..60 {
+        let msg = format!(r#"{{"type":"counter","key":"c{}","value":{i},"headers":{{"operation":"upsert"}}}}"#, i % 3);
+        let r = http.post(&url).header("content-type", "application/json").body(msg).send().await.expect("post");
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let head = http.head(&url).send().await.expect("head");
+        if header(&head, "stream-earliest-offset").is_some_and(|e| e != "0000000000000000_0000000000000000") {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no background compaction within 10 s");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let (status, state) = state_from(&http, &url, "-1").await;
+    assert_eq!(status, StatusCode::OK);
+    let values: Vec<((String, String), String)> = state.entities().map(|((t, k), v)| ((t.to_owned(), k.to_owned()), v.to_owned())).collect();
+    let want: Vec<((String, String), String)> = [("c0", "57"), ("c1", "58"), ("c2", "59")].iter().map(|(k, v)| (("counter".to_owned(), (*k).to_owned()), (*v).to_owned())).collect();
+    assert_eq!(values, want);
+}

@@ -423,6 +423,11 @@ pub trait Engine: Send + Sync + 'static {
     /// Finishes in-flight writes and makes them durable; later writes fail with `ShuttingDown`.
     fn shutdown(&self) -> impl Future<Output = Result<(), StorageError>> + Send;
 
+    /// The streams made for compaction whose history (tail minus earliest offset) is at least
+    /// `min_bytes`, with their tails: what a background compactor looks at. Cheap; reads only
+    /// what readers see.
+    fn compaction_candidates(&self, min_bytes: u64) -> Vec<(String, Offset)>;
+
     /// Whether writes are accepted now (for `/readyz`). Cheap; never blocks.
     fn readiness(&self) -> Readiness;
 
