@@ -100,7 +100,8 @@ impl ApiError {
                 | CreateError::SubOffsetOvershoot
                 | CreateError::InvalidPath
                 | CreateError::CompactionNeedsJson
-                | CreateError::CompactionWithRetention => (StatusCode::BAD_REQUEST, vec![]),
+                | CreateError::CompactionWithRetention
+                | CreateError::CompactionOfPlainSource => (StatusCode::BAD_REQUEST, vec![]),
                 CreateError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
                 CreateError::Storage(e) => (storage_status(e), vec![]),
             },

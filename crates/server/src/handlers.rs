@@ -186,7 +186,12 @@ async fn create<E: Engine>(
     let fork = h.fork.map(|f| ForkRequest { source: f.source, offset: f.offset, sub_offset: f.sub_offset });
     // A compaction stream takes no retention from the defaults: retention would drop its
     // snapshot (asked for by name, it is refused).
-    let defaults = if h.compaction { RetentionPolicy::NONE } else { st.config.default_retention };
+    // (A fork of a compaction stream is one too.)
+    let source_compacts = match &fork {
+        Some(f) => st.engine.head(&f.source, st.clock.now_ms()).await.is_ok_and(|i| i.config.compaction),
+        None => false,
+    };
+    let defaults = if h.compaction || source_compacts { RetentionPolicy::NONE } else { st.config.default_retention };
     let retention = RetentionRequest {
         policy: RetentionPolicy {
             max_age_s: h.retention_max_age.unwrap_or(defaults.max_age_s),
@@ -214,13 +219,7 @@ async fn create<E: Engine>(
             body.clone()
         };
         // The initial messages of a compaction stream (or of a fork of one) must fold too.
-        let source_compacts = || async {
-            match &fork {
-                Some(f) => st.engine.head(&f.source, now_ms).await.is_ok_and(|i| i.config.compaction),
-                None => false,
-            }
-        };
-        if json_framed && (h.compaction || source_compacts().await) {
+        if json_framed && (h.compaction || source_compacts) {
             for m in json::messages(&initial) {
                 oncelog_protocol::state::parse(m).map_err(RequestError::from)?;
             }

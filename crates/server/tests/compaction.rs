@@ -101,3 +101,20 @@ async fn the_sweeper_compacts_a_stream_whose_history_grew() {
     let want: Vec<((String, String), String)> = [("c0", "57"), ("c1", "58"), ("c2", "59")].iter().map(|(k, v)| (("counter".to_owned(), (*k).to_owned()), (*v).to_owned())).collect();
     assert_eq!(values, want);
 }
+
+#[tokio::test]
+async fn compaction_streams_and_their_forks_take_no_default_retention() {
+    let config = ServerConfig { default_retention: oncelog_storage::RetentionPolicy { max_age_s: Some(60), max_bytes: None }, ..ServerConfig::default() };
+    let s = common::TestServer::start(config, None).await;
+    let http = Client::new();
+    let r = http.put(s.url("doc")).header("content-type", "application/json").header("stream-compaction", "state").send().await.expect("put");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(header(&r, "stream-retention-max-age"), None);
+    let fork = http.put(s.url("copy")).header("stream-forked-from", "/v1/stream/doc").send().await.expect("fork");
+    assert_eq!(fork.status(), StatusCode::CREATED, "{:?}", fork.text().await);
+    let fork = http.head(s.url("copy")).send().await.expect("head");
+    assert_eq!((header(&fork, "stream-compaction").as_deref(), header(&fork, "stream-retention-max-age")), (Some("state"), None));
+    // A plain stream keeps the default.
+    let plain = http.put(s.url("plain")).header("content-type", "application/json").send().await.expect("put");
+    assert_eq!(header(&plain, "stream-retention-max-age").as_deref(), Some("60"));
+}

@@ -115,6 +115,8 @@ pub enum CreateError {
     CompactionNeedsJson,
     #[error("Stream-Compaction: state cannot be combined with a retention policy: retention would drop the snapshot")]
     CompactionWithRetention,
+    #[error("a fork of a stream not made for compaction cannot be made for compaction: its inherited history is not checked State Protocol")]
+    CompactionOfPlainSource,
     #[error(transparent)]
     Storage(#[from] StorageError),
 }

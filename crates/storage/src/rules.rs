@@ -446,6 +446,10 @@ pub fn create(
     // Section 4.2: a fork without its own expiry inherits the source's TTL or deadline.
     let expiry = req.expiry.or(fork.map(|f| f.expiry)).unwrap_or(Expiry::Never);
     let fork_of = fork.map(|f| f.fork);
+    // A fork inherits its source's history: a plain stream's cannot be folded.
+    if req.compaction && fork.is_some_and(|f| !f.compaction) {
+        return Err(CreateError::CompactionOfPlainSource);
+    }
     let compaction = req.compaction || fork.is_some_and(|f| f.compaction);
     if compaction && !content_type::is_json(&content_type) {
         return Err(CreateError::CompactionNeedsJson);

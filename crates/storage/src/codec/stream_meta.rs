@@ -85,7 +85,8 @@ pub fn decode(bytes: &[u8]) -> Result<StreamMeta, DecodeError> {
     if tag == TAG_V3 {
         retention.max_age_s = if d.bool()? { Some(d.u64()?) } else { None };
         retention.max_bytes = if d.bool()? { Some(d.u64()?) } else { None };
-        compaction = d.bool()?;
+        // Absent in the first records written with this tag (before compaction existed).
+        compaction = if d.remaining() > 0 { d.bool()? } else { false };
     }
     d.finish()?;
     Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest, retention, compaction })
@@ -114,6 +115,18 @@ mod tests {
             let retention = crate::RetentionPolicy { max_age_s, max_bytes };
             let m = StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest: Offset(earliest), retention, compaction };
             prop_assert_eq!(decode(&encode(&m)), Ok(m));
+        }
+
+        #[test]
+        fn tag_3_records_without_the_compaction_flag_decode(max_age_s in proptest::option::of(any::<u64>())) {
+            let retention = crate::RetentionPolicy { max_age_s, max_bytes: Some(9) };
+            let m = StreamMeta {
+                id: 3, created_ms: 1, content_type: "text/plain".into(), expiry: Expiry::Never, closed: false, stream_seq: None,
+                fork: None, soft_deleted: false, earliest: Offset(2), retention, compaction: false,
+            };
+            let mut bytes = encode(&m);
+            prop_assert_eq!(bytes.pop(), Some(0));
+            prop_assert_eq!(decode(&bytes), Ok(m));
         }
 
         #[test]

@@ -97,7 +97,9 @@ pub async fn compaction_replaces_the_history_with_a_snapshot<H: Harness>() {
     create(e, CreateRequest { closed: true, ..state_stream("closed") }).await;
     assert!(matches!(compaction::compact(e, "closed", 0).await, Err(CompactError::Closed)));
     assert!(matches!(compaction::compact(e, "nope", 0).await, Err(CompactError::NotFound)));
-    // A fork of a compaction stream is one too.
+    // A fork of a compaction stream is one too; a plain stream's fork cannot become one.
     let fork = create(e, fork_req("f", "s", None, 0)).await;
     assert!(fork.config.compaction);
+    let r = e.create(CreateRequest { compaction: true, ..fork_req("g", "plain", None, 0) }).await;
+    assert!(matches!(r, Err(CreateError::CompactionOfPlainSource)), "{r:?}");
 }
