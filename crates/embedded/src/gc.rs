@@ -1,9 +1,16 @@
-//! Background removal of deleted streams' data.
+//! Background removal of deleted streams' data, and of trimmed data.
 //!
 //! Deleting a stream removes its metadata and records its id in the `gc` keyspace in one batch;
 //! this thread then removes the data keys in bounded batches and finally the `gc` entry. A crash
 //! part-way simply resumes from the `gc` keyspace on the next start. Nothing here needs an fsync:
 //! a lost removal is redone.
+//!
+//! A trim (or a retention move, or a compaction) of a stream no fork reads records
+//! `trims[id] = earliest` in its batch; each pass removes that stream's data keys ending at or
+//! below it. The entry stays until the stream goes (a pass over a range already emptied costs a
+//! short scan), so a later trim's higher value is never lost to a race with this thread. Readers
+//! re-check the earliest offset after their scan, and this thread is woken only after a trim is
+//! published, so no read returns data from beyond a removed key.
 
 use std::sync::{Arc, Condvar, Mutex};
 
@@ -27,9 +34,10 @@ struct GcState {
 }
 
 impl GcHandle {
-    pub fn start(ks: Arc<Keyspaces>, pending: Vec<u64>) -> Self {
+    /// `pending`: whether recovery found work left (a first pass runs at once).
+    pub fn start(ks: Arc<Keyspaces>, pending: bool) -> Self {
         let handle = GcHandle {
-            signal: Arc::new((Mutex::new(GcState { pending: !pending.is_empty(), stop: false }), Condvar::new())),
+            signal: Arc::new((Mutex::new(GcState { pending, stop: false }), Condvar::new())),
             thread: Arc::new(Mutex::new(None)),
         };
         let h = handle.clone();
@@ -111,6 +119,26 @@ fn collect(ks: &Keyspaces) -> Result<(), fjall::Error> {
         let mut batch = ks.db.batch();
         batch.remove(&ks.gc, id.to_vec());
         batch.commit()?;
+    }
+    let trims: Vec<(u64, u64)> = ks
+        .trims
+        .iter()
+        .filter_map(|g| g.into_inner().ok())
+        .filter_map(|(k, v)| Some((u64::from_be_bytes(k.as_ref().try_into().ok()?), u64::from_be_bytes(v.as_ref().try_into().ok()?))))
+        .collect();
+    for (id, earliest) in trims {
+        loop {
+            let range = super::records::keys::data(id, 0)..=super::records::keys::data(id, earliest);
+            let batch_keys: Vec<_> = ks.data.range(range).take(KEYS_PER_BATCH).filter_map(|g| g.key().ok()).collect();
+            if batch_keys.is_empty() {
+                break;
+            }
+            let mut batch = ks.db.batch();
+            for k in batch_keys {
+                batch.remove(&ks.data, k);
+            }
+            batch.commit()?;
+        }
     }
     Ok(())
 }

@@ -113,7 +113,8 @@ pub struct RecoveryReport {
     pub closed_streams: usize,
     /// Sum of all tails: bytes of stream data.
     pub bytes: u64,
-    /// Deleted streams whose data was still being removed.
+    /// Deleted streams whose data was still being removed, and trimmed streams whose removed
+    /// range is rechecked.
     pub pending_gc: usize,
 }
 
@@ -178,6 +179,8 @@ pub(crate) struct Keyspaces {
     producers: Keyspace,
     idempotency: Keyspace,
     marks: Keyspace,
+    /// Streams whose data below an earliest offset the collector removes (see `gc`).
+    trims: Keyspace,
     gc: Keyspace,
     sys: Keyspace,
 }
@@ -225,6 +228,7 @@ impl EmbeddedEngine {
             producers: db.keyspace("producers", plain).map_err(backend)?,
             idempotency: db.keyspace("idempotency", plain).map_err(backend)?,
             marks: db.keyspace("marks", plain).map_err(backend)?,
+            trims: db.keyspace("trims", plain).map_err(backend)?,
             gc: db.keyspace("gc", plain).map_err(backend)?,
             sys: db.keyspace("sys", plain).map_err(backend)?,
             db,
@@ -234,7 +238,7 @@ impl EmbeddedEngine {
         let shared: HashMap<String, Arc<Shared>> =
             wstreams.iter().map(|(p, w)| (p.clone(), w.shared.clone())).collect();
         let streams = Arc::new(RwLock::new(shared));
-        let gc = gc::GcHandle::start(ks.clone(), pending_gc);
+        let gc = gc::GcHandle::start(ks.clone(), !pending_gc.is_empty() || report.pending_gc > 0);
         // Unbounded: every queued command is an HTTP request already holding its body, so the
         // queue is bounded by the server's in-flight requests; sending never blocks a runtime thread.
         let (tx, rx) = mpsc::channel();
@@ -279,7 +283,7 @@ impl EmbeddedEngine {
     pub fn flush_to_tables(&self) -> Result<(), StorageError> {
         const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
         let ks = &self.inner.ks;
-        let all = [&ks.streams, &ks.data, &ks.producers, &ks.idempotency, &ks.marks, &ks.gc, &ks.sys];
+        let all = [&ks.streams, &ks.data, &ks.producers, &ks.idempotency, &ks.marks, &ks.trims, &ks.gc, &ks.sys];
         for k in all {
             k.rotate_memtable().map_err(backend)?;
         }
@@ -360,6 +364,9 @@ impl Engine for EmbeddedEngine {
         let (data, next, aligned) = tokio::task::spawn_blocking(move || scan(&ks.data, &reader.chain, id, from, tail, max_bytes))
             .await
             .map_err(backend)??;
+        // A trim that committed during the scan may have let the collector remove what the scan
+        // looked for (it then finds a later append): the earliest offset as of now decides.
+        rules::readable_from(shared.info().earliest, from)?;
         // `info` is the snapshot the scan was bounded by, so up-to-date and EOF are judged
         // against the same tail as the data.
         Ok(ReadChunk { info, data, next, aligned })
@@ -661,7 +668,7 @@ fn recover(ks: &Keyspaces, now_ms: i64) -> Result<(HashMap<String, WStream>, u64
             pending.push(u64::from_be_bytes(b));
         }
     }
-    report.pending_gc = pending.len();
+    report.pending_gc = pending.len() + ks.trims.iter().count();
     Ok((streams, next_id, report, pending))
 }
 

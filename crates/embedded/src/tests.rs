@@ -144,3 +144,33 @@ async fn keys_too_long_to_store_are_refused_without_harming_the_writer() {
     assert!(matches!(r, Err(CreateError::InvalidPath)), "{r:?}");
     assert_eq!(e.append(append_req("s", "ok")).await.expect("writer alive").next_offset, Offset(2));
 }
+
+/// Data keys of stream `id` still stored.
+fn data_keys(e: &EmbeddedEngine, id: u64) -> usize {
+    e.inner.ks.data.prefix(crate::records::keys::stream_prefix(id)).count()
+}
+
+#[tokio::test]
+async fn trimmed_data_is_removed_in_the_background_unless_a_fork_reads_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = open(dir.path());
+    let s = create(&e, "s").await;
+    let f_src = create(&e, "src").await;
+    for i in 0..100u64 {
+        e.append(append_req("s", &format!("r{i:03}"))).await.expect("append");
+        e.append(append_req("src", &format!("r{i:03}"))).await.expect("append");
+    }
+    e.create(contract::fork_req("f", "src", Some(200), 0)).await.expect("fork");
+    e.trim("s", Offset(360), 0).await.expect("trim");
+    e.trim("src", Offset(360), 0).await.expect("trim");
+    let t0 = std::time::Instant::now();
+    while data_keys(&e, s.id) > 10 && t0.elapsed() < std::time::Duration::from_secs(10) {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(data_keys(&e, s.id), 10, "the 90 appends below the earliest offset are removed");
+    assert_eq!(read_all(&e, "s").await, (90..100).map(|i| format!("r{i:03}")).collect::<String>().into_bytes());
+    // The source of a fork keeps what the fork reads.
+    assert_eq!(data_keys(&e, f_src.id), 100);
+    let fork = contract::read_all(&e, "f", 7).await;
+    assert_eq!(fork, (0..50).map(|i| format!("r{i:03}")).collect::<String>());
+}

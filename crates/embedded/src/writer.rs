@@ -330,7 +330,12 @@ impl Writer {
             match effect {
                 Effect::Reply(f) => f(failure.clone()),
                 _ if failure.is_some() => {}
-                Effect::Trim { shared, earliest } => shared.state.send_modify(|p| p.earliest = p.earliest.max(earliest)),
+                Effect::Trim { shared, earliest } => {
+                    shared.state.send_modify(|p| p.earliest = p.earliest.max(earliest));
+                    // Only now, with the earliest offset published (readers re-check it after
+                    // their scan), may the collector remove the data below it.
+                    self.gc.wake();
+                }
                 Effect::Publish { shared, tail, closed } => {
                     shared.state.send_modify(|p| {
                         p.tail = tail;
@@ -504,6 +509,11 @@ impl Writer {
         if let Some(earliest) = rules::trim(&w.meta, w.tail, to)? {
             w.meta.earliest = earliest;
             batch.insert(&self.ks.streams, path.as_bytes(), stream_meta::encode(&w.meta));
+            // The data below it goes in the background (see `gc`) unless a fork reads this
+            // stream's keys: then it stays (forks pin what they reference).
+            if w.shared.forks.load(Ordering::Relaxed) == 0 {
+                batch.insert(&self.ks.trims, keys::stream_prefix(w.meta.id), earliest.0.to_be_bytes().to_vec());
+            }
             let dropped = retention::drop_marks_below(&mut w.marks, earliest) as u64;
             for no in w.mark_base..w.mark_base + dropped {
                 batch.remove(&self.ks.marks, keys::mark(w.meta.id, no));
@@ -557,6 +567,7 @@ impl Writer {
             for no in w.mark_base..w.mark_base + w.marks.len() as u64 {
                 batch.remove(&self.ks.marks, keys::mark(w.meta.id, no));
             }
+            batch.remove(&self.ks.trims, keys::stream_prefix(w.meta.id));
             batch.insert(&self.ks.gc, keys::stream_prefix(w.meta.id), Vec::new());
             effects.push(Effect::Remove { path, shared: w.shared });
             let Some(f) = w.meta.fork else { continue };
