@@ -105,17 +105,7 @@ fn collect(ks: &Keyspaces) -> Result<(), fjall::Error> {
         .filter_map(|k| <[u8; 8]>::try_from(k.as_ref()).ok())
         .collect();
     for id in ids {
-        loop {
-            let batch_keys: Vec<_> = ks.data.prefix(id).take(KEYS_PER_BATCH).filter_map(|g| g.key().ok()).collect();
-            if batch_keys.is_empty() {
-                break;
-            }
-            let mut batch = ks.db.batch();
-            for k in batch_keys {
-                batch.remove(&ks.data, k);
-            }
-            batch.commit()?;
-        }
+        remove_all(ks, || ks.data.prefix(id))?;
         let mut batch = ks.db.batch();
         batch.remove(&ks.gc, id.to_vec());
         batch.commit()?;
@@ -127,18 +117,24 @@ fn collect(ks: &Keyspaces) -> Result<(), fjall::Error> {
         .filter_map(|(k, v)| Some((u64::from_be_bytes(k.as_ref().try_into().ok()?), u64::from_be_bytes(v.as_ref().try_into().ok()?))))
         .collect();
     for (id, earliest) in trims {
-        loop {
-            let range = super::records::keys::data(id, 0)..=super::records::keys::data(id, earliest);
-            let batch_keys: Vec<_> = ks.data.range(range).take(KEYS_PER_BATCH).filter_map(|g| g.key().ok()).collect();
-            if batch_keys.is_empty() {
-                break;
-            }
-            let mut batch = ks.db.batch();
-            for k in batch_keys {
-                batch.remove(&ks.data, k);
-            }
-            batch.commit()?;
-        }
+        let range = super::records::keys::data(id, 0)..=super::records::keys::data(id, earliest);
+        remove_all(ks, || ks.data.range(range.clone()))?;
     }
     Ok(())
+}
+
+/// Removes every data key `keys()` yields, [`KEYS_PER_BATCH`] per batch, asking again after
+/// each batch until it yields none.
+fn remove_all(ks: &Keyspaces, keys: impl Fn() -> fjall::Iter) -> Result<(), fjall::Error> {
+    loop {
+        let batch_keys: Vec<_> = keys().take(KEYS_PER_BATCH).filter_map(|g| g.key().ok()).collect();
+        if batch_keys.is_empty() {
+            return Ok(());
+        }
+        let mut batch = ks.db.batch();
+        for k in batch_keys {
+            batch.remove(&ks.data, k);
+        }
+        batch.commit()?;
+    }
 }

@@ -496,12 +496,7 @@ impl Writer {
             w.tail = *end;
         }
         effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });
-        self.trim(&req.path, req.at, batch, effects).map_err(|e| match e {
-            TrimError::NotFound => CompactError::NotFound,
-            TrimError::Gone => CompactError::Gone,
-            TrimError::BeyondTail { tail } => CompactError::Stale { tail },
-            TrimError::Storage(s) => CompactError::Storage(s),
-        })
+        Ok(self.trim(&req.path, req.at, batch, effects)?)
     }
 
     fn trim(&mut self, path: &str, to: Offset, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<TrimOutcome, TrimError> {

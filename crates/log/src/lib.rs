@@ -468,9 +468,9 @@ impl Engine for LogEngine {
         let Ok(map) = self.inner.view.streams.read() else { return Vec::new() };
         map.iter()
             .filter(|(_, s)| s.config.compaction)
-            .map(|(p, s)| (p.to_string(), s.info()))
-            .filter(|(_, i)| !i.closed && i.tail.0.saturating_sub(i.earliest.0) >= min_bytes)
-            .map(|(p, i)| (p, i.tail))
+            .map(|(p, s)| (p, s.info()))
+            .filter(|(_, i)| oncelog_storage::compaction::is_candidate(i, min_bytes))
+            .map(|(p, i)| (p.to_string(), i.tail))
             .collect()
     }
 

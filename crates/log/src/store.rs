@@ -743,12 +743,7 @@ impl Store {
         if split {
             std::mem::swap(&mut g.frame, &mut g.split);
         }
-        trimmed.map_err(|e| match e {
-            TrimError::NotFound => CompactError::NotFound,
-            TrimError::Gone => CompactError::Gone,
-            TrimError::BeyondTail { tail } => CompactError::Stale { tail },
-            TrimError::Storage(s) => CompactError::Storage(s),
-        })
+        Ok(trimmed?)
     }
 
     /// Moves a stream's earliest offset forward as [`rules::trim`] decides: one Trim record.

@@ -49,6 +49,12 @@ fn from_lookup(e: LookupError) -> Option<CompactError> {
     }
 }
 
+/// Whether a stream as `info` describes it is one a background compactor looks at: made for
+/// compaction, open, with at least `min_bytes` of history (for [`Engine::compaction_candidates`]).
+pub fn is_candidate(info: &StreamInfo, min_bytes: u64) -> bool {
+    info.config.compaction && !info.closed && info.tail.0.saturating_sub(info.earliest.0) >= min_bytes
+}
+
 /// Compacts the stream at `path` as of now.
 pub async fn compact<E: Engine>(e: &E, path: &str, now_ms: i64) -> Result<Compacted, CompactError> {
     'attempt: for _ in 0..ATTEMPTS {

@@ -264,6 +264,19 @@ pub enum CompactError {
     Storage(#[from] StorageError),
 }
 
+/// A compaction ends with a trim of its own stream, which the compaction's checks already made
+/// valid; should it still fail, this is what the compaction answers.
+impl From<TrimError> for CompactError {
+    fn from(e: TrimError) -> Self {
+        match e {
+            TrimError::NotFound => CompactError::NotFound,
+            TrimError::Gone => CompactError::Gone,
+            TrimError::BeyondTail { tail } => CompactError::Stale { tail },
+            TrimError::Storage(s) => CompactError::Storage(s),
+        }
+    }
+}
+
 /// A trim's result: where the stream now starts, and its tail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TrimOutcome {
