@@ -366,7 +366,7 @@ impl Engine for EmbeddedEngine {
             .map_err(backend)??;
         // A trim that committed during the scan may have let the collector remove what the scan
         // looked for (it then finds a later append): the earliest offset as of now decides.
-        rules::readable_from(shared.info().earliest, from)?;
+        rules::readable_from(shared.state.borrow().earliest, from)?;
         // `info` is the snapshot the scan was bounded by, so up-to-date and EOF are judged
         // against the same tail as the data.
         Ok(ReadChunk { info, data, next, aligned })

@@ -727,11 +727,10 @@ impl Store {
         }
         let w = self.streams.get_mut(req.path.as_str()).ok_or(CompactError::NotFound)?;
         let ends = rules::compact(&w.meta, w.tail, &req)?;
+        // (A compaction stream has no retention policy, so its appends carry no write time.)
         for (piece, end) in req.pieces.iter().zip(&ends) {
-            let time = retention::marks_writes(&w.meta.retention).then_some(req.now_ms);
-            let at = g.record(&Record::Append { id: w.meta.id, new_tail: end.0, close: false, stream_seq: None, producer: None, key: None, time, data: piece });
+            let at = g.record(&Record::Append { id: w.meta.id, new_tail: end.0, close: false, stream_seq: None, producer: None, key: None, time: None, data: piece });
             w.tail = *end;
-            retention::note_write(&mut w.marks, &w.meta.retention, w.tail, req.now_ms);
             g.effects.push(Effect::Data { shared: w.shared.clone(), end: end.0, at, hot: piece.clone() });
         }
         g.effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });

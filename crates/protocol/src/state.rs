@@ -94,6 +94,11 @@ pub fn parse(message: &[u8]) -> Result<Change<'_>, StateError> {
     }
 }
 
+/// Checks that every message of `stored` (stored JSON form) is a State Protocol message.
+pub fn validate(stored: &[u8]) -> Result<(), StateError> {
+    crate::json::messages(stored).try_for_each(|m| parse(m).map(|_| ()))
+}
+
 /// One live entity, as the JSON texts a snapshot insert is made of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Live {

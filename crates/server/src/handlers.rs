@@ -220,9 +220,7 @@ async fn create<E: Engine>(
         };
         // The initial messages of a compaction stream (or of a fork of one) must fold too.
         if json_framed && (h.compaction || source_compacts) {
-            for m in json::messages(&initial) {
-                oncelog_protocol::state::parse(m).map_err(RequestError::from)?;
-            }
+            oncelog_protocol::state::validate(&initial).map_err(RequestError::from)?;
         }
         let req = CreateRequest {
             path: path.to_owned(),
@@ -306,9 +304,7 @@ async fn append<E: Engine>(
         };
         if info.config.compaction {
             // A compaction must be able to fold every message it meets.
-            for m in json::messages(&data) {
-                oncelog_protocol::state::parse(m).map_err(RequestError::from)?;
-            }
+            oncelog_protocol::state::validate(&data).map_err(RequestError::from)?;
         }
         // Hashed here, on the request's task, not on the engine's writer.
         let body_digest = (h.producer.is_some() || h.idempotency_key.is_some()).then(|| BodyDigest::of(&data));

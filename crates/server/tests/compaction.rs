@@ -118,3 +118,35 @@ async fn compaction_streams_and_their_forks_take_no_default_retention() {
     let plain = http.put(s.url("plain")).header("content-type", "application/json").send().await.expect("put");
     assert_eq!(header(&plain, "stream-retention-max-age").as_deref(), Some("60"));
 }
+
+#[tokio::test]
+async fn appends_go_on_while_compactions_run_and_nothing_is_lost() {
+    let s = common::TestServer::start(ServerConfig { compaction_min_bytes: 0, ..ServerConfig::default() }, None).await;
+    let http = Client::new();
+    let url = s.url("doc");
+    let r = http.put(&url).header("content-type", "application/json").header("stream-compaction", "state").send().await.expect("put");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let writer = {
+        let (http, url) = (http.clone(), url.clone());
+        tokio::spawn(async move {
+            let mut expected = Materialized::default();
+            for i in 0..300 {
+                let msg = format!(r#"{{"type":"n","key":"k{}","value":{i},"headers":{{"operation":"upsert"}}}}"#, i % 7);
+                let r = http.post(&url).header("content-type", "application/json").body(msg.clone()).send().await.expect("post");
+                assert_eq!(r.status(), StatusCode::NO_CONTENT, "appends keep working");
+                expected.fold(format!("{msg},").as_bytes()).expect("fold");
+            }
+            expected
+        })
+    };
+    let mut compactions = 0;
+    while !writer.is_finished() {
+        let r = http.post(&url).header("stream-compact", "true").send().await.expect("compact");
+        assert!(matches!(r.status(), StatusCode::NO_CONTENT | StatusCode::SERVICE_UNAVAILABLE), "{}", r.status());
+        compactions += usize::from(r.status() == StatusCode::NO_CONTENT);
+    }
+    let expected = writer.await.expect("writer");
+    assert!(compactions > 0);
+    let (status, state) = state_from(&http, &url, "-1").await;
+    assert_eq!((status, state), (StatusCode::OK, expected), "after {compactions} compactions");
+}
