@@ -25,14 +25,23 @@
 //! - after a failed commit or fsync the writer refuses every later write (fail-stop) instead of
 //!   pretending; fjall poisons itself the same way.
 //!
+//! A transaction ([`Engine::transact`]) is one writer command: checked whole first (its guards,
+//! then a dry run of every append), then staged into the same group batch, so its appends and
+//! its engine-metadata writes (keyspace `meta`) commit in one journal entry or not at all.
+//!
 //! Memory: per stream, one small metadata entry and a `watch` channel; per producer, its state
-//! with a bounded receipt window. Data lives on disk and in fjall's bounded block cache.
+//! with a bounded receipt window; the engine metadata whole (a small map, held by the writer).
+//! Data lives on disk and in fjall's bounded block cache.
+//!
+//! Keyspaces (layouts in [`records::keys`]): `streams`, `data`, `producers`, `idempotency`,
+//! `marks`, `trims`, `gc`, `sys`, and `meta` (engine metadata). Opening a directory written
+//! before a keyspace existed creates it empty, which is what such a directory holds.
 
 mod gc;
 pub mod records;
 mod writer;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc;
@@ -47,7 +56,7 @@ use oncelog_storage::*;
 use tokio::sync::{oneshot, watch};
 
 use records::{keys, stream_meta, sys, DecodeError, ProducerRecord};
-use writer::{Command, WStream, Writer};
+use writer::{Command, MetaEntries, WStream, Writer};
 
 /// What "acknowledged" means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,6 +170,12 @@ impl Shared {
     pub(crate) fn expired(&self, now_ms: i64) -> bool {
         rules::expired(self.config.expiry, self.last_access_ms.load(Ordering::Relaxed), now_ms)
     }
+
+    /// Whether readers may see the stream ([`rules::visible`]), as of `now_ms`.
+    fn visible(&self, now_ms: i64) -> Result<(), LookupError> {
+        let soft_deleted = self.state.borrow().soft_deleted;
+        rules::visible(soft_deleted, self.expired(now_ms), self.forks.load(Ordering::Relaxed))
+    }
 }
 
 /// Shared between the writer thread and the engine handle, for readiness and metrics.
@@ -183,6 +198,8 @@ pub(crate) struct Keyspaces {
     trims: Keyspace,
     gc: Keyspace,
     sys: Keyspace,
+    /// Engine metadata ([`Engine::transact`]), mirrored whole by the writer.
+    meta: Keyspace,
 }
 
 /// The embedded engine. Cheap to clone.
@@ -231,10 +248,12 @@ impl EmbeddedEngine {
             trims: db.keyspace("trims", plain).map_err(backend)?,
             gc: db.keyspace("gc", plain).map_err(backend)?,
             sys: db.keyspace("sys", plain).map_err(backend)?,
+            meta: db.keyspace("meta", plain).map_err(backend)?,
             db,
         });
 
         let (wstreams, next_id, report, pending_gc) = recover(&ks, opts.clock.now_ms())?;
+        let meta = recover_meta(&ks.meta)?;
         let shared: HashMap<String, Arc<Shared>> =
             wstreams.iter().map(|(p, w)| (p.clone(), w.shared.clone())).collect();
         let streams = Arc::new(RwLock::new(shared));
@@ -253,6 +272,7 @@ impl EmbeddedEngine {
             opts.failpoints.clone(),
             counters.clone(),
             opts.retention,
+            meta,
         );
         let handle = std::thread::Builder::new()
             .name("oncelog-writer".into())
@@ -283,7 +303,7 @@ impl EmbeddedEngine {
     pub fn flush_to_tables(&self) -> Result<(), StorageError> {
         const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
         let ks = &self.inner.ks;
-        let all = [&ks.streams, &ks.data, &ks.producers, &ks.idempotency, &ks.marks, &ks.trims, &ks.gc, &ks.sys];
+        let all = [&ks.streams, &ks.data, &ks.producers, &ks.idempotency, &ks.marks, &ks.trims, &ks.gc, &ks.sys, &ks.meta];
         for k in all {
             k.rotate_memtable().map_err(backend)?;
         }
@@ -316,8 +336,7 @@ impl EmbeddedEngine {
     fn lookup(&self, path: &str, now_ms: i64) -> Result<Arc<Shared>, LookupError> {
         let map = self.inner.streams.read().map_err(|_| StorageError::Poisoned)?;
         let s = map.get(path).ok_or(LookupError::NotFound)?;
-        let soft_deleted = s.state.borrow().soft_deleted;
-        rules::visible(soft_deleted, s.expired(now_ms), s.forks.load(Ordering::Relaxed))?;
+        s.visible(now_ms)?;
         Ok(s.clone())
     }
 }
@@ -419,6 +438,29 @@ impl Engine for EmbeddedEngine {
             return Ok(0);
         }
         self.call(|reply| Command::Retain { now_ms, reply }).await?
+    }
+
+    async fn transact(&self, txn: TxnRequest) -> Result<TxnOutcome, TxnError> {
+        self.call(|reply| Command::Transact { txn, reply }).await?
+    }
+
+    /// Through the writer, which holds the metadata: answered once every transaction staged
+    /// before it is durable.
+    async fn meta_scan(&self, prefix: &[u8]) -> Result<MetaEntries, StorageError> {
+        let prefix = prefix.to_vec();
+        self.call(|reply| Command::MetaScan { prefix, reply }).await?
+    }
+
+    /// From the published state, as `head` answers.
+    fn list_streams(&self, prefix: &str, now_ms: i64) -> Vec<Listed> {
+        let Ok(map) = self.inner.streams.read() else { return Vec::new() };
+        let mut listed: Vec<Listed> = map
+            .iter()
+            .filter(|(p, s)| p.starts_with(prefix) && s.visible(now_ms).is_ok())
+            .map(|(p, s)| Listed { path: p.clone(), info: s.info() })
+            .collect();
+        listed.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+        listed
     }
 
     async fn shutdown(&self) -> Result<(), StorageError> {
@@ -670,6 +712,19 @@ fn recover(ks: &Keyspaces, now_ms: i64) -> Result<(HashMap<String, WStream>, u64
     }
     report.pending_gc = pending.len() + ks.trims.iter().count();
     Ok((streams, next_id, report, pending))
+}
+
+/// Loads the engine metadata, which the writer keeps whole.
+fn recover_meta(meta: &Keyspace) -> Result<BTreeMap<Vec<u8>, Bytes>, StorageError> {
+    let mut map = BTreeMap::new();
+    for item in meta.iter() {
+        let (k, v) = item.into_inner().map_err(backend)?;
+        let key = keys::parse_meta(&k).ok_or(DecodeError::Truncated)?;
+        // Copied: a value read from disk shares its table block, which the map would then keep
+        // in memory for as long as the engine runs.
+        map.insert(key.to_vec(), Bytes::copy_from_slice(&v));
+    }
+    Ok(map)
 }
 
 #[cfg(test)]

@@ -5,13 +5,20 @@
 //! order against the authoritative state (so later commands of a group see earlier ones), commit
 //! the staged effects as one fjall batch, sync once, publish, reply. Writes stop for good after a
 //! failed commit or sync.
+//!
+//! A transaction ([`Engine::transact`]) is one command: it is decided whole (a dry run of every
+//! append against the same rules) before anything of it is staged, because a staged fjall batch
+//! entry cannot be taken back; then its appends and metadata writes join the group's batch like
+//! any other command's. The writer keeps all engine metadata in memory, so guards and scans are
+//! answered without reading disk.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use fjall::PersistMode;
 use oncelog_protocol::producer::ProducerState;
 use oncelog_protocol::Offset;
@@ -32,6 +39,8 @@ const MAX_GROUP_BYTES: usize = 32 << 20;
 /// (fjall asserts on them, which would take the writer thread down).
 const MAX_KEY_BYTES: usize = u16::MAX as usize;
 const MAX_VALUE_BYTES: u64 = u32::MAX as u64;
+/// [`MAX_VALUE_BYTES`] as a length: the largest metadata value a transaction may write.
+const MAX_VALUE_LEN: usize = MAX_VALUE_BYTES as usize;
 
 /// A group commit slower than this is logged at debug level, to find latency outliers.
 const SLOW_GROUP: Duration = Duration::from_millis(20);
@@ -46,7 +55,15 @@ pub(crate) enum Command {
     Compact { req: CompactRequest, reply: oneshot::Sender<Result<TrimOutcome, CompactError>> },
     /// The retention sweep (see [`Engine::retain`]).
     Retain { now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
+    /// Metadata writes and appends to several streams, all or nothing (see [`Engine::transact`]).
+    Transact { txn: TxnRequest, reply: oneshot::Sender<Result<TxnOutcome, TxnError>> },
+    /// The metadata under a prefix: answered from the writer's map once its group is durable,
+    /// so it reflects every acknowledged transaction and nothing that might still fail.
+    MetaScan { prefix: Vec<u8>, reply: oneshot::Sender<Result<MetaEntries, StorageError>> },
 }
+
+/// Engine-metadata entries in key order, as [`Engine::meta_scan`] answers them.
+pub(crate) type MetaEntries = Vec<(Vec<u8>, Bytes)>;
 
 /// The writer's authoritative view of one stream.
 pub(crate) struct WStream {
@@ -115,6 +132,9 @@ pub(crate) struct Writer {
     /// Appends that arrived ahead of sequence.
     parked: ParkingLot,
     retention: rules::Retention,
+    /// All engine metadata (keyspace `meta`), including what this group staged: small by
+    /// design (the seam's "small ordered key-value map"), and read by every guard and scan.
+    meta: BTreeMap<Vec<u8>, Bytes>,
 }
 
 /// Wraps a reply so that a storage failure of the whole group overrides the staged result.
@@ -143,6 +163,7 @@ impl Writer {
         failpoints: Failpoints,
         counters: Arc<Counters>,
         retention: rules::Retention,
+        meta: BTreeMap<Vec<u8>, Bytes>,
     ) -> Self {
         let paths_by_id = streams.iter().map(|(p, w)| (w.meta.id, p.clone())).collect();
         let producers: usize = streams.values().map(|w| w.producers.len()).sum();
@@ -161,6 +182,7 @@ impl Writer {
             counters,
             parked: ParkingLot::default(),
             retention,
+            meta,
         }
     }
 
@@ -316,12 +338,17 @@ impl Writer {
             Ok(()) => None,
             Err(e) => {
                 tracing::error!(error = %e, "commit or sync failed; refusing all further writes");
-                self.poisoned = true;
-                if let Ok(mut slot) = self.counters.failure.lock() {
-                    *slot = Some(format!("writes stopped after a storage failure: {e}"));
-                }
+                self.fail_stop(format!("writes stopped after a storage failure: {e}"));
                 Some(backend(e))
             }
+        }
+    }
+
+    /// Refuses every later write, and the group being staged (its batch is never committed).
+    fn fail_stop(&mut self, reason: String) {
+        self.poisoned = true;
+        if let Ok(mut slot) = self.counters.failure.lock() {
+            *slot = Some(reason);
         }
     }
 
@@ -373,6 +400,9 @@ impl Writer {
                 Command::Trim { reply: tx, .. } => effects.push(reply(tx, Err(TrimError::Storage(StorageError::Poisoned)))),
                 Command::Retain { reply: tx, .. } => effects.push(reply(tx, Err(StorageError::Poisoned))),
                 Command::Compact { reply: tx, .. } => effects.push(reply(tx, Err(CompactError::Storage(StorageError::Poisoned)))),
+                Command::Transact { reply: tx, .. } => effects.push(reply(tx, Err(TxnError::Storage(StorageError::Poisoned)))),
+                // The map may hold what the failed group staged, which was never acknowledged.
+                Command::MetaScan { reply: tx, .. } => effects.push(reply(tx, Err(StorageError::Poisoned))),
             }
             return 0;
         }
@@ -422,7 +452,89 @@ impl Writer {
                 effects.push(reply(tx, r));
                 n
             }
+            Command::Transact { txn, reply: tx } => {
+                let n = txn.appends.iter().map(|a| a.data.len()).sum::<usize>()
+                    + txn.meta.iter().filter_map(|w| w.value.as_ref()).map(Bytes::len).sum::<usize>();
+                let r = self.transact(txn, batch, effects);
+                effects.push(reply(tx, r));
+                n
+            }
+            Command::MetaScan { prefix, reply: tx } => {
+                effects.push(reply(tx, Ok(self.meta_scan(&prefix))));
+                0
+            }
         }
+    }
+
+    /// Stages a transaction, all or nothing. Every check runs before anything is staged: its
+    /// guards, then a dry run of each append. The appends target distinct streams (`txn_shape`)
+    /// and an append's decision depends only on its own stream, so the real appends that follow
+    /// reach the dry run's decisions.
+    fn transact(&mut self, txn: TxnRequest, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<TxnOutcome, TxnError> {
+        rules::txn_shape(&txn, MAX_VALUE_LEN)?;
+        for req in &txn.appends {
+            // With the request's own clock, as `append` does, so that `append` finds nothing
+            // left to expire and decides against the state the dry run saw.
+            self.drop_if_expired(&req.path, req.now_ms, batch, effects);
+        }
+        let meta = &self.meta;
+        rules::txn_expect(&txn, |k| meta.get(k))?;
+        for (index, req) in txn.appends.iter().enumerate() {
+            self.check_append(req).map_err(|error| TxnError::Append { index, error })?;
+        }
+        let mut appends = Vec::with_capacity(txn.appends.len());
+        for (index, req) in txn.appends.iter().enumerate() {
+            match self.append(req, batch, effects) {
+                Ok(out) => appends.push(out),
+                Err(error) => return Err(self.half_transaction(index, &error)),
+            }
+        }
+        self.write_meta(txn.meta, batch);
+        // Parked successors go only now, so nothing else is staged between a transaction's parts.
+        for (req, out) in txn.appends.iter().zip(&appends) {
+            let Some(p) = &req.producer else { continue };
+            if out.status == AppendStatus::Appended && !self.parked.is_empty() {
+                self.release_parked(&req.path, &p.id, batch, effects);
+            }
+        }
+        Ok(TxnOutcome { appends })
+    }
+
+    /// A transaction's append refused after its dry run accepted it: a bug, never an answer.
+    /// The batch already holds the transaction's earlier appends and cannot drop them, so the
+    /// group is refused and writes stop rather than half a transaction commit.
+    fn half_transaction(&mut self, index: usize, error: &AppendError) -> TxnError {
+        tracing::error!(index, %error, "a transaction append was refused after its dry run accepted it; refusing all further writes");
+        self.fail_stop(format!("writes stopped: append {index} of a transaction was refused after its dry run accepted it ({error})"));
+        TxnError::Storage(StorageError::Poisoned)
+    }
+
+    /// Stages metadata writes and applies them to the writer's map, where later commands of
+    /// the group (guards, scans) see them.
+    fn write_meta(&mut self, writes: Vec<MetaWrite>, batch: &mut fjall::OwnedWriteBatch) {
+        for w in writes {
+            let stored = keys::meta(&w.key);
+            match w.value {
+                Some(value) => {
+                    batch.insert(&self.ks.meta, stored, value.clone());
+                    self.meta.insert(w.key, value);
+                }
+                // The map holds every stored key, so a key it lacks needs no tombstone.
+                None => {
+                    if self.meta.remove(&w.key).is_some() {
+                        batch.remove(&self.ks.meta, stored);
+                    }
+                }
+            }
+        }
+    }
+
+    fn meta_scan(&self, prefix: &[u8]) -> MetaEntries {
+        self.meta
+            .range(prefix.to_vec()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
     }
 
     /// Trims every stream whose retention policy lets go of data, to where
@@ -636,12 +748,7 @@ impl Writer {
     /// reference so that a parked request can be retried later without copying it on the
     /// (single-threaded) hot path.
     fn append(&mut self, req: &AppendRequest, batch: &mut fjall::OwnedWriteBatch, effects: &mut Vec<Effect>) -> Result<AppendOutcome, AppendError> {
-        if req.producer.as_ref().is_some_and(|p| p.id.is_empty() || p.id.len() + 8 > MAX_KEY_BYTES) {
-            return Err(AppendError::ProducerIdTooLong);
-        }
-        if req.data.len() as u64 > MAX_VALUE_BYTES {
-            return Err(AppendError::TooLarge);
-        }
+        storable(req)?;
         self.drop_if_expired(&req.path, req.now_ms, batch, effects);
         let Some(w) = self.streams.get_mut(&req.path) else { return Err(AppendError::NotFound) };
         if req.stream_id.is_none_or(|id| id == w.meta.id) {
@@ -688,4 +795,24 @@ impl Writer {
         effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });
         Ok(write.outcome(closed_before))
     }
+
+    /// Decides an append as [`Self::append`] would, changing nothing (not even the TTL
+    /// window): a transaction's dry run. The caller has already dropped an expired stream.
+    fn check_append(&self, req: &AppendRequest) -> Result<(), AppendError> {
+        storable(req)?;
+        let w = self.streams.get(&req.path).ok_or(AppendError::NotFound)?;
+        let writer = rules::WriterState::of(req, &w.producers, &w.keys);
+        rules::append(&w.meta, w.tail, writer, req, &self.retention).map(|_| ())
+    }
+}
+
+/// Whether fjall can store what an append would write (its producer key and data record).
+fn storable(req: &AppendRequest) -> Result<(), AppendError> {
+    if req.producer.as_ref().is_some_and(|p| p.id.is_empty() || p.id.len() + 8 > MAX_KEY_BYTES) {
+        return Err(AppendError::ProducerIdTooLong);
+    }
+    if req.data.len() as u64 > MAX_VALUE_BYTES {
+        return Err(AppendError::TooLarge);
+    }
+    Ok(())
 }

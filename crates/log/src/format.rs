@@ -39,6 +39,9 @@
 //! - `0x04` **Remove**: id. The stream and its producers are gone; its data is garbage.
 //! - `0x05` **Trim**: id, earliest. Reads from before `earliest` are refused from here on; the
 //!   bytes stay until space reclamation drops them (forks keep reading what they reference).
+//! - `0x06` **Meta**: key (len + bytes), kind u8 (0 delete, 1 put), [value (len + bytes)]. One
+//!   change to the engine metadata map (subscriptions keep their state there). A transaction is
+//!   its Meta and Append records in one frame: a power cut keeps all of them or none.
 //!
 //! ## Invariants
 //! 1. A frame is acknowledged only after it (and every frame before it) was synced; a new segment
@@ -68,7 +71,11 @@ pub const CHECKPOINT: &str = "checkpoint";
 pub const LOCK: &str = "lock";
 pub const CHECKPOINT_TMP: &str = "checkpoint.tmp";
 pub const LOG_DIR: &str = "log";
-const CHECKPOINT_MAGIC: &[u8; 8] = b"ONCECKP\x03";
+const CHECKPOINT_MAGIC: &[u8; 8] = b"ONCECKP\x04";
+/// Checkpoints without engine metadata (and all those written before it existed): the same
+/// without the metadata list. Written whenever the map is empty, so a directory that never used
+/// it stays readable by binaries that predate it.
+const CHECKPOINT_MAGIC_V3: &[u8; 8] = b"ONCECKP\x03";
 /// Checkpoints written before time marks: the same without the per-stream mark list.
 const CHECKPOINT_MAGIC_V2: &[u8; 8] = b"ONCECKP\x02";
 /// Checkpoints written before idempotency keys: also without the per-stream key list.
@@ -79,6 +86,7 @@ const TAG_APPEND: u8 = 0x02;
 const TAG_SOFT_DELETE: u8 = 0x03;
 const TAG_REMOVE: u8 = 0x04;
 const TAG_TRIM: u8 = 0x05;
+const TAG_META: u8 = 0x06;
 
 pub fn segment_name(n: u64) -> String {
     format!("{LOG_DIR}/{n:020}.seg")
@@ -160,6 +168,7 @@ pub enum Record<'a> {
     SoftDelete { id: u64 },
     Remove { id: u64 },
     Trim { id: u64, earliest: u64 },
+    Meta { key: &'a [u8], value: Option<&'a [u8]> },
 }
 
 /// One record, as read back: data is located (offset of its first byte in the payload and its
@@ -181,6 +190,7 @@ pub enum Replayed {
     SoftDelete { id: u64 },
     Remove { id: u64 },
     Trim { id: u64, earliest: u64 },
+    Meta { key: Vec<u8>, value: Option<Vec<u8>> },
 }
 
 /// Appends `rec` to a frame payload; returns where its data starts within `out`.
@@ -242,6 +252,16 @@ pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
         }
         Record::Trim { id, earliest } => {
             e.u8(TAG_TRIM).varint(*id).varint(*earliest);
+            e.0.len()
+        }
+        Record::Meta { key, value } => {
+            e.u8(TAG_META).varint(key.len() as u64);
+            e.0.extend_from_slice(key);
+            e.u8(u8::from(value.is_some()));
+            if let Some(v) = value {
+                e.varint(v.len() as u64);
+                e.0.extend_from_slice(v);
+            }
             e.0.len()
         }
     };
@@ -314,6 +334,15 @@ pub fn decode_payload(payload: &[u8]) -> Result<Vec<Replayed>, DecodeError> {
             TAG_SOFT_DELETE => Replayed::SoftDelete { id: d.varint()? },
             TAG_REMOVE => Replayed::Remove { id: d.varint()? },
             TAG_TRIM => Replayed::Trim { id: d.varint()?, earliest: d.varint()? },
+            TAG_META => {
+                let key = var_bytes(&mut d)?.to_vec();
+                let value = match d.u8()? {
+                    0 => None,
+                    1 => Some(var_bytes(&mut d)?.to_vec()),
+                    _ => return Err(DecodeError::InvalidValue),
+                };
+                Replayed::Meta { key, value }
+            }
             t => return Err(DecodeError::UnknownTag(t)),
         };
         out.push(rec);
@@ -368,8 +397,10 @@ pub struct CheckpointStream {
 /// per extent (end minus the previous end, segment, position), idempotency key count and per key
 /// (key id u128 little-endian, end, body digest u64 little-endian, time of acceptance), time mark
 /// count and per mark (end minus the previous mark's end, from 0; time in Unix ms). Varints
-/// unless noted. `ONCECKP\x02` (before marks) is the same without the mark list, `ONCECKP\x01`
-/// (before keys) also without the key list; both are still read.
+/// unless noted; then, in `ONCECKP\x04` only, the metadata entry count and per entry key (len +
+/// bytes) and value (len + bytes), in key order. `ONCECKP\x03` (no metadata) is the same without
+/// that list, `ONCECKP\x02` (before marks) also without the mark list, `ONCECKP\x01` (before
+/// keys) also without the key list; all are still read.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Checkpoint {
     pub lsn: u64,
@@ -377,6 +408,8 @@ pub struct Checkpoint {
     pub pos: u64,
     pub next_id: u64,
     pub streams: Vec<CheckpointStream>,
+    /// The engine metadata map, in key order.
+    pub meta: Vec<(Vec<u8>, bytes::Bytes)>,
 }
 
 impl Checkpoint {
@@ -415,9 +448,18 @@ impl Checkpoint {
                 prev = m.end.0;
             }
         }
+        if !self.meta.is_empty() {
+            e.varint(self.meta.len() as u64);
+            for (k, v) in &self.meta {
+                e.varint(k.len() as u64);
+                e.0.extend_from_slice(k);
+                e.varint(v.len() as u64);
+                e.0.extend_from_slice(v);
+            }
+        }
         let body = e.0;
         let mut out = Vec::with_capacity(body.len() + 20);
-        out.extend_from_slice(CHECKPOINT_MAGIC);
+        out.extend_from_slice(if self.meta.is_empty() { CHECKPOINT_MAGIC_V3 } else { CHECKPOINT_MAGIC });
         out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
         out.extend_from_slice(&(body.len() as u64).to_le_bytes());
         out.extend_from_slice(&body);
@@ -427,10 +469,11 @@ impl Checkpoint {
     /// `now_ms` stands in for the activity time of producer records written before it was kept.
     pub fn decode(bytes: &[u8], now_ms: i64) -> Result<Self, DecodeError> {
         let mut d = Decoder(bytes);
-        let (with_keys, with_marks) = match d.take(8)? {
-            m if m == CHECKPOINT_MAGIC => (true, true),
-            m if m == CHECKPOINT_MAGIC_V2 => (true, false),
-            m if m == CHECKPOINT_MAGIC_V1 => (false, false),
+        let (with_keys, with_marks, with_meta) = match d.take(8)? {
+            m if m == CHECKPOINT_MAGIC => (true, true, true),
+            m if m == CHECKPOINT_MAGIC_V3 => (true, true, false),
+            m if m == CHECKPOINT_MAGIC_V2 => (true, false, false),
+            m if m == CHECKPOINT_MAGIC_V1 => (false, false, false),
             _ => return Err(DecodeError::UnknownTag(bytes.first().copied().unwrap_or(0))),
         };
         let crc = d.u32()?;
@@ -447,6 +490,7 @@ impl Checkpoint {
             pos: d.varint()?,
             next_id: d.varint()?,
             streams: Vec::new(),
+            meta: Vec::new(),
         };
         let n = d.varint()?;
         for _ in 0..n {
@@ -493,6 +537,13 @@ impl Checkpoint {
                 }
             }
             c.streams.push(CheckpointStream { path, meta, tail, start, producers, extents, keys, marks });
+        }
+        if with_meta {
+            for _ in 0..d.varint()? {
+                let k = var_bytes(&mut d)?.to_vec();
+                let v = bytes::Bytes::copy_from_slice(var_bytes(&mut d)?);
+                c.meta.push((k, v));
+            }
         }
         d.finish()?;
         Ok(c)

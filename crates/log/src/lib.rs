@@ -46,6 +46,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use oncelog_protocol::Offset;
 use oncelog_storage::rules::Retention;
 use oncelog_storage::*;
@@ -94,6 +95,10 @@ pub enum LogError {
     TooManySegments,
     #[error("log segment {0} is gone while a stream still reads it")]
     MissingSegment(u64),
+    /// A transaction's append was refused while being staged after its check accepted it: a
+    /// bug; the store stops writing rather than commit part of a transaction.
+    #[error("a transaction's append was refused after its check accepted it: {0}")]
+    TxnDiverged(String),
 }
 
 pub(crate) fn backend(e: LogError) -> StorageError {
@@ -450,6 +455,26 @@ impl Engine for LogEngine {
             return Ok(0);
         }
         self.call(|reply| Command::Retain { now_ms, reply }).await?
+    }
+
+    async fn transact(&self, txn: TxnRequest) -> Result<TxnOutcome, TxnError> {
+        self.call(|reply| Command::Transact { txn, reply }).await?
+    }
+
+    async fn meta_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, Bytes)>, StorageError> {
+        let prefix = prefix.to_vec();
+        self.call(|reply| Command::MetaScan { prefix, reply }).await?
+    }
+
+    fn list_streams(&self, prefix: &str, now_ms: i64) -> Vec<Listed> {
+        let Ok(map) = self.inner.view.streams.read() else { return Vec::new() };
+        let mut out: Vec<Listed> = map
+            .iter()
+            .filter(|(p, s)| p.starts_with(prefix) && rules::visible(s.state.get().soft_deleted, s.expired(now_ms), s.forks()).is_ok())
+            .map(|(p, s)| Listed { path: p.to_string(), info: s.info() })
+            .collect();
+        out.sort_unstable_by(|a, b| a.path.cmp(&b.path));
+        out
     }
 
     async fn shutdown(&self) -> Result<(), StorageError> {

@@ -8,7 +8,7 @@
 //! (publish to readers, answer). A failed write or sync stops all writes for good (fail-stop):
 //! the kernel may have dropped the unsynced pages and would report the next sync as a success.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Instant;
@@ -185,6 +185,10 @@ pub(crate) enum Command {
     Compact { req: CompactRequest, reply: oneshot::Sender<Result<TrimOutcome, CompactError>> },
     /// The retention sweep: trims every stream its policy lets go of (one Trim record each).
     Retain { now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
+    /// Metadata changes and appends in one frame.
+    Transact { txn: TxnRequest, reply: oneshot::Sender<Result<TxnOutcome, TxnError>> },
+    /// The metadata entries under a prefix, answered once the group before it is durable.
+    MetaScan { prefix: Vec<u8>, reply: oneshot::Sender<Result<Vec<(Vec<u8>, Bytes)>, StorageError>> },
 }
 
 /// The writer's authoritative view of one stream.
@@ -311,6 +315,8 @@ pub(crate) struct Store {
     /// Hot-tail entries oldest first, store-wide, with their sizes: evicted past the budget.
     hot_queue: VecDeque<(Weak<Shared>, u64, usize)>,
     hot_bytes: usize,
+    /// The engine metadata map ([`oncelog_storage::MetaWrite`]), as of the records staged.
+    meta: BTreeMap<Vec<u8>, Bytes>,
     /// Held while the store is open: one server per data directory.
     _lock: Box<dyn std::any::Any + Send + Sync>,
 }
@@ -404,10 +410,14 @@ impl Store {
                 Command::Trim { reply: tx, .. } => g.effects.push(reply(tx, Err(TrimError::Storage(StorageError::Poisoned)))),
                 Command::Retain { reply: tx, .. } => g.effects.push(reply(tx, Err(StorageError::Poisoned))),
                 Command::Compact { reply: tx, .. } => g.effects.push(reply(tx, Err(CompactError::Storage(StorageError::Poisoned)))),
+                Command::Transact { reply: tx, .. } => g.effects.push(reply(tx, Err(TxnError::Storage(StorageError::Poisoned)))),
+                Command::MetaScan { reply: tx, .. } => g.effects.push(reply(tx, Err(StorageError::Poisoned))),
             }
             return;
         }
         let at = match &cmd {
+            Command::Transact { txn, .. } => txn.now_ms,
+            Command::MetaScan { .. } => i64::MIN,
             Command::Create { req, .. } => req.now_ms,
             Command::Append { req, .. } => req.now_ms,
             Command::Compact { req, .. } => req.now_ms,
@@ -456,7 +466,62 @@ impl Store {
                 let r = self.compact(req, g);
                 g.effects.push(reply(tx, r));
             }
+            Command::Transact { txn, reply: tx } => {
+                g.bytes += txn.appends.iter().map(|a| a.data.len()).sum::<usize>();
+                let r = self.transact(txn, g);
+                g.effects.push(reply(tx, r));
+            }
+            Command::MetaScan { prefix, reply: tx } => {
+                let found = self.meta.range(prefix.clone()..).take_while(|(k, _)| k.starts_with(&prefix)).map(|(k, v)| (k.clone(), v.clone())).collect();
+                g.effects.push(reply(tx, Ok(found)));
+            }
         }
+    }
+
+    /// Stages a transaction as [`Engine::transact`](oncelog_storage::Engine::transact) says:
+    /// every append decided first without staging anything, then the appends and Meta records
+    /// into this group's one frame.
+    fn transact(&mut self, txn: TxnRequest, g: &mut Group) -> Result<TxnOutcome, TxnError> {
+        rules::txn_shape(&txn, crate::MAX_RECORD_BYTES)?;
+        for a in &txn.appends {
+            self.drop_if_expired(&a.path, a.now_ms, g);
+        }
+        rules::txn_expect(&txn, |k| self.meta.get(k))?;
+        for (index, a) in txn.appends.iter().enumerate() {
+            self.check_append(a).map_err(|error| TxnError::Append { index, error })?;
+        }
+        let mut appends = Vec::with_capacity(txn.appends.len());
+        for a in &txn.appends {
+            // Decided above against the same state (one append per stream): cannot differ.
+            let out = match self.append(a, g) {
+                Ok(out) => out,
+                Err(e) => return Err(TxnError::Storage(self.fail(backend(LogError::TxnDiverged(e.to_string()))))),
+            };
+            appends.push(out);
+        }
+        for w in &txn.meta {
+            g.record(&Record::Meta { key: &w.key, value: w.value.as_deref() });
+            match &w.value {
+                Some(v) => self.meta.insert(w.key.clone(), v.clone()),
+                None => self.meta.remove(&w.key),
+            };
+        }
+        for (a, out) in txn.appends.iter().zip(&appends) {
+            if let (Some(p), AppendStatus::Appended) = (&a.producer, out.status) {
+                if !self.parked.is_empty() {
+                    self.release_parked(&a.path, &p.id, g);
+                }
+            }
+        }
+        Ok(TxnOutcome { appends })
+    }
+
+    /// [`Store::append`]'s decision without its effects.
+    fn check_append(&self, req: &AppendRequest) -> Result<(), AppendError> {
+        check_append_shape(req)?;
+        let w = self.streams.get(req.path.as_str()).ok_or(AppendError::NotFound)?;
+        let writer = rules::WriterState::of(req, &w.producers, &w.keys);
+        rules::append(&w.meta, w.tail, writer, req, &self.cfg.retention).map(|_| ())
     }
 
     /// Trims every stream whose retention policy lets go of data, to where
@@ -837,12 +902,7 @@ impl Store {
 
     /// Decides one append by [`rules::append`] and stages it as one record.
     fn append(&mut self, req: &AppendRequest, g: &mut Group) -> Result<AppendOutcome, AppendError> {
-        if req.producer.as_ref().is_some_and(|p| p.id.is_empty() || p.id.len() > oncelog_protocol::headers::MAX_PRODUCER_ID_BYTES) {
-            return Err(AppendError::ProducerIdTooLong);
-        }
-        if req.data.len() > crate::MAX_RECORD_BYTES {
-            return Err(AppendError::TooLarge);
-        }
+        check_append_shape(req)?;
         self.drop_if_expired(&req.path, req.now_ms, g);
         let Some(w) = self.streams.get_mut(req.path.as_str()) else { return Err(AppendError::NotFound) };
         if req.stream_id.is_none_or(|id| id == w.meta.id) {
@@ -975,7 +1035,8 @@ impl Store {
                 }
             })
             .collect();
-        Checkpoint { lsn: self.lsn, segment: self.active_no, pos: self.active_len, next_id: self.next_id, streams }
+        let meta = self.meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        Checkpoint { lsn: self.lsn, segment: self.active_no, pos: self.active_len, next_id: self.next_id, streams, meta }
     }
 
     /// Removes soft-deleted streams no fork references any more (cannot normally happen: a
@@ -994,6 +1055,17 @@ impl Store {
         let failure = self.commit(&mut g);
         self.finish(g, failure);
     }
+}
+
+/// What an append must be before any state is consulted: a storable producer id and body.
+fn check_append_shape(req: &AppendRequest) -> Result<(), AppendError> {
+    if req.producer.as_ref().is_some_and(|p| p.id.is_empty() || p.id.len() > oncelog_protocol::headers::MAX_PRODUCER_ID_BYTES) {
+        return Err(AppendError::ProducerIdTooLong);
+    }
+    if req.data.len() > crate::MAX_RECORD_BYTES {
+        return Err(AppendError::TooLarge);
+    }
+    Ok(())
 }
 
 /// Creates segment `no` with its header, synced, and syncs the directory.
@@ -1088,7 +1160,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         report.from_checkpoint = true;
         Checkpoint::decode(&buf, now_ms).map_err(|e| corrupt(format!("checkpoint: {e}")))?
     } else {
-        Checkpoint { lsn: 0, segment: 1, pos: format::SEGMENT_HEADER, next_id: 1, streams: Vec::new() }
+        Checkpoint { lsn: 0, segment: 1, pos: format::SEGMENT_HEADER, next_id: 1, streams: Vec::new(), meta: Vec::new() }
     };
     let mut numbers: Vec<u64> = fs
         .list(format::LOG_DIR)
@@ -1111,6 +1183,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
 
     let mut streams: HashMap<u64, Building> = HashMap::new();
     let mut next_id = cp.next_id;
+    let mut meta: BTreeMap<Vec<u8>, Bytes> = cp.meta.into_iter().collect();
     for s in cp.streams {
         let producers = s.producers.into_iter().collect();
         let keys = (!s.keys.is_empty()).then(|| Box::new(s.keys.into_iter().collect()));
@@ -1180,7 +1253,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
             let records = format::decode_payload(payload).map_err(|e| corrupt(format!("{name}: frame at byte {pos}: {e}")))?;
             let base = (pos + format::FRAME_HEADER) as u64;
             for r in records {
-                replay(r, *n, base, now_ms, &mut streams, &mut next_id).map_err(|e| corrupt(format!("{name}: frame at byte {pos}: {e}")))?;
+                replay(r, *n, base, now_ms, &mut streams, &mut next_id, &mut meta).map_err(|e| corrupt(format!("{name}: frame at byte {pos}: {e}")))?;
             }
             lsn = h.lsn;
             report.frames_replayed += 1;
@@ -1266,6 +1339,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         parked: ParkingLot::default(),
         hot_queue: VecDeque::new(),
         hot_bytes: 0,
+        meta,
         _lock: lock,
     };
     Ok((store, report))
@@ -1291,7 +1365,15 @@ fn find_frame_after(buf: &[u8], from: usize, lsn: u64) -> Option<usize> {
 
 /// Applies one replayed record to the state being rebuilt.
 /// `now_ms` stands in for the activity time of producer effects written before it was kept.
-fn replay(r: Replayed, segment: u64, base: u64, now_ms: i64, streams: &mut HashMap<u64, Building>, next_id: &mut u64) -> Result<(), String> {
+fn replay(
+    r: Replayed,
+    segment: u64,
+    base: u64,
+    now_ms: i64,
+    streams: &mut HashMap<u64, Building>,
+    next_id: &mut u64,
+    meta: &mut BTreeMap<Vec<u8>, Bytes>,
+) -> Result<(), String> {
     let accept = |producers: &mut HashMap<String, ProducerState>, p: ProducerEffect<String>, end: u64| {
         let (digest, at_ms) = p.details.unwrap_or((BodyDigest::UNKNOWN, now_ms));
         producers.entry(p.id).or_insert_with(|| ProducerState::new(p.epoch)).accept(p.epoch, p.seq, Receipt { end: Offset(end), digest }, at_ms);
@@ -1356,6 +1438,12 @@ fn replay(r: Replayed, segment: u64, base: u64, now_ms: i64, streams: &mut HashM
         }
         Replayed::Remove { id } => {
             streams.remove(&id).ok_or_else(|| format!("removal of unknown stream {id}"))?;
+        }
+        Replayed::Meta { key, value: Some(v) } => {
+            meta.insert(key, Bytes::from(v));
+        }
+        Replayed::Meta { key, value: None } => {
+            meta.remove(&key);
         }
     }
     Ok(())

@@ -277,6 +277,63 @@ impl From<TrimError> for CompactError {
     }
 }
 
+/// Largest engine-metadata key, in bytes.
+pub const MAX_META_KEY_BYTES: usize = 1024;
+
+/// One change to the engine's metadata: a small ordered key-value map that engines keep
+/// beside the streams, for state that layers above them (subscriptions) must commit
+/// atomically with appends. `value: None` deletes the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaWrite {
+    pub key: Vec<u8>,
+    pub value: Option<Bytes>,
+}
+
+/// A transaction ([`Engine::transact`]): metadata changes and appends to several streams that
+/// commit as one atomic unit, or not at all.
+#[derive(Debug, Clone, Default)]
+pub struct TxnRequest {
+    /// Compare-and-set guards: each key's current value must equal the one given (`None`:
+    /// absent), checked atomically with the writes, else [`TxnError::Conflict`]. A single
+    /// process that serialises its own changes needs none; they let several processes share
+    /// one backend safely.
+    pub expect: Vec<(Vec<u8>, Option<Bytes>)>,
+    pub meta: Vec<MetaWrite>,
+    /// At most one per stream path; decided in order by the same rules as [`Engine::append`],
+    /// except that nothing parks: an early producer sequence number is a gap at once.
+    pub appends: Vec<AppendRequest>,
+    pub now_ms: i64,
+}
+
+/// What a committed transaction did: one outcome per append, in request order (a producer
+/// retry is [`AppendStatus::Duplicate`] and wrote nothing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxnOutcome {
+    pub appends: Vec<AppendOutcome>,
+}
+
+/// Why a transaction wrote nothing.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum TxnError {
+    #[error("a guarded metadata key changed")]
+    Conflict { key: Vec<u8> },
+    #[error("append {index} was refused: {error}")]
+    Append { index: usize, error: AppendError },
+    #[error("append {index} targets a stream an earlier append of the same transaction targets")]
+    RepeatedStream { index: usize },
+    #[error("a metadata key or value is too large to store")]
+    TooLarge,
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// One stream as [`Engine::list_streams`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    pub path: String,
+    pub info: StreamInfo,
+}
+
 /// A trim's result: where the stream now starts, and its tail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TrimOutcome {
@@ -434,6 +491,18 @@ pub trait Engine: Send + Sync + 'static {
     /// lets go of data to where [`crate::retention::floor`] says (durably, as a trim would);
     /// returns how many streams moved.
     fn retain(&self, now_ms: i64) -> impl Future<Output = Result<usize, StorageError>> + Send;
+
+    /// Commits `txn` as one atomic unit (one frame, one batch): every metadata write and every
+    /// append that is not a duplicate, or nothing. Durable like an append when it returns.
+    fn transact(&self, txn: TxnRequest) -> impl Future<Output = Result<TxnOutcome, TxnError>> + Send;
+
+    /// Every metadata entry whose key starts with `prefix`, in key order, reflecting every
+    /// acknowledged transaction.
+    fn meta_scan(&self, prefix: &[u8]) -> impl Future<Output = Result<Vec<(Vec<u8>, Bytes)>, StorageError>> + Send;
+
+    /// The streams readers can see whose path starts with `prefix`, in path order. Cheap;
+    /// reads only what readers see.
+    fn list_streams(&self, prefix: &str, now_ms: i64) -> Vec<Listed>;
 
     /// Finishes in-flight writes and makes them durable; later writes fail with `ShuttingDown`.
     fn shutdown(&self) -> impl Future<Output = Result<(), StorageError>> + Send;

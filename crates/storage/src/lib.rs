@@ -13,6 +13,8 @@
 //! - [`compaction`]: compaction of State Protocol streams over any engine (fold the history,
 //!   [`Engine::compact`] the snapshot).
 //! - [`retention`]: retention policies, time marks and where the retention sweep trims to.
+//! - [`subs`]: subscriptions (protocol sections 6 and 7) over any engine, kept in the engines'
+//!   metadata map and changed by transactions ([`Engine::transact`]).
 //! - [`clock`]: time behind a trait, so expiry is testable with a manual clock.
 //! - `contract` (feature `contract`): the engine contract suite; every engine runs it through
 //!   [`engine_contract_tests!`].
@@ -30,6 +32,7 @@ pub mod parking;
 pub mod retention;
 pub mod rules;
 pub mod state;
+pub mod subs;
 
 #[cfg(feature = "contract")]
 pub mod contract;

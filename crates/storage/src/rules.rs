@@ -579,3 +579,30 @@ pub fn source_follows(source: &StreamMeta, forks_left: usize) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+// ---------------------------------------------------------------------------------------------
+// Transactions
+// ---------------------------------------------------------------------------------------------
+
+/// The checks of a transaction that need no state: key and value sizes (`max_value`: the
+/// engine's record limit), at most one append per stream.
+pub fn txn_shape(txn: &TxnRequest, max_value: usize) -> Result<(), TxnError> {
+    let too_large = txn.meta.iter().any(|w| w.key.len() > MAX_META_KEY_BYTES || w.value.as_ref().is_some_and(|v| v.len() > max_value));
+    if too_large || txn.expect.iter().any(|(k, _)| k.len() > MAX_META_KEY_BYTES) {
+        return Err(TxnError::TooLarge);
+    }
+    for (index, a) in txn.appends.iter().enumerate() {
+        if txn.appends[..index].iter().any(|b| b.path == a.path) {
+            return Err(TxnError::RepeatedStream { index });
+        }
+    }
+    Ok(())
+}
+
+/// The compare-and-set guards of a transaction against the current values (`current(key)`).
+pub fn txn_expect<'a>(txn: &TxnRequest, current: impl Fn(&[u8]) -> Option<&'a Bytes>) -> Result<(), TxnError> {
+    match txn.expect.iter().find(|(k, v)| current(k) != v.as_ref()) {
+        Some((key, _)) => Err(TxnError::Conflict { key: key.clone() }),
+        None => Ok(()),
+    }
+}

@@ -8,6 +8,7 @@
 //! | `idempotency` | stream id (u64 BE) ++ key id (u128 BE) | [`oncelog_storage::codec::key_entry`] |
 //! | `marks`     | stream id (u64 BE) ++ mark number (u64 BE) | [`mark_value`]: end u64 LE ++ time (Unix ms) i64 LE |
 //! | `gc`        | stream id (u64 BE)                    | empty: data of a deleted stream still to be removed |
+//! | `meta`      | `0x00` ++ metadata key ([`meta`])     | the metadata value's bytes, as given ([`oncelog_storage::MetaWrite`]) |
 //! | `sys`       | `next_stream_id`                      | [`super::sys`] (tagged u64)    |
 //!
 //! A data key holds the append's *end* offset, so the append containing offset `o` is the first
@@ -69,6 +70,24 @@ pub fn parse_mark_value(v: &[u8]) -> Option<oncelog_storage::TimeMark> {
     (v.len() == 16).then_some(oncelog_storage::TimeMark { end: oncelog_protocol::Offset(end), at_ms })
 }
 
+/// The first byte of every `meta` key (see [`meta`]).
+const META_KEY_LEAD: u8 = 0x00;
+
+/// The stored key of engine-metadata key `key` ([`oncelog_storage::Engine::transact`]). The
+/// leading byte is there because fjall refuses an empty key, which the seam allows; it is the
+/// same for every key, so stored order is the metadata's key order.
+pub fn meta(key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + key.len());
+    k.push(META_KEY_LEAD);
+    k.extend_from_slice(key);
+    k
+}
+
+/// The metadata key a stored `meta` key holds.
+pub fn parse_meta(stored: &[u8]) -> Option<&[u8]> {
+    stored.strip_prefix(&[META_KEY_LEAD])
+}
+
 /// Splits an idempotency key into (stream id, key id).
 pub fn parse_idempotency(key: &[u8]) -> Option<(u64, KeyId)> {
     let id = u64::from_be_bytes(key.get(..8)?.try_into().ok()?);
@@ -93,6 +112,13 @@ mod tests {
         fn data_keys_sort_by_stream_then_offset(a: (u64, u64), b: (u64, u64)) {
             prop_assert_eq!(data(a.0, a.1).cmp(&data(b.0, b.1)), a.cmp(&b));
             prop_assert_eq!(parse_data(&data(a.0, a.1)), Some(a));
+        }
+
+        #[test]
+        fn meta_keys_keep_key_order_and_round_trip(a: Vec<u8>, b: Vec<u8>) {
+            prop_assert_eq!(meta(&a).cmp(&meta(&b)), a.cmp(&b));
+            let stored = meta(&a);
+            prop_assert_eq!(parse_meta(&stored), Some(a.as_slice()));
         }
 
         #[test]

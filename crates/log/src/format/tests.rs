@@ -82,6 +82,12 @@ proptest! {
     }
 
     #[test]
+    fn meta_records_round_trip(key in proptest::collection::vec(any::<u8>(), 0..40), value in proptest::option::of(proptest::collection::vec(any::<u8>(), 0..80))) {
+        let rec = Record::Meta { key: &key, value: value.as_deref() };
+        prop_assert_eq!(round_trip(rec), Replayed::Meta { key: key.clone(), value: value.clone() });
+    }
+
+    #[test]
     fn deletes_round_trip(id: u64, soft: bool) {
         let r = round_trip(if soft { Record::SoftDelete { id } } else { Record::Remove { id } });
         prop_assert_eq!(r, if soft { Replayed::SoftDelete { id } } else { Replayed::Remove { id } });
@@ -96,6 +102,7 @@ proptest! {
     fn checkpoints_round_trip(
         lsn: u64, segment in 0..MAX_SEGMENT_NUMBER, pos in 0..MAX_SEGMENT_BYTES, next_id: u64,
         streams in proptest::collection::vec((meta(), "[a-z/]{1,10}", 0u64..1000, proptest::collection::vec((1u64..100, 1u64..50, 0u64..1_000_000), 0..5), proptest::collection::vec(("[a-z]{1,5}", any::<u64>(), any::<u64>()), 0..3), proptest::collection::vec((any::<u128>(), any::<u64>(), any::<u64>(), 0i64..i64::MAX), 0..3), proptest::collection::vec((1u64..1000, 0i64..i64::MAX), 0..4)), 0..5),
+        meta_map in proptest::collection::btree_map(proptest::collection::vec(any::<u8>(), 0..12), proptest::collection::vec(any::<u8>(), 0..24), 0..4),
     ) {
         let streams = streams.into_iter().map(|(meta, path, start, ext, prods, keys, marks)| {
             let mut end = start;
@@ -110,8 +117,13 @@ proptest! {
             let marks = marks.into_iter().map(|(len, t)| { at += len; oncelog_storage::TimeMark { end: Offset(at), at_ms: t } }).collect();
             CheckpointStream { path, meta, tail: end, start, producers, extents, keys, marks }
         }).collect();
-        let c = Checkpoint { lsn, segment, pos, next_id, streams };
-        prop_assert_eq!(Checkpoint::decode(&c.encode(), 0), Ok(c));
+        let meta: Vec<(Vec<u8>, bytes::Bytes)> = meta_map.into_iter().map(|(k, v)| (k, bytes::Bytes::from(v))).collect();
+        let c = Checkpoint { lsn, segment, pos, next_id, streams, meta };
+        let encoded = c.encode();
+        // Version 4 only when there is metadata: a store that never used it stays readable by
+        // binaries from before it.
+        prop_assert_eq!(&encoded[..8], if c.meta.is_empty() { b"ONCECKP\x03" } else { b"ONCECKP\x04" });
+        prop_assert_eq!(Checkpoint::decode(&encoded, 0), Ok(c));
     }
 
     #[test]
@@ -188,7 +200,7 @@ fn version_2_checkpoints_decode_without_time_marks() {
         compaction: false,
     };
     let s = CheckpointStream { path: "s".into(), meta, tail: 5, start: 0, producers: vec![], extents: vec![Extent::new(5, 1, 16)], keys: vec![], marks: vec![] };
-    let c = Checkpoint { lsn: 2, segment: 1, pos: 40, next_id: 5, streams: vec![s] };
+    let c = Checkpoint { lsn: 2, segment: 1, pos: 40, next_id: 5, streams: vec![s], meta: Vec::new() };
     let v3 = c.encode();
     // A version 2 body is the same without the (here empty: one 0 byte) mark list at the end.
     let body = &v3[20..v3.len() - 1];

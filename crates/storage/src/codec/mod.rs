@@ -11,6 +11,7 @@
 pub mod key_entry;
 pub mod producer;
 pub mod stream_meta;
+pub mod subscription;
 
 pub use producer::ProducerRecord;
 

@@ -10,7 +10,8 @@
 //! `Stream-Seq`, incarnations and framing), [`forks`] (chains, sub-offsets, soft delete and
 //! cascade), [`lifecycle`] (reads and their alignment, trims, expiry, live waits, persistence
 //! across reopen, readiness), [`retention`] (policies and the sweep that applies them),
-//! [`compaction`] (State Protocol snapshots).
+//! [`compaction`] (State Protocol snapshots), [`txn`] (transactions over metadata and several
+//! streams, stream listing), [`subscriptions`] (subscription state kept through them).
 
 use std::future::Future;
 
@@ -24,11 +25,14 @@ pub mod compaction;
 pub mod forks;
 pub mod lifecycle;
 pub mod retention;
+pub mod subscriptions;
+pub mod txn;
 pub mod writes;
 
 /// How the suite gets engines: fresh ones on empty storage, and the same storage reopened.
 pub trait Harness: Sized + Send + Sync + 'static {
-    type Engine: Engine;
+    /// Cheap to clone (clones share one engine), as both of Oncelog's engines are.
+    type Engine: Engine + Clone;
 
     /// A fresh engine on fresh, empty storage.
     fn open() -> impl Future<Output = Self> + Send;
@@ -82,7 +86,14 @@ macro_rules! engine_contract_tests {
             lifecycle::live_waits_wake_on_append_closure_and_delete,
             lifecycle::state_survives_reopen,
             lifecycle::deleted_paths_start_fresh_with_new_ids,
-            lifecycle::readiness_and_stats
+            lifecycle::readiness_and_stats,
+            txn::transactions_commit_metadata_and_appends_together,
+            txn::a_refused_transaction_writes_nothing,
+            txn::listed_streams_are_the_visible_ones,
+            subscriptions::subscriptions_are_configuration_that_survives_reopen,
+            subscriptions::pull_wake_claims_are_fenced_by_generation,
+            subscriptions::webhook_deliveries_follow_a_stored_schedule,
+            subscriptions::commits_write_outputs_and_acks_atomically
         );
     };
     (@cases $harness:ty; $($group:ident :: $case:ident),* $(,)?) => {

@@ -1,0 +1,261 @@
+//! Subscriptions over the engine: configuration, wakes, claims, fencing, webhook delivery
+//! schedules and transactional commits, each across a reopen. The decisions are the shared
+//! [`crate::subs`] code; what an engine must get right is the metadata map and transactions
+//! underneath, and these cases hold it to that.
+
+use std::sync::Arc;
+
+use super::*;
+use crate::subs::*;
+
+/// Subscriptions over the harness's engine (a clone sharing it). Dropped before each reopen,
+/// so the old engine is gone when the storage opens again.
+fn subs<H: Harness>(h: &H) -> Subscriptions<H::Engine> {
+    Subscriptions::new(Arc::new(h.engine().clone()))
+}
+
+fn pull(pattern: Option<&str>, streams: &[&str], wake_stream: &str) -> SubConfig {
+    SubConfig {
+        kind: SubKind::PullWake { wake_stream: wake_stream.into() },
+        pattern: pattern.map(Into::into),
+        streams: streams.iter().map(|s| s.to_string()).collect(),
+        lease_ttl_ms: 1_000,
+        description: None,
+    }
+}
+
+fn webhook(pattern: &str) -> SubConfig {
+    SubConfig { kind: SubKind::Webhook { url: "https://hooks.example/x".into() }, ..pull(Some(pattern), &[], "") }
+}
+
+fn fence(n: &WakeNotice) -> Fence {
+    Fence { uid: n.uid, token_generation: n.generation, generation: n.generation, wake_id: n.wake_id.clone() }
+}
+
+fn ack_req(n: &WakeNotice, acks: Vec<Ack>, done: bool, via: AckVia) -> AckRequest {
+    AckRequest { fence: fence(n), acks, done, via, outputs: Vec::new() }
+}
+
+fn acked(view: &SubView, path: &str) -> Option<(Offset, Offset)> {
+    view.links.iter().find(|l| l.path == path).map(|l| (l.acked, l.tail))
+}
+
+async fn json_append<E: Engine>(e: &E, path: &str, v: &str) -> Offset {
+    append(e, AppendRequest { json_framed: true, content_type: Some("application/json".into()), data: json_framed(&[v]), ..append_req(path, "") }).await.next_offset
+}
+
+pub async fn subscriptions_are_configuration_that_survives_reopen<H: Harness>() {
+    let mut h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("events/a", "application/json")).await;
+    json_append(e, "events/a", "1").await;
+    create(e, create_req("events/a/deeper", "application/json")).await;
+    create(e, create_req("other", "application/json")).await;
+    create(e, create_req("__ds/reserved", "application/json")).await;
+    let s = subs(&h);
+    let cfg = webhook("/events/*/");
+    let (verdict, view) = s.put("one", cfg.clone(), 10).await.expect("put");
+    assert_eq!(verdict, PutVerdict::Created);
+    assert_eq!(view.record.config.pattern.as_deref(), Some("events/*"), "patterns are normalized");
+    // Backfill: existing matches are linked at their tails, so old data is not pending.
+    assert_eq!(view.links.len(), 1);
+    let tail = e.head("events/a", 0).await.expect("head").tail;
+    assert_eq!(acked(&view, "events/a"), Some((tail, tail)));
+    assert_eq!(s.put("one", cfg.clone(), 20).await.expect("again").0, PutVerdict::Existing);
+    let other = SubConfig { lease_ttl_ms: 2_000, ..cfg.clone() };
+    assert!(matches!(s.put("one", other, 20).await, Err(SubError::AlreadyExists)));
+    assert!(matches!(s.put("bad", SubConfig { lease_ttl_ms: 999, ..cfg.clone() }, 0).await, Err(SubError::Invalid(InvalidSub::LeaseTtl))));
+    assert!(matches!(s.put("bad", pull(None, &[], "w"), 0).await, Err(SubError::Invalid(InvalidSub::NoTarget))));
+    assert!(matches!(s.put("a/b", cfg.clone(), 0).await, Err(SubError::Invalid(InvalidSub::BadId))));
+
+    // Explicit links, also to streams that do not exist; removal keeps a glob match.
+    s.put("two", pull(Some("events/*"), &["manual/a"], "wake"), 30).await.expect("put two");
+    s.relink("two", vec!["manual/b".into(), "events/a".into()], vec![], 31).await.expect("add");
+    s.relink("two", vec![], vec!["manual/b".into(), "events/a".into()], 32).await.expect("remove");
+    let two = s.get("two", 33).await.expect("get");
+    let kinds: Vec<(&str, LinkType)> = two.links.iter().map(|l| (l.path.as_str(), l.link_type)).collect();
+    assert_eq!(kinds, [("events/a", LinkType::Glob), ("manual/a", LinkType::Explicit)]);
+    let uid_two = two.record.uid;
+
+    drop(s);
+    h.reopen().await;
+    let s = subs(&h);
+    let again = s.get("one", 40).await.expect("get after reopen");
+    assert_eq!(again.record, view.record);
+    assert_eq!(again.links, view.links);
+    assert_eq!(s.get("two", 40).await.expect("two").links.len(), 2);
+    assert!(s.delete("two", 41).await.expect("delete"));
+    assert!(!s.delete("two", 41).await.expect("delete again"));
+    assert!(matches!(s.get("two", 42).await, Err(SubError::NotFound)));
+    // A re-created subscription is a new incarnation: tokens of the old one do not fit it.
+    let (_, fresh) = s.put("two", pull(Some("events/*"), &[], "wake"), 43).await.expect("recreate");
+    assert!(fresh.record.uid > uid_two);
+    drop(s);
+    h.reopen().await;
+    let s = subs(&h);
+    assert_eq!(s.list().await.expect("list").iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), ["one", "two"]);
+}
+
+pub async fn pull_wake_claims_are_fenced_by_generation<H: Harness>() {
+    let mut h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("wake", "application/json")).await;
+    create(e, create_req("jobs/a", "application/json")).await;
+    let s = subs(&h);
+    s.put("p", pull(Some("jobs/*"), &[], "wake"), 0).await.expect("put");
+    assert!(matches!(s.claim("p", "w1", 0).await, Err(SubError::NoPendingWork)));
+
+    // An append wakes the subscription once: one event in the wake stream, generation 1.
+    let tail = json_append(e, "jobs/a", r#"{"n":1}"#).await;
+    s.on_write("jobs/a", 100).await.expect("on_write");
+    json_append(e, "jobs/a", r#"{"n":2}"#).await;
+    s.on_write("jobs/a", 101).await.expect("no second wake while one is live");
+    let events = read_all(e, "wake", 1 << 20).await;
+    assert_eq!(events.matches("\"type\":\"wake\"").count(), 1, "{events}");
+    assert!(events.contains("\"subscription_id\":\"p\"") && events.contains("\"generation\":1"), "{events}");
+
+    let a = s.claim("p", "w1", 200).await.expect("claim");
+    assert_eq!(a.generation, 1);
+    assert_eq!(a.streams.iter().map(|l| (l.path.as_str(), l.acked)).collect::<Vec<_>>(), [("jobs/a", Offset::ZERO)]);
+    match s.claim("p", "w2", 300).await {
+        Err(SubError::AlreadyClaimed { holder, generation: 1 }) => assert_eq!(holder, "w1"),
+        r => panic!("{r:?}"),
+    }
+    // A heartbeat (ack without done) moves the cursor and extends the lease.
+    let first = AckOutcome { next_wake: false, duplicate: false, appends: vec![] };
+    assert_eq!(s.ack("p", ack_req(&a, vec![Ack { stream: "jobs/a".into(), offset: tail }], false, AckVia::Ack), 1_100).await.expect("heartbeat"), first);
+    // Cursors never move back, nor past the tail, nor on streams not linked; nothing applies
+    // when one is wrong.
+    let bad = [
+        vec![Ack { stream: "jobs/a".into(), offset: Offset::ZERO }],
+        vec![Ack { stream: "jobs/a".into(), offset: Offset(1 << 40) }],
+        vec![Ack { stream: "jobs/a".into(), offset: Offset(tail.0 + 1) }, Ack { stream: "nope".into(), offset: Offset::ZERO }],
+    ];
+    for acks in bad {
+        let r = s.ack("p", ack_req(&a, acks, true, AckVia::Ack), 1_200).await;
+        assert!(matches!(r, Err(SubError::InvalidOffset { .. })), "{r:?}");
+    }
+    assert_eq!(acked(&s.get("p", 1_200).await.expect("get"), "jobs/a").map(|x| x.0), Some(tail));
+
+    // The lease (extended to 2_100) runs out: w2 gets generation 2; everything of w1 is fenced.
+    let b = s.claim("p", "w2", 2_200).await.expect("claim after the lease ended");
+    assert_eq!(b.generation, 2);
+    let before = s.get("p", 2_300).await.expect("get");
+    let end = e.head("jobs/a", 0).await.expect("head").tail;
+    let zombie = [
+        s.ack("p", ack_req(&a, vec![Ack { stream: "jobs/a".into(), offset: end }], true, AckVia::Ack), 2_300).await.err(),
+        s.release("p", &fence(&a), 2_300).await.err(),
+        s.ack("p", AckRequest { outputs: vec![append_req("jobs/a", "x")], ..ack_req(&a, vec![], true, AckVia::Commit) }, 2_300).await.err(),
+        // Another subscription's token, or a wrong wake id, of the current generation.
+        s.ack("p", AckRequest { fence: Fence { uid: b.uid + 100, ..fence(&b) }, ..ack_req(&b, vec![], true, AckVia::Ack) }, 2_300).await.err(),
+        s.ack("p", AckRequest { fence: Fence { wake_id: "w_0_0".into(), ..fence(&b) }, ..ack_req(&b, vec![], true, AckVia::Ack) }, 2_300).await.err(),
+    ];
+    for (i, r) in zombie.iter().enumerate() {
+        assert!(matches!(r, Some(SubError::Fenced | SubError::TokenInvalid)), "{i}: {r:?}");
+    }
+    assert_eq!(s.get("p", 2_300).await.expect("get"), before, "fenced requests change nothing");
+    assert_eq!(e.head("jobs/a", 0).await.expect("head").tail, end, "a fenced commit writes nothing");
+
+    // done acks and ends the wake; nothing pending, so no next wake; the same again is fenced.
+    let done = s.ack("p", ack_req(&b, vec![Ack { stream: "jobs/a".into(), offset: end }], true, AckVia::Ack), 2_400).await.expect("done");
+    assert!(!done.next_wake);
+    assert!(matches!(s.ack("p", ack_req(&b, vec![], true, AckVia::Ack), 2_400).await, Err(SubError::Fenced)));
+
+    // State survives a reopen: cursor, generation; a new append wakes generation 3.
+    drop(s);
+    h.reopen().await;
+    let e = h.engine();
+    let s = subs(&h);
+    assert_eq!(acked(&s.get("p", 2_500).await.expect("get"), "jobs/a"), Some((end, end)));
+    json_append(e, "jobs/a", r#"{"n":3}"#).await;
+    s.on_write("jobs/a", 2_600).await.expect("on_write");
+    let c = s.claim("p", "w3", 2_700).await.expect("claim");
+    assert_eq!(c.generation, 3);
+    // A release gives the work back: pending work wakes again at once (generation 4).
+    s.release("p", &fence(&c), 2_800).await.expect("release");
+    assert_eq!(s.claim("p", "w1", 2_900).await.expect("claim").generation, 4);
+    assert_eq!(read_all(e, "wake", 1 << 20).await.matches("\"type\":\"wake\"").count(), 3);
+}
+
+pub async fn webhook_deliveries_follow_a_stored_schedule<H: Harness>() {
+    let mut h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("ev/a", "application/json")).await;
+    let s = subs(&h);
+    s.put("hook", webhook("ev/*"), 0).await.expect("put");
+    assert!(s.due(0).await.expect("due").deliveries.is_empty());
+    let tail = json_append(e, "ev/a", "1").await;
+    s.on_write("ev/a", 1_000).await.expect("on_write");
+    let due = s.due(1_000).await.expect("due");
+    assert_eq!(due.deliveries.len(), 1);
+    let d = &due.deliveries[0];
+    assert_eq!((d.generation, d.url.as_deref(), d.streams[0].tail), (1, Some("https://hooks.example/x"), tail));
+    assert_eq!(due.next_deadline_ms, Some(2_000), "the lease's end");
+    assert!(s.due(1_001).await.expect("due").deliveries.is_empty(), "one delivery in flight");
+    s.delivery_failed("hook", 1, 5_000, 1_100).await.expect("failed");
+    // The retry time is stored: nothing before it, even after a reopen.
+    drop(s);
+    h.reopen().await;
+    let e = h.engine();
+    let s = subs(&h);
+    assert_eq!(s.get("hook", 1_200).await.expect("get").record.failures, 1);
+    assert!(s.due(1_200).await.expect("due").deliveries.is_empty());
+    assert!(s.due(6_000).await.expect("due").deliveries.is_empty(), "retry at 6_100");
+    let retry = s.due(6_100).await.expect("due");
+    // The first wake's lease ended meanwhile: the retry is a new generation.
+    assert_eq!(retry.deliveries.iter().map(|d| d.generation).collect::<Vec<_>>(), [2]);
+    // A stale delivery result changes nothing; the current one with done acks the snapshot.
+    s.delivered("hook", 1, true, 6_200).await.expect("stale");
+    assert_eq!(acked(&s.get("hook", 6_200).await.expect("get"), "ev/a"), Some((Offset::ZERO, tail)));
+    json_append(e, "ev/a", "2").await; // after the snapshot: not acked by this wake's done
+    s.delivered("hook", 2, true, 6_300).await.expect("delivered");
+    let view = s.get("hook", 6_300).await.expect("get");
+    assert_eq!(view.record.failures, 0);
+    assert_eq!(acked(&view, "ev/a").map(|x| x.0), Some(tail));
+    // ...so the next wake (generation 3) follows at once.
+    assert_eq!(view.record.wake.as_ref().map(|w| w.generation), Some(3));
+}
+
+pub async fn commits_write_outputs_and_acks_atomically<H: Harness>() {
+    let mut h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("wake", "application/json")).await;
+    create(e, create_req("in/a", "application/json")).await;
+    create(e, create_req("out", "text/plain")).await;
+    create(e, create_req("closed", "text/plain")).await;
+    append(e, close_req("closed")).await;
+    let s = subs(&h);
+    s.put("t", pull(Some("in/*"), &[], "wake"), 0).await.expect("put");
+    let tail = json_append(e, "in/a", "1").await;
+    s.on_write("in/a", 10).await.expect("on_write");
+    let c = s.claim("t", "w", 20).await.expect("claim");
+    let output = |data: &str, seq| produce("out", data, "sub:t", c.generation, seq);
+    let acks = vec![Ack { stream: "in/a".into(), offset: tail }];
+
+    // An output the engine refuses: nothing at all is written, the cursor stays.
+    let refused = AckRequest { outputs: vec![output("x", 0), append_req("closed", "y")], ..ack_req(&c, acks.clone(), true, AckVia::Commit) };
+    match s.ack("t", refused, 30).await {
+        Err(SubError::Append { index: 1, stream, error: AppendError::Closed { .. } }) => assert_eq!(stream, "closed"),
+        r => panic!("{r:?}"),
+    }
+    assert_eq!(read_all(e, "out", 1 << 20).await, "");
+    assert_eq!(acked(&s.get("t", 30).await.expect("get"), "in/a").map(|x| x.0), Some(Offset::ZERO));
+
+    let commit = AckRequest { outputs: vec![output("total=1", 0)], ..ack_req(&c, acks.clone(), true, AckVia::Commit) };
+    let done = s.ack("t", commit.clone(), 40).await.expect("commit");
+    assert!(!done.duplicate && !done.next_wake);
+    assert_eq!(done.appends[0].status, AppendStatus::Appended);
+    // A retry of it (its answer was lost) is recognised, also after a reopen: nothing again.
+    drop(s);
+    h.reopen().await;
+    let e = h.engine();
+    let s = subs(&h);
+    assert_eq!(read_all(e, "out", 1 << 20).await, "total=1");
+    assert_eq!(acked(&s.get("t", 50).await.expect("get"), "in/a").map(|x| x.0), Some(tail));
+    let again = s.ack("t", commit, 50).await.expect("retried commit");
+    assert!(again.duplicate);
+    assert_eq!(read_all(e, "out", 1 << 20).await, "total=1");
+    // A retry claiming more than was acked is not that commit: fenced.
+    let more = AckRequest { outputs: vec![], ..ack_req(&c, vec![Ack { stream: "in/a".into(), offset: Offset(tail.0 + 1) }], true, AckVia::Commit) };
+    assert!(matches!(s.ack("t", more, 60).await, Err(SubError::Fenced)));
+}

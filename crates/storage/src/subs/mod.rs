@@ -1,0 +1,130 @@
+//! Subscriptions (protocol sections 6 and 7) over any [`Engine`](crate::Engine): who is told about new data in
+//! which streams, how far each has processed them, and who may act on it now.
+//!
+//! - [`model`]: the stored state ([`SubRecord`], [`Cursor`]).
+//! - [`glob`]: stream patterns.
+//! - [`service`]: [`Subscriptions`], the decisions and their persistence.
+//!
+//! Every change of cursors, generation, wake, lease and retry schedule is one
+//! [`Engine::transact`](crate::Engine::transact) (one log frame, one fjall batch), together with the wake event it
+//! appends to a pull-wake stream or the output appends of a transactional commit. So they are
+//! durable and atomic with each other on every engine, and the engines know nothing about
+//! subscriptions: they keep a metadata map ([`crate::MetaWrite`]) and commit transactions.
+
+pub mod glob;
+pub mod model;
+pub mod service;
+
+pub use model::*;
+pub use service::*;
+
+use oncelog_protocol::Offset;
+
+use crate::{AppendError, StorageError, TxnError};
+
+/// Why a subscription configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidSub {
+    #[error("a subscription needs a pattern or a non-empty list of streams")]
+    NoTarget,
+    #[error("lease_ttl_ms must be between 1000 and 600000")]
+    LeaseTtl,
+    #[error("stream paths must be non-empty and outside __ds/")]
+    BadPath,
+    #[error("subscription ids must be 1 to 256 characters, without '/'")]
+    BadId,
+}
+
+/// Why a subscription operation was refused or failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SubError {
+    #[error("subscription not found")]
+    NotFound,
+    #[error("a subscription with this id exists with a different configuration")]
+    AlreadyExists,
+    #[error(transparent)]
+    Invalid(#[from] InvalidSub),
+    #[error("the token does not belong to this subscription")]
+    TokenInvalid,
+    #[error("stale generation or wake id: this work has ended or passed to another worker")]
+    Fenced,
+    #[error("the work is claimed by {holder}")]
+    AlreadyClaimed { holder: String, generation: u64 },
+    #[error("no pending work to claim")]
+    NoPendingWork,
+    #[error("this operation is for {needs} subscriptions")]
+    WrongType { needs: &'static str },
+    #[error("invalid offset for {stream}: {why}")]
+    InvalidOffset { stream: String, why: &'static str },
+    #[error("append {index} to {stream} was refused: {error}")]
+    Append { index: usize, stream: String, error: AppendError },
+    #[error("the subscription changed meanwhile; retry")]
+    Conflict,
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+impl From<TxnError> for SubError {
+    fn from(e: TxnError) -> Self {
+        match e {
+            TxnError::Conflict { .. } => SubError::Conflict,
+            TxnError::Storage(s) => SubError::Storage(s),
+            // Our own metadata is small and our appends target distinct streams; an append
+            // refusal is mapped by the caller, which knows the stream.
+            TxnError::TooLarge | TxnError::RepeatedStream { .. } | TxnError::Append { .. } => {
+                SubError::Storage(StorageError::Backend(std::sync::Arc::new(e)))
+            }
+        }
+    }
+}
+
+/// What the server learnt from a verified token, and what the request says: the fence every
+/// callback, ack, release and commit must pass.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The subscription incarnation the token was minted for.
+    pub uid: u64,
+    pub token_generation: u64,
+    /// `generation` of the request body.
+    pub generation: u64,
+    /// `wake_id` of the request body.
+    pub wake_id: String,
+}
+
+/// One acknowledgement: `stream` processed up to `offset`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ack {
+    pub stream: String,
+    pub offset: Offset,
+}
+
+/// Whether a stream is linked by name or by the pattern.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkType {
+    Explicit,
+    Glob,
+}
+
+/// One linked stream, as of one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    pub path: String,
+    pub link_type: LinkType,
+    /// The stream incarnation (0: no stream at this path now).
+    pub stream_id: u64,
+    pub acked: Offset,
+    pub tail: Offset,
+}
+
+impl Link {
+    pub fn has_pending(&self) -> bool {
+        self.tail > self.acked
+    }
+}
+
+/// A subscription as `GET` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubView {
+    pub record: SubRecord,
+    pub links: Vec<Link>,
+}

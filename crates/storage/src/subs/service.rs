@@ -1,0 +1,777 @@
+//! [`Subscriptions`]: the subscription state of one server, its decisions, and their persistence
+//! through [`Engine::transact`].
+//!
+//! The state lives in memory behind one lock, loaded from the engine's metadata map on first
+//! use; every change is written (one transaction) before it is applied in memory or answered, so
+//! what a caller was told is durable. Nothing here reads a clock: `now_ms` comes with each call.
+//!
+//! Liveness is derived from time: a lease whose end has passed counts as ended at once, and a
+//! record is written only when something new happens (a wake, a claim, an ack). Deadlines are
+//! Unix ms in the records, so they survive restarts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use oncelog_protocol::Offset;
+use tokio::sync::{Mutex, Notify};
+
+use super::*;
+use crate::codec::subscription as codec;
+use crate::{AppendOutcome, AppendRequest, Engine, MetaWrite, TxnError, TxnRequest};
+
+const SUB_PREFIX: &str = "sub/";
+const CURSOR_PREFIX: &str = "cur/";
+const KEY_PREFIX: &str = "key/";
+const NEXT_UID: &str = "seq/subscription";
+
+/// Paths under this prefix are the server's own API, never linked.
+pub const RESERVED_PREFIX: &str = "__ds/";
+
+fn sub_key(id: &str) -> Vec<u8> {
+    format!("{SUB_PREFIX}{id}").into_bytes()
+}
+
+fn cursor_prefix(uid: u64) -> String {
+    format!("{CURSOR_PREFIX}{uid:016x}/")
+}
+
+fn cursor_key(uid: u64, path: &str) -> Vec<u8> {
+    format!("{}{path}", cursor_prefix(uid)).into_bytes()
+}
+
+/// Whether a path may be linked at all.
+fn linkable(path: &str) -> bool {
+    !path.is_empty() && !path.starts_with(RESERVED_PREFIX) && path != "__ds"
+}
+
+impl SubConfig {
+    /// Checks and normalizes a configuration as received.
+    pub fn normalized(mut self) -> Result<SubConfig, InvalidSub> {
+        self.pattern = self.pattern.map(|p| glob::normalize(&p)).filter(|p| !p.is_empty());
+        self.streams.sort();
+        self.streams.dedup();
+        if self.pattern.is_none() && self.streams.is_empty() {
+            return Err(InvalidSub::NoTarget);
+        }
+        if !(MIN_LEASE_TTL_MS..=MAX_LEASE_TTL_MS).contains(&self.lease_ttl_ms) {
+            return Err(InvalidSub::LeaseTtl);
+        }
+        if self.streams.iter().any(|s| !linkable(s)) {
+            return Err(InvalidSub::BadPath);
+        }
+        if let SubKind::PullWake { wake_stream } = &self.kind {
+            if wake_stream.is_empty() {
+                return Err(InvalidSub::BadPath);
+            }
+        }
+        Ok(self)
+    }
+}
+
+/// A subscription id as it may appear in a URL segment.
+pub fn valid_id(id: &str) -> Result<(), InvalidSub> {
+    if id.is_empty() || id.len() > 256 || id.contains('/') {
+        return Err(InvalidSub::BadId);
+    }
+    Ok(())
+}
+
+/// One subscription in memory.
+#[derive(Debug, Clone)]
+struct Entry {
+    rec: SubRecord,
+    cursors: BTreeMap<String, Cursor>,
+    /// The generation last handed to the dispatcher (memory only: after a restart a live wake is
+    /// delivered again, with the same generation, which receivers treat as a repeat).
+    sent: u64,
+    /// A delivery of the current wake is in flight.
+    in_flight: bool,
+}
+
+impl Entry {
+    /// Whether `path` is linked (before looking at whether a stream exists there).
+    fn links_path(&self, path: &str) -> bool {
+        if !linkable(path) || self.is_own_wake_stream(path) {
+            return false;
+        }
+        self.rec.explicit.contains(path) || self.rec.config.pattern.as_deref().is_some_and(|p| glob::matches(p, path))
+    }
+
+    /// A pull-wake subscription never links its own wake stream: each wake event would be new
+    /// work for the next wake, without end.
+    fn is_own_wake_stream(&self, path: &str) -> bool {
+        matches!(&self.rec.config.kind, SubKind::PullWake { wake_stream } if wake_stream == path)
+    }
+
+    /// Where processing of the stream `stream_id` at `path` stands: its cursor when it refers to
+    /// that incarnation, else the beginning.
+    fn acked(&self, path: &str, stream_id: u64) -> Offset {
+        match self.cursors.get(path) {
+            Some(c) if c.stream_id == stream_id => c.acked,
+            _ => Offset::ZERO,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    loaded: bool,
+    subs: BTreeMap<String, Entry>,
+    next_uid: u64,
+    /// Opaque secrets of the layer above (signing keys), by name.
+    keys: BTreeMap<String, Bytes>,
+}
+
+/// Verdict of [`Subscriptions::put`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutVerdict {
+    Created,
+    Existing,
+}
+
+/// A wake handed to a worker: by claim, or in a webhook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WakeNotice {
+    pub id: String,
+    pub uid: u64,
+    pub generation: u64,
+    pub wake_id: String,
+    /// The linked streams with pending work.
+    pub streams: Vec<Link>,
+    pub lease_ttl_ms: u32,
+    /// Webhook subscriptions: where to deliver it.
+    pub url: Option<String>,
+}
+
+/// What an ack, callback or commit did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AckOutcome {
+    /// A new wake was issued at once: work arrived after the acknowledged wake began.
+    pub next_wake: bool,
+    /// A transactional commit of a wake that had already ended with it: nothing done again.
+    pub duplicate: bool,
+    /// Outcomes of a commit's appends (empty otherwise, and for a duplicate).
+    pub appends: Vec<AppendOutcome>,
+}
+
+/// How an ack arrives: each is valid for one kind of subscription only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckVia {
+    /// `…/callback` with a webhook callback token.
+    Callback,
+    /// `…/ack` with a claim token.
+    Ack,
+    /// `…/commit` (either kind): acks with output appends.
+    Commit,
+}
+
+/// An ack, callback or commit as [`Subscriptions::ack`] takes it.
+#[derive(Debug, Clone)]
+pub struct AckRequest {
+    pub fence: Fence,
+    pub acks: Vec<Ack>,
+    /// The worker is finished with this wake.
+    pub done: bool,
+    pub via: AckVia,
+    /// A commit's output appends (empty for acks and callbacks).
+    pub outputs: Vec<AppendRequest>,
+}
+
+/// Work for the webhook dispatcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Due {
+    pub deliveries: Vec<WakeNotice>,
+    /// The next time something becomes due without a new event (a lease end, a retry time).
+    pub next_deadline_ms: Option<i64>,
+}
+
+/// The subscriptions of one server over one engine.
+pub struct Subscriptions<E> {
+    engine: Arc<E>,
+    inner: Mutex<Inner>,
+    /// Whether any subscription may exist: stream writes skip the lock when none does. True
+    /// until the state is loaded.
+    any: AtomicBool,
+    /// Notified when a webhook wake is issued or a delivery schedule changes.
+    pub notify: Notify,
+}
+
+impl<E: Engine> Subscriptions<E> {
+    pub fn new(engine: Arc<E>) -> Self {
+        Subscriptions { engine, inner: Mutex::new(Inner::default()), any: AtomicBool::new(true), notify: Notify::new() }
+    }
+
+    async fn lock(&self) -> Result<tokio::sync::MutexGuard<'_, Inner>, SubError> {
+        let mut inner = self.inner.lock().await;
+        if !inner.loaded {
+            self.load(&mut inner).await?;
+        }
+        Ok(inner)
+    }
+
+    async fn load(&self, inner: &mut Inner) -> Result<(), SubError> {
+        let corrupt = |e: crate::codec::DecodeError| SubError::Storage(e.into());
+        let mut subs = BTreeMap::new();
+        let mut by_uid = BTreeMap::new();
+        for (_, v) in self.engine.meta_scan(SUB_PREFIX.as_bytes()).await? {
+            let rec = codec::decode(&v).map_err(corrupt)?;
+            by_uid.insert(rec.uid, rec.id.clone());
+            subs.insert(rec.id.clone(), Entry { rec, cursors: BTreeMap::new(), sent: 0, in_flight: false });
+        }
+        for (k, v) in self.engine.meta_scan(CURSOR_PREFIX.as_bytes()).await? {
+            let key = String::from_utf8_lossy(&k[CURSOR_PREFIX.len()..]).into_owned();
+            let Some((uid, path)) = key.split_once('/') else { continue };
+            let Some(id) = u64::from_str_radix(uid, 16).ok().and_then(|u| by_uid.get(&u)) else { continue };
+            if let Some(e) = subs.get_mut(id) {
+                e.cursors.insert(path.to_owned(), codec::decode_cursor(&v).map_err(corrupt)?);
+            }
+        }
+        let next_uid = match self.engine.meta_scan(NEXT_UID.as_bytes()).await?.first() {
+            Some((_, v)) => u64::from_le_bytes(v.as_ref().try_into().map_err(|_| SubError::Storage(crate::codec::DecodeError::Truncated.into()))?),
+            None => 1,
+        };
+        let mut keys = BTreeMap::new();
+        for (k, v) in self.engine.meta_scan(KEY_PREFIX.as_bytes()).await? {
+            keys.insert(String::from_utf8_lossy(&k[KEY_PREFIX.len()..]).into_owned(), v);
+        }
+        self.any.store(!subs.is_empty(), Ordering::Relaxed);
+        *inner = Inner { loaded: true, subs, next_uid, keys };
+        Ok(())
+    }
+
+    // --- the secrets of the layer above -------------------------------------------------------
+
+    /// Every stored secret, by name.
+    pub async fn keys(&self) -> Result<BTreeMap<String, Bytes>, SubError> {
+        Ok(self.lock().await?.keys.clone())
+    }
+
+    /// Stores a secret under `name` unless one is there; answers the one stored.
+    pub async fn key_or_insert(&self, name: &str, value: Bytes, now_ms: i64) -> Result<Bytes, SubError> {
+        let mut inner = self.lock().await?;
+        if let Some(v) = inner.keys.get(name) {
+            return Ok(v.clone());
+        }
+        let key = format!("{KEY_PREFIX}{name}").into_bytes();
+        let txn = TxnRequest { meta: vec![MetaWrite { key, value: Some(value.clone()) }], now_ms, ..Default::default() };
+        self.engine.transact(txn).await?;
+        inner.keys.insert(name.to_owned(), value.clone());
+        Ok(value)
+    }
+
+    // --- configuration ------------------------------------------------------------------------
+
+    /// Creates the subscription `id`, or confirms it when it exists with the same configuration.
+    /// New links start at the linked streams' current tails (backfill).
+    pub async fn put(&self, id: &str, config: SubConfig, now_ms: i64) -> Result<(PutVerdict, SubView), SubError> {
+        valid_id(id)?;
+        let config = config.normalized()?;
+        let mut inner = self.lock().await?;
+        if let Some(e) = inner.subs.get(id) {
+            if e.rec.config != config {
+                return Err(SubError::AlreadyExists);
+            }
+            let view = self.view(e, now_ms).await?;
+            return Ok((PutVerdict::Existing, view));
+        }
+        let uid = inner.next_uid;
+        let rec = SubRecord {
+            uid,
+            id: id.to_owned(),
+            explicit: config.streams.iter().cloned().collect(),
+            config,
+            created_ms: now_ms,
+            generation: 0,
+            wake: None,
+            last_done: 0,
+            failures: 0,
+            next_attempt_ms: 0,
+        };
+        let mut entry = Entry { rec, cursors: BTreeMap::new(), sent: 0, in_flight: false };
+        for link in self.links(&entry, now_ms).await? {
+            if link.stream_id != 0 {
+                entry.cursors.insert(link.path, Cursor { stream_id: link.stream_id, acked: link.tail });
+            }
+        }
+        let mut meta = vec![MetaWrite { key: NEXT_UID.as_bytes().to_vec(), value: Some(Bytes::copy_from_slice(&(uid + 1).to_le_bytes())) }];
+        meta.extend(entry.cursors.iter().map(|(p, c)| MetaWrite { key: cursor_key(uid, p), value: Some(codec::encode_cursor(c).into()) }));
+        meta.push(MetaWrite { key: sub_key(id), value: Some(codec::encode(&entry.rec).into()) });
+        self.engine.transact(TxnRequest { meta, now_ms, ..Default::default() }).await?;
+        inner.next_uid = uid + 1;
+        self.any.store(true, Ordering::Relaxed);
+        let view = self.view(&entry, now_ms).await?;
+        inner.subs.insert(id.to_owned(), entry);
+        Ok((PutVerdict::Created, view))
+    }
+
+    pub async fn get(&self, id: &str, now_ms: i64) -> Result<SubView, SubError> {
+        let inner = self.lock().await?;
+        let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
+        self.view(e, now_ms).await
+    }
+
+    /// Every subscription, by id.
+    pub async fn list(&self) -> Result<Vec<SubRecord>, SubError> {
+        Ok(self.lock().await?.subs.values().map(|e| e.rec.clone()).collect())
+    }
+
+    /// Deletes the subscription and its cursors; `false` when there was none.
+    pub async fn delete(&self, id: &str, now_ms: i64) -> Result<bool, SubError> {
+        let mut inner = self.lock().await?;
+        let Some(e) = inner.subs.get(id) else { return Ok(false) };
+        let mut meta: Vec<MetaWrite> = e.cursors.keys().map(|p| MetaWrite { key: cursor_key(e.rec.uid, p), value: None }).collect();
+        meta.push(MetaWrite { key: sub_key(id), value: None });
+        self.engine.transact(TxnRequest { meta, now_ms, ..Default::default() }).await?;
+        inner.subs.remove(id);
+        self.any.store(!inner.subs.is_empty(), Ordering::Relaxed);
+        Ok(true)
+    }
+
+    /// Adds explicit links (at the streams' current tails) and removes others; both idempotent.
+    /// Removing an explicit link keeps the stream linked when the pattern matches it.
+    pub async fn relink(&self, id: &str, add: Vec<String>, remove: Vec<String>, now_ms: i64) -> Result<(), SubError> {
+        if add.iter().chain(&remove).any(|p| !linkable(p)) {
+            return Err(InvalidSub::BadPath.into());
+        }
+        let mut inner = self.lock().await?;
+        let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
+        let mut next = e.clone();
+        let mut cursor_writes = Vec::new();
+        for path in add {
+            if next.rec.explicit.insert(path.clone()) && !e.links_path(&path) {
+                if let Ok(info) = self.engine.head(&path, now_ms).await {
+                    let c = Cursor { stream_id: info.id, acked: info.tail };
+                    next.cursors.insert(path.clone(), c);
+                    cursor_writes.push((path, c));
+                }
+            }
+        }
+        for path in remove {
+            next.rec.explicit.remove(&path);
+        }
+        if next.rec.explicit == e.rec.explicit {
+            return Ok(());
+        }
+        let mut meta: Vec<MetaWrite> =
+            cursor_writes.iter().map(|(p, c)| MetaWrite { key: cursor_key(next.rec.uid, p), value: Some(codec::encode_cursor(c).into()) }).collect();
+        meta.push(MetaWrite { key: sub_key(id), value: Some(codec::encode(&next.rec).into()) });
+        self.engine.transact(TxnRequest { meta, now_ms, ..Default::default() }).await?;
+        inner.subs.insert(id.to_owned(), next);
+        Ok(())
+    }
+
+    // --- views --------------------------------------------------------------------------------
+
+    /// The linked streams of `e` now: explicit ones (also where no stream exists) and the
+    /// pattern's matches, explicit first when both.
+    async fn links(&self, e: &Entry, now_ms: i64) -> Result<Vec<Link>, SubError> {
+        let mut out: BTreeMap<String, Link> = BTreeMap::new();
+        if let Some(pattern) = &e.rec.config.pattern {
+            for l in self.engine.list_streams(&glob::literal_prefix(pattern), now_ms) {
+                if e.links_path(&l.path) && glob::matches(pattern, &l.path) {
+                    let acked = e.acked(&l.path, l.info.id);
+                    out.insert(l.path.clone(), Link { path: l.path, link_type: LinkType::Glob, stream_id: l.info.id, acked, tail: l.info.tail });
+                }
+            }
+        }
+        for path in &e.rec.explicit {
+            let (stream_id, tail) = match self.engine.head(path, now_ms).await {
+                Ok(info) => (info.id, info.tail),
+                Err(crate::LookupError::Storage(s)) => return Err(s.into()),
+                Err(_) => (0, Offset::ZERO),
+            };
+            let acked = if stream_id == 0 { Offset::ZERO } else { e.acked(path, stream_id) };
+            out.insert(path.clone(), Link { path: path.clone(), link_type: LinkType::Explicit, stream_id, acked, tail });
+        }
+        Ok(out.into_values().collect())
+    }
+
+    async fn view(&self, e: &Entry, now_ms: i64) -> Result<SubView, SubError> {
+        Ok(SubView { record: e.rec.clone(), links: self.links(e, now_ms).await? })
+    }
+
+    async fn notice(&self, e: &Entry, generation: u64, now_ms: i64) -> Result<WakeNotice, SubError> {
+        let streams = self.links(e, now_ms).await?.into_iter().filter(Link::has_pending).collect();
+        Ok(WakeNotice {
+            id: e.rec.id.clone(),
+            uid: e.rec.uid,
+            generation,
+            wake_id: e.rec.wake_id(generation),
+            streams,
+            lease_ttl_ms: e.rec.config.lease_ttl_ms,
+            url: match &e.rec.config.kind {
+                SubKind::Webhook { url } => Some(url.clone()),
+                SubKind::PullWake { .. } => None,
+            },
+        })
+    }
+
+    // --- wakes --------------------------------------------------------------------------------
+
+    /// Issues the next wake of `next` if it has none live, is not waiting for a delivery retry,
+    /// and has pending work: the changes go into `next`, the wake event (pull-wake) is returned
+    /// as the append to make with them.
+    async fn plan_wake(&self, next: &mut Entry, trigger: Option<&str>, now_ms: i64) -> Result<Option<Option<AppendRequest>>, SubError> {
+        if next.rec.live_wake(now_ms).is_some() {
+            return Ok(None);
+        }
+        let webhook = matches!(next.rec.config.kind, SubKind::Webhook { .. });
+        if webhook && next.rec.failures > 0 && now_ms < next.rec.next_attempt_ms {
+            return Ok(None);
+        }
+        let pending: Vec<Link> = self.links(next, now_ms).await?.into_iter().filter(Link::has_pending).collect();
+        if pending.is_empty() {
+            // An expired wake with nothing left to do simply ends.
+            if next.rec.wake.is_some() {
+                next.rec.wake = None;
+                return Ok(Some(None));
+            }
+            return Ok(None);
+        }
+        let generation = next.rec.generation + 1;
+        next.rec.generation = generation;
+        let lease_until_ms = webhook.then(|| now_ms.saturating_add(i64::from(next.rec.config.lease_ttl_ms)));
+        let snapshot = pending.iter().map(|l| (l.path.clone(), l.stream_id, l.tail)).collect();
+        next.rec.wake = Some(Wake { generation, holder: None, lease_until_ms, snapshot });
+        let event = match &next.rec.config.kind {
+            SubKind::Webhook { .. } => None,
+            SubKind::PullWake { wake_stream } => {
+                let stream = trigger.unwrap_or(&pending[0].path);
+                let msg = serde_json::json!({
+                    "type": "wake",
+                    "subscription_id": next.rec.id,
+                    "stream": stream,
+                    "generation": generation,
+                    "ts": now_ms,
+                });
+                Some(AppendRequest {
+                    path: wake_stream.clone(),
+                    stream_id: None,
+                    json_framed: true,
+                    content_type: Some("application/json".into()),
+                    data: Bytes::from(format!("{msg},")),
+                    close: false,
+                    stream_seq: None,
+                    producer: None,
+                    if_match: None,
+                    body_digest: None,
+                    idempotency_key: None,
+                    now_ms,
+                })
+            }
+        };
+        Ok(Some(event))
+    }
+
+    /// Writes `next` (its record and the cursors in `cursors`) with `appends`, as one
+    /// transaction; on success it replaces the entry in memory. A pull-wake event whose wake
+    /// stream refuses it (deleted, closed) is dropped rather than blocking the wake: workers
+    /// can still claim.
+    async fn commit(
+        &self,
+        inner: &mut Inner,
+        next: Entry,
+        cursors: &[String],
+        outputs: Vec<AppendRequest>,
+        event: Option<AppendRequest>,
+        now_ms: i64,
+    ) -> Result<Vec<AppendOutcome>, SubError> {
+        let n = outputs.len();
+        let mut meta: Vec<MetaWrite> = cursors
+            .iter()
+            .filter_map(|p| next.cursors.get(p).map(|c| MetaWrite { key: cursor_key(next.rec.uid, p), value: Some(codec::encode_cursor(c).into()) }))
+            .collect();
+        meta.push(MetaWrite { key: sub_key(&next.rec.id), value: Some(codec::encode(&next.rec).into()) });
+        let mut appends = outputs;
+        let with_event = event.is_some();
+        appends.extend(event);
+        let txn = TxnRequest { meta, appends, now_ms, expect: Vec::new() };
+        let outcome = match self.engine.transact(txn.clone()).await {
+            Ok(o) => o,
+            Err(TxnError::Append { index, error }) if index < n => {
+                return Err(SubError::Append { index, stream: txn.appends[index].path.clone(), error });
+            }
+            Err(TxnError::Append { index, error }) if with_event && index == n => {
+                tracing::warn!(stream = %txn.appends[index].path, %error, "wake event not written; the wake stands (workers can still claim)");
+                let mut txn = txn;
+                txn.appends.pop();
+                self.engine.transact(txn).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let webhook_wake = matches!(next.rec.config.kind, SubKind::Webhook { .. });
+        inner.subs.insert(next.rec.id.clone(), next);
+        if webhook_wake {
+            self.notify.notify_one();
+        }
+        let mut out = outcome.appends;
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// After a write to `path`: wakes the subscriptions linked to it that have no live wake.
+    /// Wake events may themselves be writes to linked streams; those are followed too (each
+    /// subscription wakes at most once, so this ends).
+    pub async fn on_write(&self, path: &str, now_ms: i64) -> Result<(), SubError> {
+        if !self.any.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let mut inner = self.lock().await?;
+        let mut todo = vec![path.to_owned()];
+        let mut woken = BTreeSet::new();
+        while let Some(path) = todo.pop() {
+            let ids: Vec<String> = inner.subs.values().filter(|e| !woken.contains(&e.rec.id) && e.links_path(&path)).map(|e| e.rec.id.clone()).collect();
+            for id in ids {
+                let Some(e) = inner.subs.get(&id) else { continue };
+                let mut next = e.clone();
+                if let Some(event) = self.plan_wake(&mut next, Some(&path), now_ms).await? {
+                    woken.insert(id);
+                    if let Some(ev) = &event {
+                        todo.push(ev.path.clone());
+                    }
+                    self.commit(&mut inner, next, &[], Vec::new(), event, now_ms).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // --- pull-wake workers --------------------------------------------------------------------
+
+    /// A worker claims the current wake (or, with pending work and none live, a new one).
+    pub async fn claim(&self, id: &str, worker: &str, now_ms: i64) -> Result<WakeNotice, SubError> {
+        let mut inner = self.lock().await?;
+        let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
+        if !matches!(e.rec.config.kind, SubKind::PullWake { .. }) {
+            return Err(SubError::WrongType { needs: "pull-wake" });
+        }
+        let mut next = e.clone();
+        if let Some(w) = e.rec.live_wake(now_ms) {
+            if let Some(holder) = &w.holder {
+                return Err(SubError::AlreadyClaimed { holder: holder.clone(), generation: w.generation });
+            }
+        } else if self.plan_wake(&mut next, None, now_ms).await?.is_none() || next.rec.wake.is_none() {
+            return Err(SubError::NoPendingWork);
+        }
+        let ttl = i64::from(next.rec.config.lease_ttl_ms);
+        let generation = match next.rec.wake.as_mut() {
+            Some(w) => {
+                w.holder = Some(worker.to_owned());
+                w.lease_until_ms = Some(now_ms.saturating_add(ttl));
+                w.generation
+            }
+            None => return Err(SubError::NoPendingWork),
+        };
+        let notice = self.notice(&next, generation, now_ms).await?;
+        self.commit(&mut inner, next, &[], Vec::new(), None, now_ms).await?;
+        Ok(notice)
+    }
+
+    /// Checks `fence` against the subscription's current wake.
+    fn fenced(e: &Entry, fence: &Fence, via: AckVia, now_ms: i64) -> Result<(), SubError> {
+        let kind_ok = match via {
+            AckVia::Callback => matches!(e.rec.config.kind, SubKind::Webhook { .. }),
+            AckVia::Ack => matches!(e.rec.config.kind, SubKind::PullWake { .. }),
+            AckVia::Commit => true,
+        };
+        if !kind_ok {
+            return Err(SubError::WrongType { needs: if via == AckVia::Callback { "webhook" } else { "pull-wake" } });
+        }
+        if fence.uid != e.rec.uid {
+            return Err(SubError::TokenInvalid);
+        }
+        let w = e.rec.live_wake(now_ms).ok_or(SubError::Fenced)?;
+        let current = fence.token_generation == w.generation && fence.generation == w.generation && fence.wake_id == e.rec.wake_id(w.generation);
+        // A pull wake is acted on only by its claimant (a webhook's receiver holds it at once).
+        let held = matches!(e.rec.config.kind, SubKind::Webhook { .. }) || w.holder.is_some();
+        if !current || !held {
+            return Err(SubError::Fenced);
+        }
+        Ok(())
+    }
+
+    /// Applies `acks` to `next` (all checked before any applies); returns the paths moved.
+    async fn apply_acks(&self, next: &mut Entry, acks: &[Ack], now_ms: i64) -> Result<Vec<String>, SubError> {
+        let links = self.links(next, now_ms).await?;
+        let mut moved = Vec::new();
+        for a in acks {
+            let invalid = |why| SubError::InvalidOffset { stream: a.stream.clone(), why };
+            let link = links.iter().find(|l| l.path == a.stream && l.stream_id != 0).ok_or_else(|| invalid("not a linked stream"))?;
+            if a.offset > link.tail {
+                return Err(invalid("beyond the stream's tail"));
+            }
+            let current = next.acked(&a.stream, link.stream_id);
+            if a.offset < current {
+                return Err(invalid("behind the acknowledged offset: cursors never move back"));
+            }
+            if a.offset > current {
+                next.cursors.insert(a.stream.clone(), Cursor { stream_id: link.stream_id, acked: a.offset });
+                moved.push(a.stream.clone());
+            }
+        }
+        Ok(moved)
+    }
+
+    /// An ack (`…/ack`), a callback (`…/callback`) or a transactional commit (`…/commit`, with
+    /// `outputs`): acks move cursors; `done` ends the wake (and issues the next one at once when
+    /// work remains); without it the lease is extended. The outputs, the cursors and the wake
+    /// change are one transaction.
+    pub async fn ack(&self, id: &str, req: AckRequest, now_ms: i64) -> Result<AckOutcome, SubError> {
+        let AckRequest { fence, acks, done, via, outputs } = req;
+        let (fence, acks) = (&fence, &acks[..]);
+        let mut inner = self.lock().await?;
+        let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
+        if let Err(err) = Self::fenced(e, fence, via, now_ms) {
+            // A retried commit of the wake that ended with it: its acks (hence, atomically, its
+            // outputs) are in. Answer as before; write nothing.
+            let ended_by_it = via == AckVia::Commit
+                && fence.uid == e.rec.uid
+                && e.rec.last_done != 0
+                && fence.generation == e.rec.last_done
+                && fence.token_generation == e.rec.last_done
+                && fence.wake_id == e.rec.wake_id(e.rec.last_done);
+            if ended_by_it && matches!(err, SubError::Fenced) {
+                let links = self.links(e, now_ms).await?;
+                let all_in = acks.iter().all(|a| links.iter().any(|l| l.path == a.stream && l.stream_id != 0 && e.acked(&l.path, l.stream_id) >= a.offset));
+                if all_in {
+                    return Ok(AckOutcome { next_wake: false, duplicate: true, appends: Vec::new() });
+                }
+            }
+            return Err(err);
+        }
+        let mut next = e.clone();
+        let moved = self.apply_acks(&mut next, acks, now_ms).await?;
+        let mut event = None;
+        let mut next_wake = false;
+        if done {
+            next.rec.last_done = next.rec.generation;
+            next.rec.wake = None;
+            if let Some(ev) = self.plan_wake(&mut next, None, now_ms).await? {
+                next_wake = next.rec.wake.is_some();
+                event = ev;
+            }
+        } else if let Some(w) = next.rec.wake.as_mut() {
+            w.lease_until_ms = Some(now_ms.saturating_add(i64::from(next.rec.config.lease_ttl_ms)));
+        }
+        let wake_path = event.as_ref().map(|ev| ev.path.clone());
+        let appends = self.commit(&mut inner, next, &moved, outputs, event, now_ms).await?;
+        drop(inner);
+        if let Some(p) = wake_path {
+            self.on_write(&p, now_ms).await?;
+        }
+        Ok(AckOutcome { next_wake, duplicate: false, appends })
+    }
+
+    /// The worker gives the wake up without finishing it; pending work is woken again at once.
+    pub async fn release(&self, id: &str, fence: &Fence, now_ms: i64) -> Result<(), SubError> {
+        let mut inner = self.lock().await?;
+        let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
+        Self::fenced(e, fence, AckVia::Ack, now_ms)?;
+        let mut next = e.clone();
+        next.rec.wake = None;
+        let event = self.plan_wake(&mut next, None, now_ms).await?.flatten();
+        self.commit(&mut inner, next, &[], Vec::new(), event, now_ms).await?;
+        Ok(())
+    }
+
+    // --- webhook dispatch ---------------------------------------------------------------------
+
+    /// What the dispatcher should send now, after issuing the wakes that are due without an
+    /// event (leases that ran out with work pending, retry times reached, and after a restart).
+    pub async fn due(&self, now_ms: i64) -> Result<Due, SubError> {
+        if !self.any.load(Ordering::Relaxed) {
+            return Ok(Due { deliveries: Vec::new(), next_deadline_ms: None });
+        }
+        let mut inner = self.lock().await?;
+        let ids: Vec<String> = inner.subs.keys().cloned().collect();
+        for id in &ids {
+            let Some(e) = inner.subs.get(id) else { continue };
+            let mut next = e.clone();
+            if let Some(event) = self.plan_wake(&mut next, None, now_ms).await? {
+                self.commit(&mut inner, next, &[], Vec::new(), event, now_ms).await?;
+            }
+        }
+        let mut deliveries = Vec::new();
+        let mut deadline: Option<i64> = None;
+        let mut soonest = |t: i64| deadline = Some(deadline.map_or(t, |d| d.min(t)));
+        for id in &ids {
+            let Some(e) = inner.subs.get(id) else { continue };
+            if e.rec.failures > 0 && e.rec.next_attempt_ms > now_ms {
+                soonest(e.rec.next_attempt_ms);
+            }
+            let Some(w) = e.rec.live_wake(now_ms) else { continue };
+            if let Some(t) = w.lease_until_ms {
+                soonest(t);
+            }
+            let url = match &e.rec.config.kind {
+                SubKind::Webhook { url } => url.clone(),
+                SubKind::PullWake { .. } => continue,
+            };
+            // After a failure nothing is sent before the stored retry time (also after a
+            // restart, which forgets what was sent); then the wake is sent again.
+            let waiting = e.rec.failures > 0 && now_ms < e.rec.next_attempt_ms;
+            let retry_due = e.rec.failures > 0 && !waiting;
+            if e.in_flight || waiting || (e.sent == w.generation && !retry_due) {
+                continue;
+            }
+            let generation = w.generation;
+            let mut notice = self.notice(e, generation, now_ms).await?;
+            notice.url = Some(url);
+            deliveries.push(notice);
+            if let Some(e) = inner.subs.get_mut(id) {
+                e.sent = generation;
+                e.in_flight = true;
+            }
+        }
+        Ok(Due { deliveries, next_deadline_ms: deadline })
+    }
+
+    /// The receiver accepted the delivery of `generation`; with `done` its snapshot is acked and
+    /// the wake ends. Nothing happens when that wake is no longer current (a callback got there
+    /// first).
+    pub async fn delivered(&self, id: &str, generation: u64, done: bool, now_ms: i64) -> Result<(), SubError> {
+        let mut inner = self.lock().await?;
+        let Some(e) = inner.subs.get_mut(id) else { return Ok(()) };
+        e.in_flight = false;
+        let current = e.rec.live_wake(now_ms).is_some_and(|w| w.generation == generation);
+        if !current || (!done && e.rec.failures == 0) {
+            return Ok(());
+        }
+        let mut next = e.clone();
+        next.rec.failures = 0;
+        next.rec.next_attempt_ms = 0;
+        let mut moved = Vec::new();
+        let mut event = None;
+        if done {
+            for (path, stream_id, tail) in next.rec.wake.take().map(|w| w.snapshot).unwrap_or_default() {
+                if next.acked(&path, stream_id) < tail {
+                    next.cursors.insert(path.clone(), Cursor { stream_id, acked: tail });
+                    moved.push(path);
+                }
+            }
+            next.rec.last_done = generation;
+            event = self.plan_wake(&mut next, None, now_ms).await?.flatten();
+        }
+        self.commit(&mut inner, next, &moved, Vec::new(), event, now_ms).await?;
+        Ok(())
+    }
+
+    /// A delivery of `generation` failed: the next attempt waits `backoff_ms`. The schedule is
+    /// stored, so a restart does not retry early.
+    pub async fn delivery_failed(&self, id: &str, generation: u64, backoff_ms: i64, now_ms: i64) -> Result<(), SubError> {
+        let mut inner = self.lock().await?;
+        let Some(e) = inner.subs.get_mut(id) else { return Ok(()) };
+        e.in_flight = false;
+        if e.rec.wake.as_ref().is_none_or(|w| w.generation != generation) {
+            return Ok(());
+        }
+        let mut next = e.clone();
+        next.rec.failures = next.rec.failures.saturating_add(1);
+        next.rec.next_attempt_ms = now_ms.saturating_add(backoff_ms);
+        self.commit(&mut inner, next, &[], Vec::new(), None, now_ms).await?;
+        Ok(())
+    }
+}
+
