@@ -100,6 +100,20 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_COMPACTION_MIN_BYTES", default_value = "16M", value_parser = parse_min_bytes)]
     pub compaction_min_bytes: u64,
 
+    /// Development mode for webhooks: also allow `http` webhook URLs to `localhost` and
+    /// `127.0.0.0/8` (receivers on this machine, as in tests). Never in production.
+    #[arg(long, env = "ONCELOG_DEV_WEBHOOKS", default_value_t = false)]
+    pub dev_webhooks: bool,
+
+    /// The base URL clients reach this server at (e.g. `https://streams.example.com`), used in
+    /// the callback and JWKS URLs subscriptions hand out; default: the listening address.
+    #[arg(long, env = "ONCELOG_PUBLIC_URL")]
+    pub public_url: Option<String>,
+
+    /// How long one webhook delivery may take before it counts as failed and is retried, in ms.
+    #[arg(long, env = "ONCELOG_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000)]
+    pub webhook_timeout_ms: u64,
+
     /// How often expired streams are looked for and deleted, and retention policies applied,
     /// in ms (access already hides expired streams).
     #[arg(long, env = "ONCELOG_SWEEP_INTERVAL_MS", default_value_t = 5_000)]
@@ -234,6 +248,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
             _ => None,
         },
         compaction_min_bytes: args.compaction_min_bytes,
+        dev_webhooks: args.dev_webhooks,
+        public_url: args.public_url.clone(),
+        webhook_timeout: Duration::from_millis(args.webhook_timeout_ms),
         default_retention: oncelog_storage::RetentionPolicy {
             max_age_s: args.retention_max_age.map(|d| d.as_secs()),
             max_bytes: args.retention_max_bytes,

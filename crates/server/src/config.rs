@@ -65,6 +65,14 @@ pub struct ServerConfig {
     /// offset) reaches this many bytes, and again each time it grew by as much
     /// (`--compaction-min-bytes`); 0 leaves compaction to requests.
     pub compaction_min_bytes: u64,
+    /// Development mode for webhooks (`--dev-webhooks`): also `http` URLs to `localhost` and
+    /// `127.0.0.0/8`, for receivers on this machine. Off in production.
+    pub dev_webhooks: bool,
+    /// The base URL clients reach this server at (`--public-url`), for the callback and JWKS
+    /// URLs subscriptions hand out; `None`: the address the server listens on.
+    pub public_url: Option<String>,
+    /// How long one webhook delivery may take before it counts as failed.
+    pub webhook_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -94,6 +102,9 @@ impl Default for ServerConfig {
             h2_ping_timeout: Duration::from_secs(20),
             default_retention: oncelog_storage::RetentionPolicy::NONE,
             compaction_min_bytes: 16 << 20,
+            dev_webhooks: false,
+            public_url: None,
+            webhook_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -138,6 +149,9 @@ impl ServerConfig {
         }
         if self.max_live_readers == 0 || self.max_live_readers_per_stream == 0 {
             return Err(ConfigError::Zero("max live readers"));
+        }
+        if self.webhook_timeout.is_zero() {
+            return Err(ConfigError::Zero("webhook timeout"));
         }
         if self.header_read_timeout.is_zero() || self.body_read_timeout.is_zero() || self.write_timeout.is_zero() {
             return Err(ConfigError::Zero("read timeout"));

@@ -7,6 +7,8 @@ use oncelog_storage::{AppendError, CompactError, CreateError, LookupError, Stora
 
 use crate::auth::AuthError;
 use crate::request::RequestError;
+use crate::subs::{keys::TokenError, wire::WireError, SubApiError};
+use oncelog_storage::subs::SubError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -46,6 +48,8 @@ pub enum ApiError {
     Storage(#[from] StorageError),
     #[error(transparent)]
     Auth(#[from] AuthError),
+    #[error(transparent)]
+    Sub(#[from] SubApiError),
 }
 
 fn storage_status(e: &StorageError) -> StatusCode {
@@ -168,7 +172,47 @@ impl ApiError {
                 CompactError::Storage(e) => (storage_status(e), vec![]),
             },
             ApiError::Lookup(LookupError::Storage(e)) | ApiError::Storage(e) => (storage_status(e), vec![]),
+            ApiError::Sub(e) => (sub_status(e).0, vec![]),
         }
+    }
+}
+
+/// A subscription error's status and `error.code` (the protocol's names), and extra fields.
+fn sub_status(e: &SubApiError) -> (StatusCode, &'static str, serde_json::Value) {
+    use serde_json::json;
+    let none = serde_json::Value::Null;
+    match e {
+        SubApiError::Sub(e) => match e {
+            SubError::NotFound => (StatusCode::NOT_FOUND, "SUBSCRIPTION_NOT_FOUND", none),
+            SubError::AlreadyExists => (StatusCode::CONFLICT, "SUBSCRIPTION_ALREADY_EXISTS", none),
+            SubError::Invalid(_) | SubError::WrongType { .. } => (StatusCode::BAD_REQUEST, "INVALID_REQUEST", none),
+            SubError::TokenInvalid => (StatusCode::UNAUTHORIZED, "TOKEN_INVALID", none),
+            SubError::Fenced => (StatusCode::CONFLICT, "FENCED", none),
+            SubError::AlreadyClaimed { holder, generation } => {
+                (StatusCode::CONFLICT, "ALREADY_CLAIMED", json!({ "current_holder": holder, "generation": generation }))
+            }
+            SubError::NoPendingWork => (StatusCode::CONFLICT, "NO_PENDING_WORK", none),
+            SubError::InvalidOffset { stream, .. } => (StatusCode::CONFLICT, "INVALID_OFFSET", json!({ "stream": stream })),
+            SubError::Append { index, stream, error } => {
+                let (status, _) = ApiError::Append(error.clone()).status_and_headers();
+                (status, "APPEND_REFUSED", json!({ "index": index, "stream": stream }))
+            }
+            // Another server changed it first (several servers over one backend): try again.
+            SubError::Conflict => (StatusCode::SERVICE_UNAVAILABLE, "CONFLICT", none),
+            SubError::Storage(s) => (storage_status(s), "STORAGE_ERROR", none),
+        },
+        SubApiError::Wire(WireError::Offset { stream }) => (StatusCode::CONFLICT, "INVALID_OFFSET", json!({ "stream": stream })),
+        SubApiError::Wire(_) | SubApiError::Output { .. } => (StatusCode::BAD_REQUEST, "INVALID_REQUEST", none),
+        SubApiError::OutputLookup { index, stream, source } => {
+            let (status, _) = ApiError::Lookup(source.clone()).status_and_headers();
+            (status, "APPEND_REFUSED", json!({ "index": index, "stream": stream }))
+        }
+        SubApiError::UrlRejected(_) => (StatusCode::BAD_REQUEST, "WEBHOOK_URL_REJECTED", none),
+        SubApiError::Token(TokenError::Invalid) => (StatusCode::UNAUTHORIZED, "TOKEN_INVALID", none),
+        SubApiError::Token(TokenError::Expired) => (StatusCode::UNAUTHORIZED, "TOKEN_EXPIRED", none),
+        SubApiError::NoRoute => (StatusCode::NOT_FOUND, "SUBSCRIPTION_NOT_FOUND", none),
+        SubApiError::Method => (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", none),
+        SubApiError::CommitNeedsOpenServer => (StatusCode::FORBIDDEN, "NOT_SUPPORTED", none),
     }
 }
 
@@ -181,6 +225,22 @@ impl IntoResponse for ApiError {
         }
         if status.is_server_error() {
             tracing::error!(error = %self, %status, "request failed");
+        }
+        if let ApiError::Sub(e) = &self {
+            // The subscription API answers JSON: {"error": {"code", "message", ...}}.
+            let (status, code, extra) = sub_status(e);
+            if status.is_server_error() {
+                tracing::error!(error = %e, %status, "subscription request failed");
+            }
+            let mut err = serde_json::json!({ "code": code, "message": e.to_string() });
+            if let (Some(m), serde_json::Value::Object(x)) = (err.as_object_mut(), extra) {
+                m.extend(x);
+            }
+            let mut resp = (status, [("content-type", "application/json")], serde_json::json!({ "error": err }).to_string()).into_response();
+            if status == StatusCode::SERVICE_UNAVAILABLE {
+                resp.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+            }
+            return resp;
         }
         if let ApiError::Auth(AuthError::Signature(e)) = &self {
             // The proxy protocol's error shape, so browser code can tell expiry from tampering.

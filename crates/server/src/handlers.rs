@@ -40,8 +40,8 @@ pub async fn stream<E: Engine>(
     } else if path.len() > oncelog_protocol::headers::MAX_PATH_BYTES {
         Err(RequestError::PathTooLong.into())
     } else if path == "__ds" || path.starts_with("__ds/") {
-        // Reserved for the subscription APIs (section 6), which this server does not offer.
-        Err(ApiError::NoRoute)
+        // The subscription API (sections 6 and 7).
+        crate::subs::route(&st, &method, &uri, &req_headers, body).await
     } else {
         match method {
             Method::GET => read::get(&st, &path, uri.query(), &req_headers, &access).await,
@@ -91,7 +91,7 @@ pub async fn no_route(method: Method, req_headers: HeaderMap) -> Response {
 
 /// Reads a request body, refusing more than `limit` bytes with 413 and a client that pauses
 /// longer than `pause` between two pieces with 408.
-async fn body_bytes(body: Body, req_headers: &HeaderMap, limit: usize, pause: std::time::Duration) -> Result<Bytes, ApiError> {
+pub(crate) async fn body_bytes(body: Body, req_headers: &HeaderMap, limit: usize, pause: std::time::Duration) -> Result<Bytes, ApiError> {
     let declared = req_headers
         .get("content-length")
         .and_then(|v| v.to_str().ok())
@@ -109,6 +109,14 @@ async fn body_bytes(body: Body, req_headers: &HeaderMap, limit: usize, pause: st
         buf.extend_from_slice(&frame);
     }
     Ok(buf.freeze())
+}
+
+/// After new data in `path`: the subscriptions linked to it are woken. A failure is only
+/// logged: the write stands, and the dispatcher's periodic pass issues the wake.
+pub(crate) async fn after_write<E: Engine>(st: &AppState<E>, path: &str, now_ms: i64) {
+    if let Err(e) = st.subs.on_write(path, now_ms).await {
+        tracing::warn!(stream = path, error = %e, "subscriptions not woken now; the dispatcher will retry");
+    }
 }
 
 /// Builds a response from a status and header pairs; values are always valid header text.
@@ -243,6 +251,9 @@ async fn create<E: Engine>(
         CreateOutcome::Created(info) => (StatusCode::CREATED, info),
         CreateOutcome::Existing(info) => (StatusCode::OK, info),
     };
+    if status == StatusCode::CREATED && info.tail.0 > 0 {
+        after_write(st, path, st.clock.now_ms()).await;
+    }
     let mut pairs = meta_headers(&info);
     if status == StatusCode::CREATED {
         let host = req_headers.get("host").and_then(|v| v.to_str().ok()).unwrap_or("localhost");
@@ -332,6 +343,9 @@ async fn append<E: Engine>(
     // Once per request, whatever number of attempts it took.
     metrics::appended(&result, body.len(), started.elapsed());
     let out: AppendOutcome = result?;
+    if out.status == AppendStatus::Appended && !body.is_empty() {
+        after_write(st, path, st.clock.now_ms()).await;
+    }
     // 200 marks new data from an idempotent producer or keyed writer; every other success is 204.
     let status = if out.status == AppendStatus::Appended && has_producer && !body.is_empty() {
         StatusCode::OK

@@ -22,6 +22,7 @@
 //! - [`metrics`]: what is recorded, and the Prometheus scrape.
 //! - [`rate`]: append and byte rate limits per writer.
 //! - [`reload`]: the periodic re-reading of key and certificate files.
+//! - [`subs`]: the subscription API under `/v1/stream/__ds/`, webhook signing and delivery.
 //! - [`sweeper`]: the background task that deletes expired streams.
 //! - [`tls`]: certificates for HTTPS (reloaded when their files change) and ALPN.
 //!
@@ -43,6 +44,7 @@ pub mod rate;
 pub mod read;
 pub mod reload;
 pub mod request;
+pub mod subs;
 pub mod sweeper;
 pub mod tls;
 
@@ -78,6 +80,13 @@ pub struct Shared<E> {
     pub live: Arc<live::LiveSlots>,
     /// Append rate limits per writer.
     pub rate: Arc<rate::RateLimits>,
+    /// Subscriptions over the engine (loaded at first use).
+    pub subs: Arc<oncelog_storage::subs::Subscriptions<E>>,
+    /// The webhook signing key and token key (loaded or created at first use).
+    pub sub_keys: Arc<subs::keys::KeyRing>,
+    /// The listening address as a URL, set by [`serve`]: the default of
+    /// [`ServerConfig::public_url`].
+    pub base_url: Arc<std::sync::OnceLock<String>>,
 }
 
 impl<E> Clone for AppState<E> {
@@ -106,6 +115,9 @@ impl<E> Shared<E> {
             draining: self.draining.clone(),
             live: self.live.clone(),
             rate: self.rate.clone(),
+            subs: self.subs.clone(),
+            sub_keys: self.sub_keys.clone(),
+            base_url: self.base_url.clone(),
         }
     }
 
@@ -123,6 +135,9 @@ impl<E: Engine> AppState<E> {
         Self(Arc::new(Shared {
             live,
             rate,
+            subs: Arc::new(oncelog_storage::subs::Subscriptions::new(engine.clone())),
+            sub_keys: Arc::default(),
+            base_url: Arc::default(),
             engine,
             config: Arc::new(config),
             clock: Arc::new(SystemClock::default()),
@@ -196,7 +211,12 @@ pub async fn serve<E: Engine>(
         }
         None => None,
     };
+    if let Ok(addr) = listener.local_addr() {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let _ = state.base_url.set(format!("{scheme}://{addr}"));
+    }
     let sweeper = sweeper::spawn(&state);
+    let dispatcher = subs::dispatch::spawn(&state);
     let limits = listen::Limits {
         max_connections: state.config.max_connections,
         header_read_timeout: state.config.header_read_timeout,
@@ -215,6 +235,7 @@ pub async fn serve<E: Engine>(
         tracing::warn!("grace period over; closing remaining connections");
     }
     sweeper.abort();
+    dispatcher.abort();
     if let Some((_, reloader)) = tls {
         reloader.abort();
     }

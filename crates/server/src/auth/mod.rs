@@ -51,6 +51,12 @@ pub struct Access {
 /// Decides whether a request may proceed.
 pub trait Authorize: Send + Sync + 'static {
     fn authorize(&self, req: &Parts, now_ms: i64) -> Result<Access, AuthError>;
+
+    /// Whether everything is allowed to everyone (no access control at all). Requests whose
+    /// rights cannot be expressed as grants (a transactional commit's outputs) need it.
+    fn is_open(&self) -> bool {
+        false
+    }
 }
 
 /// The default: no access control.
@@ -59,6 +65,10 @@ pub struct AllowAll;
 impl Authorize for AllowAll {
     fn authorize(&self, _req: &Parts, _now_ms: i64) -> Result<Access, AuthError> {
         Ok(Access::default())
+    }
+
+    fn is_open(&self) -> bool {
+        true
     }
 }
 

@@ -125,6 +125,17 @@ pub fn stream_path(parts: &Parts) -> Option<String> {
     percent_encoding::percent_decode_str(raw).decode_utf8().ok().map(|p| p.into_owned())
 }
 
+/// Subscription routes whose credentials are checked by their handler rather than by grants:
+/// the public key set, and the callback, ack, release and commit calls (their bearer is a
+/// subscription token). Managing a subscription (`__ds/subscriptions/{id}`: PUT `create`, GET
+/// `read`, DELETE `delete`, `…/streams` `append`/`delete`) and claiming (`…/claim`: `append`)
+/// need grants on those paths like any stream.
+pub fn subscription_token_checked(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix("__ds/") else { return false };
+    rest == "jwks.json"
+        || (rest.starts_with("subscriptions/") && ["/callback", "/ack", "/release", "/commit"].iter().any(|op| rest.ends_with(op)) && rest.matches('/').count() == 2)
+}
+
 /// The operations a stream request performs. A POST with no body and `Stream-Closed: true` only
 /// closes; one with a body appends (and closes too when it says so).
 pub fn required(parts: &Parts, path: &str) -> Vec<(String, Op)> {

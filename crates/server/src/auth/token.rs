@@ -242,6 +242,10 @@ fn signature_params(query: Option<&str>) -> Option<(String, String)> {
 
 impl Authorize for TokenAuth {
     fn authorize(&self, parts: &Parts, now_ms: i64) -> Result<Access, AuthError> {
+        if stream_path(parts).is_some_and(|p| crate::auth::scope::subscription_token_checked(&p)) {
+            // Checked by its handler: the bearer is a subscription token, not a JWT.
+            return Ok(Access::default());
+        }
         let bearer = parts.headers.get("authorization").map(|v| v.to_str().unwrap_or(""));
         let (scope, expires_at_ms, principal) = match (bearer, signature_params(parts.uri.query())) {
             (Some(h), _) => {

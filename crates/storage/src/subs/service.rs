@@ -143,6 +143,8 @@ pub struct WakeNotice {
     pub lease_ttl_ms: u32,
     /// Webhook subscriptions: where to deliver it.
     pub url: Option<String>,
+    /// Deliveries that failed in a row before this one (sets the next backoff).
+    pub failures: u32,
 }
 
 /// What an ack, callback or commit did.
@@ -405,6 +407,7 @@ impl<E: Engine> Subscriptions<E> {
                 SubKind::Webhook { url } => Some(url.clone()),
                 SubKind::PullWake { .. } => None,
             },
+            failures: e.rec.failures,
         })
     }
 

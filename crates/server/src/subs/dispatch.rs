@@ -1,0 +1,171 @@
+//! Webhook delivery: a task that asks the subscriptions what is due, sends each wake as a
+//! signed `POST`, and reports the outcome back (`done` acks the wake's snapshot; a failure
+//! schedules a retry, stored so that a restart keeps to it).
+//!
+//! Retries back off exponentially from 1 s to 60 s with ±20 % jitter. Deliveries run
+//! concurrently, at most one per subscription at a time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use oncelog_storage::subs::WakeNotice;
+use oncelog_storage::Engine;
+
+use super::{keys, ssrf, wire};
+use crate::AppState;
+
+/// What JavaScript's `encodeURIComponent` escapes: everything but letters, digits and
+/// `-_.!~*'()`, so the callback URL is the one clients build themselves.
+const URI_COMPONENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'!')
+    .remove(b'~')
+    .remove(b'*')
+    .remove(b'\'')
+    .remove(b'(')
+    .remove(b')');
+
+/// Longest sleep between two looks at what is due (a wake from another path, a lease that ends).
+const MAX_IDLE: Duration = Duration::from_secs(1);
+
+/// The wait before the next attempt after `failures` failed ones (this one included), with
+/// `unit` in `[0, 1)` choosing the jitter.
+pub fn backoff_ms(failures: u32, unit: f64) -> i64 {
+    let base = 1_000f64 * 2f64.powi(failures.saturating_sub(1).min(6) as i32);
+    let capped = base.min(60_000.0);
+    (capped * (0.8 + 0.4 * unit.clamp(0.0, 1.0))) as i64
+}
+
+/// A number in `[0, 1)` from the time and a counter: jitter needs spread, not secrecy.
+fn unit(seed: i64) -> f64 {
+    let mut z = (seed as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The HTTP client for webhooks: no redirects, no proxies, addresses filtered ([`ssrf`]).
+fn client(dev: bool, timeout: Duration) -> Option<reqwest::Client> {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+        .timeout(timeout)
+        .dns_resolver(Arc::new(ssrf::Resolver { dev }))
+        .build()
+        .map_err(|e| tracing::error!(error = %e, "webhook client could not be built; webhooks are not delivered"))
+        .ok()
+}
+
+/// Starts the dispatcher; it runs until aborted.
+pub fn spawn<E: Engine>(state: &AppState<E>) -> tokio::task::JoinHandle<()> {
+    let st = state.clone();
+    tokio::spawn(async move {
+        let Some(http) = client(st.config.dev_webhooks, st.config.webhook_timeout) else { return };
+        loop {
+            let next = run_once(&st, &http).await;
+            let now = st.clock.now_ms();
+            let wait = next.map_or(MAX_IDLE, |t| Duration::from_millis(u64::try_from(t - now).unwrap_or(0)).min(MAX_IDLE));
+            tokio::select! {
+                _ = st.subs.notify.notified() => {}
+                _ = tokio::time::sleep(wait.max(Duration::from_millis(5))) => {}
+            }
+        }
+    })
+}
+
+/// One pass: issues due wakes and starts their deliveries; returns the next deadline.
+pub async fn run_once<E: Engine>(st: &AppState<E>, http: &reqwest::Client) -> Option<i64> {
+    let now = st.clock.now_ms();
+    match st.subs.due(now).await {
+        Ok(due) => {
+            for notice in due.deliveries {
+                let (st, http) = (st.clone(), http.clone());
+                tokio::spawn(async move { deliver(&st, &http, notice).await });
+            }
+            due.next_deadline_ms
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "subscription dispatch pass failed");
+            None
+        }
+    }
+}
+
+/// Sends one wake and reports the outcome.
+async fn deliver<E: Engine>(st: &AppState<E>, http: &reqwest::Client, notice: WakeNotice) {
+    let (id, generation) = (notice.id.clone(), notice.generation);
+    let result = send(st, http, &notice).await;
+    let now = st.clock.now_ms();
+    let reported = match result {
+        Ok(done) => st.subs.delivered(&id, generation, done, now).await,
+        Err(why) => {
+            tracing::info!(subscription = %id, generation, %why, "webhook delivery failed; retrying later");
+            let wait = backoff_ms(notice.failures + 1, unit(now ^ generation as i64));
+            st.subs.delivery_failed(&id, generation, wait, now).await
+        }
+    };
+    if let Err(e) = reported {
+        tracing::warn!(subscription = %id, error = %e, "webhook outcome not recorded");
+    }
+    // The outcome may make more work due (a next wake, a retry time).
+    st.subs.notify.notify_one();
+}
+
+/// Why one delivery failed.
+#[derive(Debug, thiserror::Error)]
+enum SendError {
+    #[error("the URL is not allowed: {0}")]
+    Url(#[from] ssrf::Rejected),
+    #[error("signing key unavailable: {0}")]
+    Keys(#[from] oncelog_storage::subs::SubError),
+    #[error("request failed: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("receiver answered {0}")]
+    Status(reqwest::StatusCode),
+}
+
+/// Posts the wake; `Ok(done)` on a 2xx answer, `done` when its JSON body says `"done": true`.
+async fn send<E: Engine>(st: &AppState<E>, http: &reqwest::Client, n: &WakeNotice) -> Result<bool, SendError> {
+    let url = ssrf::check(n.url.as_deref().unwrap_or(""), st.config.dev_webhooks)?;
+    let now = st.clock.now_ms();
+    let k: &keys::Keys = st.sub_keys.get(&st.subs, now).await?;
+    let base = st.config.public_url.clone().or_else(|| st.base_url.get().cloned()).unwrap_or_default();
+    let id_enc = percent_encoding::utf8_percent_encode(&n.id, URI_COMPONENT).to_string();
+    let callback = format!("{}/v1/stream/__ds/subscriptions/{id_enc}/callback", base.trim_end_matches('/'));
+    let token = k.mint(&n.id, n.uid, n.generation, now);
+    let body = wire::notice(n, &token, Some(&callback)).to_string();
+    let signature = k.sign(now.div_euclid(1000), body.as_bytes());
+    let resp = http
+        .post(url)
+        .header("content-type", "application/json")
+        .header("webhook-signature", signature)
+        .body(body)
+        .send()
+        .await?;
+    if !resp.status().is_success() {
+        return Err(SendError::Status(resp.status()));
+    }
+    let answer = resp.bytes().await.unwrap_or_default();
+    let done = serde_json::from_slice::<serde_json::Value>(&answer).ok().and_then(|v| v.get("done").and_then(|d| d.as_bool())).unwrap_or(false);
+    Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_a_minute_with_bounded_jitter() {
+        assert_eq!(backoff_ms(1, 0.5), 1_000);
+        assert_eq!(backoff_ms(2, 0.5), 2_000);
+        assert_eq!(backoff_ms(7, 0.5), 60_000);
+        assert_eq!(backoff_ms(40, 0.5), 60_000);
+        assert_eq!((backoff_ms(3, 0.0), backoff_ms(3, 0.999_999)), (3_200, 4_799));
+        for s in 0..1000 {
+            let u = unit(s);
+            assert!((0.0..1.0).contains(&u));
+        }
+    }
+}

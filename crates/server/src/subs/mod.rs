@@ -1,0 +1,276 @@
+//! The subscription API under `/v1/stream/__ds/` (protocol sections 6 and 7), plus Oncelog's
+//! transactional commit (docs/PROTOCOL-EXTENSIONS.md): thin handlers over
+//! [`oncelog_storage::subs::Subscriptions`].
+//!
+//! - [`wire`]: request bodies and answers.
+//! - [`keys`]: webhook signing key, JWKS, callback and claim tokens.
+//! - [`ssrf`]: which webhook URLs may be called.
+//! - [`dispatch`]: the task that delivers webhooks and retries them.
+
+pub mod dispatch;
+pub mod keys;
+pub mod ssrf;
+pub mod wire;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::Response;
+use base64::Engine as _;
+use bytes::Bytes;
+use oncelog_protocol::content_type;
+use oncelog_protocol::headers::ProducerHeaders;
+use oncelog_protocol::json::{self, EmptyArray};
+use oncelog_storage::subs::{AckRequest, AckVia, Fence, PutVerdict, SubError, SubKind};
+use oncelog_storage::{AppendRequest, Engine, LookupError};
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::AppState;
+
+/// Most output appends one commit may carry.
+pub const MAX_COMMIT_APPENDS: usize = 64;
+
+/// Why a subscription request was refused; statuses and codes are in [`crate::error`].
+#[derive(Debug, thiserror::Error)]
+pub enum SubApiError {
+    #[error(transparent)]
+    Sub(#[from] SubError),
+    #[error(transparent)]
+    Wire(#[from] wire::WireError),
+    #[error("webhook URL rejected: {0}")]
+    UrlRejected(#[from] ssrf::Rejected),
+    #[error(transparent)]
+    Token(#[from] keys::TokenError),
+    #[error("no such subscription route")]
+    NoRoute,
+    #[error("method not allowed on this subscription route")]
+    Method,
+    #[error("commit output {index}: {why}")]
+    Output { index: usize, why: &'static str },
+    #[error("commit output {index} to {stream}: {source}")]
+    OutputLookup { index: usize, stream: String, source: LookupError },
+    #[error("transactional commits are not offered while authentication is on: a subscription token is not a write grant")]
+    CommitNeedsOpenServer,
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response {
+    crate::handlers::respond(status, vec![("content-type", "application/json".into())], Body::from(v.to_string()))
+}
+
+fn no_content() -> Response {
+    crate::handlers::respond(StatusCode::NO_CONTENT, vec![], Body::empty())
+}
+
+/// The base URL clients reach this server at, for `callback_url` and `jwks_url`.
+pub fn base_url<E>(st: &AppState<E>, req_headers: &HeaderMap) -> String {
+    if let Some(u) = st.config.public_url.as_ref().or(st.base_url.get()) {
+        return u.trim_end_matches('/').to_owned();
+    }
+    let host = req_headers.get("host").and_then(|v| v.to_str().ok()).unwrap_or("localhost");
+    let scheme = if st.config.tls.is_some() { "https" } else { "http" };
+    format!("{scheme}://{host}")
+}
+
+fn segment(raw: &str) -> String {
+    percent_encoding::percent_decode_str(raw).decode_utf8_lossy().into_owned()
+}
+
+/// Every request under `/v1/stream/__ds/`, routed on the raw (still percent-encoded) path so
+/// a stream path inside one segment (`manual%2Fb`) stays one segment.
+pub async fn route<E: Engine>(st: &AppState<E>, method: &Method, uri: &Uri, req_headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let rest = uri.path().strip_prefix("/v1/stream/__ds").unwrap_or("").trim_start_matches('/');
+    let parts: Vec<&str> = rest.split('/').collect();
+    let now = st.clock.now_ms();
+    let read = |body| crate::handlers::body_bytes(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout);
+    let sub = |e: SubError| ApiError::from(SubApiError::from(e));
+    let wire = |e: wire::WireError| ApiError::from(SubApiError::from(e));
+    match (method, parts.as_slice()) {
+        (&Method::GET, ["jwks.json"]) => {
+            let keys = st.sub_keys.get(&st.subs, now).await.map_err(sub)?;
+            let mut resp = json_response(StatusCode::OK, &keys.jwks());
+            let h = resp.headers_mut();
+            h.insert("content-type", axum::http::HeaderValue::from_static("application/jwk-set+json"));
+            h.insert("cache-control", axum::http::HeaderValue::from_static("public, max-age=300"));
+            Ok(resp)
+        }
+        (&Method::GET, ["subscriptions"]) => {
+            let list = st.subs.list().await.map_err(sub)?;
+            let items: Vec<Value> = list.iter().map(|r| json!({ "id": r.id, "type": match r.config.kind { SubKind::Webhook { .. } => "webhook", SubKind::PullWake { .. } => "pull-wake" }, "pattern": r.config.pattern, "generation": r.generation })).collect();
+            Ok(json_response(StatusCode::OK, &json!({ "subscriptions": items })))
+        }
+        (m, ["subscriptions", id]) if !id.is_empty() => {
+            let id = segment(id);
+            match *m {
+                Method::PUT => Ok(put(st, &id, req_headers, read(body).await?, now).await?),
+                Method::GET => {
+                    let view = st.subs.get(&id, now).await.map_err(sub)?;
+                    Ok(json_response(StatusCode::OK, &render_view(st, &view, req_headers, now).await?))
+                }
+                Method::DELETE => {
+                    st.subs.delete(&id, now).await.map_err(sub)?;
+                    Ok(no_content())
+                }
+                _ => Err(SubApiError::Method.into()),
+            }
+        }
+        (&Method::POST, ["subscriptions", id, "streams"]) => {
+            let add = wire::stream_list(&read(body).await?).map_err(wire)?;
+            st.subs.relink(&segment(id), add, Vec::new(), now).await.map_err(sub)?;
+            Ok(no_content())
+        }
+        (&Method::DELETE, ["subscriptions", id, "streams", path]) => {
+            st.subs.relink(&segment(id), Vec::new(), vec![segment(path)], now).await.map_err(sub)?;
+            Ok(no_content())
+        }
+        (&Method::POST, ["subscriptions", id, "claim"]) => {
+            let id = segment(id);
+            let worker = wire::worker(&read(body).await?).map_err(wire)?;
+            let notice = st.subs.claim(&id, &worker, now).await.map_err(sub)?;
+            let keys = st.sub_keys.get(&st.subs, now).await.map_err(sub)?;
+            let token = keys.mint(&id, notice.uid, notice.generation, now);
+            Ok(json_response(StatusCode::OK, &wire::notice(&notice, &token, None)))
+        }
+        (&Method::POST, ["subscriptions", id, op @ ("callback" | "ack" | "release" | "commit")]) => {
+            let id = segment(id);
+            let token = bearer(req_headers).ok_or(SubError::TokenInvalid).map_err(sub)?;
+            let body = read(body).await?;
+            Ok(fenced_op(st, &id, op, &token, &body, now).await?)
+        }
+        (_, ["jwks.json"] | ["subscriptions"] | ["subscriptions", _, "streams" | "claim" | "callback" | "ack" | "release" | "commit"] | ["subscriptions", _, "streams", _]) => {
+            Err(SubApiError::Method.into())
+        }
+        _ => Err(SubApiError::NoRoute.into()),
+    }
+}
+
+fn bearer(h: &HeaderMap) -> Option<String> {
+    let v = h.get("authorization")?.to_str().ok()?;
+    let t = v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer "))?.trim();
+    (!t.is_empty()).then(|| t.to_owned())
+}
+
+async fn put<E: Engine>(st: &AppState<E>, id: &str, req_headers: &HeaderMap, body: Bytes, now: i64) -> Result<Response, SubApiError> {
+    let config = wire::sub_config(&body)?;
+    if let SubKind::Webhook { url } = &config.kind {
+        ssrf::check(url, st.config.dev_webhooks)?;
+        // Keys exist (durably) before the first webhook subscription is acknowledged.
+        st.sub_keys.get(&st.subs, now).await?;
+    }
+    let (verdict, view) = st.subs.put(id, config, now).await?;
+    let status = if verdict == PutVerdict::Created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok(json_response(status, &render_view(st, &view, req_headers, now).await?))
+}
+
+async fn render_view<E: Engine>(st: &AppState<E>, view: &oncelog_storage::subs::SubView, req_headers: &HeaderMap, now: i64) -> Result<Value, SubApiError> {
+    let signing = match view.record.config.kind {
+        SubKind::Webhook { .. } => Some(st.sub_keys.get(&st.subs, now).await?.kid.clone()),
+        SubKind::PullWake { .. } => None,
+    };
+    let jwks_url = format!("{}/v1/stream/__ds/jwks.json", base_url(st, req_headers));
+    Ok(wire::sub_view(view, signing.as_deref().map(|kid| (kid, jwks_url.as_str()))))
+}
+
+/// Callback, ack, release and commit: the token and the body's generation and wake id are the
+/// fence; everything after it happens in one transaction or not at all.
+async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str, body: &[u8], now: i64) -> Result<Response, SubApiError> {
+    let req = wire::fenced(body)?;
+    // The subscription first (404), then the token (401), then the fence (409).
+    st.subs.get(id, now).await?;
+    let keys = st.sub_keys.get(&st.subs, now).await?;
+    let claims = keys.verify(token, now)?;
+    if claims.id != id {
+        return Err(SubError::TokenInvalid.into());
+    }
+    let fence = Fence { uid: claims.uid, token_generation: claims.generation, generation: req.generation, wake_id: req.wake_id.clone() };
+    if op == "release" {
+        st.subs.release(id, &fence, now).await?;
+        return Ok(no_content());
+    }
+    let (via, outputs) = match op {
+        "callback" => (AckVia::Callback, Vec::new()),
+        "ack" => (AckVia::Ack, Vec::new()),
+        _ => {
+            if !st.auth.is_open() {
+                return Err(SubApiError::CommitNeedsOpenServer);
+            }
+            (AckVia::Commit, outputs(st, &req.body, now).await?)
+        }
+    };
+    let out = st.subs.ack(id, AckRequest { fence, acks: req.acks, done: req.done, via, outputs: outputs.clone() }, now).await?;
+    // Outputs are new data in their streams: wake whoever follows them.
+    for a in &outputs {
+        crate::handlers::after_write(st, &a.path, now).await;
+    }
+    let mut v = json!({ "ok": true, "next_wake": out.next_wake });
+    if via == AckVia::Commit {
+        if let Some(m) = v.as_object_mut() {
+            m.insert("duplicate".into(), json!(out.duplicate));
+            let appends: Vec<Value> = outputs
+                .iter()
+                .zip(&out.appends)
+                .map(|(a, o)| json!({ "stream": a.path, "next_offset": o.next_offset.to_string(), "duplicate": o.status != oncelog_storage::AppendStatus::Appended }))
+                .collect();
+            m.insert("appends".into(), json!(appends));
+        }
+    }
+    Ok(json_response(StatusCode::OK, &v))
+}
+
+/// A commit's `appends`, framed for their streams as a `POST` would be. Each needs producer
+/// headers: without them a retried commit would write its outputs twice.
+async fn outputs<E: Engine>(st: &AppState<E>, body: &serde_json::Map<String, Value>, now: i64) -> Result<Vec<AppendRequest>, SubApiError> {
+    let items = match body.get("appends") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items,
+        Some(_) => return Err(wire::WireError::Field("appends").into()),
+    };
+    if items.len() > MAX_COMMIT_APPENDS {
+        return Err(SubApiError::Output { index: MAX_COMMIT_APPENDS, why: "at most 64 appends per commit" });
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for (index, a) in items.iter().enumerate() {
+        let bad = |why| SubApiError::Output { index, why };
+        let stream = a.get("stream").and_then(Value::as_str).ok_or(bad("stream is required"))?;
+        let p = a.get("producer").ok_or(bad("producer {id, epoch, seq} is required"))?;
+        let producer = match (p.get("id").and_then(Value::as_str), p.get("epoch").and_then(Value::as_u64), p.get("seq").and_then(Value::as_u64)) {
+            (Some(id), Some(epoch), Some(seq)) if !id.is_empty() => ProducerHeaders { id: id.to_owned(), epoch, seq },
+            _ => return Err(bad("producer needs a non-empty id and integer epoch and seq")),
+        };
+        let info = st.engine.head(stream, now).await.map_err(|source| SubApiError::OutputLookup { index, stream: stream.to_owned(), source })?;
+        let ct = match a.get("content_type") {
+            None | Some(Value::Null) => info.config.content_type.clone(),
+            Some(Value::String(s)) => s.clone(),
+            Some(_) => return Err(bad("content_type must be a string")),
+        };
+        let json_framed = content_type::is_json(&ct) && content_type::is_json(&info.config.content_type);
+        let data = match (a.get("data"), a.get("data_base64").and_then(Value::as_str)) {
+            (Some(v), None) if json_framed => json::encode_body(v.to_string().as_bytes(), EmptyArray::Rejected).map_err(|_| bad("data is not appendable JSON (an empty array appends nothing)"))?.into(),
+            (Some(Value::String(s)), None) => Bytes::from(s.clone()),
+            (None, Some(b64)) if !json_framed => {
+                Bytes::from(base64::engine::general_purpose::STANDARD.decode(b64).map_err(|_| bad("data_base64 is not base64"))?)
+            }
+            _ => return Err(bad("data (JSON for JSON streams, else a string) or data_base64 (byte streams) is required")),
+        };
+        if data.is_empty() {
+            return Err(bad("an output must carry data"));
+        }
+        if info.config.compaction {
+            oncelog_protocol::state::validate(&data).map_err(|_| bad("this stream takes State Protocol messages only"))?;
+        }
+        out.push(AppendRequest {
+            path: stream.to_owned(),
+            stream_id: Some(info.id),
+            json_framed,
+            content_type: Some(ct),
+            body_digest: Some(oncelog_protocol::digest::BodyDigest::of(&data)),
+            data,
+            close: a.get("close").and_then(Value::as_bool).unwrap_or(false),
+            stream_seq: None,
+            producer: Some(producer),
+            if_match: None,
+            idempotency_key: None,
+            now_ms: now,
+        });
+    }
+    Ok(out)
+}
