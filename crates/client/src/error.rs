@@ -157,6 +157,21 @@ pub enum Error {
         message: String,
     },
 
+    /// A subscription API answer other than success: `code` is the protocol's name for it
+    /// (`FENCED`: the work passed to another worker, stop; `ALREADY_CLAIMED`, `NO_PENDING_WORK`,
+    /// `INVALID_OFFSET`, `SUBSCRIPTION_NOT_FOUND`, `TOKEN_INVALID`, `APPEND_REFUSED`, ...).
+    #[error("subscription request refused ({status} {code}): {message}")]
+    Subscription {
+        /// The HTTP status.
+        status: u16,
+        /// `error.code` of the answer.
+        code: String,
+        /// `error.message` of the answer.
+        message: String,
+        /// `error.current_holder` (with `ALREADY_CLAIMED`).
+        holder: Option<String>,
+    },
+
     /// Any other status: `5xx`, `429`, or one this client does not expect.
     #[error("server answered {status}: {message}")]
     Status {
@@ -203,9 +218,14 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Transport { .. } => true,
-            Error::Status { status, .. } => is_transient_status(*status),
+            Error::Status { status, .. } | Error::Subscription { status, .. } => is_transient_status(*status),
             _ => false,
         }
+    }
+
+    /// Whether this is the subscription API's `FENCED`: the work belongs to another worker now.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, Error::Subscription { code, .. } if code == "FENCED")
     }
 
     /// Whether repeating the request is both useful and harmless: it is [transient](Self::is_transient)
@@ -232,7 +252,7 @@ impl Error {
             Error::Fenced { .. } => 403,
             Error::BadRequest { .. } => 400,
             Error::PayloadTooLarge { .. } => 413,
-            Error::Status { status, .. } => *status,
+            Error::Status { status, .. } | Error::Subscription { status, .. } => *status,
             Error::Transport { source, .. } => return source.status().map(|s| s.as_u16()),
             Error::ProducerFailed(inner) => return inner.status(),
             _ => return None,

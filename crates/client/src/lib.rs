@@ -16,6 +16,8 @@
 //! - [`sse`]: an incremental Server-Sent-Events parser and the control-event payload.
 //! - [`producer`]: the exactly-once [`Producer`]: batching, pipelining, retries, fencing, epoch
 //!   persistence.
+//! - [`subscription`]: subscriptions, pull-wake claims and transactional commits (outputs and
+//!   acks in one atomic step, fenced by the wake's generation).
 //! - [`retry`]: exponential backoff with jitter; randomness behind the [`retry::Jitter`] trait.
 //! - [`offset`]: opaque offset tokens and read start positions, convertible to and from the
 //!   protocol crate's [`oncelog_protocol::Offset`].
@@ -109,6 +111,7 @@ pub mod read;
 pub mod retry;
 pub mod sse;
 pub mod stream;
+pub mod subscription;
 
 pub use client::{Client, ClientBuilder};
 pub use error::Error;
@@ -117,4 +120,5 @@ pub use offset::{ReadFrom, StreamOffset};
 pub use producer::{Ack, EpochStore, FileEpochStore, Producer, ProducerBuilder, ProducerStats, Receipt};
 pub use read::{Chunk, ChunkStream, JsonBatch, LiveMode, OnTrimmed, ReadOptions, ReadStatus};
 pub use retry::RetryPolicy;
+pub use subscription::{Claim, Commit, Committed, LinkInfo, NoClaim, SubscriptionConfig, SubscriptionInfo, SubscriptionKind, Subscriptions};
 pub use stream::{AppendOptions, Appended, CreateOptions, Created, Limit, StreamHandle, StreamInfo, Trimmed};

@@ -11,7 +11,8 @@ use oncelog_protocol::{Offset, OffsetParam};
 
 /// A position in a stream, exactly as the server spelled it in `Stream-Next-Offset` or an SSE
 /// control event.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Deserialize)]
+#[serde(transparent)]
 pub struct StreamOffset(String);
 
 impl StreamOffset {
