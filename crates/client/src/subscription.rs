@@ -228,8 +228,8 @@ impl Subscriptions {
 
     /// Claims the current wake of a pull-wake subscription for `worker`.
     pub async fn claim(&self, id: &str, worker: &str) -> Result<Result<Claim, NoClaim>, Error> {
-        // Not repeated blindly: a claim whose answer was lost holds the wake until its lease ends.
-        match self.call(Method::POST, &["subscriptions", id, "claim"], Some(json!({ "worker": worker })), None, false).await {
+        // Safe to repeat: the holder claiming again gets the same wake back.
+        match self.call(Method::POST, &["subscriptions", id, "claim"], Some(json!({ "worker": worker })), None, true).await {
             Ok(resp) => Ok(Ok(Claim::parse(self.clone(), id, Self::json(resp).await?)?)),
             Err(Error::Subscription { code, holder, .. }) if code == "ALREADY_CLAIMED" => Ok(Err(NoClaim::Claimed { holder: holder.unwrap_or_default() })),
             Err(Error::Subscription { code, .. }) if code == "NO_PENDING_WORK" => Ok(Err(NoClaim::NoPendingWork)),

@@ -120,10 +120,15 @@ impl Drop for Server {
 impl Server {
     /// Starts a server on `data_dir` with extra `args`; returns once it listens.
     pub fn start(data_dir: &std::path::Path, args: &[&str]) -> Server {
+        Server::start_at(data_dir, "127.0.0.1:0", args)
+    }
+
+    /// Like [`Server::start`], on `addr` (a fixed port, so a restarted server keeps its URL).
+    pub fn start_at(data_dir: &std::path::Path, addr: &str, args: &[&str]) -> Server {
         use std::io::BufRead;
         use std::process::Stdio;
         let mut child = bin()
-            .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
+            .args(["serve", "--addr", addr, "--data-dir"])
             .arg(data_dir)
             .args(args)
             .stdin(Stdio::null())

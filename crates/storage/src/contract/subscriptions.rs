@@ -121,6 +121,9 @@ pub async fn pull_wake_claims_are_fenced_by_generation<H: Harness>() {
         Err(SubError::AlreadyClaimed { holder, generation: 1 }) => assert_eq!(holder, "w1"),
         r => panic!("{r:?}"),
     }
+    // The holder claiming again (a lost answer) gets the same wake back.
+    let again = s.claim("p", "w1", 300).await.expect("re-claim by the holder");
+    assert_eq!((again.generation, again.wake_id.as_str()), (1, a.wake_id.as_str()));
     // A heartbeat (ack without done) moves the cursor and extends the lease.
     let first = AckOutcome { next_wake: false, duplicate: false, appends: vec![] };
     assert_eq!(s.ack("p", ack_req(&a, vec![Ack { stream: "jobs/a".into(), offset: tail }], false, AckVia::Ack), 1_100).await.expect("heartbeat"), first);

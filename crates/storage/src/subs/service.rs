@@ -543,7 +543,8 @@ impl<E: Engine> Subscriptions<E> {
 
     // --- pull-wake workers --------------------------------------------------------------------
 
-    /// A worker claims the current wake (or, with pending work and none live, a new one).
+    /// A worker claims the current wake (or, with pending work and none live, a new one). The
+    /// worker holding it may claim again (a retry after a lost answer): same wake, lease renewed.
     pub async fn claim(&self, id: &str, worker: &str, now_ms: i64) -> Result<WakeNotice, SubError> {
         let mut inner = self.lock().await?;
         let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
@@ -552,7 +553,8 @@ impl<E: Engine> Subscriptions<E> {
         }
         let mut next = e.clone();
         if let Some(w) = e.rec.live_wake(now_ms) {
-            if let Some(holder) = &w.holder {
+            // The holder claiming again (its answer was lost) gets the same wake back.
+            if let Some(holder) = w.holder.as_ref().filter(|h| h.as_str() != worker) {
                 return Err(SubError::AlreadyClaimed { holder: holder.clone(), generation: w.generation });
             }
         } else if self.plan_wake(&mut next, None, now_ms).await?.is_none() || next.rec.wake.is_none() {
