@@ -18,6 +18,8 @@
 //!   persistence.
 //! - [`subscription`]: subscriptions, pull-wake claims and transactional commits (outputs and
 //!   acks in one atomic step, fenced by the wake's generation).
+//! - [`webhook`]: checking webhook signatures against the server's JWKS; a delivery's wake as a
+//!   [`Claim`].
 //! - [`retry`]: exponential backoff with jitter; randomness behind the [`retry::Jitter`] trait.
 //! - [`offset`]: opaque offset tokens and read start positions, convertible to and from the
 //!   protocol crate's [`oncelog_protocol::Offset`].
@@ -112,6 +114,7 @@ pub mod retry;
 pub mod sse;
 pub mod stream;
 pub mod subscription;
+pub mod webhook;
 
 pub use client::{Client, ClientBuilder};
 pub use error::Error;

@@ -280,6 +280,8 @@ pub struct Claim {
     pub lease_ttl: Duration,
     /// Next producer sequence number per output stream within this wake.
     seqs: Arc<Mutex<HashMap<String, u64>>>,
+    /// Where acks go: `ack` for a claimed pull wake, `callback` for a webhook.
+    via: &'static str,
 }
 
 /// What an ack or commit did.
@@ -300,17 +302,20 @@ impl std::fmt::Debug for Claim {
 }
 
 impl Claim {
-    fn parse(subs: Subscriptions, id: &str, v: Value) -> Result<Claim, Error> {
-        let bad = || Error::InvalidResponse("claim answer lacks wake_id, generation or token".into());
+    pub(crate) fn parse(subs: Subscriptions, id: &str, v: Value) -> Result<Claim, Error> {
+        let via = if v.get("callback_token").is_some() { "callback" } else { "ack" };
+        let token = v.get("token").or_else(|| v.get("callback_token")).cloned().unwrap_or(Value::Null);
+        let bad = || Error::InvalidResponse("wake lacks wake_id, generation or token".into());
         Ok(Claim {
             subs,
             subscription: id.to_owned(),
             wake_id: v["wake_id"].as_str().ok_or_else(bad)?.to_owned(),
             generation: v["generation"].as_u64().ok_or_else(bad)?,
-            token: v["token"].as_str().ok_or_else(bad)?.to_owned(),
+            token: token.as_str().ok_or_else(bad)?.to_owned(),
             streams: serde_json::from_value(v["streams"].clone())?,
             lease_ttl: Duration::from_millis(v["lease_ttl_ms"].as_u64().unwrap_or(30_000)),
             seqs: Arc::default(),
+            via,
         })
     }
 
@@ -319,10 +324,10 @@ impl Claim {
         json!({ "wake_id": self.wake_id, "generation": self.generation, "acks": acks, "done": done })
     }
 
-    /// Acknowledges progress. Without `done` it is a heartbeat that extends the lease; with it
-    /// the wake ends.
+    /// Acknowledges progress (a claim's `…/ack`, a webhook's `…/callback`). Without `done` it is
+    /// a heartbeat that extends the lease; with it the wake ends.
     pub async fn ack(&self, acks: &[(&str, &StreamOffset)], done: bool) -> Result<Committed, Error> {
-        let resp = self.subs.call(Method::POST, &["subscriptions", &self.subscription, "ack"], Some(self.fenced_body(acks, done)), Some(&self.token), false).await?;
+        let resp = self.subs.call(Method::POST, &["subscriptions", &self.subscription, self.via], Some(self.fenced_body(acks, done)), Some(&self.token), false).await?;
         let v = Subscriptions::json(resp).await?;
         Ok(Committed { next_wake: v["next_wake"].as_bool().unwrap_or(false), duplicate: false, appends: Vec::new() })
     }
