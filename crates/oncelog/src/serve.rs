@@ -114,6 +114,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000)]
     pub webhook_timeout_ms: u64,
 
+    /// Replace the webhook signing key once it is this old (`30d`, `12h`); the old key stays in
+    /// the published key set for an hour, so receivers and in-flight deliveries still verify.
+    #[arg(long, env = "ONCELOG_WEBHOOK_KEY_MAX_AGE", default_value = "30d", value_parser = crate::token::parse_duration)]
+    pub webhook_key_max_age: std::time::Duration,
+
     /// How often expired streams are looked for and deleted, and retention policies applied,
     /// in ms (access already hides expired streams).
     #[arg(long, env = "ONCELOG_SWEEP_INTERVAL_MS", default_value_t = 5_000)]
@@ -251,6 +256,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         dev_webhooks: args.dev_webhooks,
         public_url: args.public_url.clone(),
         webhook_timeout: Duration::from_millis(args.webhook_timeout_ms),
+        webhook_key_max_age: args.webhook_key_max_age,
         default_retention: oncelog_storage::RetentionPolicy {
             max_age_s: args.retention_max_age.map(|d| d.as_secs()),
             max_bytes: args.retention_max_bytes,

@@ -73,6 +73,9 @@ pub struct ServerConfig {
     pub public_url: Option<String>,
     /// How long one webhook delivery may take before it counts as failed.
     pub webhook_timeout: Duration,
+    /// The webhook signing key is replaced once it is this old; the old one stays published for
+    /// an hour ([`crate::subs::keys::RETIRED_KEY_GRACE_MS`]).
+    pub webhook_key_max_age: Duration,
 }
 
 impl Default for ServerConfig {
@@ -105,6 +108,7 @@ impl Default for ServerConfig {
             dev_webhooks: false,
             public_url: None,
             webhook_timeout: Duration::from_secs(10),
+            webhook_key_max_age: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -152,6 +156,9 @@ impl ServerConfig {
         }
         if self.webhook_timeout.is_zero() {
             return Err(ConfigError::Zero("webhook timeout"));
+        }
+        if self.webhook_key_max_age.is_zero() {
+            return Err(ConfigError::Zero("webhook key max age"));
         }
         if self.header_read_timeout.is_zero() || self.body_read_timeout.is_zero() || self.write_timeout.is_zero() {
             return Err(ConfigError::Zero("read timeout"));

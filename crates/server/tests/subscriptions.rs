@@ -283,3 +283,53 @@ async fn bad_subscription_requests_get_json_errors() {
     let (status, v) = post_json(&http, &s.url("__ds/subscriptions/two/release"), one["token"].as_str(), body).await;
     assert_eq!((status, v["error"]["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("TOKEN_INVALID")), "{v}");
 }
+
+#[tokio::test]
+async fn the_signing_key_rotates_and_the_old_one_stays_published_for_a_while() {
+    let clock = Arc::new(ManualClock::new(1_000_000));
+    let config = ServerConfig { webhook_key_max_age: Duration::from_secs(7200), ..dev() };
+    let s = common::TestServer::start(config, Some(clock.clone())).await;
+    let http = Client::new();
+    let (hook, got) = receiver(vec![200]).await;
+    let sub = s.url("__ds/subscriptions/rot");
+    let cfg = json!({ "type": "webhook", "streams": ["r/a"], "webhook": { "url": hook } });
+    let (_, v) = json_of(http.put(&sub).js(&cfg).send().await.expect("put")).await;
+    let first = v["webhook"]["signing"]["kid"].as_str().expect("kid").to_owned();
+    let kids = |jwks: &Value| jwks["keys"].as_array().map(|ks| ks.iter().filter_map(|k| k["kid"].as_str().map(str::to_owned)).collect::<Vec<_>>()).unwrap_or_default();
+    let jwks_url = s.url("__ds/jwks.json");
+    assert_eq!(kids(&json_of(http.get(&jwks_url).send().await.expect("jwks")).await.1), [first.clone()]);
+
+    // Older than the maximum age: the next dispatcher pass (at most a second) rotates.
+    clock.advance_ms(7_200_001);
+    let mut jwks = Value::Null;
+    for _ in 0..100 {
+        jwks = json_of(http.get(&jwks_url).send().await.expect("jwks")).await.1;
+        if kids(&jwks).len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let now = kids(&jwks);
+    assert_eq!(now.len(), 2, "{jwks}");
+    assert!(now.contains(&first));
+    let (_, v) = json_of(http.get(&sub).send().await.expect("get")).await;
+    let second = v["webhook"]["signing"]["kid"].as_str().expect("kid").to_owned();
+    assert_ne!(second, first);
+    // Deliveries are signed with the new key, and verify with the published set.
+    http.put(s.url("r/a")).header("content-type", "text/plain").body("x").send().await.expect("create");
+    let seen = wait_for(&got, 1, Duration::from_secs(5)).await;
+    let (sig, body) = seen.first().expect("a delivery");
+    assert!(sig.contains(&format!("kid={second}")), "{sig}");
+    assert!(verify(&jwks, sig, body));
+    // An hour after its successor arrived (and before the successor's own rotation), the old
+    // key is gone from the set.
+    clock.advance_ms(3_600_000);
+    for _ in 0..100 {
+        jwks = json_of(http.get(&jwks_url).send().await.expect("jwks")).await.1;
+        if kids(&jwks).len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(kids(&jwks), [second]);
+}

@@ -2,6 +2,9 @@
 //! signed `POST`, and reports the outcome back (`done` acks the wake's snapshot; a failure
 //! schedules a retry, stored so that a restart keeps to it).
 //!
+//! Each pass also rotates the webhook signing key once it is older than
+//! `--webhook-key-max-age` ([`keys::KeyRing::rotate_if_due`]).
+//!
 //! Retries back off exponentially from 1 s to 60 s with ±20 % jitter. Deliveries run
 //! concurrently, at most one per subscription at a time.
 
@@ -78,6 +81,12 @@ pub fn spawn<E: Engine>(state: &AppState<E>) -> tokio::task::JoinHandle<()> {
 /// One pass: issues due wakes and starts their deliveries; returns the next deadline.
 pub async fn run_once<E: Engine>(st: &AppState<E>, http: &reqwest::Client) -> Option<i64> {
     let now = st.clock.now_ms();
+    let max_age = i64::try_from(st.config.webhook_key_max_age.as_millis()).unwrap_or(i64::MAX);
+    match st.sub_keys.rotate_if_due(&st.subs, now, max_age).await {
+        Ok(true) => tracing::info!("webhook signing key rotated"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "webhook signing key rotation failed; retrying on the next pass"),
+    }
     match st.subs.due(now).await {
         Ok(due) => {
             for notice in due.deliveries {
@@ -130,7 +139,7 @@ enum SendError {
 async fn send<E: Engine>(st: &AppState<E>, http: &reqwest::Client, n: &WakeNotice) -> Result<bool, SendError> {
     let url = ssrf::check(n.url.as_deref().unwrap_or(""), st.config.dev_webhooks)?;
     let now = st.clock.now_ms();
-    let k: &keys::Keys = st.sub_keys.get(&st.subs, now).await?;
+    let k: std::sync::Arc<keys::Keys> = st.sub_keys.get(&st.subs, now).await?;
     let base = st.config.public_url.clone().or_else(|| st.base_url.get().cloned()).unwrap_or_default();
     let id_enc = percent_encoding::utf8_percent_encode(&n.id, URI_COMPONENT).to_string();
     let callback = format!("{}/v1/stream/__ds/subscriptions/{id_enc}/callback", base.trim_end_matches('/'));

@@ -14,26 +14,40 @@ use hmac::{Hmac, Mac};
 use oncelog_storage::subs::{SubError, Subscriptions};
 use oncelog_storage::{Engine, StorageError};
 use sha2::{Digest, Sha256};
-use tokio::sync::OnceCell;
+use std::sync::Arc;
 
-const WEBHOOK_KEY: &str = "webhook-ed25519";
+use tokio::sync::Mutex;
+
+/// Webhook signing keys are stored as `webhook-ed25519/{created ms, 20 digits}`: name order is
+/// age order.
+const WEBHOOK_KEY_PREFIX: &str = "webhook-ed25519/";
 const TOKEN_KEY: &str = "token-hmac";
 /// How long a callback or claim token is accepted. The generation fence, not expiry, is what
 /// ends a token's use; expiry only bounds a leaked one.
 pub const TOKEN_TTL_MS: i64 = 24 * 3600 * 1000;
+/// How long a replaced signing key stays published (and stored): receivers that cached the
+/// key set, and deliveries signed just before the rotation, still verify.
+pub const RETIRED_KEY_GRACE_MS: i64 = 3600 * 1000;
 
-/// The secrets, loaded (or created) once.
+/// The secrets, loaded (or created) at first use, replaced on rotation.
 #[derive(Default)]
 pub struct KeyRing {
-    cell: OnceCell<Keys>,
+    state: Mutex<Option<Arc<Keys>>>,
 }
 
-pub struct Keys {
+/// One webhook signing key.
+pub struct WebhookKey {
     signing: SigningKey,
     /// RFC 7638 thumbprint of the public key, prefixed `ds_`.
     pub kid: String,
     /// The public key, base64url.
     x: String,
+    pub created_ms: i64,
+}
+
+/// The keys as of one moment: webhook keys oldest first (the last one signs), the token key.
+pub struct Keys {
+    webhook: Vec<WebhookKey>,
     token_key: [u8; 32],
 }
 
@@ -64,46 +78,102 @@ struct Payload {
 
 fn random32() -> Result<[u8; 32], SubError> {
     let mut b = [0u8; 32];
-    getrandom::getrandom(&mut b).map_err(|e| SubError::Storage(StorageError::Backend(std::sync::Arc::new(std::io::Error::other(e.to_string())))))?;
+    getrandom::getrandom(&mut b).map_err(|e| SubError::Storage(StorageError::Backend(Arc::new(std::io::Error::other(e.to_string())))))?;
     Ok(b)
 }
 
 fn as32(v: &Bytes) -> Result<[u8; 32], SubError> {
-    v.as_ref().try_into().map_err(|_| SubError::Storage(StorageError::Corrupt(std::sync::Arc::new(std::io::Error::other("stored subscription key is not 32 bytes")))))
+    v.as_ref().try_into().map_err(|_| SubError::Storage(StorageError::Corrupt(Arc::new(std::io::Error::other("stored subscription key is not 32 bytes")))))
+}
+
+fn webhook_key_name(created_ms: i64) -> String {
+    format!("{WEBHOOK_KEY_PREFIX}{created_ms:020}")
 }
 
 impl KeyRing {
-    pub async fn get<E: Engine>(&self, subs: &Subscriptions<E>, now_ms: i64) -> Result<&Keys, SubError> {
-        self.cell
-            .get_or_try_init(|| async {
-                let seed = as32(&subs.key_or_insert(WEBHOOK_KEY, Bytes::copy_from_slice(&random32()?), now_ms).await?)?;
-                let token_key = as32(&subs.key_or_insert(TOKEN_KEY, Bytes::copy_from_slice(&random32()?), now_ms).await?)?;
-                Ok(Keys::new(seed, token_key))
-            })
-            .await
+    /// The keys, loading them (and creating the first ones) if needed.
+    pub async fn get<E: Engine>(&self, subs: &Subscriptions<E>, now_ms: i64) -> Result<Arc<Keys>, SubError> {
+        let mut state = self.state.lock().await;
+        if let Some(k) = state.as_ref() {
+            return Ok(k.clone());
+        }
+        let mut stored = subs.keys().await?;
+        if !stored.keys().any(|k| k.starts_with(WEBHOOK_KEY_PREFIX)) {
+            let name = webhook_key_name(now_ms);
+            let v = subs.key_or_insert(&name, Bytes::copy_from_slice(&random32()?), now_ms).await?;
+            stored.insert(name, v);
+        }
+        let token_key = as32(&subs.key_or_insert(TOKEN_KEY, Bytes::copy_from_slice(&random32()?), now_ms).await?)?;
+        let keys = Arc::new(Keys::from_stored(&stored, token_key)?);
+        *state = Some(keys.clone());
+        Ok(keys)
+    }
+
+    /// Rotates the signing key once the newest is older than `max_age_ms`, and forgets keys
+    /// replaced more than [`RETIRED_KEY_GRACE_MS`] ago. Only when the keys are in use (loaded).
+    /// Returns whether anything changed.
+    pub async fn rotate_if_due<E: Engine>(&self, subs: &Subscriptions<E>, now_ms: i64, max_age_ms: i64) -> Result<bool, SubError> {
+        let mut state = self.state.lock().await;
+        let Some(keys) = state.as_ref() else { return Ok(false) };
+        let newest = keys.webhook.last().map_or(i64::MIN, |k| k.created_ms);
+        let expired: Vec<String> =
+            keys.webhook.windows(2).filter(|w| now_ms >= w[1].created_ms.saturating_add(RETIRED_KEY_GRACE_MS)).map(|w| webhook_key_name(w[0].created_ms)).collect();
+        let due = now_ms >= newest.saturating_add(max_age_ms);
+        if !due && expired.is_empty() {
+            return Ok(false);
+        }
+        if due {
+            subs.key_or_insert(&webhook_key_name(now_ms.max(newest + 1)), Bytes::copy_from_slice(&random32()?), now_ms).await?;
+        }
+        if !expired.is_empty() {
+            subs.remove_keys(&expired, now_ms).await?;
+        }
+        let stored = subs.keys().await?;
+        *state = Some(Arc::new(Keys::from_stored(&stored, keys.token_key)?));
+        Ok(true)
     }
 }
 
 impl Keys {
-    pub fn new(seed: [u8; 32], token_key: [u8; 32]) -> Self {
-        let signing = SigningKey::from_bytes(&seed);
-        let x = B64.encode(signing.verifying_key().as_bytes());
-        let thumbprint = Sha256::digest(format!(r#"{{"crv":"Ed25519","kty":"OKP","x":"{x}"}}"#));
-        Keys { kid: format!("ds_{}", B64.encode(thumbprint)), x, signing, token_key }
+    fn from_stored(stored: &std::collections::BTreeMap<String, Bytes>, token_key: [u8; 32]) -> Result<Keys, SubError> {
+        let mut webhook = Vec::new();
+        for (name, seed) in stored.range(WEBHOOK_KEY_PREFIX.to_owned()..).take_while(|(n, _)| n.starts_with(WEBHOOK_KEY_PREFIX)) {
+            let created_ms = name[WEBHOOK_KEY_PREFIX.len()..].parse().unwrap_or(0);
+            webhook.push(WebhookKey::new(as32(seed)?, created_ms));
+        }
+        Ok(Keys { webhook, token_key })
     }
 
-    /// The JWKS document (`__ds/jwks.json`).
+    /// The key that signs now.
+    pub fn current(&self) -> &WebhookKey {
+        // `get` never builds a ring without a webhook key; an empty one is a programming error
+        // caught by the tests, answered with the first key of a fresh ring rather than a panic.
+        self.webhook.last().unwrap_or_else(|| unreachable!("a key ring always holds a webhook key"))
+    }
+
+    pub fn kid(&self) -> &str {
+        &self.current().kid
+    }
+
+    /// The JWKS document (`__ds/jwks.json`): every key still published.
     pub fn jwks(&self) -> serde_json::Value {
-        serde_json::json!({ "keys": [{ "kty": "OKP", "crv": "Ed25519", "kid": self.kid, "use": "sig", "alg": "EdDSA", "x": self.x }] })
+        let keys: Vec<serde_json::Value> = self
+            .webhook
+            .iter()
+            .rev()
+            .map(|k| serde_json::json!({ "kty": "OKP", "crv": "Ed25519", "kid": k.kid, "use": "sig", "alg": "EdDSA", "x": k.x }))
+            .collect();
+        serde_json::json!({ "keys": keys })
     }
 
     /// The `webhook-signature` header for `body` sent at `t_s` (Unix seconds): an Ed25519
-    /// signature of `"{t}.{body}"`.
+    /// signature of `"{t}.{body}"` by the current key.
     pub fn sign(&self, t_s: i64, body: &[u8]) -> String {
+        let k = self.current();
         let mut msg = format!("{t_s}.").into_bytes();
         msg.extend_from_slice(body);
-        let sig = self.signing.sign(&msg);
-        format!("t={t_s},kid={},ed25519={}", self.kid, B64.encode(sig.to_bytes()))
+        let sig = k.signing.sign(&msg);
+        format!("t={t_s},kid={},ed25519={}", k.kid, B64.encode(sig.to_bytes()))
     }
 
     fn mac(&self, payload_b64: &str) -> Hmac<Sha256> {
@@ -133,18 +203,31 @@ impl Keys {
     }
 }
 
+impl WebhookKey {
+    fn new(seed: [u8; 32], created_ms: i64) -> Self {
+        let signing = SigningKey::from_bytes(&seed);
+        let x = B64.encode(signing.verifying_key().as_bytes());
+        let thumbprint = Sha256::digest(format!(r#"{{"crv":"Ed25519","kty":"OKP","x":"{x}"}}"#));
+        WebhookKey { kid: format!("ds_{}", B64.encode(thumbprint)), x, signing, created_ms }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn ring(seeds: &[u8], token: u8) -> Keys {
+        Keys { webhook: seeds.iter().map(|s| WebhookKey::new([*s; 32], i64::from(*s))).collect(), token_key: [token; 32] }
+    }
+
     #[test]
     fn tokens_verify_only_unchanged_and_unexpired() {
-        let k = Keys::new([7; 32], [9; 32]);
+        let k = ring(&[7], 9);
         let t = k.mint("sub-1", 4, 2, 1_000);
         assert_eq!(k.verify(&t, 2_000), Ok(TokenClaims { id: "sub-1".into(), uid: 4, generation: 2 }));
         assert_eq!(k.verify(&t, 1_000 + TOKEN_TTL_MS), Err(TokenError::Expired));
         // Another key, a changed payload, garbage.
-        assert_eq!(Keys::new([7; 32], [8; 32]).verify(&t, 2_000), Err(TokenError::Invalid));
+        assert_eq!(ring(&[7], 8).verify(&t, 2_000), Err(TokenError::Invalid));
         let (_, tag) = t.split_once('.').unwrap_or_default();
         let forged = format!("{}.{tag}", B64.encode(br#"{"sub":"sub-1","uid":4,"gen":3,"exp":9999999999999}"#));
         assert_eq!(k.verify(&forged, 2_000), Err(TokenError::Invalid));
@@ -152,9 +235,12 @@ mod tests {
     }
 
     #[test]
-    fn key_ids_are_thumbprints() {
-        let k = Keys::new([1; 32], [0; 32]);
-        assert!(k.kid.starts_with("ds_") && k.kid.len() == 3 + 43, "{}", k.kid);
-        assert_ne!(Keys::new([2; 32], [0; 32]).kid, k.kid);
+    fn key_ids_are_thumbprints_and_the_newest_key_signs() {
+        let k = ring(&[1], 0);
+        assert!(k.kid().starts_with("ds_") && k.kid().len() == 3 + 43, "{}", k.kid());
+        let two = ring(&[1, 2], 0);
+        assert_ne!(two.kid(), k.kid());
+        assert!(two.sign(5, b"x").contains(two.kid()));
+        assert_eq!(two.jwks()["keys"].as_array().map(Vec::len), Some(2));
     }
 }

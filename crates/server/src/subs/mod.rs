@@ -163,7 +163,7 @@ async fn put<E: Engine>(st: &AppState<E>, id: &str, req_headers: &HeaderMap, bod
 
 async fn render_view<E: Engine>(st: &AppState<E>, view: &oncelog_storage::subs::SubView, req_headers: &HeaderMap, now: i64) -> Result<Value, SubApiError> {
     let signing = match view.record.config.kind {
-        SubKind::Webhook { .. } => Some(st.sub_keys.get(&st.subs, now).await?.kid.clone()),
+        SubKind::Webhook { .. } => Some(st.sub_keys.get(&st.subs, now).await?.kid().to_owned()),
         SubKind::PullWake { .. } => None,
     };
     let jwks_url = format!("{}/v1/stream/__ds/jwks.json", base_url(st, req_headers));

@@ -263,6 +263,17 @@ impl<E: Engine> Subscriptions<E> {
         Ok(value)
     }
 
+    /// Forgets stored secrets.
+    pub async fn remove_keys(&self, names: &[String], now_ms: i64) -> Result<(), SubError> {
+        let mut inner = self.lock().await?;
+        let meta = names.iter().map(|n| MetaWrite { key: format!("{KEY_PREFIX}{n}").into_bytes(), value: None }).collect();
+        self.engine.transact(TxnRequest { meta, now_ms, ..Default::default() }).await?;
+        for n in names {
+            inner.keys.remove(n);
+        }
+        Ok(())
+    }
+
     // --- configuration ------------------------------------------------------------------------
 
     /// Creates the subscription `id`, or confirms it when it exists with the same configuration.
