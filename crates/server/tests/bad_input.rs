@@ -21,13 +21,27 @@ const VALUES: &[&str] = &[
     "/v1/stream/a", "a", "b/c", "2030-01-01T00:00:00Z", "yesterday", "[]", "*", "\"1:0:0\"",
 ];
 /// Weighted towards existing streams, so requests reach the engine.
-const PATHS: &[&str] = &["a", "a", "a", "a", "b", "b/c", "__ds/x", "x%2Fy", "..", "%00", "%C3%A9", "a%20b", ""];
+const PATHS: &[&str] = &[
+    "a", "a", "a", "a", "b", "b/c", "__ds/x", "x%2Fy", "..", "%00", "%C3%A9", "a%20b", "",
+    // The subscription API.
+    "__ds/subscriptions/s", "__ds/subscriptions/s", "__ds/subscriptions/s/claim", "__ds/subscriptions/s/ack",
+    "__ds/subscriptions/s/commit", "__ds/subscriptions/s/release", "__ds/subscriptions/s/streams",
+    "__ds/subscriptions/s/streams/a", "__ds/subscriptions", "__ds/jwks.json", "__ds/subscriptions/%2F",
+];
 const QUERIES: &[&str] = &[
     "", "offset=-1", "offset=now", "offset=", "offset=-1&offset=-1", "live=sse&offset=-1", "live=long-poll&offset=now",
     "live=long-poll", "live=bogus&offset=-1", "offset=0000000000000000_0000000000000002", "offset=abc",
     "offset=0000000000000000_9999999999999999", "cursor=99999999999&offset=-1&live=long-poll",
 ];
-const BODIES: &[&[u8]] = &[b"", b"x", b"[]", b"[1,2]", b"{", b"\"s\"", b"[[1]]", b"null", b"{\"a\":\"[,]\"}", &[0xff, 0, 0xfe]];
+const BODIES: &[&[u8]] = &[
+    b"", b"x", b"[]", b"[1,2]", b"{", b"\"s\"", b"[[1]]", b"null", b"{\"a\":\"[,]\"}", &[0xff, 0, 0xfe],
+    br#"{"type":"pull-wake","pattern":"*","wake_stream":"a","lease_ttl_ms":1000}"#,
+    br#"{"type":"webhook","streams":["a","b"],"webhook":{"url":"https://10.0.0.1/"}}"#,
+    br#"{"worker":"w"}"#,
+    br#"{"wake_id":"w_1_1","generation":1,"acks":[{"stream":"a","offset":"0000000000000000_0000000000000000"}],"done":true}"#,
+    br#"{"wake_id":"w_1_1","generation":1,"appends":[{"stream":"a","producer":{"id":"p","epoch":1,"seq":0},"data":"x"}]}"#,
+    br#"{"streams":["a",""]}"#,
+];
 const METHODS: &[&str] = &["GET", "HEAD", "PUT", "PUT", "POST", "POST", "POST", "POST", "DELETE", "OPTIONS", "PATCH"];
 
 #[derive(Debug, Clone)]
