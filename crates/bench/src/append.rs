@@ -43,6 +43,11 @@ pub struct AppendArgs {
     /// with the same sequence number, as an idempotent producer would).
     #[arg(long, default_value_t = 10)]
     pub request_timeout: u64,
+    /// Pull-wake subscriptions (Oncelog's subscription API) following every benchmark stream by
+    /// pattern, created before the run; none claims, so each holds one live wake: the cost
+    /// measured is that of appends to linked streams.
+    #[arg(long, default_value_t = 0)]
+    pub subscriptions: usize,
     /// Print the acknowledged-append rate every second on stderr.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub progress: bool,
@@ -89,6 +94,18 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
     let timeout = Duration::from_secs(args.request_timeout.max(1));
 
     let setup = common::client(timeout)?;
+    if args.subscriptions > 0 {
+        let wake = format!("bench-wake-{tag}");
+        common::create_stream(&setup, &target.stream_url(&wake), "application/json").await?;
+        for i in 0..args.subscriptions {
+            let url = target.stream_url(&format!("__ds/subscriptions/bench-{tag}-{i}"));
+            let cfg = format!(r#"{{"type":"pull-wake","pattern":"bench-s1-{tag}-*","wake_stream":"{wake}","lease_ttl_ms":30000}}"#);
+            let r = setup.put(&url).header("content-type", "application/json").body(cfg).send().await.map_err(|e| format!("PUT {url}: {e}"))?;
+            if r.status().as_u16() != 201 {
+                return Err(format!("PUT {url}: {}", r.status()));
+            }
+        }
+    }
     for s in &streams {
         common::create_stream(&setup, &target.stream_url(s), "application/octet-stream").await?;
     }
@@ -245,6 +262,7 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
             ("producers", args.producers.to_string()),
             ("in_flight", args.in_flight.to_string()),
             ("streams", args.streams.to_string()),
+            ("subscriptions", args.subscriptions.to_string()),
             ("body_bytes", args.body_bytes.to_string()),
             ("duration_s", args.duration.to_string()),
             ("warmup_s", args.warmup.to_string()),
