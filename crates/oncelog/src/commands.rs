@@ -65,7 +65,7 @@ pub struct Conn {
 }
 
 impl Conn {
-    fn client(&self, retry: Option<RetryPolicy>) -> Result<Client, CliError> {
+    pub(crate) fn client(&self, retry: Option<RetryPolicy>) -> Result<Client, CliError> {
         let mut b = Client::builder(&self.url);
         if let Some(auth) = &self.auth {
             b = b.default_header("authorization", auth)?;

@@ -1,12 +1,14 @@
 //! `oncelog`: the command line. `serve` runs the Durable Streams server on its storage engine;
 //! `create | append | read | tail | head | close | delete` are a client built on
-//! `oncelog-client`; `token` mints credentials. Thin by design: all behaviour lives in the library crates.
+//! `oncelog-client`; `sub` manages subscriptions; `token` mints credentials. Thin by design: all
+//! behaviour lives in the library crates.
 //!
-//! Modules: [`serve`] (the server subcommand), [`commands`] (the client subcommands), [`token`]
-//! (`token issue`, `token sign-url`).
+//! Modules: [`serve`] (the server subcommand), [`commands`] (the client subcommands), [`sub`]
+//! (`sub create | get | delete | list | link | unlink`), [`token`] (`token issue`, `token sign-url`).
 
 mod commands;
 mod serve;
+mod sub;
 mod token;
 
 use clap::{Parser, Subcommand};
@@ -47,6 +49,9 @@ enum Command {
     /// Replace a State Protocol stream's history with a snapshot of its state (the stream was
     /// created with `--compaction state`); prints where the stream starts now.
     Compact(commands::StreamArgs),
+    /// Manage subscriptions (webhook or pull-wake): create, get, delete, list, link, unlink.
+    #[command(subcommand)]
+    Sub(sub::SubCommand),
     /// Mint bearer tokens and signed read URLs with the server's HMAC secret.
     #[command(subcommand)]
     Token(token::TokenCommand),
@@ -124,6 +129,7 @@ fn main() -> std::process::ExitCode {
         Command::Delete(args) => return commands::exit(runtime.block_on(commands::delete(args))),
         Command::Trim(args) => return commands::exit(runtime.block_on(commands::trim(args))),
         Command::Compact(args) => return commands::exit(runtime.block_on(commands::compact(args))),
+        Command::Sub(cmd) => return commands::exit(runtime.block_on(sub::run(cmd))),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
