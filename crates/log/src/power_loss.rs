@@ -14,10 +14,25 @@
 //!   0.9 s per group) trim exactly where the model's sweep does, so time marks survive power
 //!   cuts exactly as they were written;
 //! - compactions of a State Protocol stream (`c0`: its snapshot appended and its earliest offset
-//!   moved in one frame) are seen whole or not at all.
+//!   moved in one frame) are seen whole or not at all;
+//! - transactions (metadata writes and appends to two streams, one as a producer) are seen whole
+//!   or not at all: the metadata map (as `meta_scan` of everything answers) is compared with the
+//!   model together with the streams, so both must be on the same side of the cut; a refused one
+//!   (a failing guard, a closed stream, a stale epoch or a seq gap) leaves nothing.
 //!
-//! [`the_simulation_catches_broken_guarantees`] shows that it bites: with the sync skipped, the
-//! directory sync skipped, or producer state written in a frame of its own, it fails.
+//! The operations ([`Op`]): creates and forks; plain, producer, keyed and conditional appends
+//! (some producer appends close their stream); trims, deletes, retention sweeps and compactions
+//! of `c0`; and transactions. After a power cut every group's requests are retried as clients
+//! would (not plain or conditional appends, sweeps or compactions): a producer or keyed append is
+//! a duplicate exactly when it survived, a transaction is decided again against what survived
+//! (its producer append a duplicate when it had landed, or a conflict when its guard was on a key
+//! it wrote).
+//!
+//! [`the_simulation_catches_broken_guarantees`] shows that it bites: it fails with each of the
+//! store's mutants ([`Mutant`]) — the sync skipped (`SkipSync`), the directory sync skipped
+//! (`SkipDirSync`), producer state written in a frame of its own (`SplitProducer`), a compaction's
+//! trim in a frame of its own (`CompactInTwoFrames`), or a transaction's metadata in a frame of
+//! its own after its appends' (`SplitTxn`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -53,16 +68,46 @@ enum Op {
     /// A compaction of a State Protocol stream: `pieces` (stored JSON) appended at the tail `at`,
     /// which becomes the earliest offset.
     Compact { path: String, at: u64, pieces: Vec<Vec<u8>> },
+    /// A transaction ([`Engine::transact`]): metadata writes (`None` deletes the key) and two
+    /// appends, a plain one to `plain` and one to `produced` as producer [`TXN_PRODUCER`]
+    /// (`epoch`, `seq`), all or nothing. `expect` guards it (the key must hold that value, `None`:
+    /// be absent). Whether it commits is the model's decision ([`Model::decide_txn`]), made in the
+    /// store's order: the guard, then each append.
+    Txn {
+        expect: Option<(String, Option<String>)>,
+        meta: Vec<(String, Option<String>)>,
+        plain: String,
+        plain_data: Vec<u8>,
+        produced: String,
+        epoch: u64,
+        seq: u64,
+        produced_data: Vec<u8>,
+    },
 }
 
 impl Op {
     fn path(&self) -> &str {
         match self {
             Op::Create { path } | Op::Fork { path, .. } | Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Trim { path, .. } | Op::Conditional { path, .. } | Op::Delete { path } | Op::Compact { path, .. } => path,
-            Op::Retain => "",
+            Op::Retain | Op::Txn { .. } => "",
+        }
+    }
+
+    /// Whether the operation writes to or otherwise acts on the stream at `p`.
+    fn touches(&self, p: &str) -> bool {
+        match self {
+            Op::Txn { plain, produced, .. } => plain == p || produced == p,
+            _ => self.path() == p,
         }
     }
 }
+
+/// The producer id of every transaction's producer append (plain producer appends use `a` and
+/// `b`, so their retries' answers stay as [`schedule`] works them out).
+const TXN_PRODUCER: &str = "t";
+
+/// The metadata keys transactions write and guard.
+const META_KEYS: [&str; 4] = ["m0", "m1", "m2", "m3"];
 
 /// The State Protocol stream (JSON, made for compaction); every other path is `text/plain`.
 const STATE: &str = "c0";
@@ -132,16 +177,106 @@ enum Seen {
     Live { data: Vec<u8>, closed: bool, earliest: u64 },
 }
 
+/// Everything observable: the streams, and the metadata map (`meta_scan` of everything). One
+/// value, so that a transaction's metadata and its appends are held to the same side of a cut.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Observed {
+    streams: BTreeMap<String, Seen>,
+    meta: BTreeMap<String, String>,
+}
+
 #[derive(Debug, Clone, Default)]
 struct Model {
     streams: BTreeMap<String, MStream>,
+    /// The engine metadata map.
+    meta: BTreeMap<String, String>,
     /// The time of the group being applied (Unix ms).
     now: i64,
 }
 
+/// How one append of a committed transaction is answered: `(written, next offset)` (not
+/// written: a producer duplicate).
+type TxnAnswer = [(bool, u64); 2];
+
 impl Model {
+    /// What the transaction `op` meets in this state: its appends' answers, or the message of the
+    /// error that refuses all of it.
+    fn decide_txn(&self, op: &Op) -> Result<TxnAnswer, String> {
+        let Op::Txn { expect, plain, plain_data, produced, epoch, seq, .. } = op else { unreachable!("not a transaction") };
+        if let Some((key, want)) = expect {
+            if self.meta.get(key) != want.as_ref() {
+                return Err(TxnError::Conflict { key: key.clone().into_bytes() }.to_string());
+            }
+        }
+        let refused = |index: usize, error: AppendError| Err(TxnError::Append { index, error }.to_string());
+        let stream = |path: &str| match self.streams.get(path) {
+            None => Err(AppendError::NotFound),
+            Some(s) if s.soft_deleted => Err(AppendError::Gone),
+            Some(s) => Ok(s),
+        };
+        let a = match stream(plain) {
+            Err(e) => return refused(0, e),
+            Ok(s) if s.closed => return refused(0, AppendError::Closed { tail: oncelog_protocol::Offset(s.data.len() as u64) }),
+            Ok(s) => s,
+        };
+        let plain_end = (a.data.len() + plain_data.len()) as u64;
+        let b = match stream(produced) {
+            Err(e) => return refused(1, e),
+            Ok(s) => s,
+        };
+        let tail = b.data.len() as u64;
+        // The producer verdict (see `oncelog_protocol::producer::validate`), then the closure.
+        let accept = match b.producers.get(TXN_PRODUCER) {
+            None if *seq == 0 => true,
+            None => return refused(1, if b.closed { AppendError::Closed { tail: oncelog_protocol::Offset(tail) } } else { AppendError::ProducerSeqGap { expected: 0, received: *seq } }),
+            Some((current, ..)) if epoch < current => return refused(1, AppendError::ProducerFenced { current_epoch: *current }),
+            Some((current, ..)) if epoch > current => {
+                if *seq != 0 {
+                    return refused(1, AppendError::ProducerEpochSeq);
+                }
+                true
+            }
+            // A transaction's producer path takes no other transaction in its group, so a retry
+            // meets its own seq as the last one (whose receipt is kept).
+            Some((_, next, end, _)) if *seq + 1 == *next => return Ok([(true, plain_end), (false, *end)]),
+            Some((_, next, ..)) if seq == next => true,
+            Some((_, next, ..)) if seq < next => panic!("generated: an older seq of {TXN_PRODUCER} on {produced}"),
+            Some((_, next, ..)) => {
+                return refused(1, if b.closed { AppendError::Closed { tail: oncelog_protocol::Offset(tail) } } else { AppendError::ProducerSeqGap { expected: *next, received: *seq } })
+            }
+        };
+        if accept && b.closed {
+            return refused(1, AppendError::Closed { tail: oncelog_protocol::Offset(tail) });
+        }
+        let Op::Txn { produced_data, .. } = op else { unreachable!() };
+        Ok([(true, plain_end), (true, tail + produced_data.len() as u64)])
+    }
+
+    /// The transaction's answer as [`status`] writes it.
+    fn txn_status(&self, op: &Op) -> String {
+        match self.decide_txn(op) {
+            Ok(answers) => answers.iter().map(|(written, end)| format!("{}@{end}", if *written { "Appended" } else { "Duplicate" })).collect::<Vec<_>>().join(","),
+            Err(e) => e,
+        }
+    }
+
     fn apply(&mut self, op: &Op) {
         match op {
+            Op::Txn { meta, plain, plain_data, produced, epoch, seq, produced_data, .. } => {
+                let Ok([_, (written, _)]) = self.decide_txn(op) else { return };
+                for (key, value) in meta {
+                    match value {
+                        Some(v) => self.meta.insert(key.clone(), v.clone()),
+                        None => self.meta.remove(key),
+                    };
+                }
+                self.streams.get_mut(plain).expect("decided").push(plain_data, self.now);
+                if written {
+                    let s = self.streams.get_mut(produced).expect("decided");
+                    s.push(produced_data, self.now);
+                    s.producers.insert(TXN_PRODUCER.to_owned(), (*epoch, seq + 1, s.data.len() as u64, produced_data.clone()));
+                }
+            }
             Op::Create { path } => {
                 self.streams.insert(path.clone(), MStream { policy: policy_of(path), ..MStream::default() });
             }
@@ -204,11 +339,13 @@ impl Model {
         }
     }
 
-    fn seen(&self) -> BTreeMap<String, Seen> {
-        self.streams
+    fn seen(&self) -> Observed {
+        let streams = self
+            .streams
             .iter()
             .map(|(p, s)| (p.clone(), if s.soft_deleted { Seen::Gone } else { Seen::Live { data: s.data.clone(), closed: s.closed, earliest: s.earliest } }))
-            .collect()
+            .collect();
+        Observed { streams, meta: self.meta.clone() }
     }
 
     fn writable(&self, path: &str) -> bool {
@@ -293,7 +430,7 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
             folded.fold(&st.data[st.earliest as usize..]).expect("generated State Protocol data");
             let at = st.data.len() as u64;
             Op::Compact { path: STATE.to_owned(), at, pieces: oncelog_protocol::state::snapshot(&folded, oncelog_protocol::Offset(at)) }
-        } else if roll < 92 {
+        } else if roll < 85 {
             let path = writable[rng.random_range(0..writable.len())].clone();
             let producer = ["a", "b"][rng.random_range(0..2)].to_owned();
             let (epoch, seq) = match model.streams[&path].producers.get(&producer) {
@@ -302,8 +439,13 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
                 Some((e, next, _, _)) => (*e, *next),
             };
             Op::Produce { path, producer, epoch, seq, data, close: rng.random_range(0..25) == 0 }
+        } else if roll < 92 {
+            match gen_txn(rng, model, counter, &existing, &writable, &ops) {
+                Some(op) => op,
+                None => continue,
+            }
         } else {
-            let candidates: Vec<&String> = existing.iter().filter(|p| !model.streams[*p].soft_deleted && !ops.iter().any(|o: &Op| o.path() == p.as_str())).collect();
+            let candidates: Vec<&String> = existing.iter().filter(|p| !model.streams[*p].soft_deleted && !ops.iter().any(|o: &Op| o.touches(p))).collect();
             if candidates.is_empty() {
                 continue;
             }
@@ -327,6 +469,63 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
     ops
 }
 
+/// A transaction against `model` (see [`Op::Txn`]): writes one or two of [`META_KEYS`] (a
+/// quarter of them deletions), sometimes guarded (half of them on a key it writes, which makes a
+/// retry after it landed a conflict), and appends to two writable streams, the second as producer
+/// [`TXN_PRODUCER`] (starting in epoch 0, 1 or 2, now and then bumping it). About one in four is refused: a guard that
+/// fails, a plain append to a closed stream (when there is one), a producer seq gap, or a stale
+/// producer epoch (a gap before the producer has bumped its epoch). `None` when there is no room.
+fn gen_txn(rng: &mut StdRng, model: &Model, counter: &mut u64, existing: &[String], writable: &[String], ops: &[Op]) -> Option<Op> {
+    // One transaction per producer path and group: a retry then meets its own seq as the last.
+    let taken = |p: &String| ops.iter().any(|o| matches!(o, Op::Txn { produced, .. } if produced == p));
+    let producible: Vec<&String> = writable.iter().filter(|p| !taken(p)).collect();
+    if producible.is_empty() {
+        return None;
+    }
+    let produced = producible[rng.random_range(0..producible.len())].clone();
+    // 0: a guard that fails; 1: a plain append to a closed stream; 2: a seq gap; 3: a stale epoch
+    // (a gap while the producer is unknown or in epoch 0); else it commits.
+    let refusal = rng.random_range(0..16);
+    let closed: Vec<&String> = existing.iter().filter(|p| model.streams[*p].closed && !model.streams[*p].soft_deleted).collect();
+    let plains: Vec<&String> = if refusal == 1 && !closed.is_empty() { closed } else { writable.iter().filter(|p| **p != produced).collect() };
+    if plains.is_empty() {
+        return None;
+    }
+    let plain = plains[rng.random_range(0..plains.len())].clone();
+    let (epoch, seq) = match model.streams[&produced].producers.get(TXN_PRODUCER) {
+        None if refusal == 2 || refusal == 3 => (0, 1),
+        // (A producer may start in any epoch.)
+        None => (rng.random_range(0..3), 0),
+        Some((e, next, ..)) if refusal == 3 && *e > 0 => (e - 1, next + 1),
+        Some((e, next, ..)) if refusal == 2 || refusal == 3 => (*e, next + 1),
+        Some((e, ..)) if rng.random_range(0..5) == 0 => (e + 1, 0),
+        Some((e, next, ..)) => (*e, *next),
+    };
+    let mut keys = META_KEYS.to_vec();
+    let mut meta = Vec::new();
+    for _ in 0..rng.random_range(1..=2) {
+        let key = keys.remove(rng.random_range(0..keys.len()));
+        *counter += 1;
+        meta.push((key.to_owned(), (rng.random_range(0..4) > 0).then(|| format!("v{counter}"))));
+    }
+    let expect = if refusal == 0 {
+        let key = META_KEYS[rng.random_range(0..META_KEYS.len())];
+        // ("v0" is never written.)
+        Some((key.to_owned(), if model.meta.contains_key(key) { None } else { Some("v0".to_owned()) }))
+    } else if rng.random_range(0..2) == 0 {
+        let key = if rng.random_range(0..2) == 0 { meta[0].0.clone() } else { META_KEYS[rng.random_range(0..META_KEYS.len())].to_owned() };
+        let value = model.meta.get(&key).cloned();
+        Some((key, value))
+    } else {
+        None
+    };
+    *counter += 1;
+    let plain_data = data_for(&plain, *counter);
+    *counter += 1;
+    let produced_data = data_for(&produced, *counter);
+    Some(Op::Txn { expect, meta, plain, plain_data, produced, epoch, seq, produced_data })
+}
+
 /// A reply to check once the group is finished.
 enum Pending {
     Create(oneshot::Receiver<Result<CreateOutcome, CreateError>>),
@@ -335,6 +534,29 @@ enum Pending {
     Trim(oneshot::Receiver<Result<TrimOutcome, TrimError>>),
     Retain(oneshot::Receiver<Result<usize, StorageError>>),
     Compact(oneshot::Receiver<Result<TrimOutcome, CompactError>>),
+    Txn(oneshot::Receiver<Result<TxnOutcome, TxnError>>),
+}
+
+/// The request of an append-like operation.
+fn append_request(op: &Op, now_ms: i64) -> AppendRequest {
+    let (Op::Append { path, data } | Op::Produce { path, data, .. } | Op::Keyed { path, data, .. } | Op::Conditional { path, data, .. }) = op else {
+        unreachable!("not an append: {op:?}")
+    };
+    // Generated data is ASCII (`<n>`).
+    let text = String::from_utf8_lossy(data);
+    let req = match op {
+        Op::Produce { producer, epoch, seq, close, .. } => AppendRequest { close: *close, ..produce(path, &text, producer, *epoch, *seq) },
+        Op::Keyed { key, .. } => keyed(path, &text, key),
+        Op::Conditional { at, .. } => AppendRequest { if_match: Some(vec![oncelog_protocol::Offset(*at)]), ..append_req(path, &text) },
+        _ => append_req(path, &text),
+    };
+    let req = if data.first() == Some(&b'{') {
+        // Already in stored JSON form (see `data_for`).
+        AppendRequest { json_framed: true, content_type: Some("application/json".into()), data: bytes::Bytes::from(data.clone()), ..req }
+    } else {
+        req
+    };
+    AppendRequest { now_ms, ..req }
 }
 
 fn command(op: &Op, now_ms: i64) -> (Command, Pending) {
@@ -352,24 +574,26 @@ fn command(op: &Op, now_ms: i64) -> (Command, Pending) {
             let (tx, rx) = oneshot::channel();
             (Command::Create { req, reply: tx }, Pending::Create(rx))
         }
-        Op::Append { path, data } | Op::Produce { path, data, .. } | Op::Keyed { path, data, .. } | Op::Conditional { path, data, .. } => {
-            // Generated data is ASCII (`<n>`).
-            let text = String::from_utf8_lossy(data);
-            let req = match op {
-                Op::Produce { producer, epoch, seq, close, .. } => AppendRequest { close: *close, ..produce(path, &text, producer, *epoch, *seq) },
-                Op::Keyed { key, .. } => keyed(path, &text, key),
-                Op::Conditional { at, .. } => AppendRequest { if_match: Some(vec![oncelog_protocol::Offset(*at)]), ..append_req(path, &text) },
-                _ => append_req(path, &text),
-            };
-            let req = if data.first() == Some(&b'{') {
-                // Already in stored JSON form (see `data_for`).
-                AppendRequest { json_framed: true, content_type: Some("application/json".into()), data: bytes::Bytes::from(data.clone()), ..req }
-            } else {
-                req
-            };
-            let req = AppendRequest { now_ms, ..req };
+        Op::Append { .. } | Op::Produce { .. } | Op::Keyed { .. } | Op::Conditional { .. } => {
             let (tx, rx) = oneshot::channel();
-            (Command::Append { req, reply: tx }, Pending::Append(rx))
+            (Command::Append { req: append_request(op, now_ms), reply: tx }, Pending::Append(rx))
+        }
+        Op::Txn { expect, meta, plain, plain_data, produced, epoch, seq, produced_data } => {
+            let bytes = |v: &Option<String>| v.as_ref().map(|v| bytes::Bytes::from(v.clone().into_bytes()));
+            let txn = TxnRequest {
+                expect: expect.iter().map(|(k, v)| (k.clone().into_bytes(), bytes(v))).collect(),
+                meta: meta.iter().map(|(k, v)| MetaWrite { key: k.clone().into_bytes(), value: bytes(v) }).collect(),
+                appends: vec![
+                    append_request(&Op::Append { path: plain.clone(), data: plain_data.clone() }, now_ms),
+                    append_request(
+                        &Op::Produce { path: produced.clone(), producer: TXN_PRODUCER.to_owned(), epoch: *epoch, seq: *seq, data: produced_data.clone(), close: false },
+                        now_ms,
+                    ),
+                ],
+                now_ms,
+            };
+            let (tx, rx) = oneshot::channel();
+            (Command::Transact { txn, reply: tx }, Pending::Txn(rx))
         }
         Op::Trim { path, to } => {
             let (tx, rx) = oneshot::channel();
@@ -424,6 +648,9 @@ fn status(p: Pending) -> String {
         Pending::Trim(mut rx) => rx.try_recv().map(|r| r.map(|t| format!("Trimmed@{}", t.earliest.0)).map_err(|e| e.to_string())),
         Pending::Retain(mut rx) => rx.try_recv().map(|r| r.map(|_| "Retained".to_owned()).map_err(|e| e.to_string())),
         Pending::Compact(mut rx) => rx.try_recv().map(|r| r.map(|t| format!("Compacted@{}", t.earliest.0)).map_err(|e| e.to_string())),
+        Pending::Txn(mut rx) => rx.try_recv().map(|r| {
+            r.map(|o| o.appends.iter().map(|a| format!("{:?}@{}", a.status, a.next_offset.0)).collect::<Vec<_>>().join(",")).map_err(|e| e.to_string())
+        }),
     };
     match r {
         Ok(Ok(s)) | Ok(Err(s)) => s,
@@ -431,8 +658,16 @@ fn status(p: Pending) -> String {
     }
 }
 
-/// Everything a reader can see in the store.
-fn observe(store: &Store) -> Result<BTreeMap<String, Seen>, String> {
+/// Everything a reader can see in the store: its streams, and its metadata as `meta_scan(b"")`
+/// answers (the same command, staged in a group of its own).
+fn observe(store: &mut Store) -> Result<Observed, String> {
+    let (tx, mut rx) = oneshot::channel();
+    let mut g = Group::new();
+    store.stage(Command::MetaScan { prefix: Vec::new(), reply: tx }, &mut g);
+    let failure = store.commit(&mut g);
+    store.finish(g, failure);
+    let scanned = rx.try_recv().map_err(|_| "meta_scan: no answer")?.map_err(|e| format!("meta_scan: {e}"))?;
+    let meta = scanned.into_iter().map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), String::from_utf8_lossy(&v).into_owned())).collect();
     let view = store.view();
     let streams: Vec<(Arc<str>, Arc<store::Shared>)> =
         view.streams.read().map_err(|_| "lock")?.iter().map(|(p, s)| (p.clone(), s.clone())).collect();
@@ -450,7 +685,7 @@ fn observe(store: &Store) -> Result<BTreeMap<String, Seen>, String> {
         let earliest = s.earliest.load(std::sync::atomic::Ordering::Acquire);
         out.insert(path.to_string(), Seen::Live { data: data.to_vec(), closed: p.closed, earliest });
     }
-    Ok(out)
+    Ok(Observed { streams: out, meta })
 }
 
 /// Identifies a producer append: (path, producer, epoch, seq).
@@ -489,9 +724,11 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
             Ok(answers) => {
                 let mut check = before.clone();
                 for (op, a) in ops.iter().zip(answers) {
+                    let txn_want = matches!(op, Op::Txn { .. }).then(|| check.txn_status(op));
                     check.apply(op);
                     let got = status(a);
                     let want = match op {
+                        Op::Txn { .. } => txn_want.unwrap_or_default(),
                         Op::Create { .. } | Op::Fork { .. } => "Created".to_owned(),
                         Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Conditional { path, holds: true, .. } => {
                             format!("Appended@{}", check.streams[path].data.len())
@@ -525,7 +762,7 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
             }
         }
         if !fs.is_dead() {
-            if step % 8 == 0 && observe(&store)? != model.seen() {
+            if step % 8 == 0 && observe(&mut store)? != model.seen() {
                 return Err(format!("step {step}: running store differs from the model"));
             }
             continue;
@@ -534,16 +771,24 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
         drop(store);
         fs.power_cut(&mut rng);
         store = open(&fs)?;
-        let seen = observe(&store)?;
+        let seen = observe(&mut store)?;
         let acked = if seen == model.seen() {
             true
         } else if seen == before.seen() {
             false
         } else {
+            // Which side each part matches, when it matches one (a split transaction: the streams
+            // after it, the metadata before).
+            let side = |same_before: bool, same_after: bool| match (same_before, same_after) {
+                (_, true) => "after",
+                (true, false) => "before",
+                (false, false) => "neither",
+            };
+            let (b, a) = (before.seen(), model.seen());
             return Err(format!(
-                "step {step}: after recovery the store matches neither the state before the group nor after it\n  seen:   {seen:?}\n  before: {:?}\n  after:  {:?}\n  ops: {ops:?}",
-                before.seen(),
-                model.seen()
+                "step {step}: after recovery the store matches neither the state before the group nor after it (streams: {}, metadata: {})\n  seen:   {seen:?}\n  before: {b:?}\n  after:  {a:?}\n  ops: {ops:?}",
+                side(seen.streams == b.streams, seen.streams == a.streams),
+                side(seen.meta == b.meta, seen.meta == a.meta),
             ));
         };
         // Where each producer append of the group ended, had it landed.
@@ -608,6 +853,17 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                     }
                     if acked { got.contains("not found") || got.contains("deleted") } else { got == "Deleted" }
                 }
+                Op::Txn { .. } => {
+                    // Decided afresh against what is there now: after its group survived, a retry
+                    // is a conflict (a guard on a key it wrote), or writes its plain append and its
+                    // metadata again with the producer append a duplicate (at its original end).
+                    let want = cur.txn_status(op);
+                    cur.apply(op);
+                    if acked {
+                        expect.apply(op);
+                    }
+                    got == want
+                }
                 Op::Append { .. } | Op::Conditional { .. } | Op::Retain | Op::Compact { .. } => true,
             };
             if !ok {
@@ -619,7 +875,7 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                 expect.apply(op);
             }
         }
-        let seen = observe(&store)?;
+        let seen = observe(&mut store)?;
         if seen != expect.seen() {
             return Err(format!("step {step}: after retries the store differs from the model\n  seen: {seen:?}\n  want: {:?}", expect.seen()));
         }
@@ -675,7 +931,7 @@ fn thousands_of_schedules_keep_every_acknowledged_write_exactly_once() {
 
 #[test]
 fn the_simulation_catches_broken_guarantees() {
-    for mutant in [Mutant::SkipSync, Mutant::SkipDirSync, Mutant::SplitProducer, Mutant::CompactInTwoFrames] {
+    for mutant in [Mutant::SkipSync, Mutant::SkipDirSync, Mutant::SplitProducer, Mutant::CompactInTwoFrames, Mutant::SplitTxn] {
         let caught = (0..2000).find_map(|seed| schedule(seed, 40, mutant).err().map(|e| (seed, e)));
         let (seed, why) = caught.unwrap_or_else(|| panic!("{mutant:?} went unnoticed in 2000 schedules"));
         eprintln!("{mutant:?} caught by seed {seed}: {}", why.lines().next().unwrap_or(""));

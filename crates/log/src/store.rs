@@ -229,8 +229,8 @@ fn reply<T: Send + 'static, E: From<StorageError> + Send + 'static>(tx: oneshot:
 pub(crate) struct Group {
     /// Frame header space followed by the records.
     frame: Vec<u8>,
-    /// Only under [`Mutant::SplitProducer`] and [`Mutant::CompactInTwoFrames`]: records split
-    /// off into a second frame.
+    /// Only under [`Mutant::SplitProducer`], [`Mutant::CompactInTwoFrames`] and
+    /// [`Mutant::SplitTxn`]: records split off into a second frame.
     split: Vec<u8>,
     effects: Vec<Effect>,
     /// Data bytes staged, to bound a group.
@@ -277,6 +277,8 @@ pub(crate) enum Mutant {
     SplitProducer,
     /// Write a compaction's trim in its own frame after its snapshot's.
     CompactInTwoFrames,
+    /// Write a transaction's metadata (its Meta records) in its own frame after its appends'.
+    SplitTxn,
 }
 
 /// Appends up to this size are copied into the hot tail (see [`Store::finish`]).
@@ -499,12 +501,19 @@ impl Store {
             };
             appends.push(out);
         }
+        let split = self.cfg.mutant == Mutant::SplitTxn;
+        if split {
+            std::mem::swap(&mut g.frame, &mut g.split);
+        }
         for w in &txn.meta {
             g.record(&Record::Meta { key: &w.key, value: w.value.as_deref() });
             match &w.value {
                 Some(v) => self.meta.insert(w.key.clone(), v.clone()),
                 None => self.meta.remove(&w.key),
             };
+        }
+        if split {
+            std::mem::swap(&mut g.frame, &mut g.split);
         }
         for (a, out) in txn.appends.iter().zip(&appends) {
             if let (Some(p), AppendStatus::Appended) = (&a.producer, out.status) {
