@@ -41,7 +41,7 @@ pub async fn stream<E: Engine>(
         Err(RequestError::PathTooLong.into())
     } else if path == "__ds" || path.starts_with("__ds/") {
         // The subscription API (sections 6 and 7).
-        crate::subs::route(&st, &method, &uri, &req_headers, body).await
+        crate::subs::route(&st, &method, &uri, &req_headers, body, &access).await
     } else {
         match method {
             Method::GET => read::get(&st, &path, uri.query(), &req_headers, &access).await,

@@ -274,3 +274,44 @@ async fn append_rate_limits_are_per_token() {
     // Bob writes from the same address with his own bucket.
     assert_eq!(post(&bob).await.expect("post").status(), StatusCode::NO_CONTENT);
 }
+
+#[tokio::test]
+async fn subscriptions_follow_only_what_their_creator_may_read_and_tokens_bypass_jwt_checks() {
+    let st = setup(false, None).await;
+    for p in ["jobs/a", "secret/x"] {
+        st.make(p).await;
+    }
+    let r = st.send(Method::PUT, "wake", Some(&admin()), &[("content-type", "application/json")], "").await;
+    assert!(r.status().is_success());
+    // Managing subscriptions: create/read on __ds/subscriptions/...; following: read on what
+    // is followed; wake events: append on the wake stream.
+    let manager = token(SECRET, &[("__ds/subscriptions/", false, "create,read,delete,append"), ("jobs/", false, "read"), ("wake", true, "append")], NOW_S + 3600);
+    let put = |pattern: &str, wake: &str| format!(r#"{{"type":"pull-wake","pattern":"{pattern}","wake_stream":"{wake}","lease_ttl_ms":5000}}"#);
+    let json = [("content-type", "application/json")];
+    for (path, body, want) in [
+        ("__ds/subscriptions/ok", put("jobs/*", "wake"), StatusCode::CREATED),
+        ("__ds/subscriptions/peek", put("secret/*", "wake"), StatusCode::FORBIDDEN),
+        ("__ds/subscriptions/all", put("**", "wake"), StatusCode::FORBIDDEN),
+        ("__ds/subscriptions/spray", put("jobs/*", "jobs/a"), StatusCode::FORBIDDEN),
+        ("__ds/subscriptions/named", r#"{"type":"pull-wake","streams":["secret/x"],"wake_stream":"wake"}"#.to_owned(), StatusCode::FORBIDDEN),
+    ] {
+        let r = st.send(Method::PUT, path, Some(&manager), &json, &body).await;
+        assert_eq!(r.status(), want, "{path}");
+    }
+    // Without credentials nothing of the API answers but the key set.
+    assert_eq!(st.send(Method::GET, "__ds/subscriptions/ok", None, &[], "").await.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(st.send(Method::GET, "__ds/jwks.json", None, &[], "").await.status(), StatusCode::OK);
+    let r = st.send(Method::POST, "__ds/subscriptions/ok/streams", Some(&manager), &json, r#"{"streams":["secret/x"]}"#).await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // The claim token (not a JWT) is what ack and release check; the JWT gate lets them through.
+    st.send(Method::POST, "jobs/a", Some(&admin()), &[("content-type", "text/plain")], "work").await;
+    let r = st.send(Method::POST, "__ds/subscriptions/ok/claim", Some(&manager), &json, r#"{"worker":"w"}"#).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let claim: serde_json::Value = serde_json::from_slice(&r.bytes().await.expect("body")).expect("json");
+    let body = serde_json::json!({ "wake_id": claim["wake_id"], "generation": claim["generation"] }).to_string();
+    let r = st.send(Method::POST, "__ds/subscriptions/ok/release", claim["token"].as_str(), &json, &body).await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    // A commit's outputs would be writes no grant covers: refused while authentication is on.
+    let r = st.send(Method::POST, "__ds/subscriptions/ok/commit", claim["token"].as_str(), &json, &body).await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+}

@@ -46,6 +46,9 @@ pub struct Access {
     pub expires_at_ms: Option<i64>,
     /// Who is writing, for per-writer rate limits; `None`: the client's address is used.
     pub principal: Option<String>,
+    /// What the credentials allow, for requests that reach streams other than their own path
+    /// (a subscription's links and wake stream); `None`: no access control.
+    pub scope: Option<std::sync::Arc<scope::Scope>>,
 }
 
 /// Decides whether a request may proceed.

@@ -117,6 +117,12 @@ impl Scope {
     pub fn allows(&self, path: &str, op: Op) -> bool {
         self.grants.iter().any(|(set, ops)| set.contains(path) && ops.contains(&op))
     }
+
+    /// Whether `op` is allowed on every path that starts with `prefix` (a prefix grant covering
+    /// it): what a subscription pattern with that literal prefix may reach.
+    pub fn allows_all_under(&self, prefix: &str, op: Op) -> bool {
+        self.grants.iter().any(|(set, ops)| matches!(set, StreamSet::Prefix(p) if prefix.starts_with(p.as_str())) && ops.contains(&op))
+    }
 }
 
 /// The stream path of a request URI under `/v1/stream/`, percent-decoded as the router does.

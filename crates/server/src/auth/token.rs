@@ -265,7 +265,7 @@ impl Authorize for TokenAuth {
                 }
             }
         }
-        Ok(Access { expires_at_ms: Some(expires_at_ms), principal: Some(principal) })
+        Ok(Access { expires_at_ms: Some(expires_at_ms), principal: Some(principal), scope: Some(std::sync::Arc::new(scope)) })
     }
 }
 

@@ -24,6 +24,8 @@ use oncelog_storage::subs::{AckRequest, AckVia, Fence, PutVerdict, SubError, Sub
 use oncelog_storage::{AppendRequest, Engine, LookupError};
 use serde_json::{json, Value};
 
+use crate::auth::scope::Op;
+use crate::auth::AuthError;
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -77,7 +79,7 @@ fn segment(raw: &str) -> String {
 
 /// Every request under `/v1/stream/__ds/`, routed on the raw (still percent-encoded) path so
 /// a stream path inside one segment (`manual%2Fb`) stays one segment.
-pub async fn route<E: Engine>(st: &AppState<E>, method: &Method, uri: &Uri, req_headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+pub async fn route<E: Engine>(st: &AppState<E>, method: &Method, uri: &Uri, req_headers: &HeaderMap, body: Body, access: &crate::Access) -> Result<Response, ApiError> {
     let rest = uri.path().strip_prefix("/v1/stream/__ds").unwrap_or("").trim_start_matches('/');
     let parts: Vec<&str> = rest.split('/').collect();
     let now = st.clock.now_ms();
@@ -101,7 +103,11 @@ pub async fn route<E: Engine>(st: &AppState<E>, method: &Method, uri: &Uri, req_
         (m, ["subscriptions", id]) if !id.is_empty() => {
             let id = segment(id);
             match *m {
-                Method::PUT => Ok(put(st, &id, req_headers, read(body).await?, now).await?),
+                Method::PUT => {
+                    let config = wire::sub_config(&read(body).await?).map_err(wire)?;
+                    may_link(access, &config)?;
+                    Ok(put(st, &id, req_headers, config, now).await?)
+                }
                 Method::GET => {
                     let view = st.subs.get(&id, now).await.map_err(sub)?;
                     Ok(json_response(StatusCode::OK, &render_view(st, &view, req_headers, now).await?))
@@ -115,6 +121,11 @@ pub async fn route<E: Engine>(st: &AppState<E>, method: &Method, uri: &Uri, req_
         }
         (&Method::POST, ["subscriptions", id, "streams"]) => {
             let add = wire::stream_list(&read(body).await?).map_err(wire)?;
+            if let Some(scope) = &access.scope {
+                if !add.iter().all(|p| scope.allows(p, Op::Read)) {
+                    return Err(AuthError::Forbidden.into());
+                }
+            }
             st.subs.relink(&segment(id), add, Vec::new(), now).await.map_err(sub)?;
             Ok(no_content())
         }
@@ -149,8 +160,24 @@ fn bearer(h: &HeaderMap) -> Option<String> {
     (!t.is_empty()).then(|| t.to_owned())
 }
 
-async fn put<E: Engine>(st: &AppState<E>, id: &str, req_headers: &HeaderMap, body: Bytes, now: i64) -> Result<Response, SubApiError> {
-    let config = wire::sub_config(&body)?;
+/// With access control on, a subscription may only follow what its creator may read, and wake
+/// events go only to a stream its creator may append to.
+fn may_link(access: &crate::Access, config: &oncelog_storage::subs::SubConfig) -> Result<(), ApiError> {
+    let Some(scope) = &access.scope else { return Ok(()) };
+    let streams = config.streams.iter().all(|p| scope.allows(p, Op::Read));
+    let pattern = config.pattern.as_deref().is_none_or(|p| scope.allows_all_under(&oncelog_storage::subs::glob::literal_prefix(p), Op::Read));
+    let wake = match &config.kind {
+        SubKind::PullWake { wake_stream } => scope.allows(wake_stream, Op::Append),
+        SubKind::Webhook { .. } => true,
+    };
+    if streams && pattern && wake {
+        Ok(())
+    } else {
+        Err(AuthError::Forbidden.into())
+    }
+}
+
+async fn put<E: Engine>(st: &AppState<E>, id: &str, req_headers: &HeaderMap, config: oncelog_storage::subs::SubConfig, now: i64) -> Result<Response, SubApiError> {
     if let SubKind::Webhook { url } = &config.kind {
         ssrf::check(url, st.config.dev_webhooks)?;
         // Keys exist (durably) before the first webhook subscription is acknowledged.
