@@ -90,19 +90,58 @@ struct Entry {
     in_flight: bool,
 }
 
-impl Entry {
-    /// Whether `path` is linked (before looking at whether a stream exists there).
-    fn links_path(&self, path: &str) -> bool {
-        if !linkable(path) || self.is_own_wake_stream(path) {
-            return false;
+/// Whether a subscription with these explicit links, pattern and wake stream links `path`
+/// (before looking at whether a stream exists there). A pull-wake subscription never links its
+/// own wake stream: each wake event would be new work for the next wake, without end.
+fn links(explicit: &BTreeSet<String>, pattern: Option<&str>, wake_stream: Option<&str>, path: &str) -> bool {
+    if !linkable(path) || wake_stream == Some(path) {
+        return false;
+    }
+    explicit.contains(path) || pattern.is_some_and(|p| glob::matches(p, path))
+}
+
+fn wake_stream(rec: &SubRecord) -> Option<&str> {
+    match &rec.config.kind {
+        SubKind::PullWake { wake_stream } => Some(wake_stream),
+        SubKind::Webhook { .. } => None,
+    }
+}
+
+/// What a stream write consults without taking the lock: what a subscription links, and until
+/// when a write cannot wake it (its current wake is live, or a webhook retry is pending).
+#[derive(Debug, Clone)]
+struct Filter {
+    explicit: BTreeSet<String>,
+    pattern: Option<String>,
+    wake_stream: Option<String>,
+    quiet_until_ms: i64,
+}
+
+impl Filter {
+    fn of(rec: &SubRecord) -> Filter {
+        let lease = match &rec.wake {
+            // An unclaimed pull wake waits for a claim without end.
+            Some(w) => w.lease_until_ms.unwrap_or(i64::MAX),
+            None => i64::MIN,
+        };
+        let retry = if rec.failures > 0 { rec.next_attempt_ms } else { i64::MIN };
+        Filter {
+            explicit: rec.explicit.clone(),
+            pattern: rec.config.pattern.clone(),
+            wake_stream: wake_stream(rec).map(str::to_owned),
+            quiet_until_ms: lease.max(retry),
         }
-        self.rec.explicit.contains(path) || self.rec.config.pattern.as_deref().is_some_and(|p| glob::matches(p, path))
     }
 
-    /// A pull-wake subscription never links its own wake stream: each wake event would be new
-    /// work for the next wake, without end.
-    fn is_own_wake_stream(&self, path: &str) -> bool {
-        matches!(&self.rec.config.kind, SubKind::PullWake { wake_stream } if wake_stream == path)
+    /// Whether a write to `path` at `now_ms` may wake this subscription.
+    fn may_wake(&self, path: &str, now_ms: i64) -> bool {
+        now_ms >= self.quiet_until_ms && links(&self.explicit, self.pattern.as_deref(), self.wake_stream.as_deref(), path)
+    }
+}
+
+impl Entry {
+    fn links_path(&self, path: &str) -> bool {
+        links(&self.rec.explicit, self.rec.config.pattern.as_deref(), wake_stream(&self.rec), path)
     }
 
     /// Where processing of the stream `stream_id` at `path` stands: its cursor when it refers to
@@ -196,21 +235,35 @@ pub struct Subscriptions<E> {
     /// Whether any subscription may exist: stream writes skip the lock when none does. True
     /// until the state is loaded.
     any: AtomicBool,
+    /// One [`Filter`] per subscription, replaced after every change: a write to a stream no
+    /// subscription could be woken by (the common case under load: each holds a live wake)
+    /// takes no lock.
+    filters: std::sync::RwLock<Arc<Vec<Filter>>>,
     /// Notified when a webhook wake is issued or a delivery schedule changes.
     pub notify: Notify,
 }
 
 impl<E: Engine> Subscriptions<E> {
     pub fn new(engine: Arc<E>) -> Self {
-        Subscriptions { engine, inner: Mutex::new(Inner::default()), any: AtomicBool::new(true), notify: Notify::new() }
+        Subscriptions { engine, inner: Mutex::new(Inner::default()), any: AtomicBool::new(true), filters: Default::default(), notify: Notify::new() }
     }
 
     async fn lock(&self) -> Result<tokio::sync::MutexGuard<'_, Inner>, SubError> {
         let mut inner = self.inner.lock().await;
         if !inner.loaded {
             self.load(&mut inner).await?;
+            self.refresh(&inner);
         }
         Ok(inner)
+    }
+
+    /// Republishes the filters and the `any` flag after a change of `inner.subs`.
+    fn refresh(&self, inner: &Inner) {
+        let filters: Vec<Filter> = inner.subs.values().map(|e| Filter::of(&e.rec)).collect();
+        self.any.store(!filters.is_empty(), Ordering::Relaxed);
+        if let Ok(mut f) = self.filters.write() {
+            *f = Arc::new(filters);
+        }
     }
 
     async fn load(&self, inner: &mut Inner) -> Result<(), SubError> {
@@ -238,7 +291,6 @@ impl<E: Engine> Subscriptions<E> {
         for (k, v) in self.engine.meta_scan(KEY_PREFIX.as_bytes()).await? {
             keys.insert(String::from_utf8_lossy(&k[KEY_PREFIX.len()..]).into_owned(), v);
         }
-        self.any.store(!subs.is_empty(), Ordering::Relaxed);
         *inner = Inner { loaded: true, subs, next_uid, keys };
         Ok(())
     }
@@ -316,6 +368,7 @@ impl<E: Engine> Subscriptions<E> {
         self.any.store(true, Ordering::Relaxed);
         let view = self.view(&entry, now_ms).await?;
         inner.subs.insert(id.to_owned(), entry);
+        self.refresh(&inner);
         Ok((PutVerdict::Created, view))
     }
 
@@ -338,7 +391,7 @@ impl<E: Engine> Subscriptions<E> {
         meta.push(MetaWrite { key: sub_key(id), value: None });
         self.engine.transact(TxnRequest { meta, now_ms, ..Default::default() }).await?;
         inner.subs.remove(id);
-        self.any.store(!inner.subs.is_empty(), Ordering::Relaxed);
+        self.refresh(&inner);
         Ok(true)
     }
 
@@ -372,6 +425,7 @@ impl<E: Engine> Subscriptions<E> {
         meta.push(MetaWrite { key: sub_key(id), value: Some(codec::encode(&next.rec).into()) });
         self.engine.transact(TxnRequest { meta, now_ms, ..Default::default() }).await?;
         inner.subs.insert(id.to_owned(), next);
+        self.refresh(&inner);
         Ok(())
     }
 
@@ -517,6 +571,7 @@ impl<E: Engine> Subscriptions<E> {
         };
         let webhook_wake = matches!(next.rec.config.kind, SubKind::Webhook { .. });
         inner.subs.insert(next.rec.id.clone(), next);
+        self.refresh(inner);
         if webhook_wake {
             self.notify.notify_one();
         }
@@ -530,6 +585,11 @@ impl<E: Engine> Subscriptions<E> {
     /// subscription wakes at most once, so this ends).
     pub async fn on_write(&self, path: &str, now_ms: i64) -> Result<(), SubError> {
         if !self.any.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let filters = self.filters.read().map(|f| f.clone()).unwrap_or_default();
+        // Loaded (filters exist) and none can be woken by this write: nothing to do.
+        if !filters.is_empty() && !filters.iter().any(|f| f.may_wake(path, now_ms)) {
             return Ok(());
         }
         let mut inner = self.lock().await?;
