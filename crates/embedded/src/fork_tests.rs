@@ -80,20 +80,7 @@ async fn a_fork_of_a_100_mb_stream_costs_metadata_not_data() {
         .expect("big");
     let chunk = Bytes::from(vec![7u8; 1 << 20]);
     for _ in 0..100 {
-        e.append(AppendRequest {
-            path: "big".into(),
-            stream_id: None,
-            json_framed: false,
-            content_type: Some("application/octet-stream".into()),
-            data: chunk.clone(),
-            close: false,
-            stream_seq: None,
-            producer: None,
-            if_match: None,
-            body_digest: None,
-            idempotency_key: None,
-            now_ms: 0,
-        })
+        e.append(AppendRequest::plain("big", "application/octet-stream", false, chunk.clone(), 0))
         .await
         .expect("append");
     }

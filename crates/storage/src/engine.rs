@@ -151,6 +151,27 @@ pub struct AppendRequest {
     pub now_ms: i64,
 }
 
+impl AppendRequest {
+    /// An unconditional append of `data` (in stored form: JSON-framed when `json_framed`) with
+    /// no producer, key, `Stream-Seq` or closure: the fields callers set first.
+    pub fn plain(path: impl Into<String>, content_type: &str, json_framed: bool, data: Bytes, now_ms: i64) -> Self {
+        AppendRequest {
+            path: path.into(),
+            stream_id: None,
+            json_framed,
+            content_type: Some(content_type.to_owned()),
+            data,
+            close: false,
+            stream_seq: None,
+            producer: None,
+            if_match: None,
+            body_digest: None,
+            idempotency_key: None,
+            now_ms,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AppendStatus {
     /// New data (or a first close) was committed.

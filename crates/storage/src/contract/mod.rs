@@ -132,20 +132,7 @@ pub fn fork_req(path: &str, source: &str, offset: Option<u64>, sub_offset: u64) 
 }
 
 pub fn append_req(path: &str, data: &str) -> AppendRequest {
-    AppendRequest {
-        path: path.into(),
-        stream_id: None,
-        json_framed: false,
-        content_type: Some("text/plain".into()),
-        data: Bytes::from(data.to_owned()),
-        close: false,
-        stream_seq: None,
-        producer: None,
-        if_match: None,
-        body_digest: None,
-        idempotency_key: None,
-        now_ms: 0,
-    }
+    AppendRequest::plain(path, "text/plain", false, Bytes::from(data.to_owned()), 0)
 }
 
 pub fn produce(path: &str, data: &str, id: &str, epoch: u64, seq: u64) -> AppendRequest {

@@ -514,20 +514,7 @@ impl<E: Engine> Subscriptions<E> {
                     "generation": generation,
                     "ts": now_ms,
                 });
-                Some(AppendRequest {
-                    path: wake_stream.clone(),
-                    stream_id: None,
-                    json_framed: true,
-                    content_type: Some("application/json".into()),
-                    data: Bytes::from(format!("{msg},")),
-                    close: false,
-                    stream_seq: None,
-                    producer: None,
-                    if_match: None,
-                    body_digest: None,
-                    idempotency_key: None,
-                    now_ms,
-                })
+                Some(AppendRequest::plain(wake_stream.clone(), "application/json", true, Bytes::from(format!("{msg},")), now_ms))
             }
         };
         Ok(Some(event))
