@@ -19,6 +19,9 @@
 //! | `oncelog_connections_accepted_total` | counter | | TCP connections accepted |
 //! | `oncelog_streams` | gauge | | streams that exist |
 //! | `oncelog_producers` | gauge | | idempotent producers remembered |
+//! | `oncelog_subscriptions` | gauge | | subscriptions that exist |
+//! | `oncelog_subscription_calls_total` | counter | `call`, `outcome` | claim, ack, callback, release and commit requests: `ok`, `duplicate` (a resent commit), `fenced`, `refused` (any other error) |
+//! | `oncelog_webhook_deliveries_total` | counter | `outcome` | webhook deliveries: `ok`, `failed` (a retry is scheduled) |
 //! | `process_resident_memory_bytes` | gauge | | the server's RSS (Linux) |
 
 use std::sync::OnceLock;
@@ -136,8 +139,26 @@ pub fn request(method: &axum::http::Method, status: axum::http::StatusCode) {
     }
 }
 
+/// Records one fenced subscription call (`call`: claim, ack, callback, release, commit).
+pub fn subscription_call(call: &str, outcome: &'static str) {
+    let call = match call {
+        "claim" => "claim",
+        "ack" => "ack",
+        "callback" => "callback",
+        "release" => "release",
+        _ => "commit",
+    };
+    metrics::counter!("oncelog_subscription_calls_total", "call" => call, "outcome" => outcome).increment(1);
+}
+
+/// Records one webhook delivery's outcome.
+pub fn webhook_delivery(ok: bool) {
+    metrics::counter!("oncelog_webhook_deliveries_total", "outcome" => if ok { "ok" } else { "failed" }).increment(1);
+}
+
 /// The scrape: gauges read now, then everything in Prometheus text format.
-pub fn render(handle: &PrometheusHandle, stats: EngineStats) -> String {
+pub fn render(handle: &PrometheusHandle, stats: EngineStats, subscriptions: usize) -> String {
+    metrics::gauge!("oncelog_subscriptions").set(subscriptions as f64);
     metrics::gauge!("oncelog_streams").set(stats.streams as f64);
     metrics::gauge!("oncelog_producers").set(stats.producers as f64);
     if let Some(rss) = resident_bytes() {

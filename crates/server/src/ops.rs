@@ -34,7 +34,7 @@ pub async fn metrics<E: Engine>(State(st): State<AppState<E>>) -> Response {
         Some(handle) => (
             StatusCode::OK,
             [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-            metrics::render(handle, st.engine.stats()),
+            metrics::render(handle, st.engine.stats(), st.subs.count()),
         )
             .into_response(),
         None => (StatusCode::NOT_FOUND, [TEXT], "metrics are switched off\n").into_response(),

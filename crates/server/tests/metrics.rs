@@ -92,4 +92,27 @@ async fn counters_move_by_exactly_the_appends_made() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(gone, "a closed SSE reader is no longer counted");
+
+    // Subscriptions: the count, and every claim/ack by outcome.
+    let before = scrape().await;
+    for p in ["wake", "jobs/a"] {
+        http.put(s.url(p)).header("content-type", "application/json").send().await.expect("put");
+    }
+    let cfg = r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake"}"#;
+    http.put(s.url("__ds/subscriptions/m")).header("content-type", "application/json").body(cfg).send().await.expect("sub");
+    http.post(s.url("jobs/a")).header("content-type", "application/json").body("1").send().await.expect("append");
+    let claim = http.post(s.url("__ds/subscriptions/m/claim")).body(r#"{"worker":"w"}"#).send().await.expect("claim");
+    let claim: serde_json::Value = serde_json::from_slice(&claim.bytes().await.expect("body")).expect("json");
+    let ack = |generation: u64| {
+        let body = serde_json::json!({ "wake_id": claim["wake_id"], "generation": generation, "done": true }).to_string();
+        http.post(s.url("__ds/subscriptions/m/ack")).bearer_auth(claim["token"].as_str().unwrap_or("")).body(body).send()
+    };
+    assert_eq!(ack(7).await.expect("stale ack").status().as_u16(), 409);
+    assert_eq!(ack(1).await.expect("ack").status().as_u16(), 200);
+    let after = scrape().await;
+    let delta = |name: &str| sample(&after, name) - sample(&before, name);
+    assert_eq!(sample(&after, "oncelog_subscriptions"), 1.0);
+    assert_eq!(delta("oncelog_subscription_calls_total{call=\"claim\",outcome=\"ok\"}"), 1.0, "{after}");
+    assert_eq!(delta("oncelog_subscription_calls_total{call=\"ack\",outcome=\"fenced\"}"), 1.0);
+    assert_eq!(delta("oncelog_subscription_calls_total{call=\"ack\",outcome=\"ok\"}"), 1.0);
 }

@@ -107,6 +107,7 @@ async fn deliver<E: Engine>(st: &AppState<E>, http: &reqwest::Client, notice: Wa
     let (id, generation) = (notice.id.clone(), notice.generation);
     let result = send(st, http, &notice).await;
     let now = st.clock.now_ms();
+    crate::metrics::webhook_delivery(result.is_ok());
     let reported = match result {
         Ok(done) => st.subs.delivered(&id, generation, done, now).await,
         Err(why) => {

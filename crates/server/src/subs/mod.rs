@@ -136,7 +136,9 @@ pub async fn route<E: Engine>(st: &AppState<E>, method: &Method, uri: &Uri, req_
         (&Method::POST, ["subscriptions", id, "claim"]) => {
             let id = segment(id);
             let worker = wire::worker(&read(body).await?).map_err(wire)?;
-            let notice = st.subs.claim(&id, &worker, now).await.map_err(sub)?;
+            let notice = st.subs.claim(&id, &worker, now).await;
+            crate::metrics::subscription_call("claim", if notice.is_ok() { "ok" } else { "refused" });
+            let notice = notice.map_err(sub)?;
             let keys = st.sub_keys.get(&st.subs, now).await.map_err(sub)?;
             let token = keys.mint(&id, notice.uid, notice.generation, now);
             Ok(json_response(StatusCode::OK, &wire::notice(&notice, &token, None)))
@@ -145,7 +147,15 @@ pub async fn route<E: Engine>(st: &AppState<E>, method: &Method, uri: &Uri, req_
             let id = segment(id);
             let token = bearer(req_headers).ok_or(SubError::TokenInvalid).map_err(sub)?;
             let body = read(body).await?;
-            Ok(fenced_op(st, &id, op, &token, &body, now).await?)
+            let r = fenced_op(st, &id, op, &token, &body, now).await;
+            let outcome = match &r {
+                Ok((_, true)) => "duplicate",
+                Ok(_) => "ok",
+                Err(SubApiError::Sub(SubError::Fenced)) => "fenced",
+                Err(_) => "refused",
+            };
+            crate::metrics::subscription_call(op, outcome);
+            Ok(r?.0)
         }
         (_, ["jwks.json"] | ["subscriptions"] | ["subscriptions", _, "streams" | "claim" | "callback" | "ack" | "release" | "commit"] | ["subscriptions", _, "streams", _]) => {
             Err(SubApiError::Method.into())
@@ -199,7 +209,8 @@ async fn render_view<E: Engine>(st: &AppState<E>, view: &oncelog_storage::subs::
 
 /// Callback, ack, release and commit: the token and the body's generation and wake id are the
 /// fence; everything after it happens in one transaction or not at all.
-async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str, body: &[u8], now: i64) -> Result<Response, SubApiError> {
+/// Answers with the response and whether it was a resent commit (a duplicate).
+async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str, body: &[u8], now: i64) -> Result<(Response, bool), SubApiError> {
     let req = wire::fenced(body)?;
     // The subscription first (404), then the token (401), then the fence (409).
     st.subs.get(id, now).await?;
@@ -211,7 +222,7 @@ async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str,
     let fence = Fence { uid: claims.uid, token_generation: claims.generation, generation: req.generation, wake_id: req.wake_id.clone() };
     if op == "release" {
         st.subs.release(id, &fence, now).await?;
-        return Ok(no_content());
+        return Ok((no_content(), false));
     }
     let (via, outputs) = match op {
         "callback" => (AckVia::Callback, Vec::new()),
@@ -240,7 +251,7 @@ async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str,
             m.insert("appends".into(), json!(appends));
         }
     }
-    Ok(json_response(StatusCode::OK, &v))
+    Ok((json_response(StatusCode::OK, &v), out.duplicate))
 }
 
 /// A commit's `appends`, framed for their streams as a `POST` would be. Each needs producer

@@ -257,6 +257,11 @@ impl<E: Engine> Subscriptions<E> {
         Ok(inner)
     }
 
+    /// How many subscriptions exist (as of the last change; 0 before they are loaded). Cheap.
+    pub fn count(&self) -> usize {
+        self.filters.read().map(|f| f.len()).unwrap_or(0)
+    }
+
     /// Republishes the filters and the `any` flag after a change of `inner.subs`.
     fn refresh(&self, inner: &Inner) {
         let filters: Vec<Filter> = inner.subs.values().map(|e| Filter::of(&e.rec)).collect();
