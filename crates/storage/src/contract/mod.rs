@@ -93,7 +93,8 @@ macro_rules! engine_contract_tests {
             subscriptions::subscriptions_are_configuration_that_survives_reopen,
             subscriptions::pull_wake_claims_are_fenced_by_generation,
             subscriptions::webhook_deliveries_follow_a_stored_schedule,
-            subscriptions::commits_write_outputs_and_acks_atomically
+            subscriptions::commits_write_outputs_and_acks_atomically,
+            subscriptions::missed_wakes_are_issued_by_the_full_pass
         );
     };
     (@cases $harness:ty; $($group:ident :: $case:ident),* $(,)?) => {

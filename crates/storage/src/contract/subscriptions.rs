@@ -262,3 +262,22 @@ pub async fn commits_write_outputs_and_acks_atomically<H: Harness>() {
     let more = AckRequest { outputs: vec![], ..ack_req(&c, vec![Ack { stream: "in/a".into(), offset: Offset(tail.0 + 1) }], true, AckVia::Commit) };
     assert!(matches!(s.ack("t", more, 60).await, Err(SubError::Fenced)));
 }
+
+pub async fn missed_wakes_are_issued_by_the_full_pass<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("wake", "application/json")).await;
+    create(e, create_req("jobs/a", "application/json")).await;
+    let s = subs(&h);
+    s.put("p", pull(Some("jobs/*"), &[], "wake"), 0).await.expect("put");
+    assert!(s.due(0).await.expect("due").deliveries.is_empty());
+    // New data whose wake was never issued (the server died between the append and its wake):
+    // a settled subscription is not looked at on every pass...
+    json_append(e, "jobs/a", "1").await;
+    s.due(1_000).await.expect("due");
+    assert_eq!(s.get("p", 1_000).await.expect("get").record.generation, 0);
+    // ...but the full pass finds it.
+    s.due(FULL_PASS_MS + 1).await.expect("due");
+    assert_eq!(s.get("p", FULL_PASS_MS + 1).await.expect("get").record.generation, 1);
+    assert_eq!(read_all(e, "wake", 1 << 20).await.matches("\"type\":\"wake\"").count(), 1);
+}

@@ -88,7 +88,17 @@ struct Entry {
     sent: u64,
     /// A delivery of the current wake is in flight.
     in_flight: bool,
+    /// Memory only: the last look found no wake and nothing pending, and nothing that could
+    /// change that has happened since except through paths that look again themselves (writes
+    /// via [`Subscriptions::on_write`], acks, releases). The dispatcher's pass skips it, but for
+    /// a full pass every [`FULL_PASS_MS`].
+    settled: bool,
 }
+
+/// How often the dispatcher's pass looks at every subscription, settled ones included: the
+/// safety net for tails that moved without [`Subscriptions::on_write`] (a crash between an
+/// append and its wake, a compaction's snapshot, a failed wake).
+pub const FULL_PASS_MS: i64 = 10_000;
 
 /// Whether a subscription with these explicit links, pattern and wake stream links `path`
 /// (before looking at whether a stream exists there). A pull-wake subscription never links its
@@ -161,6 +171,8 @@ struct Inner {
     next_uid: u64,
     /// Opaque secrets of the layer above (signing keys), by name.
     keys: BTreeMap<String, Bytes>,
+    /// When the dispatcher's pass next looks at every subscription ([`FULL_PASS_MS`]).
+    next_full_pass_ms: i64,
 }
 
 /// Verdict of [`Subscriptions::put`].
@@ -278,7 +290,7 @@ impl<E: Engine> Subscriptions<E> {
         for (_, v) in self.engine.meta_scan(SUB_PREFIX.as_bytes()).await? {
             let rec = codec::decode(&v).map_err(corrupt)?;
             by_uid.insert(rec.uid, rec.id.clone());
-            subs.insert(rec.id.clone(), Entry { rec, cursors: BTreeMap::new(), sent: 0, in_flight: false });
+            subs.insert(rec.id.clone(), Entry { rec, cursors: BTreeMap::new(), sent: 0, in_flight: false, settled: false });
         }
         for (k, v) in self.engine.meta_scan(CURSOR_PREFIX.as_bytes()).await? {
             let key = String::from_utf8_lossy(&k[CURSOR_PREFIX.len()..]).into_owned();
@@ -296,7 +308,7 @@ impl<E: Engine> Subscriptions<E> {
         for (k, v) in self.engine.meta_scan(KEY_PREFIX.as_bytes()).await? {
             keys.insert(String::from_utf8_lossy(&k[KEY_PREFIX.len()..]).into_owned(), v);
         }
-        *inner = Inner { loaded: true, subs, next_uid, keys };
+        *inner = Inner { loaded: true, subs, next_uid, keys, next_full_pass_ms: 0 };
         Ok(())
     }
 
@@ -359,7 +371,7 @@ impl<E: Engine> Subscriptions<E> {
             failures: 0,
             next_attempt_ms: 0,
         };
-        let mut entry = Entry { rec, cursors: BTreeMap::new(), sent: 0, in_flight: false };
+        let mut entry = Entry { rec, cursors: BTreeMap::new(), sent: 0, in_flight: false, settled: false };
         for link in self.links(&entry, now_ms).await? {
             if link.stream_id != 0 {
                 entry.cursors.insert(link.path, Cursor { stream_id: link.stream_id, acked: link.tail });
@@ -422,6 +434,7 @@ impl<E: Engine> Subscriptions<E> {
         for path in remove {
             next.rec.explicit.remove(&path);
         }
+        next.settled = false;
         if next.rec.explicit == e.rec.explicit {
             return Ok(());
         }
@@ -754,11 +767,26 @@ impl<E: Engine> Subscriptions<E> {
         }
         let mut inner = self.lock().await?;
         let ids: Vec<String> = inner.subs.keys().cloned().collect();
+        let full = now_ms >= inner.next_full_pass_ms;
+        if full {
+            inner.next_full_pass_ms = now_ms.saturating_add(FULL_PASS_MS);
+        }
         for id in &ids {
             let Some(e) = inner.subs.get(id) else { continue };
+            if !full && e.settled && e.rec.wake.is_none() {
+                continue;
+            }
             let mut next = e.clone();
-            if let Some(event) = self.plan_wake(&mut next, None, now_ms).await? {
-                self.commit(&mut inner, next, &[], Vec::new(), event, now_ms).await?;
+            match self.plan_wake(&mut next, None, now_ms).await? {
+                Some(event) => {
+                    next.settled = false;
+                    self.commit(&mut inner, next, &[], Vec::new(), event, now_ms).await?;
+                }
+                None => {
+                    if let Some(e) = inner.subs.get_mut(id) {
+                        e.settled = e.rec.wake.is_none() && e.rec.failures == 0;
+                    }
+                }
             }
         }
         let mut deliveries = Vec::new();
