@@ -41,11 +41,14 @@ pub struct SubscriptionConfig {
     /// `None`: the server's default (30 s).
     pub lease_ttl: Option<Duration>,
     pub description: Option<String>,
+    /// Path prefixes commits may write under (required for commits when the server checks
+    /// access; its creator needs `append` under each).
+    pub outputs: Vec<String>,
 }
 
 impl SubscriptionConfig {
     pub fn pull_wake(wake_stream: impl Into<String>) -> Self {
-        SubscriptionConfig { kind: SubscriptionKind::PullWake { wake_stream: wake_stream.into() }, pattern: None, streams: Vec::new(), lease_ttl: None, description: None }
+        SubscriptionConfig { kind: SubscriptionKind::PullWake { wake_stream: wake_stream.into() }, pattern: None, streams: Vec::new(), lease_ttl: None, description: None, outputs: Vec::new() }
     }
 
     pub fn webhook(url: impl Into<String>) -> Self {
@@ -62,13 +65,19 @@ impl SubscriptionConfig {
         self
     }
 
+    /// Lets commits write under `prefix`.
+    pub fn output(mut self, prefix: impl Into<String>) -> Self {
+        self.outputs.push(prefix.into());
+        self
+    }
+
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = Some(ttl);
         self
     }
 
     fn to_json(&self) -> Value {
-        let mut v = json!({ "pattern": self.pattern, "streams": self.streams, "description": self.description });
+        let mut v = json!({ "pattern": self.pattern, "streams": self.streams, "description": self.description, "outputs": self.outputs });
         if let Some(m) = v.as_object_mut() {
             match &self.kind {
                 SubscriptionKind::Webhook { url } => {

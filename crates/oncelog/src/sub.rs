@@ -54,6 +54,11 @@ pub struct CreateArgs {
     /// Free text kept with the subscription.
     #[arg(long)]
     description: Option<String>,
+
+    /// Path prefix transactional commits may write under (repeatable); with access control on,
+    /// commits may only write there.
+    #[arg(long = "output")]
+    outputs: Vec<String>,
 }
 
 /// A subcommand that only names a subscription.
@@ -128,6 +133,7 @@ async fn create(a: CreateArgs) -> Result<(), CliError> {
         config = config.lease_ttl(t);
     }
     config.description = a.description;
+    config.outputs = a.outputs;
     let (created, info) = a.conn.client(None)?.subscriptions().put(&a.id, &config).await?;
     print_json(&info.raw)?;
     println!("{}", if created { "created" } else { "existing" });

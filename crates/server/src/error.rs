@@ -212,7 +212,7 @@ fn sub_status(e: &SubApiError) -> (StatusCode, &'static str, serde_json::Value) 
         SubApiError::Token(TokenError::Expired) => (StatusCode::UNAUTHORIZED, "TOKEN_EXPIRED", none),
         SubApiError::NoRoute => (StatusCode::NOT_FOUND, "SUBSCRIPTION_NOT_FOUND", none),
         SubApiError::Method => (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", none),
-        SubApiError::CommitNeedsOpenServer => (StatusCode::FORBIDDEN, "NOT_SUPPORTED", none),
+        SubApiError::OutputNotAllowed { index, stream } => (StatusCode::FORBIDDEN, "OUTPUT_NOT_ALLOWED", json!({ "index": index, "stream": stream })),
     }
 }
 

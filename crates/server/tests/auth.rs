@@ -311,7 +311,28 @@ async fn subscriptions_follow_only_what_their_creator_may_read_and_tokens_bypass
     let body = serde_json::json!({ "wake_id": claim["wake_id"], "generation": claim["generation"] }).to_string();
     let r = st.send(Method::POST, "__ds/subscriptions/ok/release", claim["token"].as_str(), &json, &body).await;
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
-    // A commit's outputs would be writes no grant covers: refused while authentication is on.
-    let r = st.send(Method::POST, "__ds/subscriptions/ok/commit", claim["token"].as_str(), &json, &body).await;
+    // Commits write only under the subscription's `outputs`, which its creator must be allowed
+    // to append under: not granted → 403 at creation; outside them → 403 OUTPUT_NOT_ALLOWED.
+    let with_outputs = |outputs: &str| format!(r#"{{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake","lease_ttl_ms":5000,"outputs":[{outputs}]}}"#);
+    let r = st.send(Method::PUT, "__ds/subscriptions/greedy", Some(&manager), &json, &with_outputs(r#""secret/""#)).await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let writer = token(SECRET, &[("__ds/subscriptions/", false, "create,read,append"), ("jobs/", false, "read"), ("wake", true, "append"), ("out/", false, "append")], NOW_S + 3600);
+    let r = st.send(Method::PUT, "__ds/subscriptions/tx", Some(&writer), &json, &with_outputs(r#""out/""#)).await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    for p in ["out/a", "secret/y"] {
+        let r = st.send(Method::PUT, p, Some(&admin()), &json, "").await;
+        assert!(r.status().is_success());
+    }
+    st.send(Method::POST, "jobs/a", Some(&admin()), &[("content-type", "text/plain")], "more").await;
+    let r = st.send(Method::POST, "__ds/subscriptions/tx/claim", Some(&writer), &json, r#"{"worker":"w"}"#).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let claim: serde_json::Value = serde_json::from_slice(&r.bytes().await.expect("body")).expect("json");
+    let commit = |stream: &str| {
+        serde_json::json!({ "wake_id": claim["wake_id"], "generation": claim["generation"], "done": false,
+            "appends": [{ "stream": stream, "producer": { "id": "sub:tx", "epoch": 1, "seq": 0 }, "data": { "n": 1 } }] }).to_string()
+    };
+    let r = st.send(Method::POST, "__ds/subscriptions/tx/commit", claim["token"].as_str(), &json, &commit("secret/y")).await;
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = st.send(Method::POST, "__ds/subscriptions/tx/commit", claim["token"].as_str(), &json, &commit("out/a")).await;
+    assert_eq!(r.status(), StatusCode::OK);
 }

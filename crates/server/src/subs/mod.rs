@@ -51,8 +51,8 @@ pub enum SubApiError {
     Output { index: usize, why: &'static str },
     #[error("commit output {index} to {stream}: {source}")]
     OutputLookup { index: usize, stream: String, source: LookupError },
-    #[error("transactional commits are not offered while authentication is on: a subscription token is not a write grant")]
-    CommitNeedsOpenServer,
+    #[error("commit output {index}: {stream} is not under the subscription's outputs prefixes")]
+    OutputNotAllowed { index: usize, stream: String },
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response {
@@ -170,8 +170,9 @@ fn bearer(h: &HeaderMap) -> Option<String> {
     (!t.is_empty()).then(|| t.to_owned())
 }
 
-/// With access control on, a subscription may only follow what its creator may read, and wake
-/// events go only to a stream its creator may append to.
+/// With access control on, a subscription may only follow what its creator may read, wake
+/// events go only to a stream its creator may append to, and its commits may only write under
+/// `outputs` prefixes its creator may append under.
 fn may_link(access: &crate::Access, config: &oncelog_storage::subs::SubConfig) -> Result<(), ApiError> {
     let Some(scope) = &access.scope else { return Ok(()) };
     let streams = config.streams.iter().all(|p| scope.allows(p, Op::Read));
@@ -180,7 +181,8 @@ fn may_link(access: &crate::Access, config: &oncelog_storage::subs::SubConfig) -
         SubKind::PullWake { wake_stream } => scope.allows(wake_stream, Op::Append),
         SubKind::Webhook { .. } => true,
     };
-    if streams && pattern && wake {
+    let outputs = config.outputs.iter().all(|p| scope.allows_all_under(p, Op::Append));
+    if streams && pattern && wake && outputs {
         Ok(())
     } else {
         Err(AuthError::Forbidden.into())
@@ -228,10 +230,16 @@ async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str,
         "callback" => (AckVia::Callback, Vec::new()),
         "ack" => (AckVia::Ack, Vec::new()),
         _ => {
+            let outputs = outputs(st, &req.body, now).await?;
+            // With access control on, the token is a write grant only under the prefixes the
+            // subscription was created with (and its creator was allowed to append under).
             if !st.auth.is_open() {
-                return Err(SubApiError::CommitNeedsOpenServer);
+                let allowed = st.subs.get(id, now).await?.record.config.outputs;
+                if let Some(index) = outputs.iter().position(|a| !allowed.iter().any(|p| a.path.starts_with(p.as_str()))) {
+                    return Err(SubApiError::OutputNotAllowed { index, stream: outputs[index].path.clone() });
+                }
             }
-            (AckVia::Commit, outputs(st, &req.body, now).await?)
+            (AckVia::Commit, outputs)
         }
     };
     let out = st.subs.ack(id, AckRequest { fence, acks: req.acks, done: req.done, via, outputs: outputs.clone() }, now).await?;

@@ -59,7 +59,14 @@ pub fn sub_config(body: &[u8]) -> Result<SubConfig, WireError> {
         None | Some(Value::Null) => DEFAULT_LEASE_TTL_MS,
         Some(v) => v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or(WireError::Field("lease_ttl_ms"))?,
     };
-    Ok(SubConfig { kind, pattern: opt_str(&m, "pattern")?, streams: str_list(&m, "streams")?, lease_ttl_ms, description: opt_str(&m, "description")? })
+    Ok(SubConfig {
+        kind,
+        pattern: opt_str(&m, "pattern")?,
+        streams: str_list(&m, "streams")?,
+        lease_ttl_ms,
+        description: opt_str(&m, "description")?,
+        outputs: str_list(&m, "outputs")?,
+    })
 }
 
 /// `POST …/streams`: a non-empty list of paths.
@@ -139,6 +146,7 @@ pub fn sub_view(v: &SubView, signing: Option<(&str, &str)>) -> Value {
         "wake_stream": wake_stream,
         "lease_ttl_ms": r.config.lease_ttl_ms,
         "description": r.config.description,
+        "outputs": r.config.outputs,
         "created_at": format_rfc3339(r.created_ms),
         "generation": r.generation,
         "status": if r.failures > 0 { "failed" } else { "active" },

@@ -7,7 +7,8 @@
 //! varint, description flag u8 [+ str], created ms i64, generation varint, wake flag u8 [+
 //! generation varint, holder flag u8 [+ str], lease flag u8 [+ until ms i64], snapshot count
 //! varint + per entry (path str, stream id varint, tail varint)], failures varint, next attempt
-//! ms i64, explicit-now count varint + strs, last done generation varint. Strings are u32-length-prefixed UTF-8.
+//! ms i64, explicit-now count varint + strs, last done generation varint, output prefix count
+//! varint + strs (absent in records written before outputs existed: none). Strings are u32-length-prefixed UTF-8.
 //!
 //! `Cursor`, tag `0x01`: stream id varint, acked offset varint.
 
@@ -79,6 +80,7 @@ pub fn encode(r: &SubRecord) -> Vec<u8> {
     e.varint(u64::from(r.failures)).i64(r.next_attempt_ms);
     strs(&mut e, r.explicit.iter());
     e.varint(r.last_done);
+    strs(&mut e, r.config.outputs.iter());
     e.0
 }
 
@@ -118,8 +120,9 @@ pub fn decode(bytes: &[u8]) -> Result<SubRecord, DecodeError> {
     let next_attempt_ms = d.i64()?;
     let explicit: BTreeSet<String> = get_strs(&mut d)?.into_iter().collect();
     let last_done = d.varint()?;
+    let outputs = if d.remaining() > 0 { get_strs(&mut d)? } else { Vec::new() };
     d.finish()?;
-    let config = SubConfig { kind, pattern, streams, lease_ttl_ms, description };
+    let config = SubConfig { kind, pattern, streams, lease_ttl_ms, description, outputs };
     Ok(SubRecord { uid, id, config, created_ms, generation, wake, last_done, failures, next_attempt_ms, explicit })
 }
 
@@ -151,13 +154,13 @@ mod tests {
         let wake = proptest::option::of((any::<u64>(), proptest::option::of(text()), proptest::option::of(any::<i64>()), proptest::collection::vec((text(), any::<u64>(), any::<u64>()), 0..3)));
         (
             (any::<u64>(), text(), kind, proptest::option::of(text()), proptest::collection::vec(text(), 0..3), any::<u32>(), proptest::option::of(text())),
-            (any::<i64>(), any::<u64>(), wake, any::<u32>(), any::<i64>(), proptest::collection::btree_set(text(), 0..3), any::<u64>()),
+            (any::<i64>(), any::<u64>(), wake, any::<u32>(), any::<i64>(), proptest::collection::btree_set(text(), 0..3), any::<u64>(), proptest::collection::vec(text(), 0..3)),
         )
-            .prop_map(|((uid, id, kind, pattern, streams, lease_ttl_ms, description), (created_ms, generation, wake, failures, next_attempt_ms, explicit, last_done))| SubRecord {
+            .prop_map(|((uid, id, kind, pattern, streams, lease_ttl_ms, description), (created_ms, generation, wake, failures, next_attempt_ms, explicit, last_done, outputs))| SubRecord {
                 last_done,
                 uid,
                 id,
-                config: SubConfig { kind, pattern, streams, lease_ttl_ms, description },
+                config: SubConfig { kind, pattern, streams, lease_ttl_ms, description, outputs },
                 created_ms,
                 generation,
                 wake: wake.map(|(generation, holder, lease_until_ms, snap)| Wake {

@@ -21,6 +21,7 @@ fn pull(pattern: Option<&str>, streams: &[&str], wake_stream: &str) -> SubConfig
         streams: streams.iter().map(|s| s.to_string()).collect(),
         lease_ttl_ms: 1_000,
         description: None,
+        outputs: Vec::new(),
     }
 }
 

@@ -30,6 +30,10 @@ pub struct SubConfig {
     pub streams: Vec<String>,
     pub lease_ttl_ms: u32,
     pub description: Option<String>,
+    /// Path prefixes a transactional commit may append to (Oncelog extension `outputs`), sorted
+    /// and deduplicated. With access control on, a commit may only write under them, and
+    /// creating the subscription needs `append` on each.
+    pub outputs: Vec<String>,
 }
 
 /// The current wake: work was announced for `generation` and is not finished yet.

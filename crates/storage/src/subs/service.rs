@@ -52,6 +52,8 @@ impl SubConfig {
         self.pattern = self.pattern.map(|p| glob::normalize(&p)).filter(|p| !p.is_empty());
         self.streams.sort();
         self.streams.dedup();
+        self.outputs.sort();
+        self.outputs.dedup();
         if self.pattern.is_none() && self.streams.is_empty() {
             return Err(InvalidSub::NoTarget);
         }
