@@ -89,7 +89,7 @@ async fn a_pull_worker_waits_heartbeats_and_commits_and_its_zombie_is_fenced() {
         client.stream(p).create(CreateOptions::content_type("application/json")).await.expect("create");
     }
     let subs = client.subscriptions();
-    subs.put("jobs", &SubscriptionConfig::pull_wake("wake").pattern("jobs/*").lease_ttl(Duration::from_millis(1_000))).await.expect("put");
+    subs.put("jobs", &SubscriptionConfig::pull_wake("wake").pattern("jobs/*").lease_ttl(Duration::from_millis(2_000))).await.expect("put");
 
     // Nothing to do yet: the wait ends empty-handed; an append during a wait is picked up.
     assert!(subs.wait_for_claim("jobs", "w1", "wake", Duration::from_millis(100), Duration::from_millis(300)).await.expect("wait").is_none());
@@ -101,14 +101,14 @@ async fn a_pull_worker_waits_heartbeats_and_commits_and_its_zombie_is_fenced() {
     assert_eq!(a.generation, 1);
     let tail: StreamOffset = a.streams[0].tail_offset.clone();
 
-    // Heartbeats keep the lease beyond its 1 s.
-    for _ in 0..3 {
+    // Heartbeats keep the lease beyond its 2 s (with 1.5 s to spare each time on a busy machine).
+    for _ in 0..5 {
         tokio::time::sleep(Duration::from_millis(500)).await;
         a.ack(&[], false).await.expect("heartbeat");
     }
     assert!(matches!(subs.claim("jobs", "w2").await.expect("claim"), Err(oncelog_client::NoClaim::Claimed { .. })));
     // Then a stall: the lease passes to w2, and everything w1 does is fenced.
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    tokio::time::sleep(Duration::from_millis(2_200)).await;
     let b = subs.claim("jobs", "w2").await.expect("claim").expect("w2 gets the work");
     assert_eq!(b.generation, 2);
     let zombie = a.commit().append_json("done", json!({ "by": "w1" })).ack("jobs/a", &tail).send(true).await.expect_err("fenced");
