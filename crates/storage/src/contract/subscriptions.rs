@@ -141,7 +141,11 @@ pub async fn pull_wake_claims_are_fenced_by_generation<H: Harness>() {
     }
     assert_eq!(acked(&s.get("p", 1_200).await.expect("get"), "jobs/a").map(|x| x.0), Some(tail));
 
-    // The lease (extended to 2_100) runs out: w2 gets generation 2; everything of w1 is fenced.
+    // The lease (extended to 2_100) runs out with work pending: the dispatcher's pass wakes it
+    // again (generation 2, a new event), w2 claims that; everything of w1 is fenced.
+    s.due(2_150).await.expect("due");
+    let events = read_all(e, "wake", 1 << 20).await;
+    assert!(events.contains("\"generation\":2"), "a lease that ran out re-wakes pending work: {events}");
     let b = s.claim("p", "w2", 2_200).await.expect("claim after the lease ended");
     assert_eq!(b.generation, 2);
     let before = s.get("p", 2_300).await.expect("get");
@@ -178,7 +182,7 @@ pub async fn pull_wake_claims_are_fenced_by_generation<H: Harness>() {
     // A release gives the work back: pending work wakes again at once (generation 4).
     s.release("p", &fence(&c), 2_800).await.expect("release");
     assert_eq!(s.claim("p", "w1", 2_900).await.expect("claim").generation, 4);
-    assert_eq!(read_all(e, "wake", 1 << 20).await.matches("\"type\":\"wake\"").count(), 3);
+    assert_eq!(read_all(e, "wake", 1 << 20).await.matches("\"type\":\"wake\"").count(), 4);
 }
 
 pub async fn webhook_deliveries_follow_a_stored_schedule<H: Harness>() {
