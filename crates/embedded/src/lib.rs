@@ -452,15 +452,15 @@ impl Engine for EmbeddedEngine {
     }
 
     /// From the published state, as `head` answers.
-    fn list_streams(&self, prefix: &str, now_ms: i64) -> Vec<Listed> {
-        let Ok(map) = self.inner.streams.read() else { return Vec::new() };
+    async fn list_streams(&self, prefix: &str, now_ms: i64) -> Result<Vec<Listed>, StorageError> {
+        let map = self.inner.streams.read().map_err(|_| StorageError::Poisoned)?;
         let mut listed: Vec<Listed> = map
             .iter()
             .filter(|(p, s)| p.starts_with(prefix) && s.visible(now_ms).is_ok())
             .map(|(p, s)| Listed { path: p.clone(), info: s.info() })
             .collect();
         listed.sort_unstable_by(|a, b| a.path.cmp(&b.path));
-        listed
+        Ok(listed)
     }
 
     async fn shutdown(&self) -> Result<(), StorageError> {
@@ -475,14 +475,15 @@ impl Engine for EmbeddedEngine {
         self.inner.ks.db.persist(fjall::PersistMode::SyncAll).map_err(backend)
     }
 
-    fn compaction_candidates(&self, min_bytes: u64) -> Vec<(String, Offset)> {
-        let Ok(map) = self.inner.streams.read() else { return Vec::new() };
-        map.iter()
+    async fn compaction_candidates(&self, min_bytes: u64) -> Result<Vec<(String, Offset)>, StorageError> {
+        let map = self.inner.streams.read().map_err(|_| StorageError::Poisoned)?;
+        Ok(map
+            .iter()
             .filter(|(_, s)| s.config.compaction)
             .map(|(p, s)| (p, s.info()))
             .filter(|(_, i)| oncelog_storage::compaction::is_candidate(i, min_bytes))
             .map(|(p, i)| (p.to_string(), i.tail))
-            .collect()
+            .collect())
     }
 
     fn readiness(&self) -> Readiness {

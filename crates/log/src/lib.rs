@@ -466,15 +466,15 @@ impl Engine for LogEngine {
         self.call(|reply| Command::MetaScan { prefix, reply }).await?
     }
 
-    fn list_streams(&self, prefix: &str, now_ms: i64) -> Vec<Listed> {
-        let Ok(map) = self.inner.view.streams.read() else { return Vec::new() };
+    async fn list_streams(&self, prefix: &str, now_ms: i64) -> Result<Vec<Listed>, StorageError> {
+        let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
         let mut out: Vec<Listed> = map
             .iter()
             .filter(|(p, s)| p.starts_with(prefix) && rules::visible(s.state.get().soft_deleted, s.expired(now_ms), s.forks()).is_ok())
             .map(|(p, s)| Listed { path: p.to_string(), info: s.info() })
             .collect();
         out.sort_unstable_by(|a, b| a.path.cmp(&b.path));
-        out
+        Ok(out)
     }
 
     async fn shutdown(&self) -> Result<(), StorageError> {
@@ -489,14 +489,15 @@ impl Engine for LogEngine {
         Ok(())
     }
 
-    fn compaction_candidates(&self, min_bytes: u64) -> Vec<(String, Offset)> {
-        let Ok(map) = self.inner.view.streams.read() else { return Vec::new() };
-        map.iter()
+    async fn compaction_candidates(&self, min_bytes: u64) -> Result<Vec<(String, Offset)>, StorageError> {
+        let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
+        Ok(map
+            .iter()
             .filter(|(_, s)| s.config.compaction)
             .map(|(p, s)| (p, s.info()))
             .filter(|(_, i)| oncelog_storage::compaction::is_candidate(i, min_bytes))
             .map(|(p, i)| (p.to_string(), i.tail))
-            .collect()
+            .collect())
     }
 
     fn readiness(&self) -> Readiness {

@@ -47,7 +47,14 @@ async fn compact_grown<E: Engine>(state: &AppState<E>, compacted_at: &mut HashMa
     if min == 0 {
         return Ok(());
     }
-    let candidates = state.engine.compaction_candidates(min);
+    let candidates = match state.engine.compaction_candidates(min).await {
+        Ok(c) => c,
+        Err(oncelog_storage::StorageError::ShuttingDown) => return Err(()),
+        Err(e) => {
+            tracing::warn!(error = %e, "background compaction: candidates not listed");
+            return Ok(());
+        }
+    };
     compacted_at.retain(|p, _| candidates.iter().any(|(c, _)| c == p));
     for (path, tail) in candidates {
         if compacted_at.get(&path).is_some_and(|at| tail.0.saturating_sub(at.0) < min) {

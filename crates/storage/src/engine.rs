@@ -521,17 +521,18 @@ pub trait Engine: Send + Sync + 'static {
     /// acknowledged transaction.
     fn meta_scan(&self, prefix: &[u8]) -> impl Future<Output = Result<Vec<(Vec<u8>, Bytes)>, StorageError>> + Send;
 
-    /// The streams readers can see whose path starts with `prefix`, in path order. Cheap;
-    /// reads only what readers see.
-    fn list_streams(&self, prefix: &str, now_ms: i64) -> Vec<Listed>;
+    /// The streams readers can see whose path starts with `prefix`, in path order; reads only
+    /// what readers see. Async and fallible because an engine whose state lives in a database
+    /// asks it (the embedded engines answer from memory at once).
+    fn list_streams(&self, prefix: &str, now_ms: i64) -> impl Future<Output = Result<Vec<Listed>, StorageError>> + Send;
 
     /// Finishes in-flight writes and makes them durable; later writes fail with `ShuttingDown`.
     fn shutdown(&self) -> impl Future<Output = Result<(), StorageError>> + Send;
 
     /// The streams made for compaction whose history (tail minus earliest offset) is at least
-    /// `min_bytes`, with their tails: what a background compactor looks at. Cheap; reads only
-    /// what readers see.
-    fn compaction_candidates(&self, min_bytes: u64) -> Vec<(String, Offset)>;
+    /// `min_bytes`, with their tails: what a background compactor looks at. Reads only what
+    /// readers see (async for the same reason as [`Engine::list_streams`]).
+    fn compaction_candidates(&self, min_bytes: u64) -> impl Future<Output = Result<Vec<(String, Offset)>, StorageError>> + Send;
 
     /// Whether writes are accepted now (for `/readyz`). Cheap; never blocks.
     fn readiness(&self) -> Readiness;

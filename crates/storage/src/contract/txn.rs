@@ -124,13 +124,13 @@ pub async fn listed_streams_are_the_visible_ones<H: Harness>() {
     }
     append(e, append_req("jobs/a", "12345")).await;
     e.delete("jobs/b", 0).await.expect("delete");
-    let listed = e.list_streams("jobs/", 0);
+    let listed = e.list_streams("jobs/", 0).await.expect("list");
     let paths: Vec<&str> = listed.iter().map(|l| l.path.as_str()).collect();
     assert_eq!(paths, ["jobs/a", "jobs/a/x"]);
     assert_eq!(listed[0].info.tail, Offset(5));
-    assert_eq!(e.list_streams("", 0).len(), 4);
+    assert_eq!(e.list_streams("", 0).await.expect("list").len(), 4);
     // An expired stream is not listed.
     create(e, CreateRequest { expiry: Some(oncelog_protocol::headers::Expiry::At(1_000)), ..create_req("jobs/c", "text/plain") }).await;
-    assert_eq!(e.list_streams("jobs/", 999).len(), 3);
-    assert_eq!(e.list_streams("jobs/", 1_000).len(), 2);
+    assert_eq!(e.list_streams("jobs/", 999).await.expect("list").len(), 3);
+    assert_eq!(e.list_streams("jobs/", 1_000).await.expect("list").len(), 2);
 }

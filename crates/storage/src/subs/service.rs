@@ -456,7 +456,7 @@ impl<E: Engine> Subscriptions<E> {
     async fn links(&self, e: &Entry, now_ms: i64) -> Result<Vec<Link>, SubError> {
         let mut out: BTreeMap<String, Link> = BTreeMap::new();
         if let Some(pattern) = &e.rec.config.pattern {
-            for l in self.engine.list_streams(&glob::literal_prefix(pattern), now_ms) {
+            for l in self.engine.list_streams(&glob::literal_prefix(pattern), now_ms).await? {
                 if e.links_path(&l.path) && glob::matches(pattern, &l.path) {
                     let acked = e.acked(&l.path, l.info.id);
                     out.insert(l.path.clone(), Link { path: l.path, link_type: LinkType::Glob, stream_id: l.info.id, acked, tail: l.info.tail });
