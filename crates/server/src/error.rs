@@ -54,7 +54,7 @@ pub enum ApiError {
 
 fn storage_status(e: &StorageError) -> StatusCode {
     match e {
-        StorageError::Poisoned | StorageError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        StorageError::Poisoned | StorageError::ShuttingDown | StorageError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         StorageError::Backend(_) | StorageError::Corrupt(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -252,5 +252,22 @@ impl IntoResponse for ApiError {
         let mut resp = (status, [("content-type", "text/plain; charset=utf-8")], format!("{self}\n")).into_response();
         resp.headers_mut().extend(headers);
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_backend_is_503_with_retry_after_and_its_reason() {
+        let cause = std::sync::Arc::new(std::io::Error::other("connection to the database lost"));
+        let resp = ApiError::Storage(StorageError::Unavailable(cause)).into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+        let append = ApiError::Append(AppendError::Storage(StorageError::Unavailable(std::sync::Arc::new(std::io::Error::other("x"))))).into_response();
+        assert_eq!(append.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let text = ApiError::Storage(StorageError::Unavailable(std::sync::Arc::new(std::io::Error::other("connection to the database lost")))).to_string();
+        assert!(text.contains("connection to the database lost"), "{text}");
     }
 }

@@ -410,6 +410,10 @@ pub enum StorageError {
     Corrupt(Arc<dyn std::error::Error + Send + Sync>),
     #[error("storage is shutting down")]
     ShuttingDown,
+    /// The backend cannot be reached now (a database connection lost, say); nothing was done,
+    /// and the same request may succeed once it is back. The cause says why.
+    #[error("storage is unavailable: {0}")]
+    Unavailable(Arc<dyn std::error::Error + Send + Sync>),
 }
 
 /// What [`Engine::wait`] observed.
