@@ -215,7 +215,7 @@ async fn render_view<E: Engine>(st: &AppState<E>, view: &oncelog_storage::subs::
 async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str, body: &[u8], now: i64) -> Result<(Response, bool), SubApiError> {
     let req = wire::fenced(body)?;
     // The subscription first (404), then the token (401), then the fence (409).
-    st.subs.get(id, now).await?;
+    let record = st.subs.record(id).await?;
     let keys = st.sub_keys.get(&st.subs, now).await?;
     let claims = keys.verify(token, now)?;
     if claims.id != id {
@@ -234,7 +234,7 @@ async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str,
             // With access control on, the token is a write grant only under the prefixes the
             // subscription was created with (and its creator was allowed to append under).
             if !st.auth.is_open() {
-                let allowed = st.subs.get(id, now).await?.record.config.outputs;
+                let allowed = &record.config.outputs;
                 if let Some(index) = outputs.iter().position(|a| !allowed.iter().any(|p| a.path.starts_with(p.as_str()))) {
                     return Err(SubApiError::OutputNotAllowed { index, stream: outputs[index].path.clone() });
                 }

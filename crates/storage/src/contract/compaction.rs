@@ -12,7 +12,7 @@ fn change(op: &str, key: &str, value: &str) -> String {
 
 fn json_append(path: &str, messages: &[String]) -> AppendRequest {
     let refs: Vec<&str> = messages.iter().map(String::as_str).collect();
-    AppendRequest { json_framed: true, content_type: Some("application/json".into()), data: json_framed(&refs), ..append_req(path, "") }
+    json_req(path, &refs)
 }
 
 /// The state a reader from the earliest offset materialises, and where it began.

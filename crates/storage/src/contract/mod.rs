@@ -136,6 +136,11 @@ pub fn append_req(path: &str, data: &str) -> AppendRequest {
     AppendRequest::plain(path, "text/plain", false, Bytes::from(data.to_owned()), 0)
 }
 
+/// An append of JSON messages (given as JSON texts) to a JSON stream.
+pub fn json_req(path: &str, messages: &[&str]) -> AppendRequest {
+    AppendRequest::plain(path, "application/json", true, json_framed(messages), 0)
+}
+
 pub fn produce(path: &str, data: &str, id: &str, epoch: u64, seq: u64) -> AppendRequest {
     AppendRequest { producer: Some(ProducerHeaders { id: id.into(), epoch, seq }), ..append_req(path, data) }
 }

@@ -42,7 +42,7 @@ fn acked(view: &SubView, path: &str) -> Option<(Offset, Offset)> {
 }
 
 async fn json_append<E: Engine>(e: &E, path: &str, v: &str) -> Offset {
-    append(e, AppendRequest { json_framed: true, content_type: Some("application/json".into()), data: json_framed(&[v]), ..append_req(path, "") }).await.next_offset
+    append(e, json_req(path, &[v])).await.next_offset
 }
 
 pub async fn subscriptions_are_configuration_that_survives_reopen<H: Harness>() {

@@ -10,7 +10,6 @@
 //! Unix ms in the records, so they survive restarts.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -39,6 +38,16 @@ fn cursor_prefix(uid: u64) -> String {
 
 fn cursor_key(uid: u64, path: &str) -> Vec<u8> {
     format!("{}{path}", cursor_prefix(uid)).into_bytes()
+}
+
+/// The metadata write that stores a subscription's record.
+fn record_write(rec: &SubRecord) -> MetaWrite {
+    MetaWrite { key: sub_key(&rec.id), value: Some(codec::encode(rec).into()) }
+}
+
+/// The metadata write that stores one cursor of subscription `uid`.
+fn cursor_write(uid: u64, path: &str, c: &Cursor) -> MetaWrite {
+    MetaWrite { key: cursor_key(uid, path), value: Some(codec::encode_cursor(c).into()) }
 }
 
 /// Whether a path may be linked at all.
@@ -246,20 +255,17 @@ pub struct Due {
 pub struct Subscriptions<E> {
     engine: Arc<E>,
     inner: Mutex<Inner>,
-    /// Whether any subscription may exist: stream writes skip the lock when none does. True
-    /// until the state is loaded.
-    any: AtomicBool,
-    /// One [`Filter`] per subscription, replaced after every change: a write to a stream no
-    /// subscription could be woken by (the common case under load: each holds a live wake)
-    /// takes no lock.
-    filters: std::sync::RwLock<Arc<Vec<Filter>>>,
+    /// One [`Filter`] per subscription, replaced after every change (`None` until the state is
+    /// loaded): a write to a stream no subscription could be woken by (none exists, or each
+    /// holds a live wake: the common case under load) takes no lock.
+    filters: std::sync::RwLock<Option<Arc<Vec<Filter>>>>,
     /// Notified when a webhook wake is issued or a delivery schedule changes.
     pub notify: Notify,
 }
 
 impl<E: Engine> Subscriptions<E> {
     pub fn new(engine: Arc<E>) -> Self {
-        Subscriptions { engine, inner: Mutex::new(Inner::default()), any: AtomicBool::new(true), filters: Default::default(), notify: Notify::new() }
+        Subscriptions { engine, inner: Mutex::new(Inner::default()), filters: Default::default(), notify: Notify::new() }
     }
 
     async fn lock(&self) -> Result<tokio::sync::MutexGuard<'_, Inner>, SubError> {
@@ -273,15 +279,19 @@ impl<E: Engine> Subscriptions<E> {
 
     /// How many subscriptions exist (as of the last change; 0 before they are loaded). Cheap.
     pub fn count(&self) -> usize {
-        self.filters.read().map(|f| f.len()).unwrap_or(0)
+        self.published().map_or(0, |f| f.len())
     }
 
-    /// Republishes the filters and the `any` flag after a change of `inner.subs`.
+    /// The filters as last published (`None` before the state is loaded).
+    fn published(&self) -> Option<Arc<Vec<Filter>>> {
+        self.filters.read().ok().and_then(|f| f.clone())
+    }
+
+    /// Republishes the filters after a change of `inner.subs`.
     fn refresh(&self, inner: &Inner) {
         let filters: Vec<Filter> = inner.subs.values().map(|e| Filter::of(&e.rec)).collect();
-        self.any.store(!filters.is_empty(), Ordering::Relaxed);
         if let Ok(mut f) = self.filters.write() {
-            *f = Arc::new(filters);
+            *f = Some(Arc::new(filters));
         }
     }
 
@@ -380,11 +390,10 @@ impl<E: Engine> Subscriptions<E> {
             }
         }
         let mut meta = vec![MetaWrite { key: NEXT_UID.as_bytes().to_vec(), value: Some(Bytes::copy_from_slice(&(uid + 1).to_le_bytes())) }];
-        meta.extend(entry.cursors.iter().map(|(p, c)| MetaWrite { key: cursor_key(uid, p), value: Some(codec::encode_cursor(c).into()) }));
-        meta.push(MetaWrite { key: sub_key(id), value: Some(codec::encode(&entry.rec).into()) });
+        meta.extend(entry.cursors.iter().map(|(p, c)| cursor_write(uid, p, c)));
+        meta.push(record_write(&entry.rec));
         self.engine.transact(TxnRequest { meta, now_ms, ..Default::default() }).await?;
         inner.next_uid = uid + 1;
-        self.any.store(true, Ordering::Relaxed);
         let view = self.view(&entry, now_ms).await?;
         inner.subs.insert(id.to_owned(), entry);
         self.refresh(&inner);
@@ -395,6 +404,12 @@ impl<E: Engine> Subscriptions<E> {
         let inner = self.lock().await?;
         let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
         self.view(e, now_ms).await
+    }
+
+    /// The subscription's record, without looking at its streams (cheaper than [`Self::get`]).
+    pub async fn record(&self, id: &str) -> Result<SubRecord, SubError> {
+        let inner = self.lock().await?;
+        inner.subs.get(id).map(|e| e.rec.clone()).ok_or(SubError::NotFound)
     }
 
     /// Every subscription, by id.
@@ -440,9 +455,8 @@ impl<E: Engine> Subscriptions<E> {
         if next.rec.explicit == e.rec.explicit {
             return Ok(());
         }
-        let mut meta: Vec<MetaWrite> =
-            cursor_writes.iter().map(|(p, c)| MetaWrite { key: cursor_key(next.rec.uid, p), value: Some(codec::encode_cursor(c).into()) }).collect();
-        meta.push(MetaWrite { key: sub_key(id), value: Some(codec::encode(&next.rec).into()) });
+        let mut meta: Vec<MetaWrite> = cursor_writes.iter().map(|(p, c)| cursor_write(next.rec.uid, p, c)).collect();
+        meta.push(record_write(&next.rec));
         self.engine.transact(TxnRequest { meta, now_ms, ..Default::default() }).await?;
         inner.subs.insert(id.to_owned(), next);
         self.refresh(&inner);
@@ -457,7 +471,7 @@ impl<E: Engine> Subscriptions<E> {
         let mut out: BTreeMap<String, Link> = BTreeMap::new();
         if let Some(pattern) = &e.rec.config.pattern {
             for l in self.engine.list_streams(&glob::literal_prefix(pattern), now_ms).await? {
-                if e.links_path(&l.path) && glob::matches(pattern, &l.path) {
+                if links(&BTreeSet::new(), Some(pattern), wake_stream(&e.rec), &l.path) {
                     let acked = e.acked(&l.path, l.info.id);
                     out.insert(l.path.clone(), Link { path: l.path, link_type: LinkType::Glob, stream_id: l.info.id, acked, tail: l.info.tail });
                 }
@@ -554,11 +568,8 @@ impl<E: Engine> Subscriptions<E> {
         now_ms: i64,
     ) -> Result<Vec<AppendOutcome>, SubError> {
         let n = outputs.len();
-        let mut meta: Vec<MetaWrite> = cursors
-            .iter()
-            .filter_map(|p| next.cursors.get(p).map(|c| MetaWrite { key: cursor_key(next.rec.uid, p), value: Some(codec::encode_cursor(c).into()) }))
-            .collect();
-        meta.push(MetaWrite { key: sub_key(&next.rec.id), value: Some(codec::encode(&next.rec).into()) });
+        let mut meta: Vec<MetaWrite> = cursors.iter().filter_map(|p| next.cursors.get(p).map(|c| cursor_write(next.rec.uid, p, c))).collect();
+        meta.push(record_write(&next.rec));
         let mut appends = outputs;
         let with_event = event.is_some();
         appends.extend(event);
@@ -591,12 +602,8 @@ impl<E: Engine> Subscriptions<E> {
     /// Wake events may themselves be writes to linked streams; those are followed too (each
     /// subscription wakes at most once, so this ends).
     pub async fn on_write(&self, path: &str, now_ms: i64) -> Result<(), SubError> {
-        if !self.any.load(Ordering::Relaxed) {
-            return Ok(());
-        }
-        let filters = self.filters.read().map(|f| f.clone()).unwrap_or_default();
-        // Loaded (filters exist) and none can be woken by this write: nothing to do.
-        if !filters.is_empty() && !filters.iter().any(|f| f.may_wake(path, now_ms)) {
+        // Loaded, and no subscription can be woken by this write: nothing to do, no lock.
+        if self.published().is_some_and(|f| !f.iter().any(|f| f.may_wake(path, now_ms))) {
             return Ok(());
         }
         let mut inner = self.lock().await?;
@@ -764,7 +771,7 @@ impl<E: Engine> Subscriptions<E> {
     /// What the dispatcher should send now, after issuing the wakes that are due without an
     /// event (leases that ran out with work pending, retry times reached, and after a restart).
     pub async fn due(&self, now_ms: i64) -> Result<Due, SubError> {
-        if !self.any.load(Ordering::Relaxed) {
+        if self.published().is_some_and(|f| f.is_empty()) {
             return Ok(Due { deliveries: Vec::new(), next_deadline_ms: None });
         }
         let mut inner = self.lock().await?;
