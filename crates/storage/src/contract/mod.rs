@@ -54,10 +54,48 @@ pub fn run<F: Future<Output = ()>>(case: impl FnOnce() -> F) {
 }
 
 /// Expands to one `#[test]` per contract case for the harness type given.
+///
+/// `engine_contract_tests!(Harness)` runs every case ([`ALL_CASES`]).
+///
+/// `@cases` is the subset entry: an engine that does not pass everything yet lists what it runs,
+/// `engine_contract_tests!(@cases Harness; writes::create_verdicts, forks::fork_verdicts)`; it
+/// should assert with `contract::check_subset(passing, not_yet)` ([`check_subset`]) that the two
+/// lists cover [`ALL_CASES`] exactly, so a case added to the contract later cannot be forgotten
+/// there. [`contract_case_names!`](crate::contract_case_names!) turns such a list into strings.
 #[macro_export]
 macro_rules! engine_contract_tests {
+    (@cases $harness:ty; $($group:ident :: $case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::contract::run(|| $crate::contract::$group::$case::<$harness>());
+            }
+        )*
+    };
     ($harness:ty) => {
-        $crate::engine_contract_tests!(@cases $harness;
+        $crate::__contract_all_cases! { [$crate::engine_contract_tests] @cases $harness; }
+    };
+}
+
+/// The contract's cases as `"group::case"` strings, e.g. for [`check_subset`]:
+/// `contract_case_names!(writes::closure, forks::fork_verdicts)`.
+#[macro_export]
+macro_rules! contract_case_names {
+    ($($group:ident :: $case:ident),* $(,)?) => {
+        &[$(concat!(stringify!($group), "::", stringify!($case))),*]
+    };
+}
+
+/// The one list of the contract's cases, in the order they run. Expands to
+/// `CALLBACK! { PREFIX... group::case, ... }`, where the callback is a macro path given in
+/// brackets; both [`engine_contract_tests!`] and [`ALL_CASES`] are built from it, so they cannot
+/// drift apart. A new case is added here and nowhere else.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __contract_all_cases {
+    ([$($callback:tt)+] $($prefix:tt)*) => {
+        $($callback)+! {
+            $($prefix)*
             writes::create_verdicts,
             writes::append_precedence,
             writes::conditional_appends,
@@ -94,17 +132,62 @@ macro_rules! engine_contract_tests {
             subscriptions::pull_wake_claims_are_fenced_by_generation,
             subscriptions::webhook_deliveries_follow_a_stored_schedule,
             subscriptions::commits_write_outputs_and_acks_atomically,
-            subscriptions::missed_wakes_are_issued_by_the_full_pass
-        );
+            subscriptions::missed_wakes_are_issued_by_the_full_pass,
+        }
     };
-    (@cases $harness:ty; $($group:ident :: $case:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $case() {
-                $crate::contract::run(|| $crate::contract::$group::$case::<$harness>());
-            }
-        )*
+}
+
+/// Every contract case, as `"group::case"` (e.g. `"writes::create_verdicts"`), in the order
+/// [`engine_contract_tests!`] runs them.
+pub const ALL_CASES: &[&str] = crate::__contract_all_cases! { [crate::contract_case_names] };
+
+/// For an engine that runs a subset of the contract (the `@cases` entry of
+/// [`engine_contract_tests!`]): panics, naming the cases at fault, unless `passing` (the cases it
+/// runs) and `not_yet` (the ones it does not pass yet) together cover [`ALL_CASES`] exactly,
+/// with no case in both and none listed twice.
+#[track_caller]
+pub fn check_subset(passing: &[&str], not_yet: &[&str]) {
+    let listed = |c: &&str| passing.contains(c) || not_yet.contains(c);
+    let missing: Vec<&str> = ALL_CASES.iter().copied().filter(|c| !listed(c)).collect();
+    let unknown = uniq(passing.iter().chain(not_yet).copied().filter(|c| !ALL_CASES.contains(c)));
+    let in_both = uniq(passing.iter().copied().filter(|c| not_yet.contains(c)));
+    let repeated = |list: &[&str]| -> String {
+        uniq(list.iter().copied().filter(|c| list.iter().filter(|d| *d == c).count() > 1)).join(", ")
     };
+    let (twice_passing, twice_not_yet) = (repeated(passing), repeated(not_yet));
+
+    let mut problems = Vec::new();
+    if !missing.is_empty() {
+        problems.push(format!("missing from both lists: {}", missing.join(", ")));
+    }
+    if !unknown.is_empty() {
+        problems.push(format!("not contract cases (see contract::ALL_CASES): {}", unknown.join(", ")));
+    }
+    if !in_both.is_empty() {
+        problems.push(format!("in both `passing` and `not_yet`: {}", in_both.join(", ")));
+    }
+    if !twice_passing.is_empty() {
+        problems.push(format!("listed more than once in `passing`: {twice_passing}"));
+    }
+    if !twice_not_yet.is_empty() {
+        problems.push(format!("listed more than once in `not_yet`: {twice_not_yet}"));
+    }
+    assert!(
+        problems.is_empty(),
+        "the contract subset does not cover contract::ALL_CASES exactly:\n  {}",
+        problems.join("\n  ")
+    );
+}
+
+/// The items of `it` in order, each once.
+fn uniq<'a>(it: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    for c in it {
+        if !out.contains(&c) {
+            out.push(c);
+        }
+    }
+    out
 }
 
 // --- request builders and helpers, shared by the cases and by engines' own tests ---
@@ -183,4 +266,48 @@ pub async fn read_all<E: Engine>(e: &E, path: &str, page: usize) -> String {
 /// The stored form of JSON messages (what a caller frames with `json::encode_body`).
 pub fn json_framed(values: &[&str]) -> Bytes {
     Bytes::from(values.iter().map(|v| format!("{v},")).collect::<String>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_subset, ALL_CASES};
+
+    #[test]
+    fn all_cases_are_listed_once_as_group_and_case() {
+        assert!(!ALL_CASES.is_empty());
+        for (i, c) in ALL_CASES.iter().enumerate() {
+            assert!(!ALL_CASES[..i].contains(c), "{c} is listed twice in the contract");
+            let (group, case) = c.split_once("::").expect("group::case");
+            assert!(!group.is_empty() && !case.is_empty() && !case.contains(':'), "{c}");
+        }
+        assert_eq!(ALL_CASES[0], "writes::create_verdicts");
+    }
+
+    /// Whether `check_subset` panics, and its message.
+    fn subset_panic(passing: &[&str], not_yet: &[&str]) -> Option<String> {
+        let err = std::panic::catch_unwind(|| check_subset(passing, not_yet)).err()?;
+        Some(err.downcast_ref::<String>().cloned().unwrap_or_default())
+    }
+
+    #[test]
+    fn a_subset_must_cover_all_cases_exactly() {
+        assert_eq!(subset_panic(ALL_CASES, &[]), None);
+        assert_eq!(subset_panic(&[], ALL_CASES), None);
+        assert_eq!(subset_panic(&ALL_CASES[1..], &ALL_CASES[..1]), None);
+        let names = crate::contract_case_names!(writes::create_verdicts, forks::fork_verdicts,);
+        assert_eq!(names, &["writes::create_verdicts", "forks::fork_verdicts"]);
+        let rest: Vec<&str> = ALL_CASES.iter().copied().filter(|c| !names.contains(c)).collect();
+        assert_eq!(subset_panic(names, &rest), None);
+
+        let missing = subset_panic(&ALL_CASES[1..], &[]).expect("a missing case panics");
+        assert!(missing.contains("missing from both lists: writes::create_verdicts"), "{missing}");
+        let unknown = subset_panic(ALL_CASES, &["writes::no_such_case"]).expect("an unknown case panics");
+        assert!(unknown.contains("not contract cases (see contract::ALL_CASES): writes::no_such_case"), "{unknown}");
+        let both = subset_panic(ALL_CASES, &ALL_CASES[..1]).expect("a case in both lists panics");
+        assert!(both.contains("in both `passing` and `not_yet`: writes::create_verdicts"), "{both}");
+        let mut twice = ALL_CASES.to_vec();
+        twice.push(ALL_CASES[2]);
+        let twice = subset_panic(&twice, &[]).expect("a case listed twice panics");
+        assert!(twice.contains(&format!("listed more than once in `passing`: {}", ALL_CASES[2])), "{twice}");
+    }
 }
