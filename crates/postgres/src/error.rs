@@ -1,0 +1,133 @@
+//! This engine's errors: why it could not open, and how a driver error becomes a
+//! [`StorageError`] (the HTTP layer maps those to status codes, in one place).
+
+use std::sync::Arc;
+
+use oncelog_storage::StorageError;
+use tokio_postgres::error::SqlState;
+
+/// Why [`crate::PgEngine::open`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("invalid PostgreSQL URL: {0}")]
+    Url(#[source] tokio_postgres::Error),
+    #[error("invalid schema name {0:?}: use lowercase letters, digits and _ (at most 63, not starting with a digit)")]
+    Schema(String),
+    #[error("the URL asks for TLS (sslmode={0}), which this build of the PostgreSQL engine does not speak yet; use sslmode=disable on a trusted network, or a TLS-terminating proxy")]
+    TlsUnsupported(&'static str),
+    #[error("cannot reach PostgreSQL within {secs} s: {cause}")]
+    Unreachable { secs: u64, cause: String },
+    #[error("the database has synchronous_commit={0}: an acknowledged append could be lost in a database crash; set it to on (or remote_apply / remote_write)")]
+    AsyncCommit(String),
+    #[error("schema {schema:?} was migrated to version {found} by a newer oncelog; this binary knows up to {known}")]
+    NewerSchema { schema: String, found: i32, known: i32 },
+    #[error("applying migration {version}: {cause}")]
+    Migration { version: i32, cause: tokio_postgres::Error },
+    #[error(transparent)]
+    Db(#[from] tokio_postgres::Error),
+    #[error("connection pool: {0}")]
+    Pool(String),
+}
+
+/// A value the stored state holds that this engine cannot read back (a corrupt or foreign row).
+#[derive(Debug, thiserror::Error)]
+pub enum RowError {
+    #[error("stored value out of range in column {0}")]
+    Range(&'static str),
+    #[error("stored record: {0}")]
+    Decode(#[from] oncelog_storage::codec::DecodeError),
+}
+
+impl From<RowError> for StorageError {
+    fn from(e: RowError) -> Self {
+        StorageError::Corrupt(Arc::new(e))
+    }
+}
+
+/// Whether the database refused a transaction only because it ran into another one (a deadlock
+/// or a serialisation failure): nothing was committed and running it again is safe.
+pub(crate) fn retryable(e: &tokio_postgres::Error) -> bool {
+    matches!(e.code(), Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE)
+}
+
+/// A driver error as the seam sees it: the database out of reach (a lost connection, a server
+/// shutting down or in recovery, too many connections, a standby after a failover, a lock or
+/// statement timeout) is [`StorageError::Unavailable`] (503: the same request may succeed
+/// later); anything else is a backend failure.
+pub(crate) fn db(e: tokio_postgres::Error) -> StorageError {
+    let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
+    let unavailable = e.is_closed()
+        || io
+        || e.code().is_some_and(|c| {
+            let code = c.code();
+            code.starts_with("08")
+                || code.starts_with("57P")
+                || code.starts_with("53")
+                || code == "25006"
+                || code == "55P03"
+                || code == "57014"
+        });
+    if unavailable {
+        StorageError::Unavailable(Arc::new(Unreachable(e.to_string())))
+    } else {
+        StorageError::Backend(Arc::new(e))
+    }
+}
+
+/// The pool could not hand out a connection.
+pub(crate) fn pool(e: deadpool_postgres::PoolError) -> StorageError {
+    StorageError::Unavailable(Arc::new(Unreachable(e.to_string())))
+}
+
+/// Why PostgreSQL cannot be used right now, as the 503's reason says it.
+#[derive(Debug, thiserror::Error)]
+#[error("PostgreSQL unreachable: {0}")]
+pub struct Unreachable(pub String);
+
+/// Why one attempt at a transaction failed for reasons other than the protocol's rules: the
+/// caller retries a [`Fail::retryable`] one (nothing was committed) and answers the others
+/// with their [`StorageError`].
+#[derive(Debug)]
+pub(crate) enum Fail {
+    Db(tokio_postgres::Error),
+    Other(StorageError),
+}
+
+impl Fail {
+    pub fn retryable(&self) -> bool {
+        matches!(self, Fail::Db(e) if retryable(e))
+    }
+}
+
+impl From<tokio_postgres::Error> for Fail {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Fail::Db(e)
+    }
+}
+
+impl From<StorageError> for Fail {
+    fn from(e: StorageError) -> Self {
+        Fail::Other(e)
+    }
+}
+
+impl From<RowError> for Fail {
+    fn from(e: RowError) -> Self {
+        Fail::Other(e.into())
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for Fail {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        Fail::Other(pool(e))
+    }
+}
+
+impl From<Fail> for StorageError {
+    fn from(f: Fail) -> Self {
+        match f {
+            Fail::Db(e) => db(e),
+            Fail::Other(e) => e,
+        }
+    }
+}

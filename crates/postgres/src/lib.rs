@@ -1,0 +1,445 @@
+//! Oncelog's PostgreSQL engine: several identical, stateless server nodes over one database.
+//!
+//! The database is the only truth. A node caches nothing that decides a write: every write
+//! locks its stream's row (`SELECT … FOR UPDATE`) and decides with the shared
+//! [`oncelog_storage::rules`] against the state it reads under that lock, then commits the
+//! data, the new tail, the producer state and the closure in the **same transaction** — so an
+//! acknowledged append is durable together with everything that makes its retry a duplicate,
+//! on whichever node the retry lands. Node memory holds only wake-up plumbing, reads' TTL
+//! touches waiting to be written, parked requests and counters.
+//!
+//! Module map:
+//! - this file: [`PgEngine`], [`PgOptions`], opening (connect, check, migrate, start tasks),
+//!   the [`Engine`] implementation (thin: each method one call below), shutdown;
+//! - [`schema`]: versioned migrations (`migrations/*.sql`), applied under an advisory lock;
+//! - `writer`: the committers — appends batched per node into one transaction per group,
+//!   parking of early producer requests;
+//! - `group`: loading, deciding and writing a group of appends (shared with `transact`);
+//! - `ops`: create/fork, delete, trim, compact, transact, and the sweeps (expiry, retention,
+//!   garbage collection), each a transaction;
+//! - `read`: head, reads through fork chains, live waits, listings;
+//! - `watch`: waiters' wake-ups and TTL touches; `row`: a `streams` row as rules see it;
+//!   `error`: open errors and the mapping of driver errors to [`StorageError`].
+//!
+//! What is not here yet (issue 11, next sessions): wake-ups between nodes by `LISTEN/NOTIFY`
+//! (a waiter re-reads its stream every [`read::WAIT_POLL`] instead, so a reader on another
+//! node sees an append within that time) and parked requests woken by another node's commit
+//! (they are retried every `writer::RETRY_PARKED`).
+
+mod error;
+mod group;
+mod ops;
+mod read;
+mod row;
+pub mod schema;
+mod watch;
+mod writer;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use oncelog_protocol::Offset;
+use oncelog_storage::rules::{self, Segment};
+use oncelog_storage::*;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_postgres::config::SslMode;
+use tokio_postgres::NoTls;
+
+pub use error::OpenError;
+use ops::retry;
+use watch::{Touches, Watches};
+use writer::{Cmd, Committer};
+
+/// Largest append (or initial body, or metadata value) stored as one row: PostgreSQL's `bytea`
+/// holds up to 1 GiB, and one message of the wire protocol about as much.
+pub const MAX_VALUE_BYTES: u64 = 256 << 20;
+
+/// How this engine connects and behaves.
+#[derive(Debug, Clone)]
+pub struct PgOptions {
+    /// `postgres://user[:password]@host[:port]/database[?options]` (libpq's URL form).
+    pub url: String,
+    /// Where the tables live: several Oncelog clusters can share one database, each in its own
+    /// schema. Lowercase letters, digits and `_`.
+    pub schema: String,
+    /// Connections per node for requests (waiters do not hold one while they wait).
+    pub pool_size: usize,
+    /// Committer tasks per node: a stream's appends always go to the same one.
+    pub committers: usize,
+    /// How long idle producer state and idempotency keys count.
+    pub retention: rules::Retention,
+    /// How long opening keeps trying to reach the database.
+    pub connect_timeout: Duration,
+}
+
+impl PgOptions {
+    pub fn new(url: impl Into<String>) -> Self {
+        PgOptions {
+            url: url.into(),
+            schema: "oncelog".into(),
+            pool_size: 16,
+            committers: 4,
+            retention: rules::Retention::default(),
+            connect_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// The engine handle; clones share one engine.
+#[derive(Clone)]
+pub struct PgEngine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    committers: Vec<mpsc::UnboundedSender<Cmd>>,
+    committer_tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Background work (touch flushes, safety-net wake-ups, garbage collection).
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    closing: AtomicBool,
+}
+
+/// What every part of the engine uses.
+pub(crate) struct Shared {
+    pub pool: Pool,
+    /// Part of every advisory-lock key: clusters in other schemas of the database never wait
+    /// on this one's locks.
+    pub schema: String,
+    pub retention: rules::Retention,
+    pub watches: Watches,
+    pub touches: Touches,
+    /// Fork chains by stream id (immutable once a fork exists).
+    pub chains: Mutex<HashMap<u64, Arc<Vec<Segment>>>>,
+    pub stats: Counters,
+    /// Why the database could not be used, while it cannot (for `/readyz`).
+    pub unavailable: Mutex<Option<String>>,
+}
+
+/// [`EngineStats`], counted at open and kept by this node's commits (exact with one node;
+/// with several, each node counts what it did).
+#[derive(Default)]
+pub(crate) struct Counters {
+    streams: AtomicI64,
+    producers: AtomicI64,
+}
+
+impl Counters {
+    pub fn add_producers(&self, n: i64) {
+        self.producers.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// An advisory-lock key for `what` (a path, a metadata key, …) of kind `kind` in `schema`.
+pub(crate) fn lock_key(schema: &str, kind: &[u8], what: &[u8]) -> i64 {
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    h.update(schema.as_bytes());
+    h.update(&[0]);
+    h.update(kind);
+    h.update(&[0]);
+    h.update(what);
+    h.digest() as i64
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+impl Shared {
+    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client, error::Fail> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// After a commit: wakes this node's waiters, counts.
+    pub(crate) fn apply(&self, fx: ops::Effects) {
+        for id in fx.wake {
+            self.published(id);
+        }
+        self.stats.streams.fetch_add(fx.streams, Ordering::Relaxed);
+        self.stats.producers.fetch_add(fx.producers, Ordering::Relaxed);
+    }
+
+    /// Stream `id` changed (committed).
+    pub(crate) fn published(&self, id: u64) {
+        self.watches.wake(id);
+    }
+
+    pub(crate) fn note_failure(&self, e: &StorageError) {
+        if let StorageError::Unavailable(cause) = e {
+            *self.unavailable.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause.to_string());
+        }
+    }
+
+    pub(crate) fn note_success(&self) {
+        let mut u = self.unavailable.lock().unwrap_or_else(|p| p.into_inner());
+        if u.is_some() {
+            *u = None;
+        }
+    }
+}
+
+impl PgEngine {
+    /// Connects (retrying up to `connect_timeout`), refuses a database that would not keep
+    /// acknowledged commits, applies migrations, and starts the committers and background tasks.
+    pub async fn open(opts: PgOptions) -> Result<PgEngine, OpenError> {
+        if !schema::valid_schema(&opts.schema) {
+            return Err(OpenError::Schema(opts.schema));
+        }
+        let mut cfg = tokio_postgres::Config::from_str(&opts.url).map_err(OpenError::Url)?;
+        if cfg.get_ssl_mode() == SslMode::Require {
+            return Err(OpenError::TlsUnsupported("require"));
+        }
+        // Every session: the schema, and bounds so a node that vanishes without closing its
+        // connections does not hold stream rows for long.
+        let options = format!(
+            "{} -c search_path={} -c statement_timeout=30000 -c lock_timeout=10000 -c idle_in_transaction_session_timeout=15000",
+            cfg.get_options().unwrap_or(""),
+            opts.schema
+        );
+        cfg.options(options.trim());
+        cfg.connect_timeout(Duration::from_secs(5));
+        cfg.keepalives_idle(Duration::from_secs(30));
+        let mut client = connect(&cfg, opts.connect_timeout).await?;
+        let sync: String = client.query_one("SHOW synchronous_commit", &[]).await?.get(0);
+        if sync == "off" || sync == "local" {
+            return Err(OpenError::AsyncCommit(sync));
+        }
+        schema::migrate(&mut client, &opts.schema).await?;
+        let counts = client.query_one("SELECT (SELECT count(*) FROM streams), (SELECT count(*) FROM producers)", &[]).await?;
+        drop(client);
+        let mgr = Manager::from_config(cfg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(mgr)
+            .max_size(opts.pool_size.max(2))
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .recycle_timeout(Some(Duration::from_secs(5)))
+            .build()
+            .map_err(|e| OpenError::Pool(e.to_string()))?;
+        let shared = Arc::new(Shared {
+            pool,
+            schema: opts.schema.clone(),
+            retention: opts.retention,
+            watches: Watches::default(),
+            touches: Touches::default(),
+            chains: Mutex::new(HashMap::new()),
+            stats: Counters { streams: AtomicI64::new(counts.get(0)), producers: AtomicI64::new(counts.get(1)) },
+            unavailable: Mutex::new(None),
+        });
+        let mut committers = Vec::new();
+        let mut committer_tasks = Vec::new();
+        for _ in 0..opts.committers.max(1) {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let c = Committer { rx, shared: shared.clone(), lot: Default::default() };
+            committer_tasks.push(tokio::spawn(c.run()));
+            committers.push(tx);
+        }
+        let tasks = vec![tokio::spawn(background(shared.clone()))];
+        Ok(PgEngine {
+            inner: Arc::new(Inner {
+                shared,
+                committers,
+                committer_tasks: Mutex::new(committer_tasks),
+                tasks: Mutex::new(tasks),
+                closing: AtomicBool::new(false),
+            }),
+        })
+    }
+
+    fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    fn closing(&self) -> bool {
+        self.inner.closing.load(Ordering::Acquire)
+    }
+}
+
+async fn connect(cfg: &tokio_postgres::Config, within: Duration) -> Result<tokio_postgres::Client, OpenError> {
+    let started = tokio::time::Instant::now();
+    loop {
+        match cfg.connect(NoTls).await {
+            Ok((client, conn)) => {
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        tracing::debug!(error = %e, "setup connection ended");
+                    }
+                });
+                return Ok(client);
+            }
+            Err(e) if started.elapsed() < within => {
+                tracing::warn!(error = %e, "PostgreSQL not reachable yet; retrying");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(OpenError::Unreachable { secs: within.as_secs(), cause: e.to_string() }),
+        }
+    }
+}
+
+/// How often reads' TTL touches are written.
+const TOUCH_FLUSH: Duration = Duration::from_millis(500);
+/// How often removed and trimmed data is collected.
+const GC_EVERY: Duration = Duration::from_secs(2);
+
+/// Background work of a node: TTL touches, the waiters' safety net, readiness, collection.
+async fn background(shared: Arc<Shared>) {
+    let mut ticks: u64 = 0;
+    let mut interval = tokio::time::interval(TOUCH_FLUSH);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        ticks += 1;
+        let probe = async {
+            shared.flush_touches().await?;
+            let c = shared.client().await?;
+            c.simple_query("SELECT 1").await?;
+            Ok::<(), error::Fail>(())
+        };
+        match probe.await {
+            Ok(()) => shared.note_success(),
+            Err(f) => shared.note_failure(&StorageError::from(f)),
+        }
+        if ticks % (GC_EVERY.as_millis() / TOUCH_FLUSH.as_millis()) as u64 == 0 {
+            loop {
+                match shared.gc().await {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(f) => {
+                        tracing::warn!(error = %StorageError::from(f), "garbage collection failed; retried later");
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Engine for PgEngine {
+    async fn create(&self, req: CreateRequest) -> Result<CreateOutcome, CreateError> {
+        if self.closing() {
+            return Err(StorageError::ShuttingDown.into());
+        }
+        retry!(self.shared(), self.shared().create_once(&req))
+    }
+
+    async fn append(&self, req: AppendRequest) -> Result<AppendOutcome, AppendError> {
+        if self.closing() {
+            return Err(StorageError::ShuttingDown.into());
+        }
+        let k = self.inner.committers.len();
+        let i = (xxhash_rust::xxh3::xxh3_64(req.path.as_bytes()) % k as u64) as usize;
+        let (reply, rx) = oneshot::channel();
+        let cmd = Cmd::Append { req, reply, arrival: tokio::time::Instant::now() };
+        if self.inner.committers[i].send(cmd).is_err() {
+            return Err(StorageError::ShuttingDown.into());
+        }
+        rx.await.unwrap_or(Err(StorageError::ShuttingDown.into()))
+    }
+
+    async fn trim(&self, path: &str, to: Offset, now_ms: i64) -> Result<TrimOutcome, TrimError> {
+        if self.closing() {
+            return Err(StorageError::ShuttingDown.into());
+        }
+        retry!(self.shared(), self.shared().trim_once(path, to, now_ms))
+    }
+
+    async fn delete_if(&self, path: &str, if_tail: Option<Vec<Offset>>, now_ms: i64) -> Result<(), LookupError> {
+        if self.closing() {
+            return Err(StorageError::ShuttingDown.into());
+        }
+        retry!(self.shared(), self.shared().delete_once(path, if_tail.as_deref(), now_ms))
+    }
+
+    async fn head(&self, path: &str, now_ms: i64) -> Result<StreamInfo, LookupError> {
+        retry!(self.shared(), self.shared().head(path, now_ms))
+    }
+
+    async fn read(&self, path: &str, from: Offset, max_bytes: usize, now_ms: i64) -> Result<ReadChunk, LookupError> {
+        retry!(self.shared(), self.shared().read(path, from, max_bytes, now_ms))
+    }
+
+    async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {
+        retry!(self.shared(), self.shared().wait(path, after, timeout, now_ms))
+    }
+
+    async fn expire(&self, now_ms: i64) -> Result<usize, StorageError> {
+        retry!(self.shared(), async { self.shared().expire(now_ms).await.map(Ok) })
+    }
+
+    async fn compact(&self, req: CompactRequest) -> Result<TrimOutcome, CompactError> {
+        if self.closing() {
+            return Err(StorageError::ShuttingDown.into());
+        }
+        retry!(self.shared(), self.shared().compact_once(&req))
+    }
+
+    async fn retain(&self, now_ms: i64) -> Result<usize, StorageError> {
+        retry!(self.shared(), async { self.shared().retain(now_ms).await.map(Ok) })
+    }
+
+    async fn transact(&self, txn: TxnRequest) -> Result<TxnOutcome, TxnError> {
+        if self.closing() {
+            return Err(StorageError::ShuttingDown.into());
+        }
+        retry!(self.shared(), self.shared().transact_once(&txn))
+    }
+
+    async fn meta_scan(&self, prefix: &[u8]) -> Result<Vec<(Vec<u8>, bytes::Bytes)>, StorageError> {
+        retry!(self.shared(), async { self.shared().meta_scan(prefix).await.map(Ok) })
+    }
+
+    async fn list_streams(&self, prefix: &str, now_ms: i64) -> Result<Vec<Listed>, StorageError> {
+        retry!(self.shared(), async { self.shared().list_streams(prefix, now_ms).await.map(Ok) })
+    }
+
+    async fn shutdown(&self) -> Result<(), StorageError> {
+        if self.inner.closing.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let mut stopped = Vec::new();
+        for c in &self.inner.committers {
+            let (tx, rx) = oneshot::channel();
+            if c.send(Cmd::Stop(tx)).is_ok() {
+                stopped.push(rx);
+            }
+        }
+        for rx in stopped {
+            let _ = rx.await;
+        }
+        let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in tasks {
+            t.abort();
+        }
+        let committers: Vec<JoinHandle<()>> = std::mem::take(&mut *self.inner.committer_tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for t in committers {
+            let _ = t.await;
+        }
+        let flushed = self.shared().flush_touches().await;
+        self.shared().pool.close();
+        flushed.map_err(StorageError::from)
+    }
+
+    async fn compaction_candidates(&self, min_bytes: u64) -> Result<Vec<(String, Offset)>, StorageError> {
+        retry!(self.shared(), async { self.shared().compaction_candidates(min_bytes).await.map(Ok) })
+    }
+
+    fn readiness(&self) -> Readiness {
+        if self.closing() {
+            return Readiness::NotReady { reason: "shutting down".into() };
+        }
+        match self.shared().unavailable.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            Some(reason) => Readiness::NotReady { reason: reason.clone() },
+            None => Readiness::Ready,
+        }
+    }
+
+    fn stats(&self) -> EngineStats {
+        let get = |a: &AtomicI64| u64::try_from(a.load(Ordering::Relaxed)).unwrap_or(0);
+        EngineStats { streams: get(&self.shared().stats.streams), producers: get(&self.shared().stats.producers) }
+    }
+}
