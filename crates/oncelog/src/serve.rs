@@ -1,4 +1,4 @@
-//! `oncelog serve`: picks and opens the storage engine (the log engine by default, fjall on request), then runs [`oncelog_server::serve`]
+//! `oncelog serve`: picks and opens the storage engine (the log engine by default, fjall or PostgreSQL on request), then runs [`oncelog_server::serve`]
 //! until SIGTERM or Ctrl-C. Flags, behaviour and the one stdout line are part of the contract.
 
 use std::net::SocketAddr;
@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::ArgAction;
 use oncelog_embedded::{EmbeddedEngine, EmbeddedOptions};
 use oncelog_log::{LogEngine, LogOptions};
+use oncelog_postgres::{PgEngine, PgOptions};
 use oncelog_server::auth::token::{TokenAuth, TokenConfig};
 use oncelog_server::headers::CorsOrigins;
 use oncelog_server::tls::TlsFiles;
@@ -66,10 +67,22 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_SHUTDOWN_GRACE_MS", default_value_t = 2_000)]
     shutdown_grace_ms: u64,
 
-    /// Storage engine, in --data-dir: `log` (Oncelog's own log, the default) or `fjall` (the
-    /// earlier engine, for data directories it wrote).
+    /// Storage engine: `log` (Oncelog's own log in --data-dir, the default), `fjall` (the earlier
+    /// embedded engine, for data directories it wrote), or a PostgreSQL URL
+    /// (`postgres://user@host:port/database`): several nodes then serve one database (see
+    /// docs/OPERATIONS.md). A password missing from the URL is taken from PGPASSWORD.
     #[arg(long, env = "ONCELOG_STORAGE", default_value = "log")]
     storage: String,
+
+    /// With a PostgreSQL URL: the schema holding Oncelog's tables (one database can host several
+    /// Oncelog clusters, one schema each).
+    #[arg(long, env = "ONCELOG_PG_SCHEMA", default_value = "oncelog")]
+    pg_schema: String,
+
+    /// With a PostgreSQL URL: database connections per node for requests (live readers do not
+    /// hold one while they wait). Keep nodes x (this + 2) below the server's max_connections.
+    #[arg(long, env = "ONCELOG_PG_POOL_SIZE", default_value_t = 16)]
+    pg_pool_size: usize,
 
     /// How long a producer's state (its epoch, sequence and receipts) is kept after its last
     /// accepted append: `7d`, `24h`, `30m`, `90s`. A retry that arrives later may be taken as new
@@ -219,10 +232,12 @@ pub struct ServeArgs {
 /// Why `oncelog serve` could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("unknown storage {0:?}: the choices are `log` (the default) and `fjall`")]
+    #[error("unknown storage {0:?}: the choices are `log` (the default), `fjall` and a PostgreSQL URL (postgres://…)")]
     UnknownStorage(String),
     #[error("{0} holds a store of the log engine; start it with `--storage log` (the default)")]
     LogDirectory(String),
+    #[error("--fsync false does not apply to PostgreSQL: durability is the database's (synchronous_commit); leave --fsync at its default")]
+    FsyncWithPostgres,
 }
 
 pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -274,6 +289,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         }
         "fjall" => {
             let mut state = AppState::new(Arc::new(open_fjall(&args)?), config);
+            if let Some(auth) = auth {
+                state = state.with_auth(auth);
+            }
+            run(state, args.addr).await
+        }
+        url if is_postgres_url(url) => {
+            let mut state = AppState::new(Arc::new(open_postgres(&args, url).await?), config);
             if let Some(auth) = auth {
                 state = state.with_auth(auth);
             }
@@ -343,6 +365,33 @@ fn access_control(args: &ServeArgs) -> Result<Option<Arc<dyn Authorize>>, Box<dy
     auth.spawn_reloader(Duration::from_secs(1));
     tracing::info!(secret = args.auth_secret_file.is_some(), jwks = args.auth_jwks.is_some(), "authentication on");
     Ok(Some(auth))
+}
+
+/// Whether `--storage` names a PostgreSQL database.
+fn is_postgres_url(s: &str) -> bool {
+    s.starts_with("postgres://") || s.starts_with("postgresql://")
+}
+
+/// The URL without its password, for logs.
+fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    match rest.split_once('@') {
+        Some((user, host)) if user.contains(':') => format!("{scheme}://{}:***@{host}", user.split(':').next().unwrap_or("")),
+        _ => url.to_owned(),
+    }
+}
+
+async fn open_postgres(args: &ServeArgs, url: &str) -> Result<PgEngine, Box<dyn std::error::Error>> {
+    if !args.fsync {
+        return Err(StartError::FsyncWithPostgres.into());
+    }
+    let mut opts = PgOptions::new(url);
+    opts.schema = args.pg_schema.clone();
+    opts.pool_size = args.pg_pool_size;
+    opts.retention = retention(args);
+    let engine = PgEngine::open(opts).await?;
+    tracing::info!(url = %redacted(url), schema = %args.pg_schema, pool = args.pg_pool_size, "PostgreSQL engine open");
+    Ok(engine)
 }
 
 fn open_fjall(args: &ServeArgs) -> Result<EmbeddedEngine, Box<dyn std::error::Error>> {

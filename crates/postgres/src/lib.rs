@@ -191,6 +191,13 @@ impl PgEngine {
             return Err(OpenError::Schema(opts.schema));
         }
         let mut cfg = tokio_postgres::Config::from_str(&opts.url).map_err(OpenError::Url)?;
+        // libpq's convention: a password the URL does not carry comes from PGPASSWORD (so it
+        // need not appear in process listings).
+        if cfg.get_password().is_none() {
+            if let Ok(p) = std::env::var("PGPASSWORD") {
+                cfg.password(p);
+            }
+        }
         if cfg.get_ssl_mode() == SslMode::Require {
             return Err(OpenError::TlsUnsupported("require"));
         }
