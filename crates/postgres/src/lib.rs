@@ -21,11 +21,10 @@
 //! - `watch`: waiters' wake-ups and TTL touches; `row`: a `streams` row as rules see it;
 //!   `error`: open errors and the mapping of driver errors to [`StorageError`].
 //!
-//! What is not here yet (issue 11, next sessions): wake-ups between nodes by `LISTEN/NOTIFY`
-//! (a waiter re-reads its stream every [`read::WAIT_POLL`] instead, so a reader on another
-//! node sees an append within that time) and parked requests woken by another node's commit
-//! (they are retried every `writer::RETRY_PARKED`).
+//! - `bus`: wake-ups between nodes (batched `pg_notify` after commit, a `LISTEN` connection,
+//!   a poll of watched tails as the safety net), and readiness from that connection.
 
+mod bus;
 mod error;
 mod group;
 mod ops;
@@ -119,6 +118,14 @@ pub(crate) struct Shared {
     pub stats: Counters,
     /// Why the database could not be used, while it cannot (for `/readyz`).
     pub unavailable: Mutex<Option<String>>,
+    /// Why the `LISTEN` connection is down, while it is (for `/readyz`).
+    pub listen_down: Mutex<Option<String>>,
+    /// This node, in its notifications (so it skips its own).
+    pub node: u64,
+    /// Stream ids this node committed, for the notifier.
+    pub notify: mpsc::UnboundedSender<u64>,
+    /// Another node committed: parked requests are tried again.
+    pub kick: tokio::sync::Notify,
 }
 
 /// [`EngineStats`], counted at open and kept by this node's commits (exact with one node;
@@ -146,6 +153,13 @@ pub(crate) fn lock_key(schema: &str, kind: &[u8], what: &[u8]) -> i64 {
     h.digest() as i64
 }
 
+/// A random id for this node's notifications.
+fn node_id() -> u64 {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let local = 0u8;
+    xxhash_rust::xxh3::xxh3_64(format!("{}:{nanos}:{:p}", std::process::id(), &local).as_bytes())
+}
+
 pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
@@ -164,9 +178,15 @@ impl Shared {
         self.stats.producers.fetch_add(fx.producers, Ordering::Relaxed);
     }
 
-    /// Stream `id` changed (committed).
+    /// Stream `id` changed (committed): this node's waiters wake now, the other nodes'
+    /// through the notifier.
     pub(crate) fn published(&self, id: u64) {
         self.watches.wake(id);
+        let _ = self.notify.send(id);
+    }
+
+    pub(crate) fn set_listen_down(&self, why: Option<String>) {
+        *self.listen_down.lock().unwrap_or_else(|p| p.into_inner()) = why;
     }
 
     pub(crate) fn note_failure(&self, e: &StorageError) {
@@ -219,6 +239,7 @@ impl PgEngine {
         schema::migrate(&mut client, &opts.schema).await?;
         let counts = client.query_one("SELECT (SELECT count(*) FROM streams), (SELECT count(*) FROM producers)", &[]).await?;
         drop(client);
+        let listen_cfg = cfg.clone();
         let mgr = Manager::from_config(cfg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(mgr)
             .max_size(opts.pool_size.max(2))
@@ -228,6 +249,7 @@ impl PgEngine {
             .recycle_timeout(Some(Duration::from_secs(5)))
             .build()
             .map_err(|e| OpenError::Pool(e.to_string()))?;
+        let (notify_tx, notify_rx) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared {
             pool,
             schema: opts.schema.clone(),
@@ -237,6 +259,10 @@ impl PgEngine {
             chains: Mutex::new(HashMap::new()),
             stats: Counters { streams: AtomicI64::new(counts.get(0)), producers: AtomicI64::new(counts.get(1)) },
             unavailable: Mutex::new(None),
+            listen_down: Mutex::new(None),
+            node: node_id(),
+            notify: notify_tx,
+            kick: tokio::sync::Notify::new(),
         });
         let mut committers = Vec::new();
         let mut committer_tasks = Vec::new();
@@ -246,7 +272,11 @@ impl PgEngine {
             committer_tasks.push(tokio::spawn(c.run()));
             committers.push(tx);
         }
-        let tasks = vec![tokio::spawn(background(shared.clone()))];
+        let tasks = vec![
+            tokio::spawn(background(shared.clone())),
+            tokio::spawn(bus::notifier(shared.clone(), notify_rx)),
+            tokio::spawn(bus::listener(shared.clone(), listen_cfg)),
+        ];
         Ok(PgEngine {
             inner: Arc::new(Inner {
                 shared,
@@ -439,8 +469,10 @@ impl Engine for PgEngine {
         if self.closing() {
             return Readiness::NotReady { reason: "shutting down".into() };
         }
-        match self.shared().unavailable.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-            Some(reason) => Readiness::NotReady { reason: reason.clone() },
+        let unavailable = self.shared().unavailable.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let listen_down = self.shared().listen_down.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match unavailable.or(listen_down) {
+            Some(reason) => Readiness::NotReady { reason },
             None => Readiness::Ready,
         }
     }

@@ -16,9 +16,9 @@ use crate::error::{Fail, RowError};
 use crate::row::{i64_of, text_ok, u64_of, Stream, COLS};
 use crate::Shared;
 
-/// How often a live wait re-reads its stream when nothing woke it: the safety net for wake-ups
-/// lost between nodes.
-pub(crate) const WAIT_POLL: Duration = Duration::from_secs(1);
+/// How often a live wait re-reads its stream when nothing woke it: the last resort behind the
+/// notifications and the node's poll of watched tails (`bus`), which wake it much sooner.
+pub(crate) const WAIT_POLL: Duration = Duration::from_secs(5);
 
 /// A read found no row where the stream's data should be: a trim removed it meanwhile.
 pub(crate) struct Gap;

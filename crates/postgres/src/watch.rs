@@ -29,6 +29,20 @@ impl Watches {
         n
     }
 
+    /// Ids with waiters now (what the safety-net poll looks at).
+    pub fn watched(&self) -> Vec<u64> {
+        let map = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
+        map.iter().filter(|(_, w)| w.strong_count() > 0).map(|(id, _)| *id).collect()
+    }
+
+    /// Wakes every waiter (after wake-ups may have been missed).
+    pub fn wake_all(&self) {
+        let map = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
+        for n in map.values().filter_map(Weak::upgrade) {
+            n.notify_waiters();
+        }
+    }
+
     /// Wakes every waiter of stream `id` (after a commit changed it, here or on another node).
     pub fn wake(&self, id: u64) {
         let map = self.by_id.lock().unwrap_or_else(|p| p.into_inner());

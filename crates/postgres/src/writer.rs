@@ -80,6 +80,10 @@ impl Committer {
                     _ = sleep_until(tick) => {
                         queue.extend(self.unpark_all());
                     }
+                    // Another node committed: a parked request's predecessor may be in.
+                    _ = self.shared.kick.notified(), if !self.lot.is_empty() => {
+                        queue.extend(self.unpark_all());
+                    }
                 }
             }
             let mut bytes: usize = queue.iter().map(|p| p.req.data.len()).sum();
