@@ -481,4 +481,8 @@ impl Engine for PgEngine {
         let get = |a: &AtomicI64| u64::try_from(a.load(Ordering::Relaxed)).unwrap_or(0);
         EngineStats { streams: get(&self.shared().stats.streams), producers: get(&self.shared().stats.producers) }
     }
+
+    fn shared(&self) -> bool {
+        true
+    }
 }

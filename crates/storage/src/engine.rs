@@ -543,6 +543,13 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Counts for metrics. Cheap; never blocks.
     fn stats(&self) -> EngineStats;
+
+    /// Whether several processes may change this engine's state concurrently (server nodes
+    /// sharing one database). Layers above must then not trust what they cached, and must guard
+    /// their writes with [`TxnRequest::expect`]. An engine one process owns answers `false`.
+    fn shared(&self) -> bool {
+        false
+    }
 }
 
 /// Whether an engine accepts writes.

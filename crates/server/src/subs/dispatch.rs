@@ -5,6 +5,10 @@
 //! Each pass also rotates the webhook signing key once it is older than
 //! `--webhook-key-max-age` ([`keys::KeyRing::rotate_if_due`]).
 //!
+//! With several nodes on one engine every node runs this task, but only the one holding the
+//! dispatcher lease ([`oncelog_storage::subs::Subscriptions::due`]) delivers and rotates; the
+//! others reload the keys each pass, so their key set (JWKS) follows the holder's rotations.
+//!
 //! Retries back off exponentially from 1 s to 60 s with ±20 % jitter. Deliveries run
 //! concurrently, at most one per subscription at a time.
 
@@ -81,13 +85,17 @@ pub fn spawn<E: Engine>(state: &AppState<E>) -> tokio::task::JoinHandle<()> {
 /// One pass: issues due wakes and starts their deliveries; returns the next deadline.
 pub async fn run_once<E: Engine>(st: &AppState<E>, http: &reqwest::Client) -> Option<i64> {
     let now = st.clock.now_ms();
-    let max_age = i64::try_from(st.config.webhook_key_max_age.as_millis()).unwrap_or(i64::MAX);
-    match st.sub_keys.rotate_if_due(&st.subs, now, max_age).await {
-        Ok(true) => tracing::info!("webhook signing key rotated"),
-        Ok(false) => {}
-        Err(e) => tracing::warn!(error = %e, "webhook signing key rotation failed; retrying on the next pass"),
+    // As of the last pass: rotation needs no fresher answer (a holder that lost the lease
+    // meanwhile rotates at most once more; both keys are stored and published).
+    if st.subs.is_dispatcher() {
+        let max_age = i64::try_from(st.config.webhook_key_max_age.as_millis()).unwrap_or(i64::MAX);
+        match st.sub_keys.rotate_if_due(&st.subs, now, max_age).await {
+            Ok(true) => tracing::info!("webhook signing key rotated"),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "webhook signing key rotation failed; retrying on the next pass"),
+        }
     }
-    match st.subs.due(now).await {
+    let next = match st.subs.due(now).await {
         Ok(due) => {
             for notice in due.deliveries {
                 let (st, http) = (st.clone(), http.clone());
@@ -99,7 +107,13 @@ pub async fn run_once<E: Engine>(st: &AppState<E>, http: &reqwest::Client) -> Op
             tracing::warn!(error = %e, "subscription dispatch pass failed");
             None
         }
+    };
+    if st.subs.is_shared() {
+        if let Err(e) = st.sub_keys.reload(&st.subs).await {
+            tracing::warn!(error = %e, "webhook signing keys not reloaded; retrying on the next pass");
+        }
     }
+    next
 }
 
 /// Sends one wake and reports the outcome.

@@ -132,6 +132,23 @@ impl KeyRing {
         *state = Some(Arc::new(Keys::from_stored(&stored, keys.token_key)?));
         Ok(true)
     }
+
+    /// Picks up the signing keys as stored now, when they differ from the ones in use: over a
+    /// shared engine another node rotates them (and two nodes starting at once may each have
+    /// stored a first one). Only when the keys are in use (loaded); the token key never changes.
+    /// Returns whether anything changed.
+    pub async fn reload<E: Engine>(&self, subs: &Subscriptions<E>) -> Result<bool, SubError> {
+        let mut state = self.state.lock().await;
+        let Some(keys) = state.as_ref() else { return Ok(false) };
+        let stored = subs.keys().await?;
+        let fresh = Keys::from_stored(&stored, keys.token_key)?;
+        let ages = |k: &Keys| k.webhook.iter().map(|w| w.created_ms).collect::<Vec<_>>();
+        if fresh.webhook.is_empty() || ages(&fresh) == ages(keys) {
+            return Ok(false);
+        }
+        *state = Some(Arc::new(fresh));
+        Ok(true)
+    }
 }
 
 impl Keys {

@@ -5,12 +5,20 @@
 //! use; every change is written (one transaction) before it is applied in memory or answered, so
 //! what a caller was told is durable. Nothing here reads a clock: `now_ms` comes with each call.
 //!
+//! Every write is a compare-and-set on the subscription's record as it was loaded (and on the
+//! cursors it moves), so a change decided on stale state fails instead of overwriting. Over an
+//! engine that several processes share ([`Engine::shared`]) the state is also reloaded on every
+//! call, a conflicting change is decided once more on fresh state, and only the process holding
+//! the dispatcher lease (`lease/dispatcher` in the metadata map) hands out webhook deliveries.
+//!
 //! Liveness is derived from time: a lease whose end has passed counts as ended at once, and a
 //! record is written only when something new happens (a wake, a claim, an ack). Deadlines are
 //! Unix ms in the records, so they survive restarts.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use oncelog_protocol::Offset;
@@ -18,12 +26,21 @@ use tokio::sync::{Mutex, Notify};
 
 use super::*;
 use crate::codec::subscription as codec;
-use crate::{AppendOutcome, AppendRequest, Engine, MetaWrite, TxnError, TxnRequest};
+use crate::{AppendOutcome, AppendRequest, Engine, MetaWrite, TxnError, TxnOutcome, TxnRequest};
 
 const SUB_PREFIX: &str = "sub/";
 const CURSOR_PREFIX: &str = "cur/";
 const KEY_PREFIX: &str = "key/";
 const NEXT_UID: &str = "seq/subscription";
+/// Over a shared engine: which process hands out webhook deliveries, and until when
+/// ([`encode_lease`]).
+const LEASE_KEY: &str = "lease/dispatcher";
+/// How long the dispatcher lease lasts unless renewed: how long webhooks wait when its holder
+/// dies. Renewed once less than half of it is left, so passes (at least one a second) keep it.
+pub const DISPATCH_LEASE_MS: i64 = 10_000;
+
+/// A compare-and-set guard of [`TxnRequest::expect`].
+type Guard = (Vec<u8>, Option<Bytes>);
 
 /// Paths under this prefix are the server's own API, never linked.
 pub const RESERVED_PREFIX: &str = "__ds/";
@@ -43,6 +60,52 @@ fn cursor_key(uid: u64, path: &str) -> Vec<u8> {
 /// The metadata write that stores a subscription's record.
 fn record_write(rec: &SubRecord) -> MetaWrite {
     MetaWrite { key: sub_key(&rec.id), value: Some(codec::encode(rec).into()) }
+}
+
+/// The guard that the cursor of `uid` at `path` is still `c` (`None`: absent). The cursor
+/// codec has one canonical form, so encoding what was loaded gives the stored bytes.
+fn cursor_guard(uid: u64, path: &str, c: Option<&Cursor>) -> Guard {
+    (cursor_key(uid, path), c.map(|c| codec::encode_cursor(c).into()))
+}
+
+/// The dispatcher lease's stored form: holder id (u64 LE), end in Unix ms (i64 LE).
+fn encode_lease(holder: u64, until_ms: i64) -> Bytes {
+    let mut v = holder.to_le_bytes().to_vec();
+    v.extend_from_slice(&until_ms.to_le_bytes());
+    v.into()
+}
+
+/// `None` for anything that is not a lease (damage): such a value is simply taken over.
+fn decode_lease(v: &[u8]) -> Option<(u64, i64)> {
+    let holder = u64::from_le_bytes(v.get(..8)?.try_into().ok()?);
+    let until = i64::from_le_bytes(v.get(8..)?.try_into().ok()?);
+    Some((holder, until))
+}
+
+/// Dispatcher holder ids of this process that no live [`Subscriptions`] uses any more.
+static FREE_NODE_IDS: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+static NODE_IDS_MINTED: AtomicU64 = AtomicU64::new(0);
+
+/// A holder id for a new [`Subscriptions`]: distinct from every other live one (here and, by
+/// chance of 2^-64, in other processes). A dropped instance's id goes to the next one made in
+/// this process: that is the same dispatcher reopened, and it takes its own lease over at once
+/// instead of waiting out [`DISPATCH_LEASE_MS`].
+fn take_node_id() -> u64 {
+    static BASE: OnceLock<u64> = OnceLock::new();
+    if let Some(id) = FREE_NODE_IDS.lock().ok().and_then(|mut f| f.pop()) {
+        return id;
+    }
+    // `RandomState` keys come from the operating system's randomness; the pid, the time and an
+    // address only add to it. No dependency needed for an id that must merely differ.
+    let base = *BASE.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        h.write_usize(&NODE_IDS_MINTED as *const AtomicU64 as usize);
+        h.finish()
+    });
+    base.wrapping_add(NODE_IDS_MINTED.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The metadata write that stores one cursor of subscription `uid`.
@@ -93,6 +156,11 @@ pub fn valid_id(id: &str) -> Result<(), InvalidSub> {
 #[derive(Debug, Clone)]
 struct Entry {
     rec: SubRecord,
+    /// The record's bytes as stored (loaded, or last written here): what every write expects to
+    /// find, byte for byte, so that it fails if someone else changed the record meanwhile. Kept
+    /// rather than re-encoded: a record written by an older version decodes, but would not
+    /// encode back to the same bytes.
+    stored: Bytes,
     cursors: BTreeMap<String, Cursor>,
     /// The generation last handed to the dispatcher (memory only: after a restart a live wake is
     /// delivered again, with the same generation, which receivers treat as a repeat).
@@ -161,6 +229,26 @@ impl Filter {
 }
 
 impl Entry {
+    fn new(rec: SubRecord, stored: Bytes) -> Entry {
+        Entry { rec, stored, cursors: BTreeMap::new(), sent: 0, in_flight: false, settled: false }
+    }
+
+    /// The write that stores the record as it is now; from then on these are the stored bytes.
+    fn seal(&mut self) -> MetaWrite {
+        let w = record_write(&self.rec);
+        self.stored = w.value.clone().unwrap_or_default();
+        w
+    }
+
+    /// What a write of this entry (over `self` as loaded) expects: the record unchanged, and
+    /// the cursors at `paths` too (a change that leaves the record's bytes as they were, a
+    /// heartbeat in the same millisecond, would otherwise not notice another's cursor moves).
+    fn guards<'a>(&self, paths: impl IntoIterator<Item = &'a String>) -> Vec<Guard> {
+        let mut out = vec![(sub_key(&self.rec.id), Some(self.stored.clone()))];
+        out.extend(paths.into_iter().map(|p| cursor_guard(self.rec.uid, p, self.cursors.get(p))));
+        out
+    }
+
     fn links_path(&self, path: &str) -> bool {
         links(&self.rec.explicit, self.rec.config.pattern.as_deref(), wake_stream(&self.rec), path)
     }
@@ -177,9 +265,12 @@ impl Entry {
 
 #[derive(Default)]
 struct Inner {
+    /// `false` also after a write found the stored state changed: the next call reloads.
     loaded: bool,
     subs: BTreeMap<String, Entry>,
     next_uid: u64,
+    /// `next_uid` as stored (`None`: never stored), what a create expects.
+    next_uid_stored: Option<Bytes>,
     /// Opaque secrets of the layer above (signing keys), by name.
     keys: BTreeMap<String, Bytes>,
     /// When the dispatcher's pass next looks at every subscription ([`FULL_PASS_MS`]).
@@ -261,20 +352,80 @@ pub struct Subscriptions<E> {
     filters: std::sync::RwLock<Option<Arc<Vec<Filter>>>>,
     /// Notified when a webhook wake is issued or a delivery schedule changes.
     pub notify: Notify,
+    /// Who this instance is in the dispatcher lease ([`take_node_id`]).
+    node: u64,
+    /// Over a shared engine: the last pass of [`Self::due`] held the dispatcher lease.
+    dispatching: AtomicBool,
+}
+
+impl<E> Drop for Subscriptions<E> {
+    fn drop(&mut self) {
+        if let Ok(mut free) = FREE_NODE_IDS.lock() {
+            free.push(self.node);
+        }
+    }
+}
+
+/// Runs `op`, and once more after a [`SubError::Conflict`]: the first try decided on state that
+/// another process changed before it was written (the conflict marked it for reload), the
+/// second decides again, fencing included, on the state reloaded from the engine.
+async fn retried<T, F: Future<Output = Result<T, SubError>>>(mut op: impl FnMut() -> F) -> Result<T, SubError> {
+    match op().await {
+        Err(SubError::Conflict) => op().await,
+        r => r,
+    }
 }
 
 impl<E: Engine> Subscriptions<E> {
     pub fn new(engine: Arc<E>) -> Self {
-        Subscriptions { engine, inner: Mutex::new(Inner::default()), filters: Default::default(), notify: Notify::new() }
+        Subscriptions {
+            engine,
+            inner: Mutex::new(Inner::default()),
+            filters: Default::default(),
+            notify: Notify::new(),
+            node: take_node_id(),
+            dispatching: AtomicBool::new(false),
+        }
     }
 
+    /// Whether other processes may change the state too ([`Engine::shared`]).
+    pub fn is_shared(&self) -> bool {
+        self.engine.shared()
+    }
+
+    /// Whether this instance hands out webhook deliveries: always over an engine of its own;
+    /// over a shared one, when its last [`Self::due`] held the dispatcher lease. Cheap.
+    pub fn is_dispatcher(&self) -> bool {
+        !self.engine.shared() || self.dispatching.load(Ordering::Relaxed)
+    }
+
+    /// The state, loaded first if needed; over a shared engine reloaded on every call, because
+    /// other processes change it.
     async fn lock(&self) -> Result<tokio::sync::MutexGuard<'_, Inner>, SubError> {
         let mut inner = self.inner.lock().await;
-        if !inner.loaded {
-            self.load(&mut inner).await?;
-            self.refresh(&inner);
+        if !inner.loaded || self.engine.shared() {
+            self.reload(&mut inner).await?;
         }
         Ok(inner)
+    }
+
+    /// Replaces the state with the engine's, keeping what only memory knows (what was sent, what
+    /// is in flight, what is settled, when the next full pass is) for subscriptions that are
+    /// still the same incarnation; then republishes the filters.
+    async fn reload(&self, inner: &mut Inner) -> Result<(), SubError> {
+        let mut fresh = self.load().await?;
+        fresh.next_full_pass_ms = inner.next_full_pass_ms;
+        for (id, e) in fresh.subs.iter_mut() {
+            if let Some(old) = inner.subs.get(id).filter(|old| old.rec.uid == e.rec.uid) {
+                e.sent = old.sent;
+                e.in_flight = old.in_flight;
+                // Settled only holds for the record it was found on.
+                e.settled = old.settled && old.stored == e.stored;
+            }
+        }
+        *inner = fresh;
+        self.refresh(inner);
+        Ok(())
     }
 
     /// How many subscriptions exist (as of the last change; 0 before they are loaded). Cheap.
@@ -295,14 +446,15 @@ impl<E: Engine> Subscriptions<E> {
         }
     }
 
-    async fn load(&self, inner: &mut Inner) -> Result<(), SubError> {
+    /// The state as stored (memory-only fields at their defaults).
+    async fn load(&self) -> Result<Inner, SubError> {
         let corrupt = |e: crate::codec::DecodeError| SubError::Storage(e.into());
         let mut subs = BTreeMap::new();
         let mut by_uid = BTreeMap::new();
         for (_, v) in self.engine.meta_scan(SUB_PREFIX.as_bytes()).await? {
             let rec = codec::decode(&v).map_err(corrupt)?;
             by_uid.insert(rec.uid, rec.id.clone());
-            subs.insert(rec.id.clone(), Entry { rec, cursors: BTreeMap::new(), sent: 0, in_flight: false, settled: false });
+            subs.insert(rec.id.clone(), Entry::new(rec, v));
         }
         for (k, v) in self.engine.meta_scan(CURSOR_PREFIX.as_bytes()).await? {
             let key = String::from_utf8_lossy(&k[CURSOR_PREFIX.len()..]).into_owned();
@@ -312,16 +464,25 @@ impl<E: Engine> Subscriptions<E> {
                 e.cursors.insert(path.to_owned(), codec::decode_cursor(&v).map_err(corrupt)?);
             }
         }
-        let next_uid = match self.engine.meta_scan(NEXT_UID.as_bytes()).await?.first() {
-            Some((_, v)) => u64::from_le_bytes(v.as_ref().try_into().map_err(|_| SubError::Storage(crate::codec::DecodeError::Truncated.into()))?),
+        let next_uid_stored = self.engine.meta_scan(NEXT_UID.as_bytes()).await?.into_iter().find(|(k, _)| k == NEXT_UID.as_bytes()).map(|(_, v)| v);
+        let next_uid = match &next_uid_stored {
+            Some(v) => u64::from_le_bytes(v.as_ref().try_into().map_err(|_| SubError::Storage(crate::codec::DecodeError::Truncated.into()))?),
             None => 1,
         };
         let mut keys = BTreeMap::new();
         for (k, v) in self.engine.meta_scan(KEY_PREFIX.as_bytes()).await? {
             keys.insert(String::from_utf8_lossy(&k[KEY_PREFIX.len()..]).into_owned(), v);
         }
-        *inner = Inner { loaded: true, subs, next_uid, keys, next_full_pass_ms: 0 };
-        Ok(())
+        Ok(Inner { loaded: true, subs, next_uid, next_uid_stored, keys, next_full_pass_ms: 0 })
+    }
+
+    /// Commits `txn`. A conflict means the state here is stale: it is reloaded on the next call.
+    async fn write(&self, inner: &mut Inner, txn: TxnRequest) -> Result<TxnOutcome, TxnError> {
+        let r = self.engine.transact(txn).await;
+        if matches!(r, Err(TxnError::Conflict { .. })) {
+            inner.loaded = false;
+        }
+        r
     }
 
     // --- the secrets of the layer above -------------------------------------------------------
@@ -331,24 +492,35 @@ impl<E: Engine> Subscriptions<E> {
         Ok(self.lock().await?.keys.clone())
     }
 
-    /// Stores a secret under `name` unless one is there; answers the one stored.
+    /// Stores a secret under `name` unless one is there; answers the one stored. When another
+    /// process stored one first, that one is answered: every process then uses the same.
     pub async fn key_or_insert(&self, name: &str, value: Bytes, now_ms: i64) -> Result<Bytes, SubError> {
         let mut inner = self.lock().await?;
         if let Some(v) = inner.keys.get(name) {
             return Ok(v.clone());
         }
         let key = format!("{KEY_PREFIX}{name}").into_bytes();
-        let txn = TxnRequest { meta: vec![MetaWrite { key, value: Some(value.clone()) }], now_ms, ..Default::default() };
-        self.engine.transact(txn).await?;
-        inner.keys.insert(name.to_owned(), value.clone());
-        Ok(value)
+        let expect = vec![(key.clone(), None)];
+        let txn = TxnRequest { expect, meta: vec![MetaWrite { key, value: Some(value.clone()) }], now_ms, ..Default::default() };
+        match self.write(&mut inner, txn).await {
+            Ok(_) => {
+                inner.keys.insert(name.to_owned(), value.clone());
+                Ok(value)
+            }
+            Err(TxnError::Conflict { .. }) => {
+                self.reload(&mut inner).await?;
+                // Gone again already (removed meanwhile): the caller may try again.
+                inner.keys.get(name).cloned().ok_or(SubError::Conflict)
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
-    /// Forgets stored secrets.
+    /// Forgets stored secrets. Unguarded: removing what is gone already is no harm.
     pub async fn remove_keys(&self, names: &[String], now_ms: i64) -> Result<(), SubError> {
         let mut inner = self.lock().await?;
         let meta = names.iter().map(|n| MetaWrite { key: format!("{KEY_PREFIX}{n}").into_bytes(), value: None }).collect();
-        self.engine.transact(TxnRequest { meta, now_ms, ..Default::default() }).await?;
+        self.write(&mut inner, TxnRequest { meta, now_ms, ..Default::default() }).await?;
         for n in names {
             inner.keys.remove(n);
         }
@@ -362,9 +534,13 @@ impl<E: Engine> Subscriptions<E> {
     pub async fn put(&self, id: &str, config: SubConfig, now_ms: i64) -> Result<(PutVerdict, SubView), SubError> {
         valid_id(id)?;
         let config = config.normalized()?;
+        retried(|| self.put_once(id, &config, now_ms)).await
+    }
+
+    async fn put_once(&self, id: &str, config: &SubConfig, now_ms: i64) -> Result<(PutVerdict, SubView), SubError> {
         let mut inner = self.lock().await?;
         if let Some(e) = inner.subs.get(id) {
-            if e.rec.config != config {
+            if e.rec.config != *config {
                 return Err(SubError::AlreadyExists);
             }
             let view = self.view(e, now_ms).await?;
@@ -375,7 +551,7 @@ impl<E: Engine> Subscriptions<E> {
             uid,
             id: id.to_owned(),
             explicit: config.streams.iter().cloned().collect(),
-            config,
+            config: config.clone(),
             created_ms: now_ms,
             generation: 0,
             wake: None,
@@ -383,17 +559,22 @@ impl<E: Engine> Subscriptions<E> {
             failures: 0,
             next_attempt_ms: 0,
         };
-        let mut entry = Entry { rec, cursors: BTreeMap::new(), sent: 0, in_flight: false, settled: false };
+        let mut entry = Entry::new(rec, Bytes::new());
         for link in self.links(&entry, now_ms).await? {
             if link.stream_id != 0 {
                 entry.cursors.insert(link.path, Cursor { stream_id: link.stream_id, acked: link.tail });
             }
         }
-        let mut meta = vec![MetaWrite { key: NEXT_UID.as_bytes().to_vec(), value: Some(Bytes::copy_from_slice(&(uid + 1).to_le_bytes())) }];
+        // Nobody created this id, nor took this uid, meanwhile (the new uid's cursors are then
+        // ours alone).
+        let expect = vec![(sub_key(id), None), (NEXT_UID.as_bytes().to_vec(), inner.next_uid_stored.clone())];
+        let next_uid = Bytes::copy_from_slice(&(uid + 1).to_le_bytes());
+        let mut meta = vec![MetaWrite { key: NEXT_UID.as_bytes().to_vec(), value: Some(next_uid.clone()) }];
         meta.extend(entry.cursors.iter().map(|(p, c)| cursor_write(uid, p, c)));
-        meta.push(record_write(&entry.rec));
-        self.engine.transact(TxnRequest { meta, now_ms, ..Default::default() }).await?;
+        meta.push(entry.seal());
+        self.write(&mut inner, TxnRequest { expect, meta, now_ms, ..Default::default() }).await?;
         inner.next_uid = uid + 1;
+        inner.next_uid_stored = Some(next_uid);
         let view = self.view(&entry, now_ms).await?;
         inner.subs.insert(id.to_owned(), entry);
         self.refresh(&inner);
@@ -419,11 +600,17 @@ impl<E: Engine> Subscriptions<E> {
 
     /// Deletes the subscription and its cursors; `false` when there was none.
     pub async fn delete(&self, id: &str, now_ms: i64) -> Result<bool, SubError> {
+        retried(|| self.delete_once(id, now_ms)).await
+    }
+
+    async fn delete_once(&self, id: &str, now_ms: i64) -> Result<bool, SubError> {
         let mut inner = self.lock().await?;
         let Some(e) = inner.subs.get(id) else { return Ok(false) };
         let mut meta: Vec<MetaWrite> = e.cursors.keys().map(|p| MetaWrite { key: cursor_key(e.rec.uid, p), value: None }).collect();
         meta.push(MetaWrite { key: sub_key(id), value: None });
-        self.engine.transact(TxnRequest { meta, now_ms, ..Default::default() }).await?;
+        // The record as loaded: a change meanwhile (a new cursor, say) is seen before deleting.
+        let expect = e.guards([]);
+        self.write(&mut inner, TxnRequest { expect, meta, now_ms, ..Default::default() }).await?;
         inner.subs.remove(id);
         self.refresh(&inner);
         Ok(true)
@@ -435,29 +622,34 @@ impl<E: Engine> Subscriptions<E> {
         if add.iter().chain(&remove).any(|p| !linkable(p)) {
             return Err(InvalidSub::BadPath.into());
         }
+        retried(|| self.relink_once(id, &add, &remove, now_ms)).await
+    }
+
+    async fn relink_once(&self, id: &str, add: &[String], remove: &[String], now_ms: i64) -> Result<(), SubError> {
         let mut inner = self.lock().await?;
         let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
         let mut next = e.clone();
         let mut cursor_writes = Vec::new();
         for path in add {
-            if next.rec.explicit.insert(path.clone()) && !e.links_path(&path) {
-                if let Ok(info) = self.engine.head(&path, now_ms).await {
+            if next.rec.explicit.insert(path.clone()) && !e.links_path(path) {
+                if let Ok(info) = self.engine.head(path, now_ms).await {
                     let c = Cursor { stream_id: info.id, acked: info.tail };
                     next.cursors.insert(path.clone(), c);
-                    cursor_writes.push((path, c));
+                    cursor_writes.push((path.clone(), c));
                 }
             }
         }
         for path in remove {
-            next.rec.explicit.remove(&path);
+            next.rec.explicit.remove(path);
         }
         next.settled = false;
         if next.rec.explicit == e.rec.explicit {
             return Ok(());
         }
+        let expect = e.guards(cursor_writes.iter().map(|(p, _)| p));
         let mut meta: Vec<MetaWrite> = cursor_writes.iter().map(|(p, c)| cursor_write(next.rec.uid, p, c)).collect();
-        meta.push(record_write(&next.rec));
-        self.engine.transact(TxnRequest { meta, now_ms, ..Default::default() }).await?;
+        meta.push(next.seal());
+        self.write(&mut inner, TxnRequest { expect, meta, now_ms, ..Default::default() }).await?;
         inner.subs.insert(id.to_owned(), next);
         self.refresh(&inner);
         Ok(())
@@ -555,26 +747,28 @@ impl<E: Engine> Subscriptions<E> {
     }
 
     /// Writes `next` (its record and the cursors in `cursors`) with `appends`, as one
-    /// transaction; on success it replaces the entry in memory. A pull-wake event whose wake
-    /// stream refuses it (deleted, closed) is dropped rather than blocking the wake: workers
-    /// can still claim.
+    /// transaction, provided the record and those cursors are still as the entry in memory has
+    /// them (else [`SubError::Conflict`], and the state is reloaded on the next call); on
+    /// success it replaces the entry in memory. A pull-wake event whose wake stream refuses it
+    /// (deleted, closed) is dropped rather than blocking the wake: workers can still claim.
     async fn commit(
         &self,
         inner: &mut Inner,
-        next: Entry,
+        mut next: Entry,
         cursors: &[String],
         outputs: Vec<AppendRequest>,
         event: Option<AppendRequest>,
         now_ms: i64,
     ) -> Result<Vec<AppendOutcome>, SubError> {
         let n = outputs.len();
+        let expect = inner.subs.get(&next.rec.id).ok_or(SubError::NotFound)?.guards(cursors);
         let mut meta: Vec<MetaWrite> = cursors.iter().filter_map(|p| next.cursors.get(p).map(|c| cursor_write(next.rec.uid, p, c))).collect();
-        meta.push(record_write(&next.rec));
+        meta.push(next.seal());
         let mut appends = outputs;
         let with_event = event.is_some();
         appends.extend(event);
-        let txn = TxnRequest { meta, appends, now_ms, expect: Vec::new() };
-        let outcome = match self.engine.transact(txn.clone()).await {
+        let txn = TxnRequest { meta, appends, now_ms, expect };
+        let outcome = match self.write(inner, txn.clone()).await {
             Ok(o) => o,
             Err(TxnError::Append { index, error }) if index < n => {
                 return Err(SubError::Append { index, stream: txn.appends[index].path.clone(), error });
@@ -583,7 +777,7 @@ impl<E: Engine> Subscriptions<E> {
                 tracing::warn!(stream = %txn.appends[index].path, %error, "wake event not written; the wake stands (workers can still claim)");
                 let mut txn = txn;
                 txn.appends.pop();
-                self.engine.transact(txn).await?
+                self.write(inner, txn).await?
             }
             Err(e) => return Err(e.into()),
         };
@@ -616,14 +810,28 @@ impl<E: Engine> Subscriptions<E> {
                 let mut next = e.clone();
                 if let Some(event) = self.plan_wake(&mut next, Some(&path), now_ms).await? {
                     woken.insert(id);
-                    if let Some(ev) = &event {
-                        todo.push(ev.path.clone());
+                    let event_path = event.as_ref().map(|ev| ev.path.clone());
+                    if self.commit_or_reload(&mut inner, next, event, now_ms).await? {
+                        todo.extend(event_path);
                     }
-                    self.commit(&mut inner, next, &[], Vec::new(), event, now_ms).await?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// Commits a wake decided by a pass over many subscriptions (a write's, the dispatcher's);
+    /// `false` when another process changed the subscription meanwhile (woke it, most likely):
+    /// the state is reloaded and the pass goes on with the others rather than failing.
+    async fn commit_or_reload(&self, inner: &mut Inner, next: Entry, event: Option<AppendRequest>, now_ms: i64) -> Result<bool, SubError> {
+        match self.commit(inner, next, &[], Vec::new(), event, now_ms).await {
+            Ok(_) => Ok(true),
+            Err(SubError::Conflict) => {
+                self.reload(inner).await?;
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     // --- pull-wake workers --------------------------------------------------------------------
@@ -631,6 +839,10 @@ impl<E: Engine> Subscriptions<E> {
     /// A worker claims the current wake (or, with pending work and none live, a new one). The
     /// worker holding it may claim again (a retry after a lost answer): same wake, lease renewed.
     pub async fn claim(&self, id: &str, worker: &str, now_ms: i64) -> Result<WakeNotice, SubError> {
+        retried(|| self.claim_once(id, worker, now_ms)).await
+    }
+
+    async fn claim_once(&self, id: &str, worker: &str, now_ms: i64) -> Result<WakeNotice, SubError> {
         let mut inner = self.lock().await?;
         let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
         if !matches!(e.rec.config.kind, SubKind::PullWake { .. }) {
@@ -709,6 +921,21 @@ impl<E: Engine> Subscriptions<E> {
     /// work remains); without it the lease is extended. The outputs, the cursors and the wake
     /// change are one transaction.
     pub async fn ack(&self, id: &str, req: AckRequest, now_ms: i64) -> Result<AckOutcome, SubError> {
+        let (outcome, wake_path) = retried(|| self.ack_once(id, req.clone(), now_ms)).await?;
+        if let Some(p) = wake_path {
+            match self.on_write(&p, now_ms).await {
+                // The ack is in; a wake event that another process's change got in the way of
+                // is that process's to follow (or the dispatcher's next pass).
+                Ok(()) | Err(SubError::Conflict) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// [`Self::ack`] up to its commit; also answers where a wake event was appended, a write that
+    /// may wake other subscriptions.
+    async fn ack_once(&self, id: &str, req: AckRequest, now_ms: i64) -> Result<(AckOutcome, Option<String>), SubError> {
         let AckRequest { fence, acks, done, via, outputs } = req;
         let (fence, acks) = (&fence, &acks[..]);
         let mut inner = self.lock().await?;
@@ -726,7 +953,7 @@ impl<E: Engine> Subscriptions<E> {
                 let links = self.links(e, now_ms).await?;
                 let all_in = acks.iter().all(|a| links.iter().any(|l| l.path == a.stream && l.stream_id != 0 && e.acked(&l.path, l.stream_id) >= a.offset));
                 if all_in {
-                    return Ok(AckOutcome { next_wake: false, duplicate: true, appends: Vec::new() });
+                    return Ok((AckOutcome { next_wake: false, duplicate: true, appends: Vec::new() }, None));
                 }
             }
             return Err(err);
@@ -747,15 +974,15 @@ impl<E: Engine> Subscriptions<E> {
         }
         let wake_path = event.as_ref().map(|ev| ev.path.clone());
         let appends = self.commit(&mut inner, next, &moved, outputs, event, now_ms).await?;
-        drop(inner);
-        if let Some(p) = wake_path {
-            self.on_write(&p, now_ms).await?;
-        }
-        Ok(AckOutcome { next_wake, duplicate: false, appends })
+        Ok((AckOutcome { next_wake, duplicate: false, appends }, wake_path))
     }
 
     /// The worker gives the wake up without finishing it; pending work is woken again at once.
     pub async fn release(&self, id: &str, fence: &Fence, now_ms: i64) -> Result<(), SubError> {
+        retried(|| self.release_once(id, fence, now_ms)).await
+    }
+
+    async fn release_once(&self, id: &str, fence: &Fence, now_ms: i64) -> Result<(), SubError> {
         let mut inner = self.lock().await?;
         let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
         Self::fenced(e, fence, AckVia::Ack, now_ms)?;
@@ -770,11 +997,55 @@ impl<E: Engine> Subscriptions<E> {
 
     /// What the dispatcher should send now, after issuing the wakes that are due without an
     /// event (leases that ran out with work pending, retry times reached, and after a restart).
+    ///
+    /// Over a shared engine only the process holding the dispatcher lease does this (taking or
+    /// renewing it here); the others answer nothing due, having reloaded the state, so that their
+    /// writes keep waking subscriptions created elsewhere.
     pub async fn due(&self, now_ms: i64) -> Result<Due, SubError> {
-        if self.published().is_some_and(|f| f.is_empty()) {
-            return Ok(Due { deliveries: Vec::new(), next_deadline_ms: None });
+        let nothing = Due { deliveries: Vec::new(), next_deadline_ms: None };
+        let shared = self.engine.shared();
+        // Alone on the engine, nothing can exist that this instance has not seen.
+        if !shared && self.published().is_some_and(|f| f.is_empty()) {
+            return Ok(nothing);
         }
         let mut inner = self.lock().await?;
+        if shared && !self.hold_lease(now_ms).await? {
+            return Ok(nothing);
+        }
+        self.issue_due_wakes(&mut inner, now_ms).await?;
+        self.deliveries(&mut inner, now_ms).await
+    }
+
+    /// Takes the dispatcher lease when it is free (absent, ended, unreadable, or this
+    /// instance's), renewing it once less than half is left; answers whether this instance holds
+    /// it. Both under compare-and-set: of two processes taking it at once, one gets it.
+    async fn hold_lease(&self, now_ms: i64) -> Result<bool, SubError> {
+        let held = self.try_lease(now_ms).await;
+        self.dispatching.store(matches!(held, Ok(true)), Ordering::Relaxed);
+        held
+    }
+
+    async fn try_lease(&self, now_ms: i64) -> Result<bool, SubError> {
+        let key = LEASE_KEY.as_bytes();
+        let stored = self.engine.meta_scan(key).await?.into_iter().find(|(k, _)| k == key).map(|(_, v)| v);
+        match stored.as_deref().and_then(decode_lease) {
+            Some((holder, until)) if holder == self.node && until.saturating_sub(now_ms) > DISPATCH_LEASE_MS / 2 => return Ok(true),
+            Some((holder, until)) if holder != self.node && now_ms < until => return Ok(false),
+            _ => {}
+        }
+        let value = encode_lease(self.node, now_ms.saturating_add(DISPATCH_LEASE_MS));
+        let txn = TxnRequest { expect: vec![(key.to_vec(), stored)], meta: vec![MetaWrite { key: key.to_vec(), value: Some(value) }], now_ms, ..Default::default() };
+        match self.engine.transact(txn).await {
+            Ok(_) => Ok(true),
+            // Another process took or renewed it first.
+            Err(TxnError::Conflict { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Issues the wakes due without an event: every subscription not settled, and all of them
+    /// on a full pass.
+    async fn issue_due_wakes(&self, inner: &mut Inner, now_ms: i64) -> Result<(), SubError> {
         let ids: Vec<String> = inner.subs.keys().cloned().collect();
         let full = now_ms >= inner.next_full_pass_ms;
         if full {
@@ -789,7 +1060,7 @@ impl<E: Engine> Subscriptions<E> {
             match self.plan_wake(&mut next, None, now_ms).await? {
                 Some(event) => {
                     next.settled = false;
-                    self.commit(&mut inner, next, &[], Vec::new(), event, now_ms).await?;
+                    self.commit_or_reload(inner, next, event, now_ms).await?;
                 }
                 None => {
                     if let Some(e) = inner.subs.get_mut(id) {
@@ -798,6 +1069,13 @@ impl<E: Engine> Subscriptions<E> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The live webhook wakes not sent yet (or whose retry time has come), marked in flight;
+    /// and the next deadline.
+    async fn deliveries(&self, inner: &mut Inner, now_ms: i64) -> Result<Due, SubError> {
+        let ids: Vec<String> = inner.subs.keys().cloned().collect();
         let mut deliveries = Vec::new();
         let mut deadline: Option<i64> = None;
         let mut soonest = |t: i64| deadline = Some(deadline.map_or(t, |d| d.min(t)));
@@ -837,6 +1115,10 @@ impl<E: Engine> Subscriptions<E> {
     /// the wake ends. Nothing happens when that wake is no longer current (a callback got there
     /// first).
     pub async fn delivered(&self, id: &str, generation: u64, done: bool, now_ms: i64) -> Result<(), SubError> {
+        retried(|| self.delivered_once(id, generation, done, now_ms)).await
+    }
+
+    async fn delivered_once(&self, id: &str, generation: u64, done: bool, now_ms: i64) -> Result<(), SubError> {
         let mut inner = self.lock().await?;
         let Some(e) = inner.subs.get_mut(id) else { return Ok(()) };
         e.in_flight = false;
@@ -866,6 +1148,10 @@ impl<E: Engine> Subscriptions<E> {
     /// A delivery of `generation` failed: the next attempt waits `backoff_ms`. The schedule is
     /// stored, so a restart does not retry early.
     pub async fn delivery_failed(&self, id: &str, generation: u64, backoff_ms: i64, now_ms: i64) -> Result<(), SubError> {
+        retried(|| self.delivery_failed_once(id, generation, backoff_ms, now_ms)).await
+    }
+
+    async fn delivery_failed_once(&self, id: &str, generation: u64, backoff_ms: i64, now_ms: i64) -> Result<(), SubError> {
         let mut inner = self.lock().await?;
         let Some(e) = inner.subs.get_mut(id) else { return Ok(()) };
         e.in_flight = false;
