@@ -136,7 +136,7 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
 
     let mut tasks = Vec::with_capacity(args.producers * args.in_flight);
     for p in 0..args.producers {
-        let url = Arc::new(target.stream_url(&streams[p % streams.len()]));
+        let urls = Arc::new(target.stream_urls(&streams[p % streams.len()]));
         let producer_id = Arc::new(format!("bench-{tag}-p{p}"));
         let seqs = Arc::new(ProducerSeq {
             next: AtomicU64::new(0),
@@ -145,7 +145,8 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
         for _ in 0..args.in_flight {
             let lane = Lane {
                 client: common::client(timeout)?,
-                url: url.clone(),
+                urls: urls.clone(),
+                producer: p,
                 producer_id: producer_id.clone(),
                 seqs: seqs.clone(),
                 pipelined: args.in_flight > 1,
@@ -291,7 +292,9 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
 /// One connection of a producer.
 struct Lane {
     client: reqwest::Client,
-    url: Arc<String>,
+    /// The stream on every node: request `seq` goes to node `(producer + seq + attempt) % n`.
+    urls: Arc<Vec<String>>,
+    producer: usize,
     producer_id: Arc<String>,
     seqs: Arc<ProducerSeq>,
     /// Several lanes share the producer: a 409 means "overtaken", not an error.
@@ -317,12 +320,15 @@ impl Lane {
             let seq_text = seq.to_string();
             // Latency runs from the first attempt: retries (and waits after a 409) included.
             let first_sent = Instant::now();
+            let mut attempt = 0usize;
             loop {
                 let sent = Instant::now();
                 if sent >= stop_at {
                     break 'next_seq;
                 }
-                let outcome = self.send(&seq_text, body.clone()).await;
+                let url = &self.urls[(self.producer + seq as usize + attempt) % self.urls.len()];
+                attempt += 1;
+                let outcome = self.send(url, &seq_text, body.clone()).await;
                 let done = Instant::now();
                 // Counted only if the request both started and finished inside the window.
                 let counted = sent >= measure_from && done <= stop_at;
@@ -378,10 +384,10 @@ impl Lane {
         rep
     }
 
-    async fn send(&self, seq: &str, body: Bytes) -> Result<u16, String> {
+    async fn send(&self, url: &str, seq: &str, body: Bytes) -> Result<u16, String> {
         let resp = self
             .client
-            .post(self.url.as_str())
+            .post(url)
             .header("content-type", "application/octet-stream")
             .header("producer-id", self.producer_id.as_str())
             .header("producer-epoch", "0")

@@ -159,7 +159,10 @@ pub fn json_f64(v: f64, decimals: usize) -> String {
 /// Where the streams live: `--url` (loopback only) and `--prefix`, shared by every subcommand.
 #[derive(clap::Args, Debug, Clone)]
 pub struct TargetArgs {
-    /// Base URL of the server (loopback only).
+    /// Base URL of the server (loopback only). Several nodes of one cluster (PostgreSQL engine):
+    /// comma-separated; `append` spreads each producer's requests over them (request `seq` of
+    /// producer `p` to node `(p + seq) % n`, a retry to the next node), the other benchmarks use
+    /// the first.
     #[arg(long, default_value = "http://127.0.0.1:4437")]
     pub url: String,
     /// Path under which the server serves streams: stream NAME is at URL/PREFIX/NAME. Oncelog
@@ -169,15 +172,28 @@ pub struct TargetArgs {
     pub prefix: String,
 }
 
-/// A resolved [`TargetArgs`]: the base URL plus the normalised prefix.
+/// A resolved [`TargetArgs`]: the base URL(s) plus the normalised prefix.
 #[derive(Clone, Debug)]
 pub struct Target {
     root: String,
+    /// Every node's root (the first is `root`).
+    roots: Vec<String>,
+    described: String,
 }
 
 impl TargetArgs {
     pub fn resolve(&self) -> Result<Target, String> {
-        let base = loopback_base(&self.url)?;
+        let mut roots = Vec::new();
+        for url in self.url.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+            roots.push(self.resolve_one(url)?);
+        }
+        let root = roots.first().cloned().ok_or("--url is empty")?;
+        let described = roots.join(", ");
+        Ok(Target { root, roots, described })
+    }
+
+    fn resolve_one(&self, url: &str) -> Result<String, String> {
+        let base = loopback_base(url)?;
         let prefix = self.prefix.trim_matches('/');
         if prefix.contains(['?', '#', ' ']) {
             return Err(format!(
@@ -185,12 +201,11 @@ impl TargetArgs {
                 self.prefix
             ));
         }
-        let root = if prefix.is_empty() {
+        Ok(if prefix.is_empty() {
             base
         } else {
             format!("{base}/{prefix}")
-        };
-        Ok(Target { root })
+        })
     }
 }
 
@@ -200,9 +215,14 @@ impl Target {
         format!("{}/{name}", self.root)
     }
 
+    /// URL of stream `name` on every node, in `--url` order.
+    pub fn stream_urls(&self, name: &str) -> Vec<String> {
+        self.roots.iter().map(|r| format!("{r}/{name}")).collect()
+    }
+
     /// Human-readable description for progress lines.
     pub fn describe(&self) -> &str {
-        &self.root
+        &self.described
     }
 }
 
