@@ -84,6 +84,12 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_PG_POOL_SIZE", default_value_t = 16)]
     pg_pool_size: usize,
 
+    /// With a PostgreSQL URL: committer tasks per node. Each batches the appends of its share of
+    /// the streams into one transaction per group; fewer make larger groups (fewer commits),
+    /// more overlap more commits.
+    #[arg(long, env = "ONCELOG_PG_COMMITTERS", default_value_t = 2)]
+    pg_committers: usize,
+
     /// How long a producer's state (its epoch, sequence and receipts) is kept after its last
     /// accepted append: `7d`, `24h`, `30m`, `90s`. A retry that arrives later may be taken as new
     /// data (see docs/WRITE-MODES.md); expired state is dropped at the next checkpoint.
@@ -388,6 +394,7 @@ async fn open_postgres(args: &ServeArgs, url: &str) -> Result<PgEngine, Box<dyn 
     let mut opts = PgOptions::new(url);
     opts.schema = args.pg_schema.clone();
     opts.pool_size = args.pg_pool_size;
+    opts.committers = args.pg_committers;
     opts.retention = retention(args);
     let engine = PgEngine::open(opts).await?;
     tracing::info!(url = %redacted(url), schema = %args.pg_schema, pool = args.pg_pool_size, "PostgreSQL engine open");

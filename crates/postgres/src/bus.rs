@@ -21,6 +21,11 @@ use tokio_postgres::{AsyncMessage, NoTls};
 use crate::row::i64_of;
 use crate::Shared;
 
+/// Least time between two notifications of one node: each is a small transaction that takes
+/// the database's notification lock, and sending one per group cost about 20% of the append
+/// rate (S1, one node; docs/BENCHMARKS.md). Wake-ups on other nodes wait this much at most.
+pub(crate) const NOTIFY_EVERY: Duration = Duration::from_millis(5);
+
 /// The safety-net poll of watched streams' tails.
 pub(crate) const TAIL_POLL: Duration = Duration::from_secs(1);
 const MAX_PAYLOAD: usize = 7_900;
@@ -38,7 +43,11 @@ pub(crate) fn channel(schema: &str) -> String {
 pub(crate) async fn notifier(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<u64>) {
     let channel = channel(&shared.schema);
     let prefix = format!("{:x}", shared.node);
+    let mut last = tokio::time::Instant::now();
     while let Some(first) = rx.recv().await {
+        // Paced: what commits meanwhile rides along in the same notification.
+        tokio::time::sleep_until(last + NOTIFY_EVERY).await;
+        last = tokio::time::Instant::now();
         let mut ids = HashSet::from([first]);
         while let Ok(id) = rx.try_recv() {
             ids.insert(id);

@@ -5,7 +5,7 @@
 //! order for stream rows, so two groups never deadlock on each other), and reads the producer
 //! states and key entries they name; `decide` applies [`rules::append`] to that state in request
 //! order, each request seeing the effects of the ones before it, exactly as the embedded
-//! writer stages a batch; `flush` writes every effect with one statement per table.
+//! writer stages a batch; `flush` writes every effect in one statement.
 
 use std::collections::{HashMap, HashSet};
 
@@ -240,52 +240,27 @@ impl Group {
                 s_marks.push(row::encode_marks(&st.s.marks));
             }
         }
-        let data = async {
-            if d_ids.is_empty() {
-                return Ok(());
-            }
-            let stmt = tx.prepare_cached("INSERT INTO data (stream_id, end_off, bytes) SELECT * FROM unnest($1::int8[], $2::int8[], $3::bytea[])").await?;
-            tx.execute(&stmt, &[&d_ids, &d_ends, &d_bytes]).await.map(drop)
-        };
-        let producers = async {
-            if p_ids.is_empty() {
-                return Ok(());
-            }
-            let stmt = tx
-                .prepare_cached(
-                    "INSERT INTO producers (stream_id, producer, state) SELECT * FROM unnest($1::int8[], $2::text[], $3::bytea[]) \
-                     ON CONFLICT (stream_id, producer) DO UPDATE SET state = excluded.state",
-                )
-                .await?;
-            tx.execute(&stmt, &[&p_ids, &p_names, &p_states]).await.map(drop)
-        };
-        let keys = async {
-            if k_ids.is_empty() {
-                return Ok(());
-            }
-            let stmt = tx
-                .prepare_cached(
-                    "INSERT INTO idem_keys (stream_id, key, entry) SELECT * FROM unnest($1::int8[], $2::bytea[], $3::bytea[]) \
-                     ON CONFLICT (stream_id, key) DO UPDATE SET entry = excluded.entry",
-                )
-                .await?;
-            tx.execute(&stmt, &[&k_ids, &k_keys, &k_entries]).await.map(drop)
-        };
-        let streams = async {
-            if s_ids.is_empty() {
-                return Ok(());
-            }
-            let stmt = tx
-                .prepare_cached(
-                    "UPDATE streams s SET tail = u.tail, closed = u.closed, stream_seq = u.seq, \
+        // One statement for every table (data-modifying CTEs): per-statement work in the
+        // database dominates a group's cost, and empty arrays simply write nothing.
+        let stmt = tx
+            .prepare_cached(
+                "WITH d AS (INSERT INTO data (stream_id, end_off, bytes) SELECT * FROM unnest($1::int8[], $2::int8[], $3::bytea[])), \
+                 p AS (INSERT INTO producers (stream_id, producer, state) SELECT * FROM unnest($4::int8[], $5::text[], $6::bytea[]) \
+                       ON CONFLICT (stream_id, producer) DO UPDATE SET state = excluded.state), \
+                 k AS (INSERT INTO idem_keys (stream_id, key, entry) SELECT * FROM unnest($7::int8[], $8::bytea[], $9::bytea[]) \
+                       ON CONFLICT (stream_id, key) DO UPDATE SET entry = excluded.entry) \
+                 UPDATE streams s SET tail = u.tail, closed = u.closed, stream_seq = u.seq, \
                      last_access_ms = greatest(s.last_access_ms, u.la), marks = u.marks \
-                     FROM unnest($1::int8[], $2::int8[], $3::bool[], $4::text[], $5::int8[], $6::bytea[]) AS u(id, tail, closed, seq, la, marks) \
-                     WHERE s.id = u.id",
-                )
-                .await?;
-            tx.execute(&stmt, &[&s_ids, &s_tails, &s_closed, &s_seqs, &s_access, &s_marks]).await.map(drop)
-        };
-        futures_util::future::try_join4(data, producers, keys, streams).await.map(drop)
+                 FROM unnest($10::int8[], $11::int8[], $12::bool[], $13::text[], $14::int8[], $15::bytea[]) AS u(id, tail, closed, seq, la, marks) \
+                 WHERE s.id = u.id",
+            )
+            .await?;
+        tx.execute(
+            &stmt,
+            &[&d_ids, &d_ends, &d_bytes, &p_ids, &p_names, &p_states, &k_ids, &k_keys, &k_entries, &s_ids, &s_tails, &s_closed, &s_seqs, &s_access, &s_marks],
+        )
+        .await
+        .map(drop)
     }
 }
 

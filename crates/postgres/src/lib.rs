@@ -82,7 +82,7 @@ impl PgOptions {
             url: url.into(),
             schema: "oncelog".into(),
             pool_size: 16,
-            committers: 4,
+            committers: 2,
             retention: rules::Retention::default(),
             connect_timeout: Duration::from_secs(30),
         }
