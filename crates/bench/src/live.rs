@@ -104,6 +104,9 @@ pub async fn run(args: LiveArgs, mode: Mode) -> Result<(), String> {
     }
     let stream = format!("bench-live-{}", common::run_tag());
     let url = target.stream_url(&stream);
+    // Several nodes (`--url A,B`): the writer on the first, the readers on the last, so each
+    // message crosses from one node to another (live tail across nodes).
+    let reader_url = target.stream_urls(&stream).pop().unwrap_or_else(|| url.clone());
     // Per-request bound: one SSE response may last the whole run.
     let whole_run = Duration::from_secs(args.connect_timeout + args.duration + args.drain + 30);
 
@@ -124,7 +127,7 @@ pub async fn run(args: LiveArgs, mode: Mode) -> Result<(), String> {
         format!("{}/s", args.rate)
     };
     eprintln!(
-        "{}: {} readers, writer {rate_text} messages of ~{} B for {} s (warm-up {} s), {url}",
+        "{}: {} readers, writer {rate_text} messages of ~{} B for {} s (warm-up {} s), writer {url}, readers {reader_url}",
         mode.name(),
         args.readers,
         args.body_bytes,
@@ -144,7 +147,7 @@ pub async fn run(args: LiveArgs, mode: Mode) -> Result<(), String> {
     for _ in 0..args.readers {
         let reader = Reader {
             client: readers_client.clone(),
-            url: url.clone(),
+            url: reader_url.clone(),
             mode,
             shared: shared.clone(),
             stop: stop_rx.clone(),

@@ -26,6 +26,7 @@
 
 mod bus;
 mod error;
+mod flight;
 mod group;
 mod ops;
 mod read;
@@ -118,6 +119,12 @@ pub(crate) struct Shared {
     pub stats: Counters,
     /// Why the database could not be used, while it cannot (for `/readyz`).
     pub unavailable: Mutex<Option<String>>,
+    /// Rows read by live readers, shared per path and wake epoch (`flight`).
+    pub rows: flight::Flights<(String, u64), Option<row::Stream>>,
+    /// Data ranges read, shared per (stream id, from, tail, max bytes).
+    pub scans: flight::Flights<(u64, u64, u64, usize), Option<(bytes::Bytes, Offset, bool)>>,
+    /// This engine, for the reads shared by `flight` (which outlive the reader that began them).
+    pub me: std::sync::Weak<Shared>,
     /// Why the `LISTEN` connection is down, while it is (for `/readyz`).
     pub listen_down: Mutex<Option<String>>,
     /// This node, in its notifications (so it skips its own).
@@ -165,6 +172,10 @@ pub(crate) fn now_ms() -> i64 {
 }
 
 impl Shared {
+    pub(crate) fn me(&self) -> Option<Arc<Shared>> {
+        self.me.upgrade()
+    }
+
     pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client, error::Fail> {
         Ok(self.pool.get().await?)
     }
@@ -250,7 +261,10 @@ impl PgEngine {
             .build()
             .map_err(|e| OpenError::Pool(e.to_string()))?;
         let (notify_tx, notify_rx) = mpsc::unbounded_channel();
-        let shared = Arc::new(Shared {
+        let shared = Arc::new_cyclic(|me| Shared {
+            me: me.clone(),
+            rows: Default::default(),
+            scans: Default::default(),
             pool,
             schema: opts.schema.clone(),
             retention: opts.retention,

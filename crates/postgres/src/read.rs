@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use futures_util::FutureExt;
 use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::Offset;
 use oncelog_storage::rules::{self, fork_chain, Segment};
@@ -193,9 +194,34 @@ impl Shared {
         Ok(self.visible(&c, path, now_ms).await?.map(|s| s.meta.info(s.tail)))
     }
 
+    /// The row at `path` as of a read that began after this node's last wake-up, shared with
+    /// every waiter asking the same now (`flight`).
+    async fn fetch_fresh(&self, path: &str) -> Result<Option<Stream>, StorageError> {
+        let key = (path.to_owned(), self.watches.epoch.now());
+        let me = self.me();
+        let path = path.to_owned();
+        self.rows
+            .run(key, move || {
+                async move {
+                    let me = me.ok_or(StorageError::ShuttingDown)?;
+                    let c = me.client().await?;
+                    Ok(me.fetch(&c, &path, Lock::None).await?)
+                }
+                .boxed()
+            })
+            .await
+    }
+
+    /// [`Shared::visible`] over a shared row read; expiry is judged at this reader's `now_ms`.
+    async fn visible_fresh(&self, path: &str, now_ms: i64) -> Result<Result<Stream, LookupError>, Fail> {
+        let Some(s) = self.fetch_fresh(path).await? else { return Ok(Err(LookupError::NotFound)) };
+        let expired = self.expired(&s, now_ms);
+        let forks = if expired { self.forks(&self.client().await?, s.meta.id).await? } else { 0 };
+        Ok(rules::visible(s.meta.soft_deleted, expired, forks).map(|()| s))
+    }
+
     pub(crate) async fn read(&self, path: &str, from: Offset, max_bytes: usize, now_ms: i64) -> Result<Result<ReadChunk, LookupError>, Fail> {
-        let c = self.client().await?;
-        let s = match self.visible(&c, path, now_ms).await? {
+        let s = match self.visible(&self.client().await?, path, now_ms).await? {
             Ok(s) => s,
             Err(e) => return Ok(Err(e)),
         };
@@ -206,11 +232,25 @@ impl Shared {
             Ok(Some(at_tail)) => return Ok(Ok(at_tail)),
             Ok(None) => {}
         }
-        let chain = self.chain(&c, &s).await?;
-        match self.scan(&c, &chain, s.meta.id, from, s.tail, max_bytes).await? {
-            Ok((data, next, aligned)) => Ok(Ok(ReadChunk { info, data, next, aligned })),
-            Err(Gap) => {
+        let chain = self.chain(&self.client().await?, &s).await?;
+        let key = (s.meta.id, from.0, s.tail.0, max_bytes);
+        let (me, id, tail) = (self.me(), s.meta.id, s.tail);
+        let scanned = self
+            .scans
+            .run(key, move || {
+                async move {
+                    let me = me.ok_or(StorageError::ShuttingDown)?;
+                    let c = me.client().await?;
+                    Ok(me.scan(&c, &chain, id, from, tail, max_bytes).await?.ok())
+                }
+                .boxed()
+            })
+            .await?;
+        match scanned {
+            Some((data, next, aligned)) => Ok(Ok(ReadChunk { info, data, next, aligned })),
+            None => {
                 // A trim committed during the read: the earliest offset as of now decides.
+                let c = self.client().await?;
                 let earliest = self.fetch(&c, path, Lock::None).await?.map_or(info.earliest, |s| s.meta.earliest);
                 if from < earliest {
                     Ok(Err(LookupError::Trimmed { earliest }))
@@ -223,12 +263,9 @@ impl Shared {
 
     pub(crate) async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<Result<WaitOutcome, LookupError>, Fail> {
         let deadline = Instant::now() + timeout;
-        let first = {
-            let c = self.client().await?;
-            match self.visible(&c, path, now_ms).await? {
-                Ok(s) => s,
-                Err(e) => return Ok(Err(e)),
-            }
+        let first = match self.visible_fresh(path, now_ms).await? {
+            Ok(s) => s,
+            Err(e) => return Ok(Err(e)),
         };
         self.touch(&first, now_ms);
         let id = first.meta.id;
@@ -237,16 +274,13 @@ impl Shared {
             let notified = notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            // Read after registering: a commit in between is not missed. The connection goes
-            // back to the pool while waiting (waiters must not hold connections).
-            let s = {
-                let c = self.client().await?;
-                match self.visible(&c, path, now_ms).await? {
-                    Ok(s) if s.meta.id == id => s,
-                    // Replaced by a new incarnation: this one is gone.
-                    Ok(_) => return Ok(Err(LookupError::NotFound)),
-                    Err(e) => return Ok(Err(e)),
-                }
+            // Read after registering: a commit in between is not missed. No connection is held
+            // while waiting (waiters must not hold connections).
+            let s = match self.visible_fresh(path, now_ms).await? {
+                Ok(s) if s.meta.id == id => s,
+                // Replaced by a new incarnation: this one is gone.
+                Ok(_) => return Ok(Err(LookupError::NotFound)),
+                Err(e) => return Ok(Err(e)),
             };
             let info = s.meta.info(s.tail);
             if s.tail > after || s.meta.closed {

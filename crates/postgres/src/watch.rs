@@ -11,6 +11,9 @@ use tokio::sync::Notify;
 #[derive(Default)]
 pub(crate) struct Watches {
     by_id: Mutex<HashMap<u64, Weak<Notify>>>,
+    /// Bumped before every wake-up (see `flight`): reads that began at an older epoch may
+    /// predate the commit that woke their reader, so it does not share them.
+    pub epoch: crate::flight::Epoch,
 }
 
 impl Watches {
@@ -37,6 +40,7 @@ impl Watches {
 
     /// Wakes every waiter (after wake-ups may have been missed).
     pub fn wake_all(&self) {
+        self.epoch.bump();
         let map = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
         for n in map.values().filter_map(Weak::upgrade) {
             n.notify_waiters();
@@ -45,6 +49,7 @@ impl Watches {
 
     /// Wakes every waiter of stream `id` (after a commit changed it, here or on another node).
     pub fn wake(&self, id: u64) {
+        self.epoch.bump();
         let map = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = map.get(&id).and_then(Weak::upgrade) {
             n.notify_waiters();

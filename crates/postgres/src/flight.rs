@@ -1,0 +1,110 @@
+//! Single-flight reads. A commit wakes every live reader of its stream at once (200 SSE readers
+//! of one stream: 200 row reads and 200 data reads per message), and they all ask the database
+//! the same thing. Here the first asks and the others share its answer:
+//!
+//! - a live wait's look at a stream's row, keyed by path and the node's *wake epoch*: every
+//!   wake-up this node sees bumps the epoch before waking anyone, so a waiter joins only a read
+//!   that began after the wake-up that woke it (never an answer older than the commit it was
+//!   woken for; a wait that sees an older tail just waits again). Plain reads and heads do not
+//!   share row reads: joining one that began before a write acknowledged by another node could
+//!   miss that write, and they must reflect every acknowledged write;
+//! - a range of data, keyed by stream id, start, tail and size: bytes below a tail never change
+//!   (a trim that removes some is caught by the reader as for an unshared read).
+//!
+//! Visibility (expiry at the reader's own clock) is decided by each reader, not shared.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use futures_util::future::{BoxFuture, FutureExt, Shared};
+use oncelog_storage::StorageError;
+
+/// In-flight reads of one kind, by key.
+pub(crate) struct Flights<K, V: Clone> {
+    inflight: Mutex<HashMap<K, Shared<BoxFuture<'static, Result<V, StorageError>>>>>,
+}
+
+impl<K, V: Clone> Default for Flights<K, V> {
+    fn default() -> Self {
+        Flights { inflight: Mutex::new(HashMap::new()) }
+    }
+}
+
+impl<K: Hash + Eq + Clone + Send + 'static, V: Clone + Send + Sync + 'static> Flights<K, V> {
+    /// The answer of the read in flight for `key`, or of a new one made by `start`.
+    pub async fn run(&self, key: K, start: impl FnOnce() -> BoxFuture<'static, Result<V, StorageError>>) -> Result<V, StorageError> {
+        let fut = {
+            let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            map.entry(key.clone()).or_insert_with(|| start().shared()).clone()
+        };
+        let out = fut.clone().await;
+        // Whoever sees it finish removes it (the reader that began it may have gone): only reads
+        // in flight are ever joined, never finished answers.
+        let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        if map.get(&key).is_some_and(|f| f.ptr_eq(&fut)) {
+            map.remove(&key);
+        }
+        out
+    }
+}
+
+/// The node's wake epoch (see the module note).
+#[derive(Default)]
+pub(crate) struct Epoch(AtomicU64);
+
+impl Epoch {
+    pub fn bump(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+
+    pub fn now(&self) -> u64 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::*;
+
+    fn counting(starts: &Arc<AtomicUsize>, value: u32) -> BoxFuture<'static, Result<u32, StorageError>> {
+        starts.fetch_add(1, Ordering::SeqCst);
+        async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            Ok(value)
+        }
+        .boxed()
+    }
+
+    #[tokio::test]
+    async fn readers_asking_at_once_share_one_read_but_never_a_finished_one() {
+        let flights: Flights<&str, u32> = Flights::default();
+        let starts = Arc::new(AtomicUsize::new(0));
+        let (a, b) = tokio::join!(flights.run("k", || counting(&starts, 1)), flights.run("k", || counting(&starts, 2)));
+        assert_eq!((a.ok(), b.ok()), (Some(1), Some(1)), "the second joined the first");
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+        // Finished: the next reader asks again and gets a new answer.
+        assert_eq!(flights.run("k", || counting(&starts, 3)).await.ok(), Some(3));
+        assert_eq!(starts.load(Ordering::SeqCst), 2);
+        // Another key is another read.
+        let (c, d) = tokio::join!(flights.run("k", || counting(&starts, 4)), flights.run("j", || counting(&starts, 5)));
+        assert_eq!((c.ok(), d.ok()), (Some(4), Some(5)));
+    }
+
+    #[tokio::test]
+    async fn a_read_whose_reader_went_away_is_finished_by_the_next() {
+        let flights: Flights<&str, u32> = Flights::default();
+        let starts = Arc::new(AtomicUsize::new(0));
+        // The first reader gives up before its read ends.
+        let _ = tokio::time::timeout(Duration::from_millis(5), flights.run("k", || counting(&starts, 1))).await;
+        // A reader joining now gets that read's answer, and it is then forgotten.
+        assert_eq!(flights.run("k", || counting(&starts, 2)).await.ok(), Some(1));
+        assert_eq!(flights.run("k", || counting(&starts, 3)).await.ok(), Some(3));
+        assert_eq!(starts.load(Ordering::SeqCst), 2);
+    }
+}
