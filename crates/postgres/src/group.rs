@@ -99,38 +99,29 @@ impl Group {
         let expiring: Vec<i64> =
             group.streams.values().filter(|st| st.s.meta.expiry != Expiry::Never).map(|st| i64_of(st.s.meta.id)).collect();
         let by_id: HashMap<u64, String> = group.streams.iter().map(|(p, st)| (st.s.meta.id, p.clone())).collect();
-        // Pipelined: the three reads go out together.
-        let producers = async {
-            if p_ids.is_empty() {
-                return Ok(Vec::new());
-            }
-            let stmt = tx
-                .prepare_cached(
-                    "SELECT p.stream_id, p.producer, p.state FROM producers p \
-                     JOIN unnest($1::int8[], $2::text[]) AS u(s, n) ON p.stream_id = u.s AND p.producer = u.n",
-                )
-                .await?;
-            tx.query(&stmt, &[&p_ids, &p_names]).await
-        };
-        let keys = async {
-            if k_ids.is_empty() {
-                return Ok(Vec::new());
-            }
-            let stmt = tx
-                .prepare_cached(
-                    "SELECT k.stream_id, k.key, k.entry FROM idem_keys k \
-                     JOIN unnest($1::int8[], $2::bytea[]) AS u(s, k) ON k.stream_id = u.s AND k.key = u.k",
-                )
-                .await?;
-            tx.query(&stmt, &[&k_ids, &k_keys]).await
-        };
-        let forks = async {
-            if expiring.is_empty() {
-                return Ok(Vec::new());
-            }
-            let stmt = tx.prepare_cached("SELECT source_id, count(*) FROM streams WHERE source_id = ANY($1) GROUP BY source_id").await?;
-            tx.query(&stmt, &[&expiring]).await
-        };
+        // Pipelined: the three reads go out together (each only when it has something to ask).
+        type P<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+        let (p_params, k_params, f_params): ([P; 2], [P; 2], [P; 1]) = ([&p_ids, &p_names], [&k_ids, &k_keys], [&expiring]);
+        let producers = query_if(
+            tx,
+            !p_ids.is_empty(),
+            "SELECT p.stream_id, p.producer, p.state FROM producers p \
+             JOIN unnest($1::int8[], $2::text[]) AS u(s, n) ON p.stream_id = u.s AND p.producer = u.n",
+            &p_params,
+        );
+        let keys = query_if(
+            tx,
+            !k_ids.is_empty(),
+            "SELECT k.stream_id, k.key, k.entry FROM idem_keys k \
+             JOIN unnest($1::int8[], $2::bytea[]) AS u(s, k) ON k.stream_id = u.s AND k.key = u.k",
+            &k_params,
+        );
+        let forks = query_if(
+            tx,
+            !expiring.is_empty(),
+            "SELECT source_id, count(*) FROM streams WHERE source_id = ANY($1) GROUP BY source_id",
+            &f_params,
+        );
         let (producers, keys, forks) = futures_util::future::try_join3(producers, keys, forks).await?;
         let path_of = |id: i64| -> Result<&String, RowError> {
             by_id.get(&row::u64_of(id, "stream_id")?).ok_or(RowError::Range("stream_id"))
@@ -262,6 +253,20 @@ impl Group {
         .await
         .map(drop)
     }
+}
+
+/// Runs a prepared query, or answers no rows at once when there is nothing to ask.
+async fn query_if(
+    tx: &Transaction<'_>,
+    ask: bool,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
+    if !ask {
+        return Ok(Vec::new());
+    }
+    let stmt = tx.prepare_cached(sql).await?;
+    tx.query(&stmt, params).await
 }
 
 /// Applies an accepted append's effects to its staged stream.
