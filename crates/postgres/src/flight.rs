@@ -5,7 +5,8 @@
 //! - a live wait's look at a stream's row, keyed by path and the node's *wake epoch*: every
 //!   wake-up this node sees bumps the epoch before waking anyone, so a waiter joins only a read
 //!   that began after the wake-up that woke it (never an answer older than the commit it was
-//!   woken for; a wait that sees an older tail just waits again). Plain reads and heads do not
+//!   woken for; a wait that sees an older tail just waits again). Any answer under the current
+//!   epoch is that fresh, so finished ones are kept and shared too, until the epoch moves. Plain reads and heads do not
 //!   share row reads: joining one that began before a write acknowledged by another node could
 //!   miss that write, and they must reflect every acknowledged write;
 //! - a range of data, keyed by stream id, start, tail and size: bytes below a tail never change
@@ -24,11 +25,22 @@ use oncelog_storage::StorageError;
 /// In-flight reads of one kind, by key.
 pub(crate) struct Flights<K, V: Clone> {
     inflight: Mutex<HashMap<K, Shared<BoxFuture<'static, Result<V, StorageError>>>>>,
+    /// Keep finished answers too (for keys that make any answer under them valid, such as a
+    /// wake epoch: every read under it began after that wake-up), at most this many.
+    keep: usize,
 }
 
 impl<K, V: Clone> Default for Flights<K, V> {
     fn default() -> Self {
-        Flights { inflight: Mutex::new(HashMap::new()) }
+        Flights { inflight: Mutex::new(HashMap::new()), keep: 0 }
+    }
+}
+
+impl<K, V: Clone> Flights<K, V> {
+    /// Flights whose finished answers stay valid for their key: kept (up to `keep`, all dropped
+    /// when full) so readers arriving after a read ended share it too.
+    pub fn keeping(keep: usize) -> Self {
+        Flights { inflight: Mutex::new(HashMap::new()), keep }
     }
 }
 
@@ -37,11 +49,17 @@ impl<K: Hash + Eq + Clone + Send + 'static, V: Clone + Send + Sync + 'static> Fl
     pub async fn run(&self, key: K, start: impl FnOnce() -> BoxFuture<'static, Result<V, StorageError>>) -> Result<V, StorageError> {
         let fut = {
             let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            if self.keep > 0 && map.len() >= self.keep && !map.contains_key(&key) {
+                map.clear();
+            }
             map.entry(key.clone()).or_insert_with(|| start().shared()).clone()
         };
         let out = fut.clone().await;
-        // Whoever sees it finish removes it (the reader that began it may have gone): only reads
-        // in flight are ever joined, never finished answers.
+        if self.keep > 0 && out.is_ok() {
+            return out;
+        }
+        // Whoever sees it finish removes it (the reader that began it may have gone): unless kept,
+        // only reads in flight are ever joined, never finished answers; a failure is never kept.
         let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
         if map.get(&key).is_some_and(|f| f.ptr_eq(&fut)) {
             map.remove(&key);
@@ -94,6 +112,21 @@ mod tests {
         // Another key is another read.
         let (c, d) = tokio::join!(flights.run("k", || counting(&starts, 4)), flights.run("j", || counting(&starts, 5)));
         assert_eq!((c.ok(), d.ok()), (Some(4), Some(5)));
+    }
+
+    #[tokio::test]
+    async fn kept_answers_are_shared_after_they_finish_but_failures_are_not() {
+        let flights: Flights<&str, u32> = Flights::keeping(2);
+        let starts = Arc::new(AtomicUsize::new(0));
+        assert_eq!(flights.run("k", || counting(&starts, 1)).await.ok(), Some(1));
+        assert_eq!(flights.run("k", || counting(&starts, 2)).await.ok(), Some(1), "the finished answer");
+        assert_eq!(starts.load(Ordering::SeqCst), 1);
+        let failing = || async { Err(StorageError::ShuttingDown) }.boxed();
+        assert!(flights.run("e", failing).await.is_err());
+        assert_eq!(flights.run("e", || counting(&starts, 3)).await.ok(), Some(3), "a failure is asked again");
+        // Full: everything kept is dropped and read again.
+        assert_eq!(flights.run("x", || counting(&starts, 4)).await.ok(), Some(4));
+        assert_eq!(flights.run("k", || counting(&starts, 5)).await.ok(), Some(5));
     }
 
     #[tokio::test]

@@ -263,7 +263,7 @@ impl PgEngine {
         let (notify_tx, notify_rx) = mpsc::unbounded_channel();
         let shared = Arc::new_cyclic(|me| Shared {
             me: me.clone(),
-            rows: Default::default(),
+            rows: flight::Flights::keeping(4096),
             scans: Default::default(),
             pool,
             schema: opts.schema.clone(),
@@ -330,6 +330,17 @@ async fn connect(cfg: &tokio_postgres::Config, within: Duration) -> Result<tokio
             Err(e) => return Err(OpenError::Unreachable { secs: within.as_secs(), cause: e.to_string() }),
         }
     }
+}
+
+/// A read cut to `max_bytes` when `bounded` (as [`Engine::read_bounded`]'s default does).
+fn cut(mut chunk: ReadChunk, bounded: bool, max_bytes: usize) -> ReadChunk {
+    let max_bytes = max_bytes.max(1);
+    if bounded && chunk.data.len() > max_bytes {
+        let over = (chunk.data.len() - max_bytes) as u64;
+        chunk.data.truncate(max_bytes);
+        chunk.next = Offset(chunk.next.0 - over);
+    }
+    chunk
 }
 
 /// How often reads' TTL touches are written.
@@ -412,6 +423,21 @@ impl Engine for PgEngine {
 
     async fn read(&self, path: &str, from: Offset, max_bytes: usize, now_ms: i64) -> Result<ReadChunk, LookupError> {
         retry!(self.shared(), self.shared().read(path, from, max_bytes, now_ms))
+    }
+
+    async fn read_woken(&self, path: &str, from: Offset, max_bytes: usize, bounded: bool, seen: &StreamInfo, now_ms: i64) -> Result<ReadChunk, LookupError> {
+        let shared = self.shared();
+        let mut chunk = match shared.read_woken(path, from, max_bytes, seen, now_ms).await {
+            Some(Ok(r)) => r?,
+            Some(Err(f)) => {
+                let e = StorageError::from(f);
+                shared.note_failure(&e);
+                return Err(e.into());
+            }
+            None => return retry!(shared, shared.read(path, from, max_bytes, now_ms)).and_then(|c| Ok(cut(c, bounded, max_bytes))),
+        };
+        chunk = cut(chunk, bounded, max_bytes);
+        Ok(chunk)
     }
 
     async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {

@@ -76,11 +76,12 @@ impl Shared {
     /// The inherited segments of a fork (empty for a stream that is none). Immutable, so kept
     /// per id once computed.
     pub(crate) async fn chain(&self, c: &impl GenericClient, s: &Stream) -> Result<Arc<Vec<Segment>>, Fail> {
-        if s.meta.fork.is_none() {
-            return Ok(Arc::new(Vec::new()));
+        if let Some(chain) = self.cached_chain(s.meta.id) {
+            return Ok(chain);
         }
-        if let Some(chain) = self.chains.lock().unwrap_or_else(|p| p.into_inner()).get(&s.meta.id) {
-            return Ok(chain.clone());
+        if s.meta.fork.is_none() {
+            // Remembered too: a woken reader's read (`read_woken`) needs the chain without the row.
+            return Ok(self.remember_chain(s.meta.id, Vec::new()));
         }
         let stmt = c
             .prepare_cached(
@@ -105,9 +106,22 @@ impl Shared {
         if parent != Some(s.meta.id) {
             return Err(RowError::Range("source_id").into());
         }
+        Ok(self.remember_chain(s.meta.id, chain))
+    }
+
+    pub(crate) fn cached_chain(&self, id: u64) -> Option<Arc<Vec<Segment>>> {
+        self.chains.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
+    }
+
+    fn remember_chain(&self, id: u64, chain: Vec<Segment>) -> Arc<Vec<Segment>> {
         let chain = Arc::new(chain);
-        self.chains.lock().unwrap_or_else(|p| p.into_inner()).insert(s.meta.id, chain.clone());
-        Ok(chain)
+        let mut map = self.chains.lock().unwrap_or_else(|p| p.into_inner());
+        // Bounded: chains are cheap to read again.
+        if map.len() >= 100_000 {
+            map.clear();
+        }
+        map.insert(id, chain.clone());
+        chain
     }
 
     /// Stored bytes from `from`, through `chain` and then stream `id`'s own data, up to `tail`
@@ -233,8 +247,29 @@ impl Shared {
             Ok(None) => {}
         }
         let chain = self.chain(&self.client().await?, &s).await?;
-        let key = (s.meta.id, from.0, s.tail.0, max_bytes);
-        let (me, id, tail) = (self.me(), s.meta.id, s.tail);
+        self.read_shared(path, info, chain, from, max_bytes).await
+    }
+
+    /// A woken reader's read ([`oncelog_storage::Engine::read_woken`]): the stream as its wait
+    /// saw it (after the wake-up), so no row read; a stream whose chain this node does not know
+    /// yet is read afresh (`None`).
+    pub(crate) async fn read_woken(&self, path: &str, from: Offset, max_bytes: usize, seen: &StreamInfo, now_ms: i64) -> Option<Result<Result<ReadChunk, LookupError>, Fail>> {
+        let chain = self.cached_chain(seen.id)?;
+        if matches!(seen.config.expiry, Expiry::Ttl(_)) {
+            self.touches.touch(seen.id, now_ms);
+        }
+        match rules::read_start(seen, from) {
+            Err(e) => return Some(Ok(Err(e))),
+            Ok(Some(at_tail)) => return Some(Ok(Ok(at_tail))),
+            Ok(None) => {}
+        }
+        Some(self.read_shared(path, seen.clone(), chain, from, max_bytes).await)
+    }
+
+    /// The data of a read, shared with every reader asking for the same range now (`flight`).
+    async fn read_shared(&self, path: &str, info: StreamInfo, chain: Arc<Vec<Segment>>, from: Offset, max_bytes: usize) -> Result<Result<ReadChunk, LookupError>, Fail> {
+        let key = (info.id, from.0, info.tail.0, max_bytes);
+        let (me, id, tail) = (self.me(), info.id, info.tail);
         let scanned = self
             .scans
             .run(key, move || {

@@ -47,7 +47,7 @@ pub async fn get<E: Engine>(
             // The first read happens before the 200 goes out, so a bad offset is still a 400;
             // the response then starts with that chunk instead of reading it again.
             let first = if from < info.tail {
-                Some(aligned(sse_read(st, path, from, content_type::is_json(&info.config.content_type), now_ms).await?)?)
+                Some(aligned(sse_read(st, path, from, content_type::is_json(&info.config.content_type), None, now_ms).await?)?)
             } else {
                 None
             };
@@ -61,12 +61,20 @@ pub async fn get<E: Engine>(
 /// With the events framed a piece at a time, this bounds what a reader that stops reading pins.
 pub const SSE_READ_BYTES: usize = 64 << 10;
 
-/// The next chunk for an SSE response.
-async fn sse_read<E: Engine>(st: &AppState<E>, path: &str, from: Offset, json: bool, now_ms: i64) -> Result<ReadChunk, oncelog_storage::LookupError> {
-    if json {
-        st.engine.read(path, from, st.config.max_read_bytes, now_ms).await
-    } else {
-        st.engine.read_bounded(path, from, st.config.max_read_bytes.min(SSE_READ_BYTES), now_ms).await
+/// The next chunk for an SSE response; `seen`: what the wait that woke this reader saw.
+async fn sse_read<E: Engine>(
+    st: &AppState<E>,
+    path: &str,
+    from: Offset,
+    json: bool,
+    seen: Option<&StreamInfo>,
+    now_ms: i64,
+) -> Result<ReadChunk, oncelog_storage::LookupError> {
+    let max = if json { st.config.max_read_bytes } else { st.config.max_read_bytes.min(SSE_READ_BYTES) };
+    match seen {
+        Some(seen) => st.engine.read_woken(path, from, max, !json, seen, now_ms).await,
+        None if json => st.engine.read(path, from, max, now_ms).await,
+        None => st.engine.read_bounded(path, from, max, now_ms).await,
     }
 }
 
@@ -187,10 +195,12 @@ async fn long_poll<E: Engine>(
             return Ok(no_content(&info, cursor));
         }
         let _live = st.live.acquire(path, "long-poll")?;
-        match wait_live(st, path, from, timeout).await? {
-            WaitOutcome::Changed(i) if i.tail > from => {}
+        let seen = match wait_live(st, path, from, timeout).await? {
+            WaitOutcome::Changed(i) if i.tail > from => i,
             WaitOutcome::Changed(i) | WaitOutcome::TimedOut(i) => return Ok(no_content(&i, cursor)),
-        }
+        };
+        let chunk = aligned(st.engine.read_woken(path, from, st.config.max_read_bytes, false, &seen, st.clock.now_ms()).await?)?;
+        return Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers));
     }
     let chunk = aligned(st.engine.read(path, from, st.config.max_read_bytes, st.clock.now_ms()).await?)?;
     Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers))
@@ -217,6 +227,8 @@ struct SseState<E> {
     _live: LiveSlot,
     /// The chunk read before the response began, sent first.
     first: Option<ReadChunk>,
+    /// What the last wait saw when it woke: the next read may take the stream's state from it.
+    seen: Option<StreamInfo>,
     /// The data event being sent, framed a piece at a time: a reader that stops reading holds
     /// one piece (and a share of the chunk) instead of a framed copy of the whole chunk.
     sending: Option<Sending>,
@@ -257,6 +269,7 @@ fn sse<E: Engine>(
         done: false,
         _live: live,
         first,
+        seen: None,
         sending: None,
     };
     let events = futures_util::stream::unfold(state, |mut s| async move {
@@ -301,7 +314,7 @@ impl<E: Engine> SseState<E> {
             // One lookup per step: at the tail the read is empty and still reports closure.
             let chunk = match self.first.take() {
                 Some(chunk) => chunk,
-                None => match sse_read(&self.st, &self.path, self.offset, self.json, self.st.clock.now_ms()).await {
+                None => match sse_read(&self.st, &self.path, self.offset, self.json, self.seen.take().as_ref(), self.st.clock.now_ms()).await {
                     Ok(chunk) => chunk,
                     // A trim overtook this reader: say so; its reconnect gets the 410 and the
                     // stream's earliest offset.
@@ -321,6 +334,9 @@ impl<E: Engine> SseState<E> {
                     sse::DataEvent::new(chunk.data.clone(), self.encoding)
                 };
                 self.offset = chunk.next;
+                // The next look may start from what this read saw (an engine may then skip
+                // looking the stream up again before it waits).
+                self.seen = Some(chunk.info.clone());
                 self.sending = Some(Sending {
                     event,
                     up_to_date: chunk.up_to_date(),
@@ -348,10 +364,13 @@ impl<E: Engine> SseState<E> {
             // A comment now and then: it keeps proxies from timing the response out, and the
             // write is how a reader that went away is noticed (its place given back).
             let slice = remaining.min(self.st.config.sse_keepalive);
-            if let WaitOutcome::TimedOut(_) = wait_live(&self.st, &self.path, self.offset, slice).await.ok()? {
-                if slice < remaining {
-                    return Some(Bytes::from_static(b": keep-alive\n\n"));
+            match wait_live(&self.st, &self.path, self.offset, slice).await.ok()? {
+                WaitOutcome::TimedOut(_) => {
+                    if slice < remaining {
+                        return Some(Bytes::from_static(b": keep-alive\n\n"));
+                    }
                 }
+                WaitOutcome::Changed(info) => self.seen = Some(info),
             }
         }
     }

@@ -493,6 +493,30 @@ pub trait Engine: Send + Sync + 'static {
         }
     }
 
+    /// A read by a live reader that [`Engine::wait`] just woke with `seen` (its
+    /// `WaitOutcome::Changed` info): the engine may take the stream's state from `seen` instead
+    /// of looking it up again, so the answer is as of `seen` or later (a database engine saves
+    /// one query per woken reader: with many readers per stream, most of its work). `bounded`:
+    /// as [`Engine::read_bounded`], else as [`Engine::read`]. The default reads afresh.
+    fn read_woken(
+        &self,
+        path: &str,
+        from: Offset,
+        max_bytes: usize,
+        bounded: bool,
+        seen: &StreamInfo,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<ReadChunk, LookupError>> + Send {
+        let _ = seen;
+        async move {
+            if bounded {
+                self.read_bounded(path, from, max_bytes, now_ms).await
+            } else {
+                self.read(path, from, max_bytes, now_ms).await
+            }
+        }
+    }
+
     /// Waits until the tail passes `after` or the stream closes, at most `timeout`.
     fn wait(
         &self,

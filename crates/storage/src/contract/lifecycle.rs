@@ -251,3 +251,37 @@ pub async fn reads_say_whether_they_start_at_a_minted_offset<H: Harness>() {
     assert!(c.aligned && &c.data[..] == b"xy", "{c:?}");
     assert!(!e.read("f", Offset(4), 1 << 20, 0).await.expect("read").aligned);
 }
+
+pub async fn reads_after_a_wait_see_at_least_what_it_saw<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("s", "text/plain")).await;
+    append(e, append_req("s", "abc")).await;
+    // An ordinary read first (an engine may remember what it learned from it).
+    assert_eq!(&e.read("s", Offset::ZERO, 64, 0).await.expect("read").data[..], b"abc");
+    let (w, _) = tokio::join!(e.wait("s", Offset(3), Duration::from_secs(5), 0), async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        append(e, append_req("s", "defg")).await
+    });
+    let Ok(WaitOutcome::Changed(seen)) = w else { panic!("{w:?}") };
+    let c = e.read_woken("s", Offset(3), 1 << 20, false, &seen, 0).await.expect("read");
+    assert_eq!((&c.data[..], c.next, c.up_to_date()), (&b"defg"[..], Offset(7), true));
+    let c = e.read_woken("s", Offset(3), 2, true, &seen, 0).await.expect("bounded read");
+    assert_eq!((&c.data[..], c.next), (&b"de"[..], Offset(5)), "bounded: cut inside the append");
+    let c = e.read_woken("s", Offset(7), 64, false, &seen, 0).await.expect("read at the tail");
+    assert!(c.data.is_empty() && c.up_to_date());
+    // What the wait saw bounds nothing below it: a later trim still answers.
+    e.trim("s", Offset(3), 0).await.expect("trim");
+    let seen = e.head("s", 0).await.expect("head");
+    assert!(matches!(e.read_woken("s", Offset(1), 64, false, &seen, 0).await, Err(LookupError::Trimmed { earliest: Offset(3) })));
+    // A fork's woken reader reads through its source.
+    create(e, fork_req("f", "s", Some(5), 0)).await;
+    assert_eq!(&e.read("f", Offset(3), 64, 0).await.expect("read").data[..], b"de");
+    let (w, _) = tokio::join!(e.wait("f", Offset(5), Duration::from_secs(5), 0), async {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        append(e, append_req("f", "XY")).await
+    });
+    let Ok(WaitOutcome::Changed(seen)) = w else { panic!("{w:?}") };
+    let c = e.read_woken("f", Offset(3), 64, false, &seen, 0).await.expect("fork read");
+    assert_eq!((&c.data[..], c.next), (&b"deXY"[..], Offset(7)));
+}

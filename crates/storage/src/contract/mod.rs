@@ -122,6 +122,7 @@ macro_rules! __contract_all_cases {
             lifecycle::reads_say_whether_they_start_at_a_minted_offset,
             lifecycle::ttl_and_absolute_expiry,
             lifecycle::live_waits_wake_on_append_closure_and_delete,
+            lifecycle::reads_after_a_wait_see_at_least_what_it_saw,
             lifecycle::state_survives_reopen,
             lifecycle::deleted_paths_start_fresh_with_new_ids,
             lifecycle::readiness_and_stats,
