@@ -135,8 +135,8 @@ pub(crate) struct Shared {
     pub kick: tokio::sync::Notify,
 }
 
-/// [`EngineStats`], counted at open and kept by this node's commits (exact with one node;
-/// with several, each node counts what it did).
+/// [`EngineStats`], counted at open and every [`COUNT_EVERY`], and kept by this node's commits
+/// in between (exact with one node; with several, right again at each count).
 #[derive(Default)]
 pub(crate) struct Counters {
     streams: AtomicI64,
@@ -187,6 +187,15 @@ impl Shared {
         }
         self.stats.streams.fetch_add(fx.streams, Ordering::Relaxed);
         self.stats.producers.fetch_add(fx.producers, Ordering::Relaxed);
+    }
+
+    /// Sets the counters to the database's counts (every node's changes).
+    pub(crate) async fn count(&self) -> Result<(), error::Fail> {
+        let c = self.client().await?;
+        let r = c.query_one("SELECT (SELECT count(*) FROM streams), (SELECT count(*) FROM producers)", &[]).await?;
+        self.stats.streams.store(r.get(0), Ordering::Relaxed);
+        self.stats.producers.store(r.get(1), Ordering::Relaxed);
+        Ok(())
     }
 
     /// Stream `id` changed (committed): this node's waiters wake now, the other nodes'
@@ -306,6 +315,12 @@ impl PgEngine {
         &self.inner.shared
     }
 
+    /// Sets the counters behind [`Engine::stats`] to the database's counts now (the background
+    /// task does it every 30 s).
+    pub async fn refresh_stats(&self) -> Result<(), StorageError> {
+        self.shared().count().await.map_err(StorageError::from)
+    }
+
     fn closing(&self) -> bool {
         self.inner.closing.load(Ordering::Acquire)
     }
@@ -347,6 +362,10 @@ fn cut(mut chunk: ReadChunk, bounded: bool, max_bytes: usize) -> ReadChunk {
 const TOUCH_FLUSH: Duration = Duration::from_millis(500);
 /// How often removed and trimmed data is collected.
 const GC_EVERY: Duration = Duration::from_secs(2);
+/// How often the counters behind `Engine::stats()` are set to the database's counts: between
+/// refreshes a node adds what it changed itself, so with several nodes each is right again
+/// within this long.
+const COUNT_EVERY: Duration = Duration::from_secs(30);
 
 /// Background work of a node: TTL touches, the waiters' safety net, readiness, collection.
 async fn background(shared: Arc<Shared>) {
@@ -365,6 +384,11 @@ async fn background(shared: Arc<Shared>) {
         match probe.await {
             Ok(()) => shared.note_success(),
             Err(f) => shared.note_failure(&StorageError::from(f)),
+        }
+        if ticks % (COUNT_EVERY.as_millis() / TOUCH_FLUSH.as_millis()) as u64 == 0 {
+            if let Err(f) = shared.count().await {
+                tracing::debug!(error = %StorageError::from(f), "counting streams failed; retried later");
+            }
         }
         if ticks % (GC_EVERY.as_millis() / TOUCH_FLUSH.as_millis()) as u64 == 0 {
             loop {

@@ -150,3 +150,17 @@ fn every_node_may_sweep_expired_streams_but_each_goes_once() {
         assert!(e[0].list_streams("", t0).await.expect("list").is_empty());
     });
 }
+
+#[test]
+fn counts_include_every_nodes_changes_after_a_refresh() {
+    contract::run(|| async {
+        let (_, e) = nodes(2).await;
+        contract::create(&e[0], create_req("a", "text/plain")).await;
+        contract::create(&e[0], create_req("b", "text/plain")).await;
+        contract::append(&e[0], produce("a", "x", "p", 0, 0)).await;
+        contract::create(&e[1], create_req("c", "text/plain")).await;
+        assert_eq!(e[1].stats(), EngineStats { streams: 1, producers: 0 }, "B counts only what it did until it refreshes");
+        e[1].refresh_stats().await.expect("refresh");
+        assert_eq!(e[1].stats(), EngineStats { streams: 3, producers: 1 });
+    });
+}
