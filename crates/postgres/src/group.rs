@@ -66,7 +66,10 @@ impl Group {
         let mut paths: Vec<&str> = reqs.iter().map(|r| r.path.as_str()).filter(|p| text_ok(p)).collect();
         paths.sort_unstable();
         paths.dedup();
-        let stmt = tx.prepare_cached(&format!("SELECT {COLS} FROM streams WHERE path = ANY($1) ORDER BY id FOR UPDATE")).await?;
+        // Built once: every group's first statement.
+        static LOCK_ROWS: std::sync::LazyLock<String> =
+            std::sync::LazyLock::new(|| format!("SELECT {COLS} FROM streams WHERE path = ANY($1) ORDER BY id FOR UPDATE"));
+        let stmt = tx.prepare_cached(&LOCK_ROWS).await?;
         let rows = tx.query(&stmt, &[&paths]).await?;
         let mut group = Group::default();
         for r in &rows {

@@ -119,6 +119,9 @@ pub(crate) struct Shared {
     pub stats: Counters,
     /// Why the database could not be used, while it cannot (for `/readyz`).
     pub unavailable: Mutex<Option<String>>,
+    /// Whether `unavailable` holds a reason: every request notes its success, and only this
+    /// flag is read then (no lock on the read path while all is well).
+    pub degraded: AtomicBool,
     /// Rows read by live readers, shared per path and wake epoch (`flight`).
     pub rows: flight::Flights<(String, u64), Option<row::Stream>>,
     /// Data ranges read, shared per (stream id, from, tail, max bytes).
@@ -158,17 +161,6 @@ pub(crate) fn lock_key(schema: &str, kind: &[u8], what: &[u8]) -> i64 {
     h.update(&[0]);
     h.update(what);
     h.digest() as i64
-}
-
-/// A random id for this node's notifications.
-fn node_id() -> u64 {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-    let local = 0u8;
-    xxhash_rust::xxh3::xxh3_64(format!("{}:{nanos}:{:p}", std::process::id(), &local).as_bytes())
-}
-
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Shared {
@@ -212,13 +204,13 @@ impl Shared {
     pub(crate) fn note_failure(&self, e: &StorageError) {
         if let StorageError::Unavailable(cause) = e {
             *self.unavailable.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause.to_string());
+            self.degraded.store(true, Ordering::Release);
         }
     }
 
     pub(crate) fn note_success(&self) {
-        let mut u = self.unavailable.lock().unwrap_or_else(|p| p.into_inner());
-        if u.is_some() {
-            *u = None;
+        if self.degraded.swap(false, Ordering::AcqRel) {
+            *self.unavailable.lock().unwrap_or_else(|p| p.into_inner()) = None;
         }
     }
 }
@@ -282,8 +274,9 @@ impl PgEngine {
             chains: Mutex::new(HashMap::new()),
             stats: Counters { streams: AtomicI64::new(counts.get(0)), producers: AtomicI64::new(counts.get(1)) },
             unavailable: Mutex::new(None),
+            degraded: AtomicBool::new(false),
             listen_down: Mutex::new(None),
-            node: node_id(),
+            node: oncelog_storage::clock::unique_id(),
             notify: notify_tx,
             kick: tokio::sync::Notify::new(),
         });
@@ -345,17 +338,6 @@ async fn connect(cfg: &tokio_postgres::Config, within: Duration) -> Result<tokio
             Err(e) => return Err(OpenError::Unreachable { secs: within.as_secs(), cause: e.to_string() }),
         }
     }
-}
-
-/// A read cut to `max_bytes` when `bounded` (as [`Engine::read_bounded`]'s default does).
-fn cut(mut chunk: ReadChunk, bounded: bool, max_bytes: usize) -> ReadChunk {
-    let max_bytes = max_bytes.max(1);
-    if bounded && chunk.data.len() > max_bytes {
-        let over = (chunk.data.len() - max_bytes) as u64;
-        chunk.data.truncate(max_bytes);
-        chunk.next = Offset(chunk.next.0 - over);
-    }
-    chunk
 }
 
 /// How often reads' TTL touches are written.
@@ -450,18 +432,8 @@ impl Engine for PgEngine {
     }
 
     async fn read_woken(&self, path: &str, from: Offset, max_bytes: usize, bounded: bool, seen: &StreamInfo, now_ms: i64) -> Result<ReadChunk, LookupError> {
-        let shared = self.shared();
-        let mut chunk = match shared.read_woken(path, from, max_bytes, seen, now_ms).await {
-            Some(Ok(r)) => r?,
-            Some(Err(f)) => {
-                let e = StorageError::from(f);
-                shared.note_failure(&e);
-                return Err(e.into());
-            }
-            None => return retry!(shared, shared.read(path, from, max_bytes, now_ms)).and_then(|c| Ok(cut(c, bounded, max_bytes))),
-        };
-        chunk = cut(chunk, bounded, max_bytes);
-        Ok(chunk)
+        let chunk = retry!(self.shared(), self.shared().read_woken(path, from, max_bytes, seen, now_ms))?;
+        Ok(if bounded { chunk.cut_to(max_bytes) } else { chunk })
     }
 
     async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {

@@ -1,7 +1,7 @@
 //! Reads: a stream's row as readers see it, bytes through a fork's chain, live waits,
 //! listings. Every read asks the database, so it reflects writes acknowledged by any node.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -30,12 +30,17 @@ impl Shared {
         if !text_ok(path) {
             return Ok(None);
         }
-        let sql = match lock {
-            Lock::None => format!("SELECT {COLS} FROM streams WHERE path = $1"),
-            Lock::Update => format!("SELECT {COLS} FROM streams WHERE path = $1 FOR UPDATE"),
-            Lock::SkipLocked => format!("SELECT {COLS} FROM streams WHERE path = $1 FOR UPDATE SKIP LOCKED"),
-        };
-        let stmt = c.prepare_cached(&sql).await?;
+        // Built once: this is every read's first statement.
+        static SQL: LazyLock<[String; 3]> = LazyLock::new(|| {
+            let base = format!("SELECT {COLS} FROM streams WHERE path = $1");
+            [base.clone(), format!("{base} FOR UPDATE"), format!("{base} FOR UPDATE SKIP LOCKED")]
+        });
+        let sql = &SQL[match lock {
+            Lock::None => 0,
+            Lock::Update => 1,
+            Lock::SkipLocked => 2,
+        }];
+        let stmt = c.prepare_cached(sql).await?;
         match c.query_opt(&stmt, &[&path]).await? {
             Some(r) => Ok(Some(Stream::from_row(&r)?)),
             None => Ok(None),
@@ -59,10 +64,21 @@ impl Shared {
     }
 
     /// The stream at `path` as a reader sees it at `now_ms` ([`rules::visible`]).
-    pub(crate) async fn visible(&self, c: &impl GenericClient, path: &str, now_ms: i64) -> Result<Result<Stream, LookupError>, Fail> {
-        let Some(s) = self.fetch(c, path, Lock::None).await? else { return Ok(Err(LookupError::NotFound)) };
+    pub(crate) async fn visible(&self, c: &deadpool_postgres::Client, path: &str, now_ms: i64) -> Result<Result<Stream, LookupError>, Fail> {
+        let found = self.fetch(c, path, Lock::None).await?;
+        self.judge(found, now_ms, Some(c)).await
+    }
+
+    /// How a reader sees the row `found` at `now_ms`: its forks are counted (one more query, on
+    /// `c` or a pooled connection) only when it has expired, where they decide 404 or 410.
+    async fn judge(&self, found: Option<Stream>, now_ms: i64, c: Option<&deadpool_postgres::Client>) -> Result<Result<Stream, LookupError>, Fail> {
+        let Some(s) = found else { return Ok(Err(LookupError::NotFound)) };
         let expired = self.expired(&s, now_ms);
-        let forks = if expired { self.forks(c, s.meta.id).await? } else { 0 };
+        let forks = match (expired, c) {
+            (false, _) => 0,
+            (true, Some(c)) => self.forks(c, s.meta.id).await?,
+            (true, None) => self.forks(&self.client().await?, s.meta.id).await?,
+        };
         Ok(rules::visible(s.meta.soft_deleted, expired, forks).map(|()| s))
     }
 
@@ -228,14 +244,15 @@ impl Shared {
 
     /// [`Shared::visible`] over a shared row read; expiry is judged at this reader's `now_ms`.
     async fn visible_fresh(&self, path: &str, now_ms: i64) -> Result<Result<Stream, LookupError>, Fail> {
-        let Some(s) = self.fetch_fresh(path).await? else { return Ok(Err(LookupError::NotFound)) };
-        let expired = self.expired(&s, now_ms);
-        let forks = if expired { self.forks(&self.client().await?, s.meta.id).await? } else { 0 };
-        Ok(rules::visible(s.meta.soft_deleted, expired, forks).map(|()| s))
+        let found = self.fetch_fresh(path).await?;
+        self.judge(found, now_ms, None).await
     }
 
     pub(crate) async fn read(&self, path: &str, from: Offset, max_bytes: usize, now_ms: i64) -> Result<Result<ReadChunk, LookupError>, Fail> {
-        let s = match self.visible(&self.client().await?, path, now_ms).await? {
+        // One connection for the row and (when not known yet) the fork chain; the data comes
+        // through a shared read, on a connection of its own.
+        let c = self.client().await?;
+        let s = match self.visible(&c, path, now_ms).await? {
             Ok(s) => s,
             Err(e) => return Ok(Err(e)),
         };
@@ -246,24 +263,24 @@ impl Shared {
             Ok(Some(at_tail)) => return Ok(Ok(at_tail)),
             Ok(None) => {}
         }
-        let chain = self.chain(&self.client().await?, &s).await?;
+        let chain = self.chain(&c, &s).await?;
+        drop(c);
         self.read_shared(path, info, chain, from, max_bytes).await
     }
 
     /// A woken reader's read ([`oncelog_storage::Engine::read_woken`]): the stream as its wait
     /// saw it (after the wake-up), so no row read; a stream whose chain this node does not know
-    /// yet is read afresh (`None`).
-    pub(crate) async fn read_woken(&self, path: &str, from: Offset, max_bytes: usize, seen: &StreamInfo, now_ms: i64) -> Option<Result<Result<ReadChunk, LookupError>, Fail>> {
-        let chain = self.cached_chain(seen.id)?;
+    /// yet is read afresh.
+    pub(crate) async fn read_woken(&self, path: &str, from: Offset, max_bytes: usize, seen: &StreamInfo, now_ms: i64) -> Result<Result<ReadChunk, LookupError>, Fail> {
+        let Some(chain) = self.cached_chain(seen.id) else { return self.read(path, from, max_bytes, now_ms).await };
         if matches!(seen.config.expiry, Expiry::Ttl(_)) {
             self.touches.touch(seen.id, now_ms);
         }
         match rules::read_start(seen, from) {
-            Err(e) => return Some(Ok(Err(e))),
-            Ok(Some(at_tail)) => return Some(Ok(Ok(at_tail))),
-            Ok(None) => {}
+            Err(e) => Ok(Err(e)),
+            Ok(Some(at_tail)) => Ok(Ok(at_tail)),
+            Ok(None) => self.read_shared(path, seen.clone(), chain, from, max_bytes).await,
         }
-        Some(self.read_shared(path, seen.clone(), chain, from, max_bytes).await)
     }
 
     /// The data of a read, shared with every reader asking for the same range now (`flight`).
@@ -362,7 +379,7 @@ impl Shared {
         let stmt = c
             .prepare_cached(&format!("SELECT {COLS} FROM streams WHERE compaction AND NOT soft_deleted AND tail - earliest >= $1 ORDER BY path"))
             .await?;
-        let now_ms = crate::now_ms();
+        let now_ms = oncelog_storage::SystemClock::default().now_ms();
         let mut out = Vec::new();
         for r in &c.query(&stmt, &[&i64_of(min_bytes)]).await? {
             let s = Stream::from_row(r)?;

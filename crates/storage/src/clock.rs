@@ -1,4 +1,4 @@
-//! Time and jitter behind a trait: expiry, TTL windows and cursors depend on them, and tests need
+//! Time and jitter behind a trait (and [`unique_id`]): expiry, TTL windows and cursors depend on them, and tests need
 //! to control them. Engines take `now_ms` from their callers, and read the clock only where no
 //! caller is there to ask (recovery's start of the TTL windows).
 
@@ -34,6 +34,20 @@ impl Clock for SystemClock {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         (z ^ (z >> 31)) % 3600 + 1
     }
+}
+
+/// An id that differs from every other this process makes, and (but for a 2^-64 chance) from
+/// those of other processes: who a node is in notifications and leases. `RandomState`'s keys come
+/// from the operating system's randomness; pid, time and a counter only add to it. No dependency
+/// for an id that must merely differ.
+pub fn unique_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static MADE: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u64(MADE.fetch_add(1, Ordering::Relaxed));
+    h.finish()
 }
 
 /// A clock that moves only when told to, with fixed jitter: for tests of time-based behaviour.

@@ -392,6 +392,18 @@ pub struct ReadChunk {
 }
 
 impl ReadChunk {
+    /// The chunk cut to at most `max_bytes` (at least one), possibly inside an append: what
+    /// [`Engine::read_bounded`] answers.
+    pub fn cut_to(mut self, max_bytes: usize) -> ReadChunk {
+        let max_bytes = max_bytes.max(1);
+        if self.data.len() > max_bytes {
+            let over = (self.data.len() - max_bytes) as u64;
+            self.data.truncate(max_bytes);
+            self.next = Offset(self.next.0 - over);
+        }
+        self
+    }
+
     /// True when the chunk reaches the tail as it was when the read began.
     pub fn up_to_date(&self) -> bool {
         self.next >= self.info.tail
@@ -481,16 +493,7 @@ pub trait Engine: Send + Sync + 'static {
         max_bytes: usize,
         now_ms: i64,
     ) -> impl Future<Output = Result<ReadChunk, LookupError>> + Send {
-        async move {
-            let max_bytes = max_bytes.max(1);
-            let mut chunk = self.read(path, from, max_bytes, now_ms).await?;
-            if chunk.data.len() > max_bytes {
-                let cut = (chunk.data.len() - max_bytes) as u64;
-                chunk.data.truncate(max_bytes);
-                chunk.next = Offset(chunk.next.0 - cut);
-            }
-            Ok(chunk)
-        }
+        async move { Ok(self.read(path, from, max_bytes.max(1), now_ms).await?.cut_to(max_bytes)) }
     }
 
     /// A read by a live reader that [`Engine::wait`] just woke with `seen` (its

@@ -17,8 +17,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use oncelog_protocol::Offset;
@@ -84,28 +84,13 @@ fn decode_lease(v: &[u8]) -> Option<(u64, i64)> {
 
 /// Dispatcher holder ids of this process that no live [`Subscriptions`] uses any more.
 static FREE_NODE_IDS: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
-static NODE_IDS_MINTED: AtomicU64 = AtomicU64::new(0);
 
-/// A holder id for a new [`Subscriptions`]: distinct from every other live one (here and, by
-/// chance of 2^-64, in other processes). A dropped instance's id goes to the next one made in
-/// this process: that is the same dispatcher reopened, and it takes its own lease over at once
+/// A holder id for a new [`Subscriptions`]: distinct from every other live one
+/// ([`crate::clock::unique_id`]). A dropped instance's id goes to the next one made in this
+/// process: that is the same dispatcher reopened, and it takes its own lease over at once
 /// instead of waiting out [`DISPATCH_LEASE_MS`].
 fn take_node_id() -> u64 {
-    static BASE: OnceLock<u64> = OnceLock::new();
-    if let Some(id) = FREE_NODE_IDS.lock().ok().and_then(|mut f| f.pop()) {
-        return id;
-    }
-    // `RandomState` keys come from the operating system's randomness; the pid, the time and an
-    // address only add to it. No dependency needed for an id that must merely differ.
-    let base = *BASE.get_or_init(|| {
-        use std::hash::{BuildHasher, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
-        h.write_usize(&NODE_IDS_MINTED as *const AtomicU64 as usize);
-        h.finish()
-    });
-    base.wrapping_add(NODE_IDS_MINTED.fetch_add(1, Ordering::Relaxed))
+    FREE_NODE_IDS.lock().ok().and_then(|mut f| f.pop()).unwrap_or_else(crate::clock::unique_id)
 }
 
 /// The metadata write that stores one cursor of subscription `uid`.
@@ -464,7 +449,7 @@ impl<E: Engine> Subscriptions<E> {
                 e.cursors.insert(path.to_owned(), codec::decode_cursor(&v).map_err(corrupt)?);
             }
         }
-        let next_uid_stored = self.engine.meta_scan(NEXT_UID.as_bytes()).await?.into_iter().find(|(k, _)| k == NEXT_UID.as_bytes()).map(|(_, v)| v);
+        let next_uid_stored = self.meta_get(NEXT_UID.as_bytes()).await?;
         let next_uid = match &next_uid_stored {
             Some(v) => u64::from_le_bytes(v.as_ref().try_into().map_err(|_| SubError::Storage(crate::codec::DecodeError::Truncated.into()))?),
             None => 1,
@@ -474,6 +459,11 @@ impl<E: Engine> Subscriptions<E> {
             keys.insert(String::from_utf8_lossy(&k[KEY_PREFIX.len()..]).into_owned(), v);
         }
         Ok(Inner { loaded: true, subs, next_uid, next_uid_stored, keys, next_full_pass_ms: 0 })
+    }
+
+    /// The value stored under exactly `key` (a scan of the key as a prefix, which it also is).
+    async fn meta_get(&self, key: &[u8]) -> Result<Option<Bytes>, SubError> {
+        Ok(self.engine.meta_scan(key).await?.into_iter().find(|(k, _)| k == key).map(|(_, v)| v))
     }
 
     /// Commits `txn`. A conflict means the state here is stale: it is reloaded on the next call.
@@ -1027,7 +1017,7 @@ impl<E: Engine> Subscriptions<E> {
 
     async fn try_lease(&self, now_ms: i64) -> Result<bool, SubError> {
         let key = LEASE_KEY.as_bytes();
-        let stored = self.engine.meta_scan(key).await?.into_iter().find(|(k, _)| k == key).map(|(_, v)| v);
+        let stored = self.meta_get(key).await?;
         match stored.as_deref().and_then(decode_lease) {
             Some((holder, until)) if holder == self.node && until.saturating_sub(now_ms) > DISPATCH_LEASE_MS / 2 => return Ok(true),
             Some((holder, until)) if holder != self.node && now_ms < until => return Ok(false),
