@@ -35,7 +35,7 @@ pub enum EmptyArray {
 /// its elements, anything else is one message.
 pub fn encode_body(body: &[u8], empty: EmptyArray) -> Result<Vec<u8>, JsonError> {
     // One level more for the batch array, which is flattened away.
-    if depth(body) > MAX_DEPTH + 1 {
+    if scan(body)? > MAX_DEPTH + 1 {
         return Err(JsonError::TooDeep);
     }
     let text = std::str::from_utf8(body).map_err(|_| JsonError::Invalid)?;
@@ -59,30 +59,61 @@ pub fn encode_body(body: &[u8], empty: EmptyArray) -> Result<Vec<u8>, JsonError>
 }
 
 /// The deepest nesting of `[` / `{` in `text`, outside strings. Run before parsing, so that no
-/// parser ever recurses into input deeper than the limit.
-fn depth(text: &[u8]) -> usize {
-    let (mut depth, mut deepest, mut in_string, mut escaped) = (0usize, 0usize, false, false);
+/// parser ever recurses into input deeper than the limit. Also refuses a `\u` escape of a lone
+/// surrogate (`"\ud800"`), which the parser lets through but which is no Unicode text: RFC 8259
+/// leaves it to the reader, I-JSON (RFC 7493) forbids it, and common readers (the project's own
+/// among them) fail on it, so a stream holding one could not be read past it.
+fn scan(text: &[u8]) -> Result<usize, JsonError> {
+    /// Where the scanner is inside a string.
+    enum Str {
+        Plain,
+        /// After a `\`.
+        Escape,
+        /// Inside `\uXXXX`: digits read, value so far.
+        Hex(u8, u32),
+    }
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    // Inside a string, and whether the last escape was a high surrogate awaiting its pair.
+    let (mut string, mut high) = (None::<Str>, false);
     for &b in text {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
+        let Some(state) = string.as_mut() else {
+            match b {
+                b'"' => string = Some(Str::Plain),
+                b'[' | b'{' => {
+                    depth += 1;
+                    deepest = deepest.max(depth);
+                }
+                b']' | b'}' => depth = depth.saturating_sub(1),
                 _ => {}
             }
             continue;
-        }
-        match b {
-            b'"' => in_string = true,
-            b'[' | b'{' => {
-                depth += 1;
-                deepest = deepest.max(depth);
+        };
+        match state {
+            Str::Plain if high && b != b'\\' => return Err(JsonError::Invalid),
+            Str::Plain if b == b'\\' => *state = Str::Escape,
+            Str::Plain if b == b'"' => string = None,
+            Str::Plain => {}
+            Str::Escape if b == b'u' => *state = Str::Hex(0, 0),
+            Str::Escape if high => return Err(JsonError::Invalid),
+            Str::Escape => *state = Str::Plain,
+            Str::Hex(n, v) => {
+                let digit = char::from(b).to_digit(16).ok_or(JsonError::Invalid)?;
+                let (n, v) = (*n + 1, *v * 16 + digit);
+                if n < 4 {
+                    *state = Str::Hex(n, v);
+                    continue;
+                }
+                match (v, high) {
+                    (0xD800..=0xDBFF, false) => high = true,
+                    (0xDC00..=0xDFFF, true) => high = false,
+                    (0xD800..=0xDFFF, _) | (_, true) => return Err(JsonError::Invalid),
+                    _ => {}
+                }
+                *state = Str::Plain;
             }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            _ => {}
         }
     }
-    deepest
+    Ok(deepest)
 }
 
 /// Renders stored bytes (whole messages) as the JSON array a GET returns.
@@ -188,6 +219,18 @@ mod tests {
         assert_eq!(encode_body(b"[]", EmptyArray::Rejected), Err(JsonError::EmptyArray));
         assert_eq!(encode_body(b" [ ] ", EmptyArray::Allowed), Ok(vec![]));
         assert_eq!(encode_body(&[0xff], EmptyArray::Rejected), Err(JsonError::Invalid));
+    }
+
+    #[test]
+    fn lone_surrogate_escapes_are_refused() {
+        for bad in [r#""\ud800""#, r#""\udc00""#, r#""\ud800x""#, r#""\ud800\n""#, r#""\ud800\u0041""#, r#""\ud800\ud800""#, r#"{"\udbff": 1}"#, r#"[1, {"v": "a\uDFFFb"}]"#, r#""\uZZZZ""#] {
+            assert_eq!(encode_body(bad.as_bytes(), EmptyArray::Rejected), Err(JsonError::Invalid), "{bad}");
+        }
+        for good in [r#""\ud83d\ude00""#, r#""\uD83D\uDE00 and \u00e9""#, r#"{"k\u0041": "\\ud800"}"#, r#""\"\ud800\udc00\"""#] {
+            let stored = encode_body(good.as_bytes(), EmptyArray::Rejected).expect(good);
+            // Whatever is accepted reads back as text.
+            assert!(serde_json::from_slice::<serde_json::Value>(&render_array(&stored)).is_ok(), "{good}");
+        }
     }
 
     #[test]

@@ -111,3 +111,81 @@ async fn a_made_up_offset_inside_a_json_message_is_refused() {
     let r = http.get(format!("{}?offset={}", s.url("t"), off(3))).send().await.expect("get");
     assert_eq!(r.text().await.expect("text"), "def");
 }
+
+/// A lone surrogate escape is no text: refused on append, in a create's body and in a
+/// transactional commit's outputs, so a stream never holds a message its readers cannot decode.
+#[tokio::test]
+async fn json_with_a_lone_surrogate_escape_is_refused_everywhere() {
+    let (s, http) = server().await;
+    let json = |r: reqwest::RequestBuilder| r.header("content-type", "application/json");
+    for body in [r#"{"v":"\ud800"}"#, r#"["ok", "\udc00"]"#, r#"{"\udbff": 1}"#] {
+        let (status, reason) = status_and_reason(json(http.post(s.url("j"))).body(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "append {body}: {reason}");
+        let (status, _) = status_and_reason(json(http.put(s.url("j2"))).body(body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "create {body}");
+    }
+    // A pair is text, and so is an escaped backslash before `ud800`.
+    assert_eq!(status_and_reason(json(http.post(s.url("j"))).body(r#"{"v":"\ud83d\ude00 \\ud800"}"#)).await.0, StatusCode::NO_CONTENT);
+    let text = http.get(s.url("j")).send().await.expect("get").text().await.expect("text");
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&text).expect("json"), serde_json::json!([{ "v": "\u{1F600} \\ud800" }]));
+    // Inside a State Protocol value on a stream made for compaction.
+    let r = json(http.put(s.url("state"))).header("stream-compaction", "state").send().await.expect("put");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let change = r#"{"type":"t","key":"k","value":{"name":"\ud800"},"headers":{"operation":"insert"}}"#;
+    assert_eq!(status_and_reason(json(http.post(s.url("state"))).body(change)).await.0, StatusCode::BAD_REQUEST);
+
+    // A transactional commit's output.
+    for path in ["wake", "in/a", "out"] {
+        assert!(json(http.put(s.url(path))).send().await.expect("put").status().is_success());
+    }
+    let sub = s.url("__ds/subscriptions/tx");
+    let cfg = r#"{"type":"pull-wake","pattern":"in/*","wake_stream":"wake","lease_ttl_ms":5000}"#;
+    assert_eq!(json(http.put(&sub)).body(cfg).send().await.expect("put").status(), StatusCode::CREATED);
+    json(http.post(s.url("in/a"))).body("1").send().await.expect("append");
+    let claim: serde_json::Value = serde_json::from_str(&json(http.post(format!("{sub}/claim"))).body(r#"{"worker":"w"}"#).send().await.expect("claim").text().await.expect("text")).expect("json");
+    let token = claim["token"].as_str().expect("token");
+    let commit = |data: &str| {
+        format!(
+            r#"{{"wake_id":{},"generation":{},"done":false,"appends":[{{"stream":"out","producer":{{"id":"p","epoch":0,"seq":0}},"data":{data}}}]}}"#,
+            claim["wake_id"], claim["generation"]
+        )
+    };
+    let (status, reason) = status_and_reason(json(http.post(format!("{sub}/commit"))).bearer_auth(token).body(commit(r#"{"v":"\ud800"}"#))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reason}");
+    assert_eq!(http.get(s.url("out")).send().await.expect("get").text().await.expect("text"), "[]");
+    let (status, reason) = status_and_reason(json(http.post(format!("{sub}/commit"))).bearer_auth(token).body(commit(r#"{"v":"\ud800\udc00"}"#))).await;
+    assert_eq!(status, StatusCode::OK, "{reason}");
+}
+
+/// Subscription patterns are bounded (length, segments, `**`), runs of `**` are one, and a
+/// pattern with many `**` over deep paths is matched at once.
+#[tokio::test]
+async fn subscription_patterns_are_bounded_and_cheap_to_match() {
+    let (s, http) = server().await;
+    let json = |r: reqwest::RequestBuilder| r.header("content-type", "application/json");
+    assert!(json(http.put(s.url("wake"))).send().await.expect("put").status().is_success());
+    let put = |id: &str, pattern: String| json(http.put(s.url(&format!("__ds/subscriptions/{id}")))).body(format!(r#"{{"type":"pull-wake","pattern":"{pattern}","wake_stream":"wake"}}"#)).send();
+    for (id, pattern) in [
+        ("stars", "a/**/b/**/c/**/d/**/e/**".to_owned()),
+        ("long", "x".repeat(1025)),
+        ("segments", vec!["s"; 65].join("/")),
+    ] {
+        let r = put(id, pattern).await.expect("put");
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{id}");
+        assert!(r.text().await.expect("text").contains("at most"), "{id}");
+    }
+    // A run of `**` is one `**`: this pattern is stored as `e/**/b`.
+    let r = put("deep", "e/**/**/**/**/b".into()).await.expect("put");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let view: serde_json::Value = serde_json::from_str(&r.text().await.expect("text")).expect("json");
+    assert_eq!(view["pattern"], "e/**/b", "{view}");
+    // Streams 300 segments deep: creating them, writing to them (which matches each against the
+    // pattern) and listing the subscription's links all answer.
+    let deep = |end: &str| format!("e/{}{end}", "x/".repeat(300));
+    for end in ["c", "b"] {
+        assert!(json(http.put(s.url(&deep(end)))).send().await.expect("put").status().is_success());
+        assert_eq!(json(http.post(s.url(&deep(end)))).body("1").send().await.expect("post").status(), StatusCode::NO_CONTENT);
+    }
+    let r = http.get(s.url("__ds/subscriptions/deep")).send().await.expect("get");
+    assert_eq!(r.status(), StatusCode::OK);
+}

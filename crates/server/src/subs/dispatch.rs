@@ -171,14 +171,85 @@ async fn send<E: Engine>(st: &AppState<E>, http: &reqwest::Client, n: &WakeNotic
     if !resp.status().is_success() {
         return Err(SendError::Status(resp.status()));
     }
-    let answer = resp.bytes().await.unwrap_or_default();
-    let done = serde_json::from_slice::<serde_json::Value>(&answer).ok().and_then(|v| v.get("done").and_then(|d| d.as_bool())).unwrap_or(false);
-    Ok(done)
+    Ok(says_done(resp).await)
+}
+
+/// Most of a receiver's answer read: enough for `{"done": true}` with room to spare. The status
+/// is what matters; a longer body is not read further (dropping the response closes its
+/// connection), so a receiver cannot make the server hold its answer in memory.
+pub const MAX_ANSWER_BYTES: usize = 16 << 10;
+
+/// Whether a 2xx answer's body is JSON saying `"done": true`. Reads at most
+/// [`MAX_ANSWER_BYTES`]; a longer or broken body says nothing (not done).
+pub async fn says_done(mut resp: reqwest::Response) -> bool {
+    let mut answer = Vec::new();
+    loop {
+        match resp.chunk().await {
+            Ok(Some(chunk)) if answer.len() + chunk.len() <= MAX_ANSWER_BYTES => answer.extend_from_slice(&chunk),
+            Ok(None) => break,
+            Ok(Some(_)) | Err(_) => return false,
+        }
+    }
+    serde_json::from_slice::<serde_json::Value>(&answer).ok().and_then(|v| v.get("done").and_then(|d| d.as_bool())).unwrap_or(false)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A receiver on the loopback that answers `200` with `head_body` and then, if `endless`,
+    /// an endless chunked body; returns its URL and a counter of the body bytes it wrote.
+    async fn raw_receiver(first: &'static [u8], endless: bool) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+        let written = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let w = written.clone();
+        tokio::spawn(async move {
+            let Ok((mut sock, _)) = listener.accept().await else { return };
+            let mut req = [0u8; 4096];
+            let _ = sock.read(&mut req).await;
+            let head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n";
+            if sock.write_all(head).await.is_err() {
+                return;
+            }
+            let chunk = |data: &[u8]| [format!("{:x}\r\n", data.len()).into_bytes(), data.to_vec(), b"\r\n".to_vec()].concat();
+            if sock.write_all(&chunk(first)).await.is_err() {
+                return;
+            }
+            if !endless {
+                let _ = sock.write_all(b"0\r\n\r\n").await;
+                return;
+            }
+            let spaces = chunk(&[b' '; 64 << 10]);
+            while sock.write_all(&spaces).await.is_ok() {
+                w.fetch_add(64 << 10, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        (url, written)
+    }
+
+    /// A receiver answering an endless body: the answer is read up to the bound and dropped
+    /// (before the fix the whole body was read into memory, here: never finishing).
+    #[tokio::test]
+    async fn a_receivers_answer_is_read_up_to_a_bound() {
+        let http = reqwest::Client::new();
+        let (url, _) = raw_receiver(br#"{"done":true}"#, false).await;
+        let resp = http.post(&url).send().await.expect("post");
+        assert!(says_done(resp).await, "a short done answer is read");
+
+        let (url, written) = raw_receiver(br#"{"done":true}"#, true).await;
+        let resp = http.post(&url).send().await.expect("post");
+        let done = tokio::time::timeout(std::time::Duration::from_secs(20), says_done(resp)).await.expect("reading the answer did not stop");
+        assert!(!done, "an answer past the bound says nothing");
+        // The connection was dropped: the receiver's writes stop.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let before = written.load(std::sync::atomic::Ordering::Relaxed);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let after = written.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(before, after, "the receiver could still write after the answer was dropped");
+        assert!(after < 64 << 20, "{after} bytes written: the answer was not cut at the bound");
+    }
 
     #[test]
     fn backoff_doubles_to_a_minute_with_bounded_jitter() {

@@ -1,31 +1,98 @@
 //! Subscription patterns: `*` is exactly one path segment, `**` zero or more, anything else a
-//! literal segment. Leading and trailing `/` are ignored, as are empty segments.
+//! literal segment. Leading and trailing `/` are ignored, as are empty segments, and a run of
+//! `**` is one `**` (they match the same paths).
+//!
+//! Matching costs O(path segments × pattern segments) whatever the pattern: it walks the path
+//! once, keeping the set of pattern positions still alive (a pattern is a tiny automaton). A
+//! pattern is also bounded ([`check`]): at most [`MAX_PATTERN_BYTES`] bytes, [`MAX_SEGMENTS`]
+//! segments and [`MAX_DOUBLE_STARS`] `**`.
+
+/// Longest pattern accepted, in bytes (as received).
+pub const MAX_PATTERN_BYTES: usize = 1024;
+/// Most segments in a pattern (after normalizing).
+pub const MAX_SEGMENTS: usize = 64;
+/// Most `**` segments in a pattern (after normalizing).
+pub const MAX_DOUBLE_STARS: usize = 4;
+
+/// Why a pattern was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PatternError {
+    #[error("a pattern may be at most 1024 bytes long")]
+    TooLong,
+    #[error("a pattern may have at most 64 segments")]
+    TooManySegments,
+    #[error("a pattern may have at most 4 '**' segments")]
+    TooManyDoubleStars,
+}
 
 /// The pattern's segments, normalized (what is stored and compared).
 pub fn normalize(pattern: &str) -> String {
     segments(pattern).collect::<Vec<_>>().join("/")
 }
 
+/// Checks a pattern as received against the limits, and normalizes it.
+pub fn check(pattern: &str) -> Result<String, PatternError> {
+    if pattern.len() > MAX_PATTERN_BYTES {
+        return Err(PatternError::TooLong);
+    }
+    let segs: Vec<&str> = segments(pattern).collect();
+    if segs.len() > MAX_SEGMENTS {
+        return Err(PatternError::TooManySegments);
+    }
+    if segs.iter().filter(|s| **s == "**").count() > MAX_DOUBLE_STARS {
+        return Err(PatternError::TooManyDoubleStars);
+    }
+    Ok(segs.join("/"))
+}
+
+/// Non-empty segments, with each run of `**` folded into one.
 fn segments(p: &str) -> impl Iterator<Item = &str> {
-    p.split('/').filter(|s| !s.is_empty())
+    let mut last_double = false;
+    p.split('/').filter(|s| !s.is_empty()).filter(move |s| {
+        let double = *s == "**";
+        let keep = !(double && last_double);
+        last_double = double;
+        keep
+    })
 }
 
 /// Whether `path` matches `pattern`.
 pub fn matches(pattern: &str, path: &str) -> bool {
     let pattern: Vec<&str> = segments(pattern).collect();
-    let path: Vec<&str> = segments(path).collect();
-    match_from(&pattern, &path)
+    // `alive[i]`: the path read so far can be matched by `pattern[..i]`.
+    let mut alive = vec![false; pattern.len() + 1];
+    let mut next = alive.clone();
+    alive[0] = true;
+    close_over_double_stars(&pattern, &mut alive);
+    for seg in path.split('/').filter(|s| !s.is_empty()) {
+        next.fill(false);
+        for (i, p) in pattern.iter().enumerate() {
+            if !alive[i] {
+                continue;
+            }
+            match *p {
+                // `**` takes this segment and stays.
+                "**" => next[i] = true,
+                "*" => next[i + 1] = true,
+                lit if lit == seg => next[i + 1] = true,
+                _ => {}
+            }
+        }
+        close_over_double_stars(&pattern, &mut next);
+        std::mem::swap(&mut alive, &mut next);
+        if !alive.contains(&true) {
+            return false;
+        }
+    }
+    alive[pattern.len()]
 }
 
-fn match_from(pattern: &[&str], path: &[&str]) -> bool {
-    match pattern.split_first() {
-        None => path.is_empty(),
-        // `**` takes zero or more segments: try every split (patterns are short).
-        Some((&"**", rest)) => (0..=path.len()).any(|i| match_from(rest, &path[i..])),
-        Some((&seg, rest)) => match path.split_first() {
-            Some((&p, path_rest)) => (seg == "*" || seg == p) && match_from(rest, path_rest),
-            None => false,
-        },
+/// A `**` may also take no segment: wherever it is alive, the position after it is too.
+fn close_over_double_stars(pattern: &[&str], alive: &mut [bool]) {
+    for (i, p) in pattern.iter().enumerate() {
+        if alive[i] && *p == "**" {
+            alive[i + 1] = true;
+        }
     }
 }
 
@@ -72,6 +139,45 @@ mod tests {
         for (pattern, path, want) in cases {
             assert_eq!(matches(pattern, path), want, "{pattern} ~ {path}");
         }
+    }
+
+    #[test]
+    fn runs_of_double_stars_are_one() {
+        assert_eq!(normalize("e/**/**/**/**/b"), "e/**/b");
+        assert_eq!(normalize("**/**"), "**");
+        assert_eq!(normalize("a/**/*/**/b"), "a/**/*/**/b");
+    }
+
+    #[test]
+    fn patterns_beyond_the_limits_are_refused() {
+        assert_eq!(check("/a/**/b/"), Ok("a/**/b".to_owned()));
+        assert_eq!(check(&"a".repeat(MAX_PATTERN_BYTES + 1)), Err(PatternError::TooLong));
+        assert_eq!(check(&vec!["x"; MAX_SEGMENTS + 1].join("/")), Err(PatternError::TooManySegments));
+        assert!(check(&vec!["x"; MAX_SEGMENTS].join("/")).is_ok());
+        assert_eq!(check("**/a/**/b/**/c/**/d/**"), Err(PatternError::TooManyDoubleStars));
+        // A run counts once.
+        assert!(check("**/**/a/**/b/**/c/**").is_ok());
+    }
+
+    /// The defect this matcher replaced: `**` tried every split, so each extra `**` multiplied
+    /// the work by the path's depth (`e/**/**/**/**/b` over a path 300 segments deep ran for
+    /// minutes). The automaton finishes these in microseconds; the bound below is only there so
+    /// that a regression fails instead of hanging the test run.
+    #[test]
+    fn adversarial_patterns_over_deep_paths_finish() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let deep = format!("e/{}c", "x/".repeat(300));
+            let deep_b = format!("e/{}b", "x/".repeat(300));
+            // Not folded: a pattern stored before the limits existed reaches the matcher as is.
+            let answers: Vec<bool> = ["e/**/**/**/**/b", "e/**/x/**/x/**/x/**/b", "**/*/**/*/**/*/**/b"]
+                .iter()
+                .flat_map(|p| [matches(p, &deep), matches(p, &deep_b)])
+                .collect();
+            let _ = tx.send(answers);
+        });
+        let answers = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("matching did not finish in 20 s");
+        assert_eq!(answers, [false, true, false, true, false, true]);
     }
 
     #[test]
@@ -126,7 +232,7 @@ mod tests {
     proptest! {
         #[test]
         fn matching_agrees_with_a_regex_model(
-            pattern in proptest::collection::vec(prop_oneof![Just("*"), Just("**"), Just("a"), Just("b")], 1..5),
+            pattern in proptest::collection::vec(prop_oneof![Just("*"), Just("**"), Just("a"), Just("b")], 1..7),
             path in proptest::collection::vec(prop_oneof![Just("a"), Just("b"), Just("c")], 0..6),
         ) {
             let pattern = pattern.join("/");

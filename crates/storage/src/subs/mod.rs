@@ -33,6 +33,8 @@ pub enum InvalidSub {
     BadPath,
     #[error("subscription ids must be 1 to 256 characters, without '/'")]
     BadId,
+    #[error(transparent)]
+    Pattern(#[from] glob::PatternError),
 }
 
 /// Why a subscription operation was refused or failed.

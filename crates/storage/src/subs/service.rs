@@ -106,7 +106,10 @@ fn linkable(path: &str) -> bool {
 impl SubConfig {
     /// Checks and normalizes a configuration as received.
     pub fn normalized(mut self) -> Result<SubConfig, InvalidSub> {
-        self.pattern = self.pattern.map(|p| glob::normalize(&p)).filter(|p| !p.is_empty());
+        self.pattern = match self.pattern {
+            Some(p) => Some(glob::check(&p)?).filter(|p| !p.is_empty()),
+            None => None,
+        };
         self.streams.sort();
         self.streams.dedup();
         self.outputs.sort();
