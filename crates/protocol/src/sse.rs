@@ -197,7 +197,10 @@ pub struct Control {
     pub end_reason: Option<&'static str>,
 }
 
-/// Appends one `event: control` event to `out`.
+/// Appends one `event: control` event to `out`. It carries `id: <next offset>`: a browser's
+/// `EventSource` remembers it and sends it back as `Last-Event-ID` when it reconnects by itself
+/// (to the URL it was opened with), so the server resumes where the events stopped instead of
+/// replaying from the URL's `offset`.
 pub fn control_event(out: &mut Vec<u8>, c: &Control) {
     let mut obj = serde_json::Map::new();
     obj.insert("streamNextOffset".into(), c.next_offset.to_string().into());
@@ -213,7 +216,9 @@ pub fn control_event(out: &mut Vec<u8>, c: &Control) {
     if let Some(reason) = c.end_reason {
         obj.insert("endReason".into(), reason.into());
     }
-    out.extend_from_slice(b"event: control\ndata:");
+    out.extend_from_slice(b"event: control\nid:");
+    out.extend_from_slice(c.next_offset.to_string().as_bytes());
+    out.extend_from_slice(b"\ndata:");
     out.extend_from_slice(serde_json::Value::Object(obj).to_string().as_bytes());
     out.extend_from_slice(b"\n\n");
 }
@@ -309,7 +314,7 @@ mod tests {
         control_event(&mut out, &Control { next_offset: Offset(5), cursor: Some(9), up_to_date: true, closed: false, end_reason: None });
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "event: control\ndata:{\"streamCursor\":\"9\",\"streamNextOffset\":\"0000000000000000_0000000000000005\",\"upToDate\":true}\n\n"
+            "event: control\nid:0000000000000000_0000000000000005\ndata:{\"streamCursor\":\"9\",\"streamNextOffset\":\"0000000000000000_0000000000000005\",\"upToDate\":true}\n\n"
         );
         let mut out = Vec::new();
         control_event(&mut out, &Control { next_offset: Offset(5), cursor: None, up_to_date: false, closed: true, end_reason: None });

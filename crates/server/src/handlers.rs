@@ -256,10 +256,28 @@ async fn create<E: Engine>(
     }
     let mut pairs = meta_headers(&info);
     if status == StatusCode::CREATED {
-        let host = req_headers.get("host").and_then(|v| v.to_str().ok()).unwrap_or("localhost");
-        pairs.push(("location", format!("http://{host}{}", uri.path())));
+        pairs.push(("location", location(st, uri, req_headers)));
     }
     Ok(respond(status, pairs, Body::empty()))
+}
+
+/// The new stream's URL: under `--public-url` when set (the server behind a proxy), else the
+/// connection's scheme and the authority the request was sent to (HTTP/2's `:authority`, which
+/// the URI carries, or HTTP/1.1's `Host`).
+fn location<E>(st: &AppState<E>, uri: &Uri, req_headers: &HeaderMap) -> String {
+    let base = match &st.config.public_url {
+        Some(public) => public.trim_end_matches('/').to_owned(),
+        None => {
+            let scheme = if st.config.tls.is_some() { "https" } else { "http" };
+            let authority = uri.authority().map(|a| a.as_str()).or_else(|| req_headers.get("host").and_then(|v| v.to_str().ok()));
+            // Without either (an HTTP/1.0 request), the address the server listens on.
+            match authority {
+                Some(a) => format!("{scheme}://{a}"),
+                None => st.base_url.get().cloned().unwrap_or_else(|| format!("{scheme}://localhost")),
+            }
+        }
+    };
+    format!("{base}{}", uri.path())
 }
 
 async fn append<E: Engine>(

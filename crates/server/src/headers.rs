@@ -8,13 +8,13 @@ use axum::response::{IntoResponse, Response};
 pub(crate) const EXPOSE: &str = "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, stream-ttl, \
 stream-expires-at, stream-sse-data-encoding, producer-epoch, producer-seq, producer-expected-seq, \
 producer-received-seq, producer-conflict, stream-earliest-offset, stream-retention-max-age, \
-stream-retention-max-bytes, stream-compaction, etag, location, content-type";
+stream-retention-max-bytes, stream-compaction, etag, location, content-type, retry-after, www-authenticate";
 
 /// Request headers a browser client may send.
 const ALLOW_HEADERS: &str = "content-type, if-none-match, authorization, stream-ttl, stream-expires-at, \
 stream-closed, stream-seq, stream-forked-from, stream-fork-offset, stream-fork-sub-offset, producer-id, \
 producer-epoch, producer-seq, if-match, idempotency-key, stream-trim-to, stream-retention-max-age, \
-stream-retention-max-bytes, stream-compaction, stream-compact";
+stream-retention-max-bytes, stream-compaction, stream-compact, last-event-id";
 
 /// Which browser origins may read answers (`--cors-origins`).
 #[derive(Debug, Clone, PartialEq, Eq)]

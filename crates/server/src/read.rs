@@ -35,7 +35,12 @@ pub async fn get<E: Engine>(
 ) -> Result<Response, ApiError> {
     let now_ms = st.clock.now_ms();
     let info = st.engine.head(path, now_ms).await?;
-    let q = ReadQuery::parse(query)?;
+    let mut q = ReadQuery::parse(query)?;
+    if q.live == Live::Sse {
+        if let Some(resume) = crate::request::last_event_id(req_headers)? {
+            q.offset = OffsetParam::At(resume);
+        }
+    }
     let from = start_offset(q.offset, &info)?;
     match q.live {
         Live::CatchUp => {

@@ -89,6 +89,17 @@ impl ReadQuery {
     }
 }
 
+/// `Last-Event-ID` of an SSE request: the `id` of the last control event a browser's
+/// `EventSource` received, which it sends when it reconnects by itself to the URL it was opened
+/// with. It names the next offset to read and takes precedence over the URL's `offset` (which
+/// is where the reader first started). Empty counts as absent.
+pub fn last_event_id(h: &HeaderMap) -> Result<Option<oncelog_protocol::Offset>, RequestError> {
+    match header(h, "last-event-id")?.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(v) => oncelog_protocol::Offset::parse(v).map(Some).map_err(RequestError::Offset),
+    }
+}
+
 /// A protocol header's value. Sent twice, it is refused: taking either line silently would let
 /// two parts of a proxy chain disagree about what was asked.
 fn header<'a>(h: &'a HeaderMap, name: &'static str) -> Result<Option<&'a str>, RequestError> {

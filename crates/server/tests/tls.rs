@@ -50,6 +50,8 @@ async fn https_with_http2_many_live_readers_on_one_connection_and_certificate_re
     let before = metric(&scrape().await, "oncelog_connections_accepted_total");
     let r = http.put(format!("{base}/s")).header("content-type", "text/plain").send().await.expect("put");
     assert_eq!((r.status(), r.version()), (StatusCode::CREATED, reqwest::Version::HTTP_2));
+    // The new stream's URL as the client reached it: https, with the port (HTTP/2 sends no Host).
+    assert_eq!(r.headers().get("location").and_then(|v| v.to_str().ok()), Some(format!("{base}/s").as_str()));
     // Twenty SSE readers on the one HTTP/2 connection, all reached by one append.
     let readers = common::h2_sse_readers(&http, &format!("{base}/s?offset=-1&live=sse"), 20, "hello");
     tokio::time::sleep(Duration::from_millis(200)).await;
