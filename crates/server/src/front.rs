@@ -3,6 +3,11 @@
 //! [`Access`] to the handlers, counts the answer in the request metrics, and puts the CORS and
 //! browser-security headers on every answer.
 //!
+//! It also watches whether the request's body was read to its end. An answer given before that
+//! (a `404`, `401` or `429` decided from the headers) leaves unread bytes on an HTTP/1.1
+//! connection, which is then closed; the answer says so (`Connection: close`), so the client
+//! knows not to send its next request on that connection.
+//!
 //! Written as one hand-made `tower::Service` rather than as `axum::middleware::from_fn` layers:
 //! each of those boxes a future and clones the inner service per request, and a per-connection
 //! `Extension` layer re-wraps every route. Together they were about 10% of the server's CPU per
@@ -12,6 +17,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -54,9 +60,58 @@ impl Front {
     }
 }
 
+/// A request body that records when it was read to its end.
+struct Watched<B> {
+    inner: B,
+    ended: Arc<AtomicBool>,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Watched<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.ended.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Wraps a request's body when it has one (HTTP/1.x only: an HTTP/2 stream's unread body costs
+/// its connection nothing); the flag says whether it was read to its end.
+fn watch<B>(req: Request<B>) -> (Request<Body>, Option<Arc<AtomicBool>>)
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    if body.is_end_stream() || parts.version >= axum::http::Version::HTTP_2 {
+        return (Request::from_parts(parts, Body::new(body)), None);
+    }
+    let ended = Arc::new(AtomicBool::new(false));
+    (Request::from_parts(parts, Body::new(Watched { inner: body, ended: ended.clone() })), Some(ended))
+}
+
+/// Says `Connection: close` on an answer given before its request's body was read.
+fn close_if_unread(resp: &mut Response, body_ended: Option<&AtomicBool>) {
+    if body_ended.is_some_and(|e| !e.load(Ordering::Relaxed)) {
+        resp.headers_mut().insert(axum::http::header::CONNECTION, HeaderValue::from_static("close"));
+    }
+}
+
 impl<B> Service<Request<B>> for Front
 where
-    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B: http_body::Body<Data = bytes::Bytes> + Send + Unpin + 'static,
     B::Error: Into<axum::BoxError>,
 {
     type Response = Response;
@@ -71,16 +126,16 @@ where
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let config = self.config.clone();
         let origin = req.headers().get(axum::http::header::ORIGIN).cloned();
-        let (mut parts, body) = req.into_parts();
+        let (mut req, body_ended) = watch(req);
         if let Some(peer) = self.peer {
-            parts.extensions.insert(PeerAddr(peer));
+            req.extensions_mut().insert(PeerAddr(peer));
         }
-        let req = Request::from_parts(parts, Body::new(body));
         if config.ops_paths.iter().any(|p| p == req.uri().path()) {
             let fut = self.router.call(req);
             return Box::pin(async move {
                 let mut resp = fut.await.unwrap_or_else(|never| match never {});
                 decorate(&mut resp, &config.cors, origin);
+                close_if_unread(&mut resp, body_ended.as_deref());
                 Ok(resp)
             });
         }
@@ -107,6 +162,7 @@ where
             };
             crate::metrics::request(&method, resp.status());
             decorate(&mut resp, &config.cors, origin);
+            close_if_unread(&mut resp, body_ended.as_deref());
             Ok(resp)
         })
     }

@@ -336,3 +336,95 @@ async fn subscriptions_follow_only_what_their_creator_may_read_and_tokens_bypass
     let r = st.send(Method::POST, "__ds/subscriptions/tx/commit", claim["token"].as_str(), &json, &commit("out/a")).await;
     assert_eq!(r.status(), StatusCode::OK);
 }
+
+/// A token signed with the test secret from hand-written claims and header.
+fn raw_token(header: jsonwebtoken::Header, claims: serde_json::Value) -> String {
+    jsonwebtoken::encode(&header, &claims, &jsonwebtoken::EncodingKey::from_secret(SECRET)).expect("sign")
+}
+
+#[tokio::test]
+async fn tokens_follow_rfc_7519_for_audiences_and_times_and_refuse_unknown_critical_headers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("secret"), SECRET).expect("secret");
+    let config = TokenConfig { secret_file: Some(dir.path().join("secret")), audience: Some("oncelog".into()), ..TokenConfig::default() };
+    let auth = TokenAuth::load(config).expect("keys");
+    let clock = Arc::new(ManualClock::new(NOW_S * 1000));
+    let s = common::TestServer::start_with_auth(ServerConfig::default(), Some(clock.clone()), Some(auth)).await;
+    let http = reqwest::Client::new();
+    let grants = serde_json::json!({ "grants": [ { "prefix": "", "ops": ["all"] } ] });
+    let hs256 = || jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    let get = |token: String| http.get(s.url("t")).bearer_auth(token).send();
+    let put = http.put(s.url("t")).bearer_auth(raw_token(hs256(), serde_json::json!({ "aud": "oncelog", "exp": NOW_S + 60, "oncelog": grants })));
+    assert_eq!(put.header("content-type", "text/plain").send().await.expect("put").status(), StatusCode::CREATED);
+    for (what, aud, exp, want) in [
+        ("aud as an array holding ours", serde_json::json!(["other", "oncelog"]), serde_json::json!(NOW_S + 60), StatusCode::OK),
+        ("aud as an array without ours", serde_json::json!(["other"]), serde_json::json!(NOW_S + 60), StatusCode::UNAUTHORIZED),
+        ("fractional exp", serde_json::json!("oncelog"), serde_json::json!(NOW_S as f64 + 60.25), StatusCode::OK),
+        ("fractional exp, past with its leeway", serde_json::json!("oncelog"), serde_json::json!((NOW_S - 31) as f64 + 0.5), StatusCode::UNAUTHORIZED),
+    ] {
+        let token = raw_token(hs256(), serde_json::json!({ "aud": aud, "exp": exp, "nbf": NOW_S as f64 - 0.5, "oncelog": grants }));
+        assert_eq!(get(token).await.expect("get").status(), want, "{what}");
+    }
+    // A critical header extension this server does not implement: refused, as RFC 7515 says.
+    let mut crit = hs256();
+    crit.crit = Some(vec!["exp-ext".into()]);
+    let token = raw_token(crit, serde_json::json!({ "aud": "oncelog", "exp": NOW_S + 60, "oncelog": grants }));
+    assert_eq!(get(token).await.expect("get").status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn a_live_read_ends_when_its_token_expires_not_after_the_leeway() {
+    let t = setup(false, None).await;
+    t.make("live").await;
+    // Two seconds left on the server's clock (which stands still here): the response ends then,
+    // not 30 s of leeway later.
+    let short = token(SECRET, &[("live", true, "read")], NOW_S + 2);
+    let r = t.send(Method::GET, "live?offset=-1&live=sse", Some(&short), &[], "").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let text = tokio::time::timeout(Duration::from_secs(15), r.text()).await.expect("SSE ends at exp").expect("body");
+    assert!(text.contains("\"endReason\":\"tokenExpired\""), "{text}");
+}
+
+#[tokio::test]
+async fn with_hiding_on_subscription_calls_and_commits_do_not_reveal_what_exists() {
+    let st = setup(true, None).await;
+    for p in ["jobs/a", "secret/x"] {
+        st.make(p).await;
+    }
+    let json = [("content-type", "application/json")];
+    assert!(st.send(Method::PUT, "wake", Some(&admin()), &json, "").await.status().is_success());
+    assert!(st.send(Method::PUT, "out/a", Some(&admin()), &json, "").await.status().is_success());
+    let cfg = r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake","lease_ttl_ms":5000,"outputs":["out/"]}"#;
+    assert_eq!(st.send(Method::PUT, "__ds/subscriptions/real", Some(&admin()), &json, cfg).await.status(), StatusCode::CREATED);
+    // A bogus token against an existing and a missing subscription: the same answer.
+    let body = r#"{"wake_id":"w","generation":1}"#;
+    for op in ["ack", "commit", "release", "callback"] {
+        let mut answers = Vec::new();
+        for id in ["real", "missing"] {
+            let r = st.send(Method::POST, &format!("__ds/subscriptions/{id}/{op}"), Some("bogus.token.here"), &json, body).await;
+            answers.push((r.status(), r.text().await.expect("text")));
+        }
+        assert_eq!(answers[0], answers[1], "{op}");
+        assert_eq!(answers[0].0, StatusCode::NOT_FOUND, "{op}");
+    }
+    // A commit outside the subscription's outputs: the same answer for a stream that exists
+    // and one that does not.
+    st.send(Method::POST, "jobs/a", Some(&admin()), &[("content-type", "text/plain")], "work").await;
+    let r = st.send(Method::POST, "__ds/subscriptions/real/claim", Some(&admin()), &json, r#"{"worker":"w"}"#).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let claim: serde_json::Value = serde_json::from_slice(&r.bytes().await.expect("body")).expect("json");
+    let commit = |stream: &str| {
+        serde_json::json!({ "wake_id": claim["wake_id"], "generation": claim["generation"], "done": false,
+            "appends": [{ "stream": stream, "producer": { "id": "sub:real", "epoch": 1, "seq": 0 }, "data": { "n": 1 } }] }).to_string()
+    };
+    let mut answers = Vec::new();
+    for stream in ["secret/x", "secret/none"] {
+        let r = st.send(Method::POST, "__ds/subscriptions/real/commit", claim["token"].as_str(), &json, &commit(stream)).await;
+        let (status, text) = (r.status(), r.text().await.expect("text"));
+        answers.push((status, text.replace(stream, "STREAM")));
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(answers[0].0, StatusCode::NOT_FOUND);
+    let r = st.send(Method::POST, "__ds/subscriptions/real/commit", claim["token"].as_str(), &json, &commit("out/a")).await;
+    assert_eq!(r.status(), StatusCode::OK);
+}

@@ -242,3 +242,31 @@ async fn an_http2_peer_that_stops_answering_pings_is_dropped_and_one_that_answer
     assert!(silent, "a peer that never answers pings must be dropped within interval + timeout");
     assert!(!answering, "a peer that answers pings must keep its connection");
 }
+
+/// An answer given before the request's body was read (here a 404 for a missing stream) is
+/// followed by the connection's close, and says so; an answer after the whole body keeps it.
+#[tokio::test]
+async fn an_answer_before_the_body_was_read_says_connection_close() {
+    let s = common::TestServer::start(config(), None).await;
+    put(&s, "k").await;
+    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    let head = "POST /v1/stream/missing HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 1000000\r\n\r\n";
+    conn.write_all(head.as_bytes()).await.expect("write");
+    conn.write_all(&[b'x'; 4096]).await.expect("write");
+    let (answer, closed) = read_to_close(&mut conn, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "answer: {answer:?}");
+    assert!(answer.to_ascii_lowercase().contains("\r\nconnection: close\r\n"), "answer: {answer:?}");
+    assert!(closed);
+
+    // A request whose body was read keeps its connection, and its answer does not say close.
+    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    let req = "POST /v1/stream/k HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok";
+    conn.write_all(req.as_bytes()).await.expect("write");
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await.expect("answer").expect("read");
+    let answer = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+    assert!(answer.starts_with("http/1.1 204") && !answer.contains("connection: close"), "answer: {answer:?}");
+    conn.write_all(b"GET /v1/stream/k HTTP/1.1\r\nHost: t\r\n\r\n").await.expect("second request on the same connection");
+    let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await.expect("answer").expect("read");
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+}

@@ -259,6 +259,9 @@ async fn bad_subscription_requests_get_json_errors() {
         (http.put(&sub).js(&json!({ "type": "pull-wake", "pattern": "a/*", "wake_stream": "w", "lease_ttl_ms": 10 })), StatusCode::BAD_REQUEST, "INVALID_REQUEST"),
         // Loopback over http needs --dev-webhooks, off here.
         (http.put(&sub).js(&json!({ "type": "webhook", "pattern": "a/*", "webhook": { "url": "http://127.0.0.1:9/x" } })), StatusCode::BAD_REQUEST, "WEBHOOK_URL_REJECTED"),
+        // Names that can only be this machine are refused when given, not only at delivery.
+        (http.put(&sub).js(&json!({ "type": "webhook", "pattern": "a/*", "webhook": { "url": "https://localhost./x" } })), StatusCode::BAD_REQUEST, "WEBHOOK_URL_REJECTED"),
+        (http.put(&sub).js(&json!({ "type": "webhook", "pattern": "a/*", "webhook": { "url": "https://hooks.localhost/x" } })), StatusCode::BAD_REQUEST, "WEBHOOK_URL_REJECTED"),
         (http.get(&sub), StatusCode::NOT_FOUND, "SUBSCRIPTION_NOT_FOUND"),
         (http.get(s.url("__ds/nothing/here")), StatusCode::NOT_FOUND, "SUBSCRIPTION_NOT_FOUND"),
         (http.post(format!("{sub}/ack")).js(&json!({ "wake_id": "w", "generation": 1 })), StatusCode::UNAUTHORIZED, "TOKEN_INVALID"),

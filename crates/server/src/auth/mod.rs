@@ -60,6 +60,12 @@ pub trait Authorize: Send + Sync + 'static {
     fn is_open(&self) -> bool {
         false
     }
+
+    /// Whether refusals must not reveal what exists (`--auth-hide-forbidden`): handlers that
+    /// check rights themselves then answer as for something missing, whatever exists.
+    fn hides_forbidden(&self) -> bool {
+        false
+    }
 }
 
 /// The default: no access control.

@@ -7,9 +7,13 @@
 //! change ([`TokenAuth::reload`], run every second by [`TokenAuth::spawn_reloader`]); a file that
 //! fails to parse keeps the previous keys.
 //!
-//! Claims: `exp` is required, `nbf` honoured, both with [`LEEWAY_S`] of leeway and against the
-//! server's clock; `iss` and `aud` are required and checked when configured; the grants are in
-//! the `oncelog` claim ([`super::scope`]).
+//! Claims: `exp` is required, `nbf` honoured, both with [`LEEWAY_S`] of leeway on arrival and
+//! against the server's clock (NumericDates may have fractions of a second, RFC 7519 section
+//! 2); a live read ends at `exp` itself (the leeway allows for clock skew when a token is
+//! presented, it is no grace period). `iss` and `aud` are required and checked when configured
+//! (`aud` may be one string or an array holding the audience). A token whose header has `crit`
+//! is refused: this server implements no JWS extension (RFC 7515 section 4.1.11). The grants
+//! are in the `oncelog` claim ([`super::scope`]).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -65,14 +69,58 @@ pub struct Claims {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iss: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub aud: Option<String>,
-    /// Unix seconds; required.
+    pub aud: Option<Audience>,
+    /// Required.
     #[serde(default)]
-    pub exp: Option<i64>,
+    pub exp: Option<NumericDate>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nbf: Option<i64>,
+    pub nbf: Option<NumericDate>,
     #[serde(default)]
     pub oncelog: ScopeClaim,
+}
+
+/// `aud`: one audience or several (RFC 7519 section 4.1.3). Checked by `jsonwebtoken`'s
+/// validation; held here so that a token with an array still decodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Audience {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// A JWT time: seconds since the Unix epoch, possibly with a fraction (RFC 7519 section 2),
+/// kept in milliseconds. Written as whole seconds when it is a whole second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NumericDate {
+    pub ms: i64,
+}
+
+impl NumericDate {
+    pub fn from_secs(s: i64) -> NumericDate {
+        NumericDate { ms: s.saturating_mul(1000) }
+    }
+}
+
+impl Serialize for NumericDate {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.ms % 1000 == 0 {
+            s.serialize_i64(self.ms / 1000)
+        } else {
+            s.serialize_f64(self.ms as f64 / 1000.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for NumericDate {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let n = serde_json::Number::deserialize(d)?;
+        let ms = match n.as_i64() {
+            Some(s) => s.saturating_mul(1000),
+            // A fraction (or beyond i64): floored to the millisecond; `as` saturates.
+            None => (n.as_f64().ok_or_else(|| serde::de::Error::custom("not a NumericDate"))? * 1000.0).floor() as i64,
+        };
+        Ok(NumericDate { ms })
+    }
 }
 
 #[derive(Default)]
@@ -160,6 +208,9 @@ impl TokenAuth {
     /// principal (its `sub`, else a digest of the token).
     fn verify(&self, token: &str, now_ms: i64) -> Result<(Scope, i64, String), AuthError> {
         let header = jsonwebtoken::decode_header(token).map_err(|_| Self::invalid())?;
+        if header.crit.is_some() {
+            return Err(Self::invalid());
+        }
         let key = {
             let keys = self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner);
             match header.alg {
@@ -192,12 +243,12 @@ impl TokenAuth {
             v.required_spec_claims.insert("aud".into());
         }
         let claims = jsonwebtoken::decode::<Claims>(token, &key, &v).map_err(|_| Self::invalid())?.claims;
-        let now_s = now_ms.div_euclid(1000);
-        let exp = claims.exp.ok_or_else(Self::invalid)?;
-        if now_s > exp.saturating_add(LEEWAY_S) {
+        let leeway_ms = LEEWAY_S * 1000;
+        let exp_ms = claims.exp.ok_or_else(Self::invalid)?.ms;
+        if now_ms > exp_ms.saturating_add(leeway_ms) {
             return Err(Self::invalid());
         }
-        if claims.nbf.is_some_and(|nbf| now_s.saturating_add(LEEWAY_S) < nbf) {
+        if claims.nbf.is_some_and(|nbf| now_ms.saturating_add(leeway_ms) < nbf.ms) {
             return Err(Self::invalid());
         }
         let scope = Scope::from_claim(&claims.oncelog).map_err(|_| Self::invalid())?;
@@ -209,7 +260,7 @@ impl TokenAuth {
                 format!("token:{}", base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, &digest[..12]))
             }
         };
-        Ok((scope, exp.saturating_add(LEEWAY_S).saturating_mul(1000), principal))
+        Ok((scope, exp_ms, principal))
     }
 
     /// Verifies a signed URL's `expires` and `sig`.
@@ -267,6 +318,10 @@ impl Authorize for TokenAuth {
         }
         Ok(Access { expires_at_ms: Some(expires_at_ms), principal: Some(principal), scope: Some(std::sync::Arc::new(scope)) })
     }
+
+    fn hides_forbidden(&self) -> bool {
+        self.config.hide_forbidden
+    }
 }
 
 /// Why a token could not be signed.
@@ -274,6 +329,6 @@ pub type SignError = jsonwebtoken::errors::Error;
 
 /// Signs an `HS256` token carrying `scope`, valid until `expires_at_s` (Unix seconds).
 pub fn issue(secret: &[u8], scope: ScopeClaim, expires_at_s: i64, issuer: Option<String>, audience: Option<String>, subject: Option<String>) -> Result<String, SignError> {
-    let claims = Claims { sub: subject, iss: issuer, aud: audience, exp: Some(expires_at_s), nbf: None, oncelog: scope };
+    let claims = Claims { sub: subject, iss: issuer, aud: audience.map(Audience::One), exp: Some(NumericDate::from_secs(expires_at_s)), nbf: None, oncelog: scope };
     jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret))
 }

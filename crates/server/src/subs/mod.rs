@@ -214,10 +214,18 @@ async fn render_view<E: Engine>(st: &AppState<E>, view: &oncelog_storage::subs::
 /// Answers with the response and whether it was a resent commit (a duplicate).
 async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str, body: &[u8], now: i64) -> Result<(Response, bool), SubApiError> {
     let req = wire::fenced(body)?;
-    // The subscription first (404), then the token (401), then the fence (409).
-    let record = st.subs.record(id).await?;
     let keys = st.sub_keys.get(&st.subs, now).await?;
-    let claims = keys.verify(token, now)?;
+    let hide = st.auth.hides_forbidden();
+    // Normally the subscription first (404), then the token (401), then the fence (409). With
+    // `--auth-hide-forbidden` the answer must not depend on whether the subscription exists: the
+    // token is checked first, and a token that is not this subscription's answers as a missing
+    // subscription would.
+    let claims = if hide { Some(keys.verify(token, now).ok().filter(|c| c.id == id).ok_or(SubError::NotFound)?) } else { None };
+    let record = st.subs.record(id).await?;
+    let claims = match claims {
+        Some(c) => c,
+        None => keys.verify(token, now)?,
+    };
     if claims.id != id {
         return Err(SubError::TokenInvalid.into());
     }
@@ -230,15 +238,12 @@ async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str,
         "callback" => (AckVia::Callback, Vec::new()),
         "ack" => (AckVia::Ack, Vec::new()),
         _ => {
-            let outputs = outputs(st, &req.body, now).await?;
             // With access control on, the token is a write grant only under the prefixes the
-            // subscription was created with (and its creator was allowed to append under).
-            if !st.auth.is_open() {
-                let allowed = &record.config.outputs;
-                if let Some(index) = outputs.iter().position(|a| !allowed.iter().any(|p| a.path.starts_with(p.as_str()))) {
-                    return Err(SubApiError::OutputNotAllowed { index, stream: outputs[index].path.clone() });
-                }
-            }
+            // subscription was created with (and its creator was allowed to append under);
+            // checked before any output stream is looked up, so the refusal does not depend on
+            // whether the stream exists.
+            let allowed = (!st.auth.is_open()).then_some(OutputRule { prefixes: &record.config.outputs, hide });
+            let outputs = outputs(st, &req.body, allowed, now).await?;
             (AckVia::Commit, outputs)
         }
     };
@@ -262,9 +267,16 @@ async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str,
     Ok((json_response(StatusCode::OK, &v), out.duplicate))
 }
 
+/// Where a commit may write under access control: paths under `prefixes`; `hide`: a path
+/// outside them is answered as a missing stream (`--auth-hide-forbidden`).
+struct OutputRule<'a> {
+    prefixes: &'a [String],
+    hide: bool,
+}
+
 /// A commit's `appends`, framed for their streams as a `POST` would be. Each needs producer
 /// headers: without them a retried commit would write its outputs twice.
-async fn outputs<E: Engine>(st: &AppState<E>, body: &serde_json::Map<String, Value>, now: i64) -> Result<Vec<AppendRequest>, SubApiError> {
+async fn outputs<E: Engine>(st: &AppState<E>, body: &serde_json::Map<String, Value>, allowed: Option<OutputRule<'_>>, now: i64) -> Result<Vec<AppendRequest>, SubApiError> {
     let items = match body.get("appends") {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(items)) => items,
@@ -282,6 +294,15 @@ async fn outputs<E: Engine>(st: &AppState<E>, body: &serde_json::Map<String, Val
             (Some(id), Some(epoch), Some(seq)) if !id.is_empty() => ProducerHeaders { id: id.to_owned(), epoch, seq },
             _ => return Err(bad("producer needs a non-empty id and integer epoch and seq")),
         };
+        if let Some(rule) = &allowed {
+            if !rule.prefixes.iter().any(|p| stream.starts_with(p.as_str())) {
+                let stream = stream.to_owned();
+                return Err(match rule.hide {
+                    true => SubApiError::OutputLookup { index, stream, source: oncelog_storage::LookupError::NotFound },
+                    false => SubApiError::OutputNotAllowed { index, stream },
+                });
+            }
+        }
         let info = st.engine.head(stream, now).await.map_err(|source| SubApiError::OutputLookup { index, stream: stream.to_owned(), source })?;
         let ct = match a.get("content_type") {
             None | Some(Value::Null) => info.config.content_type.clone(),

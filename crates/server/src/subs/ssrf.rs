@@ -32,6 +32,14 @@ fn loopback_v4(ip: Ipv4Addr) -> bool {
     ip.octets()[0] == 127
 }
 
+/// Whether a host name can only ever mean this machine: `localhost` and every name under it
+/// (RFC 6761 section 6.3), with or without the root's trailing dot. Refused when the URL is
+/// given, not only when a delivery resolves it.
+fn loopback_name(name: &str) -> bool {
+    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    name == "localhost" || name.ends_with(".localhost")
+}
+
 /// Whether an IPv4 address may not be called (in any mode, but see [`allowed`]).
 fn blocked_v4(ip: Ipv4Addr) -> bool {
     let [a, b, c, _] = ip.octets();
@@ -67,7 +75,7 @@ pub fn check(url: &str, dev: bool) -> Result<Url, Rejected> {
     }
     let host = u.host().ok_or(Rejected::Unparseable)?;
     let loopback = match host {
-        url::Host::Domain(d) => d.eq_ignore_ascii_case("localhost"),
+        url::Host::Domain(d) => loopback_name(d),
         url::Host::Ipv4(ip) => loopback_v4(ip),
         url::Host::Ipv6(_) => return Err(Rejected::Ipv6Literal),
     };
@@ -128,6 +136,13 @@ mod tests {
             ("https://224.0.0.1/", false, Err(Rejected::BlockedAddress)),
             ("https://127.0.0.1/", false, Err(Rejected::BlockedAddress)),
             ("https://localhost/", false, Err(Rejected::BlockedAddress)),
+            ("https://localhost./", false, Err(Rejected::BlockedAddress)),
+            ("https://LocalHost./x", false, Err(Rejected::BlockedAddress)),
+            ("https://a.localhost/", false, Err(Rejected::BlockedAddress)),
+            ("https://a.b.localhost./", false, Err(Rejected::BlockedAddress)),
+            ("https://localhost.example.com/", false, Ok(())),
+            ("https://notlocalhost/", false, Ok(())),
+            ("http://a.localhost:9/webhook", true, Ok(())),
             ("http://127.0.0.1:9/webhook", false, Err(Rejected::Scheme)),
             ("http://127.0.0.1:9/webhook", true, Ok(())),
             ("http://localhost:9/webhook", true, Ok(())),
