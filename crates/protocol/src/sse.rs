@@ -216,10 +216,12 @@ pub fn control_event(out: &mut Vec<u8>, c: &Control) {
     if let Some(reason) = c.end_reason {
         obj.insert("endReason".into(), reason.into());
     }
-    out.extend_from_slice(b"event: control\nid:");
-    out.extend_from_slice(c.next_offset.to_string().as_bytes());
-    out.extend_from_slice(b"\ndata:");
+    // `data:` right after `event:`, as clients matching the text (the conformance suite) expect;
+    // the order of fields within an event means nothing to SSE parsers.
+    out.extend_from_slice(b"event: control\ndata:");
     out.extend_from_slice(serde_json::Value::Object(obj).to_string().as_bytes());
+    out.extend_from_slice(b"\nid:");
+    out.extend_from_slice(c.next_offset.to_string().as_bytes());
     out.extend_from_slice(b"\n\n");
 }
 
@@ -314,7 +316,7 @@ mod tests {
         control_event(&mut out, &Control { next_offset: Offset(5), cursor: Some(9), up_to_date: true, closed: false, end_reason: None });
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            "event: control\nid:0000000000000000_0000000000000005\ndata:{\"streamCursor\":\"9\",\"streamNextOffset\":\"0000000000000000_0000000000000005\",\"upToDate\":true}\n\n"
+            "event: control\ndata:{\"streamCursor\":\"9\",\"streamNextOffset\":\"0000000000000000_0000000000000005\",\"upToDate\":true}\nid:0000000000000000_0000000000000005\n\n"
         );
         let mut out = Vec::new();
         control_event(&mut out, &Control { next_offset: Offset(5), cursor: None, up_to_date: false, closed: true, end_reason: None });
