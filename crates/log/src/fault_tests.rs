@@ -141,11 +141,11 @@ fn a_checkpoint_gives_back_the_segments_of_deleted_streams_and_recovery_starts_t
 }
 
 #[test]
-fn a_fjall_data_directory_is_refused_with_instructions() {
+fn a_data_directory_of_the_retired_fjall_engine_is_refused_with_a_reason() {
     let fs = SimFs::new();
     crate::fs::Fs::create_dir(&fs, "keyspaces").expect("dir");
     let err = open(&fs).err().expect("refused").to_string();
-    assert!(err.contains("--storage fjall"), "{err}");
+    assert!(err.contains("pre-release engine") && err.contains("no longer reads"), "{err}");
 }
 
 fn fs_segments(fs: &SimFs) -> Vec<String> {

@@ -83,8 +83,8 @@ pub enum LogError {
     #[error("the log is corrupt: {0}")]
     Corrupt(String),
     #[error(
-        "this data directory holds a store of the earlier fjall engine; start it with `--storage fjall` \
-         (see docs/OPERATIONS.md, \"Moving from the fjall engine\")"
+        "this data directory was written by a pre-release engine (fjall, `keyspaces/`) that this \
+         version no longer reads; start on an empty directory"
     )]
     FjallDirectory,
     #[error("another oncelog server is using this data directory")]

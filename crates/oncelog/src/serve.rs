@@ -1,4 +1,4 @@
-//! `oncelog serve`: picks and opens the storage engine (the log engine by default, fjall or PostgreSQL on request), then runs [`oncelog_server::serve`]
+//! `oncelog serve`: picks and opens the storage engine (the log engine by default, PostgreSQL on request), then runs [`oncelog_server::serve`]
 //! until SIGTERM or Ctrl-C. Flags, behaviour and the one stdout line are part of the contract.
 
 use std::net::SocketAddr;
@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::ArgAction;
-use oncelog_embedded::{EmbeddedEngine, EmbeddedOptions};
 use oncelog_log::{LogEngine, LogOptions};
 use oncelog_postgres::{PgEngine, PgOptions};
 use oncelog_server::auth::token::{TokenAuth, TokenConfig};
@@ -54,10 +53,6 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_H2_PING_TIMEOUT_MS", default_value_t = 20_000)]
     h2_ping_timeout_ms: u64,
 
-    /// `--storage fjall` only: memory for caching stream data blocks, in MiB.
-    #[arg(long, env = "ONCELOG_CACHE_MB", default_value_t = 64)]
-    cache_mb: u64,
-
     /// `--storage log`: memory for the hot tail, the most recent appends kept for live readers
     /// (shared by all streams), in MiB. 0 turns it off (live reads then come from the page cache).
     #[arg(long, env = "ONCELOG_HOT_TAIL_MB", default_value_t = 32)]
@@ -67,8 +62,7 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_SHUTDOWN_GRACE_MS", default_value_t = 2_000)]
     shutdown_grace_ms: u64,
 
-    /// Storage engine: `log` (Oncelog's own log in --data-dir, the default), `fjall` (the earlier
-    /// embedded engine, for data directories it wrote), or a PostgreSQL URL
+    /// Storage engine: `log` (Oncelog's own log in --data-dir, the default) or a PostgreSQL URL
     /// (`postgres://user@host:port/database`): several nodes then serve one database (see
     /// docs/OPERATIONS.md). A password missing from the URL is taken from PGPASSWORD.
     #[arg(long, env = "ONCELOG_STORAGE", default_value = "log")]
@@ -238,10 +232,8 @@ pub struct ServeArgs {
 /// Why `oncelog serve` could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("unknown storage {0:?}: the choices are `log` (the default), `fjall` and a PostgreSQL URL (postgres://…)")]
+    #[error("unknown storage {0:?}: the choices are `log` (the default) and a PostgreSQL URL (postgres://…)")]
     UnknownStorage(String),
-    #[error("{0} holds a store of the log engine; start it with `--storage log` (the default)")]
-    LogDirectory(String),
     #[error("--fsync false does not apply to PostgreSQL: durability is the database's (synchronous_commit); leave --fsync at its default")]
     FsyncWithPostgres,
 }
@@ -288,13 +280,6 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     match args.storage.as_str() {
         "log" => {
             let mut state = AppState::new(Arc::new(open_log(&args)?), config);
-            if let Some(auth) = auth {
-                state = state.with_auth(auth);
-            }
-            run(state, args.addr).await
-        }
-        "fjall" => {
-            let mut state = AppState::new(Arc::new(open_fjall(&args)?), config);
             if let Some(auth) = auth {
                 state = state.with_auth(auth);
             }
@@ -398,29 +383,6 @@ async fn open_postgres(args: &ServeArgs, url: &str) -> Result<PgEngine, Box<dyn 
     opts.retention = retention(args);
     let engine = PgEngine::open(opts).await?;
     tracing::info!(url = %redacted(url), schema = %args.pg_schema, pool = args.pg_pool_size, "PostgreSQL engine open");
-    Ok(engine)
-}
-
-fn open_fjall(args: &ServeArgs) -> Result<EmbeddedEngine, Box<dyn std::error::Error>> {
-    if args.data_dir.join(oncelog_log::format::LOG_DIR).exists() {
-        return Err(StartError::LogDirectory(args.data_dir.display().to_string()).into());
-    }
-    let mut opts = EmbeddedOptions::new(&args.data_dir);
-    opts.durability = if args.fsync { oncelog_embedded::Durability::Fsync } else { oncelog_embedded::Durability::Buffered };
-    opts.cache_bytes = args.cache_mb << 20;
-    opts.retention = retention(args);
-    let engine = EmbeddedEngine::open(opts)?;
-    let r = engine.recovery_report();
-    tracing::info!(
-        data_dir = %args.data_dir.display(),
-        streams = r.streams,
-        closed = r.closed_streams,
-        producers = r.producers,
-        bytes = r.bytes,
-        pending_gc = r.pending_gc,
-        fsync = args.fsync,
-        "recovered"
-    );
     Ok(engine)
 }
 

@@ -233,3 +233,21 @@ fn a_backup_of_a_running_server_serves_the_same_streams() {
     read.args(["read", "logs/app", "--url", &format!("{}/v1/stream", server.url)]);
     assert_eq!(run(read, b"", LIMIT).stdout, "one\ntwo\n");
 }
+
+#[test]
+fn serve_refuses_a_data_directory_of_the_retired_fjall_engine_and_the_fjall_choice() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("keyspaces")).expect("keyspaces");
+    let data = dir.path().to_str().expect("utf-8");
+    let serve = |extra: &[&str]| {
+        let mut c = bin();
+        c.args(["serve", "--addr", "127.0.0.1:0", "--data-dir", data]).args(extra);
+        run(c, b"", LIMIT)
+    };
+    let out = serve(&[]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("pre-release engine") && out.stderr.contains("no longer reads"), "{}", out.stderr);
+    assert!(!dir.path().join("log").exists(), "nothing was written beside it");
+    let out = serve(&["--storage", "fjall"]);
+    assert!(!out.ok && out.stderr.contains("unknown storage \"fjall\""), "{}", out.stderr);
+}

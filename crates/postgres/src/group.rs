@@ -4,7 +4,7 @@
 //! `load` locks the rows of every stream the requests name, in id order (the engine's one lock
 //! order for stream rows, so two groups never deadlock on each other), and reads the producer
 //! states and key entries they name; `decide` applies [`rules::append`] to that state in request
-//! order, each request seeing the effects of the ones before it, exactly as the embedded
+//! order, each request seeing the effects of the ones before it, exactly as the log
 //! writer stages a batch; `flush` writes every effect in one statement.
 
 use std::collections::{HashMap, HashSet};

@@ -123,7 +123,7 @@ impl Shared {
     }
 
     /// The row at `path`, locked; an expired stream is first removed (or soft-deleted while
-    /// forks read it) in this transaction, as the embedded engines do before a create.
+    /// forks read it) in this transaction, as the log engine does before a create.
     async fn fetch_unexpired(&self, tx: &Transaction<'_>, path: &str, now_ms: i64, fx: &mut Effects) -> Result<Option<Stream>, Fail> {
         let Some(s) = self.fetch(tx, path, Lock::Update).await? else { return Ok(None) };
         if !self.expired(&s, now_ms) {

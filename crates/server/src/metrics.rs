@@ -11,9 +11,9 @@
 //! | `oncelog_append_bytes_total` | counter | `outcome` | their body bytes, same labels |
 //! | `oncelog_commit_to_ack_seconds` | histogram | | from handing an append to the engine to its durable answer |
 //! | `oncelog_parked_appends_total` | counter | | producer appends that waited for their predecessors |
-//! | `oncelog_group_commit_commands` | histogram | | commands per group commit (embedded engine) |
-//! | `oncelog_group_commit_seconds` | histogram | | write + sync of one group (embedded engine) |
-//! | `oncelog_fsync_seconds` | histogram | | the sync of one group (embedded engine) |
+//! | `oncelog_group_commit_commands` | histogram | | commands per group commit |
+//! | `oncelog_group_commit_seconds` | histogram | | write + sync (log) or decide + write + COMMIT (PostgreSQL) of one group |
+//! | `oncelog_fsync_seconds` | histogram | | the sync of one group (log engine) |
 //! | `oncelog_live_readers` | gauge | `mode` | open long-poll and SSE reads |
 //! | `oncelog_http_requests_total` | counter | `method`, `status` | every answered stream request (common statuses by code, the rest `other`) |
 //! | `oncelog_connections_accepted_total` | counter | | TCP connections accepted |

@@ -554,7 +554,7 @@ pub trait Engine: Send + Sync + 'static {
 
     /// The streams readers can see whose path starts with `prefix`, in path order; reads only
     /// what readers see. Async and fallible because an engine whose state lives in a database
-    /// asks it (the embedded engines answer from memory at once).
+    /// asks it (the log engine answers from memory at once).
     fn list_streams(&self, prefix: &str, now_ms: i64) -> impl Future<Output = Result<Vec<Listed>, StorageError>> + Send;
 
     /// Finishes in-flight writes and makes them durable; later writes fail with `ShuttingDown`.

@@ -1,6 +1,6 @@
 //! The storage seam of Oncelog: what the HTTP layer needs from a backend, and the rules every
-//! backend applies the same way. No backend lives here; the embedded engine is the
-//! `oncelog-embedded` crate.
+//! backend applies the same way. No backend lives here: the engines are `oncelog-log` (the
+//! default) and `oncelog-postgres`.
 //!
 //! Module map:
 //! - [`engine`]: the [`Engine`] trait, its request / outcome types and one error enum per

@@ -4,7 +4,7 @@
 //! An engine holds its streams' state ([`StreamMeta`], tail, producer states) and serialises the
 //! writes of each stream. For each command it calls one function here with the state as it is
 //! *inside* that serialisation, gets a verdict and a description of the effects, and persists
-//! those effects in its own atomic unit (the embedded engine: one journal batch; PostgreSQL: one
+//! those effects in its own atomic unit (the log engine: one frame; PostgreSQL: one
 //! transaction). No function here does I/O or reads a clock: time comes in as `now_ms`, data an
 //! engine must look up (the append a fork sub-offset points into) comes in through a closure.
 //!

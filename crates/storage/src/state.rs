@@ -22,8 +22,8 @@ pub struct KeyEntry {
 /// an empty map would cost every stream 48 bytes.
 pub type IdempotencyKeys = Option<Box<HashMap<KeyId, KeyEntry>>>;
 
-/// A stream's metadata. The tail is kept beside it by each engine (the embedded engine derives
-/// it from its data on recovery), and producer states are kept per producer.
+/// A stream's metadata. The tail is kept beside it by each engine (the log engine derives it
+/// from its records on recovery), and producer states are kept per producer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamMeta {
     /// Unique across the life of the store: a re-created path gets a new id, so ETags and

@@ -1,5 +1,5 @@
-//! `KeyRecord`: what the embedded engine keeps of one idempotency key (keyspace `idempotency`;
-//! the log engine keeps the same fields in its Append records and checkpoints).
+//! The stored form of a [`KeyEntry`]: what is kept of one idempotency key (PostgreSQL's
+//! `idem_keys.entry`; the log engine keeps the same fields in its Append records).
 //!
 //! Layout, tag `0x01`: end offset u64, body digest u64, time of acceptance (Unix ms) i64, all
 //! little-endian: 25 bytes.

@@ -1,5 +1,5 @@
-//! `ProducerRecord`: one idempotent producer's state on one stream (the embedded engine's
-//! keyspace `producers`; the log engine's checkpoints).
+//! `ProducerRecord`: one idempotent producer's state on one stream (the log engine's
+//! checkpoints; PostgreSQL's `producers.state`).
 //!
 //! Layout, tag `0x02`: epoch u64, last_seq u64, last_active_ms i64, receipt count u8, then (when
 //! the count is not zero) the newest receipt's end offset as u64 and, going back in time, the
@@ -12,8 +12,8 @@
 //! [`BodyDigest::UNKNOWN`](oncelog_protocol::digest::BodyDigest::UNKNOWN) and its activity time as
 //! the time given to [`ProducerRecord::decode`] (the recovery time: the TTL starts then).
 //!
-//! The embedded engine rewrites this record with every accepted append, so its size is journal
-//! traffic on the hot path; it is written in the same batch as the append it accepts.
+//! PostgreSQL rewrites this record with every accepted append of its producer, in the append's
+//! transaction, so its size is traffic on the hot path.
 
 use std::collections::VecDeque;
 

@@ -1,5 +1,5 @@
-//! The stored form of [`StreamMeta`], a stream's metadata (the embedded engine's keyspace
-//! `streams`, keyed by path; the log engine's create records and checkpoints).
+//! The stored form of [`StreamMeta`], a stream's metadata (the log engine's create records and
+//! checkpoints).
 //!
 //! Layout, tag `0x02`: id u64, created_ms i64, content_type str, expiry kind u8 (0 never, 1 ttl,
 //! 2 at) + value (u64 seconds or i64 ms; absent for 0), closed u8, stream_seq flag u8 + str,

@@ -6,7 +6,7 @@
 //! - [`service`]: [`Subscriptions`], the decisions and their persistence.
 //!
 //! Every change of cursors, generation, wake, lease and retry schedule is one
-//! [`Engine::transact`](crate::Engine::transact) (one log frame, one fjall batch), together with the wake event it
+//! [`Engine::transact`](crate::Engine::transact) (one log frame, one PostgreSQL transaction), together with the wake event it
 //! appends to a pull-wake stream or the output appends of a transactional commit. So they are
 //! durable and atomic with each other on every engine, and the engines know nothing about
 //! subscriptions: they keep a metadata map ([`crate::MetaWrite`]) and commit transactions.
