@@ -286,17 +286,21 @@ fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>
         };
         let mut g = Group::new();
         store.expire_parked(Instant::now(), &mut g);
+        let mut count = 0usize;
         if let Some(first) = first {
             store.stage(first, &mut g);
-            let mut count = 1usize;
+            count = 1;
             while count < MAX_GROUP_COMMANDS && g.bytes < MAX_GROUP_BYTES {
                 let Ok(cmd) = rx.try_recv() else { break };
                 store.stage(cmd, &mut g);
                 count += 1;
             }
-            metrics::histogram!("oncelog_group_commit_commands").record(count as f64);
         }
+        let committing = Instant::now();
         let failure = store.commit(&mut g);
+        if count > 0 {
+            oncelog_storage::machine::record_group_commit(count, committing.elapsed());
+        }
         store.finish(g, failure);
         let due = store.since_checkpoint >= checkpoint_bytes || (store.reclaim_wanted && last_checkpoint.elapsed() >= reclaim_interval);
         if due && !store.counters().failed() && checkpointer.idle() {
@@ -516,6 +520,7 @@ impl Engine for LogEngine {
         EngineStats {
             streams: self.inner.counters.streams.load(Ordering::Relaxed),
             producers: self.inner.counters.producers.load(Ordering::Relaxed),
+            parked_appends: self.inner.counters.parked.load(Ordering::Relaxed),
         }
     }
 }

@@ -15,10 +15,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use oncelog_protocol::digest::BodyDigest;
-use oncelog_protocol::producer::{ProducerState, Receipt};
 use oncelog_protocol::Offset;
-use oncelog_storage::parking::ParkingLot;
-use oncelog_storage::rules::{self, AppendPlan, CreatePlan, Removal, PARK_TIMEOUT};
+use oncelog_storage::machine::parking::{ParkingLot, Pending, Round};
+use oncelog_storage::machine::{self, AppendEffects, Step, StreamState};
+use oncelog_storage::rules::{self, CreatePlan, Removal, PARK_TIMEOUT};
 use oncelog_storage::*;
 use tokio::sync::{oneshot, Notify};
 
@@ -157,6 +157,8 @@ pub(crate) struct View {
 pub(crate) struct Counters {
     pub streams: AtomicU64,
     pub producers: AtomicU64,
+    /// Producer appends that waited for their predecessors (the parking lot counts them).
+    pub parked: Arc<AtomicU64>,
     /// Why writes stopped, once they have (set by the writer or by background work).
     pub failure: Mutex<Option<String>>,
 }
@@ -191,15 +193,10 @@ pub(crate) enum Command {
     MetaScan { prefix: Vec<u8>, reply: oneshot::Sender<Result<Vec<(Vec<u8>, Bytes)>, StorageError>> },
 }
 
-/// The writer's authoritative view of one stream.
+/// The writer's authoritative view of one stream: its state as the machine keeps it (every
+/// producer and key of the window; time marks only with a maximum age), and what readers share.
 struct WStream {
-    meta: StreamMeta,
-    tail: Offset,
-    producers: HashMap<String, ProducerState>,
-    /// Idempotency keys of the window (none for most streams).
-    keys: IdempotencyKeys,
-    /// When its data was written, for its maximum age (empty without one).
-    marks: TimeMarks,
+    st: StreamState,
     shared: Arc<Shared>,
 }
 
@@ -248,6 +245,28 @@ impl Group {
 
     fn is_empty(&self) -> bool {
         self.frame.len() == format::FRAME_HEADER
+    }
+}
+
+/// The store and the group being staged, as the machine's [`machine::Appender`].
+struct Staging<'a> {
+    store: &'a mut Store,
+    g: &'a mut Group,
+}
+
+impl machine::Appender for Staging<'_> {
+    fn append(&mut self, req: &AppendRequest) -> Result<AppendOutcome, AppendError> {
+        self.store.append(req, self.g)
+    }
+
+    fn check(&mut self, req: &AppendRequest) -> Result<(), AppendError> {
+        check_append_shape(req)?;
+        let w = self.store.streams.get(req.path.as_str()).ok_or(AppendError::NotFound)?;
+        w.st.check(req, &self.store.cfg.retention)
+    }
+
+    fn diverged(&mut self, e: AppendError) -> StorageError {
+        self.store.fail(backend(LogError::TxnDiverged(e.to_string())))
     }
 }
 
@@ -313,7 +332,8 @@ pub(crate) struct Store {
     counters: Arc<Counters>,
     /// Set after a failed write or sync (by the writer or the checkpointer): writes are refused.
     poisoned: bool,
-    parked: ParkingLot,
+    /// Appends waiting for their predecessors (taken out while a round runs: [`Store::with_lot`]).
+    parked: Option<ParkingLot>,
     /// Hot-tail entries oldest first, store-wide, with their sizes: evicted past the budget.
     hot_queue: VecDeque<(Weak<Shared>, u64, usize)>,
     hot_bytes: usize,
@@ -398,7 +418,7 @@ impl Store {
     }
 
     pub fn next_park_deadline(&self) -> Option<Instant> {
-        self.parked.next_deadline()
+        self.parked.as_ref().and_then(ParkingLot::next_deadline)
     }
 
     /// Validates one command against current state and stages its effects.
@@ -481,26 +501,16 @@ impl Store {
     }
 
     /// Stages a transaction as [`Engine::transact`](oncelog_storage::Engine::transact) says:
-    /// every append decided first without staging anything, then the appends and Meta records
-    /// into this group's one frame.
+    /// every append checked first without staging anything ([`machine::transact`]), then the
+    /// appends and Meta records into this group's one frame; parked successors of its producer
+    /// appends are released behind them.
     fn transact(&mut self, txn: TxnRequest, g: &mut Group) -> Result<TxnOutcome, TxnError> {
         rules::txn_shape(&txn, crate::MAX_RECORD_BYTES)?;
         for a in &txn.appends {
             self.drop_if_expired(&a.path, a.now_ms, g);
         }
         rules::txn_expect(&txn, |k| self.meta.get(k))?;
-        for (index, a) in txn.appends.iter().enumerate() {
-            self.check_append(a).map_err(|error| TxnError::Append { index, error })?;
-        }
-        let mut appends = Vec::with_capacity(txn.appends.len());
-        for a in &txn.appends {
-            // Decided above against the same state (one append per stream): cannot differ.
-            let out = match self.append(a, g) {
-                Ok(out) => out,
-                Err(e) => return Err(TxnError::Storage(self.fail(backend(LogError::TxnDiverged(e.to_string()))))),
-            };
-            appends.push(out);
-        }
+        let appends = machine::transact(&txn, &mut Staging { store: self, g })?;
         let split = self.cfg.mutant == Mutant::SplitTxn;
         if split {
             std::mem::swap(&mut g.frame, &mut g.split);
@@ -515,22 +525,20 @@ impl Store {
         if split {
             std::mem::swap(&mut g.frame, &mut g.split);
         }
-        for (a, out) in txn.appends.iter().zip(&appends) {
-            if let (Some(p), AppendStatus::Appended) = (&a.producer, out.status) {
-                if !self.parked.is_empty() {
-                    self.release_parked(&a.path, &p.id, g);
+        let accepted: Vec<&AppendRequest> = txn.appends.iter().zip(&appends).filter(|(_, o)| o.status == AppendStatus::Appended).map(|(a, _)| a).collect();
+        if !accepted.is_empty() && self.parked.as_ref().is_some_and(|lot| !lot.is_empty()) {
+            let now = Instant::now();
+            self.with_lot(|store, lot| {
+                let mut round = Round::default();
+                for a in accepted {
+                    round.release(a, lot, now, &mut |r| store.append(r, g));
                 }
-            }
+                for (tx, r) in round.settle(lot) {
+                    g.effects.push(reply(tx, r));
+                }
+            });
         }
         Ok(TxnOutcome { appends })
-    }
-
-    /// [`Store::append`]'s decision without its effects.
-    fn check_append(&self, req: &AppendRequest) -> Result<(), AppendError> {
-        check_append_shape(req)?;
-        let w = self.streams.get(req.path.as_str()).ok_or(AppendError::NotFound)?;
-        let writer = rules::WriterState::of(req, &w.producers, &w.keys);
-        rules::append(&w.meta, w.tail, writer, req, &self.cfg.retention).map(|_| ())
     }
 
     /// Trims every stream whose retention policy lets go of data, to where
@@ -540,18 +548,18 @@ impl Store {
         let due: Vec<(Arc<str>, Offset)> = self
             .streams
             .iter()
-            .filter(|(_, w)| !w.meta.retention.is_none() && !w.meta.soft_deleted)
+            .filter(|(_, w)| !w.st.meta.retention.is_none() && !w.st.meta.soft_deleted)
             .filter_map(|(path, w)| {
                 let d = w.shared.data.read().ok()?;
                 let below = |x: Offset| {
                     let n = d.extents.partition_point(|e| e.end <= x.0);
                     Offset(match n {
                         0 if x.0 >= d.start => d.start,
-                        0 => w.meta.earliest.0,
+                        0 => w.st.meta.earliest.0,
                         n => d.extents[n - 1].end,
                     })
                 };
-                let to = retention::floor(&w.meta.retention, w.tail, w.meta.earliest, now_ms, &w.marks, below)?;
+                let to = retention::floor(&w.st.meta.retention, w.st.tail, w.st.meta.earliest, now_ms, &w.st.marks, below)?;
                 Some((path.clone(), to))
             })
             .collect();
@@ -564,11 +572,33 @@ impl Store {
         moved
     }
 
+    /// Runs `f` with the parking lot taken out of the store (a round needs both at once).
+    fn with_lot<R>(&mut self, f: impl FnOnce(&mut Store, &mut ParkingLot) -> R) -> R {
+        let mut lot = self.parked.take().unwrap_or_default();
+        let r = f(self, &mut lot);
+        self.parked = Some(lot);
+        r
+    }
+
+    /// Decides appends in one round (see [`oncelog_storage::machine::parking`]) and stages their
+    /// answers; `may_park`: early producer appends may wait (not once writes stopped).
+    fn decide_round(&mut self, pending: Vec<Pending>, now: Instant, may_park: bool, g: &mut Group) {
+        self.with_lot(|store, lot| {
+            let mut round = Round::default();
+            for p in pending {
+                round.decide(p, lot, now, may_park, &mut |r| store.append(r, g));
+            }
+            for (tx, r) in round.settle(lot) {
+                g.effects.push(reply(tx, r));
+            }
+        });
+    }
+
     /// Answers parked appends whose wait is over: decided again now, never parked again.
     pub fn expire_parked(&mut self, now: Instant, g: &mut Group) {
-        for p in self.parked.take_due(now) {
-            let r = self.append(&p.req, g);
-            g.effects.push(reply(p.reply, r));
+        let due = self.parked.as_mut().map(|lot| lot.take_due(now)).unwrap_or_default();
+        if !due.is_empty() {
+            self.decide_round(due, now, false, g);
         }
     }
 
@@ -578,42 +608,9 @@ impl Store {
     }
 
     fn stage_append(&mut self, req: AppendRequest, tx: oneshot::Sender<Result<AppendOutcome, AppendError>>, g: &mut Group) {
-        let r = self.append(&req, g);
-        let Some(p) = &req.producer else {
-            g.effects.push(reply(tx, r));
-            return;
-        };
-        match &r {
-            Err(e) if !self.poisoned && rules::parkable(&req, e) => {
-                metrics::counter!("oncelog_parked_appends_total").increment(1);
-                let r2 = r.clone();
-                if let Some(old) = self.parked.park(req, tx, Instant::now()) {
-                    g.effects.push(reply(old.reply, r2));
-                }
-            }
-            Ok(out) if out.status == AppendStatus::Appended => {
-                g.effects.push(reply(tx, r.clone()));
-                if !self.parked.is_empty() {
-                    let (path, id) = (req.path.clone(), p.id.clone());
-                    self.release_parked(&path, &id, g);
-                }
-            }
-            _ => g.effects.push(reply(tx, r)),
-        }
-    }
-
-    /// Stages the parked successors of a producer's newly accepted sequence number, in order.
-    fn release_parked(&mut self, path: &str, producer: &str, g: &mut Group) {
-        loop {
-            let next = self.streams.get(path).and_then(|w| w.producers.get(producer)).map(rules::next_expected);
-            let Some(p) = next.and_then(|n| self.parked.take(path, producer, n)) else { return };
-            let r = self.append(&p.req, g);
-            let accepted = matches!(&r, Ok(o) if o.status == AppendStatus::Appended);
-            g.effects.push(reply(p.reply, r));
-            if !accepted {
-                return;
-            }
-        }
+        let now = Instant::now();
+        let may_park = !self.poisoned;
+        self.decide_round(vec![Pending::new(req, tx, now)], now, may_park, g);
     }
 
     /// Writes the group's frame and syncs it: one `pwrite`, one `fdatasync`. Returns the failure
@@ -645,7 +642,6 @@ impl Store {
                 return Some(self.fail(e));
             }
         }
-        metrics::histogram!("oncelog_group_commit_seconds").record(started.elapsed().as_secs_f64());
         // Data positions so far are relative to the frame; make them absolute file positions.
         let base = pos;
         for e in &mut g.effects {
@@ -768,7 +764,7 @@ impl Store {
     }
 
     fn drop_if_expired(&mut self, path: &str, now_ms: i64, g: &mut Group) {
-        let expired = self.streams.get(path).is_some_and(|w| !w.meta.soft_deleted && w.shared.expired(now_ms));
+        let expired = self.streams.get(path).is_some_and(|w| !w.st.meta.soft_deleted && w.shared.expired(now_ms));
         if expired {
             // It exists and is not soft-deleted, so the delete verdict cannot be an error.
             let _ = self.delete(path, None, g);
@@ -778,14 +774,12 @@ impl Store {
     /// Deletes a stream as [`rules::delete`] decides.
     fn delete(&mut self, path: &str, if_tail: Option<&[Offset]>, g: &mut Group) -> Result<(), LookupError> {
         let w = self.streams.get_mut(path).ok_or(LookupError::NotFound)?;
-        match rules::delete(&w.meta, w.tail, w.shared.forks(), if_tail)? {
+        match rules::delete(&w.st.meta, w.st.tail, w.shared.forks(), if_tail)? {
             Removal::Remove => self.remove(path, g),
             Removal::SoftDelete => {
-                w.meta.soft_deleted = true;
-                g.record(&Record::SoftDelete { id: w.meta.id });
-                let dropped = std::mem::take(&mut w.producers);
-                self.counters.producers.fetch_sub(dropped.len() as u64, Ordering::Relaxed);
-                w.keys = None;
+                g.record(&Record::SoftDelete { id: w.st.meta.id });
+                let dropped = w.st.soft_delete();
+                self.counters.producers.fetch_sub(dropped as u64, Ordering::Relaxed);
                 g.effects.push(Effect::SoftDelete { shared: w.shared.clone() });
             }
         }
@@ -800,14 +794,14 @@ impl Store {
             return Err(CompactError::TooLarge);
         }
         let w = self.streams.get_mut(req.path.as_str()).ok_or(CompactError::NotFound)?;
-        let ends = rules::compact(&w.meta, w.tail, &req)?;
+        let ends = rules::compact(&w.st.meta, w.st.tail, &req)?;
         // (A compaction stream has no retention policy, so its appends carry no write time.)
         for (piece, end) in req.pieces.iter().zip(&ends) {
-            let at = g.record(&Record::Append { id: w.meta.id, new_tail: end.0, close: false, stream_seq: None, producer: None, key: None, time: None, data: piece });
-            w.tail = *end;
+            let at = g.record(&Record::Append { id: w.st.meta.id, new_tail: end.0, close: false, stream_seq: None, producer: None, key: None, time: None, data: piece });
+            w.st.tail = *end;
             g.effects.push(Effect::Data { shared: w.shared.clone(), end: end.0, at, hot: piece.clone() });
         }
-        g.effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });
+        g.effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.st.tail, closed: w.st.meta.closed });
         let split = self.cfg.mutant == Mutant::CompactInTwoFrames;
         if split {
             std::mem::swap(&mut g.frame, &mut g.split);
@@ -822,14 +816,12 @@ impl Store {
     /// Moves a stream's earliest offset forward as [`rules::trim`] decides: one Trim record.
     fn trim(&mut self, path: &str, to: Offset, g: &mut Group) -> Result<TrimOutcome, TrimError> {
         let w = self.streams.get_mut(path).ok_or(TrimError::NotFound)?;
-        if let Some(earliest) = rules::trim(&w.meta, w.tail, to)? {
-            g.record(&Record::Trim { id: w.meta.id, earliest: earliest.0 });
-            w.meta.earliest = earliest;
-            retention::drop_marks_below(&mut w.marks, earliest);
+        if let Some(earliest) = w.st.trim(to)? {
+            g.record(&Record::Trim { id: w.st.meta.id, earliest: earliest.0 });
             self.reclaim_wanted = true;
             g.effects.push(Effect::Trim { shared: w.shared.clone(), earliest: earliest.0 });
         }
-        Ok(TrimOutcome { earliest: w.meta.earliest, tail: w.tail })
+        Ok(TrimOutcome { earliest: w.st.meta.earliest, tail: w.st.tail })
     }
 
     /// Removes a stream; a fork releases its source, and a soft-deleted source whose last fork
@@ -838,15 +830,15 @@ impl Store {
         let mut next = self.streams.get_key_value(path).map(|(k, _)| k.clone());
         while let Some(path) = next.take() {
             let Some(w) = self.streams.remove(&path) else { return };
-            self.paths_by_id.remove(&w.meta.id);
-            g.record(&Record::Remove { id: w.meta.id });
-            self.counters.producers.fetch_sub(w.producers.len() as u64, Ordering::Relaxed);
+            self.paths_by_id.remove(&w.st.meta.id);
+            g.record(&Record::Remove { id: w.st.meta.id });
+            self.counters.producers.fetch_sub(w.st.producers.len() as u64, Ordering::Relaxed);
             g.effects.push(Effect::Remove { path, shared: w.shared });
-            let Some(f) = w.meta.fork else { continue };
+            let Some(f) = w.st.meta.fork else { continue };
             let Some(src_path) = self.paths_by_id.get(&f.source_id) else { continue };
             let Some(src) = self.streams.get(src_path) else { continue };
             let left = src.shared.forks.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
-            if rules::source_follows(&src.meta, left) {
+            if rules::source_follows(&src.st.meta, left) {
                 next = Some(src_path.clone());
             }
         }
@@ -865,14 +857,14 @@ impl Store {
             self.drop_if_expired(&f.source, req.now_ms, g);
             let src = self.streams.get(f.source.as_str());
             let view = &self.view;
-            let resolved = rules::resolve_fork(src.map(|w| (&w.meta, w.tail)), f, |at| match src {
-                Some(w) => crate::read::append_at(&w.shared, &view.segments, at, w.tail.0),
+            let resolved = rules::resolve_fork(src.map(|w| (&w.st.meta, w.st.tail)), f, |at| match src {
+                Some(w) => crate::read::append_at(&w.shared, &view.segments, at, w.st.tail.0),
                 None => Ok(None),
             })?;
             let chain = src.map_or_else(Vec::new, |w| chain_of(&w.shared, resolved.fork.fork_point));
             fork = Some((resolved, chain));
         }
-        let existing = self.streams.get(req.path.as_str()).map(|w| (&w.meta, w.tail));
+        let existing = self.streams.get(req.path.as_str()).map(|w| (&w.st.meta, w.st.tail));
         let (meta, tail) = match rules::create(existing, fork.as_ref().map(|f| &f.0), &req, self.next_id)? {
             CreatePlan::Existing(info) => return Ok(CreateOutcome::Existing(info)),
             CreatePlan::Create { meta, tail } => (meta, tail),
@@ -892,79 +884,58 @@ impl Store {
         };
         let data = StreamData { start, extents: Vec::new(), hot: VecDeque::new() };
         let shared = new_shared(&meta, tail, chain, 0, req.now_ms, data);
-        let mut marks = TimeMarks::new();
-        if !req.initial.is_empty() {
-            // Replay notes the same from the record's creation time.
-            retention::note_write(&mut marks, &meta.retention, tail, meta.created_ms);
-        }
+        let mut st = StreamState::new(meta, tail);
+        // Replay notes the same from the record's creation time.
+        st.created();
         if !req.initial.is_empty() {
             g.effects.push(Effect::Data { shared: shared.clone(), end: tail.0, at, hot: req.initial.clone() });
         }
-        let info = meta.info(tail);
+        let info = st.info();
         let path: Arc<str> = Arc::from(req.path.as_str());
-        self.streams.insert(path.clone(), Box::new(WStream { meta, tail, producers: HashMap::new(), keys: None, marks, shared: shared.clone() }));
+        self.streams.insert(path.clone(), Box::new(WStream { st, shared: shared.clone() }));
         self.paths_by_id.insert(id, path.clone());
         self.count_streams();
         g.effects.push(Effect::Insert { path, shared });
         Ok(CreateOutcome::Created(info))
     }
 
-    /// Decides one append by [`rules::append`] and stages it as one record.
+    /// Decides one append by the stream state machine and stages it as one record.
     fn append(&mut self, req: &AppendRequest, g: &mut Group) -> Result<AppendOutcome, AppendError> {
         check_append_shape(req)?;
         self.drop_if_expired(&req.path, req.now_ms, g);
         let Some(w) = self.streams.get_mut(req.path.as_str()) else { return Err(AppendError::NotFound) };
-        if req.stream_id.is_none_or(|id| id == w.meta.id) {
+        if req.stream_id.is_none_or(|id| id == w.st.meta.id) {
             w.shared.touch(req.now_ms);
         }
-        let writer = rules::WriterState::of(req, &w.producers, &w.keys);
-        let write = match rules::append(&w.meta, w.tail, writer, req, &self.cfg.retention)? {
-            AppendPlan::Answer(outcome) => return Ok(outcome),
-            AppendPlan::Write(write) => write,
+        let written = match w.st.append(req, &self.cfg.retention)? {
+            Step::Answer(outcome) => return Ok(outcome),
+            Step::Write(written) => written,
         };
-        let producer = write.producer.zip(req.producer.as_ref()).map(|((epoch, seq), p)| ProducerEffect {
-            id: p.id.as_str(),
-            epoch,
-            seq,
-            details: Some((write.digest, write.at_ms)),
-        });
+        if written.new_producer {
+            self.counters.producers.fetch_add(1, Ordering::Relaxed);
+        }
+        let e: &AppendEffects<'_> = &written.effects;
+        let producer = e.producer.map(|p| ProducerEffect { id: p.id, epoch: p.epoch, seq: p.seq, details: Some((p.digest, p.at_ms)) });
         let split = self.cfg.mutant == Mutant::SplitProducer && producer.is_some();
         let at = g.record(&Record::Append {
-            id: w.meta.id,
-            new_tail: write.new_tail.0,
-            close: write.close,
-            stream_seq: if write.set_stream_seq { req.stream_seq.as_deref() } else { None },
+            id: w.st.meta.id,
+            new_tail: e.new_tail.0,
+            close: e.close,
+            stream_seq: e.stream_seq,
             producer: if split { None } else { producer.clone() },
-            key: write.key.map(|k| (k, write.digest, write.at_ms)),
-            time: (retention::marks_writes(&w.meta.retention) && !req.data.is_empty()).then_some(req.now_ms),
+            key: e.key.map(|(k, entry)| (k, entry.digest, entry.at_ms)),
+            time: e.write_time,
             data: &req.data,
         });
         if split {
-            let rec = Record::Append { id: w.meta.id, new_tail: write.new_tail.0, close: false, stream_seq: None, producer: producer.clone(), key: None, time: None, data: &[] };
+            let rec = Record::Append { id: w.st.meta.id, new_tail: e.new_tail.0, close: false, stream_seq: None, producer, key: None, time: None, data: &[] };
             format::encode(&rec, &mut g.split);
         }
-        let closed_before = w.meta.closed;
-        write.apply_meta(&mut w.meta, req);
-        if let Some(p) = &req.producer {
-            let state = match w.producers.get_mut(&p.id) {
-                Some(s) => s,
-                None => {
-                    self.counters.producers.fetch_add(1, Ordering::Relaxed);
-                    w.producers.entry(p.id.clone()).or_insert_with(|| ProducerState::new(p.epoch))
-                }
-            };
-            write.apply_producer(state);
-        }
-        write.apply_key(&mut w.keys);
-        w.tail = write.new_tail;
         if !req.data.is_empty() {
-            retention::note_write(&mut w.marks, &w.meta.retention, w.tail, req.now_ms);
+            g.effects.push(Effect::Data { shared: w.shared.clone(), end: w.st.tail.0, at, hot: req.data.clone() });
         }
-        if !req.data.is_empty() {
-            g.effects.push(Effect::Data { shared: w.shared.clone(), end: w.tail.0, at, hot: req.data.clone() });
-        }
-        g.effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.tail, closed: w.meta.closed });
-        Ok(write.outcome(closed_before))
+        g.effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.st.tail, closed: w.st.meta.closed });
+        Ok(written.outcome)
     }
 
     /// Drops the state of producers idle for longer than the TTL and idempotency keys older than
@@ -973,18 +944,7 @@ impl Store {
     /// pile up for longer than a checkpoint interval.
     pub fn prune_writers(&mut self) -> usize {
         let (now, retention) = (self.latest_ms, self.cfg.retention);
-        let mut dropped = 0;
-        for w in self.streams.values_mut() {
-            let before = w.producers.len();
-            w.producers.retain(|_, s| s.is_live(now, retention.producer_ttl_ms));
-            dropped += before - w.producers.len();
-            if let Some(keys) = &mut w.keys {
-                keys.retain(|_, e| retention.key_is_live(e, now));
-                if keys.is_empty() {
-                    w.keys = None;
-                }
-            }
-        }
+        let dropped: usize = self.streams.values_mut().map(|w| w.st.prune(now, &retention).producers.len()).sum();
         self.counters.producers.fetch_sub(dropped as u64, Ordering::Relaxed);
         dropped
     }
@@ -996,9 +956,9 @@ impl Store {
     /// each checkpoint. Returns the number of entries dropped.
     pub fn prune_index(&mut self) -> usize {
         // Each stream's floor: its own earliest offset, lowered by the forks that read it.
-        let mut floor: HashMap<u64, u64> = self.streams.values().map(|w| (w.meta.id, w.meta.earliest.0)).collect();
+        let mut floor: HashMap<u64, u64> = self.streams.values().map(|w| (w.st.meta.id, w.st.meta.earliest.0)).collect();
         for w in self.streams.values() {
-            let reads_from = w.meta.earliest.0;
+            let reads_from = w.st.meta.earliest.0;
             let mut lo = 0;
             for (hi, ancestor) in &w.shared.chain {
                 if reads_from < *hi {
@@ -1010,7 +970,7 @@ impl Store {
         }
         let mut dropped = 0;
         for w in self.streams.values() {
-            let f = floor.get(&w.meta.id).copied().unwrap_or(0);
+            let f = floor.get(&w.st.meta.id).copied().unwrap_or(0);
             if f == 0 {
                 continue;
             }
@@ -1034,13 +994,13 @@ impl Store {
                 let (start, extents) = w.shared.data.read().map(|d| (d.start, d.extents.clone())).unwrap_or_default();
                 CheckpointStream {
                     path: path.to_string(),
-                    meta: w.meta.clone(),
-                    tail: w.tail.0,
+                    meta: w.st.meta.clone(),
+                    tail: w.st.tail.0,
                     start,
-                    producers: w.producers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    producers: w.st.producers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
                     extents,
-                    keys: w.keys.iter().flat_map(|m| m.iter().map(|(k, e)| (*k, *e))).collect(),
-                    marks: w.marks.clone(),
+                    keys: w.st.keys.iter().flat_map(|m| m.iter().map(|(k, e)| (*k, *e))).collect(),
+                    marks: w.st.marks.clone(),
                 }
             })
             .collect();
@@ -1052,7 +1012,7 @@ impl Store {
     /// fork's removal takes its source along in the same frame).
     pub fn collect_orphans(&mut self) {
         let orphans: Vec<String> =
-            self.streams.iter().filter(|(_, w)| w.meta.soft_deleted && w.shared.forks() == 0).map(|(p, _)| p.to_string()).collect();
+            self.streams.iter().filter(|(_, w)| w.st.meta.soft_deleted && w.shared.forks() == 0).map(|(p, _)| p.to_string()).collect();
         if orphans.is_empty() {
             return;
         }
@@ -1135,13 +1095,9 @@ pub(crate) fn write_checkpoint(fs: &dyn Fs, view: &View, cp: &Checkpoint) -> Res
 /// A stream as recovery rebuilds it, before readers exist.
 struct Building {
     path: String,
-    meta: StreamMeta,
-    tail: u64,
+    st: StreamState,
     start: u64,
-    producers: HashMap<String, ProducerState>,
     extents: Vec<Extent>,
-    keys: IdempotencyKeys,
-    marks: TimeMarks,
 }
 
 /// Opens the store: loads the checkpoint, replays the log after it (cutting a torn tail), and
@@ -1194,9 +1150,14 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
     let mut next_id = cp.next_id;
     let mut meta: BTreeMap<Vec<u8>, Bytes> = cp.meta.into_iter().collect();
     for s in cp.streams {
-        let producers = s.producers.into_iter().collect();
-        let keys = (!s.keys.is_empty()).then(|| Box::new(s.keys.into_iter().collect()));
-        streams.insert(s.meta.id, Building { path: s.path, meta: s.meta, tail: s.tail, start: s.start, producers, extents: s.extents, keys, marks: s.marks });
+        let st = StreamState {
+            meta: s.meta,
+            tail: Offset(s.tail),
+            producers: s.producers.into_iter().collect(),
+            keys: (!s.keys.is_empty()).then(|| Box::new(s.keys.into_iter().collect())),
+            marks: s.marks,
+        };
+        streams.insert(st.meta.id, Building { path: s.path, st, start: s.start, extents: s.extents });
     }
     // Every segment a checkpointed stream still has data in must be there (a backup that missed
     // one, or a file removed by hand): refuse to start rather than fail its reads later.
@@ -1288,7 +1249,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
     order.sort_unstable();
     let mut fork_counts: HashMap<u64, usize> = HashMap::new();
     for b in streams.values() {
-        if let Some(f) = b.meta.fork {
+        if let Some(f) = b.st.meta.fork {
             *fork_counts.entry(f.source_id).or_default() += 1;
         }
     }
@@ -1298,7 +1259,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
     let mut producers = 0usize;
     for id in order {
         let Some(b) = streams.remove(&id) else { continue };
-        let chain = match b.meta.fork {
+        let chain = match b.st.meta.fork {
             None => Vec::new(),
             Some(f) => {
                 let src = shared_by_id.get(&f.source_id).ok_or_else(|| corrupt(format!("stream {id}: fork source {} is missing", f.source_id)))?;
@@ -1307,16 +1268,16 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         };
         let data = StreamData { start: b.start, extents: b.extents, hot: VecDeque::new() };
         let forks = fork_counts.get(&id).copied().unwrap_or(0);
-        let shared = new_shared(&b.meta, Offset(b.tail), chain, forks, now_ms, data);
+        let shared = new_shared(&b.st.meta, b.st.tail, chain, forks, now_ms, data);
         report.streams += 1;
-        report.bytes += b.tail;
-        report.closed_streams += usize::from(b.meta.closed);
-        report.producers += b.producers.len();
-        producers += b.producers.len();
+        report.bytes += b.st.tail.0;
+        report.closed_streams += usize::from(b.st.meta.closed);
+        report.producers += b.st.producers.len();
+        producers += b.st.producers.len();
         shared_by_id.insert(id, shared.clone());
         let path: Arc<str> = Arc::from(b.path);
         paths_by_id.insert(id, path.clone());
-        wstreams.insert(path, Box::new(WStream { meta: b.meta, tail: Offset(b.tail), producers: b.producers, keys: b.keys, marks: b.marks, shared }));
+        wstreams.insert(path, Box::new(WStream { st: b.st, shared }));
     }
     let view = Arc::new(View::default());
     if let Ok(mut m) = view.streams.write() {
@@ -1343,9 +1304,9 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         reclaim_wanted: false,
         // Only request times count: recovery's clock may be far from the requests' (tests).
         latest_ms: i64::MIN,
+        parked: Some(ParkingLot::counting(counters.parked.clone())),
         counters,
         poisoned: false,
-        parked: ParkingLot::default(),
         hot_queue: VecDeque::new(),
         hot_bytes: 0,
         meta,
@@ -1372,6 +1333,30 @@ fn find_frame_after(buf: &[u8], from: usize, lsn: u64) -> Option<usize> {
     None
 }
 
+/// An Append record's effects as the writer applied them (the machine's one description);
+/// producer effects written before their details were kept count from `now_ms`.
+fn replayed<'a>(
+    new_tail: u64,
+    close: bool,
+    stream_seq: &'a Option<String>,
+    producer: &'a Option<ProducerEffect<String>>,
+    key: Option<(oncelog_protocol::digest::KeyId, BodyDigest, i64)>,
+    time: Option<i64>,
+    now_ms: i64,
+) -> AppendEffects<'a> {
+    AppendEffects {
+        new_tail: Offset(new_tail),
+        close,
+        stream_seq: stream_seq.as_deref(),
+        producer: producer.as_ref().map(|p| {
+            let (digest, at_ms) = p.details.unwrap_or((BodyDigest::UNKNOWN, now_ms));
+            machine::ProducerEffect { id: &p.id, epoch: p.epoch, seq: p.seq, digest, at_ms }
+        }),
+        key: key.map(|(k, digest, at_ms)| (k, KeyEntry { end: Offset(new_tail), digest, at_ms })),
+        write_time: time,
+    }
+}
+
 /// Applies one replayed record to the state being rebuilt.
 /// `now_ms` stands in for the activity time of producer effects written before it was kept.
 fn replay(
@@ -1383,10 +1368,6 @@ fn replay(
     next_id: &mut u64,
     meta: &mut BTreeMap<Vec<u8>, Bytes>,
 ) -> Result<(), String> {
-    let accept = |producers: &mut HashMap<String, ProducerState>, p: ProducerEffect<String>, end: u64| {
-        let (digest, at_ms) = p.details.unwrap_or((BodyDigest::UNKNOWN, now_ms));
-        producers.entry(p.id).or_insert_with(|| ProducerState::new(p.epoch)).accept(p.epoch, p.seq, Receipt { end: Offset(end), digest }, at_ms);
-    };
     match r {
         Replayed::Create { id, path, meta, data_at, data_len } => {
             if meta.id != id || streams.contains_key(&id) {
@@ -1396,54 +1377,36 @@ fn replay(
             let tail = start + data_len;
             let extents = if data_len > 0 { vec![Extent::new(tail, segment, base + data_at as u64)] } else { Vec::new() };
             *next_id = (*next_id).max(id + 1);
-            let mut marks = TimeMarks::new();
-            if data_len > 0 {
-                retention::note_write(&mut marks, &meta.retention, Offset(tail), meta.created_ms);
-            }
-            streams.insert(id, Building { path, meta, tail, start, producers: HashMap::new(), extents, keys: None, marks });
+            let mut st = StreamState::new(meta, Offset(tail));
+            st.created();
+            streams.insert(id, Building { path, st, start, extents });
         }
         Replayed::Append { id, new_tail, close, stream_seq, producer, key, time, data_at, data_len } => {
             let b = streams.get_mut(&id).ok_or_else(|| format!("append to unknown stream {id}"))?;
             // Only the power-loss test's split-producer mutant writes producer effects apart
             // from their data; production replay holds every record to its data.
-            let mutant_split = cfg!(test) && data_len == 0 && !close && producer.is_some() && new_tail <= b.tail;
+            let mutant_split = cfg!(test) && data_len == 0 && !close && producer.is_some() && new_tail <= b.st.tail.0;
             if mutant_split {
-                if let Some(p) = producer {
-                    accept(&mut b.producers, p, new_tail);
-                }
+                let tail = b.st.tail;
+                b.st.apply(&replayed(new_tail, false, &None, &producer, None, None, now_ms));
+                b.st.tail = tail;
                 return Ok(());
             }
-            if new_tail != b.tail + data_len {
-                return Err(format!("append to stream {id} ends at {new_tail}, expected {}", b.tail + data_len));
+            if new_tail != b.st.tail.0 + data_len {
+                return Err(format!("append to stream {id} ends at {new_tail}, expected {}", b.st.tail.0 + data_len));
             }
             if data_len > 0 {
                 b.extents.push(Extent::new(new_tail, segment, base + data_at as u64));
             }
-            b.tail = new_tail;
-            b.meta.closed |= close;
-            if stream_seq.is_some() {
-                b.meta.stream_seq = stream_seq;
-            }
-            if let Some(p) = producer {
-                accept(&mut b.producers, p, new_tail);
-            }
-            if let Some((k, digest, at_ms)) = key {
-                b.keys.get_or_insert_with(Default::default).insert(k, KeyEntry { end: Offset(new_tail), digest, at_ms });
-            }
-            if let Some(at_ms) = time {
-                retention::note_write(&mut b.marks, &b.meta.retention, Offset(new_tail), at_ms);
-            }
+            b.st.apply(&replayed(new_tail, close, &stream_seq, &producer, key, time, now_ms));
         }
         Replayed::SoftDelete { id } => {
             let b = streams.get_mut(&id).ok_or_else(|| format!("delete of unknown stream {id}"))?;
-            b.meta.soft_deleted = true;
-            b.producers.clear();
-            b.keys = None;
+            b.st.soft_delete();
         }
         Replayed::Trim { id, earliest } => {
             let b = streams.get_mut(&id).ok_or_else(|| format!("trim of unknown stream {id}"))?;
-            b.meta.earliest = b.meta.earliest.max(Offset(earliest));
-            retention::drop_marks_below(&mut b.marks, b.meta.earliest);
+            b.st.set_earliest(Offset(earliest));
         }
         Replayed::Remove { id } => {
             streams.remove(&id).ok_or_else(|| format!("removal of unknown stream {id}"))?;

@@ -3,18 +3,17 @@
 //!
 //! `load` locks the rows of every stream the requests name, in id order (the engine's one lock
 //! order for stream rows, so two groups never deadlock on each other), and reads the producer
-//! states and key entries they name; `decide` applies [`rules::append`] to that state in request
-//! order, each request seeing the effects of the ones before it, exactly as the log
-//! writer stages a batch; `flush` writes every effect in one statement.
+//! states and key entries they name into each stream's [`StreamState`]; `decide` runs the stream
+//! state machine on it in request order, each request seeing the effects of the ones before it,
+//! exactly as the log writer stages a group; `flush` writes every effect in one statement.
 
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
 use oncelog_protocol::digest::KeyId;
-use oncelog_protocol::producer::ProducerState;
 use oncelog_storage::codec::{key_entry, producer::ProducerRecord};
-use oncelog_storage::retention::{self, MarkChange};
-use oncelog_storage::rules::{self, Retention, WriterState};
+use oncelog_storage::machine::{Step, StreamState};
+use oncelog_storage::rules::{self, Retention};
 use oncelog_storage::*;
 use oncelog_protocol::headers::Expiry;
 use deadpool_postgres::Transaction;
@@ -25,9 +24,11 @@ use crate::{Shared, MAX_VALUE_BYTES};
 
 /// One stream of a group, as locked and changed so far.
 pub(crate) struct Staged {
-    pub s: Stream,
-    pub producers: HashMap<String, ProducerState>,
-    pub keys: IdempotencyKeys,
+    /// The state the machine decides against: the row's metadata, tail and marks, and the
+    /// producer states and key entries the group's requests name.
+    pub st: StreamState,
+    /// As stored; touches of this node not yet flushed are in [`crate::watch::Touches`].
+    last_access_ms: i64,
     /// Forks reading it (loaded only for streams that may have expired: it decides 404 vs 410).
     forks: usize,
     /// The `streams` row must be rewritten.
@@ -73,19 +74,12 @@ impl Group {
         let rows = tx.query(&stmt, &[&paths]).await?;
         let mut group = Group::default();
         for r in &rows {
-            let s = Stream::from_row(r)?;
-            let staged = Staged {
-                s,
-                producers: HashMap::new(),
-                keys: None,
-                forks: 0,
-                changed: false,
-                dirty_producers: HashSet::new(),
-                dirty_keys: Vec::new(),
-            };
-            group.streams.insert(staged.s.path.clone(), staged);
+            let Stream { path, meta, tail, last_access_ms, marks } = Stream::from_row(r)?;
+            let st = StreamState { marks, ..StreamState::new(meta, tail) };
+            let staged = Staged { st, last_access_ms, forks: 0, changed: false, dirty_producers: HashSet::new(), dirty_keys: Vec::new() };
+            group.streams.insert(path, staged);
         }
-        let id_of = |path: &str| group.streams.get(path).map(|st| i64_of(st.s.meta.id));
+        let id_of = |path: &str| group.streams.get(path).map(|g| i64_of(g.st.meta.id));
         let (mut p_ids, mut p_names) = (Vec::new(), Vec::new());
         let (mut k_ids, mut k_keys) = (Vec::new(), Vec::new());
         for r in reqs {
@@ -100,8 +94,8 @@ impl Group {
             }
         }
         let expiring: Vec<i64> =
-            group.streams.values().filter(|st| st.s.meta.expiry != Expiry::Never).map(|st| i64_of(st.s.meta.id)).collect();
-        let by_id: HashMap<u64, String> = group.streams.iter().map(|(p, st)| (st.s.meta.id, p.clone())).collect();
+            group.streams.values().filter(|g| g.st.meta.expiry != Expiry::Never).map(|g| i64_of(g.st.meta.id)).collect();
+        let by_id: HashMap<u64, String> = group.streams.iter().map(|(p, g)| (g.st.meta.id, p.clone())).collect();
         // Pipelined: the three reads go out together (each only when it has something to ask).
         type P<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
         let (p_params, k_params, f_params): ([P; 2], [P; 2], [P; 1]) = ([&p_ids, &p_names], [&k_ids, &k_keys], [&expiring]);
@@ -136,8 +130,8 @@ impl Group {
             producer_rows.push((path, r.get::<_, String>(1), state));
         }
         for (path, name, state) in producer_rows {
-            if let Some(st) = group.streams.get_mut(&path) {
-                st.producers.insert(name, state);
+            if let Some(g) = group.streams.get_mut(&path) {
+                g.st.producers.insert(name, state);
             }
         }
         let mut key_rows = Vec::new();
@@ -148,8 +142,8 @@ impl Group {
             key_rows.push((path, k, key_entry::decode(r.get(2)).map_err(RowError::from)?));
         }
         for (path, k, entry) in key_rows {
-            if let Some(st) = group.streams.get_mut(&path) {
-                st.keys.get_or_insert_with(Default::default).insert(k, entry);
+            if let Some(g) = group.streams.get_mut(&path) {
+                g.st.keys.get_or_insert_with(Default::default).insert(k, entry);
             }
         }
         let mut fork_rows = Vec::new();
@@ -157,44 +151,63 @@ impl Group {
             fork_rows.push((path_of(r.get(0))?.clone(), r.get::<_, i64>(1)));
         }
         for (path, n) in fork_rows {
-            if let Some(st) = group.streams.get_mut(&path) {
-                st.forks = usize::try_from(n).unwrap_or(usize::MAX);
+            if let Some(g) = group.streams.get_mut(&path) {
+                g.forks = usize::try_from(n).unwrap_or(usize::MAX);
             }
         }
         Ok(group)
     }
 
-    /// Decides one append against the group's state so far and stages its effects.
-    pub fn decide(&mut self, req: &AppendRequest, shared: &Shared, retention: &Retention) -> Result<AppendOutcome, AppendError> {
+    /// The stream `req` names as writers see it now (expired: absent, or gone while forks read
+    /// it; the sweep removes it), its TTL slid by the request.
+    fn stream(&mut self, req: &AppendRequest, shared: &Shared) -> Result<&mut Staged, AppendError> {
         storable(req)?;
-        let Some(st) = self.streams.get_mut(&req.path) else { return Err(AppendError::NotFound) };
-        let meta = &mut st.s.meta;
-        let last_access = shared.touches.at(meta.id).map_or(st.s.last_access_ms, |t| t.max(st.s.last_access_ms));
+        let Some(g) = self.streams.get_mut(&req.path) else { return Err(AppendError::NotFound) };
+        let meta = &g.st.meta;
+        let last_access = shared.touches.at(meta.id).map_or(g.last_access_ms, |t| t.max(g.last_access_ms));
         if !meta.soft_deleted && rules::expired(meta.expiry, last_access, req.now_ms) {
-            // Expired: absent to writers (or gone while forks read it); the sweep removes it.
-            return Err(if st.forks > 0 { AppendError::Gone } else { AppendError::NotFound });
+            return Err(if g.forks > 0 { AppendError::Gone } else { AppendError::NotFound });
         }
-        if req.stream_id.is_none_or(|id| id == meta.id) && matches!(meta.expiry, Expiry::Ttl(_)) && req.now_ms > st.s.last_access_ms {
+        if req.stream_id.is_none_or(|id| id == meta.id) && matches!(meta.expiry, Expiry::Ttl(_)) && req.now_ms > g.last_access_ms {
             // Any request that reaches the stream slides its TTL window.
-            st.s.last_access_ms = req.now_ms;
-            st.changed = true;
+            g.last_access_ms = req.now_ms;
+            g.changed = true;
         }
-        let writer = WriterState::of(req, &st.producers, &st.keys);
-        let write = match rules::append(meta, st.s.tail, writer, req, retention)? {
-            rules::AppendPlan::Answer(outcome) => return Ok(outcome),
-            rules::AppendPlan::Write(w) => w,
+        Ok(g)
+    }
+
+    /// The verdict on `req` against the group's state so far, staging nothing.
+    pub fn check(&mut self, req: &AppendRequest, shared: &Shared, retention: &Retention) -> Result<(), AppendError> {
+        self.stream(req, shared)?.st.check(req, retention)
+    }
+
+    /// Decides one append against the group's state so far (the stream state machine) and
+    /// stages what it accepted.
+    pub fn decide(&mut self, req: &AppendRequest, shared: &Shared, retention: &Retention) -> Result<AppendOutcome, AppendError> {
+        let g = self.stream(req, shared)?;
+        let w = match g.st.append(req, retention)? {
+            Step::Answer(outcome) => return Ok(outcome),
+            Step::Write(w) => w,
         };
-        let closed_before = meta.closed;
-        w_apply(st, &write, req, &mut self.new_producers);
-        if !req.data.is_empty() {
-            self.data.push((i64_of(st.s.meta.id), i64_of(write.new_tail.0), req.data.clone()));
+        if let Some(p) = w.effects.producer {
+            g.dirty_producers.insert(p.id.to_owned());
         }
-        Ok(write.outcome(closed_before))
+        if let Some((k, _)) = w.effects.key {
+            g.dirty_keys.push(k);
+        }
+        // The row holds the tail, closure, Stream-Seq and marks.
+        g.changed = true;
+        let id = i64_of(g.st.meta.id);
+        self.new_producers += u64::from(w.new_producer);
+        if !req.data.is_empty() {
+            self.data.push((id, i64_of(w.effects.new_tail.0), req.data.clone()));
+        }
+        Ok(w.outcome)
     }
 
     /// Ids of the streams this group changed (to wake their readers after COMMIT).
     pub fn changed_ids(&self) -> Vec<u64> {
-        self.streams.values().filter(|st| st.changed).map(|st| st.s.meta.id).collect()
+        self.streams.values().filter(|g| g.changed).map(|g| g.st.meta.id).collect()
     }
 
     /// Writes every staged effect (one statement per table, pipelined).
@@ -209,29 +222,29 @@ impl Group {
         let (mut k_ids, mut k_keys, mut k_entries) = (Vec::new(), Vec::new(), Vec::new());
         let (mut s_ids, mut s_tails, mut s_closed, mut s_seqs, mut s_access, mut s_marks) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        for st in self.streams.values() {
-            let id = i64_of(st.s.meta.id);
-            for name in &st.dirty_producers {
-                if let Some(state) = st.producers.get(name) {
+        for g in self.streams.values() {
+            let id = i64_of(g.st.meta.id);
+            for name in &g.dirty_producers {
+                if let Some(state) = g.st.producers.get(name) {
                     p_ids.push(id);
                     p_names.push(name.as_str());
                     p_states.push(ProducerRecord::encode_state(state));
                 }
             }
-            for k in &st.dirty_keys {
-                if let Some(entry) = st.keys.as_ref().and_then(|m| m.get(k)) {
+            for k in &g.dirty_keys {
+                if let Some(entry) = g.st.keys.as_ref().and_then(|m| m.get(k)) {
                     k_ids.push(id);
                     k_keys.push(key_bytes(*k).to_vec());
                     k_entries.push(key_entry::encode(entry));
                 }
             }
-            if st.changed {
+            if g.changed {
                 s_ids.push(id);
-                s_tails.push(i64_of(st.s.tail.0));
-                s_closed.push(st.s.meta.closed);
-                s_seqs.push(st.s.meta.stream_seq.as_deref());
-                s_access.push(st.s.last_access_ms);
-                s_marks.push(row::encode_marks(&st.s.marks));
+                s_tails.push(i64_of(g.st.tail.0));
+                s_closed.push(g.st.meta.closed);
+                s_seqs.push(g.st.meta.stream_seq.as_deref());
+                s_access.push(g.last_access_ms);
+                s_marks.push(row::encode_marks(&g.st.marks));
             }
         }
         // One statement for every table (data-modifying CTEs): per-statement work in the
@@ -270,26 +283,4 @@ async fn query_if(
     }
     let stmt = tx.prepare_cached(sql).await?;
     tx.query(&stmt, params).await
-}
-
-/// Applies an accepted append's effects to its staged stream.
-fn w_apply(st: &mut Staged, w: &rules::AppendWrite, req: &AppendRequest, new_producers: &mut u64) {
-    w.apply_meta(&mut st.s.meta, req);
-    if let (Some((epoch, _)), Some(p)) = (w.producer, &req.producer) {
-        let state = st.producers.entry(p.id.clone()).or_insert_with(|| {
-            *new_producers += 1;
-            ProducerState::new(epoch)
-        });
-        w.apply_producer(state);
-        st.dirty_producers.insert(p.id.clone());
-    }
-    if let Some(k) = w.key {
-        w.apply_key(&mut st.keys);
-        st.dirty_keys.push(k);
-    }
-    if retention::note_write(&mut st.s.marks, &st.s.meta.retention, w.new_tail, req.now_ms) != MarkChange::None {
-        st.changed = true;
-    }
-    st.s.tail = w.new_tail;
-    st.changed = true;
 }

@@ -37,12 +37,13 @@ mod writer;
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use oncelog_protocol::Offset;
+use oncelog_storage::machine::parking::ParkingLot;
 use oncelog_storage::rules::{self, Segment};
 use oncelog_storage::*;
 use tokio::sync::{mpsc, oneshot};
@@ -144,6 +145,8 @@ pub(crate) struct Shared {
 pub(crate) struct Counters {
     streams: AtomicI64,
     producers: AtomicI64,
+    /// Producer appends that waited for their predecessors on this node (its committers' lots).
+    parked: Arc<AtomicU64>,
 }
 
 impl Counters {
@@ -272,7 +275,7 @@ impl PgEngine {
             watches: Watches::default(),
             touches: Touches::default(),
             chains: Mutex::new(HashMap::new()),
-            stats: Counters { streams: AtomicI64::new(counts.get(0)), producers: AtomicI64::new(counts.get(1)) },
+            stats: Counters { streams: AtomicI64::new(counts.get(0)), producers: AtomicI64::new(counts.get(1)), parked: Arc::default() },
             unavailable: Mutex::new(None),
             degraded: AtomicBool::new(false),
             listen_down: Mutex::new(None),
@@ -284,7 +287,7 @@ impl PgEngine {
         let mut committer_tasks = Vec::new();
         for _ in 0..opts.committers.max(1) {
             let (tx, rx) = mpsc::unbounded_channel();
-            let c = Committer { rx, shared: shared.clone(), lot: Default::default() };
+            let c = Committer { rx, shared: shared.clone(), lot: ParkingLot::counting(shared.stats.parked.clone()) };
             committer_tasks.push(tokio::spawn(c.run()));
             committers.push(tx);
         }
@@ -515,7 +518,8 @@ impl Engine for PgEngine {
 
     fn stats(&self) -> EngineStats {
         let get = |a: &AtomicI64| u64::try_from(a.load(Ordering::Relaxed)).unwrap_or(0);
-        EngineStats { streams: get(&self.shared().stats.streams), producers: get(&self.shared().stats.producers) }
+        let stats = &self.shared().stats;
+        EngineStats { streams: get(&stats.streams), producers: get(&stats.producers), parked_appends: stats.parked.load(Ordering::Relaxed) }
     }
 
     fn shared(&self) -> bool {

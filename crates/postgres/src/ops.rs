@@ -13,12 +13,13 @@ use bytes::Bytes;
 use deadpool_postgres::{GenericClient, Transaction};
 use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::Offset;
-use oncelog_storage::retention;
+use oncelog_storage::{machine, retention};
 use oncelog_storage::rules::{self, Removal};
 use oncelog_storage::*;
 
 use crate::error::Fail;
 use crate::group::Group;
+use crate::writer::Deciding;
 use crate::read::Lock;
 use crate::row::{self, expiry_columns, i64_of, text_ok, u64_of, Stream};
 use crate::{lock_key, Shared, MAX_VALUE_BYTES};
@@ -298,13 +299,10 @@ impl Shared {
         }
         let reqs: Vec<&AppendRequest> = txn.appends.iter().collect();
         let mut group = Group::load(&tx, &reqs).await?;
-        let mut outcomes = Vec::with_capacity(reqs.len());
-        for (index, a) in txn.appends.iter().enumerate() {
-            match group.decide(a, self, &self.retention) {
-                Ok(o) => outcomes.push(o),
-                Err(error) => return Ok(Err(TxnError::Append { index, error })),
-            }
-        }
+        let outcomes = match machine::transact(txn, &mut Deciding { group: &mut group, shared: self, retention: &self.retention }) {
+            Ok(outcomes) => outcomes,
+            Err(e) => return Ok(Err(e)),
+        };
         // The last write of a key wins (one statement cannot upsert a key twice).
         let mut writes: BTreeMap<&[u8], Option<&[u8]>> = BTreeMap::new();
         for w in &txn.meta {

@@ -5,17 +5,21 @@
 //! stream share that stream's row lock once per group instead of queueing on it one by one:
 //! the measured difference is about 30x (docs/design/issue-11-plan.md, section 12).
 //!
-//! Parking (see [`Engine::append`]): a producer request that arrives ahead of its predecessor
-//! waits here, in the committer that owns its stream, up to [`rules::PARK_TIMEOUT`] from its
-//! arrival. It is tried again in the group after the one that accepts its predecessor on this
-//! node, and every [`RETRY_PARKED`] in case the predecessor landed through another node; each
-//! try decides against the database's state under the row lock, like any append.
+//! A group is one [`Round`] of the stream state machine (`oncelog_storage::machine::parking`):
+//! a producer request that arrives ahead of its predecessor waits here, in the committer that
+//! owns its stream, up to [`oncelog_storage::rules::PARK_TIMEOUT`] from its arrival; when its predecessor is
+//! accepted it is decided right behind it in the same transaction. Parked requests are also
+//! tried again every [`RETRY_PARKED`] and when another node's commit is announced, in case the
+//! predecessor landed through another node; each try decides against the database's state
+//! under the row lock, like any append. A transaction the database aborts (deadlock,
+//! serialisation) is decided again from the start ([`Round::retry`]).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncelog_storage::parking::{AppendReply, ParkingLot};
-use oncelog_storage::rules::{self, PARK_TIMEOUT};
+use oncelog_storage::machine::parking::{AppendReply, ParkingLot, Pending, Round};
+use oncelog_storage::machine::{self, Appender};
+use oncelog_storage::rules::Retention;
 use oncelog_storage::*;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -36,21 +40,6 @@ pub(crate) enum Cmd {
     Append { req: AppendRequest, reply: AppendReply, arrival: Instant },
     /// Finish what is queued, answer parked requests, then stop.
     Stop(oneshot::Sender<()>),
-}
-
-/// One request of a group.
-struct Pending {
-    req: AppendRequest,
-    reply: AppendReply,
-    /// When its parking ends: its arrival + PARK_TIMEOUT.
-    deadline: Instant,
-}
-
-/// What a group decided for one request.
-enum Decision {
-    Done(Result<AppendOutcome, AppendError>),
-    /// Wait for its predecessor; the refusal it got now (answered if a retry replaces it).
-    Park(AppendError),
 }
 
 pub(crate) struct Committer {
@@ -97,8 +86,7 @@ impl Committer {
             if queue.is_empty() {
                 continue;
             }
-            let batch = std::mem::take(&mut queue);
-            queue = self.commit(batch).await;
+            self.commit(std::mem::take(&mut queue)).await;
         }
         // Stopping: nothing parked will be tried again.
         for p in self.lot.take_due(std::time::Instant::now() + Duration::from_secs(3600)) {
@@ -111,84 +99,90 @@ impl Committer {
 
     fn accept(&mut self, cmd: Cmd, queue: &mut Vec<Pending>, stop: &mut Option<oneshot::Sender<()>>) {
         match cmd {
-            Cmd::Append { req, reply, arrival } => queue.push(Pending { req, reply, deadline: arrival + PARK_TIMEOUT }),
+            Cmd::Append { req, reply, arrival } => queue.push(Pending::new(req, reply, arrival.into_std())),
             Cmd::Stop(done) => *stop = Some(done),
         }
     }
 
     /// Every parked request, to be tried again.
     fn unpark_all(&mut self) -> Vec<Pending> {
-        let all = self.lot.take_due(std::time::Instant::now() + Duration::from_secs(3600));
-        all.into_iter().map(|p| Pending { req: p.req, reply: p.reply, deadline: Instant::from_std(p.deadline) }).collect()
+        self.lot.take_due(std::time::Instant::now() + Duration::from_secs(3600))
     }
 
-    /// Commits one group (retrying a transaction the database aborted as a deadlock or
-    /// serialisation failure), answers its requests, parks the early ones; returns the parked
-    /// requests whose predecessor this group accepted, for the next group.
-    async fn commit(&mut self, batch: Vec<Pending>) -> Vec<Pending> {
+    /// Commits one group (deciding it again after a transaction the database aborted as a
+    /// deadlock or serialisation failure), answers its requests and parks the early ones.
+    async fn commit(&mut self, mut batch: Vec<Pending>) {
+        let (started, commands) = (std::time::Instant::now(), batch.len());
         let mut attempt = 0;
-        let (decisions, group) = loop {
-            match self.try_group(&batch).await {
-                Ok(done) => break done,
-                Err(f) if f.retryable() && attempt < 3 => attempt += 1,
+        let (round, group) = loop {
+            let mut round = Round::default();
+            match self.try_group(&mut batch, &mut round).await {
+                Ok(group) => break (round, group),
                 Err(f) => {
+                    // Everything this attempt took on, released successors included.
+                    let mut again = round.retry();
+                    again.append(&mut batch);
+                    batch = again;
+                    if f.retryable() && attempt < 3 {
+                        attempt += 1;
+                        continue;
+                    }
                     let e = StorageError::from(f);
                     self.shared.note_failure(&e);
                     for p in batch {
                         let _ = p.reply.send(Err(AppendError::Storage(e.clone())));
                     }
-                    return Vec::new();
+                    return;
                 }
             }
         };
+        machine::record_group_commit(commands, started.elapsed());
         self.shared.note_success();
         self.shared.stats.add_producers(group.new_producers as i64);
         for id in group.changed_ids() {
             self.shared.published(id);
         }
-        let mut next = Vec::new();
-        for (p, d) in batch.into_iter().zip(decisions) {
-            match d {
-                Decision::Park(answer) => {
-                    // Keeps its original deadline across re-parks.
-                    if let Some(older) = self.lot.park(p.req, p.reply, (p.deadline - PARK_TIMEOUT).into_std()) {
-                        // A retry replaced it; the older copy gets the answer it would have had.
-                        let _ = older.reply.send(Err(answer));
-                    }
-                }
-                Decision::Done(result) => {
-                    if let (Ok(o), Some(prod)) = (&result, &p.req.producer) {
-                        if o.status == AppendStatus::Appended {
-                            let state = group.streams.get(&p.req.path).and_then(|st| st.producers.get(&prod.id));
-                            if let Some(successor) = state.and_then(|s| self.lot.take(&p.req.path, &prod.id, rules::next_expected(s))) {
-                                next.push(Pending { req: successor.req, reply: successor.reply, deadline: Instant::from_std(successor.deadline) });
-                            }
-                        }
-                    }
-                    let _ = p.reply.send(result);
-                }
-            }
+        for (reply, result) in round.settle(&mut self.lot) {
+            let _ = reply.send(result);
         }
-        next
     }
 
-    async fn try_group(&self, batch: &[Pending]) -> Result<(Vec<Decision>, Group), Fail> {
+    /// One attempt: the requests of `batch` (taken out as they are decided) decided in `round`
+    /// in one transaction, committed.
+    async fn try_group(&mut self, batch: &mut Vec<Pending>, round: &mut Round) -> Result<Group, Fail> {
         let mut client = self.shared.pool.get().await?;
         let tx = client.transaction().await?;
         let reqs: Vec<&AppendRequest> = batch.iter().map(|p| &p.req).collect();
         let mut group = Group::load(&tx, &reqs).await?;
-        let now = Instant::now();
-        let retention = self.shared.retention;
-        let decisions = batch
-            .iter()
-            .map(|p| match group.decide(&p.req, &self.shared, &retention) {
-                Err(e) if rules::parkable(&p.req, &e) && now < p.deadline => Decision::Park(e),
-                r => Decision::Done(r),
-            })
-            .collect();
+        let now = std::time::Instant::now();
+        let mut deciding = Deciding { group: &mut group, shared: &self.shared, retention: &self.shared.retention };
+        for p in batch.drain(..) {
+            round.decide(p, &mut self.lot, now, true, &mut |r| deciding.append(r));
+        }
         group.flush(&tx).await?;
         tx.commit().await?;
-        Ok((decisions, group))
+        Ok(group)
+    }
+}
+
+/// A group being decided, as the machine's [`Appender`] (transactions use it too).
+pub(crate) struct Deciding<'a> {
+    pub group: &'a mut Group,
+    pub shared: &'a Shared,
+    pub retention: &'a Retention,
+}
+
+impl Appender for Deciding<'_> {
+    fn append(&mut self, req: &AppendRequest) -> Result<AppendOutcome, AppendError> {
+        self.group.decide(req, self.shared, self.retention)
+    }
+
+    fn check(&mut self, req: &AppendRequest) -> Result<(), AppendError> {
+        self.group.check(req, self.shared, self.retention)
+    }
+
+    fn diverged(&mut self, e: AppendError) -> StorageError {
+        StorageError::Backend(Arc::new(e))
     }
 }
 

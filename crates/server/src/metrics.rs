@@ -161,6 +161,7 @@ pub fn render(handle: &PrometheusHandle, stats: EngineStats, subscriptions: usiz
     metrics::gauge!("oncelog_subscriptions").set(subscriptions as f64);
     metrics::gauge!("oncelog_streams").set(stats.streams as f64);
     metrics::gauge!("oncelog_producers").set(stats.producers as f64);
+    metrics::counter!("oncelog_parked_appends_total").absolute(stats.parked_appends);
     if let Some(rss) = resident_bytes() {
         metrics::gauge!("process_resident_memory_bytes").set(rss as f64);
     }

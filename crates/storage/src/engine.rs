@@ -594,4 +594,7 @@ pub struct EngineStats {
     pub streams: u64,
     /// Idempotent producers remembered across all streams.
     pub producers: u64,
+    /// Producer appends that waited for their predecessors since the engine started
+    /// ([`crate::machine::parking`]).
+    pub parked_appends: u64,
 }

@@ -10,6 +10,9 @@
 //! - [`state`]: a stream's logical state ([`StreamMeta`]), the same for every engine.
 //! - [`rules`]: the protocol's decisions (create, append, close, delete, fork, expiry, parking)
 //!   as pure functions over that state, returning verdicts and the effects to persist.
+//! - [`machine`]: the stream state machine every engine drives inside its per-stream
+//!   serialisation: decide and apply an append ([`machine::StreamState`]), prune expired writer
+//!   state, park early producer appends and release them ([`machine::parking`]).
 //! - [`compaction`]: compaction of State Protocol streams over any engine (fold the history,
 //!   [`Engine::compact`] the snapshot).
 //! - [`retention`]: retention policies, time marks and where the retention sweep trims to.
@@ -28,7 +31,7 @@ pub mod clock;
 pub mod codec;
 pub mod compaction;
 pub mod engine;
-pub mod parking;
+pub mod machine;
 pub mod retention;
 pub mod rules;
 pub mod state;

@@ -31,7 +31,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::digest::{BodyDigest, KeyId};
-use oncelog_protocol::producer::{self, ProducerState, Receipt, Verdict};
+use oncelog_protocol::producer::{self, ProducerState, Verdict};
 use oncelog_protocol::{content_type, json, Offset};
 
 use crate::engine::*;
@@ -108,25 +108,33 @@ pub fn visible(soft_deleted: bool, expired: bool, live_forks: usize) -> Result<(
 
 /// What an engine does with an append.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum AppendPlan {
+pub enum AppendPlan<'a> {
     /// Nothing to write: answer with this (a producer duplicate, or a close of a closed stream).
     Answer(AppendOutcome),
     /// Write the request's data at the tail and apply these effects, all in one atomic unit.
-    Write(AppendWrite),
+    Write(AppendWrite<'a>),
+}
+
+/// The producer whose `(epoch, seq)` an accepted append moves to (borrowed from the request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProducerStamp<'a> {
+    pub id: &'a str,
+    pub epoch: u64,
+    pub seq: u64,
 }
 
 /// The effects of an accepted append.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AppendWrite {
+pub struct AppendWrite<'a> {
     /// The tail after the data: the data occupies `[old tail, new_tail)`.
     pub new_tail: Offset,
     /// The stream becomes closed.
     pub close: bool,
     /// The request's `Stream-Seq` becomes the stream's last one.
     pub set_stream_seq: bool,
-    /// `(epoch, seq)` to accept into the producer's state, with `new_tail` and `digest` as its
-    /// receipt, at `at_ms`.
-    pub producer: Option<(u64, u64)>,
+    /// The producer and the `(epoch, seq)` to accept into its state, with `new_tail` and
+    /// `digest` as its receipt, at `at_ms`.
+    pub producer: Option<ProducerStamp<'a>>,
     /// The body's digest (for the producer's receipt).
     pub digest: BodyDigest,
     /// When the request was decided (the producer's activity time).
@@ -135,47 +143,14 @@ pub struct AppendWrite {
     pub key: Option<KeyId>,
 }
 
-impl AppendWrite {
-    /// Applies the metadata effects; returns whether the metadata changed (and must be persisted
-    /// in the same atomic unit as the data).
-    pub fn apply_meta(&self, meta: &mut StreamMeta, req: &AppendRequest) -> bool {
-        let mut changed = false;
-        if self.set_stream_seq {
-            meta.stream_seq.clone_from(&req.stream_seq);
-            changed = true;
-        }
-        if self.close {
-            // A retry of the closing request is recognised by the producer verdict (the closing
-            // seq is the producer's last), so closure needs no record of who closed.
-            meta.closed = true;
-            changed = true;
-        }
-        changed
-    }
-
-    /// Applies the producer effect to the producer's state; a producer new on this stream starts
-    /// from `ProducerState::new(epoch)`.
-    pub fn apply_producer(&self, state: &mut ProducerState) {
-        if let Some((epoch, seq)) = self.producer {
-            state.accept(epoch, seq, Receipt { end: self.new_tail, digest: self.digest }, self.at_ms);
-        }
-    }
-
-    /// Records the idempotency key's entry, if the request had one.
-    pub fn apply_key(&self, keys: &mut IdempotencyKeys) {
-        if let Some(k) = self.key {
-            let entry = KeyEntry { end: self.new_tail, digest: self.digest, at_ms: self.at_ms };
-            keys.get_or_insert_with(Default::default).insert(k, entry);
-        }
-    }
-
+impl AppendWrite<'_> {
     /// The answer once the effects are durable.
     pub fn outcome(&self, closed_before: bool) -> AppendOutcome {
         AppendOutcome {
             status: AppendStatus::Appended,
             next_offset: self.new_tail,
             closed: closed_before || self.close,
-            producer: self.producer,
+            producer: self.producer.map(|p| (p.epoch, p.seq)),
         }
     }
 }
@@ -200,13 +175,13 @@ impl<'a> WriterState<'a> {
 }
 
 /// Decides an append against the stream's current state.
-pub fn append(
+pub fn append<'a>(
     meta: &StreamMeta,
     tail: Offset,
     writer: WriterState<'_>,
-    req: &AppendRequest,
+    req: &'a AppendRequest,
     retention: &Retention,
-) -> Result<AppendPlan, AppendError> {
+) -> Result<AppendPlan<'a>, AppendError> {
     let producer = writer.producer.filter(|s| s.is_live(req.now_ms, retention.producer_ttl_ms));
     let key = writer.key.filter(|k| retention.key_is_live(k, req.now_ms));
     // Hashed only when a producer needs it (its receipt, or the duplicate check).
@@ -301,7 +276,7 @@ pub fn append(
         new_tail: Offset(new_tail),
         close: req.close,
         set_stream_seq: req.stream_seq.is_some(),
-        producer: req.producer.as_ref().map(|p| (p.epoch, p.seq)),
+        producer: req.producer.as_ref().map(|p| ProducerStamp { id: &p.id, epoch: p.epoch, seq: p.seq }),
         digest: if req.producer.is_some() || req.idempotency_key.is_some() { digest() } else { BodyDigest::UNKNOWN },
         at_ms: req.now_ms,
         key: req.idempotency_key,
@@ -319,12 +294,6 @@ pub fn parkable(req: &AppendRequest, err: &AppendError) -> bool {
         AppendError::ProducerEpochSeq => p.seq <= MAX_PARK_AHEAD,
         _ => false,
     }
-}
-
-/// The `(epoch, seq)` whose acceptance lets a parked request from the same producer be tried
-/// again: its immediate predecessor.
-pub fn next_expected(state: &ProducerState) -> (u64, u64) {
-    (state.epoch, state.last_seq + 1)
 }
 
 // ---------------------------------------------------------------------------------------------

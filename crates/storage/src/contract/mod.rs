@@ -105,6 +105,7 @@ macro_rules! __contract_all_cases {
             writes::duplicates_answer_with_their_original_offset,
             writes::out_of_order_producer_appends_wait_for_their_predecessors,
             writes::a_real_gap_is_answered_after_the_park_timeout,
+            writes::parked_appends_are_counted,
             writes::closure,
             writes::stream_seq_must_increase,
             writes::appends_validated_against_a_replaced_stream_are_refused,

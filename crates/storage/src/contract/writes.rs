@@ -253,6 +253,27 @@ pub async fn out_of_order_producer_appends_wait_for_their_predecessors<H: Harnes
     assert_eq!(read_all(e, "s", 1 << 20).await, "abcde");
 }
 
+/// Every append that waited for its predecessors is counted once
+/// ([`EngineStats::parked_appends`], the `oncelog_parked_appends_total` metric), one that did not
+/// wait is not, and a wait that ends in a gap still counts.
+pub async fn parked_appends_are_counted<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("s", "text/plain")).await;
+    let before = e.stats().parked_appends;
+    append(e, produce("s", "a", "p", 0, 0)).await;
+    assert_eq!(e.stats().parked_appends, before, "in order: nothing waits");
+    let (r2, r1) = tokio::join!(e.append(produce("s", "c", "p", 0, 2)), async {
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        e.append(produce("s", "b", "p", 0, 1)).await
+    });
+    assert_eq!((r1.expect("seq 1").next_offset, r2.expect("seq 2").next_offset), (Offset(2), Offset(3)));
+    assert_eq!(e.stats().parked_appends, before + 1, "seq 2 waited for seq 1");
+    let r = e.append(produce("s", "z", "p", 0, 5)).await;
+    assert!(matches!(r, Err(AppendError::ProducerSeqGap { .. })), "{r:?}");
+    assert_eq!(e.stats().parked_appends, before + 2, "a wait that ended in a gap counts too");
+}
+
 pub async fn a_real_gap_is_answered_after_the_park_timeout<H: Harness>() {
     let h = H::open().await;
     let e = h.engine();

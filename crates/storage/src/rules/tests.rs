@@ -5,10 +5,11 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 use oncelog_protocol::headers::{Expiry, ProducerHeaders};
-use oncelog_protocol::producer::{ProducerState, RECEIPT_WINDOW};
+use oncelog_protocol::producer::RECEIPT_WINDOW;
 use proptest::prelude::*;
 
 use super::*;
+use crate::machine::Step;
 
 fn meta(ct: &str) -> StreamMeta {
     StreamMeta {
@@ -202,35 +203,27 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
     #[test]
     fn append_rules_match_the_model(ops in proptest::collection::vec(op(), 1..120)) {
-        let mut m = meta("text/plain");
-        let mut tail = Offset::ZERO;
-        let mut producers: HashMap<String, ProducerState> = HashMap::new();
+        // The rules as every engine applies them: through the stream state machine.
+        let mut st = crate::machine::StreamState::new(meta("text/plain"), Offset::ZERO);
         let mut model = Model::default();
         let retention = Retention { producer_ttl_ms: TTL_MS, ..Retention::default() };
         let mut now = 0i64;
         for op in ops {
             now += op.wait_ms;
             let req = request(&op, now);
-            let pstate = req.producer.as_ref().and_then(|p| producers.get(&p.id));
-            let got = append(&m, tail, WriterState { producer: pstate, key: None }, &req, &retention);
+            let got = st.append(&req, &retention);
             let want = model.answer(&op, now);
             match (&got, &want) {
-                (Ok(AppendPlan::Write(w)), Ok(o)) => {
-                    let closed_before = m.closed;
-                    w.apply_meta(&mut m, &req);
-                    if let Some(p) = &req.producer {
-                        let (epoch, _) = w.producer.unwrap_or_default();
-                        w.apply_producer(producers.entry(p.id.clone()).or_insert_with(|| ProducerState::new(epoch)));
-                    }
-                    tail = w.new_tail;
-                    prop_assert_eq!(&w.outcome(closed_before), o);
-                    model.record(&op, tail.0, now);
+                (Ok(Step::Write(w)), Ok(o)) => {
+                    prop_assert_eq!(&w.outcome, o);
+                    prop_assert_eq!(w.outcome.next_offset, st.tail);
+                    model.record(&op, st.tail.0, now);
                 }
-                (Ok(AppendPlan::Answer(a)), Ok(o)) => prop_assert_eq!(a, o),
+                (Ok(Step::Answer(a)), Ok(o)) => prop_assert_eq!(a, o),
                 (Err(a), Err(b)) => prop_assert!(same_error(a, b), "{:?} vs {:?} for {:?}", a, b, op),
                 _ => prop_assert!(false, "rules {:?}, model {:?}, for {:?}", got, want, op),
             }
-            prop_assert_eq!(m.closed, model.closed());
+            prop_assert_eq!(st.meta.closed, model.closed());
         }
     }
 }
