@@ -50,6 +50,8 @@ struct Inner {
     request_timeout: Duration,
     /// Total time allowed for one long-poll request; longer than any server's wait.
     long_poll_timeout: Duration,
+    /// Whether plain appends without a key of their own get an automatic `Idempotency-Key`.
+    auto_idempotency_key: bool,
 }
 
 impl std::fmt::Debug for Client {
@@ -84,6 +86,8 @@ pub struct ClientBuilder {
     pool_max_idle_per_host: usize,
     /// Extra trusted root certificates (PEM), besides the system's: a private CA.
     ca_certs: Vec<Vec<u8>>,
+    /// Automatic `Idempotency-Key` on plain appends.
+    auto_idempotency_key: bool,
 }
 
 impl Client {
@@ -103,6 +107,7 @@ impl Client {
             pool_idle_timeout: Duration::from_secs(90),
             pool_max_idle_per_host: 64,
             ca_certs: Vec::new(),
+            auto_idempotency_key: true,
         }
     }
 
@@ -125,6 +130,17 @@ impl Client {
     /// The default retry policy.
     pub fn retry_policy(&self) -> &RetryPolicy {
         &self.inner.retry
+    }
+
+    /// Whether plain appends get an automatic `Idempotency-Key` (see
+    /// [`ClientBuilder::auto_idempotency_key`]).
+    pub fn auto_idempotency_key(&self) -> bool {
+        self.inner.auto_idempotency_key
+    }
+
+    /// Whether the headers sent on every request include `name`.
+    pub(crate) fn has_default_header(&self, name: &str) -> bool {
+        self.inner.default_headers.contains_key(name)
     }
 
     pub(crate) fn jitter(&self) -> Arc<dyn Jitter> {
@@ -184,6 +200,18 @@ impl Client {
     /// idempotent requests; `429`/`503` on any). Returns the final response whatever its status;
     /// [`error_from_response`] maps failures.
     pub(crate) async fn send(&self, req: &Request, policy: &RetryPolicy) -> Result<reqwest::Response, Error> {
+        self.send_noting(req, policy, &mut false).await
+    }
+
+    /// [`Client::send`] that also sets `maybe_processed` when an attempt it retried may have
+    /// been processed by the server (anything but a connect failure, `429` or `503`): then a new
+    /// request carrying the same data, unlike a repeat of `req`, could store it twice.
+    pub(crate) async fn send_noting(
+        &self,
+        req: &Request,
+        policy: &RetryPolicy,
+        maybe_processed: &mut bool,
+    ) -> Result<reqwest::Response, Error> {
         let mut backoff = Backoff::new(policy.clone(), self.jitter());
         loop {
             let (retry_after, err) = match self.send_once(req).await {
@@ -196,6 +224,7 @@ impl Client {
                     let retry_after = retry_after(resp.headers());
                     match backoff.next_delay(retry_after) {
                         Some(delay) => {
+                            *maybe_processed |= !status_means_not_processed(status);
                             tracing::debug!(status, attempt = backoff.attempts(), ?delay, url = %req.url, "retrying");
                             tokio::time::sleep(delay).await;
                             continue;
@@ -208,6 +237,7 @@ impl Client {
             if !err.is_retry_safe() {
                 return Err(err);
             }
+            *maybe_processed |= !err.is_connect_failure();
             match backoff.next_delay(retry_after) {
                 Some(delay) => {
                     tracing::debug!(error = %err, attempt = backoff.attempts(), ?delay, url = %req.url, "retrying");
@@ -283,6 +313,19 @@ impl ClientBuilder {
         self
     }
 
+    /// Whether a plain append (no producer headers) that has no `Idempotency-Key` of its own is
+    /// sent with an automatic one, a random 128-bit key kept for all its attempts, and so is
+    /// retried after network errors and `5xx` like an idempotent request (default `true`).
+    /// `false`: such appends carry no key and are retried only when the server provably did not
+    /// process them, as before keys existed. [`crate::AppendOptions::auto_idempotency_key`]
+    /// overrides this per append. The server must honour `Idempotency-Key` (Oncelog does; see
+    /// docs/WRITE-MODES.md) for the retries to be safe: a server that ignores the header stores
+    /// an append twice when it processed an attempt whose answer was lost.
+    pub fn auto_idempotency_key(mut self, on: bool) -> Self {
+        self.auto_idempotency_key = on;
+        self
+    }
+
     /// Also trusts the root certificate(s) in `pem` (a private CA), besides the system's roots.
     pub fn ca_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.ca_certs.push(pem.into());
@@ -323,6 +366,7 @@ impl ClientBuilder {
                 jitter: self.jitter,
                 request_timeout: self.request_timeout,
                 long_poll_timeout: self.long_poll_timeout,
+                auto_idempotency_key: self.auto_idempotency_key,
             }),
         })
     }

@@ -5,9 +5,13 @@
 //!
 //! - [`Error::is_transient`]: might the same request succeed later? (network errors, `5xx`, `429`)
 //! - [`Error::is_retry_safe`]: is it transient *and* can repeating the request not write anything
-//!   twice? A network error on a plain, producer-less append is transient but not retry-safe: the
-//!   server may have stored the data before the connection broke. The [`crate::Producer`] exists
-//!   for exactly that case: its appends carry `(producer id, epoch, seq)`, so every retry is safe.
+//!   twice? A network error on a plain append without an `Idempotency-Key` is transient but not
+//!   retry-safe: the server may have stored the data before the connection broke. Keys (a
+//!   caller's own, or the automatic one, see [`crate::AppendOptions::auto_idempotency_key`]) and
+//!   the [`crate::Producer`]'s `(producer id, epoch, seq)` make retries safe, and the client
+//!   makes them itself. An automatic key stays inside the client, so once it gives up, calling
+//!   `append` again is a new request with a new key: its error is retry-safe only if no attempt
+//!   can have been processed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -264,6 +268,21 @@ impl Error {
         match self {
             Error::Status { retry_after, .. } => *retry_after,
             _ => None,
+        }
+    }
+
+    /// Whether this is a network error that happened before any byte of the request reached the
+    /// server (a failed connect).
+    pub(crate) fn is_connect_failure(&self) -> bool {
+        matches!(self, Error::Transport { source, .. } if source.is_connect())
+    }
+
+    /// The same error, marked as not safe to repeat (a new request would not be the same one).
+    pub(crate) fn not_retry_safe(self) -> Error {
+        match self {
+            Error::Transport { source, .. } => Error::Transport { source, retry_safe: false },
+            Error::Status { status, message, retry_after, .. } => Error::Status { status, message, retry_after, retry_safe: false },
+            e => e,
         }
     }
 

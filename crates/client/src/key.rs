@@ -5,6 +5,13 @@
 //! a UUID crate: it is twenty lines, and the client's dependency set has no UUID crate. The
 //! random bits come from the standard library's per-process random hasher keys mixed with a
 //! counter: unique, not secret (a key only has to differ from other writers' keys).
+//!
+//! [`random_key`] makes the key a plain append carries when the caller set none (see
+//! [`crate::AppendOptions::auto_idempotency_key`]): 128 bits, all of them unpredictable, as 32
+//! hex digits. They are SipHash outputs of a per-process counter under a 128-bit key the
+//! standard library draws from the operating system's random source (`RandomState`): without
+//! that key the next value cannot be predicted from earlier ones. (The `getrandom` crate is in
+//! the dependency tree, under rustls, but depending on it directly would change Cargo.lock.)
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,9 +42,44 @@ pub fn new_idempotency_key() -> String {
     )
 }
 
+/// A new random key for an automatic `Idempotency-Key`: 128 unpredictable bits as 32 lowercase
+/// hex digits. Never repeats within a process (a counter is hashed), and between processes only
+/// with probability 2^-128 per pair.
+pub(crate) fn random_key() -> String {
+    static SECRET: OnceLock<std::collections::hash_map::RandomState> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let secret = SECRET.get_or_init(Default::default);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let half = |lane: u64| {
+        let mut h = secret.build_hasher();
+        h.write_u64(n);
+        h.write_u64(lane);
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(0), half(1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_keys_are_128_bit_hex_and_distinct() {
+        let keys: std::collections::HashSet<String> = (0..10_000).map(|_| random_key()).collect();
+        assert_eq!(keys.len(), 10_000, "no repeats");
+        for k in keys.iter().take(100) {
+            assert_eq!(k.len(), 32, "{k}");
+            assert!(k.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()), "{k}");
+        }
+        // Every bit position varies: no fixed (version, time or counter) fields.
+        let (mut ones, mut zeros) = (0u128, 0u128);
+        for k in &keys {
+            let v = u128::from_str_radix(k, 16).expect("hex");
+            ones |= v;
+            zeros |= !v;
+        }
+        assert_eq!((ones, zeros), (u128::MAX, u128::MAX));
+    }
 
     #[test]
     fn keys_are_uuid_v7_and_distinct() {

@@ -9,7 +9,7 @@ use reqwest::header::{HeaderMap, CONTENT_TYPE};
 use reqwest::{Method, Url};
 
 use crate::client::{error_from_response, header_str, header_u64, next_offset, Client, Op, Request};
-use crate::error::Error;
+use crate::error::{status_means_not_processed, Error};
 use crate::offset::StreamOffset;
 use crate::producer::ProducerBuilder;
 use crate::read::{ChunkStream, ReadOptions};
@@ -116,11 +116,23 @@ pub struct AppendOptions {
     pub if_match: Option<StreamOffset>,
     /// `Idempotency-Key` (see [`crate::new_idempotency_key`]): a repeat of the append with the
     /// same key and body is answered from the first, never written twice, so an append with a
-    /// key is retried after any transient failure.
+    /// key is retried after any transient failure. A key set here (or as an `Idempotency-Key`
+    /// in `headers`) is sent as it is; without one, see `auto_idempotency_key`.
     pub idempotency_key: Option<String>,
+    /// Whether this append, when it has no key of its own and no producer headers, is sent with
+    /// an automatic `Idempotency-Key` (a random 128-bit key, the same on every attempt) and so
+    /// retried after network errors and `5xx`. `None`: the client's setting
+    /// ([`crate::ClientBuilder::auto_idempotency_key`], on by default). `Some(false)`: no key,
+    /// and no retry once the server may have the data (the error surfaces, with
+    /// [`Error::is_retry_safe`] `false`).
+    pub auto_idempotency_key: Option<bool>,
     /// Extra headers for this request.
     pub headers: HeaderMap,
 }
+
+/// Producer headers: an append that carries them is deduplicated by its `(epoch, seq)`, and the
+/// server refuses them together with an `Idempotency-Key`.
+const PRODUCER_HEADERS: [&str; 3] = [names::PRODUCER_ID, names::PRODUCER_EPOCH, names::PRODUCER_SEQ];
 
 /// What a plain append returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,10 +255,21 @@ impl StreamHandle {
         })
     }
 
-    /// `POST` without producer headers. **Not idempotent**: it is retried only when the request
-    /// provably was not processed (connect failure, `429`, `503`). Any other failure's
-    /// [`Error::is_retry_safe`] is `false`: the data may or may not be stored. Use a
-    /// [`crate::Producer`] for appends that must be retried safely.
+    /// `POST` without producer headers. By default it carries an automatic `Idempotency-Key`
+    /// (a random 128-bit key, the same on every attempt), so it is retried after network errors,
+    /// `5xx`, `408` and `429` (honouring `Retry-After`) under the client's retry policy, and a
+    /// retry of an attempt the server had already stored is answered from it, never written
+    /// twice. Other `4xx` (such as `422`, [`Error::IdempotencyKeyMismatch`]) are never retried.
+    /// A key of the caller's own ([`AppendOptions::idempotency_key`]) is used instead of the
+    /// automatic one.
+    ///
+    /// With [`AppendOptions::auto_idempotency_key`] `Some(false)` (or the client's
+    /// [`crate::ClientBuilder::auto_idempotency_key`] `false`) the append is **not idempotent**:
+    /// it is retried only when the request provably was not processed (connect failure, `429`,
+    /// `503`), and any other failure's [`Error::is_retry_safe`] is `false`: the data may or may
+    /// not be stored. The automatic key needs a server that honours `Idempotency-Key` (Oncelog;
+    /// not every Durable Streams server does: one that ignores it may store a retried append
+    /// twice). [`crate::Producer`]s deduplicate by sequence number instead and never carry a key.
     pub async fn append(&self, data: impl Into<Bytes>, opts: AppendOptions) -> Result<Appended, Error> {
         self.post(data.into(), opts, false).await
     }
@@ -255,16 +278,18 @@ impl StreamHandle {
     /// concurrency): the new tail, or [`Error::PreconditionFailed`] carrying the current tail,
     /// in which case nothing was written; read what changed, decide again, retry at the new
     /// tail. A conditional append can never land twice or anywhere but at `offset`. Like
-    /// [`StreamHandle::append`] it is not retried after an ambiguous failure (a lost answer
-    /// followed by a retry would look like someone else's write); send it through a
-    /// [`crate::Producer`]-style request with producer headers when that must be told apart.
+    /// [`StreamHandle::append`] it carries an automatic `Idempotency-Key` unless the client
+    /// turned that off, so a retry after a lost answer is recognised as the same append (the
+    /// server answers it from the first, where a bare retry would get a `412` naming its own
+    /// write); without the key it is not retried after an ambiguous failure.
     pub async fn append_if(&self, offset: &StreamOffset, data: impl Into<Bytes>) -> Result<StreamOffset, Error> {
         let opts = AppendOptions { if_match: Some(offset.clone()), ..AppendOptions::default() };
         Ok(self.post(data.into(), opts, false).await?.next_offset)
     }
 
-    /// Appends `data` and closes the stream in one atomic step. Not idempotent, like
-    /// [`StreamHandle::append`].
+    /// Appends `data` and closes the stream in one atomic step. Keyed and retried like
+    /// [`StreamHandle::append`] (a repeat of a keyed append is answered from the first even after
+    /// the stream closed).
     pub async fn append_and_close(&self, data: impl Into<Bytes>, opts: AppendOptions) -> Result<Appended, Error> {
         self.post(data.into(), opts, true).await
     }
@@ -277,8 +302,14 @@ impl StreamHandle {
             Some(ct) => ct,
             None => self.content_type().await?,
         };
-        // With a key the server answers a repeat from the first append: safe to retry.
-        let idempotent = opts.idempotency_key.is_some();
+        // With a key the server answers a repeat from the first append: safe to retry. A key of
+        // the caller's is kept; producer headers never get one (the server refuses the mix).
+        let has = |name: &str| opts.headers.contains_key(name) || self.client.has_default_header(name);
+        let caller_key = opts.idempotency_key.is_some() || has(names::IDEMPOTENCY_KEY);
+        let producer = PRODUCER_HEADERS.iter().any(|h| has(h));
+        let auto = opts.auto_idempotency_key.unwrap_or_else(|| self.client.auto_idempotency_key());
+        let auto_key = (auto && !caller_key && !producer).then(crate::key::random_key);
+        let idempotent = caller_key || auto_key.is_some();
         let mut req = self.request(Method::POST, idempotent);
         req.header("content-type", &ct)?;
         if let Some(seq) = &opts.stream_seq {
@@ -287,7 +318,7 @@ impl StreamHandle {
         if let Some(tail) = &opts.if_match {
             req.header(names::IF_MATCH, tail.as_str())?;
         }
-        if let Some(key) = &opts.idempotency_key {
+        if let Some(key) = opts.idempotency_key.as_ref().or(auto_key.as_ref()) {
             req.header(names::IDEMPOTENCY_KEY, key)?;
         }
         if close {
@@ -295,9 +326,22 @@ impl StreamHandle {
         }
         req.headers.extend(opts.headers);
         req.body = data;
-        let resp = self.client.send(&req, self.client.retry_policy()).await?;
+        let op = Op::Append { stream_seq: opts.stream_seq.is_some() };
+        let mut maybe_processed = false;
+        let sent = self.client.send_noting(&req, self.client.retry_policy(), &mut maybe_processed).await;
+        // An automatic key dies with this call: calling `append` again sends a new key. So its
+        // final error is retry-safe only if no attempt can have been processed.
+        let finish = |e: Error| {
+            let unprocessed = match &e {
+                Error::Transport { .. } => e.is_connect_failure(),
+                Error::Status { status, .. } => status_means_not_processed(*status),
+                _ => true,
+            };
+            if auto_key.is_some() && (maybe_processed || !unprocessed) { e.not_retry_safe() } else { e }
+        };
+        let resp = sent.map_err(finish)?;
         if !matches!(resp.status().as_u16(), 200 | 204) {
-            return Err(error_from_response(resp, Op::Append { stream_seq: opts.stream_seq.is_some() }, idempotent).await);
+            return Err(finish(error_from_response(resp, op, idempotent).await));
         }
         let h = resp.headers();
         Ok(Appended { next_offset: next_offset(h)?, closed: closed_flag(header_str(h, names::STREAM_CLOSED)) })

@@ -253,16 +253,20 @@ async fn reads_stop_with_typed_errors_on_permanent_failures() {
     assert!(matches!(err, Error::BadRequest { .. }), "{err:?}");
 }
 
+/// Idempotency-Key values of the requests a fake server saw (`None`: the request had none).
+type Keys = Arc<std::sync::Mutex<Vec<Option<String>>>>;
+
 /// A fake server that reads each request and hangs up without answering: the request reached
-/// the server, the outcome is unknown.
-async fn black_hole() -> (String, Arc<AtomicUsize>) {
+/// the server, the outcome is unknown. Counts requests and records their idempotency keys.
+async fn black_hole() -> (String, Arc<AtomicUsize>, Keys) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let seen = Arc::new(AtomicUsize::new(0));
-    let s2 = seen.clone();
+    let keys = Keys::default();
+    let (s2, k2) = (seen.clone(), keys.clone());
     tokio::spawn(async move {
         while let Ok((mut sock, _)) = listener.accept().await {
-            let seen = s2.clone();
+            let (seen, keys) = (s2.clone(), k2.clone());
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 8192];
                 let mut got = Vec::new();
@@ -272,26 +276,51 @@ async fn black_hole() -> (String, Arc<AtomicUsize>) {
                         Ok(n) => got.extend_from_slice(&buf[..n]),
                     }
                 }
+                let head = String::from_utf8_lossy(&got).to_ascii_lowercase();
+                let key = head.lines().find_map(|l| l.strip_prefix("idempotency-key:")).map(|v| v.trim().to_owned());
+                keys.lock().expect("keys").push(key);
                 seen.fetch_add(1, Ordering::SeqCst);
                 let _ = sock.shutdown().await;
             });
         }
     });
-    (format!("http://{addr}/v1/stream"), seen)
+    (format!("http://{addr}/v1/stream"), seen, keys)
 }
 
 #[tokio::test]
-async fn a_plain_append_is_never_retried_once_the_server_may_have_it() {
-    let (base, seen) = black_hole().await;
+async fn a_plain_append_is_retried_with_one_key_boundedly_and_never_without_a_key() {
+    let (base, seen, keys) = black_hole().await;
     let policy = RetryPolicy::new(Duration::from_millis(5), Duration::from_millis(20), 2.0)
         .expect("policy")
         .with_max_attempts(Some(4))
         .expect("policy");
-    let client = Client::builder(base).retry_policy(policy).build().expect("client");
+    let client = Client::builder(base).retry_policy(policy.clone()).build().expect("client");
     let s = client.stream("s").with_content_type("text/plain");
+
+    // By default it carries an automatic key, the same on every attempt, and is retried as
+    // often as the policy allows. Then calling append again would send a new key, and the
+    // server may have the data: not retry-safe.
     let err = s.append("data", AppendOptions::default()).await.expect_err("no answer");
     assert!(err.is_transient() && !err.is_retry_safe(), "{err:?}");
+    assert_eq!(seen.load(Ordering::SeqCst), 4, "all attempts used");
+    let sent: Vec<Option<String>> = std::mem::take(&mut *keys.lock().expect("keys"));
+    assert!(sent[0].is_some() && sent.iter().all(|k| *k == sent[0]), "one key on every attempt: {sent:?}");
+
+    // Opted out: no key, sent once (a retry could store it twice).
+    seen.store(0, Ordering::SeqCst);
+    let opted_out = AppendOptions { auto_idempotency_key: Some(false), ..AppendOptions::default() };
+    let err = s.append("data", opted_out).await.expect_err("no answer");
+    assert!(err.is_transient() && !err.is_retry_safe(), "{err:?}");
     assert_eq!(seen.load(Ordering::SeqCst), 1, "sent once: a retry could store it twice");
+    assert_eq!(std::mem::take(&mut *keys.lock().expect("keys")), vec![None]);
+
+    // Nothing listening: no attempt reached a server, so calling append again is safe.
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = closed.local_addr().expect("addr").port();
+    drop(closed);
+    let nowhere = Client::builder(format!("http://127.0.0.1:{port}/v1/stream")).retry_policy(policy).build().expect("client");
+    let err = nowhere.stream("s").with_content_type("text/plain").append("data", AppendOptions::default()).await.expect_err("refused");
+    assert!(err.is_retry_safe(), "connect failures only: {err:?}");
 
     // Idempotent operations are retried.
     seen.store(0, Ordering::SeqCst);

@@ -347,6 +347,9 @@ impl Adapter {
             headers: headers_of(cmd)?,
             if_match: None,
             idempotency_key: None,
+            // The client's default: an automatic Idempotency-Key, so the append is retried
+            // after 5xx and network errors (a server that ignores the key simply takes the retry).
+            auto_idempotency_key: None,
         };
         let appended = stream.append(body, opts).await?;
         Ok(json!({ "type": "append", "success": true, "status": 200, "offset": appended.next_offset.as_str() }))
