@@ -307,7 +307,7 @@ fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>
             store.since_checkpoint = 0;
             store.reclaim_wanted = false;
             last_checkpoint = Instant::now();
-            store.prune_writers();
+            store.prune_idle();
             store.prune_index();
             checkpointer.send(store.snapshot());
         }
@@ -319,7 +319,7 @@ fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>
     let failure = store.commit(&mut g);
     store.finish(g, failure);
     if !store.counters().failed() && (store.since_checkpoint > 0 || store.reclaim_wanted) {
-        store.prune_writers();
+        store.prune_idle();
         store.prune_index();
         checkpointer.send(store.snapshot());
     }
@@ -382,6 +382,45 @@ impl Checkpointer {
     }
 }
 
+impl Housekeeping for LogEngine {
+    async fn expire(&self, now_ms: i64) -> Result<usize, StorageError> {
+        let expired: Vec<String> = {
+            let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
+            map.iter().filter(|(_, s)| !s.state.get().soft_deleted && s.expired(now_ms)).map(|(p, _)| p.to_string()).collect()
+        };
+        if expired.is_empty() {
+            return Ok(0);
+        }
+        self.call(|reply| Command::Expire { paths: expired, now_ms, reply }).await?
+    }
+
+    async fn retain(&self, now_ms: i64) -> Result<usize, StorageError> {
+        let any = {
+            let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
+            map.values().any(|s| !s.config.retention.is_none())
+        };
+        if !any {
+            return Ok(0);
+        }
+        self.call(|reply| Command::Retain { now_ms, reply }).await?
+    }
+
+    async fn prune(&self, now_ms: i64) -> Result<PruneOutcome, StorageError> {
+        self.call(|reply| Command::Prune { now_ms, reply }).await
+    }
+
+    async fn compaction_candidates(&self, min_bytes: u64) -> Result<Vec<(String, Offset)>, StorageError> {
+        let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
+        Ok(map
+            .iter()
+            .filter(|(_, s)| s.config.compaction)
+            .map(|(p, s)| (p, s.info()))
+            .filter(|(_, i)| oncelog_storage::compaction::is_candidate(i, min_bytes))
+            .map(|(p, i)| (p.to_string(), i.tail))
+            .collect())
+    }
+}
+
 impl Engine for LogEngine {
     async fn create(&self, req: CreateRequest) -> Result<CreateOutcome, CreateError> {
         self.call(|reply| Command::Create { req, reply }).await?
@@ -439,28 +478,6 @@ impl Engine for LogEngine {
         }
     }
 
-    async fn expire(&self, now_ms: i64) -> Result<usize, StorageError> {
-        let expired: Vec<String> = {
-            let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
-            map.iter().filter(|(_, s)| !s.state.get().soft_deleted && s.expired(now_ms)).map(|(p, _)| p.to_string()).collect()
-        };
-        if expired.is_empty() {
-            return Ok(0);
-        }
-        self.call(|reply| Command::Expire { paths: expired, now_ms, reply }).await?
-    }
-
-    async fn retain(&self, now_ms: i64) -> Result<usize, StorageError> {
-        let any = {
-            let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
-            map.values().any(|s| !s.config.retention.is_none())
-        };
-        if !any {
-            return Ok(0);
-        }
-        self.call(|reply| Command::Retain { now_ms, reply }).await?
-    }
-
     async fn transact(&self, txn: TxnRequest) -> Result<TxnOutcome, TxnError> {
         self.call(|reply| Command::Transact { txn, reply }).await?
     }
@@ -491,17 +508,6 @@ impl Engine for LogEngine {
                 .map_err(|_| StorageError::Poisoned)?;
         }
         Ok(())
-    }
-
-    async fn compaction_candidates(&self, min_bytes: u64) -> Result<Vec<(String, Offset)>, StorageError> {
-        let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
-        Ok(map
-            .iter()
-            .filter(|(_, s)| s.config.compaction)
-            .map(|(p, s)| (p, s.info()))
-            .filter(|(_, i)| oncelog_storage::compaction::is_candidate(i, min_bytes))
-            .map(|(p, i)| (p.to_string(), i.tail))
-            .collect())
     }
 
     fn readiness(&self) -> Readiness {

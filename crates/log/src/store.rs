@@ -189,6 +189,9 @@ pub(crate) enum Command {
     Retain { now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
     /// Metadata changes and appends in one frame.
     Transact { txn: TxnRequest, reply: oneshot::Sender<Result<TxnOutcome, TxnError>> },
+    /// Drops writer state past its TTL or window (memory only: the next checkpoint leaves it
+    /// out, and the log holds nothing a later replay would need of it).
+    Prune { now_ms: i64, reply: oneshot::Sender<PruneOutcome> },
     /// The metadata entries under a prefix, answered once the group before it is durable.
     MetaScan { prefix: Vec<u8>, reply: oneshot::Sender<Result<Vec<(Vec<u8>, Bytes)>, StorageError>> },
 }
@@ -434,12 +437,16 @@ impl Store {
                 Command::Compact { reply: tx, .. } => g.effects.push(reply(tx, Err(CompactError::Storage(StorageError::Poisoned)))),
                 Command::Transact { reply: tx, .. } => g.effects.push(reply(tx, Err(TxnError::Storage(StorageError::Poisoned)))),
                 Command::MetaScan { reply: tx, .. } => g.effects.push(reply(tx, Err(StorageError::Poisoned))),
+                // Pruning memory needs no write.
+                Command::Prune { now_ms, reply } => {
+                    let _ = reply.send(self.prune_writers(now_ms));
+                }
             }
             return;
         }
         let at = match &cmd {
             Command::Transact { txn, .. } => txn.now_ms,
-            Command::MetaScan { .. } => i64::MIN,
+            Command::MetaScan { .. } | Command::Prune { .. } => i64::MIN,
             Command::Create { req, .. } => req.now_ms,
             Command::Append { req, .. } => req.now_ms,
             Command::Compact { req, .. } => req.now_ms,
@@ -492,6 +499,9 @@ impl Store {
                 g.bytes += txn.appends.iter().map(|a| a.data.len()).sum::<usize>();
                 let r = self.transact(txn, g);
                 g.effects.push(reply(tx, r));
+            }
+            Command::Prune { now_ms, reply } => {
+                let _ = reply.send(self.prune_writers(now_ms));
             }
             Command::MetaScan { prefix, reply: tx } => {
                 let found = self.meta.range(prefix.clone()..).take_while(|(k, _)| k.starts_with(&prefix)).map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -942,11 +952,21 @@ impl Store {
     /// their window (the rules already treat both as absent; this gives the memory back, and
     /// keeps them out of the next checkpoint). Called before each checkpoint, so state cannot
     /// pile up for longer than a checkpoint interval.
-    pub fn prune_writers(&mut self) -> usize {
-        let (now, retention) = (self.latest_ms, self.cfg.retention);
-        let dropped: usize = self.streams.values_mut().map(|w| w.st.prune(now, &retention).producers.len()).sum();
-        self.counters.producers.fetch_sub(dropped as u64, Ordering::Relaxed);
-        dropped
+    pub fn prune_writers(&mut self, now_ms: i64) -> PruneOutcome {
+        let retention = self.cfg.retention;
+        let mut out = PruneOutcome::default();
+        for w in self.streams.values_mut() {
+            let pruned = w.st.prune(now_ms, &retention);
+            out.producers += pruned.producers.len() as u64;
+            out.keys += pruned.keys.len() as u64;
+        }
+        self.counters.producers.fetch_sub(out.producers, Ordering::Relaxed);
+        out
+    }
+
+    /// [`Store::prune_writers`] as of the latest request time seen (before a checkpoint).
+    pub fn prune_idle(&mut self) -> PruneOutcome {
+        self.prune_writers(self.latest_ms)
     }
 
     /// Drops the index entries no reader can reach any more: those wholly below a stream's

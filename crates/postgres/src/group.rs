@@ -218,8 +218,8 @@ impl Group {
             d_ends.push(*end);
             d_bytes.push(&bytes[..]);
         }
-        let (mut p_ids, mut p_names, mut p_states) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut k_ids, mut k_keys, mut k_entries) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut p_ids, mut p_names, mut p_states, mut p_active) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut k_ids, mut k_keys, mut k_entries, mut k_at) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let (mut s_ids, mut s_tails, mut s_closed, mut s_seqs, mut s_access, mut s_marks) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for g in self.streams.values() {
@@ -229,6 +229,7 @@ impl Group {
                     p_ids.push(id);
                     p_names.push(name.as_str());
                     p_states.push(ProducerRecord::encode_state(state));
+                    p_active.push(state.last_active_ms);
                 }
             }
             for k in &g.dirty_keys {
@@ -236,6 +237,7 @@ impl Group {
                     k_ids.push(id);
                     k_keys.push(key_bytes(*k).to_vec());
                     k_entries.push(key_entry::encode(entry));
+                    k_at.push(entry.at_ms);
                 }
             }
             if g.changed {
@@ -252,10 +254,10 @@ impl Group {
         let stmt = tx
             .prepare_cached(
                 "WITH d AS (INSERT INTO data (stream_id, end_off, bytes) SELECT * FROM unnest($1::int8[], $2::int8[], $3::bytea[])), \
-                 p AS (INSERT INTO producers (stream_id, producer, state) SELECT * FROM unnest($4::int8[], $5::text[], $6::bytea[]) \
-                       ON CONFLICT (stream_id, producer) DO UPDATE SET state = excluded.state), \
-                 k AS (INSERT INTO idem_keys (stream_id, key, entry) SELECT * FROM unnest($7::int8[], $8::bytea[], $9::bytea[]) \
-                       ON CONFLICT (stream_id, key) DO UPDATE SET entry = excluded.entry) \
+                 p AS (INSERT INTO producers (stream_id, producer, state, active_ms) SELECT * FROM unnest($4::int8[], $5::text[], $6::bytea[], $16::int8[]) \
+                       ON CONFLICT (stream_id, producer) DO UPDATE SET state = excluded.state, active_ms = excluded.active_ms), \
+                 k AS (INSERT INTO idem_keys (stream_id, key, entry, at_ms) SELECT * FROM unnest($7::int8[], $8::bytea[], $9::bytea[], $17::int8[]) \
+                       ON CONFLICT (stream_id, key) DO UPDATE SET entry = excluded.entry, at_ms = excluded.at_ms) \
                  UPDATE streams s SET tail = u.tail, closed = u.closed, stream_seq = u.seq, \
                      last_access_ms = greatest(s.last_access_ms, u.la), marks = u.marks \
                  FROM unnest($10::int8[], $11::int8[], $12::bool[], $13::text[], $14::int8[], $15::bytea[]) AS u(id, tail, closed, seq, la, marks) \
@@ -264,7 +266,7 @@ impl Group {
             .await?;
         tx.execute(
             &stmt,
-            &[&d_ids, &d_ends, &d_bytes, &p_ids, &p_names, &p_states, &k_ids, &k_keys, &k_entries, &s_ids, &s_tails, &s_closed, &s_seqs, &s_access, &s_marks],
+            &[&d_ids, &d_ends, &d_bytes, &p_ids, &p_names, &p_states, &k_ids, &k_keys, &k_entries, &s_ids, &s_tails, &s_closed, &s_seqs, &s_access, &s_marks, &p_active, &k_at],
         )
         .await
         .map(drop)

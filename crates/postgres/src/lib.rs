@@ -390,6 +390,24 @@ async fn background(shared: Arc<Shared>) {
     }
 }
 
+impl Housekeeping for PgEngine {
+    async fn expire(&self, now_ms: i64) -> Result<usize, StorageError> {
+        retry!(self.shared(), async { self.shared().expire(now_ms).await.map(Ok) })
+    }
+
+    async fn retain(&self, now_ms: i64) -> Result<usize, StorageError> {
+        retry!(self.shared(), async { self.shared().retain(now_ms).await.map(Ok) })
+    }
+
+    async fn prune(&self, now_ms: i64) -> Result<PruneOutcome, StorageError> {
+        retry!(self.shared(), async { self.shared().prune(now_ms).await.map(Ok) })
+    }
+
+    async fn compaction_candidates(&self, min_bytes: u64) -> Result<Vec<(String, Offset)>, StorageError> {
+        retry!(self.shared(), async { self.shared().compaction_candidates(min_bytes).await.map(Ok) })
+    }
+}
+
 impl Engine for PgEngine {
     async fn create(&self, req: CreateRequest) -> Result<CreateOutcome, CreateError> {
         if self.closing() {
@@ -443,19 +461,11 @@ impl Engine for PgEngine {
         retry!(self.shared(), self.shared().wait(path, after, timeout, now_ms))
     }
 
-    async fn expire(&self, now_ms: i64) -> Result<usize, StorageError> {
-        retry!(self.shared(), async { self.shared().expire(now_ms).await.map(Ok) })
-    }
-
     async fn compact(&self, req: CompactRequest) -> Result<TrimOutcome, CompactError> {
         if self.closing() {
             return Err(StorageError::ShuttingDown.into());
         }
         retry!(self.shared(), self.shared().compact_once(&req))
-    }
-
-    async fn retain(&self, now_ms: i64) -> Result<usize, StorageError> {
-        retry!(self.shared(), async { self.shared().retain(now_ms).await.map(Ok) })
     }
 
     async fn transact(&self, txn: TxnRequest) -> Result<TxnOutcome, TxnError> {
@@ -498,10 +508,6 @@ impl Engine for PgEngine {
         let flushed = self.shared().flush_touches().await;
         self.shared().pool.close();
         flushed.map_err(StorageError::from)
-    }
-
-    async fn compaction_candidates(&self, min_bytes: u64) -> Result<Vec<(String, Offset)>, StorageError> {
-        retry!(self.shared(), async { self.shared().compaction_candidates(min_bytes).await.map(Ok) })
     }
 
     fn readiness(&self) -> Readiness {

@@ -365,6 +365,38 @@ impl Shared {
         Ok(n)
     }
 
+    /// Deletes the writer state the rules treat as absent at `now_ms`: producer rows idle past
+    /// the producer TTL and key rows past the window (the same cut as
+    /// `ProducerState::is_live` and `Retention::key_is_live`), a batch at a time so no statement
+    /// holds many row locks. Any node may run it; deleting a row twice is deleting it once. A
+    /// group that read such a row decides as if it were absent anyway, and its upsert
+    /// re-inserts the state it writes.
+    pub(crate) async fn prune(&self, now_ms: i64) -> Result<PruneOutcome, Fail> {
+        const BATCH: i64 = 10_000;
+        let c = self.client().await?;
+        let producers_before = now_ms.saturating_sub(self.retention.producer_ttl_ms);
+        let keys_before = now_ms.saturating_sub(self.retention.idempotency_window_ms);
+        let mut out = PruneOutcome::default();
+        let stmt = c.prepare_cached("DELETE FROM producers WHERE ctid = ANY(ARRAY(SELECT ctid FROM producers WHERE active_ms <= $1 LIMIT $2))").await?;
+        loop {
+            let n = c.execute(&stmt, &[&producers_before, &BATCH]).await?;
+            out.producers += n;
+            if n < BATCH as u64 {
+                break;
+            }
+        }
+        let stmt = c.prepare_cached("DELETE FROM idem_keys WHERE ctid = ANY(ARRAY(SELECT ctid FROM idem_keys WHERE at_ms <= $1 LIMIT $2))").await?;
+        loop {
+            let n = c.execute(&stmt, &[&keys_before, &BATCH]).await?;
+            out.keys += n;
+            if n < BATCH as u64 {
+                break;
+            }
+        }
+        self.apply(Effects { wake: Vec::new(), streams: 0, producers: -(out.producers as i64) });
+        Ok(out)
+    }
+
     /// The retention sweep ([`retention::floor`] per stream with a policy).
     pub(crate) async fn retain(&self, now_ms: i64) -> Result<usize, Fail> {
         let paths: Vec<String> = {

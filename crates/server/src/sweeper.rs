@@ -1,7 +1,8 @@
 //! Deletes expired streams in the background, applies retention policies, compacts State
-//! Protocol streams whose history grew (and forgets idle rate-limit buckets). Access paths
-//! already treat an expired stream as absent; this reclaims its space when nobody touches it
-//! again. Retention and background compaction happen only here.
+//! Protocol streams whose history grew, prunes writer state past its TTL or window (at most once
+//! every [`PRUNE_EVERY`]) and forgets idle rate-limit buckets. Access paths already treat an
+//! expired stream (or producer, or key) as absent; this reclaims its space when nobody touches
+//! it again. Retention and background compaction happen only here.
 
 use std::collections::HashMap;
 
@@ -11,6 +12,11 @@ use oncelog_storage::Engine;
 
 use crate::AppState;
 
+/// How often writer state is pruned ([`oncelog_storage::Housekeeping::prune`]): it only frees
+/// space (the rules ignore expired state at once), and on PostgreSQL it scans the producers
+/// table, so less often than the other sweeps.
+pub const PRUNE_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Runs until the engine shuts down.
 pub async fn run<E: Engine>(state: AppState<E>) {
     let mut tick = tokio::time::interval(state.config.sweep_interval);
@@ -19,9 +25,19 @@ pub async fn run<E: Engine>(state: AppState<E>) {
     // tried again only once it grew by the threshold, so a stream whose snapshot would not be
     // smaller is not folded on every tick.
     let mut compacted_at: HashMap<String, Offset> = HashMap::new();
+    let mut pruned_at: Option<tokio::time::Instant> = None;
     loop {
         tick.tick().await;
         state.rate.prune();
+        if pruned_at.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+            pruned_at = Some(tokio::time::Instant::now());
+            match state.engine.prune(state.clock.now_ms()).await {
+                Ok(p) if p.producers + p.keys > 0 => tracing::debug!(producers = p.producers, keys = p.keys, "idle writer state pruned"),
+                Ok(_) => {}
+                Err(oncelog_storage::StorageError::ShuttingDown) => return,
+                Err(e) => tracing::warn!(error = %e, "pruning writer state failed"),
+            }
+        }
         match state.engine.expire(state.clock.now_ms()).await {
             Ok(0) => {}
             Ok(n) => tracing::debug!(expired = n, "expired streams deleted"),

@@ -437,11 +437,45 @@ pub enum WaitOutcome {
     TimedOut(StreamInfo),
 }
 
+/// What [`Housekeeping::prune`] dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneOutcome {
+    /// Producer states idle past the producer TTL.
+    pub producers: u64,
+    /// Idempotency keys past their window.
+    pub keys: u64,
+}
+
+/// The background work of an engine, apart from requests: what the server's sweeper asks for
+/// every `--sweep-interval-ms` (pruning less often, see the server's `sweeper`). Each method
+/// takes `now_ms` from the caller's clock.
+pub trait Housekeeping: Send + Sync + 'static {
+    /// Deletes every stream whose TTL or absolute expiry has passed; returns how many.
+    fn expire(&self, now_ms: i64) -> impl Future<Output = Result<usize, StorageError>> + Send;
+
+    /// The retention sweep: moves the earliest offset of every stream whose retention policy
+    /// lets go of data to where [`crate::retention::floor`] says (durably, as a trim would);
+    /// returns how many streams moved.
+    fn retain(&self, now_ms: i64) -> impl Future<Output = Result<usize, StorageError>> + Send;
+
+    /// Drops writer state the rules already treat as absent at `now_ms`: producer states idle
+    /// for longer than the producer TTL and idempotency keys older than their window
+    /// ([`crate::rules::Retention`]), from memory and from storage, so that neither grows for
+    /// as long as a stream lives. A retry that arrives later behaves as it would without the
+    /// state (documented in WRITE-MODES.md); pruning changes no answer.
+    fn prune(&self, now_ms: i64) -> impl Future<Output = Result<PruneOutcome, StorageError>> + Send;
+
+    /// The streams made for compaction whose history (tail minus earliest offset) is at least
+    /// `min_bytes`, with their tails: what a background compactor looks at. Reads only what
+    /// readers see (async for the same reason as [`Engine::list_streams`]).
+    fn compaction_candidates(&self, min_bytes: u64) -> impl Future<Output = Result<Vec<(String, Offset)>, StorageError>> + Send;
+}
+
 /// A storage backend.
 ///
 /// Every method takes `now_ms` (Unix milliseconds) from the caller's clock: expiry is decided
 /// against it, and reads and appends (not `head`) slide a stream's TTL window.
-pub trait Engine: Send + Sync + 'static {
+pub trait Engine: Housekeeping {
     fn create(&self, req: CreateRequest) -> impl Future<Output = Result<CreateOutcome, CreateError>> + Send;
 
     /// Appends, closes, or both, atomically with any producer and `Stream-Seq` effect. Returns
@@ -529,20 +563,12 @@ pub trait Engine: Send + Sync + 'static {
         now_ms: i64,
     ) -> impl Future<Output = Result<WaitOutcome, LookupError>> + Send;
 
-    /// Deletes every stream whose TTL or absolute expiry has passed; returns how many.
-    fn expire(&self, now_ms: i64) -> impl Future<Output = Result<usize, StorageError>> + Send;
-
     /// Writes a State Protocol stream's snapshot (`req.pieces`, one append each) at its tail
     /// `req.at` and moves its earliest offset there, all in one atomic unit: a reader from the
     /// earliest offset then materialises the same state as one that read the whole history, and
     /// readers of the dropped history get [`LookupError::Trimmed`]. Refused unless the stream is
     /// still incarnation `req.stream_id` with tail `req.at`, open, and made for compaction.
     fn compact(&self, req: CompactRequest) -> impl Future<Output = Result<TrimOutcome, CompactError>> + Send;
-
-    /// The retention sweep: moves the earliest offset of every stream whose retention policy
-    /// lets go of data to where [`crate::retention::floor`] says (durably, as a trim would);
-    /// returns how many streams moved.
-    fn retain(&self, now_ms: i64) -> impl Future<Output = Result<usize, StorageError>> + Send;
 
     /// Commits `txn` as one atomic unit (one frame, one batch): every metadata write and every
     /// append that is not a duplicate, or nothing. Durable like an append when it returns.
@@ -559,11 +585,6 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Finishes in-flight writes and makes them durable; later writes fail with `ShuttingDown`.
     fn shutdown(&self) -> impl Future<Output = Result<(), StorageError>> + Send;
-
-    /// The streams made for compaction whose history (tail minus earliest offset) is at least
-    /// `min_bytes`, with their tails: what a background compactor looks at. Reads only what
-    /// readers see (async for the same reason as [`Engine::list_streams`]).
-    fn compaction_candidates(&self, min_bytes: u64) -> impl Future<Output = Result<Vec<(String, Offset)>, StorageError>> + Send;
 
     /// Whether writes are accepted now (for `/readyz`). Cheap; never blocks.
     fn readiness(&self) -> Readiness;

@@ -102,6 +102,7 @@ macro_rules! __contract_all_cases {
             writes::a_producer_retry_with_another_body_is_refused,
             writes::idle_producer_state_expires,
             writes::idempotency_keys,
+            writes::idle_writer_state_is_pruned,
             writes::duplicates_answer_with_their_original_offset,
             writes::out_of_order_producer_appends_wait_for_their_predecessors,
             writes::a_real_gap_is_answered_after_the_park_timeout,

@@ -203,6 +203,41 @@ pub async fn idempotency_keys<H: Harness>() {
     assert_eq!(read_all(e, "t", 1 << 20).await, "abab");
 }
 
+/// Pruning drops exactly the writer state the rules already ignore — producers idle past the
+/// TTL, keys past the window — and leaves the rest; afterwards every retry is answered as the
+/// rules say it is without that state (a forgotten producer's seq 0 and an expired key are new
+/// data), and the live ones are still duplicates.
+pub async fn idle_writer_state_is_pruned<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    let ttl = crate::rules::Retention::DEFAULT_PRODUCER_TTL_MS;
+    let window = crate::rules::Retention::DEFAULT_IDEMPOTENCY_WINDOW_MS;
+    let at = |req: AppendRequest, now_ms: i64| AppendRequest { now_ms, ..req };
+    create(e, create_req("s", "text/plain")).await;
+    append(e, at(produce("s", "a", "old", 0, 0), 0)).await;
+    append(e, at(keyed("s", "b", "old-key"), 0)).await;
+    let now = ttl + 1;
+    append(e, at(produce("s", "c", "live", 0, 0), now - 10)).await;
+    append(e, at(keyed("s", "d", "live-key"), now - 10)).await;
+    assert_eq!(e.stats().producers, 2);
+    let pruned = e.prune(now).await.expect("prune");
+    assert_eq!(pruned, PruneOutcome { producers: 1, keys: 1 });
+    assert_eq!(e.stats().producers, 1);
+    assert_eq!(e.prune(now).await.expect("prune again"), PruneOutcome::default(), "nothing left to prune");
+    // Live state answers retries as before.
+    let dup = append(e, at(produce("s", "c", "live", 0, 0), now)).await;
+    assert_eq!((dup.status, dup.next_offset), (AppendStatus::Duplicate, Offset(3)));
+    let dup = append(e, at(keyed("s", "d", "live-key"), now)).await;
+    assert_eq!((dup.status, dup.next_offset), (AppendStatus::Duplicate, Offset(4)));
+    // Pruned state is gone: its retries are new data (as the rules said before pruning).
+    let again = append(e, at(produce("s", "a", "old", 0, 0), now)).await;
+    assert_eq!((again.status, again.next_offset), (AppendStatus::Appended, Offset(5)));
+    let again = append(e, at(keyed("s", "b", "old-key"), now)).await;
+    assert_eq!((again.status, again.next_offset), (AppendStatus::Appended, Offset(6)));
+    assert_eq!(read_all(e, "s", 1 << 20).await, "abcdab");
+    assert!(window < ttl, "the key window ends before the producer TTL in this case");
+}
+
 pub async fn duplicates_answer_with_their_original_offset<H: Harness>() {
     let mut h = H::open().await;
     create(h.engine(), create_req("s", "text/plain")).await;
