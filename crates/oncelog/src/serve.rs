@@ -86,7 +86,7 @@ pub struct ServeArgs {
 
     /// How long a producer's state (its epoch, sequence and receipts) is kept after its last
     /// accepted append: `7d`, `24h`, `30m`, `90s`. A retry that arrives later may be taken as new
-    /// data (see docs/WRITE-MODES.md); expired state is dropped at the next checkpoint.
+    /// data (see docs/WRITE-MODES.md); expired state is pruned by the sweep within a minute.
     #[arg(long, env = "ONCELOG_PRODUCER_STATE_TTL", default_value = "7d", value_parser = crate::token::parse_duration)]
     pub producer_state_ttl: std::time::Duration,
 

@@ -13,7 +13,8 @@ use bytes::Bytes;
 use deadpool_postgres::{GenericClient, Transaction};
 use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::Offset;
-use oncelog_storage::{machine, retention};
+use oncelog_storage::machine::{self, StreamState};
+use oncelog_storage::retention;
 use oncelog_storage::rules::{self, Removal};
 use oncelog_storage::*;
 
@@ -110,17 +111,17 @@ impl Shared {
             }
             Ok(rules::CreatePlan::Create { meta, tail }) => (meta, tail),
         };
-        let mut marks = retention::TimeMarks::new();
+        let mut st = StreamState::new(meta, tail);
+        st.created();
         if !req.initial.is_empty() {
-            retention::note_write(&mut marks, &meta.retention, tail, req.now_ms);
             let stmt = tx.prepare_cached("INSERT INTO data (stream_id, end_off, bytes) VALUES ($1, $2, $3)").await?;
             tx.execute(&stmt, &[&new_id, &i64_of(tail.0), &&req.initial[..]]).await?;
         }
-        insert_stream(&tx, &req.path, &meta, tail, req.now_ms, &marks).await?;
+        insert_stream(&tx, &req.path, &st.meta, tail, req.now_ms, &st.marks).await?;
         tx.commit().await?;
         fx.streams += 1;
         self.apply(fx);
-        Ok(Ok(CreateOutcome::Created(meta.info(tail))))
+        Ok(Ok(CreateOutcome::Created(st.info())))
     }
 
     /// The row at `path`, locked; an expired stream is first removed (or soft-deleted while
@@ -217,24 +218,24 @@ impl Shared {
         Ok(Ok(out))
     }
 
-    /// Moves a locked stream's earliest offset as [`rules::trim`] decides, drops its time marks
-    /// below it, and queues the data below it for `gc`.
-    async fn apply_trim(&self, tx: &Transaction<'_>, mut s: Stream, to: Offset) -> Result<Result<TrimOutcome, TrimError>, Fail> {
-        let earliest = match rules::trim(&s.meta, s.tail, to) {
+    /// Moves a locked stream's earliest offset as the stream state machine's trim decides
+    /// (dropping its time marks below it), and queues the data below it for `gc`.
+    async fn apply_trim(&self, tx: &Transaction<'_>, s: Stream, to: Offset) -> Result<Result<TrimOutcome, TrimError>, Fail> {
+        let mut st = StreamState { marks: s.marks, ..StreamState::new(s.meta, s.tail) };
+        let earliest = match st.trim(to) {
             Err(e) => return Ok(Err(e)),
-            Ok(None) => return Ok(Ok(TrimOutcome { earliest: s.meta.earliest, tail: s.tail })),
+            Ok(None) => return Ok(Ok(TrimOutcome { earliest: st.meta.earliest, tail: st.tail })),
             Ok(Some(e)) => e,
         };
-        retention::drop_marks_below(&mut s.marks, earliest);
-        let id = i64_of(s.meta.id);
-        let marks = row::encode_marks(&s.marks);
+        let id = i64_of(st.meta.id);
+        let marks = row::encode_marks(&st.marks);
         tx.execute("UPDATE streams SET earliest = $2, marks = $3 WHERE id = $1", &[&id, &i64_of(earliest.0), &marks]).await?;
         tx.execute(
             "INSERT INTO gc (stream_id, floor) VALUES ($1, $2) ON CONFLICT (stream_id) DO UPDATE SET floor = greatest(gc.floor, excluded.floor)",
             &[&id, &i64_of(earliest.0)],
         )
         .await?;
-        Ok(Ok(TrimOutcome { earliest, tail: s.tail }))
+        Ok(Ok(TrimOutcome { earliest, tail: st.tail }))
     }
 
     pub(crate) async fn compact_once(&self, req: &CompactRequest) -> Result<Result<TrimOutcome, CompactError>, Fail> {
