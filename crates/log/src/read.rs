@@ -7,6 +7,7 @@ use std::sync::{Arc, RwLock};
 
 use bytes::{Bytes, BytesMut};
 use oncelog_protocol::Offset;
+use oncelog_storage::machine::chain;
 use oncelog_storage::StorageError;
 
 use crate::fs::File;
@@ -38,17 +39,13 @@ pub(crate) struct Plan {
 }
 
 /// `bounded`: `max_bytes` is a hard limit, and the last append may be cut to meet it.
-pub(crate) fn plan(shared: &Shared, from: u64, tail: u64, max_bytes: usize, bounded: bool) -> Result<Plan, StorageError> {
+pub(crate) fn plan(shared: &Arc<Shared>, from: u64, tail: u64, max_bytes: usize, bounded: bool) -> Result<Plan, StorageError> {
     let mut pieces = Vec::new();
     let mut total = 0usize;
     let mut pos = from;
-    let mut aligned = from == 0 || shared.chain.iter().any(|(end, _)| *end == from);
-    let parts = shared.chain.iter().map(|(end, s)| (*end, &**s)).chain(std::iter::once((tail, shared)));
-    for (part_end, s) in parts {
-        let part_end = part_end.min(tail);
-        if pos >= part_end {
-            continue;
-        }
+    let mut aligned = chain::at_boundary(&shared.chain, from);
+    for part in chain::parts(&shared.chain, shared, from, tail) {
+        let (s, part_end) = (part.source, part.end);
         let d = s.data.read().map_err(|_| StorageError::Poisoned)?;
         if pos < d.start {
             // Below what the index retains (trimmed, and no fork pins it): never guess bytes.
@@ -153,29 +150,21 @@ fn materialise(pieces: &[Piece], total: usize, segments: &RwLock<BTreeMap<u64, A
 /// The append of `shared` that starts exactly at `at`, if any: its stored bytes, cut at the
 /// fork segment boundary it lies in. Used to resolve fork sub-offsets.
 pub(crate) fn append_at(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>,
     at: u64,
     tail: u64,
 ) -> Result<Option<Bytes>, StorageError> {
-    let mut part_start = 0;
-    let parts = shared.chain.iter().map(|(end, s)| (*end, &**s)).chain(std::iter::once((tail, shared)));
-    for (part_end, s) in parts {
-        let part_end = part_end.min(tail);
-        if at >= part_start && at < part_end {
-            let d = s.data.read().map_err(|_| StorageError::Poisoned)?;
-            let i = d.extents.partition_point(|e| e.end <= at);
-            let Some(e) = d.extents.get(i).copied() else { return Ok(None) };
-            let start = if i == 0 { d.start } else { d.extents[i - 1].end };
-            if start != at {
-                return Ok(None);
-            }
-            let len = (e.end.min(part_end) - start) as usize;
-            drop(d);
-            let piece = [Piece::Disk { segment: e.segment(), pos: e.pos(), len }];
-            return materialise(&piece, len, segments).map(Some);
-        }
-        part_start = part_end;
+    let Some(part) = chain::part_at(&shared.chain, shared, at, tail) else { return Ok(None) };
+    let d = part.source.data.read().map_err(|_| StorageError::Poisoned)?;
+    let i = d.extents.partition_point(|e| e.end <= at);
+    let Some(e) = d.extents.get(i).copied() else { return Ok(None) };
+    let start = if i == 0 { d.start } else { d.extents[i - 1].end };
+    if start != at {
+        return Ok(None);
     }
-    Ok(None)
+    let len = (e.end.min(part.end) - start) as usize;
+    drop(d);
+    let piece = [Piece::Disk { segment: e.segment(), pos: e.pos(), len }];
+    materialise(&piece, len, segments).map(Some)
 }

@@ -17,6 +17,7 @@ use bytes::Bytes;
 use oncelog_protocol::digest::BodyDigest;
 use oncelog_protocol::Offset;
 use oncelog_storage::machine::parking::{ParkingLot, Pending, Round};
+use oncelog_storage::machine::chain::{fork_chain, Segment};
 use oncelog_storage::machine::{self, AppendEffects, Step, StreamState};
 use oncelog_storage::rules::{self, CreatePlan, Removal, PARK_TIMEOUT};
 use oncelog_storage::*;
@@ -110,9 +111,10 @@ pub(crate) struct StreamData {
 pub(crate) struct Shared {
     pub id: u64,
     pub config: StreamConfig,
-    /// For a fork: each ancestor's byte range it reads, as (end offset, ancestor), oldest first.
-    /// Holding the ancestors keeps their index alive exactly as long as a fork reads it.
-    pub chain: Vec<(u64, Arc<Shared>)>,
+    /// For a fork: each ancestor's byte range it reads, oldest first
+    /// ([`oncelog_storage::machine::chain`]). Holding the ancestors keeps their index alive
+    /// exactly as long as a fork reads it.
+    pub chain: Vec<Segment<Arc<Shared>>>,
     /// Forks of this stream that still exist (a stream with forks is soft-deleted, not removed).
     pub forks: AtomicUsize,
     /// Tail and closure, published after each durable commit; live readers wait on it.
@@ -362,7 +364,7 @@ pub struct RecoveryReport {
     pub from_checkpoint: bool,
 }
 
-fn new_shared(meta: &StreamMeta, tail: Offset, chain: Vec<(u64, Arc<Shared>)>, forks: usize, now_ms: i64, data: StreamData) -> Arc<Shared> {
+fn new_shared(meta: &StreamMeta, tail: Offset, chain: Vec<Segment<Arc<Shared>>>, forks: usize, now_ms: i64, data: StreamData) -> Arc<Shared> {
     let state = PublishedCell::new(Published { tail, closed: meta.closed, deleted: false, soft_deleted: meta.soft_deleted });
     Arc::new(Shared {
         id: meta.id,
@@ -374,23 +376,6 @@ fn new_shared(meta: &StreamMeta, tail: Offset, chain: Vec<(u64, Arc<Shared>)>, f
         earliest: AtomicU64::new(meta.earliest.0),
         data: RwLock::new(data),
     })
-}
-
-/// A fork's chain: its source's chain cut at the fork point, then the source itself.
-fn chain_of(src: &Arc<Shared>, fork_point: u64) -> Vec<(u64, Arc<Shared>)> {
-    let mut chain = Vec::with_capacity(src.chain.len() + 1);
-    let mut start = 0;
-    for (end, s) in src.chain.iter().map(|(e, s)| (*e, s)).chain(std::iter::once((u64::MAX, src))) {
-        if start >= fork_point {
-            break;
-        }
-        let end = end.min(fork_point);
-        if end > start {
-            chain.push((end, s.clone()));
-        }
-        start = end;
-    }
-    chain
 }
 
 fn io_err(what: &str, e: std::io::Error) -> StorageError {
@@ -871,7 +856,7 @@ impl Store {
                 Some(w) => crate::read::append_at(&w.shared, &view.segments, at, w.st.tail.0),
                 None => Ok(None),
             })?;
-            let chain = src.map_or_else(Vec::new, |w| chain_of(&w.shared, resolved.fork.fork_point));
+            let chain = src.map_or_else(Vec::new, |w| fork_chain(&w.shared.chain, &w.shared, resolved.fork.fork_point));
             fork = Some((resolved, chain));
         }
         let existing = self.streams.get(req.path.as_str()).map(|w| (&w.st.meta, w.st.tail));
@@ -980,12 +965,12 @@ impl Store {
         for w in self.streams.values() {
             let reads_from = w.st.meta.earliest.0;
             let mut lo = 0;
-            for (hi, ancestor) in &w.shared.chain {
-                if reads_from < *hi {
+            for seg in &w.shared.chain {
+                if reads_from < seg.end {
                     let pin = lo.max(reads_from);
-                    floor.entry(ancestor.id).and_modify(|f| *f = (*f).min(pin));
+                    floor.entry(seg.source.id).and_modify(|f| *f = (*f).min(pin));
                 }
-                lo = *hi;
+                lo = seg.end;
             }
         }
         let mut dropped = 0;
@@ -1283,7 +1268,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
             None => Vec::new(),
             Some(f) => {
                 let src = shared_by_id.get(&f.source_id).ok_or_else(|| corrupt(format!("stream {id}: fork source {} is missing", f.source_id)))?;
-                chain_of(src, f.fork_point)
+                fork_chain(&src.chain, src, f.fork_point)
             }
         };
         let data = StreamData { start: b.start, extents: b.extents, hot: VecDeque::new() };

@@ -44,7 +44,8 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use oncelog_protocol::Offset;
 use oncelog_storage::machine::parking::ParkingLot;
-use oncelog_storage::rules::{self, Segment};
+use oncelog_storage::machine::chain::Segment;
+use oncelog_storage::rules;
 use oncelog_storage::*;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -116,7 +117,7 @@ pub(crate) struct Shared {
     pub watches: Watches,
     pub touches: Touches,
     /// Fork chains by stream id (immutable once a fork exists).
-    pub chains: Mutex<HashMap<u64, Arc<Vec<Segment>>>>,
+    pub chains: Mutex<HashMap<u64, Arc<Vec<Segment<u64>>>>>,
     pub stats: Counters,
     /// Why the database could not be used, while it cannot (for `/readyz`).
     pub unavailable: Mutex<Option<String>>,

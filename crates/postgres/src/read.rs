@@ -8,7 +8,8 @@ use bytes::{Bytes, BytesMut};
 use futures_util::FutureExt;
 use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::Offset;
-use oncelog_storage::rules::{self, fork_chain, Segment};
+use oncelog_storage::machine::chain::{self, fork_chain, Segment};
+use oncelog_storage::rules;
 use oncelog_storage::*;
 use tokio::time::Instant;
 use deadpool_postgres::GenericClient;
@@ -91,7 +92,7 @@ impl Shared {
 
     /// The inherited segments of a fork (empty for a stream that is none). Immutable, so kept
     /// per id once computed.
-    pub(crate) async fn chain(&self, c: &impl GenericClient, s: &Stream) -> Result<Arc<Vec<Segment>>, Fail> {
+    pub(crate) async fn chain(&self, c: &impl GenericClient, s: &Stream) -> Result<Arc<Vec<Segment<u64>>>, Fail> {
         if let Some(chain) = self.cached_chain(s.meta.id) {
             return Ok(chain);
         }
@@ -115,7 +116,7 @@ impl Shared {
             let id = u64_of(r.get(0), "id")?;
             if let Some(p) = parent {
                 let point = r.get::<_, Option<i64>>(1).ok_or(RowError::Range("fork_point"))?;
-                chain = fork_chain(&chain, p, u64_of(point, "fork_point")?);
+                chain = fork_chain(&chain, &p, u64_of(point, "fork_point")?);
             }
             parent = Some(id);
         }
@@ -125,11 +126,11 @@ impl Shared {
         Ok(self.remember_chain(s.meta.id, chain))
     }
 
-    pub(crate) fn cached_chain(&self, id: u64) -> Option<Arc<Vec<Segment>>> {
+    pub(crate) fn cached_chain(&self, id: u64) -> Option<Arc<Vec<Segment<u64>>>> {
         self.chains.lock().unwrap_or_else(|p| p.into_inner()).get(&id).cloned()
     }
 
-    fn remember_chain(&self, id: u64, chain: Vec<Segment>) -> Arc<Vec<Segment>> {
+    fn remember_chain(&self, id: u64, chain: Vec<Segment<u64>>) -> Arc<Vec<Segment<u64>>> {
         let chain = Arc::new(chain);
         let mut map = self.chains.lock().unwrap_or_else(|p| p.into_inner());
         // Bounded: chains are cheap to read again.
@@ -146,22 +147,21 @@ impl Shared {
     pub(crate) async fn scan(
         &self,
         c: &impl GenericClient,
-        chain: &[Segment],
+        chain: &[Segment<u64>],
         id: u64,
         from: Offset,
         tail: Offset,
         max_bytes: usize,
     ) -> Result<Result<(Bytes, Offset, bool), Gap>, Fail> {
         let stmt = c.prepare_cached("SELECT end_off, bytes FROM data WHERE stream_id = $1 AND end_off > $2 ORDER BY end_off LIMIT $3").await?;
-        let own = Segment { id, end: tail.0 };
         let mut out = BytesMut::new();
         let mut pos = from.0;
-        let mut aligned = from.0 == 0 || chain.iter().any(|s| s.end == from.0);
+        let mut aligned = chain::at_boundary(chain, from.0);
         let mut limit: i64 = 8;
-        'segments: for seg in chain.iter().chain(std::iter::once(&own)) {
-            let seg_end = seg.end.min(tail.0);
+        'parts: for part in chain::parts(chain, &id, from.0, tail.0) {
+            let seg_end = part.end;
             while pos < seg_end {
-                let rows = c.query(&stmt, &[&i64_of(seg.id), &i64_of(pos), &limit]).await?;
+                let rows = c.query(&stmt, &[&i64_of(*part.source), &i64_of(pos), &limit]).await?;
                 limit = (limit * 4).min(256);
                 if rows.is_empty() {
                     return Ok(Err(Gap));
@@ -188,7 +188,7 @@ impl Shared {
                     }
                 }
                 if out.len() >= max_bytes {
-                    break 'segments;
+                    break 'parts;
                 }
             }
         }
@@ -197,26 +197,18 @@ impl Shared {
 
     /// The append of stream `id` (through `chain`) that starts exactly at `at`, cut at the
     /// segment boundary it lies in: what a fork sub-offset counts into.
-    pub(crate) async fn append_at(&self, c: &impl GenericClient, chain: &[Segment], id: u64, at: u64, tail: u64) -> Result<Option<Bytes>, Fail> {
-        let own = Segment { id, end: tail };
-        let mut seg_start = 0;
-        for seg in chain.iter().chain(std::iter::once(&own)) {
-            let seg_end = seg.end.min(tail);
-            if at >= seg_start && at < seg_end {
-                let stmt = c.prepare_cached("SELECT end_off, bytes FROM data WHERE stream_id = $1 AND end_off > $2 ORDER BY end_off LIMIT 1").await?;
-                let Some(r) = c.query_opt(&stmt, &[&i64_of(seg.id), &i64_of(at)]).await? else { return Ok(None) };
-                let end = u64_of(r.get(0), "end_off")?;
-                let v: &[u8] = r.get(1);
-                let start = end.saturating_sub(v.len() as u64);
-                if start != at {
-                    return Ok(None);
-                }
-                let hi = usize::try_from(end.min(seg_end) - start).unwrap_or(usize::MAX).min(v.len());
-                return Ok(Some(Bytes::copy_from_slice(&v[..hi])));
-            }
-            seg_start = seg_end;
+    pub(crate) async fn append_at(&self, c: &impl GenericClient, chain: &[Segment<u64>], id: u64, at: u64, tail: u64) -> Result<Option<Bytes>, Fail> {
+        let Some(part) = chain::part_at(chain, &id, at, tail) else { return Ok(None) };
+        let stmt = c.prepare_cached("SELECT end_off, bytes FROM data WHERE stream_id = $1 AND end_off > $2 ORDER BY end_off LIMIT 1").await?;
+        let Some(r) = c.query_opt(&stmt, &[&i64_of(*part.source), &i64_of(at)]).await? else { return Ok(None) };
+        let end = u64_of(r.get(0), "end_off")?;
+        let v: &[u8] = r.get(1);
+        let start = end.saturating_sub(v.len() as u64);
+        if start != at {
+            return Ok(None);
         }
-        Ok(None)
+        let hi = usize::try_from(end.min(part.end) - start).unwrap_or(usize::MAX).min(v.len());
+        Ok(Some(Bytes::copy_from_slice(&v[..hi])))
     }
 
     pub(crate) async fn head(&self, path: &str, now_ms: i64) -> Result<Result<StreamInfo, LookupError>, Fail> {
@@ -284,7 +276,7 @@ impl Shared {
     }
 
     /// The data of a read, shared with every reader asking for the same range now (`flight`).
-    async fn read_shared(&self, path: &str, info: StreamInfo, chain: Arc<Vec<Segment>>, from: Offset, max_bytes: usize) -> Result<Result<ReadChunk, LookupError>, Fail> {
+    async fn read_shared(&self, path: &str, info: StreamInfo, chain: Arc<Vec<Segment<u64>>>, from: Offset, max_bytes: usize) -> Result<Result<ReadChunk, LookupError>, Fail> {
         let key = (info.id, from.0, info.tail.0, max_bytes);
         let (me, id, tail) = (self.me(), info.id, info.tail);
         let scanned = self

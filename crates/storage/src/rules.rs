@@ -299,32 +299,6 @@ pub fn parkable(req: &AppendRequest, err: &AppendError) -> bool {
 // ---------------------------------------------------------------------------------------------
 // Create and fork
 
-/// One inherited piece of a fork's byte range: offsets from the previous segment's `end` (0 for
-/// the first) up to `end` (exclusive) are read from stream `id`'s own data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Segment {
-    pub id: u64,
-    pub end: u64,
-}
-
-/// The inherited segments of a fork of `parent` (whose own inherited segments are
-/// `parent_chain`) at `fork_point`: the parent's view of `[0, fork_point)`.
-pub fn fork_chain(parent_chain: &[Segment], parent_id: u64, fork_point: u64) -> Vec<Segment> {
-    let mut chain = Vec::with_capacity(parent_chain.len() + 1);
-    let mut start = 0;
-    for seg in parent_chain.iter().chain(std::iter::once(&Segment { id: parent_id, end: u64::MAX })) {
-        if start >= fork_point {
-            break;
-        }
-        let end = seg.end.min(fork_point);
-        if end > start {
-            chain.push(Segment { id: seg.id, end });
-        }
-        start = end;
-    }
-    chain
-}
-
 /// A fork request resolved against its source.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ResolvedFork {

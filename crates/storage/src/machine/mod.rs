@@ -14,11 +14,13 @@
 //!   soft deletion does.
 //! - [`parking`]: early producer appends wait for their predecessors, and are released right
 //!   behind them, in the same atomic unit ([`parking::Round`]).
+//! - [`chain`]: which part of which ancestor a read of a fork covers.
 //! - [`transact`]: the order in which a transaction's appends are checked and staged, over an
 //!   engine's [`Appender`].
 //!
 //! Nothing here does I/O or reads a clock.
 
+pub mod chain;
 pub mod parking;
 mod stream;
 

@@ -322,16 +322,6 @@ fn fork_resolution_verdicts() {
 }
 
 #[test]
-fn fork_chains_are_the_parents_view_below_the_fork_point() {
-    let a = fork_chain(&[], 1, 10);
-    assert_eq!(a, vec![Segment { id: 1, end: 10 }]);
-    let b = fork_chain(&a, 2, 15);
-    assert_eq!(b, vec![Segment { id: 1, end: 10 }, Segment { id: 2, end: 15 }]);
-    assert_eq!(fork_chain(&b, 3, 5), vec![Segment { id: 1, end: 5 }]);
-    assert_eq!(fork_chain(&b, 3, 0), vec![]);
-}
-
-#[test]
 fn delete_expiry_and_visibility_verdicts() {
     let mut m = meta("text/plain");
     assert!(matches!(delete(&m, Offset(4), 0, None), Ok(Removal::Remove)));
