@@ -56,7 +56,7 @@
 use oncelog_protocol::digest::{BodyDigest, KeyId};
 use oncelog_protocol::producer::ProducerState;
 use oncelog_protocol::Offset;
-use oncelog_storage::codec::{stream_meta, DecodeError, Decoder, Encoder, ProducerRecord};
+use oncelog_storage::codec::{key_entry, marks, stream_meta, DecodeError, Decoder, Encoder, ProducerRecord};
 use oncelog_storage::{KeyEntry, StreamMeta};
 
 pub const SEGMENT_MAGIC: &[u8; 8] = b"ONCELOG\x01";
@@ -71,10 +71,12 @@ pub const CHECKPOINT: &str = "checkpoint";
 pub const LOCK: &str = "lock";
 pub const CHECKPOINT_TMP: &str = "checkpoint.tmp";
 pub const LOG_DIR: &str = "log";
-const CHECKPOINT_MAGIC: &[u8; 8] = b"ONCECKP\x04";
+const CHECKPOINT_MAGIC: &[u8; 8] = b"ONCECKP\x05";
 /// Checkpoints without engine metadata (and all those written before it existed): the same
 /// without the metadata list. Written whenever the map is empty, so a directory that never used
 /// it stays readable by binaries that predate it.
+const CHECKPOINT_MAGIC_V4: &[u8; 8] = b"ONCECKP\x04";
+/// Layout 3: layout 4 without the metadata list.
 const CHECKPOINT_MAGIC_V3: &[u8; 8] = b"ONCECKP\x03";
 /// Checkpoints written before time marks: the same without the per-stream mark list.
 const CHECKPOINT_MAGIC_V2: &[u8; 8] = b"ONCECKP\x02";
@@ -391,16 +393,19 @@ pub struct CheckpointStream {
 
 /// The state as of frame `lsn`; replay continues at `segment`, file position `pos`.
 ///
-/// Layout: `ONCECKP\x02`, crc32c u32 of the body, body length u64, body: lsn, segment, pos,
+/// Layout: `ONCECKP\x05`, crc32c u32 of the body, body length u64, body: lsn, segment, pos,
 /// next_id, stream count, then per stream: path, metadata (len + [`stream_meta`] bytes), tail,
 /// start, producer count and per producer (id, len + [`ProducerRecord`] bytes), extent count and
 /// per extent (end minus the previous end, segment, position), idempotency key count and per key
-/// (key id u128 little-endian, end, body digest u64 little-endian, time of acceptance), time mark
-/// count and per mark (end minus the previous mark's end, from 0; time in Unix ms). Varints
-/// unless noted; then, in `ONCECKP\x04` only, the metadata entry count and per entry key (len +
-/// bytes) and value (len + bytes), in key order. `ONCECKP\x03` (no metadata) is the same without
-/// that list, `ONCECKP\x02` (before marks) also without the mark list, `ONCECKP\x01` (before
-/// keys) also without the key list; all are still read.
+/// (key id u128 little-endian, len + [`key_entry`] bytes), time marks (len + [`marks`] bytes;
+/// length 0 for none); then the metadata entry count and per entry key (len + bytes) and value
+/// (len + bytes), in key order. Varints unless noted. The engine-neutral parts are in their
+/// shared stored forms (`oncelog_storage::codec`), as PostgreSQL stores them.
+///
+/// Earlier layouts are still read: `ONCECKP\x04` held each key inline (key id, end, digest u64,
+/// time) and the marks inline (count, then per mark the end minus the previous mark's end and
+/// the time); `ONCECKP\x03` is 4 without the metadata list, `ONCECKP\x02` (before marks) also
+/// without the mark list, `ONCECKP\x01` (before keys) also without the key list.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Checkpoint {
     pub lsn: u64,
@@ -439,27 +444,24 @@ impl Checkpoint {
             e.varint(s.keys.len() as u64);
             for (k, entry) in &s.keys {
                 e.0.extend_from_slice(&k.0.to_le_bytes());
-                e.varint(entry.end.0).u64(entry.digest.0).varint(u64::try_from(entry.at_ms).unwrap_or(0));
+                let entry = key_entry::encode(entry);
+                e.varint(entry.len() as u64);
+                e.0.extend_from_slice(&entry);
             }
-            e.varint(s.marks.len() as u64);
-            let mut prev = 0;
-            for m in &s.marks {
-                e.varint(m.end.0.wrapping_sub(prev)).varint(u64::try_from(m.at_ms).unwrap_or(0));
-                prev = m.end.0;
-            }
+            let m = if s.marks.is_empty() { Vec::new() } else { marks::encode(&s.marks) };
+            e.varint(m.len() as u64);
+            e.0.extend_from_slice(&m);
         }
-        if !self.meta.is_empty() {
-            e.varint(self.meta.len() as u64);
-            for (k, v) in &self.meta {
-                e.varint(k.len() as u64);
-                e.0.extend_from_slice(k);
-                e.varint(v.len() as u64);
-                e.0.extend_from_slice(v);
-            }
+        e.varint(self.meta.len() as u64);
+        for (k, v) in &self.meta {
+            e.varint(k.len() as u64);
+            e.0.extend_from_slice(k);
+            e.varint(v.len() as u64);
+            e.0.extend_from_slice(v);
         }
         let body = e.0;
         let mut out = Vec::with_capacity(body.len() + 20);
-        out.extend_from_slice(if self.meta.is_empty() { CHECKPOINT_MAGIC_V3 } else { CHECKPOINT_MAGIC });
+        out.extend_from_slice(CHECKPOINT_MAGIC);
         out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
         out.extend_from_slice(&(body.len() as u64).to_le_bytes());
         out.extend_from_slice(&body);
@@ -469,11 +471,12 @@ impl Checkpoint {
     /// `now_ms` stands in for the activity time of producer records written before it was kept.
     pub fn decode(bytes: &[u8], now_ms: i64) -> Result<Self, DecodeError> {
         let mut d = Decoder(bytes);
-        let (with_keys, with_marks, with_meta) = match d.take(8)? {
-            m if m == CHECKPOINT_MAGIC => (true, true, true),
-            m if m == CHECKPOINT_MAGIC_V3 => (true, true, false),
-            m if m == CHECKPOINT_MAGIC_V2 => (true, false, false),
-            m if m == CHECKPOINT_MAGIC_V1 => (false, false, false),
+        let (layout, with_keys, with_marks, with_meta) = match d.take(8)? {
+            m if m == CHECKPOINT_MAGIC => (5, true, true, true),
+            m if m == CHECKPOINT_MAGIC_V4 => (4, true, true, true),
+            m if m == CHECKPOINT_MAGIC_V3 => (3, true, true, false),
+            m if m == CHECKPOINT_MAGIC_V2 => (2, true, false, false),
+            m if m == CHECKPOINT_MAGIC_V1 => (1, false, false, false),
             _ => return Err(DecodeError::UnknownTag(bytes.first().copied().unwrap_or(0))),
         };
         let crc = d.u32()?;
@@ -520,6 +523,10 @@ impl Checkpoint {
             if with_keys {
                 for _ in 0..d.varint()? {
                     let k = KeyId(u128::from_le_bytes(d.take(16)?.try_into().map_err(|_| DecodeError::Truncated)?));
+                    if layout >= 5 {
+                        keys.push((k, key_entry::decode(var_bytes(&mut d)?)?));
+                        continue;
+                    }
                     let end = Offset(d.varint()?);
                     let digest = BodyDigest(d.u64()?);
                     let at_ms = i64::try_from(d.varint()?).map_err(|_| DecodeError::InvalidValue)?;
@@ -527,7 +534,12 @@ impl Checkpoint {
                 }
             }
             let mut marks = oncelog_storage::TimeMarks::new();
-            if with_marks {
+            if layout >= 5 {
+                let m = var_bytes(&mut d)?;
+                if !m.is_empty() {
+                    marks = marks::decode(m)?;
+                }
+            } else if with_marks {
                 let mut prev = 0u64;
                 for _ in 0..d.varint()? {
                     let end = prev.wrapping_add(d.varint()?);

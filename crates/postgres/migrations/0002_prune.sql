@@ -1,4 +1,4 @@
--- Version 2: writer state that can be pruned. A producer's last activity and a key's time of
+-- Version 2: writer state that can be pruned, and time marks in their tagged form. A producer's last activity and a key's time of
 -- acceptance as columns (both are also inside the encoded state), so the sweep deletes the rows
 -- the rules already treat as absent: producers idle past --producer-state-ttl, keys past
 -- --idempotency-window. Rows written before this version count from the migration (they are
@@ -14,3 +14,7 @@ ALTER TABLE idem_keys ALTER COLUMN at_ms SET NOT NULL;
 -- ones by index. (Producer rows are few per stream and rewritten on every append: no index, so
 -- their updates stay HOT; the sweep scans them, at most once a minute.)
 CREATE INDEX idem_keys_at ON idem_keys (at_ms);
+
+-- Time marks in their tagged stored form (`codec::marks`, tag 0x01 before the same 16-byte
+-- marks as before).
+UPDATE streams SET marks = '\x01'::bytea || marks WHERE marks IS NOT NULL;

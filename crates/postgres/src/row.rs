@@ -80,31 +80,14 @@ pub(crate) fn expiry_columns(e: Expiry) -> (i16, i64) {
     }
 }
 
-/// Time marks as a column: 16 bytes per mark, `end` then `at_ms`, little-endian. `None` for an
-/// empty list (streams without a maximum age keep none).
+/// Time marks as a column ([`oncelog_storage::codec::marks`]); `None` for an empty list
+/// (streams without a maximum age keep none).
 pub(crate) fn encode_marks(marks: &[TimeMark]) -> Option<Vec<u8>> {
-    if marks.is_empty() {
-        return None;
-    }
-    let mut out = Vec::with_capacity(marks.len() * 16);
-    for m in marks {
-        out.extend_from_slice(&m.end.0.to_le_bytes());
-        out.extend_from_slice(&m.at_ms.to_le_bytes());
-    }
-    Some(out)
+    (!marks.is_empty()).then(|| oncelog_storage::codec::marks::encode(marks))
 }
 
 pub(crate) fn decode_marks(b: &[u8]) -> Result<TimeMarks, RowError> {
-    if b.len() % 16 != 0 {
-        return Err(RowError::Range("marks"));
-    }
-    Ok(b.chunks_exact(16)
-        .map(|c| {
-            let (end, at) = c.split_at(8);
-            let word = |s: &[u8]| s.iter().rev().fold(0u64, |acc, b| (acc << 8) | u64::from(*b));
-            TimeMark { end: Offset(word(end)), at_ms: word(at) as i64 }
-        })
-        .collect())
+    oncelog_storage::codec::marks::decode(b).map_err(RowError::from)
 }
 
 /// Whether PostgreSQL can store `s` as `text` (it refuses NUL characters).
@@ -122,6 +105,6 @@ mod tests {
         let bytes = encode_marks(&marks).expect("non-empty");
         assert_eq!(decode_marks(&bytes).expect("decode"), marks);
         assert!(encode_marks(&[]).is_none());
-        assert!(decode_marks(&bytes[..15]).is_err());
+        assert!(decode_marks(&bytes[..16]).is_err());
     }
 }

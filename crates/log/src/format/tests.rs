@@ -120,9 +120,7 @@ proptest! {
         let meta: Vec<(Vec<u8>, bytes::Bytes)> = meta_map.into_iter().map(|(k, v)| (k, bytes::Bytes::from(v))).collect();
         let c = Checkpoint { lsn, segment, pos, next_id, streams, meta };
         let encoded = c.encode();
-        // Version 4 only when there is metadata: a store that never used it stays readable by
-        // binaries from before it.
-        prop_assert_eq!(&encoded[..8], if c.meta.is_empty() { b"ONCECKP\x03" } else { b"ONCECKP\x04" });
+        prop_assert_eq!(&encoded[..8], b"ONCECKP\x05");
         prop_assert_eq!(Checkpoint::decode(&encoded, 0), Ok(c));
     }
 
@@ -201,12 +199,55 @@ fn version_2_checkpoints_decode_without_time_marks() {
     };
     let s = CheckpointStream { path: "s".into(), meta, tail: 5, start: 0, producers: vec![], extents: vec![Extent::new(5, 1, 16)], keys: vec![], marks: vec![] };
     let c = Checkpoint { lsn: 2, segment: 1, pos: 40, next_id: 5, streams: vec![s], meta: Vec::new() };
-    let v3 = c.encode();
-    // A version 2 body is the same without the (here empty: one 0 byte) mark list at the end.
-    let body = &v3[20..v3.len() - 1];
+    let v5 = c.encode();
+    // A version 2 body is the same without the (here empty: one 0 byte each) marks and metadata
+    // list at the end.
+    let body = &v5[20..v5.len() - 2];
     let mut v2 = b"ONCECKP\x02".to_vec();
     v2.extend_from_slice(&crc32c::crc32c(body).to_le_bytes());
     v2.extend_from_slice(&(body.len() as u64).to_le_bytes());
     v2.extend_from_slice(body);
     assert_eq!(Checkpoint::decode(&v2, 0), Ok(c));
+}
+
+/// A checkpoint of layout 4 (keys and marks inline, not in their shared stored forms) still
+/// loads, with the same keys and marks.
+#[test]
+fn version_4_checkpoints_with_inline_keys_and_marks_still_decode() {
+    let meta = StreamMeta {
+        id: 4,
+        created_ms: 1,
+        content_type: "text/plain".into(),
+        expiry: Expiry::Never,
+        closed: false,
+        stream_seq: None,
+        fork: None,
+        soft_deleted: false,
+        earliest: Offset::ZERO,
+        retention: oncelog_storage::RetentionPolicy { max_age_s: Some(60), max_bytes: None },
+        compaction: false,
+    };
+    let key = (KeyId(0x0102_0304), KeyEntry { end: Offset(5), digest: BodyDigest(99), at_ms: 1_000 });
+    let marks = vec![oncelog_storage::TimeMark { end: Offset(3), at_ms: 10 }, oncelog_storage::TimeMark { end: Offset(5), at_ms: 20 }];
+    let m = oncelog_storage::codec::stream_meta::encode(&meta);
+    let mut body = vec![2u8, 1, 40, 5, 1]; // lsn, segment, pos, next id, one stream
+    body.extend_from_slice(&[1, b's', m.len() as u8]);
+    body.extend_from_slice(&m);
+    body.extend_from_slice(&[5, 0, 0, 1, 5, 1, 16]); // tail, start, no producers, one extent
+    body.push(1); // one key, inline
+    body.extend_from_slice(&key.0 .0.to_le_bytes());
+    body.push(5);
+    body.extend_from_slice(&99u64.to_le_bytes());
+    body.extend_from_slice(&[0xe8, 0x07]); // 1000 as a varint
+    body.extend_from_slice(&[2, 3, 10, 2, 20]); // two marks: end deltas and times
+    body.extend_from_slice(&[1, 1, b'k', 1, b'v']); // metadata: k = v
+    let mut v4 = b"ONCECKP\x04".to_vec();
+    v4.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
+    v4.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    v4.extend_from_slice(&body);
+    let c = Checkpoint::decode(&v4, 0).expect("v4 checkpoint");
+    assert_eq!((c.streams[0].keys.clone(), c.streams[0].marks.clone()), (vec![key], marks));
+    assert_eq!(c.meta, vec![(b"k".to_vec(), bytes::Bytes::from_static(b"v"))]);
+    // Written again, it is layout 5 and reads back the same.
+    assert_eq!(Checkpoint::decode(&c.encode(), 0), Ok(c));
 }

@@ -1,5 +1,8 @@
-//! The stored forms of the engine-neutral state ([`crate::StreamMeta`], producer states) and the
-//! small field encoder both Oncelog's engines build their on-disk records with.
+//! The stored forms of the engine-neutral state — stream metadata ([`stream_meta`]), producer
+//! states ([`producer`]), idempotency key entries ([`key_entry`]), retention time marks
+//! ([`marks`]), subscriptions, cursors, the dispatcher lease and the uid sequence
+//! ([`subscription`]) — and the small field encoder both of Oncelog's engines build their
+//! on-disk records with.
 //!
 //! Every value starts with a one-byte tag that names its type *and* version; a decoder refuses a
 //! tag it does not know rather than guessing. Integers are little-endian fixed width inside
@@ -9,6 +12,7 @@
 //! let a field rename silently change it.
 
 pub mod key_entry;
+pub mod marks;
 pub mod producer;
 pub mod stream_meta;
 pub mod subscription;

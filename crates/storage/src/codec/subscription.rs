@@ -11,6 +11,13 @@
 //! varint + strs (absent in records written before outputs existed: none). Strings are u32-length-prefixed UTF-8.
 //!
 //! `Cursor`, tag `0x01`: stream id varint, acked offset varint.
+//!
+//! The dispatcher lease (`lease/dispatcher`), tag `0x01`: holder u64, end (Unix ms) i64.
+//!
+//! The next subscription uid (`seq/subscription`), tag `0x01`: u64. (Before tags it was the bare
+//! u64, 8 bytes: still read.)
+//!
+//! All fixed-width integers little-endian.
 
 use std::collections::BTreeSet;
 
@@ -140,6 +147,40 @@ pub fn decode_cursor(bytes: &[u8]) -> Result<Cursor, DecodeError> {
     Ok(c)
 }
 
+/// The dispatcher lease: who holds it (a node's id) and until when (Unix ms).
+pub fn encode_lease(holder: u64, until_ms: i64) -> Vec<u8> {
+    let mut e = Encoder(Vec::with_capacity(17));
+    e.u8(TAG_V1).u64(holder).i64(until_ms);
+    e.0
+}
+
+pub fn decode_lease(bytes: &[u8]) -> Result<(u64, i64), DecodeError> {
+    let mut d = Decoder(bytes);
+    d.tag(TAG_V1)?;
+    let lease = (d.u64()?, d.i64()?);
+    d.finish()?;
+    Ok(lease)
+}
+
+/// The next subscription uid.
+pub fn encode_uid(next: u64) -> Vec<u8> {
+    let mut e = Encoder(Vec::with_capacity(9));
+    e.u8(TAG_V1).u64(next);
+    e.0
+}
+
+pub fn decode_uid(bytes: &[u8]) -> Result<u64, DecodeError> {
+    if let Ok(bare) = <[u8; 8]>::try_from(bytes) {
+        // Written before tags: the bare u64.
+        return Ok(u64::from_le_bytes(bare));
+    }
+    let mut d = Decoder(bytes);
+    d.tag(TAG_V1)?;
+    let next = d.u64()?;
+    d.finish()?;
+    Ok(next)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,8 +235,19 @@ mod tests {
         }
     }
 
+    proptest! {
+        #[test]
+        fn leases_and_uids_round_trip(holder: u64, until: i64, next: u64) {
+            prop_assert_eq!(decode_lease(&encode_lease(holder, until)), Ok((holder, until)));
+            prop_assert_eq!(decode_uid(&encode_uid(next)), Ok(next));
+            prop_assert_eq!(decode_uid(&next.to_le_bytes()), Ok(next));
+        }
+    }
+
     #[test]
     fn unknown_tags_are_refused() {
+        assert_eq!(decode_lease(&[0x02; 17]), Err(DecodeError::UnknownTag(0x02)));
+        assert_eq!(decode_uid(&[0x02; 9]), Err(DecodeError::UnknownTag(0x02)));
         assert_eq!(decode(&[0x02]), Err(DecodeError::UnknownTag(0x02)));
         assert_eq!(decode_cursor(&[0x09, 0, 0]), Err(DecodeError::UnknownTag(0x09)));
     }

@@ -68,20 +68,6 @@ fn cursor_guard(uid: u64, path: &str, c: Option<&Cursor>) -> Guard {
     (cursor_key(uid, path), c.map(|c| codec::encode_cursor(c).into()))
 }
 
-/// The dispatcher lease's stored form: holder id (u64 LE), end in Unix ms (i64 LE).
-fn encode_lease(holder: u64, until_ms: i64) -> Bytes {
-    let mut v = holder.to_le_bytes().to_vec();
-    v.extend_from_slice(&until_ms.to_le_bytes());
-    v.into()
-}
-
-/// `None` for anything that is not a lease (damage): such a value is simply taken over.
-fn decode_lease(v: &[u8]) -> Option<(u64, i64)> {
-    let holder = u64::from_le_bytes(v.get(..8)?.try_into().ok()?);
-    let until = i64::from_le_bytes(v.get(8..)?.try_into().ok()?);
-    Some((holder, until))
-}
-
 /// Dispatcher holder ids of this process that no live [`Subscriptions`] uses any more.
 static FREE_NODE_IDS: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
 
@@ -454,7 +440,7 @@ impl<E: Engine> Subscriptions<E> {
         }
         let next_uid_stored = self.meta_get(NEXT_UID.as_bytes()).await?;
         let next_uid = match &next_uid_stored {
-            Some(v) => u64::from_le_bytes(v.as_ref().try_into().map_err(|_| SubError::Storage(crate::codec::DecodeError::Truncated.into()))?),
+            Some(v) => codec::decode_uid(v).map_err(corrupt)?,
             None => 1,
         };
         let mut keys = BTreeMap::new();
@@ -561,7 +547,7 @@ impl<E: Engine> Subscriptions<E> {
         // Nobody created this id, nor took this uid, meanwhile (the new uid's cursors are then
         // ours alone).
         let expect = vec![(sub_key(id), None), (NEXT_UID.as_bytes().to_vec(), inner.next_uid_stored.clone())];
-        let next_uid = Bytes::copy_from_slice(&(uid + 1).to_le_bytes());
+        let next_uid = Bytes::from(codec::encode_uid(uid + 1));
         let mut meta = vec![MetaWrite { key: NEXT_UID.as_bytes().to_vec(), value: Some(next_uid.clone()) }];
         meta.extend(entry.cursors.iter().map(|(p, c)| cursor_write(uid, p, c)));
         meta.push(entry.seal());
@@ -1021,12 +1007,13 @@ impl<E: Engine> Subscriptions<E> {
     async fn try_lease(&self, now_ms: i64) -> Result<bool, SubError> {
         let key = LEASE_KEY.as_bytes();
         let stored = self.meta_get(key).await?;
-        match stored.as_deref().and_then(decode_lease) {
+        // Anything that is not a lease (damage) is simply taken over.
+        match stored.as_deref().and_then(|v| codec::decode_lease(v).ok()) {
             Some((holder, until)) if holder == self.node && until.saturating_sub(now_ms) > DISPATCH_LEASE_MS / 2 => return Ok(true),
             Some((holder, until)) if holder != self.node && now_ms < until => return Ok(false),
             _ => {}
         }
-        let value = encode_lease(self.node, now_ms.saturating_add(DISPATCH_LEASE_MS));
+        let value = Bytes::from(codec::encode_lease(self.node, now_ms.saturating_add(DISPATCH_LEASE_MS)));
         let txn = TxnRequest { expect: vec![(key.to_vec(), stored)], meta: vec![MetaWrite { key: key.to_vec(), value: Some(value) }], now_ms, ..Default::default() };
         match self.engine.transact(txn).await {
             Ok(_) => Ok(true),
