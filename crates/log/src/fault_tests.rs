@@ -9,7 +9,8 @@ use tokio::sync::oneshot;
 
 use crate::format;
 use crate::sim::SimFs;
-use crate::store::{self, Command, Group, Mutant, Store, StoreConfig};
+use crate::store::mutant::Mutant;
+use crate::store::{self, Command, Group, Store, StoreConfig};
 use crate::Durability;
 
 fn config() -> StoreConfig {

@@ -2,7 +2,7 @@
 //!
 //! Module map:
 //! - [`fs`]: the file-system trait all I/O goes through, and the real file system;
-//! - [`sim`]: a simulated disk that loses unsynced writes at a power cut (tests);
+//! - `sim` (tests only): a simulated disk that loses unsynced writes at a power cut;
 //! - [`format`]: segments, frames, records and checkpoints — the on-disk format and its
 //!   invariants, written beside the code;
 //! - `store`: the writer's state, the group commit and recovery (synchronous, so a seeded test
@@ -33,7 +33,8 @@ pub mod backup;
 pub mod format;
 pub mod fs;
 mod read;
-pub mod sim;
+#[cfg(test)]
+mod sim;
 mod store;
 #[cfg(test)]
 mod power_loss;
@@ -128,19 +129,24 @@ pub struct LogOptions {
     pub hot_bytes: usize,
     /// Where recovery takes "now" from (the start of every recovered stream's TTL window).
     pub clock: Arc<dyn Clock>,
-    /// Fault injection for tests; production leaves it at the default (inactive).
+    /// Fault injection for tests (feature `failpoints`; absent from other builds).
+    #[cfg(any(test, feature = "failpoints"))]
     pub failpoints: Failpoints,
     /// How long idle producer state counts (`--producer-state-ttl`).
     pub retention: Retention,
 }
 
 /// Switches that make the log fail on purpose, so fail-stop behaviour can be tested through the
-/// server on a real disk. Cheap to clone; all clones share the switches.
+/// server on a real disk. Cheap to clone; all clones share the switches. Only with the feature
+/// `failpoints` (which other crates' tests turn on): a production build has none, and its write
+/// path checks none.
+#[cfg(any(test, feature = "failpoints"))]
 #[derive(Debug, Clone, Default)]
 pub struct Failpoints {
     sync_error: Arc<std::sync::atomic::AtomicBool>,
 }
 
+#[cfg(any(test, feature = "failpoints"))]
 impl Failpoints {
     /// While set, every group commit fails as if `fdatasync` had returned EIO.
     pub fn fail_sync(&self, on: bool) {
@@ -167,6 +173,7 @@ impl LogOptions {
             reclaim_interval: Duration::from_secs(10),
             hot_bytes: 32 << 20,
             clock: Arc::new(SystemClock::default()),
+            #[cfg(any(test, feature = "failpoints"))]
             failpoints: Failpoints::default(),
             retention: Retention::default(),
         }
@@ -218,7 +225,9 @@ impl LogEngine {
             durability: opts.durability,
             segment_bytes: opts.segment_bytes,
             hot_bytes: opts.hot_bytes,
-            mutant: store::Mutant::None,
+            #[cfg(test)]
+            mutant: store::mutant::Mutant::None,
+            #[cfg(any(test, feature = "failpoints"))]
             failpoints: opts.failpoints.clone(),
             retention: opts.retention,
         };

@@ -44,7 +44,8 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::oneshot;
 
 use crate::sim::SimFs;
-use crate::store::{self, Command, Group, Mutant, Store, StoreConfig};
+use crate::store::mutant::Mutant;
+use crate::store::{self, Command, Group, Store, StoreConfig};
 use crate::Durability;
 
 /// The content type of the contract suite's request builders.

@@ -11,7 +11,7 @@ use oncelog_storage::machine::chain;
 use oncelog_storage::StorageError;
 
 use crate::fs::File;
-use crate::store::Shared;
+use crate::store::view::Shared;
 use crate::{backend, LogError};
 
 /// Appends this close together in one segment are read with one `pread` (the gap holds the

@@ -44,8 +44,6 @@ struct Disk {
     dead: bool,
     /// `fdatasync` fails with `EIO` (and loses the unsynced bytes) while set.
     fail_syncs: bool,
-    /// Counts every operation, for choosing cut points.
-    ops: u64,
 }
 
 #[derive(Default, Clone)]
@@ -64,7 +62,6 @@ impl Disk {
         if self.dead || generation.is_some_and(|g| g != self.generation) {
             return Err(dead());
         }
-        self.ops += 1;
         if let Some(n) = self.fail_after.as_mut() {
             if *n == 0 {
                 self.dead = true;
@@ -104,11 +101,6 @@ impl SimFs {
     /// The power goes out now (if it has not already).
     pub fn kill(&self) {
         self.disk().dead = true;
-    }
-
-    /// Operations performed so far.
-    pub fn ops(&self) -> u64 {
-        self.disk().ops
     }
 
     /// Whether the power is out.

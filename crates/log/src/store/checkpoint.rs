@@ -1,0 +1,130 @@
+//! Checkpoints: a consistent snapshot of the writer's state, written on their own thread, and
+//! what is dropped just before one (index entries no reader can reach, orphans).
+
+use std::collections::HashMap;
+
+use oncelog_storage::*;
+
+use crate::format::{self, Checkpoint, CheckpointStream, Extent};
+use crate::fs::Fs;
+
+use super::commit::Group;
+use super::view::View;
+use super::{io_err, Store};
+
+impl Store {
+    /// Drops the index entries no reader can reach any more: those wholly below a stream's
+    /// earliest offset, unless a fork still reads them (a fork pins what it references from its
+    /// earliest offset on). The next checkpoint then no longer lists them, and segments nothing
+    /// listed lives in are deleted after it: the space of trimmed data comes back. Called before
+    /// each checkpoint. Returns the number of entries dropped.
+    pub fn prune_index(&mut self) -> usize {
+        // Each stream's floor: its own earliest offset, lowered by the forks that read it.
+        let mut floor: HashMap<u64, u64> = self.streams.values().map(|w| (w.st.meta.id, w.st.meta.earliest.0)).collect();
+        for w in self.streams.values() {
+            let reads_from = w.st.meta.earliest.0;
+            let mut lo = 0;
+            for seg in &w.shared.chain {
+                if reads_from < seg.end {
+                    let pin = lo.max(reads_from);
+                    floor.entry(seg.source.id).and_modify(|f| *f = (*f).min(pin));
+                }
+                lo = seg.end;
+            }
+        }
+        let mut dropped = 0;
+        for w in self.streams.values() {
+            let f = floor.get(&w.st.meta.id).copied().unwrap_or(0);
+            if f == 0 {
+                continue;
+            }
+            let Ok(mut d) = w.shared.data.write() else { continue };
+            let n = d.extents.partition_point(|x| x.end <= f);
+            if n > 0 {
+                d.start = d.extents[n - 1].end;
+                d.extents.drain(..n);
+                dropped += n;
+            }
+        }
+        dropped
+    }
+
+    /// A consistent snapshot of the state as of the last committed frame (call between groups).
+    pub fn snapshot(&self) -> Checkpoint {
+        let streams = self
+            .streams
+            .iter()
+            .map(|(path, w)| {
+                let (start, extents) = w.shared.data.read().map(|d| (d.start, d.extents.clone())).unwrap_or_default();
+                CheckpointStream {
+                    path: path.to_string(),
+                    meta: w.st.meta.clone(),
+                    tail: w.st.tail.0,
+                    start,
+                    producers: w.st.producers.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                    extents,
+                    keys: w.st.keys.iter().flat_map(|m| m.iter().map(|(k, e)| (*k, *e))).collect(),
+                    marks: w.st.marks.clone(),
+                }
+            })
+            .collect();
+        let meta = self.meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        Checkpoint { lsn: self.lsn, segment: self.active_no, pos: self.active_len, next_id: self.next_id, streams, meta }
+    }
+
+    /// Removes soft-deleted streams no fork references any more (cannot normally happen: a
+    /// fork's removal takes its source along in the same frame).
+    pub fn collect_orphans(&mut self) {
+        let orphans: Vec<String> =
+            self.streams.iter().filter(|(_, w)| w.st.meta.soft_deleted && w.shared.forks() == 0).map(|(p, _)| p.to_string()).collect();
+        if orphans.is_empty() {
+            return;
+        }
+        let mut g = Group::new();
+        for p in orphans {
+            self.remove(&p, &mut g);
+        }
+        self.count_streams();
+        let failure = self.commit(&mut g);
+        self.finish(g, failure);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints
+
+/// Writes `cp` atomically (temporary file, sync, rename, directory sync), then deletes every
+/// segment before the checkpoint's that no stream's data lies in any more.
+pub(crate) fn write_checkpoint(fs: &dyn Fs, view: &View, cp: &Checkpoint) -> Result<usize, StorageError> {
+    // Every frame the checkpoint covers must be on disk before the checkpoint is (with
+    // `--fsync false` they may not be yet).
+    let active = view.segments.read().map_err(|_| StorageError::Poisoned)?.get(&cp.segment).cloned();
+    if let Some(f) = active {
+        f.sync_data().map_err(|e| io_err("sync the log before a checkpoint", e))?;
+    }
+    let bytes = cp.encode();
+    // A leftover temporary file is unlinked, not truncated: a crash between a rename and its
+    // directory sync may leave that name on the installed checkpoint's own inode.
+    if fs.exists(format::CHECKPOINT_TMP).map_err(|e| io_err("inspect the data directory", e))? {
+        fs.remove(format::CHECKPOINT_TMP).map_err(|e| io_err("remove a leftover checkpoint", e))?;
+    }
+    let tmp = fs.open(format::CHECKPOINT_TMP, true).map_err(|e| io_err("create the checkpoint", e))?;
+    tmp.set_len(0).map_err(|e| io_err("write the checkpoint", e))?;
+    tmp.write_all_at(&bytes, 0).map_err(|e| io_err("write the checkpoint", e))?;
+    tmp.sync_data().map_err(|e| io_err("sync the checkpoint", e))?;
+    fs.rename(format::CHECKPOINT_TMP, format::CHECKPOINT).map_err(|e| io_err("install the checkpoint", e))?;
+    fs.sync_dir("").map_err(|e| io_err("sync the data directory", e))?;
+    let live: std::collections::BTreeSet<u64> = cp.streams.iter().flat_map(|s| s.extents.iter().map(Extent::segment)).collect();
+    let dead: Vec<u64> = match view.segments.read() {
+        Ok(segs) => segs.keys().copied().filter(|n| *n < cp.segment && !live.contains(n)).collect(),
+        Err(_) => return Err(StorageError::Poisoned),
+    };
+    for n in &dead {
+        // Readers that already hold the file keep reading it; the space returns when they finish.
+        if let Ok(mut segs) = view.segments.write() {
+            segs.remove(n);
+        }
+        fs.remove(&format::segment_name(*n)).map_err(|e| io_err("remove a log segment", e))?;
+    }
+    Ok(dead.len())
+}

@@ -1,0 +1,179 @@
+//! What readers share with the writer, per stream and store-wide: the published state (only
+//! durable effects reach it), the index of appends with the hot tail, and the counters.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use bytes::Bytes;
+use oncelog_protocol::Offset;
+use oncelog_storage::machine::chain::Segment;
+use oncelog_storage::*;
+use tokio::sync::Notify;
+
+use crate::format::Extent;
+use crate::fs::File;
+
+/// The published, reader-visible state of a stream: only durable effects reach it. Kept packed
+/// in one `AtomicU64` ([`PublishedCell`]): offsets stay below 2^54.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Published {
+    pub tail: Offset,
+    pub closed: bool,
+    /// Fully removed: waiters end with 404.
+    pub deleted: bool,
+    /// Deleted by its owner while forks still read it: 410 on its path.
+    pub soft_deleted: bool,
+}
+
+const CLOSED: u64 = 1 << 63;
+const DELETED: u64 = 1 << 62;
+const SOFT_DELETED: u64 = 1 << 61;
+const TAIL_MASK: u64 = (1 << 61) - 1;
+
+/// [`Published`] in one word, with a [`Notify`] that wakes live readers when it changes: per
+/// stream about 40 bytes, where a `tokio::sync::watch` channel took several hundred (it matters
+/// at a million streams).
+pub(crate) struct PublishedCell {
+    word: AtomicU64,
+    changed: Notify,
+}
+
+impl PublishedCell {
+    fn new(p: Published) -> Self {
+        PublishedCell { word: AtomicU64::new(Self::pack(p)), changed: Notify::new() }
+    }
+
+    fn pack(p: Published) -> u64 {
+        (p.tail.0 & TAIL_MASK)
+            | if p.closed { CLOSED } else { 0 }
+            | if p.deleted { DELETED } else { 0 }
+            | if p.soft_deleted { SOFT_DELETED } else { 0 }
+    }
+
+    pub fn get(&self) -> Published {
+        let w = self.word.load(Ordering::Acquire);
+        Published { tail: Offset(w & TAIL_MASK), closed: w & CLOSED != 0, deleted: w & DELETED != 0, soft_deleted: w & SOFT_DELETED != 0 }
+    }
+
+    /// Changes the state (writer only) and wakes every waiting reader.
+    pub(super) fn modify(&self, f: impl FnOnce(&mut Published)) {
+        let mut p = self.get();
+        f(&mut p);
+        self.word.store(Self::pack(p), Ordering::Release);
+        self.changed.notify_waiters();
+    }
+
+    /// Waits until the state is not `seen` any more, or `deadline`. Returns the state then.
+    pub async fn changed_from(&self, seen: Published, deadline: tokio::time::Instant) -> Published {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            // Registered before the state is read again, so a change in between is not missed.
+            notified.as_mut().enable();
+            let now = self.get();
+            if now != seen {
+                return now;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.get();
+            }
+        }
+    }
+}
+
+/// Where a stream's bytes are, for readers. Appended to after each durable commit, before the
+/// new tail is published, so a reader that saw a tail finds every byte below it here.
+pub(crate) struct StreamData {
+    /// Where the stream's own data begins: 0, or a fork's fork point.
+    pub start: u64,
+    /// One per append, in offset order.
+    pub extents: Vec<Extent>,
+    /// The newest appends' bytes (start offset, bytes), shared with every live reader: N readers
+    /// of a stream cost no storage read and no copy. Bounded by the store-wide hot budget.
+    pub hot: VecDeque<(u64, Bytes)>,
+}
+
+/// Per-stream entry shared by readers.
+pub(crate) struct Shared {
+    pub id: u64,
+    pub config: StreamConfig,
+    /// For a fork: each ancestor's byte range it reads, oldest first
+    /// ([`oncelog_storage::machine::chain`]). Holding the ancestors keeps their index alive
+    /// exactly as long as a fork reads it.
+    pub chain: Vec<Segment<Arc<Shared>>>,
+    /// Forks of this stream that still exist (a stream with forks is soft-deleted, not removed).
+    pub forks: AtomicUsize,
+    /// Tail and closure, published after each durable commit; live readers wait on it.
+    pub state: PublishedCell,
+    /// Last read or write (Unix ms), for the sliding TTL. Memory only: a read never writes.
+    pub last_access_ms: AtomicI64,
+    /// Where reads may start (raised by a trim once it is durable).
+    pub earliest: AtomicU64,
+    pub data: RwLock<StreamData>,
+}
+
+impl Shared {
+    pub fn info(&self) -> StreamInfo {
+        let p = self.state.get();
+        StreamInfo { id: self.id, config: self.config.clone(), tail: p.tail, closed: p.closed, earliest: Offset(self.earliest.load(Ordering::Acquire)) }
+    }
+
+    pub fn touch(&self, now_ms: i64) {
+        self.last_access_ms.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    pub fn expired(&self, now_ms: i64) -> bool {
+        rules::expired(self.config.expiry, self.last_access_ms.load(Ordering::Relaxed), now_ms)
+    }
+
+    pub fn forks(&self) -> usize {
+        self.forks.load(Ordering::Relaxed)
+    }
+}
+
+/// Reader-visible state of the whole store, shared by the writer, the readers and the
+/// checkpointer.
+#[derive(Default)]
+pub(crate) struct View {
+    pub streams: RwLock<HashMap<Arc<str>, Arc<Shared>>>,
+    /// Every segment file still on disk, open once (no descriptor per stream).
+    pub segments: RwLock<std::collections::BTreeMap<u64, Arc<dyn File>>>,
+}
+
+/// Shared between the writer, the checkpointer and the engine handle.
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub streams: AtomicU64,
+    pub producers: AtomicU64,
+    /// Producer appends that waited for their predecessors (the parking lot counts them).
+    pub parked: Arc<AtomicU64>,
+    /// Why writes stopped, once they have (set by the writer or by background work).
+    pub failure: Mutex<Option<String>>,
+}
+
+impl Counters {
+    pub fn fail(&self, why: String) {
+        if let Ok(mut slot) = self.failure.lock() {
+            slot.get_or_insert(why);
+        }
+    }
+
+    pub fn failed(&self) -> bool {
+        self.failure.lock().map_or(true, |s| s.is_some())
+    }
+}
+
+pub(super) fn new_shared(meta: &StreamMeta, tail: Offset, chain: Vec<Segment<Arc<Shared>>>, forks: usize, now_ms: i64, data: StreamData) -> Arc<Shared> {
+    let state = PublishedCell::new(Published { tail, closed: meta.closed, deleted: false, soft_deleted: meta.soft_deleted });
+    Arc::new(Shared {
+        id: meta.id,
+        config: meta.config(),
+        chain,
+        forks: AtomicUsize::new(forks),
+        state,
+        last_access_ms: AtomicI64::new(now_ms),
+        earliest: AtomicU64::new(meta.earliest.0),
+        data: RwLock::new(data),
+    })
+}
