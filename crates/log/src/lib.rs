@@ -196,7 +196,7 @@ struct Inner {
 }
 
 impl LogEngine {
-    /// A read of up to about `max_bytes` (exactly, when `bounded`: see [`Engine::read_bounded`]).
+    /// A read of up to about `max_bytes` (exactly, when `bounded`: see [`ReadRequest::bounded`]).
     async fn read_planned(&self, path: &str, from: Offset, max_bytes: usize, bounded: bool, now_ms: i64) -> Result<ReadChunk, LookupError> {
         let shared = self.lookup(path, now_ms)?;
         shared.touch(now_ms);
@@ -457,12 +457,11 @@ impl Engine for LogEngine {
         Ok(self.lookup(path, now_ms)?.info())
     }
 
-    async fn read(&self, path: &str, from: Offset, max_bytes: usize, now_ms: i64) -> Result<ReadChunk, LookupError> {
-        self.read_planned(path, from, max_bytes, false, now_ms).await
-    }
-
-    async fn read_bounded(&self, path: &str, from: Offset, max_bytes: usize, now_ms: i64) -> Result<ReadChunk, LookupError> {
-        self.read_planned(path, from, max_bytes.max(1), true, now_ms).await
+    /// Reads afresh from memory whether or not a wait woke the reader (`req.seen` saves this
+    /// engine nothing); a bounded read reads only the part of an append it returns.
+    async fn read(&self, req: ReadRequest<'_>) -> Result<ReadChunk, LookupError> {
+        let max_bytes = if req.bounded { req.max_bytes.max(1) } else { req.max_bytes };
+        self.read_planned(req.path, req.from, max_bytes, req.bounded, req.now_ms).await
     }
 
     async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {

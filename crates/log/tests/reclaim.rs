@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use oncelog_log::{Durability, LogEngine, LogOptions};
 use oncelog_protocol::Offset;
 use oncelog_storage::contract::{append_req, create, create_req, fork_req};
-use oncelog_storage::{AppendRequest, Engine};
+use oncelog_storage::{AppendRequest, Engine, ReadRequest};
 
 const PIECE: usize = 32 << 10;
 
@@ -48,7 +48,7 @@ fn a_trim_gives_space_back_but_not_what_a_fork_reads() {
         }
         let after = log_bytes(dir.path());
         assert!(after <= before / 4, "{before} bytes before the trim, {after} after");
-        let kept = e.read("big", Offset(tail.0 - 2 * PIECE as u64), 1 << 20, 0).await.expect("read");
+        let kept = e.read(ReadRequest::new("big", Offset(tail.0 - 2 * PIECE as u64), 1 << 20, 0)).await.expect("read");
         assert_eq!(kept.data.len(), 2 * PIECE);
 
         // A fork of an early point keeps that range readable through trims of its source.
@@ -56,15 +56,15 @@ fn a_trim_gives_space_back_but_not_what_a_fork_reads() {
         let src_tail = fill(&e, "src", 40).await;
         let point = Offset(8 * PIECE as u64);
         create(&e, fork_req("f", "src", Some(point.0), 0)).await;
-        let early = e.read("f", Offset::ZERO, 1 << 20, 0).await.expect("read").data;
+        let early = e.read(ReadRequest::new("f", Offset::ZERO, 1 << 20, 0)).await.expect("read").data;
         e.trim("src", src_tail, 0).await.expect("trim");
         fill(&e, "big", 20).await; // more writing, more segments, more checkpoints
         tokio::time::sleep(Duration::from_millis(200)).await;
         e.shutdown().await.expect("shutdown");
         drop(e);
         let e = LogEngine::open(opts(dir.path())).expect("reopen");
-        assert_eq!(e.read("f", Offset::ZERO, 1 << 20, 0).await.expect("the fork still reads its range").data, early);
-        assert!(e.read("src", Offset::ZERO, 1, 0).await.is_err(), "the source itself is trimmed");
+        assert_eq!(e.read(ReadRequest::new("f", Offset::ZERO, 1 << 20, 0)).await.expect("the fork still reads its range").data, early);
+        assert!(e.read(ReadRequest::new("src", Offset::ZERO, 1, 0)).await.is_err(), "the source itself is trimmed");
     });
 }
 
@@ -126,7 +126,7 @@ fn a_gigabyte_trimmed_to_its_last_10_mb_leaves_under_100_mb_while_appends_contin
         println!("space: {written} bytes before the trim, {after} bytes {took:?} after it; {ticks} appends meanwhile");
         assert!(after < 100 << 20, "{after} bytes after {took:?} (bound: 100 MB within {limit:?})");
         assert!(ticks > 0);
-        let last = e.read("big", Offset(tail.0 - keep), 1 << 30, 0).await.expect("the kept 10 MiB");
+        let last = e.read(ReadRequest::new("big", Offset(tail.0 - keep), 1 << 30, 0)).await.expect("the kept 10 MiB");
         assert_eq!(last.data.len() as u64, keep);
         assert_eq!(e.head("live", 0).await.expect("head").tail, Offset(ticks * 5));
     });

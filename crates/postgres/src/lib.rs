@@ -449,13 +449,15 @@ impl Engine for PgEngine {
         retry!(self.shared(), self.shared().head(path, now_ms))
     }
 
-    async fn read(&self, path: &str, from: Offset, max_bytes: usize, now_ms: i64) -> Result<ReadChunk, LookupError> {
-        retry!(self.shared(), self.shared().read(path, from, max_bytes, now_ms))
-    }
-
-    async fn read_woken(&self, path: &str, from: Offset, max_bytes: usize, bounded: bool, seen: &StreamInfo, now_ms: i64) -> Result<ReadChunk, LookupError> {
-        let chunk = retry!(self.shared(), self.shared().read_woken(path, from, max_bytes, seen, now_ms))?;
-        Ok(if bounded { chunk.cut_to(max_bytes) } else { chunk })
+    /// A woken reader's read takes the stream's state from what its wait saw (no row read); a
+    /// bounded read reads whole rows and cuts the answer (rows are not read in part yet).
+    async fn read(&self, req: ReadRequest<'_>) -> Result<ReadChunk, LookupError> {
+        let ReadRequest { path, from, max_bytes, now_ms, .. } = req;
+        let chunk = match req.seen {
+            Some(seen) => retry!(self.shared(), self.shared().read_woken(path, from, max_bytes, seen, now_ms))?,
+            None => retry!(self.shared(), self.shared().read(path, from, max_bytes.max(1), now_ms))?,
+        };
+        Ok(if req.bounded { chunk.cut_to(max_bytes) } else { chunk })
     }
 
     async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {

@@ -417,7 +417,7 @@ async fn trim<E: Engine>(
     let to = to.to_str().ok().and_then(|v| Offset::parse(v.trim()).ok()).ok_or(RequestError::Offset(oncelog_protocol::offset::OffsetError::Malformed))?;
     refuse_writes(st, req_headers, body).await?;
     if content_type::is_json(&info.config.content_type) && to > info.earliest && to <= info.tail {
-        let chunk = st.engine.read(path, to, 1, st.clock.now_ms()).await?;
+        let chunk = st.engine.read(oncelog_storage::ReadRequest::new(path, to, 1, st.clock.now_ms())).await?;
         if !chunk.aligned {
             return Err(RequestError::OffsetInsideMessage.into());
         }

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use oncelog_protocol::headers::names;
 use oncelog_protocol::sse::{self, Control, DataEncoding};
 use oncelog_protocol::{content_type, cursor, json, Offset, OffsetParam};
-use oncelog_storage::{Engine, ReadChunk, StreamInfo, WaitOutcome};
+use oncelog_storage::{Engine, ReadChunk, ReadRequest, StreamInfo, WaitOutcome};
 
 use crate::error::ApiError;
 use crate::handlers::{respond, start_offset};
@@ -44,7 +44,7 @@ pub async fn get<E: Engine>(
     let from = start_offset(q.offset, &info)?;
     match q.live {
         Live::CatchUp => {
-            let chunk = aligned(st.engine.read(path, from, st.config.max_read_bytes, now_ms).await?)?;
+            let chunk = aligned(st.engine.read(ReadRequest::new(path, from, st.config.max_read_bytes, now_ms)).await?)?;
             Ok(render_chunk(&chunk, from, q.offset == OffsetParam::Now, None, req_headers))
         }
         Live::LongPoll => long_poll(st, path, &q, from, info, req_headers, access).await,
@@ -76,11 +76,14 @@ async fn sse_read<E: Engine>(
     now_ms: i64,
 ) -> Result<ReadChunk, oncelog_storage::LookupError> {
     let max = if json { st.config.max_read_bytes } else { st.config.max_read_bytes.min(SSE_READ_BYTES) };
-    match seen {
-        Some(seen) => st.engine.read_woken(path, from, max, !json, seen, now_ms).await,
-        None if json => st.engine.read(path, from, max, now_ms).await,
-        None => st.engine.read_bounded(path, from, max, now_ms).await,
+    let mut req = ReadRequest::new(path, from, max, now_ms);
+    if !json {
+        req = req.bounded();
     }
+    if let Some(seen) = seen {
+        req = req.after(seen);
+    }
+    st.engine.read(req).await
 }
 
 /// A JSON stream can be read only from offsets that are message boundaries (those the engine
@@ -204,10 +207,10 @@ async fn long_poll<E: Engine>(
             WaitOutcome::Changed(i) if i.tail > from => i,
             WaitOutcome::Changed(i) | WaitOutcome::TimedOut(i) => return Ok(no_content(&i, cursor)),
         };
-        let chunk = aligned(st.engine.read_woken(path, from, st.config.max_read_bytes, false, &seen, st.clock.now_ms()).await?)?;
+        let chunk = aligned(st.engine.read(ReadRequest::new(path, from, st.config.max_read_bytes, st.clock.now_ms()).after(&seen)).await?)?;
         return Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers));
     }
-    let chunk = aligned(st.engine.read(path, from, st.config.max_read_bytes, st.clock.now_ms()).await?)?;
+    let chunk = aligned(st.engine.read(ReadRequest::new(path, from, st.config.max_read_bytes, st.clock.now_ms())).await?)?;
     Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers))
 }
 

@@ -74,7 +74,7 @@ pub async fn compact<E: Engine>(e: &E, path: &str, now_ms: i64) -> Result<Compac
         let mut folded = Materialized::default();
         let mut at = info.earliest;
         loop {
-            let chunk = match e.read(path, at, READ_BYTES, now_ms).await {
+            let chunk = match e.read(ReadRequest::new(path, at, READ_BYTES, now_ms)).await {
                 Ok(c) => c,
                 Err(err) => match from_lookup(err) {
                     Some(c) => return Err(c),

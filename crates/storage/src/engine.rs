@@ -378,6 +378,46 @@ pub enum LookupError {
     Storage(#[from] StorageError),
 }
 
+/// A read ([`Engine::read`]): one request type for every kind of read.
+#[derive(Debug, Clone, Copy)]
+pub struct ReadRequest<'a> {
+    pub path: &'a str,
+    pub from: Offset,
+    /// About this many bytes: whole appends, at least one when data exists (JSON stays
+    /// message-aligned); with `bounded`, never more (at least one byte when data exists).
+    pub max_bytes: usize,
+    /// `max_bytes` is a hard limit and the answer may end inside an append. For byte streams
+    /// only (a JSON reader needs whole messages). A live reader that stops reading holds one such
+    /// chunk, so what it can pin does not grow with the size of the appends; an engine that can
+    /// read part of an append should, rather than read it whole and cut it
+    /// ([`ReadChunk::cut_to`]).
+    pub bounded: bool,
+    /// A live reader that [`Engine::wait`] just woke: what the wait saw (its
+    /// `WaitOutcome::Changed` info). The engine may take the stream's state from it instead of
+    /// looking it up again, so the answer is as of `seen` or later (a database engine saves one
+    /// query per woken reader: with many readers per stream, most of its work).
+    pub seen: Option<&'a StreamInfo>,
+    /// Unix milliseconds, from the caller's clock (expiry; a read slides the TTL).
+    pub now_ms: i64,
+}
+
+impl<'a> ReadRequest<'a> {
+    /// A read of whole appends.
+    pub fn new(path: &'a str, from: Offset, max_bytes: usize, now_ms: i64) -> ReadRequest<'a> {
+        ReadRequest { path, from, max_bytes, bounded: false, seen: None, now_ms }
+    }
+
+    /// The same read, bounded (see [`ReadRequest::bounded`]).
+    pub fn bounded(self) -> ReadRequest<'a> {
+        ReadRequest { bounded: true, ..self }
+    }
+
+    /// The same read by a reader a wait woke with `seen` (see [`ReadRequest::seen`]).
+    pub fn after(self, seen: &'a StreamInfo) -> ReadRequest<'a> {
+        ReadRequest { seen: Some(seen), ..self }
+    }
+}
+
 /// Bytes read from a stream.
 #[derive(Debug, Clone)]
 pub struct ReadChunk {
@@ -392,8 +432,8 @@ pub struct ReadChunk {
 }
 
 impl ReadChunk {
-    /// The chunk cut to at most `max_bytes` (at least one), possibly inside an append: what
-    /// [`Engine::read_bounded`] answers.
+    /// The chunk cut to at most `max_bytes` (at least one), possibly inside an append: what a
+    /// bounded read ([`ReadRequest::bounded`]) answers.
     pub fn cut_to(mut self, max_bytes: usize) -> ReadChunk {
         let max_bytes = max_bytes.max(1);
         if self.data.len() > max_bytes {
@@ -505,54 +545,9 @@ pub trait Engine: Housekeeping {
     /// Metadata without sliding the TTL. Reflects every acknowledged write.
     fn head(&self, path: &str, now_ms: i64) -> impl Future<Output = Result<StreamInfo, LookupError>> + Send;
 
-    /// Reads from `from` up to about `max_bytes` (at least one whole append when data exists).
-    fn read(
-        &self,
-        path: &str,
-        from: Offset,
-        max_bytes: usize,
-        now_ms: i64,
-    ) -> impl Future<Output = Result<ReadChunk, LookupError>> + Send;
-
-    /// Like [`Engine::read`], but never more than `max_bytes` (at least one byte when data
-    /// exists): it may end inside an append. For byte streams only (a JSON reader needs whole
-    /// messages). A live reader that stops reading holds one such chunk, so what it can pin does
-    /// not grow with the size of the appends. The default reads as [`Engine::read`] and cuts the
-    /// answer: right, but it does not save the memory; engines that can read part of an append
-    /// should do so.
-    fn read_bounded(
-        &self,
-        path: &str,
-        from: Offset,
-        max_bytes: usize,
-        now_ms: i64,
-    ) -> impl Future<Output = Result<ReadChunk, LookupError>> + Send {
-        async move { Ok(self.read(path, from, max_bytes.max(1), now_ms).await?.cut_to(max_bytes)) }
-    }
-
-    /// A read by a live reader that [`Engine::wait`] just woke with `seen` (its
-    /// `WaitOutcome::Changed` info): the engine may take the stream's state from `seen` instead
-    /// of looking it up again, so the answer is as of `seen` or later (a database engine saves
-    /// one query per woken reader: with many readers per stream, most of its work). `bounded`:
-    /// as [`Engine::read_bounded`], else as [`Engine::read`]. The default reads afresh.
-    fn read_woken(
-        &self,
-        path: &str,
-        from: Offset,
-        max_bytes: usize,
-        bounded: bool,
-        seen: &StreamInfo,
-        now_ms: i64,
-    ) -> impl Future<Output = Result<ReadChunk, LookupError>> + Send {
-        let _ = seen;
-        async move {
-            if bounded {
-                self.read_bounded(path, from, max_bytes, now_ms).await
-            } else {
-                self.read(path, from, max_bytes, now_ms).await
-            }
-        }
-    }
+    /// Reads from `req.from` up to about `req.max_bytes` (at least one whole append when data
+    /// exists), or exactly at most that with `req.bounded`; see [`ReadRequest`].
+    fn read(&self, req: ReadRequest<'_>) -> impl Future<Output = Result<ReadChunk, LookupError>> + Send;
 
     /// Waits until the tail passes `after` or the stream closes, at most `timeout`.
     fn wait(

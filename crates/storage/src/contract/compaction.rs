@@ -20,7 +20,7 @@ async fn materialise<E: Engine>(e: &E, path: &str) -> (Materialized, Offset) {
     let earliest = e.head(path, 0).await.expect("head").earliest;
     let (mut state, mut at) = (Materialized::default(), earliest);
     loop {
-        let c = e.read(path, at, 1 << 20, 0).await.expect("read");
+        let c = e.read(ReadRequest::new(path, at, 1 << 20, 0)).await.expect("read");
         state.fold(&c.data).expect("State Protocol messages");
         at = c.next;
         if c.up_to_date() {
@@ -67,7 +67,7 @@ pub async fn compaction_replaces_the_history_with_a_snapshot<H: Harness>() {
         let e = h.engine();
         let (state, earliest) = materialise(e, "s").await;
         assert_eq!((state, earliest), (whole.clone(), tail), "round {round}: the snapshot folds to the same state");
-        let gone = e.read("s", Offset::ZERO, 1 << 20, 0).await;
+        let gone = e.read(ReadRequest::new("s", Offset::ZERO, 1 << 20, 0)).await;
         assert!(matches!(gone, Err(LookupError::Trimmed { earliest }) if earliest == tail), "round {round}: {gone:?}");
         // Producer state outlives the history: a retry of the first append is still a duplicate.
         let dup = append(e, first.clone()).await;

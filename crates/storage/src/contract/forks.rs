@@ -27,7 +27,7 @@ pub async fn fork_chains_read_through_their_ancestors<H: Harness>() {
         assert_eq!(read_all(e, "b", 3).await, "0123BB");
         assert_eq!(read_all(e, "c", 1).await, "0123BC");
         // A read that starts inside an inherited append returns its remainder.
-        let r = e.read("c", Offset(2), 1 << 20, 0).await.expect("read");
+        let r = e.read(ReadRequest::new("c", Offset(2), 1 << 20, 0)).await.expect("read");
         assert!(r.data.starts_with(b"23"));
         // The source goes on independently.
         h.reopen().await;
@@ -58,7 +58,7 @@ pub async fn fork_sub_offsets_count_bytes_or_messages<H: Harness>() {
     // 2 messages into the append at 0: `1,` and `{"k":"a,b"},`.
     let f = create(e, fork_req("jf", "json", Some(0), 2)).await;
     assert_eq!(f.tail, Offset(14));
-    let r = e.read("jf", Offset::ZERO, 1 << 20, 0).await.expect("read");
+    let r = e.read(ReadRequest::new("jf", Offset::ZERO, 1 << 20, 0)).await.expect("read");
     assert_eq!(&r.data[..], b"1,{\"k\":\"a,b\"},");
     assert!(matches!(e.create(fork_req("x", "json", Some(0), 4)).await, Err(CreateError::SubOffsetOvershoot)));
     assert!(matches!(e.create(fork_req("x", "bytes", Some(5), 6)).await, Err(CreateError::SubOffsetOvershoot)));
@@ -93,7 +93,7 @@ pub async fn soft_delete_keeps_data_for_forks_and_cascades<H: Harness>() {
     // Deleting the middle of a chain: its path answers 410 and stays reserved; its fork still reads.
     e.delete("b", 0).await.expect("delete b");
     assert!(matches!(e.head("b", 0).await, Err(LookupError::Gone)));
-    assert!(matches!(e.read("b", Offset::ZERO, 10, 0).await, Err(LookupError::Gone)));
+    assert!(matches!(e.read(ReadRequest::new("b", Offset::ZERO, 10, 0)).await, Err(LookupError::Gone)));
     assert!(matches!(e.append(append_req("b", "x")).await, Err(AppendError::Gone)));
     assert!(matches!(e.delete("b", 0).await, Err(LookupError::Gone)));
     assert!(matches!(e.create(create_req("b", "text/plain")).await, Err(CreateError::PathReserved)));

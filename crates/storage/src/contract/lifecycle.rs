@@ -15,18 +15,18 @@ pub async fn reads_page_through_whole_appends<H: Harness>() {
         append(e, append_req("s", w)).await;
     }
     // A small page still returns at least one whole append, and never splits one.
-    let c = e.read("s", Offset::ZERO, 1, 0).await.expect("read");
+    let c = e.read(ReadRequest::new("s", Offset::ZERO, 1, 0)).await.expect("read");
     assert_eq!((&c.data[..], c.next, c.up_to_date()), (&b"alpha"[..], Offset(5), false));
-    let c = e.read("s", Offset(5), 6, 0).await.expect("read");
+    let c = e.read(ReadRequest::new("s", Offset(5), 6, 0)).await.expect("read");
     assert!(c.data.starts_with(b"beta") && c.next.0 == 5 + c.data.len() as u64);
     // From inside an append: its remainder, then whole appends.
-    let c = e.read("s", Offset(2), 1 << 20, 0).await.expect("read");
+    let c = e.read(ReadRequest::new("s", Offset(2), 1 << 20, 0)).await.expect("read");
     assert_eq!((&c.data[..], c.next, c.up_to_date()), (&b"phabetagammadelta"[..], Offset(19), true));
     // At the tail: empty and up to date.
-    let c = e.read("s", Offset(19), 1 << 20, 0).await.expect("read");
+    let c = e.read(ReadRequest::new("s", Offset(19), 1 << 20, 0)).await.expect("read");
     assert!(c.data.is_empty() && c.up_to_date() && c.next == Offset(19));
     assert_eq!(read_all(e, "s", 7).await, "alphabetagammadelta");
-    assert!(matches!(e.read("nope", Offset::ZERO, 10, 0).await, Err(LookupError::NotFound)));
+    assert!(matches!(e.read(ReadRequest::new("nope", Offset::ZERO, 10, 0)).await, Err(LookupError::NotFound)));
 }
 
 pub async fn bounded_reads_may_end_inside_an_append<H: Harness>() {
@@ -44,7 +44,7 @@ pub async fn bounded_reads_may_end_inside_an_append<H: Harness>() {
             let mut at = Offset::ZERO;
             let mut got = Vec::new();
             loop {
-                let c = e.read_bounded("s", at, page, 0).await.expect("read");
+                let c = e.read(ReadRequest::new("s", at, page, 0).bounded()).await.expect("read");
                 assert!(c.data.len() <= page, "round {round}: {} bytes for a page of {page}", c.data.len());
                 assert_eq!(c.next.0, at.0 + c.data.len() as u64, "next is where the bytes end");
                 got.extend_from_slice(&c.data);
@@ -56,7 +56,7 @@ pub async fn bounded_reads_may_end_inside_an_append<H: Harness>() {
             }
             assert_eq!(String::from_utf8(got).expect("utf-8"), whole, "page {page}, round {round}");
         }
-        let c = e.read_bounded("s", Offset(2), 4, 0).await.expect("read");
+        let c = e.read(ReadRequest::new("s", Offset(2), 4, 0).bounded()).await.expect("read");
         assert_eq!((&c.data[..], c.next), (&b"phab"[..], Offset(6)));
         h.reopen().await;
     }
@@ -81,14 +81,14 @@ pub async fn trims_move_the_earliest_offset_forward<H: Harness>() {
     for round in 0..2 {
         let e = h.engine();
         assert_eq!(e.head("s", 0).await.expect("head").earliest, Offset(3), "round {round}");
-        assert!(matches!(e.read("s", Offset(0), 1 << 20, 0).await, Err(LookupError::Trimmed { earliest: Offset(3) })), "round {round}");
-        assert_eq!(&e.read("s", Offset(3), 1 << 20, 0).await.expect("read").data[..], b"def", "round {round}");
+        assert!(matches!(e.read(ReadRequest::new("s", Offset(0), 1 << 20, 0)).await, Err(LookupError::Trimmed { earliest: Offset(3) })), "round {round}");
+        assert_eq!(&e.read(ReadRequest::new("s", Offset(3), 1 << 20, 0)).await.expect("read").data[..], b"def", "round {round}");
         // Producer state is not affected: a retry of the trimmed append is still its duplicate.
         let dup = append(e, produce("s", "abc", "p", 0, 0)).await;
         assert_eq!((dup.status, dup.next_offset), (AppendStatus::Duplicate, Offset(3)), "round {round}");
         let fork = e.head("f", 0).await.expect("fork");
         assert_eq!(fork.earliest, Offset(3), "round {round}");
-        assert_eq!(&e.read("f", Offset(3), 1 << 20, 0).await.expect("read").data[..], b"d", "round {round}");
+        assert_eq!(&e.read(ReadRequest::new("f", Offset(3), 1 << 20, 0)).await.expect("read").data[..], b"d", "round {round}");
         h.reopen().await;
     }
 }
@@ -101,7 +101,7 @@ pub async fn ttl_and_absolute_expiry<H: Harness>() {
     create(e, CreateRequest { expiry: Some(Expiry::At(t0 + 5_000)), now_ms: t0, ..create_req("at", "text/plain") }).await;
     create(e, CreateRequest { now_ms: t0, ..create_req("forever", "text/plain") }).await;
     // A read slides the TTL window; head does not.
-    e.read("ttl", Offset::ZERO, 10, t0 + 8_000).await.expect("read");
+    e.read(ReadRequest::new("ttl", Offset::ZERO, 10, t0 + 8_000)).await.expect("read");
     e.head("ttl", t0 + 17_000).await.expect("still there: last access at +8 s");
     assert!(matches!(e.head("at", t0 + 5_000).await, Err(LookupError::NotFound)));
     // An append slides it too.
@@ -110,7 +110,7 @@ pub async fn ttl_and_absolute_expiry<H: Harness>() {
     append(e, a).await;
     e.head("ttl", t0 + 27_499).await.expect("last access at +17.5 s");
     assert!(matches!(e.head("ttl", t0 + 27_500).await, Err(LookupError::NotFound)));
-    assert!(matches!(e.read("ttl", Offset::ZERO, 10, t0 + 27_500).await, Err(LookupError::NotFound)));
+    assert!(matches!(e.read(ReadRequest::new("ttl", Offset::ZERO, 10, t0 + 27_500)).await, Err(LookupError::NotFound)));
     // The sweep removes what expired; the path can be created afresh.
     let n = e.expire(t0 + 30_000).await.expect("expire");
     assert_eq!(n, 2, "ttl and at expired, forever did not");
@@ -124,7 +124,7 @@ pub async fn ttl_and_absolute_expiry<H: Harness>() {
     assert!(matches!(e.head("src", t0 + 40_000).await, Err(LookupError::Gone)));
     e.expire(t0 + 40_000).await.expect("expire");
     assert!(matches!(e.head("src", t0 + 40_001).await, Err(LookupError::Gone)));
-    let r = e.read("f", Offset::ZERO, 1 << 20, t0 + 40_001).await.expect("fork reads on");
+    let r = e.read(ReadRequest::new("f", Offset::ZERO, 1 << 20, t0 + 40_001)).await.expect("fork reads on");
     assert_eq!(&r.data[..], b"abc");
 }
 
@@ -241,15 +241,15 @@ pub async fn reads_say_whether_they_start_at_a_minted_offset<H: Harness>() {
     append(e, append_req("s", "abc")).await;
     append(e, append_req("s", "defg")).await;
     for (from, aligned) in [(0, true), (1, false), (3, true), (5, false), (7, true)] {
-        let c = e.read("s", Offset(from), 1 << 20, 0).await.expect("read");
+        let c = e.read(ReadRequest::new("s", Offset(from), 1 << 20, 0)).await.expect("read");
         assert_eq!(c.aligned, aligned, "read from {from}");
     }
     // A fork point cut inside an append is minted too, for the fork.
     create(e, fork_req("f", "s", Some(3), 2)).await;
     append(e, append_req("f", "xy")).await;
-    let c = e.read("f", Offset(5), 1 << 20, 0).await.expect("read");
+    let c = e.read(ReadRequest::new("f", Offset(5), 1 << 20, 0)).await.expect("read");
     assert!(c.aligned && &c.data[..] == b"xy", "{c:?}");
-    assert!(!e.read("f", Offset(4), 1 << 20, 0).await.expect("read").aligned);
+    assert!(!e.read(ReadRequest::new("f", Offset(4), 1 << 20, 0)).await.expect("read").aligned);
 }
 
 pub async fn reads_after_a_wait_see_at_least_what_it_saw<H: Harness>() {
@@ -258,30 +258,30 @@ pub async fn reads_after_a_wait_see_at_least_what_it_saw<H: Harness>() {
     create(e, create_req("s", "text/plain")).await;
     append(e, append_req("s", "abc")).await;
     // An ordinary read first (an engine may remember what it learned from it).
-    assert_eq!(&e.read("s", Offset::ZERO, 64, 0).await.expect("read").data[..], b"abc");
+    assert_eq!(&e.read(ReadRequest::new("s", Offset::ZERO, 64, 0)).await.expect("read").data[..], b"abc");
     let (w, _) = tokio::join!(e.wait("s", Offset(3), Duration::from_secs(5), 0), async {
         tokio::time::sleep(Duration::from_millis(30)).await;
         append(e, append_req("s", "defg")).await
     });
     let Ok(WaitOutcome::Changed(seen)) = w else { panic!("{w:?}") };
-    let c = e.read_woken("s", Offset(3), 1 << 20, false, &seen, 0).await.expect("read");
+    let c = e.read(ReadRequest::new("s", Offset(3), 1 << 20, 0).after(&seen)).await.expect("read");
     assert_eq!((&c.data[..], c.next, c.up_to_date()), (&b"defg"[..], Offset(7), true));
-    let c = e.read_woken("s", Offset(3), 2, true, &seen, 0).await.expect("bounded read");
+    let c = e.read(ReadRequest::new("s", Offset(3), 2, 0).bounded().after(&seen)).await.expect("bounded read");
     assert_eq!((&c.data[..], c.next), (&b"de"[..], Offset(5)), "bounded: cut inside the append");
-    let c = e.read_woken("s", Offset(7), 64, false, &seen, 0).await.expect("read at the tail");
+    let c = e.read(ReadRequest::new("s", Offset(7), 64, 0).after(&seen)).await.expect("read at the tail");
     assert!(c.data.is_empty() && c.up_to_date());
     // What the wait saw bounds nothing below it: a later trim still answers.
     e.trim("s", Offset(3), 0).await.expect("trim");
     let seen = e.head("s", 0).await.expect("head");
-    assert!(matches!(e.read_woken("s", Offset(1), 64, false, &seen, 0).await, Err(LookupError::Trimmed { earliest: Offset(3) })));
+    assert!(matches!(e.read(ReadRequest::new("s", Offset(1), 64, 0).after(&seen)).await, Err(LookupError::Trimmed { earliest: Offset(3) })));
     // A fork's woken reader reads through its source.
     create(e, fork_req("f", "s", Some(5), 0)).await;
-    assert_eq!(&e.read("f", Offset(3), 64, 0).await.expect("read").data[..], b"de");
+    assert_eq!(&e.read(ReadRequest::new("f", Offset(3), 64, 0)).await.expect("read").data[..], b"de");
     let (w, _) = tokio::join!(e.wait("f", Offset(5), Duration::from_secs(5), 0), async {
         tokio::time::sleep(Duration::from_millis(30)).await;
         append(e, append_req("f", "XY")).await
     });
     let Ok(WaitOutcome::Changed(seen)) = w else { panic!("{w:?}") };
-    let c = e.read_woken("f", Offset(3), 64, false, &seen, 0).await.expect("fork read");
+    let c = e.read(ReadRequest::new("f", Offset(3), 64, 0).after(&seen)).await.expect("fork read");
     assert_eq!((&c.data[..], c.next), (&b"deXY"[..], Offset(7)));
 }

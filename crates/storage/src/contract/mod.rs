@@ -256,7 +256,7 @@ pub async fn read_all<E: Engine>(e: &E, path: &str, page: usize) -> String {
     // From the earliest offset: everything still readable.
     let mut at = e.head(path, 0).await.expect("head").earliest;
     loop {
-        let c = e.read(path, at, page, 0).await.expect("read");
+        let c = e.read(ReadRequest::new(path, at, page, 0)).await.expect("read");
         assert!(c.next >= at, "reads never go backwards");
         out.extend_from_slice(&c.data);
         at = c.next;

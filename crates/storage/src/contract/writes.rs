@@ -336,7 +336,7 @@ pub async fn closure<H: Harness>() {
     assert_eq!((out.status, out.next_offset, out.closed), (AppendStatus::Appended, Offset(4), true));
     let info = e.head("s", 0).await.expect("head");
     assert!(info.closed && info.tail == Offset(4));
-    let c = e.read("s", Offset(4), 1 << 20, 0).await.expect("read at tail");
+    let c = e.read(ReadRequest::new("s", Offset(4), 1 << 20, 0)).await.expect("read at tail");
     assert!(c.info.closed && c.up_to_date() && c.data.is_empty());
     assert!(matches!(e.append(append_req("s", "x")).await, Err(AppendError::Closed { tail: Offset(4) })));
     // Close-only on an open stream writes the closure alone.
@@ -389,7 +389,7 @@ pub async fn framing_must_match_the_stream_type<H: Harness>() {
     let r = e.append(json(Bytes::from_static(b"{\"a\":1}"), false)).await;
     assert!(matches!(r, Err(AppendError::FramingMismatch)), "{r:?}");
     append(e, json(json_framed(&["{\"a\":1}", "2"]), true)).await;
-    let c = e.read("j", Offset::ZERO, 1 << 20, 0).await.expect("read");
+    let c = e.read(ReadRequest::new("j", Offset::ZERO, 1 << 20, 0)).await.expect("read");
     assert_eq!(&c.data[..], b"{\"a\":1},2,");
     // The other way round: framed bytes never enter a byte stream.
     create(e, create_req("b", "text/plain")).await;
