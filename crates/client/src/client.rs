@@ -1,18 +1,15 @@
-//! [`Client`]: connection pool, base URL, headers, timeouts, and the one place requests are sent,
-//! retried and turned into typed errors.
+//! [`Client`]: connection pool, base URL, headers, timeouts, and the one place requests are sent
+//! and retried (what a request is, and how an answer reads, is the `http` module's).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use oncelog_protocol::headers::{closed_flag, names};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, Url};
 
 use crate::error::{is_transient_status, status_means_not_processed, Error};
-use crate::offset::StreamOffset;
+use crate::http::{retry_after, Request};
 use crate::retry::{Backoff, Jitter, RetryPolicy, SystemJitter};
-use crate::stream::StreamHandle;
 
 /// Called before every request (retries included) to add headers, for example a fresh
 /// `Authorization` token. It must be quick: refresh tokens in the background and read the latest.
@@ -116,12 +113,6 @@ impl Client {
         Client::builder(base_url).build()
     }
 
-    /// A handle on the stream at `path` (relative to the base URL; a leading `/` is ignored).
-    /// Nothing is sent until an operation is called.
-    pub fn stream(&self, path: &str) -> StreamHandle {
-        StreamHandle::new(self.clone(), self.stream_url(path))
-    }
-
     /// The base URL.
     pub fn base_url(&self) -> &Url {
         &self.inner.base
@@ -153,17 +144,6 @@ impl Client {
 
     pub(crate) fn long_poll_timeout(&self) -> Duration {
         self.inner.long_poll_timeout
-    }
-
-    fn stream_url(&self, path: &str) -> Url {
-        let mut url = self.inner.base.clone();
-        if let Ok(mut segs) = url.path_segments_mut() {
-            segs.pop_if_empty();
-            for seg in path.trim_start_matches('/').split('/') {
-                segs.push(seg);
-            }
-        }
-        url
     }
 
     /// Sends `req` once: no retry, no status mapping.
@@ -198,7 +178,7 @@ impl Client {
     /// Sends `req`, retrying under `policy` whatever is transient and safe to repeat: network
     /// errors (on idempotent requests, or when the request never left), `5xx`/`408`/`429` (on
     /// idempotent requests; `429`/`503` on any). Returns the final response whatever its status;
-    /// [`error_from_response`] maps failures.
+    /// [`crate::http::error_from_response`] maps failures.
     pub(crate) async fn send(&self, req: &Request, policy: &RetryPolicy) -> Result<reqwest::Response, Error> {
         self.send_noting(req, policy, &mut false).await
     }
@@ -372,143 +352,12 @@ impl ClientBuilder {
     }
 }
 
-/// One request, kept whole so that it can be sent again.
-#[derive(Debug, Clone)]
-pub(crate) struct Request {
-    /// HTTP method.
-    pub method: Method,
-    /// Full URL, query included (per-request query parameters are added at send time).
-    pub url: Url,
-    /// Operation headers (they override default and provided headers of the same name).
-    pub headers: HeaderMap,
-    /// Body; empty means none.
-    pub body: Bytes,
-    /// Total time allowed; `None` for streaming responses (SSE).
-    pub timeout: Option<Duration>,
-    /// Whether repeating the request cannot apply it twice.
-    pub idempotent: bool,
-}
-
-impl Request {
-    pub(crate) fn new(method: Method, url: Url, idempotent: bool, timeout: Option<Duration>) -> Request {
-        Request { method, url, headers: HeaderMap::new(), body: Bytes::new(), timeout, idempotent }
-    }
-
-    /// Adds a header whose name and value are known to be valid.
-    pub(crate) fn header(&mut self, name: &'static str, value: &str) -> Result<(), Error> {
-        let v = HeaderValue::from_str(value).map_err(|_| Error::invalid(format!("invalid value for header {name}: {value:?}")))?;
-        self.headers.insert(HeaderName::from_static(name), v);
-        Ok(())
-    }
-}
-
-/// What kind of operation a failed response answered; it decides what a `409` means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
-    Create,
-    Append { stream_seq: bool },
-    Other,
-}
-
-/// A header as text, when present and valid UTF-8.
-pub(crate) fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim)
-}
-
-/// A header as an unsigned integer, when present and well-formed.
-pub(crate) fn header_u64(headers: &HeaderMap, name: &str) -> Option<u64> {
-    header_str(headers, name).and_then(|v| v.parse().ok())
-}
-
-/// `Stream-Next-Offset`, which every successful answer carries.
-pub(crate) fn next_offset(headers: &HeaderMap) -> Result<StreamOffset, Error> {
-    match header_str(headers, names::STREAM_NEXT_OFFSET) {
-        Some(v) if !v.is_empty() => Ok(StreamOffset::new(v)),
-        _ => Err(Error::InvalidResponse("response has no Stream-Next-Offset header".into())),
-    }
-}
-
-/// `Retry-After` in seconds (the HTTP-date form is not used by Durable Streams servers).
-pub(crate) fn retry_after(headers: &HeaderMap) -> Option<Duration> {
-    header_u64(headers, "retry-after").map(Duration::from_secs)
-}
-
-/// Reads at most a short prefix of an error body: the server's one-line reason.
-async fn reason(resp: reqwest::Response) -> String {
-    const LIMIT: usize = 512;
-    let bytes = resp.bytes().await.unwrap_or_default();
-    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(LIMIT)]);
-    text.lines().next().unwrap_or("").trim().to_owned()
-}
-
-/// Maps a non-success response to its typed error.
-pub(crate) async fn error_from_response(resp: reqwest::Response, op: Op, idempotent: bool) -> Error {
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    match status {
-        404 => return Error::NotFound { url: resp.url().as_str().to_owned() },
-        410 => {
-            // Oncelog's trims and retention answer with where the stream starts now; a
-            // soft-deleted stream's 410 has no such header.
-            if let Some(earliest) = header_str(&headers, names::STREAM_EARLIEST_OFFSET).filter(|v| !v.is_empty()) {
-                return Error::Trimmed { earliest: StreamOffset::new(earliest) };
-            }
-        }
-        409 if closed_flag(header_str(&headers, names::STREAM_CLOSED)) => {
-            return Error::StreamClosed { final_offset: next_offset(&headers).ok() };
-        }
-        412 => {
-            return match next_offset(&headers) {
-                Ok(current) => Error::PreconditionFailed { current, closed: closed_flag(header_str(&headers, names::STREAM_CLOSED)) },
-                Err(e) => e,
-            };
-        }
-        _ => {}
-    }
-    if status == 409 && header_str(&headers, names::PRODUCER_CONFLICT) == Some("body-mismatch") {
-        if let (Some(epoch), Some(seq)) = (header_u64(&headers, names::PRODUCER_EPOCH), header_u64(&headers, names::PRODUCER_SEQ)) {
-            return Error::BodyMismatch { epoch, seq };
-        }
-    }
-    if status == 409 {
-        if let (Some(expected), Some(received)) = (
-            header_u64(&headers, names::PRODUCER_EXPECTED_SEQ),
-            header_u64(&headers, names::PRODUCER_RECEIVED_SEQ),
-        ) {
-            return Error::SequenceGap { expected, received };
-        }
-    }
-    let message = reason(resp).await;
-    match (status, op) {
-        (400, _) => Error::BadRequest { message },
-        (410, _) => Error::Gone { message },
-        (413, _) => Error::PayloadTooLarge { message },
-        (422, Op::Append { .. }) => Error::IdempotencyKeyMismatch { message },
-        (409, Op::Create) => Error::ConfigMismatch { message },
-        (409, Op::Append { stream_seq: true }) if !message.to_ascii_lowercase().contains("content") => {
-            Error::StreamSeqConflict { message }
-        }
-        (409, _) => Error::Conflict { message },
-        _ => Error::Status {
-            status,
-            message,
-            retry_after: retry_after(&headers),
-            retry_safe: idempotent || status_means_not_processed(status),
-        },
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn stream_urls_join_and_escape() {
-        let c = Client::new("http://127.0.0.1:1/v1/stream").expect("client");
-        assert_eq!(c.stream("a/b").url().as_str(), "http://127.0.0.1:1/v1/stream/a/b");
-        assert_eq!(c.stream("/x y").url().as_str(), "http://127.0.0.1:1/v1/stream/x%20y");
-        let c = Client::new("http://127.0.0.1:1/").expect("client");
-        assert_eq!(c.stream("/s").url().as_str(), "http://127.0.0.1:1/s");
+    fn base_urls_and_ca_certificates_are_checked() {
         assert!(Client::new("not a url").is_err());
         assert!(Client::new("mailto:x@y").is_err());
         assert!(Client::new("https://example.com/v1/stream").is_ok());

@@ -7,23 +7,27 @@
 //! [`futures_util::Stream`] of [`Chunk`]s, and the [`Producer`], which batches, pipelines and
 //! retries appends without ever writing one twice.
 //!
-//! Module map:
-//! - [`client`]: [`Client`] and its builder; the one place requests are sent, retried and turned
-//!   into typed errors.
-//! - [`stream`]: [`StreamHandle`] and the plain operations' options and results.
-//! - [`read`]: catch-up, long-poll and SSE readers as a `Stream` of chunks, and typed JSON
-//!   messages on top.
-//! - [`sse`]: an incremental Server-Sent-Events parser and the control-event payload.
-//! - [`producer`]: the exactly-once [`Producer`]: batching, pipelining, retries, fencing, epoch
-//!   persistence.
-//! - [`subscription`]: subscriptions, pull-wake claims and transactional commits (outputs and
-//!   acks in one atomic step, fenced by the wake's generation).
+//! Module map, from the top down; each module builds only on those below it:
 //! - [`webhook`]: checking webhook signatures against the server's JWKS; a delivery's wake as a
 //!   [`Claim`].
+//! - [`subscription`]: subscriptions, pull-wake claims and transactional commits (outputs and
+//!   acks in one atomic step, fenced by the wake's generation).
+//! - [`producer`]: the exactly-once [`Producer`]: batching, pipelining, retries, fencing, epoch
+//!   persistence; [`StreamHandle::producer`] starts one.
+//! - [`read`]: catch-up, long-poll and SSE readers as a `Stream` of chunks, and typed JSON
+//!   messages on top; [`StreamHandle::read`] starts one.
+//! - [`stream`]: [`StreamHandle`] (from [`Client::stream`]) and the plain operations' options and
+//!   results.
+//! - [`client`]: [`Client`] and its builder; the one place requests are sent and retried.
+//! - `http` (crate-private): a request kept whole for resending, reading an answer's headers,
+//!   and mapping a failed answer to its typed error.
+//! - [`sse`]: an incremental Server-Sent-Events parser and the control-event payload.
 //! - [`retry`]: exponential backoff with jitter; randomness behind the [`retry::Jitter`] trait.
+//! - [`error`]: [`Error`], which says whether a failure is transient and whether a retry is safe.
+//! - [`key`]: idempotency keys: time-ordered ones for writers without a sequence counter, and the
+//!   random one a plain append carries.
 //! - [`offset`]: opaque offset tokens and read start positions, convertible to and from the
 //!   protocol crate's [`oncelog_protocol::Offset`].
-//! - [`error`]: [`Error`], which says whether a failure is transient and whether a retry is safe.
 //!
 //! # Producing, exactly once
 //!
@@ -106,6 +110,7 @@
 
 pub mod client;
 pub mod error;
+mod http;
 pub mod key;
 pub mod offset;
 pub mod producer;

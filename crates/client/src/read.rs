@@ -1,4 +1,5 @@
-//! Readers: catch-up, long-poll and SSE reads as a [`futures_util::Stream`] of [`Chunk`]s.
+//! Readers: catch-up, long-poll and SSE reads as a [`futures_util::Stream`] of [`Chunk`]s,
+//! started by [`StreamHandle::read`].
 //!
 //! A reader starts at any [`ReadFrom`] position and keeps its place in the stream itself: each
 //! response's `Stream-Next-Offset` (or SSE `streamNextOffset`) becomes the next request's offset,
@@ -26,8 +27,8 @@ use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, CONTENT_TYPE};
 use reqwest::Method;
 use serde::de::{DeserializeOwned, IgnoredAny};
 
-use crate::client::{error_from_response, header_str, next_offset, Op, Request};
 use crate::error::Error;
+use crate::http::{error_from_response, header_str, next_offset, Op, Request};
 use crate::offset::{ReadFrom, StreamOffset};
 use crate::retry::{Backoff, RetryPolicy};
 use crate::sse::{ControlEvent, SseParser};
@@ -160,8 +161,17 @@ impl std::fmt::Debug for ChunkStream {
     }
 }
 
+// Here rather than in stream.rs, so that the handle, which readers use, never names the reader.
+impl StreamHandle {
+    /// A reader: a [`futures_util::Stream`] of [`crate::Chunk`]s from `opts.from`, in the mode
+    /// `opts.live` chooses. See [`crate::read`].
+    pub fn read(&self, opts: ReadOptions) -> ChunkStream {
+        ChunkStream::new(self.clone(), opts)
+    }
+}
+
 impl ChunkStream {
-    pub(crate) fn new(handle: StreamHandle, opts: ReadOptions) -> ChunkStream {
+    fn new(handle: StreamHandle, opts: ReadOptions) -> ChunkStream {
         let status = Arc::new(Mutex::new(ReadStatus {
             offset: match &opts.from {
                 ReadFrom::Offset(o) => Some(o.clone()),

@@ -1,5 +1,7 @@
 //! [`StreamHandle`]: one stream's URL and the plain operations on it (create, append, close,
-//! delete, head), plus the entry points to readers and producers.
+//! delete, head, trim, compact), and [`Client::stream`], which makes one. Readers
+//! ([`StreamHandle::read`]) and producers ([`StreamHandle::producer`]) build on a handle in
+//! their own modules.
 
 use std::sync::{Arc, Mutex};
 
@@ -8,11 +10,10 @@ use oncelog_protocol::headers::{closed_flag, names};
 use reqwest::header::{HeaderMap, CONTENT_TYPE};
 use reqwest::{Method, Url};
 
-use crate::client::{error_from_response, header_str, header_u64, next_offset, Client, Op, Request};
+use crate::client::Client;
 use crate::error::{status_means_not_processed, Error};
+use crate::http::{error_from_response, header_str, header_u64, next_offset, Op, Request};
 use crate::offset::StreamOffset;
-use crate::producer::ProducerBuilder;
-use crate::read::{ChunkStream, ReadOptions};
 use crate::retry::Backoff;
 
 /// A handle on one stream. Cheap to clone; nothing is sent until an operation is called.
@@ -167,8 +168,29 @@ pub struct StreamInfo {
     pub state_compaction: bool,
 }
 
+// Here rather than in client.rs, so that the client, which every stream operation uses, never
+// names the handle built on it.
+impl Client {
+    /// A handle on the stream at `path` (relative to the base URL; a leading `/` is ignored).
+    /// Nothing is sent until an operation is called.
+    pub fn stream(&self, path: &str) -> StreamHandle {
+        StreamHandle::new(self.clone(), self.stream_url(path))
+    }
+
+    fn stream_url(&self, path: &str) -> Url {
+        let mut url = self.base_url().clone();
+        if let Ok(mut segs) = url.path_segments_mut() {
+            segs.pop_if_empty();
+            for seg in path.trim_start_matches('/').split('/') {
+                segs.push(seg);
+            }
+        }
+        url
+    }
+}
+
 impl StreamHandle {
-    pub(crate) fn new(client: Client, url: Url) -> StreamHandle {
+    fn new(client: Client, url: Url) -> StreamHandle {
         StreamHandle { client, url, content_type: Arc::new(Mutex::new(None)) }
     }
 
@@ -461,15 +483,18 @@ impl StreamHandle {
         self.set_content_type(info.content_type.clone());
         Ok(info)
     }
+}
 
-    /// A reader: a [`futures_util::Stream`] of [`crate::Chunk`]s from `opts.from`, in the mode
-    /// `opts.live` chooses. See [`crate::read`].
-    pub fn read(&self, opts: ReadOptions) -> ChunkStream {
-        ChunkStream::new(self.clone(), opts)
-    }
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-    /// Starts configuring an exactly-once [`crate::Producer`] with this producer id.
-    pub fn producer(&self, producer_id: impl Into<String>) -> ProducerBuilder {
-        ProducerBuilder::new(self.clone(), producer_id.into())
+    #[test]
+    fn stream_urls_join_and_escape() {
+        let c = Client::new("http://127.0.0.1:1/v1/stream").expect("client");
+        assert_eq!(c.stream("a/b").url().as_str(), "http://127.0.0.1:1/v1/stream/a/b");
+        assert_eq!(c.stream("/x y").url().as_str(), "http://127.0.0.1:1/v1/stream/x%20y");
+        let c = Client::new("http://127.0.0.1:1/").expect("client");
+        assert_eq!(c.stream("/s").url().as_str(), "http://127.0.0.1:1/s");
     }
 }

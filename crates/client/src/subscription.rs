@@ -17,8 +17,9 @@ use reqwest::Method;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::client::{Client, Request};
+use crate::client::Client;
 use crate::error::Error;
+use crate::http::Request;
 use crate::offset::StreamOffset;
 
 /// How a subscription announces work.

@@ -17,9 +17,10 @@ use ed25519_dalek::{Signature, VerifyingKey};
 use reqwest::Method;
 use serde_json::Value;
 
-use crate::client::{Client, Request};
+use crate::client::Client;
+use crate::error::Error;
+use crate::http::Request;
 use crate::subscription::{Claim, Subscriptions};
-use crate::Error;
 
 /// The server's webhook signing keys by key id, from its JWKS (`__ds/jwks.json`).
 #[derive(Debug, Clone, Default)]

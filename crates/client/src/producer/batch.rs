@@ -1,12 +1,26 @@
 //! Batching: items accumulate in an open batch until a size or count limit, the linger time, a
-//! flush or a close seals it into one request body.
+//! flush or a close seals it into one request body; and the [`Ack`] each item's waiter is told.
 
 use bytes::Bytes;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::Ack;
 use crate::error::Error;
+use crate::offset::StreamOffset;
+
+/// How an appended item ended: stored, in the batch `(epoch, seq)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ack {
+    /// The stream's offset after the batch that carried the item (for a duplicate older than the
+    /// server's receipt window, a later offset).
+    pub next_offset: StreamOffset,
+    /// The batch's epoch.
+    pub epoch: u64,
+    /// The batch's sequence number.
+    pub seq: u64,
+    /// Whether the server had already stored the batch (an earlier attempt's answer was lost).
+    pub duplicate: bool,
+}
 
 /// Who is told how an item (or a close) ended.
 pub(crate) type Waiter = oneshot::Sender<Result<Ack, Error>>;

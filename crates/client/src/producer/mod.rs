@@ -45,7 +45,9 @@ use serde::de::IgnoredAny;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, OnceCell, Semaphore, TryAcquireError};
 
+pub use batch::Ack;
 pub use epoch::{EpochStore, FileEpochStore};
+pub use pipeline::ProducerStats;
 
 use crate::error::Error;
 use crate::offset::StreamOffset;
@@ -54,20 +56,6 @@ use crate::stream::StreamHandle;
 use batch::Limits;
 use pipeline::{Cmd, Counters, Pipeline, Settings, Shared};
 use transport::{HttpTransport, Transport};
-
-/// How an appended item ended: stored, in the batch `(epoch, seq)`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ack {
-    /// The stream's offset after the batch that carried the item (for a duplicate older than the
-    /// server's receipt window, a later offset).
-    pub next_offset: StreamOffset,
-    /// The batch's epoch.
-    pub epoch: u64,
-    /// The batch's sequence number.
-    pub seq: u64,
-    /// Whether the server had already stored the batch (an earlier attempt's answer was lost).
-    pub duplicate: bool,
-}
 
 /// The future outcome of one append. Dropping it does not cancel the append.
 #[derive(Debug)]
@@ -82,23 +70,6 @@ impl Future for Receipt {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Pin::new(&mut self.rx).poll(cx).map(|r| r.unwrap_or(Err(Error::ProducerClosed)))
     }
-}
-
-/// Counters for observing a producer (tests print them).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ProducerStats {
-    /// Batches sealed.
-    pub batches: u64,
-    /// HTTP requests sent, retries included.
-    pub requests: u64,
-    /// Requests that repeated an earlier attempt of the same `(epoch, seq)`.
-    pub retries: u64,
-    /// `409` sequence gaps that made a batch wait for its predecessors.
-    pub gap_waits: u64,
-    /// `204` duplicates (a retry of something already stored).
-    pub duplicates: u64,
-    /// Epochs claimed by auto-claim.
-    pub epoch_claims: u64,
 }
 
 /// Configures and starts a [`Producer`]; from [`StreamHandle::producer`].
@@ -131,8 +102,17 @@ pub struct ProducerBuilder {
     jitter: Option<Arc<dyn Jitter>>,
 }
 
+// Here rather than in stream.rs, so that the handle, which the producer uses, never names the
+// producer.
+impl StreamHandle {
+    /// Starts configuring an exactly-once [`Producer`] with this producer id.
+    pub fn producer(&self, producer_id: impl Into<String>) -> ProducerBuilder {
+        ProducerBuilder::new(self.clone(), producer_id.into())
+    }
+}
+
 impl ProducerBuilder {
-    pub(crate) fn new(handle: StreamHandle, producer_id: String) -> ProducerBuilder {
+    fn new(handle: StreamHandle, producer_id: String) -> ProducerBuilder {
         ProducerBuilder {
             handle,
             producer_id,

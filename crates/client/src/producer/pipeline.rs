@@ -1,5 +1,5 @@
 //! The producer's engine: one task that owns all sequencing state, so no lock guards the
-//! exactly-once logic.
+//! exactly-once logic; and the [`ProducerStats`] it counts.
 //!
 //! Rules it keeps:
 //! - Sequence numbers are assigned in batch order when a batch is first sent, one per batch, and
@@ -31,9 +31,9 @@ use oncelog_protocol::headers::MAX_SAFE_INTEGER;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
-use super::batch::{Limits, OpenBatch, Waiter};
+use super::batch::{Ack, Limits, OpenBatch, Waiter};
+use super::epoch::EpochStore;
 use super::transport::{classify, BatchRequest, BatchResponse, Transport, Verdict};
-use super::{Ack, EpochStore, ProducerStats};
 use crate::error::Error;
 use crate::retry::{Backoff, Jitter, RetryPolicy};
 
@@ -86,6 +86,23 @@ pub(crate) struct Shared {
     pub epoch: AtomicU64,
     /// Counters for [`ProducerStats`].
     pub counters: Counters,
+}
+
+/// Counters for observing a producer (tests print them).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProducerStats {
+    /// Batches sealed.
+    pub batches: u64,
+    /// HTTP requests sent, retries included.
+    pub requests: u64,
+    /// Requests that repeated an earlier attempt of the same `(epoch, seq)`.
+    pub retries: u64,
+    /// `409` sequence gaps that made a batch wait for its predecessors.
+    pub gap_waits: u64,
+    /// `204` duplicates (a retry of something already stored).
+    pub duplicates: u64,
+    /// Epochs claimed by auto-claim.
+    pub epoch_claims: u64,
 }
 
 /// Monotonic counters; see [`ProducerStats`].

@@ -8,8 +8,8 @@ use futures_util::future::BoxFuture;
 use oncelog_protocol::headers::{closed_flag, names};
 use reqwest::Method;
 
-use crate::client::{header_str, header_u64, next_offset, retry_after, Request};
 use crate::error::{is_transient_status, Error};
+use crate::http::{header_str, header_u64, next_offset, retry_after, Request};
 use crate::offset::StreamOffset;
 use crate::stream::StreamHandle;
 
