@@ -1,9 +1,25 @@
 //! Subscriptions (protocol sections 6 and 7) over any [`Engine`](crate::Engine): who is told about new data in
 //! which streams, how far each has processed them, and who may act on it now.
 //!
+//! Module map (each file one concern):
 //! - [`model`]: the stored state ([`SubRecord`], [`Cursor`]).
 //! - [`glob`]: stream patterns.
-//! - [`service`]: [`Subscriptions`], the decisions and their persistence.
+//! - [`service`]: [`Subscriptions`], the public API: each operation loads the state, decides
+//!   with `rules`, and writes through `store`.
+//! - `config.rs`: which configurations, ids and paths are valid, and which paths a subscription
+//!   links.
+//! - `rules.rs`: what each operation (create, relink, wake, claim, ack, release, delivery)
+//!   does to a subscription: pure decisions, no I/O, unit-tested in `rules/tests.rs`.
+//! - `state.rs`: what memory holds: an entry per subscription, the state behind the lock, and
+//!   the lock-free filters a stream write consults.
+//! - `links.rs`: what a subscription links now, read from the engine's streams: views, wake
+//!   notices, and the next wake planned over the pending work.
+//! - `store.rs`: the metadata map's key layout, loading and reloading, the compare-and-set
+//!   guarded writes, and the retry combinator (`Subscriptions::retrying`: decide once more,
+//!   on reloaded state, after a write lost to another process).
+//! - `dispatch.rs`: the dispatcher's pass: the wakes due without an event, the webhook
+//!   deliveries to hand out.
+//! - `lease.rs`: the dispatcher lease (which process hands out webhook deliveries) and node ids.
 //!
 //! Every change of cursors, generation, wake, lease and retry schedule is one
 //! [`Engine::transact`](crate::Engine::transact) (one log frame, one PostgreSQL transaction), together with the wake event it
@@ -11,9 +27,16 @@
 //! durable and atomic with each other on every engine, and the engines know nothing about
 //! subscriptions: they keep a metadata map ([`crate::MetaWrite`]) and commit transactions.
 
+mod config;
+mod dispatch;
 pub mod glob;
+mod lease;
+mod links;
 pub mod model;
+mod rules;
 pub mod service;
+mod state;
+mod store;
 
 pub use model::*;
 pub use service::*;

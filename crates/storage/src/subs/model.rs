@@ -1,5 +1,5 @@
 //! A subscription's logical state: what is stored (through [`crate::codec::subscription`]) and
-//! what every decision in [`super::rules`] reads.
+//! what every decision in the service's rules (`rules.rs`) reads.
 
 use std::collections::BTreeSet;
 

@@ -1,0 +1,75 @@
+//! What a subscription links now, read from the engine's streams (their heads and listings):
+//! its links, its view, a wake notice, and the next wake planned over the pending work.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use oncelog_protocol::Offset;
+
+use super::config::{links, wake_stream};
+use super::rules::{self, Woke};
+use super::state::Entry;
+use super::{glob, Link, LinkType, SubError, SubKind, SubView, Subscriptions, WakeNotice};
+use crate::Engine;
+
+impl<E: Engine> Subscriptions<E> {
+    /// The linked streams of `e` now: explicit ones (also where no stream exists) and the
+    /// pattern's matches, explicit first when both.
+    pub(super) async fn links(&self, e: &Entry, now_ms: i64) -> Result<Vec<Link>, SubError> {
+        let mut out: BTreeMap<String, Link> = BTreeMap::new();
+        if let Some(pattern) = &e.rec.config.pattern {
+            for l in self.engine.list_streams(&glob::literal_prefix(pattern), now_ms).await? {
+                if links(&BTreeSet::new(), Some(pattern), wake_stream(&e.rec), &l.path) {
+                    let acked = e.acked(&l.path, l.info.id);
+                    out.insert(l.path.clone(), Link { path: l.path, link_type: LinkType::Glob, stream_id: l.info.id, acked, tail: l.info.tail });
+                }
+            }
+        }
+        for path in &e.rec.explicit {
+            let (stream_id, tail) = match self.engine.head(path, now_ms).await {
+                Ok(info) => (info.id, info.tail),
+                Err(crate::LookupError::Storage(s)) => return Err(s.into()),
+                Err(_) => (0, Offset::ZERO),
+            };
+            let acked = if stream_id == 0 { Offset::ZERO } else { e.acked(path, stream_id) };
+            out.insert(path.clone(), Link { path: path.clone(), link_type: LinkType::Explicit, stream_id, acked, tail });
+        }
+        Ok(out.into_values().collect())
+    }
+
+    /// The linked streams of `e` with work pending now.
+    async fn pending(&self, e: &Entry, now_ms: i64) -> Result<Vec<Link>, SubError> {
+        Ok(self.links(e, now_ms).await?.into_iter().filter(Link::has_pending).collect())
+    }
+
+    pub(super) async fn view(&self, e: &Entry, now_ms: i64) -> Result<SubView, SubError> {
+        Ok(SubView { record: e.rec.clone(), links: self.links(e, now_ms).await? })
+    }
+
+    pub(super) async fn notice(&self, e: &Entry, generation: u64, now_ms: i64) -> Result<WakeNotice, SubError> {
+        let streams = self.pending(e, now_ms).await?;
+        Ok(WakeNotice {
+            id: e.rec.id.clone(),
+            uid: e.rec.uid,
+            generation,
+            wake_id: e.rec.wake_id(generation),
+            streams,
+            lease_ttl_ms: e.rec.config.lease_ttl_ms,
+            url: match &e.rec.config.kind {
+                SubKind::Webhook { url } => Some(url.clone()),
+                SubKind::PullWake { .. } => None,
+            },
+            failures: e.rec.failures,
+        })
+    }
+
+    /// Issues the next wake of `next` if it has none live, is not waiting for a delivery retry
+    /// ([`rules::may_wake`]), and has pending work: the changes go into `next`, the wake event
+    /// (pull-wake) comes with the answer, as the append to make with them ([`rules::wake`]).
+    pub(super) async fn plan_wake(&self, next: &mut Entry, trigger: Option<&str>, now_ms: i64) -> Result<Woke, SubError> {
+        if !rules::may_wake(&next.rec, now_ms) {
+            return Ok(Woke::Nothing);
+        }
+        let pending = self.pending(next, now_ms).await?;
+        Ok(rules::wake(&mut next.rec, &pending, trigger, now_ms))
+    }
+}

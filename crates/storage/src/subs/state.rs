@@ -1,0 +1,155 @@
+//! What the service holds in memory: one [`Entry`] per subscription, the [`Inner`] state behind
+//! its lock, and the lock-free [`Filter`]s a stream write consults.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use oncelog_protocol::Offset;
+
+use super::config::{links, wake_stream};
+use super::{Cursor, SubRecord};
+
+/// One subscription in memory.
+#[derive(Debug, Clone)]
+pub(super) struct Entry {
+    pub(super) rec: SubRecord,
+    /// The record's bytes as stored (loaded, or last written here): what every write expects to
+    /// find, byte for byte, so that it fails if someone else changed the record meanwhile. Kept
+    /// rather than re-encoded: a record written by an older version decodes, but would not
+    /// encode back to the same bytes.
+    pub(super) stored: Bytes,
+    pub(super) cursors: BTreeMap<String, Cursor>,
+    /// The generation last handed to the dispatcher (memory only: after a restart a live wake is
+    /// delivered again, with the same generation, which receivers treat as a repeat).
+    pub(super) sent: u64,
+    /// A delivery of the current wake is in flight.
+    pub(super) in_flight: bool,
+    /// Memory only: the last look found no wake and nothing pending, and nothing that could
+    /// change that has happened since except through paths that look again themselves (writes
+    /// via [`Subscriptions::on_write`], acks, releases). The dispatcher's pass skips it, but for
+    /// a full pass every [`FULL_PASS_MS`](super::FULL_PASS_MS).
+    ///
+    /// [`Subscriptions::on_write`]: super::Subscriptions::on_write
+    pub(super) settled: bool,
+}
+
+impl Entry {
+    pub(super) fn new(rec: SubRecord, stored: Bytes) -> Entry {
+        Entry { rec, stored, cursors: BTreeMap::new(), sent: 0, in_flight: false, settled: false }
+    }
+
+    pub(super) fn links_path(&self, path: &str) -> bool {
+        links(&self.rec.explicit, self.rec.config.pattern.as_deref(), wake_stream(&self.rec), path)
+    }
+
+    /// Where processing of the stream `stream_id` at `path` stands: its cursor when it refers to
+    /// that incarnation, else the beginning.
+    pub(super) fn acked(&self, path: &str, stream_id: u64) -> Offset {
+        match self.cursors.get(path) {
+            Some(c) if c.stream_id == stream_id => c.acked,
+            _ => Offset::ZERO,
+        }
+    }
+}
+
+/// The state behind the service's lock.
+#[derive(Default)]
+pub(super) struct Inner {
+    /// `false` also after a write found the stored state changed: the next call reloads.
+    pub(super) loaded: bool,
+    pub(super) subs: BTreeMap<String, Entry>,
+    pub(super) next_uid: u64,
+    /// `next_uid` as stored (`None`: never stored), what a create expects.
+    pub(super) next_uid_stored: Option<Bytes>,
+    /// Opaque secrets of the layer above (signing keys), by name.
+    pub(super) keys: BTreeMap<String, Bytes>,
+    /// When the dispatcher's pass next looks at every subscription ([`FULL_PASS_MS`](super::FULL_PASS_MS)).
+    pub(super) next_full_pass_ms: i64,
+}
+
+/// What a stream write consults without taking the lock: what a subscription links, and until
+/// when a write cannot wake it (its current wake is live, or a webhook retry is pending).
+#[derive(Debug, Clone)]
+pub(super) struct Filter {
+    explicit: std::collections::BTreeSet<String>,
+    pattern: Option<String>,
+    wake_stream: Option<String>,
+    quiet_until_ms: i64,
+}
+
+impl Filter {
+    pub(super) fn of(rec: &SubRecord) -> Filter {
+        let lease = match &rec.wake {
+            // An unclaimed pull wake waits for a claim without end.
+            Some(w) => w.lease_until_ms.unwrap_or(i64::MAX),
+            None => i64::MIN,
+        };
+        let retry = if rec.failures > 0 { rec.next_attempt_ms } else { i64::MIN };
+        Filter {
+            explicit: rec.explicit.clone(),
+            pattern: rec.config.pattern.clone(),
+            wake_stream: wake_stream(rec).map(str::to_owned),
+            quiet_until_ms: lease.max(retry),
+        }
+    }
+
+    /// Whether a write to `path` at `now_ms` may wake this subscription.
+    pub(super) fn may_wake(&self, path: &str, now_ms: i64) -> bool {
+        now_ms >= self.quiet_until_ms && links(&self.explicit, self.pattern.as_deref(), self.wake_stream.as_deref(), path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::subs::{SubConfig, SubKind, Wake};
+
+    fn rec(kind: SubKind) -> SubRecord {
+        SubRecord {
+            uid: 1,
+            id: "s".into(),
+            config: SubConfig { kind, pattern: Some("jobs/*".into()), streams: vec!["x".into()], lease_ttl_ms: 1_000, description: None, outputs: Vec::new() },
+            created_ms: 0,
+            generation: 0,
+            wake: None,
+            last_done: 0,
+            failures: 0,
+            next_attempt_ms: 0,
+            explicit: ["x".to_string()].into(),
+        }
+    }
+
+    fn wake(lease_until_ms: Option<i64>) -> Option<Wake> {
+        Some(Wake { generation: 1, holder: None, lease_until_ms, snapshot: Vec::new() })
+    }
+
+    #[test]
+    fn a_write_may_wake_what_links_it_and_is_not_quiet() {
+        let pull = rec(SubKind::PullWake { wake_stream: "jobs/wake".into() });
+        let f = Filter::of(&pull);
+        assert!(f.may_wake("x", 0) && f.may_wake("jobs/a", 0));
+        assert!(!f.may_wake("y", 0), "not linked");
+        assert!(!f.may_wake("jobs/wake", 0), "its own wake stream");
+        let unclaimed = Filter::of(&SubRecord { wake: wake(None), ..pull.clone() });
+        assert!(!unclaimed.may_wake("x", i64::MAX - 1), "an unclaimed wake waits without end");
+        let leased = Filter::of(&SubRecord { wake: wake(Some(500)), ..pull.clone() });
+        assert!(!leased.may_wake("x", 499));
+        assert!(leased.may_wake("x", 500), "the lease ran out");
+        let hook = rec(SubKind::Webhook { url: "https://h.example".into() });
+        let retrying = Filter::of(&SubRecord { failures: 1, next_attempt_ms: 800, wake: wake(Some(500)), ..hook.clone() });
+        assert!(!retrying.may_wake("x", 799), "the later of lease end and retry time");
+        assert!(retrying.may_wake("x", 800));
+        let retry_done = Filter::of(&SubRecord { failures: 0, next_attempt_ms: 800, ..hook });
+        assert!(retry_done.may_wake("x", 0), "a retry time counts only after failures");
+    }
+
+    #[test]
+    fn acked_is_the_cursor_of_that_incarnation_else_the_beginning() {
+        let mut e = Entry::new(rec(SubKind::PullWake { wake_stream: "w".into() }), Bytes::new());
+        e.cursors.insert("x".into(), Cursor { stream_id: 4, acked: Offset(9) });
+        assert_eq!(e.acked("x", 4), Offset(9));
+        assert_eq!(e.acked("x", 5), Offset::ZERO);
+        assert_eq!(e.acked("y", 4), Offset::ZERO);
+        assert!(e.links_path("x") && e.links_path("jobs/a") && !e.links_path("w") && !e.links_path("__ds/x"));
+    }
+}
