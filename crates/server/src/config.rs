@@ -74,7 +74,7 @@ pub struct ServerConfig {
     /// How long one webhook delivery may take before it counts as failed.
     pub webhook_timeout: Duration,
     /// The webhook signing key is replaced once it is this old; the old one stays published for
-    /// an hour ([`crate::subs::keys::RETIRED_KEY_GRACE_MS`]).
+    /// an hour ([`crate::signing::RETIRED_KEY_GRACE_MS`]).
     pub webhook_key_max_age: Duration,
 }
 

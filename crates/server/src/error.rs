@@ -6,24 +6,25 @@ use oncelog_protocol::headers::names;
 use oncelog_storage::{AppendError, CompactError, CreateError, LookupError, StorageError, TrimError};
 
 use crate::auth::AuthError;
+use crate::body::BodyError;
+use crate::live::TooManyReaders;
+use crate::rate::RateLimited;
 use crate::request::RequestError;
-use crate::subs::{keys::TokenError, wire::WireError, SubApiError};
+use crate::subs::error::SubApiError;
+use crate::signing::TokenError;
+use crate::subs::wire::WireError;
 use oncelog_storage::subs::SubError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     #[error(transparent)]
     BadRequest(#[from] RequestError),
-    #[error("request body exceeds the limit of {limit} bytes")]
-    PayloadTooLarge { limit: usize },
-    #[error("could not read the request body")]
-    BodyRead,
-    #[error("the request body stalled; send it without long pauses")]
-    BodyTimeout,
-    #[error("append rate limit reached; retry in {retry_after_s} s")]
-    RateLimited { retry_after_s: u64 },
-    #[error("too many live readers; retry later")]
-    TooManyReaders,
+    #[error(transparent)]
+    Body(#[from] BodyError),
+    #[error(transparent)]
+    RateLimited(#[from] RateLimited),
+    #[error(transparent)]
+    TooManyReaders(#[from] TooManyReaders),
     #[error("no such route; streams live under /v1/stream/")]
     NoRoute,
     #[error("method not allowed on a stream")]
@@ -49,7 +50,19 @@ pub enum ApiError {
     #[error(transparent)]
     Auth(#[from] AuthError),
     #[error(transparent)]
-    Sub(#[from] SubApiError),
+    Sub(SubApiError),
+}
+
+/// A subscription request's refusal; one by access control or of its body is answered as for
+/// any request.
+impl From<SubApiError> for ApiError {
+    fn from(e: SubApiError) -> Self {
+        match e {
+            SubApiError::Auth(e) => ApiError::Auth(e),
+            SubApiError::Body(e) => ApiError::Body(e),
+            e => ApiError::Sub(e),
+        }
+    }
 }
 
 fn storage_status(e: &StorageError) -> StatusCode {
@@ -82,12 +95,12 @@ impl ApiError {
     fn status_and_headers(&self) -> (StatusCode, Vec<(HeaderName, HeaderValue)>) {
         match self {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, vec![]),
-            ApiError::PayloadTooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
-            ApiError::BodyRead => (StatusCode::BAD_REQUEST, vec![]),
-            ApiError::BodyTimeout => (StatusCode::REQUEST_TIMEOUT, vec![h("connection", "close")]),
+            ApiError::Body(BodyError::TooLarge { .. }) => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
+            ApiError::Body(BodyError::Read) => (StatusCode::BAD_REQUEST, vec![]),
+            ApiError::Body(BodyError::Stalled) => (StatusCode::REQUEST_TIMEOUT, vec![h("connection", "close")]),
             ApiError::NoRoute => (StatusCode::NOT_FOUND, vec![]),
-            ApiError::TooManyReaders => (StatusCode::SERVICE_UNAVAILABLE, vec![]),
-            ApiError::RateLimited { retry_after_s } => (StatusCode::TOO_MANY_REQUESTS, vec![h("retry-after", retry_after_s)]),
+            ApiError::TooManyReaders(_) => (StatusCode::SERVICE_UNAVAILABLE, vec![]),
+            ApiError::RateLimited(RateLimited { retry_after_s }) => (StatusCode::TOO_MANY_REQUESTS, vec![h("retry-after", retry_after_s)]),
             ApiError::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,
                 vec![h("allow", "GET, HEAD, PUT, POST, DELETE, OPTIONS")],
@@ -213,6 +226,10 @@ fn sub_status(e: &SubApiError) -> (StatusCode, &'static str, serde_json::Value) 
         SubApiError::NoRoute => (StatusCode::NOT_FOUND, "SUBSCRIPTION_NOT_FOUND", none),
         SubApiError::Method => (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", none),
         SubApiError::OutputNotAllowed { index, stream } => (StatusCode::FORBIDDEN, "OUTPUT_NOT_ALLOWED", json!({ "index": index, "stream": stream })),
+        // Answered as any request's (see `From<SubApiError> for ApiError`); these codes only
+        // name them should one be rendered here.
+        SubApiError::Auth(e) => (ApiError::Auth(e.clone()).status_and_headers().0, "UNAUTHORIZED", none),
+        SubApiError::Body(e) => (ApiError::Body(*e).status_and_headers().0, "INVALID_REQUEST", none),
     }
 }
 

@@ -30,7 +30,11 @@ use tower_service::Service;
 use crate::auth::{Access, Gate};
 use crate::error::ApiError;
 use crate::headers::{self, CorsOrigins};
-use crate::listen::PeerAddr;
+use crate::op::Kind;
+
+/// The client's address, in every request's extensions (for per-address limits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub std::net::SocketAddr);
 
 /// What the front service needs besides the router; shared by every connection.
 pub struct FrontConfig {
@@ -140,6 +144,9 @@ where
             });
         }
         let method = req.method().clone();
+        // What the request is, decided once: access control and the handler both use it.
+        let kind = Kind::of(&method, req.headers());
+        req.extensions_mut().insert(kind);
         let admitted = if method == Method::OPTIONS {
             Ok(req)
         } else {

@@ -5,11 +5,16 @@
 //! Module map:
 //! - [`config`]: server tunables (long-poll timeout, body and read limits, SSE lifetime, sweep
 //!   interval, shutdown grace, ops paths).
+//! - [`op`]: what a request is — its [`op::Kind`] (method and headers; what access control
+//!   checks) and its [`op::Operation`] with typed arguments, decided once; the subscription
+//!   API's calls ([`op::SubCall`]).
 //! - [`request`]: typed parsing of the protocol's request headers and query; returns typed errors,
 //!   never responses.
 //! - [`error`]: every error the server can answer with, mapped to a status code in one place.
-//! - [`handlers`]: thin axum handlers: parse → one engine call → render.
-//! - [`read`]: rendering of catch-up, long-poll and SSE reads.
+//! - [`handlers`]: the one stream route's dispatch to a thin handler per operation (create,
+//!   append, trim / compact / delete): typed arguments → one engine call → an answer.
+//! - [`read`]: the read operations: `HEAD`, and catch-up, long-poll and SSE reads.
+//! - `reply`, `body`: response helpers shared by every handler, and reading a bounded body.
 //! - [`front`]: the one service in front of the router: peer address, authentication hook,
 //!   request metrics, CORS and browser-security headers on every answer.
 //! - [`headers`]: CORS origins and the CORS preflight.
@@ -22,7 +27,9 @@
 //! - [`metrics`]: what is recorded, and the Prometheus scrape.
 //! - [`rate`]: append and byte rate limits per writer.
 //! - [`reload`]: the periodic re-reading of key and certificate files.
-//! - [`subs`]: the subscription API under `/v1/stream/__ds/`, webhook signing and delivery.
+//! - [`subs`]: the subscription API under `/v1/stream/__ds/` and webhook delivery.
+//! - [`signing`]: the webhook signing keys (rotated), the JWKS, claim and callback tokens.
+//! - [`state`]: [`AppState`], what every handler shares.
 //! - [`sweeper`]: the background task that deletes expired streams.
 //! - [`tls`]: certificates for HTTPS (reloaded when their files change) and ALPN.
 //!
@@ -30,6 +37,7 @@
 //! cursors by hand.
 
 pub mod auth;
+mod body;
 pub mod config;
 pub mod deadline_io;
 pub mod error;
@@ -39,122 +47,30 @@ pub mod headers;
 pub mod listen;
 pub mod live;
 pub mod metrics;
+pub mod op;
 pub mod ops;
 pub mod rate;
 pub mod read;
+pub mod state;
 pub mod reload;
+mod reply;
 pub mod request;
+pub mod signing;
 pub mod subs;
 pub mod sweeper;
 pub mod tls;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use axum::routing::{any, get};
 use axum::Router;
-use metrics_exporter_prometheus::PrometheusHandle;
 use oncelog_storage::{Engine, StorageError};
 
 pub use auth::{Access, AllowAll, AuthError, Authorize};
+pub use state::{AppState, Shared};
 pub use config::{ConfigError, ServerConfig};
 pub use oncelog_storage::clock::{Clock, ManualClock, SystemClock};
-
-/// Everything a handler needs: one `Arc`, so cloning it (axum does, per request and layer) is one
-/// reference count, whatever it holds.
-pub struct AppState<E>(Arc<Shared<E>>);
-
-/// What [`AppState`] shares; reached through `Deref`.
-pub struct Shared<E> {
-    pub engine: Arc<E>,
-    pub config: Arc<ServerConfig>,
-    pub clock: Arc<dyn Clock>,
-    /// Consulted for every stream request ([`auth`]).
-    pub auth: Arc<dyn Authorize>,
-    /// The Prometheus handle; `None` when metrics are off.
-    pub metrics: Option<PrometheusHandle>,
-    /// Set when shutdown begins, so `/readyz` turns 503 while in-flight requests drain.
-    draining: Arc<AtomicBool>,
-    /// Places for live readers.
-    pub live: Arc<live::LiveSlots>,
-    /// Append rate limits per writer.
-    pub rate: Arc<rate::RateLimits>,
-    /// Subscriptions over the engine (loaded at first use).
-    pub subs: Arc<oncelog_storage::subs::Subscriptions<E>>,
-    /// The webhook signing key and token key (loaded or created at first use).
-    pub sub_keys: Arc<subs::keys::KeyRing>,
-    /// The listening address as a URL, set by [`serve`]: the default of
-    /// [`ServerConfig::public_url`].
-    pub base_url: Arc<std::sync::OnceLock<String>>,
-}
-
-impl<E> Clone for AppState<E> {
-    fn clone(&self) -> Self {
-        Self(Arc::clone(&self.0))
-    }
-}
-
-impl<E> std::ops::Deref for AppState<E> {
-    type Target = Shared<E>;
-
-    fn deref(&self) -> &Shared<E> {
-        &self.0
-    }
-}
-
-impl<E> Shared<E> {
-    /// A copy sharing every part (for the builder methods, which run before serving).
-    fn parts(&self) -> Shared<E> {
-        Shared {
-            engine: self.engine.clone(),
-            config: self.config.clone(),
-            clock: self.clock.clone(),
-            auth: self.auth.clone(),
-            metrics: self.metrics.clone(),
-            draining: self.draining.clone(),
-            live: self.live.clone(),
-            rate: self.rate.clone(),
-            subs: self.subs.clone(),
-            sub_keys: self.sub_keys.clone(),
-            base_url: self.base_url.clone(),
-        }
-    }
-
-    pub fn draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
-    }
-}
-
-impl<E: Engine> AppState<E> {
-    /// The real clock, no access control, metrics as `config` says.
-    pub fn new(engine: Arc<E>, config: ServerConfig) -> Self {
-        let metrics = config.metrics_path.as_ref().and_then(|_| metrics::install());
-        let live = live::LiveSlots::new(config.max_live_readers, config.max_live_readers_per_stream);
-        let rate = rate::RateLimits::new(config.append_rate_limit, config.append_byte_rate_limit, config.max_append_bytes);
-        Self(Arc::new(Shared {
-            live,
-            rate,
-            subs: Arc::new(oncelog_storage::subs::Subscriptions::new(engine.clone())),
-            sub_keys: Arc::default(),
-            base_url: Arc::default(),
-            engine,
-            config: Arc::new(config),
-            clock: Arc::new(SystemClock::default()),
-            auth: Arc::new(AllowAll),
-            metrics,
-            draining: Arc::new(AtomicBool::new(false)),
-        }))
-    }
-
-    pub fn with_clock(self, clock: Arc<dyn Clock>) -> Self {
-        Self(Arc::new(Shared { clock, ..self.0.parts() }))
-    }
-
-    pub fn with_auth(self, auth: Arc<dyn Authorize>) -> Self {
-        Self(Arc::new(Shared { auth, ..self.0.parts() }))
-    }
-}
 
 /// The service: [`front::Front`] (peer address, authentication hook for everything but the
 /// operational endpoints, request metrics, CORS and browser-security headers on every answer)

@@ -45,9 +45,6 @@ pub struct Limits {
     pub h2_ping_timeout: Duration,
 }
 
-/// The client's address, in every request's extensions (for per-address limits).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerAddr(pub std::net::SocketAddr);
 
 /// How long to pause accepting after an accept error (such as running out of file descriptors),
 /// so the loop does not spin.

@@ -5,8 +5,12 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::error::ApiError;
 use crate::metrics;
+
+/// Every place is taken (answered `503` with `Retry-After`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("too many live readers; retry later")]
+pub struct TooManyReaders;
 
 /// The counters behind the bounds.
 pub struct LiveSlots {
@@ -29,12 +33,12 @@ impl LiveSlots {
     }
 
     /// Takes a place for a `mode` reader of `path`, or refuses with `503`.
-    pub fn acquire(self: &Arc<Self>, path: &str, mode: &'static str) -> Result<LiveSlot, ApiError> {
+    pub fn acquire(self: &Arc<Self>, path: &str, mode: &'static str) -> Result<LiveSlot, TooManyReaders> {
         let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (total, per) = &mut *held;
         let here = per.get(path).copied().unwrap_or(0);
         if *total >= self.max_total || here >= self.max_per_stream {
-            return Err(ApiError::TooManyReaders);
+            return Err(TooManyReaders);
         }
         *total += 1;
         per.insert(path.to_owned(), here + 1);
@@ -65,9 +69,9 @@ mod tests {
         let slots = LiveSlots::new(3, 2);
         let a1 = slots.acquire("a", "sse").expect("a1");
         let _a2 = slots.acquire("a", "sse").expect("a2");
-        assert!(matches!(slots.acquire("a", "sse"), Err(ApiError::TooManyReaders)), "per stream");
+        assert!(matches!(slots.acquire("a", "sse"), Err(TooManyReaders)), "per stream");
         let _b1 = slots.acquire("b", "long-poll").expect("b1");
-        assert!(matches!(slots.acquire("c", "sse"), Err(ApiError::TooManyReaders)), "in all");
+        assert!(matches!(slots.acquire("c", "sse"), Err(TooManyReaders)), "in all");
         drop(a1);
         let _c1 = slots.acquire("c", "sse").expect("a place came back");
     }

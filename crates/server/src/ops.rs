@@ -5,7 +5,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use oncelog_storage::{Engine, Readiness};
 
-use crate::{metrics, AppState};
+use crate::metrics;
+use crate::state::AppState;
 
 const TEXT: (&str, &str) = ("content-type", "text/plain; charset=utf-8");
 

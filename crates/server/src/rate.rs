@@ -13,7 +13,12 @@ use std::time::Duration;
 use governor::clock::{Clock as _, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-use crate::error::ApiError;
+/// A writer's bucket is empty: `429` with `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("append rate limit reached; retry in {retry_after_s} s")]
+pub struct RateLimited {
+    pub retry_after_s: u64,
+}
 
 /// The limits; `None` for a bucket that is off.
 pub struct RateLimits {
@@ -22,8 +27,8 @@ pub struct RateLimits {
     clock: DefaultClock,
 }
 
-fn retry_after(wait: Duration) -> ApiError {
-    ApiError::RateLimited { retry_after_s: wait.as_secs() + u64::from(wait.subsec_nanos() > 0) }
+fn retry_after(wait: Duration) -> RateLimited {
+    RateLimited { retry_after_s: wait.as_secs() + u64::from(wait.subsec_nanos() > 0) }
 }
 
 impl RateLimits {
@@ -42,13 +47,13 @@ impl RateLimits {
     }
 
     /// One append by `who`.
-    pub fn append(&self, who: &str) -> Result<(), ApiError> {
+    pub fn append(&self, who: &str) -> Result<(), RateLimited> {
         let Some(l) = &self.appends else { return Ok(()) };
         l.check_key(&who.to_owned()).map_err(|not_until| retry_after(not_until.wait_time_from(self.clock.now())))
     }
 
     /// `n` body bytes by `who`.
-    pub fn bytes(&self, who: &str, n: usize) -> Result<(), ApiError> {
+    pub fn bytes(&self, who: &str, n: usize) -> Result<(), RateLimited> {
         let (Some(l), Some(n)) = (&self.bytes, NonZeroU32::new(u32::try_from(n).unwrap_or(u32::MAX))) else { return Ok(()) };
         match l.check_key_n(&who.to_owned(), n) {
             Ok(Ok(())) => Ok(()),

@@ -1,4 +1,4 @@
-//! GET: catch-up, long-poll and SSE reads (sections 5.6–5.8, 10).
+//! Reading a stream: `GET` (catch-up, long-poll and SSE reads, sections 5.6–5.8, 10) and `HEAD`.
 
 use std::time::Duration;
 
@@ -12,10 +12,11 @@ use oncelog_protocol::{content_type, cursor, json, Offset, OffsetParam};
 use oncelog_storage::{Engine, ReadChunk, ReadRequest, StreamInfo, WaitOutcome};
 
 use crate::error::ApiError;
-use crate::handlers::{respond, start_offset};
+use crate::reply::{self, respond};
 use crate::request::{Live, ReadQuery, RequestError};
 use crate::live::LiveSlot;
-use crate::{Access, AppState};
+use crate::auth::Access;
+use crate::state::AppState;
 
 /// How often a waiting live reader renews its stream's sliding TTL.
 const TTL_RENEW_INTERVAL: Duration = Duration::from_secs(1);
@@ -26,16 +27,29 @@ const CACHEABLE: &str = "public, max-age=60, stale-while-revalidate=300";
 /// would hand it to anyone) may not.
 const CACHEABLE_PRIVATE: &str = "private, max-age=60, stale-while-revalidate=300";
 
+/// `HEAD`: the stream's metadata; with `If-Match`, only if its tail is one named.
+pub fn head(info: StreamInfo, if_match: Option<Option<Vec<Offset>>>) -> Result<Response, ApiError> {
+    // The stream's entity tag for preconditions is its tail, as for conditional appends.
+    if let Some(Some(tails)) = if_match {
+        if !tails.contains(&info.tail) {
+            return Err(oncelog_storage::LookupError::PreconditionFailed { tail: info.tail, closed: info.closed }.into());
+        }
+    }
+    let mut h = reply::meta_headers(&info);
+    h.push(("cache-control", "no-store".into()));
+    Ok(respond(StatusCode::OK, h, Body::empty()))
+}
+
+/// `GET`: `info` is the stream as the request found it.
 pub async fn get<E: Engine>(
     st: &AppState<E>,
     path: &str,
-    query: Option<&str>,
+    info: StreamInfo,
+    mut q: ReadQuery,
     req_headers: &HeaderMap,
     access: &Access,
 ) -> Result<Response, ApiError> {
     let now_ms = st.clock.now_ms();
-    let info = st.engine.head(path, now_ms).await?;
-    let mut q = ReadQuery::parse(query)?;
     if q.live == Live::Sse {
         if let Some(resume) = crate::request::last_event_id(req_headers)? {
             q.offset = OffsetParam::At(resume);
@@ -59,6 +73,22 @@ pub async fn get<E: Engine>(
             sse(st, path, &q, from, &info, access, first)
         }
     }
+}
+
+/// The offset a read starts from, checked against the tail.
+fn start_offset(param: oncelog_protocol::OffsetParam, info: &StreamInfo) -> Result<Offset, ApiError> {
+    let tail = info.tail;
+    let from = match param {
+        // The beginning is where the stream can still be read from.
+        oncelog_protocol::OffsetParam::Start => info.earliest,
+        oncelog_protocol::OffsetParam::Now => tail,
+        oncelog_protocol::OffsetParam::At(o) => o,
+    };
+    if from > tail {
+        return Err(RequestError::OffsetBeyondTail.into());
+    }
+    oncelog_storage::rules::readable_from(info.earliest, from)?;
+    Ok(from)
 }
 
 /// Most an SSE reader of a byte stream holds of it at once, whatever the size of its appends:

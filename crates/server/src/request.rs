@@ -135,6 +135,8 @@ pub struct CreateHeaders {
     pub retention_max_bytes: Option<Option<u64>>,
     /// `Stream-Compaction: state`.
     pub compaction: bool,
+    /// `If-Match` (see [`if_match`]): the PUT only confirms an existing stream.
+    pub if_match: Option<Option<Vec<oncelog_protocol::Offset>>>,
 }
 
 /// The fork headers of a PUT (section 4.2).
@@ -211,6 +213,7 @@ impl CreateHeaders {
                 Some(v) if v.trim().eq_ignore_ascii_case("state") => true,
                 Some(_) => return Err(HeaderError::InvalidCompaction.into()),
             },
+            if_match: if_match(h)?,
         })
     }
 }

@@ -10,7 +10,7 @@ use oncelog_protocol::Offset;
 
 use oncelog_storage::Engine;
 
-use crate::AppState;
+use crate::state::AppState;
 
 /// How often writer state is pruned ([`oncelog_storage::Housekeeping::prune`]): it only frees
 /// space (the rules ignore expired state at once), and on PostgreSQL it scans the producers

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use axum::http::request::Parts;
 
-use crate::Clock;
+use oncelog_storage::clock::Clock;
 
 pub use signed_url::SignatureError;
 

@@ -17,8 +17,10 @@
 //! operation names grant nothing (tokens minted for a newer server stay safe on an older one).
 
 use axum::http::request::Parts;
-use axum::http::Method;
-use oncelog_protocol::headers::{closed_flag, names};
+use axum::http::HeaderMap;
+use oncelog_protocol::headers::names;
+
+use crate::op::Kind;
 use serde::{Deserialize, Serialize};
 
 /// One operation on one stream.
@@ -142,37 +144,26 @@ pub fn subscription_token_checked(path: &str) -> bool {
         || (rest.starts_with("subscriptions/") && ["/callback", "/ack", "/release", "/commit"].iter().any(|op| rest.ends_with(op)) && rest.matches('/').count() == 2)
 }
 
-/// The operations a stream request performs. A POST with no body and `Stream-Closed: true` only
-/// closes; one with a body appends (and closes too when it says so).
-pub fn required(parts: &Parts, path: &str) -> Vec<(String, Op)> {
-    let closes = closed_flag(parts.headers.get(names::STREAM_CLOSED).and_then(|v| v.to_str().ok()));
-    match parts.method {
-        Method::GET | Method::HEAD => vec![(path.to_owned(), Op::Read)],
-        Method::PUT => {
-            let mut ops = vec![(path.to_owned(), Op::Create)];
-            let host = parts.headers.get("host").and_then(|v| v.to_str().ok());
-            let source = parts.headers.get(names::STREAM_FORKED_FROM).and_then(|v| v.to_str().ok());
-            if let Some(source) = source.and_then(|s| crate::request::fork_source(s, host).ok()) {
-                ops.push((source, Op::Read));
-            }
-            ops
+/// The operations a request of kind `kind` performs on `path` (and, for a fork, on its
+/// source), for access control.
+pub fn required(kind: Kind, path: &str, headers: &HeaderMap) -> Vec<(String, Op)> {
+    let on = |op| (path.to_owned(), op);
+    match kind {
+        Kind::Read | Kind::Head => vec![on(Op::Read)],
+        Kind::Create => vec![on(Op::Create)],
+        Kind::Fork => {
+            let host = headers.get("host").and_then(|v| v.to_str().ok());
+            let source = headers.get(names::STREAM_FORKED_FROM).and_then(|v| v.to_str().ok());
+            // An unusable source is refused by the handler (400); it grants nothing here.
+            let read_source = source.and_then(|s| crate::request::fork_source(s, host).ok()).map(|s| (s, Op::Read));
+            std::iter::once(on(Op::Create)).chain(read_source).collect()
         }
-        Method::POST if parts.headers.contains_key(names::STREAM_TRIM_TO) || parts.headers.contains_key(names::STREAM_COMPACT) => {
-            vec![(path.to_owned(), Op::Trim)]
-        }
-        Method::POST => {
-            let declared_empty = parts.headers.get("content-length").is_some_and(|v| v.as_bytes() == b"0")
-                || (parts.headers.get("content-length").is_none() && parts.headers.get("transfer-encoding").is_none());
-            if declared_empty && closes {
-                vec![(path.to_owned(), Op::Close)]
-            } else if closes {
-                vec![(path.to_owned(), Op::Append), (path.to_owned(), Op::Close)]
-            } else {
-                vec![(path.to_owned(), Op::Append)]
-            }
-        }
-        Method::DELETE => vec![(path.to_owned(), Op::Delete)],
-        _ => Vec::new(),
+        Kind::Append { closes: false } => vec![on(Op::Append)],
+        Kind::Append { closes: true } => vec![on(Op::Append), on(Op::Close)],
+        Kind::Close => vec![on(Op::Close)],
+        Kind::Trim | Kind::Compact => vec![on(Op::Trim)],
+        Kind::Delete => vec![on(Op::Delete)],
+        Kind::Preflight | Kind::NotAllowed => Vec::new(),
     }
 }
 
@@ -208,9 +199,12 @@ mod tests {
         assert!(!groups.allows("any/thing", Op::Trim));
         assert!(s.allows("logs/app", Op::Trim) && scope(&[("", false, &["manage"])]).allows("a", Op::Trim));
         let trim = axum::http::Request::post("/v1/stream/a").header(names::STREAM_TRIM_TO, "0").body(()).expect("request").into_parts().0;
-        assert_eq!(required(&trim, "a"), vec![("a".to_owned(), Op::Trim)]);
+        assert_eq!(required(Kind::of(&trim.method, &trim.headers), "a", &trim.headers), vec![("a".to_owned(), Op::Trim)]);
         let compact = axum::http::Request::post("/v1/stream/a").header(names::STREAM_COMPACT, "true").body(()).expect("request").into_parts().0;
-        assert_eq!(required(&compact, "a"), vec![("a".to_owned(), Op::Trim)]);
+        assert_eq!(required(Kind::of(&compact.method, &compact.headers), "a", &compact.headers), vec![("a".to_owned(), Op::Trim)]);
+        let fork = axum::http::Request::put("/v1/stream/f").header(names::STREAM_FORKED_FROM, "/v1/stream/src").body(()).expect("request").into_parts().0;
+        assert_eq!(required(Kind::Fork, "f", &fork.headers), vec![("f".to_owned(), Op::Create), ("src".to_owned(), Op::Read)]);
+        assert_eq!(required(Kind::Append { closes: true }, "a", &fork.headers), vec![("a".to_owned(), Op::Append), ("a".to_owned(), Op::Close)]);
         let bad = ScopeClaim { grants: vec![GrantClaim { stream: Some("a".into()), prefix: Some("b".into()), ops: vec![] }] };
         assert_eq!(Scope::from_claim(&bad), Err(BadGrant));
     }

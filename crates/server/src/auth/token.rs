@@ -26,6 +26,7 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
 use super::scope::{required, stream_path, Scope, ScopeClaim};
+use crate::op::Kind;
 use super::signed_url::{self, SignatureError};
 use super::{Access, AuthError, Authorize};
 use crate::reload::modified;
@@ -310,7 +311,9 @@ impl Authorize for TokenAuth {
             (None, None) => return Err(AuthError::Unauthenticated { error: "invalid_request" }),
         };
         if let Some(path) = stream_path(parts) {
-            for (stream, op) in required(parts, &path) {
+            // Classified once by the front service (or here, when called on its own).
+            let kind = parts.extensions.get::<Kind>().copied().unwrap_or_else(|| Kind::of(&parts.method, &parts.headers));
+            for (stream, op) in required(kind, &path, &parts.headers) {
                 if !scope.allows(&stream, op) {
                     return Err(if self.config.hide_forbidden { AuthError::Hidden } else { AuthError::Forbidden });
                 }

@@ -18,8 +18,9 @@ use std::time::Duration;
 use oncelog_storage::subs::WakeNotice;
 use oncelog_storage::Engine;
 
-use super::{keys, ssrf, wire};
-use crate::AppState;
+use super::{ssrf, wire};
+use crate::signing as keys;
+use crate::state::AppState;
 
 /// What JavaScript's `encodeURIComponent` escapes: everything but letters, digits and
 /// `-_.!~*'()`, so the callback URL is the one clients build themselves.

@@ -3,12 +3,12 @@
 //! [`oncelog_storage::subs::Subscriptions`].
 //!
 //! - [`wire`]: request bodies and answers.
-//! - [`keys`]: webhook signing key, JWKS, callback and claim tokens.
 //! - [`ssrf`]: which webhook URLs may be called.
 //! - [`dispatch`]: the task that delivers webhooks and retries them.
+//! - [`error`]: why a subscription request was refused.
 
 pub mod dispatch;
-pub mod keys;
+pub mod error;
 pub mod ssrf;
 pub mod wire;
 
@@ -21,46 +21,27 @@ use oncelog_protocol::content_type;
 use oncelog_protocol::headers::ProducerHeaders;
 use oncelog_protocol::json::{self, EmptyArray};
 use oncelog_storage::subs::{AckRequest, AckVia, Fence, PutVerdict, SubError, SubKind};
-use oncelog_storage::{AppendRequest, Engine, LookupError};
+use oncelog_storage::{AppendRequest, Engine};
 use serde_json::{json, Value};
 
 use crate::auth::scope::Op;
 use crate::auth::AuthError;
-use crate::error::ApiError;
-use crate::AppState;
+use crate::op::{Fenced, NoCall, SubCall};
+use crate::reply;
+use crate::state::AppState;
+
+pub use error::SubApiError;
 
 /// Most output appends one commit may carry.
 pub const MAX_COMMIT_APPENDS: usize = 64;
 
-/// Why a subscription request was refused; statuses and codes are in [`crate::error`].
-#[derive(Debug, thiserror::Error)]
-pub enum SubApiError {
-    #[error(transparent)]
-    Sub(#[from] SubError),
-    #[error(transparent)]
-    Wire(#[from] wire::WireError),
-    #[error("webhook URL rejected: {0}")]
-    UrlRejected(#[from] ssrf::Rejected),
-    #[error(transparent)]
-    Token(#[from] keys::TokenError),
-    #[error("no such subscription route")]
-    NoRoute,
-    #[error("method not allowed on this subscription route")]
-    Method,
-    #[error("commit output {index}: {why}")]
-    Output { index: usize, why: &'static str },
-    #[error("commit output {index} to {stream}: {source}")]
-    OutputLookup { index: usize, stream: String, source: LookupError },
-    #[error("commit output {index}: {stream} is not under the subscription's outputs prefixes")]
-    OutputNotAllowed { index: usize, stream: String },
-}
-
-fn json_response(status: StatusCode, v: &Value) -> Response {
-    crate::handlers::respond(status, vec![("content-type", "application/json".into())], Body::from(v.to_string()))
-}
-
-fn no_content() -> Response {
-    crate::handlers::respond(StatusCode::NO_CONTENT, vec![], Body::empty())
+/// After new data in `path` (an append, a create with data, a commit's output): the
+/// subscriptions linked to it are woken. A failure is only logged: the write stands, and the
+/// dispatcher's periodic pass issues the wake.
+pub(crate) async fn after_write<E: Engine>(st: &AppState<E>, path: &str, now_ms: i64) {
+    if let Err(e) = st.subs.on_write(path, now_ms).await {
+        tracing::warn!(stream = path, error = %e, "subscriptions not woken now; the dispatcher will retry");
+    }
 }
 
 /// The base URL clients reach this server at, for `callback_url` and `jwks_url`.
@@ -73,94 +54,77 @@ pub fn base_url<E>(st: &AppState<E>, req_headers: &HeaderMap) -> String {
     format!("{scheme}://{host}")
 }
 
-fn segment(raw: &str) -> String {
-    percent_encoding::percent_decode_str(raw).decode_utf8_lossy().into_owned()
-}
-
-/// Every request under `/v1/stream/__ds/`, routed on the raw (still percent-encoded) path so
-/// a stream path inside one segment (`manual%2Fb`) stays one segment.
-pub async fn route<E: Engine>(st: &AppState<E>, method: &Method, uri: &Uri, req_headers: &HeaderMap, body: Body, access: &crate::Access) -> Result<Response, ApiError> {
-    let rest = uri.path().strip_prefix("/v1/stream/__ds").unwrap_or("").trim_start_matches('/');
-    let parts: Vec<&str> = rest.split('/').collect();
+/// Every request under `/v1/stream/__ds/`, dispatched by its [`SubCall`] to the call's handler.
+pub async fn route<E: Engine>(st: &AppState<E>, method: &Method, uri: &Uri, req_headers: &HeaderMap, body: Body, access: &crate::auth::Access) -> Result<Response, SubApiError> {
+    let call = SubCall::parse(method, uri.path()).map_err(|e| match e {
+        NoCall::Method => SubApiError::Method,
+        NoCall::Route => SubApiError::NoRoute,
+    })?;
     let now = st.clock.now_ms();
-    let read = |body| crate::handlers::body_bytes(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout);
-    let sub = |e: SubError| ApiError::from(SubApiError::from(e));
-    let wire = |e: wire::WireError| ApiError::from(SubApiError::from(e));
-    match (method, parts.as_slice()) {
-        (&Method::GET, ["jwks.json"]) => {
-            let keys = st.sub_keys.get(&st.subs, now).await.map_err(sub)?;
-            let mut resp = json_response(StatusCode::OK, &keys.jwks());
+    let read = |body| crate::body::read(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout);
+    match call {
+        SubCall::Jwks => {
+            let keys = st.sub_keys.get(&st.subs, now).await?;
+            let mut resp = reply::json(StatusCode::OK, &keys.jwks());
             let h = resp.headers_mut();
             h.insert("content-type", axum::http::HeaderValue::from_static("application/jwk-set+json"));
             h.insert("cache-control", axum::http::HeaderValue::from_static("public, max-age=300"));
             Ok(resp)
         }
-        (&Method::GET, ["subscriptions"]) => {
-            let list = st.subs.list().await.map_err(sub)?;
+        SubCall::List => {
+            let list = st.subs.list().await?;
             let items: Vec<Value> = list.iter().map(|r| json!({ "id": r.id, "type": match r.config.kind { SubKind::Webhook { .. } => "webhook", SubKind::PullWake { .. } => "pull-wake" }, "pattern": r.config.pattern, "generation": r.generation })).collect();
-            Ok(json_response(StatusCode::OK, &json!({ "subscriptions": items })))
+            Ok(reply::json(StatusCode::OK, &json!({ "subscriptions": items })))
         }
-        (m, ["subscriptions", id]) if !id.is_empty() => {
-            let id = segment(id);
-            match *m {
-                Method::PUT => {
-                    let config = wire::sub_config(&read(body).await?).map_err(wire)?;
-                    may_link(access, &config)?;
-                    Ok(put(st, &id, req_headers, config, now).await?)
-                }
-                Method::GET => {
-                    let view = st.subs.get(&id, now).await.map_err(sub)?;
-                    Ok(json_response(StatusCode::OK, &render_view(st, &view, req_headers, now).await?))
-                }
-                Method::DELETE => {
-                    st.subs.delete(&id, now).await.map_err(sub)?;
-                    Ok(no_content())
-                }
-                _ => Err(SubApiError::Method.into()),
-            }
+        SubCall::Put(id) => {
+            let config = wire::sub_config(&read(body).await?)?;
+            may_link(access, &config)?;
+            Ok(put(st, &id, req_headers, config, now).await?)
         }
-        (&Method::POST, ["subscriptions", id, "streams"]) => {
-            let add = wire::stream_list(&read(body).await?).map_err(wire)?;
+        SubCall::Get(id) => {
+            let view = st.subs.get(&id, now).await?;
+            Ok(reply::json(StatusCode::OK, &render_view(st, &view, req_headers, now).await?))
+        }
+        SubCall::Delete(id) => {
+            st.subs.delete(&id, now).await?;
+            Ok(reply::no_content())
+        }
+        SubCall::AddStreams(id) => {
+            let add = wire::stream_list(&read(body).await?)?;
             if let Some(scope) = &access.scope {
                 if !add.iter().all(|p| scope.allows(p, Op::Read)) {
                     return Err(AuthError::Forbidden.into());
                 }
             }
-            st.subs.relink(&segment(id), add, Vec::new(), now).await.map_err(sub)?;
-            Ok(no_content())
+            st.subs.relink(&id, add, Vec::new(), now).await?;
+            Ok(reply::no_content())
         }
-        (&Method::DELETE, ["subscriptions", id, "streams", path]) => {
-            st.subs.relink(&segment(id), Vec::new(), vec![segment(path)], now).await.map_err(sub)?;
-            Ok(no_content())
+        SubCall::RemoveStream { id, path } => {
+            st.subs.relink(&id, Vec::new(), vec![path], now).await?;
+            Ok(reply::no_content())
         }
-        (&Method::POST, ["subscriptions", id, "claim"]) => {
-            let id = segment(id);
-            let worker = wire::worker(&read(body).await?).map_err(wire)?;
+        SubCall::Claim(id) => {
+            let worker = wire::worker(&read(body).await?)?;
             let notice = st.subs.claim(&id, &worker, now).await;
             crate::metrics::subscription_call("claim", if notice.is_ok() { "ok" } else { "refused" });
-            let notice = notice.map_err(sub)?;
-            let keys = st.sub_keys.get(&st.subs, now).await.map_err(sub)?;
+            let notice = notice?;
+            let keys = st.sub_keys.get(&st.subs, now).await?;
             let token = keys.mint(&id, notice.uid, notice.generation, now);
-            Ok(json_response(StatusCode::OK, &wire::notice(&notice, &token, None)))
+            Ok(reply::json(StatusCode::OK, &wire::notice(&notice, &token, None)))
         }
-        (&Method::POST, ["subscriptions", id, op @ ("callback" | "ack" | "release" | "commit")]) => {
-            let id = segment(id);
-            let token = bearer(req_headers).ok_or(SubError::TokenInvalid).map_err(sub)?;
+        SubCall::Fenced { id, call } => {
+            let token = bearer(req_headers).ok_or(SubError::TokenInvalid)?;
             let body = read(body).await?;
-            let r = fenced_op(st, &id, op, &token, &body, now).await;
+            let r = fenced_op(st, &id, call, &token, &body, now).await;
             let outcome = match &r {
                 Ok((_, true)) => "duplicate",
                 Ok(_) => "ok",
                 Err(SubApiError::Sub(SubError::Fenced)) => "fenced",
                 Err(_) => "refused",
             };
-            crate::metrics::subscription_call(op, outcome);
+            crate::metrics::subscription_call(call.name(), outcome);
             Ok(r?.0)
         }
-        (_, ["jwks.json"] | ["subscriptions"] | ["subscriptions", _, "streams" | "claim" | "callback" | "ack" | "release" | "commit"] | ["subscriptions", _, "streams", _]) => {
-            Err(SubApiError::Method.into())
-        }
-        _ => Err(SubApiError::NoRoute.into()),
     }
 }
 
@@ -173,7 +137,7 @@ fn bearer(h: &HeaderMap) -> Option<String> {
 /// With access control on, a subscription may only follow what its creator may read, wake
 /// events go only to a stream its creator may append to, and its commits may only write under
 /// `outputs` prefixes its creator may append under.
-fn may_link(access: &crate::Access, config: &oncelog_storage::subs::SubConfig) -> Result<(), ApiError> {
+fn may_link(access: &crate::auth::Access, config: &oncelog_storage::subs::SubConfig) -> Result<(), SubApiError> {
     let Some(scope) = &access.scope else { return Ok(()) };
     let streams = config.streams.iter().all(|p| scope.allows(p, Op::Read));
     let pattern = config.pattern.as_deref().is_none_or(|p| scope.allows_all_under(&oncelog_storage::subs::glob::literal_prefix(p), Op::Read));
@@ -197,7 +161,7 @@ async fn put<E: Engine>(st: &AppState<E>, id: &str, req_headers: &HeaderMap, con
     }
     let (verdict, view) = st.subs.put(id, config, now).await?;
     let status = if verdict == PutVerdict::Created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok(json_response(status, &render_view(st, &view, req_headers, now).await?))
+    Ok(reply::json(status, &render_view(st, &view, req_headers, now).await?))
 }
 
 async fn render_view<E: Engine>(st: &AppState<E>, view: &oncelog_storage::subs::SubView, req_headers: &HeaderMap, now: i64) -> Result<Value, SubApiError> {
@@ -212,7 +176,7 @@ async fn render_view<E: Engine>(st: &AppState<E>, view: &oncelog_storage::subs::
 /// Callback, ack, release and commit: the token and the body's generation and wake id are the
 /// fence; everything after it happens in one transaction or not at all.
 /// Answers with the response and whether it was a resent commit (a duplicate).
-async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str, body: &[u8], now: i64) -> Result<(Response, bool), SubApiError> {
+async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: Fenced, token: &str, body: &[u8], now: i64) -> Result<(Response, bool), SubApiError> {
     let req = wire::fenced(body)?;
     let keys = st.sub_keys.get(&st.subs, now).await?;
     let hide = st.auth.hides_forbidden();
@@ -230,14 +194,14 @@ async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str,
         return Err(SubError::TokenInvalid.into());
     }
     let fence = Fence { uid: claims.uid, token_generation: claims.generation, generation: req.generation, wake_id: req.wake_id.clone() };
-    if op == "release" {
-        st.subs.release(id, &fence, now).await?;
-        return Ok((no_content(), false));
-    }
     let (via, outputs) = match op {
-        "callback" => (AckVia::Callback, Vec::new()),
-        "ack" => (AckVia::Ack, Vec::new()),
-        _ => {
+        Fenced::Release => {
+            st.subs.release(id, &fence, now).await?;
+            return Ok((reply::no_content(), false));
+        }
+        Fenced::Callback => (AckVia::Callback, Vec::new()),
+        Fenced::Ack => (AckVia::Ack, Vec::new()),
+        Fenced::Commit => {
             // With access control on, the token is a write grant only under the prefixes the
             // subscription was created with (and its creator was allowed to append under);
             // checked before any output stream is looked up, so the refusal does not depend on
@@ -250,7 +214,7 @@ async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str,
     let out = st.subs.ack(id, AckRequest { fence, acks: req.acks, done: req.done, via, outputs: outputs.clone() }, now).await?;
     // Outputs are new data in their streams: wake whoever follows them.
     for a in &outputs {
-        crate::handlers::after_write(st, &a.path, now).await;
+        after_write(st, &a.path, now).await;
     }
     let mut v = json!({ "ok": true, "next_wake": out.next_wake });
     if via == AckVia::Commit {
@@ -264,7 +228,7 @@ async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: &str, token: &str,
             m.insert("appends".into(), json!(appends));
         }
     }
-    Ok((json_response(StatusCode::OK, &v), out.duplicate))
+    Ok((reply::json(StatusCode::OK, &v), out.duplicate))
 }
 
 /// Where a commit may write under access control: paths under `prefixes`; `hide`: a path

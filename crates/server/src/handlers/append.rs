@@ -1,0 +1,116 @@
+//! `POST` of data: append and close, through one engine call.
+
+use axum::body::Body;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use oncelog_protocol::content_type;
+use oncelog_protocol::digest::BodyDigest;
+use oncelog_protocol::headers::names;
+use oncelog_protocol::json::{self, EmptyArray};
+use oncelog_storage::{AppendError, AppendOutcome, AppendRequest, AppendStatus, Engine, StreamInfo};
+
+use super::Caller;
+use crate::error::ApiError;
+use crate::request::{AppendHeaders, RequestError};
+use crate::{metrics, reply};
+use crate::state::AppState;
+
+/// How often a write is re-validated when the stream it was framed for was replaced (deleted
+/// and re-created) while its body was being read. Once is almost always enough; the bound only
+/// stops a pathological delete/re-create loop from holding the request forever.
+pub(super) const REVALIDATIONS: usize = 3;
+
+/// `POST` with a body (an append, closing the stream too when it says so) or without one and
+/// `Stream-Closed: true` (a close). `info`: the stream as it was when the request arrived (the
+/// body is framed for it; if it was replaced meanwhile, the engine says so and it is framed
+/// again).
+pub(super) async fn append<E: Engine>(
+    st: &AppState<E>,
+    path: &str,
+    mut info: StreamInfo,
+    h: AppendHeaders,
+    req_headers: &HeaderMap,
+    body: Body,
+    caller: &Caller,
+) -> Result<Response, ApiError> {
+    let writer = st.rate.enabled().then(|| caller.writer_key());
+    if let Some(w) = &writer {
+        st.rate.append(w)?;
+    }
+    let body = crate::body::read(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?;
+    if let Some(w) = &writer {
+        st.rate.bytes(w, body.len())?;
+    }
+    if body.is_empty() && !h.close {
+        return Err(match h.ignored_closed_value.clone() {
+            Some(v) => RequestError::EmptyBodyClosedValue(v),
+            None => RequestError::EmptyBody,
+        }
+        .into());
+    }
+    let ct = if body.is_empty() { None } else { Some(h.content_type.clone().ok_or(RequestError::MissingContentType)?) };
+    // New data from a writer that can tell retries apart (a producer or a key) is 200.
+    let has_producer = h.producer.is_some() || h.idempotency_key.is_some();
+    let mut attempt = 0;
+    let started = std::time::Instant::now();
+    let result = loop {
+        attempt += 1;
+        // Frame as JSON only when both sides are JSON; any mismatch is the engine's 409. The
+        // decision was made against `info`, so the request names that incarnation: if the path
+        // was deleted and re-created meanwhile, the engine refuses it and it is decided again.
+        let json_framed = ct.as_deref().is_some_and(|ct| content_type::is_json(ct) && content_type::is_json(&info.config.content_type));
+        let data = if json_framed {
+            Bytes::from(json::encode_body(&body, EmptyArray::Rejected).map_err(RequestError::from)?)
+        } else {
+            body.clone()
+        };
+        if info.config.compaction {
+            // A compaction must be able to fold every message it meets.
+            oncelog_protocol::state::validate(&data).map_err(RequestError::from)?;
+        }
+        // Hashed here, on the request's task, not on the engine's writer.
+        let body_digest = (h.producer.is_some() || h.idempotency_key.is_some()).then(|| BodyDigest::of(&data));
+        let req = AppendRequest {
+            path: path.to_owned(),
+            stream_id: Some(info.id),
+            json_framed,
+            content_type: ct.clone(),
+            data,
+            close: h.close,
+            stream_seq: h.stream_seq.clone(),
+            producer: h.producer.clone(),
+            if_match: h.if_match.clone(),
+            body_digest,
+            idempotency_key: h.idempotency_key,
+            now_ms: st.clock.now_ms(),
+        };
+        match st.engine.append(req).await {
+            Err(AppendError::StreamChanged | AppendError::FramingMismatch) if attempt < REVALIDATIONS => {
+                info = st.engine.head(path, st.clock.now_ms()).await?;
+            }
+            r => break r,
+        }
+    };
+    // Once per request, whatever number of attempts it took.
+    metrics::appended(&result, body.len(), started.elapsed());
+    let out: AppendOutcome = result?;
+    if out.status == AppendStatus::Appended && !body.is_empty() {
+        crate::subs::after_write(st, path, st.clock.now_ms()).await;
+    }
+    // 200 marks new data from an idempotent producer or keyed writer; every other success is 204.
+    let status = if out.status == AppendStatus::Appended && has_producer && !body.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::NO_CONTENT
+    };
+    let mut pairs = vec![(names::STREAM_NEXT_OFFSET, out.next_offset.to_string())];
+    if out.closed {
+        pairs.push((names::STREAM_CLOSED, "true".into()));
+    }
+    if let Some((epoch, seq)) = out.producer {
+        pairs.push((names::PRODUCER_EPOCH, epoch.to_string()));
+        pairs.push((names::PRODUCER_SEQ, seq.to_string()));
+    }
+    Ok(reply::respond(status, pairs, Body::empty()))
+}

@@ -1,0 +1,133 @@
+//! The stream operations: the one route under `/v1/stream/` parses its request into an
+//! [`Operation`] (from the [`Kind`] the front service classified) and hands it to that
+//! operation's handler — each thin: typed arguments in, one engine call, an answer out.
+//!
+//! - [`crate::read`]: read (catch-up, long-poll, SSE) and head;
+//! - [`create`]: create and fork;
+//! - [`append`]: append and close;
+//! - [`manage`]: trim, compact and delete;
+//! - [`crate::subs`]: the subscription API under `__ds/`.
+
+mod append;
+mod create;
+mod manage;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, Method, Uri};
+use axum::response::{IntoResponse, Response};
+use oncelog_storage::Engine;
+
+use oncelog_protocol::headers::{names, HeaderError};
+use oncelog_protocol::offset::OffsetError;
+use oncelog_protocol::Offset;
+
+use crate::error::ApiError;
+use crate::op::{Kind, Operation};
+use crate::request::{self, AppendHeaders, CreateHeaders, ReadQuery, RequestError};
+use crate::{headers, read};
+use crate::state::AppState;
+
+/// Every request under `/v1/stream/`.
+pub async fn stream<E: Engine>(
+    State(st): State<AppState<E>>,
+    Path(path): Path<String>,
+    method: Method,
+    uri: Uri,
+    req_headers: HeaderMap,
+    caller: Caller,
+    body: Body,
+) -> Response {
+    dispatch(&st, &path, &method, &uri, &req_headers, caller, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn dispatch<E: Engine>(st: &AppState<E>, path: &str, method: &Method, uri: &Uri, h: &HeaderMap, caller: Caller, body: Body) -> Result<Response, ApiError> {
+    if path.is_empty() {
+        return Err(RequestError::EmptyPath.into());
+    }
+    if path.len() > oncelog_protocol::headers::MAX_PATH_BYTES {
+        return Err(RequestError::PathTooLong.into());
+    }
+    if path == "__ds" || path.starts_with("__ds/") {
+        // The subscription API (sections 6 and 7).
+        return Ok(crate::subs::route(st, method, uri, h, body, &caller.access).await?);
+    }
+    let kind = caller.kind.unwrap_or_else(|| Kind::of(method, h));
+    match operation(st, kind, path, uri.query(), h).await? {
+        Operation::Read { info, query } => read::get(st, path, info, query, h, &caller.access).await,
+        Operation::Head { info, if_match } => read::head(info, if_match),
+        Operation::Create(args) | Operation::Fork(args) => create::create(st, path, uri, h, args, body).await,
+        Operation::Append { info, headers } | Operation::Close { info, headers } => append::append(st, path, info, headers, h, body, &caller).await,
+        Operation::Trim { info, to } => manage::trim(st, path, &info, to, h, body).await,
+        Operation::Compact { .. } => manage::compact(st, path, h, body).await,
+        Operation::Delete { if_tail } => manage::delete(st, path, if_tail).await,
+        Operation::Preflight => Ok(headers::preflight(h)),
+    }
+}
+
+/// The request's operation on the stream at `path`, with its typed arguments. Operations on an
+/// existing stream look it up first: a missing stream is `404` whatever else is wrong.
+async fn operation<E: Engine>(st: &AppState<E>, kind: Kind, path: &str, query: Option<&str>, h: &HeaderMap) -> Result<Operation, ApiError> {
+    let info = match kind {
+        Kind::Read | Kind::Head | Kind::Append { .. } | Kind::Close | Kind::Trim | Kind::Compact => st.engine.head(path, st.clock.now_ms()).await?,
+        Kind::Create => return Ok(Operation::Create(CreateHeaders::parse(h)?)),
+        Kind::Fork => return Ok(Operation::Fork(CreateHeaders::parse(h)?)),
+        Kind::Delete => return Ok(Operation::Delete { if_tail: request::if_match(h)?.flatten() }),
+        Kind::Preflight => return Ok(Operation::Preflight),
+        Kind::NotAllowed => return Err(ApiError::MethodNotAllowed),
+    };
+    Ok(match kind {
+        Kind::Read => Operation::Read { info, query: ReadQuery::parse(query)? },
+        Kind::Head => Operation::Head { info, if_match: request::if_match(h)? },
+        Kind::Close => Operation::Close { info, headers: AppendHeaders::parse(h)? },
+        Kind::Trim => {
+            let to = h.get(names::STREAM_TRIM_TO).and_then(|v| v.to_str().ok()).and_then(|v| Offset::parse(v.trim()).ok());
+            Operation::Trim { info, to: to.ok_or(RequestError::Offset(OffsetError::Malformed))? }
+        }
+        Kind::Compact => {
+            if !h.get(names::STREAM_COMPACT).is_some_and(|v| v.to_str().is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))) {
+                return Err(RequestError::from(HeaderError::InvalidCompact).into());
+            }
+            Operation::Compact { info }
+        }
+        _ => Operation::Append { info, headers: AppendHeaders::parse(h)? },
+    })
+}
+
+/// Who is asking: what their credentials allow, where from, and the request's kind as the
+/// front service classified it.
+pub struct Caller {
+    access: crate::auth::Access,
+    peer: Option<std::net::SocketAddr>,
+    kind: Option<Kind>,
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let access = parts.extensions.remove::<crate::auth::Access>().unwrap_or_default();
+        let peer = parts.extensions.get::<crate::front::PeerAddr>().map(|p| p.0);
+        let kind = parts.extensions.get::<Kind>().copied();
+        Ok(Caller { access, peer, kind })
+    }
+}
+
+impl Caller {
+    /// Who writes, for per-writer limits: the credentials' principal, else the client's address.
+    fn writer_key(&self) -> String {
+        match (&self.access.principal, self.peer) {
+            (Some(p), _) => p.clone(),
+            (None, Some(peer)) => format!("addr:{}", peer.ip()),
+            (None, None) => "unknown".to_owned(),
+        }
+    }
+}
+
+/// Anything outside `/v1/stream/`.
+pub async fn no_route(method: Method, req_headers: HeaderMap) -> Response {
+    if method == Method::OPTIONS {
+        return headers::preflight(&req_headers);
+    }
+    ApiError::NoRoute.into_response()
+}
