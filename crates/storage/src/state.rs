@@ -62,6 +62,24 @@ pub struct ForkOf {
 }
 
 impl StreamMeta {
+    /// A new open stream of `content_type`: no expiry, no fork, nothing trimmed, no retention,
+    /// not made for compaction (what a plain create makes; other fields are set from there).
+    pub fn new(id: u64, created_ms: i64, content_type: impl Into<String>) -> StreamMeta {
+        StreamMeta {
+            id,
+            created_ms,
+            content_type: content_type.into(),
+            expiry: Expiry::Never,
+            closed: false,
+            stream_seq: None,
+            fork: None,
+            soft_deleted: false,
+            earliest: Offset::ZERO,
+            retention: crate::RetentionPolicy::NONE,
+            compaction: false,
+        }
+    }
+
     pub fn config(&self) -> crate::StreamConfig {
         crate::StreamConfig {
             content_type: self.content_type.clone(),

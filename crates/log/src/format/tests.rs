@@ -184,19 +184,7 @@ fn version_1_checkpoints_still_decode() {
 
 #[test]
 fn version_2_checkpoints_decode_without_time_marks() {
-    let meta = StreamMeta {
-        id: 4,
-        created_ms: 1,
-        content_type: "text/plain".into(),
-        expiry: Expiry::Never,
-        closed: false,
-        stream_seq: None,
-        fork: None,
-        soft_deleted: false,
-        earliest: Offset::ZERO,
-        retention: oncelog_storage::RetentionPolicy::NONE,
-        compaction: false,
-    };
+    let meta = StreamMeta::new(4, 1, "text/plain");
     let s = CheckpointStream { path: "s".into(), meta, tail: 5, start: 0, producers: vec![], extents: vec![Extent::new(5, 1, 16)], keys: vec![], marks: vec![] };
     let c = Checkpoint { lsn: 2, segment: 1, pos: 40, next_id: 5, streams: vec![s], meta: Vec::new() };
     let v5 = c.encode();
@@ -214,19 +202,7 @@ fn version_2_checkpoints_decode_without_time_marks() {
 /// loads, with the same keys and marks.
 #[test]
 fn version_4_checkpoints_with_inline_keys_and_marks_still_decode() {
-    let meta = StreamMeta {
-        id: 4,
-        created_ms: 1,
-        content_type: "text/plain".into(),
-        expiry: Expiry::Never,
-        closed: false,
-        stream_seq: None,
-        fork: None,
-        soft_deleted: false,
-        earliest: Offset::ZERO,
-        retention: oncelog_storage::RetentionPolicy { max_age_s: Some(60), max_bytes: None },
-        compaction: false,
-    };
+    let meta = StreamMeta { retention: oncelog_storage::RetentionPolicy { max_age_s: Some(60), max_bytes: None }, ..StreamMeta::new(4, 1, "text/plain") };
     let key = (KeyId(0x0102_0304), KeyEntry { end: Offset(5), digest: BodyDigest(99), at_ms: 1_000 });
     let marks = vec![oncelog_storage::TimeMark { end: Offset(3), at_ms: 10 }, oncelog_storage::TimeMark { end: Offset(5), at_ms: 20 }];
     let m = oncelog_storage::codec::stream_meta::encode(&meta);

@@ -220,22 +220,10 @@ impl StreamState {
 mod tests {
     use super::*;
     use bytes::Bytes;
-    use oncelog_protocol::headers::{Expiry, ProducerHeaders};
+    use oncelog_protocol::headers::ProducerHeaders;
 
     fn meta() -> StreamMeta {
-        StreamMeta {
-            id: 1,
-            created_ms: 0,
-            content_type: "text/plain".into(),
-            expiry: Expiry::Never,
-            closed: false,
-            stream_seq: None,
-            fork: None,
-            soft_deleted: false,
-            earliest: Offset::ZERO,
-            retention: crate::RetentionPolicy { max_age_s: Some(3600), max_bytes: None },
-            compaction: false,
-        }
+        StreamMeta { retention: crate::RetentionPolicy { max_age_s: Some(3600), max_bytes: None }, ..StreamMeta::new(1, 0, "text/plain") }
     }
 
     fn req(producer: Option<(&str, u64)>, key: Option<u128>, now_ms: i64) -> AppendRequest {

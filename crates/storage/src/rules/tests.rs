@@ -12,19 +12,7 @@ use super::*;
 use crate::machine::Step;
 
 fn meta(ct: &str) -> StreamMeta {
-    StreamMeta {
-        id: 1,
-        created_ms: 0,
-        content_type: ct.into(),
-        expiry: Expiry::Never,
-        closed: false,
-        stream_seq: None,
-        fork: None,
-        soft_deleted: false,
-        earliest: Offset::ZERO,
-        retention: crate::RetentionPolicy::NONE,
-        compaction: false,
-    }
+    StreamMeta::new(1, 0, ct)
 }
 
 #[derive(Debug, Clone)]
