@@ -23,7 +23,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::format::{self, Checkpoint, CHECKPOINT, LOG_DIR};
-use crate::LogError;
+use crate::error::LogError;
 
 /// How many times a backup starts over because the server deleted a segment under it.
 const ATTEMPTS: usize = 10;

@@ -11,7 +11,7 @@ use crate::format;
 use crate::sim::SimFs;
 use crate::store::mutant::Mutant;
 use crate::store::{self, Command, Group, Store, StoreConfig};
-use crate::Durability;
+use crate::options::Durability;
 
 fn config() -> StoreConfig {
     StoreConfig { durability: Durability::Fsync, segment_bytes: 4096, hot_bytes: 0, mutant: Mutant::None, failpoints: Default::default(), retention: Default::default() }
@@ -52,7 +52,7 @@ fn contents(store: &Store, path: &str) -> Vec<u8> {
     let view = store.view();
     let s = view.streams.read().expect("lock").get(path).cloned().expect("stream");
     let tail = s.state.get().tail.0;
-    crate::read::plan(&s, 0, tail, usize::MAX, false).and_then(|p| p.bytes(&view.segments)).expect("read").0.to_vec()
+    crate::store::read::plan(&s, 0, tail, usize::MAX, false).and_then(|p| p.bytes(&view.segments)).expect("read").0.to_vec()
 }
 
 #[test]

@@ -66,6 +66,11 @@ pub const FRAME_HEADER: usize = 20;
 /// Largest frame payload; a bigger length in a header is damage, not data.
 pub const MAX_FRAME: usize = 1 << 30;
 
+/// Largest single record's data. A group stops taking commands at `MAX_GROUP_BYTES`, so its
+/// frame stays below `MAX_GROUP_BYTES` + this + headers, well inside [`MAX_FRAME`] (a
+/// longer frame header would read as damage at recovery).
+pub const MAX_RECORD_BYTES: usize = MAX_FRAME / 2;
+
 pub const CHECKPOINT: &str = "checkpoint";
 /// Locked while a server has the directory open.
 pub const LOCK: &str = "lock";

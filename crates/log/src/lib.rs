@@ -5,17 +5,19 @@
 //! - `sim` (tests only): a simulated disk that loses unsynced writes at a power cut;
 //! - [`format`]: segments, frames, records and checkpoints — the on-disk format and its
 //!   invariants, written beside the code;
-//! - `store`: the writer's state, the group commit and recovery (synchronous, so a seeded test
-//!   can drive it step by step);
-//! - `read`: reads from the hot tail or the segment files;
+//! - `store`: the writer's state, the group commit, recovery and reads (synchronous, so a
+//!   seeded test can drive it step by step);
+//! - [`backup`]: copying a running store;
+//! - `options`: [`LogOptions`], [`Durability`]; `error`: [`LogError`];
 //! - this file: [`LogEngine`], the [`Engine`] over a writer thread and a checkpointer thread.
 //!
 //! Data flow of an append: the HTTP task sends a command to the writer thread and awaits a
-//! oneshot reply. The writer drains what is queued, decides each command with the shared
-//! [`oncelog_storage::rules`] against its in-memory state, encodes each accepted one as **one
-//! record** (data, closure, `Stream-Seq` and producer state together) into **one frame**, writes
-//! the frame with one `pwrite`, `fdatasync`s once, then publishes the new tails (and the
-//! appended bytes, as a hot tail) to readers and replies. Background work — the checkpoint that
+//! oneshot reply. The writer drains what is queued, decides each command with the stream state
+//! machine ([`oncelog_storage::machine`]) against its in-memory state, encodes each accepted one
+//! as **one record** (data, closure, `Stream-Seq` and producer state together) into **one
+//! frame**, writes the frame with one `pwrite`, `fdatasync`s once, then publishes the new tails
+//! (and the appended bytes, as a hot tail) to readers and replies.
+//! Background work — the checkpoint that
 //! bounds recovery time and lets old segments go — runs on its own thread from a snapshot and
 //! never holds anything the commit path needs.
 //!
@@ -30,9 +32,10 @@
 //! the OS page cache.
 
 pub mod backup;
+mod error;
 pub mod format;
 pub mod fs;
-mod read;
+mod options;
 #[cfg(test)]
 mod sim;
 mod store;
@@ -41,7 +44,6 @@ mod power_loss;
 #[cfg(test)]
 mod fault_tests;
 
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -49,136 +51,22 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use oncelog_protocol::Offset;
-use oncelog_storage::rules::Retention;
 use oncelog_storage::*;
 use tokio::sync::oneshot;
 
+pub use error::LogError;
+use error::backend;
+pub use format::MAX_RECORD_BYTES;
+#[cfg(any(test, feature = "failpoints"))]
+pub use options::Failpoints;
+pub use options::{Durability, LogOptions};
 pub use store::RecoveryReport;
 use store::{Command, Group, Shared, Store, StoreConfig, View};
-
-/// Largest single record's data. A group stops taking commands at [`MAX_GROUP_BYTES`], so its
-/// frame stays below `MAX_GROUP_BYTES` + this + headers, well inside [`format::MAX_FRAME`] (a
-/// longer frame header would read as damage at recovery).
-pub const MAX_RECORD_BYTES: usize = format::MAX_FRAME / 2;
 
 /// Most commands in one group commit: bounds the latency a group adds to its first member.
 const MAX_GROUP_COMMANDS: usize = 4096;
 /// Most data bytes in one group commit, for the same reason.
 pub(crate) const MAX_GROUP_BYTES: usize = 32 << 20;
-
-/// What "acknowledged" means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Durability {
-    /// Acknowledged after `fdatasync` of the frame (the default): survives power loss.
-    Fsync,
-    /// Acknowledged after the frame is handed to the OS: survives a process crash, not a power
-    /// loss. An explicit, weaker choice for throughput.
-    Buffered,
-}
-
-/// The log engine's own failures (wrapped in [`StorageError`] at the seam).
-#[derive(Debug, thiserror::Error)]
-pub enum LogError {
-    #[error("cannot {what}: {source}")]
-    Io { what: String, source: std::io::Error },
-    #[error("the log is corrupt: {0}")]
-    Corrupt(String),
-    #[error(
-        "this data directory was written by a pre-release engine (fjall, `keyspaces/`) that this \
-         version no longer reads; start on an empty directory"
-    )]
-    FjallDirectory,
-    #[error("another oncelog server is using this data directory")]
-    Locked,
-    #[error("a group commit does not fit a segment")]
-    FrameTooLarge,
-    #[error("the log has run out of segment numbers")]
-    TooManySegments,
-    #[error("log segment {0} is gone while a stream still reads it")]
-    MissingSegment(u64),
-    /// A transaction's append was refused while being staged after its check accepted it: a
-    /// bug; the store stops writing rather than commit part of a transaction.
-    #[error("a transaction's append was refused after its check accepted it: {0}")]
-    TxnDiverged(String),
-}
-
-pub(crate) fn backend(e: LogError) -> StorageError {
-    match e {
-        LogError::Corrupt(_) => StorageError::Corrupt(Arc::new(e)),
-        e => StorageError::Backend(Arc::new(e)),
-    }
-}
-
-pub(crate) fn corrupt(why: String) -> StorageError {
-    backend(LogError::Corrupt(why))
-}
-
-#[derive(Clone)]
-pub struct LogOptions {
-    /// Where the files are (the data directory, or a simulated disk).
-    pub fs: Arc<dyn fs::Fs>,
-    pub durability: Durability,
-    /// A new segment starts when a frame would take the current one past this.
-    pub segment_bytes: u64,
-    /// A checkpoint is written after this many bytes of log (bounds replay at start).
-    pub checkpoint_bytes: u64,
-    /// After a trim, a checkpoint (which gives the trimmed space back) is written at most this
-    /// long after the previous one.
-    pub reclaim_interval: Duration,
-    /// Store-wide bound on the hot tail (recent appends kept in memory for live readers).
-    pub hot_bytes: usize,
-    /// Where recovery takes "now" from (the start of every recovered stream's TTL window).
-    pub clock: Arc<dyn Clock>,
-    /// Fault injection for tests (feature `failpoints`; absent from other builds).
-    #[cfg(any(test, feature = "failpoints"))]
-    pub failpoints: Failpoints,
-    /// How long idle producer state counts (`--producer-state-ttl`).
-    pub retention: Retention,
-}
-
-/// Switches that make the log fail on purpose, so fail-stop behaviour can be tested through the
-/// server on a real disk. Cheap to clone; all clones share the switches. Only with the feature
-/// `failpoints` (which other crates' tests turn on): a production build has none, and its write
-/// path checks none.
-#[cfg(any(test, feature = "failpoints"))]
-#[derive(Debug, Clone, Default)]
-pub struct Failpoints {
-    sync_error: Arc<std::sync::atomic::AtomicBool>,
-}
-
-#[cfg(any(test, feature = "failpoints"))]
-impl Failpoints {
-    /// While set, every group commit fails as if `fdatasync` had returned EIO.
-    pub fn fail_sync(&self, on: bool) {
-        self.sync_error.store(on, Ordering::SeqCst);
-    }
-
-    pub(crate) fn sync_should_fail(&self) -> bool {
-        self.sync_error.load(Ordering::SeqCst)
-    }
-}
-
-impl LogOptions {
-    /// Defaults on the real file system under `data_dir`.
-    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        Self::with_fs(Arc::new(fs::RealFs::new(data_dir.into())))
-    }
-
-    pub fn with_fs(fs: Arc<dyn fs::Fs>) -> Self {
-        Self {
-            fs,
-            durability: Durability::Fsync,
-            segment_bytes: 64 << 20,
-            checkpoint_bytes: 256 << 20,
-            reclaim_interval: Duration::from_secs(10),
-            hot_bytes: 32 << 20,
-            clock: Arc::new(SystemClock::default()),
-            #[cfg(any(test, feature = "failpoints"))]
-            failpoints: Failpoints::default(),
-            retention: Retention::default(),
-        }
-    }
-}
 
 /// The log engine. Cheap to clone.
 #[derive(Clone)]
@@ -206,7 +94,7 @@ impl LogEngine {
         }
         // The hot tail answers a live reader without touching a file; only a read that needs
         // the disk leaves the async runtime. The plan is made once, either way.
-        let plan = read::plan(&shared, from.0, info.tail.0, max_bytes, bounded)?;
+        let plan = store::read::plan(&shared, from.0, info.tail.0, max_bytes, bounded)?;
         let (data, next, aligned) = if plan.in_memory() {
             plan.bytes(&self.inner.view.segments)?
         } else {

@@ -46,7 +46,7 @@ use tokio::sync::oneshot;
 use crate::sim::SimFs;
 use crate::store::mutant::Mutant;
 use crate::store::{self, Command, Group, Store, StoreConfig};
-use crate::Durability;
+use crate::options::Durability;
 
 /// The content type of the contract suite's request builders.
 const CT: &str = "text/plain";
@@ -679,7 +679,7 @@ fn observe(store: &mut Store) -> Result<Observed, String> {
             out.insert(path.to_string(), Seen::Gone);
             continue;
         }
-        let (data, next, _) = crate::read::plan(&s, 0, p.tail.0, usize::MAX, false).and_then(|plan| plan.bytes(&view.segments)).map_err(|e| format!("read {path}: {e}"))?;
+        let (data, next, _) = crate::store::read::plan(&s, 0, p.tail.0, usize::MAX, false).and_then(|plan| plan.bytes(&view.segments)).map_err(|e| format!("read {path}: {e}"))?;
         if next != p.tail {
             return Err(format!("{path}: read ended at {} below the tail {}", next.0, p.tail.0));
         }

@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::row::i64_of;
-use crate::Shared;
+use crate::shared::Shared;
 
 /// Least time between two notifications of one node: each is a small transaction that takes
 /// the database's notification lock, and sending one per group cost about 20% of the append

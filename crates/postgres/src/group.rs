@@ -20,7 +20,7 @@ use deadpool_postgres::Transaction;
 
 use crate::error::{Fail, RowError};
 use crate::row::{self, i64_of, text_ok, Stream, COLS};
-use crate::{Shared, MAX_VALUE_BYTES};
+use crate::shared::{Shared, MAX_VALUE_BYTES};
 
 /// One stream of a group, as locked and changed so far.
 pub(crate) struct Staged {

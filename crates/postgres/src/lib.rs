@@ -32,19 +32,19 @@ mod ops;
 mod read;
 mod row;
 pub mod schema;
+mod shared;
 mod watch;
 mod writer;
 
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use oncelog_protocol::Offset;
 use oncelog_storage::machine::parking::ParkingLot;
-use oncelog_storage::machine::chain::Segment;
 use oncelog_storage::rules;
 use oncelog_storage::*;
 use tokio::sync::{mpsc, oneshot};
@@ -53,13 +53,12 @@ use tokio_postgres::config::SslMode;
 use tokio_postgres::NoTls;
 
 pub use error::OpenError;
+pub use shared::MAX_VALUE_BYTES;
+use shared::{Counters, Shared};
 use ops::retry;
 use watch::{Touches, Watches};
 use writer::{Cmd, Committer};
 
-/// Largest append (or initial body, or metadata value) stored as one row: PostgreSQL's `bytea`
-/// holds up to 1 GiB, and one message of the wire protocol about as much.
-pub const MAX_VALUE_BYTES: u64 = 256 << 20;
 
 /// How this engine connects and behaves.
 #[derive(Debug, Clone)]
@@ -105,118 +104,6 @@ struct Inner {
     /// Background work (touch flushes, safety-net wake-ups, garbage collection).
     tasks: Mutex<Vec<JoinHandle<()>>>,
     closing: AtomicBool,
-}
-
-/// What every part of the engine uses.
-pub(crate) struct Shared {
-    pub pool: Pool,
-    /// Part of every advisory-lock key: clusters in other schemas of the database never wait
-    /// on this one's locks.
-    pub schema: String,
-    pub retention: rules::Retention,
-    pub watches: Watches,
-    pub touches: Touches,
-    /// Fork chains by stream id (immutable once a fork exists).
-    pub chains: Mutex<HashMap<u64, Arc<Vec<Segment<u64>>>>>,
-    pub stats: Counters,
-    /// Why the database could not be used, while it cannot (for `/readyz`).
-    pub unavailable: Mutex<Option<String>>,
-    /// Whether `unavailable` holds a reason: every request notes its success, and only this
-    /// flag is read then (no lock on the read path while all is well).
-    pub degraded: AtomicBool,
-    /// Rows read by live readers, shared per path and wake epoch (`flight`).
-    pub rows: flight::Flights<(String, u64), Option<row::Stream>>,
-    /// Data ranges read, shared per (stream id, from, tail, max bytes).
-    pub scans: flight::Flights<(u64, u64, u64, usize), Option<(bytes::Bytes, Offset, bool)>>,
-    /// This engine, for the reads shared by `flight` (which outlive the reader that began them).
-    pub me: std::sync::Weak<Shared>,
-    /// Why the `LISTEN` connection is down, while it is (for `/readyz`).
-    pub listen_down: Mutex<Option<String>>,
-    /// This node, in its notifications (so it skips its own).
-    pub node: u64,
-    /// Stream ids this node committed, for the notifier.
-    pub notify: mpsc::UnboundedSender<u64>,
-    /// Another node committed: parked requests are tried again.
-    pub kick: tokio::sync::Notify,
-}
-
-/// [`EngineStats`], counted at open and every [`COUNT_EVERY`], and kept by this node's commits
-/// in between (exact with one node; with several, right again at each count).
-#[derive(Default)]
-pub(crate) struct Counters {
-    streams: AtomicI64,
-    producers: AtomicI64,
-    /// Producer appends that waited for their predecessors on this node (its committers' lots).
-    parked: Arc<AtomicU64>,
-}
-
-impl Counters {
-    pub fn add_producers(&self, n: i64) {
-        self.producers.fetch_add(n, Ordering::Relaxed);
-    }
-}
-
-/// An advisory-lock key for `what` (a path, a metadata key, …) of kind `kind` in `schema`.
-pub(crate) fn lock_key(schema: &str, kind: &[u8], what: &[u8]) -> i64 {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    h.update(schema.as_bytes());
-    h.update(&[0]);
-    h.update(kind);
-    h.update(&[0]);
-    h.update(what);
-    h.digest() as i64
-}
-
-impl Shared {
-    pub(crate) fn me(&self) -> Option<Arc<Shared>> {
-        self.me.upgrade()
-    }
-
-    pub(crate) async fn client(&self) -> Result<deadpool_postgres::Client, error::Fail> {
-        Ok(self.pool.get().await?)
-    }
-
-    /// After a commit: wakes this node's waiters, counts.
-    pub(crate) fn apply(&self, fx: ops::Effects) {
-        for id in fx.wake {
-            self.published(id);
-        }
-        self.stats.streams.fetch_add(fx.streams, Ordering::Relaxed);
-        self.stats.producers.fetch_add(fx.producers, Ordering::Relaxed);
-    }
-
-    /// Sets the counters to the database's counts (every node's changes).
-    pub(crate) async fn count(&self) -> Result<(), error::Fail> {
-        let c = self.client().await?;
-        let r = c.query_one("SELECT (SELECT count(*) FROM streams), (SELECT count(*) FROM producers)", &[]).await?;
-        self.stats.streams.store(r.get(0), Ordering::Relaxed);
-        self.stats.producers.store(r.get(1), Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Stream `id` changed (committed): this node's waiters wake now, the other nodes'
-    /// through the notifier.
-    pub(crate) fn published(&self, id: u64) {
-        self.watches.wake(id);
-        let _ = self.notify.send(id);
-    }
-
-    pub(crate) fn set_listen_down(&self, why: Option<String>) {
-        *self.listen_down.lock().unwrap_or_else(|p| p.into_inner()) = why;
-    }
-
-    pub(crate) fn note_failure(&self, e: &StorageError) {
-        if let StorageError::Unavailable(cause) = e {
-            *self.unavailable.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause.to_string());
-            self.degraded.store(true, Ordering::Release);
-        }
-    }
-
-    pub(crate) fn note_success(&self) {
-        if self.degraded.swap(false, Ordering::AcqRel) {
-            *self.unavailable.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        }
-    }
 }
 
 impl PgEngine {

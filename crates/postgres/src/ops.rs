@@ -23,15 +23,8 @@ use crate::group::Group;
 use crate::writer::Deciding;
 use crate::read::Lock;
 use crate::row::{self, expiry_columns, i64_of, text_ok, u64_of, Stream};
-use crate::{lock_key, Shared, MAX_VALUE_BYTES};
+use crate::shared::{lock_key, Effects, Shared, MAX_VALUE_BYTES};
 
-/// What a committed transaction changed, applied to this node's plumbing after COMMIT.
-#[derive(Default)]
-pub(crate) struct Effects {
-    pub wake: Vec<u64>,
-    pub streams: i64,
-    pub producers: i64,
-}
 
 /// How much later than its TTL says a stream is removed by the sweep: reads on other nodes
 /// reach the database in batches (`maint::TOUCH_FLUSH`), so a stream read there a moment ago

@@ -16,7 +16,7 @@ use deadpool_postgres::GenericClient;
 
 use crate::error::{Fail, RowError};
 use crate::row::{i64_of, text_ok, u64_of, Stream, COLS};
-use crate::Shared;
+use crate::shared::Shared;
 
 /// How often a live wait re-reads its stream when nothing woke it: the last resort behind the
 /// notifications and the node's poll of watched tails (`bus`), which wake it much sooner.

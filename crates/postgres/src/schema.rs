@@ -25,7 +25,7 @@ pub(crate) fn valid_schema(name: &str) -> bool {
 
 /// Applies every missing migration to `schema`.
 pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), OpenError> {
-    let key = crate::lock_key(schema, b"migrate", b"");
+    let key = crate::shared::lock_key(schema, b"migrate", b"");
     client.execute("SELECT pg_advisory_lock($1)", &[&key]).await?;
     let result = migrate_locked(client, schema).await;
     // Released even after a failure; a lost connection releases it anyway.

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use crate::error::Fail;
 use crate::group::Group;
-use crate::Shared;
+use crate::shared::Shared;
 
 /// How often parked requests are tried again when nothing on this node woke them.
 pub(crate) const RETRY_PARKED: Duration = Duration::from_millis(20);

@@ -21,7 +21,7 @@ pub struct StreamConfig {
     pub expiry: Expiry,
     /// What the retention sweep may drop (compared on re-create only where the request named
     /// it: [`crate::RetentionRequest::matches`]).
-    pub retention: crate::RetentionPolicy,
+    pub retention: crate::retention::RetentionPolicy,
     /// `Stream-Compaction: state` (see [`StreamMeta::compaction`](crate::StreamMeta)).
     pub compaction: bool,
 }
@@ -51,7 +51,7 @@ pub struct CreateRequest {
     pub fork: Option<ForkRequest>,
     /// The retention policy (already resolved against the server's defaults). A fork has its
     /// own: the source's is not inherited.
-    pub retention: crate::RetentionRequest,
+    pub retention: crate::retention::RetentionRequest,
     /// `Stream-Compaction: state`: a JSON stream of State Protocol messages that compactions may
     /// shorten. A fork of such a stream is one too.
     pub compaction: bool,

@@ -46,7 +46,7 @@ pub struct StreamMeta {
     /// ever grows.
     pub earliest: Offset,
     /// What the retention sweep may drop; fixed at creation.
-    pub retention: crate::RetentionPolicy,
+    pub retention: crate::retention::RetentionPolicy,
     /// Created with `Stream-Compaction: state`: its messages are State Protocol messages, and a
     /// compaction may replace its history with a snapshot.
     pub compaction: bool,
@@ -75,13 +75,13 @@ impl StreamMeta {
             fork: None,
             soft_deleted: false,
             earliest: Offset::ZERO,
-            retention: crate::RetentionPolicy::NONE,
+            retention: crate::retention::RetentionPolicy::NONE,
             compaction: false,
         }
     }
 
-    pub fn config(&self) -> crate::StreamConfig {
-        crate::StreamConfig {
+    pub fn config(&self) -> crate::engine::StreamConfig {
+        crate::engine::StreamConfig {
             content_type: self.content_type.clone(),
             expiry: self.expiry,
             retention: self.retention,
@@ -90,7 +90,7 @@ impl StreamMeta {
     }
 
     /// What readers see of this stream at `tail`.
-    pub fn info(&self, tail: oncelog_protocol::Offset) -> crate::StreamInfo {
-        crate::StreamInfo { id: self.id, config: self.config(), tail, closed: self.closed, earliest: self.earliest }
+    pub fn info(&self, tail: oncelog_protocol::Offset) -> crate::engine::StreamInfo {
+        crate::engine::StreamInfo { id: self.id, config: self.config(), tail, closed: self.closed, earliest: self.earliest }
     }
 }

@@ -13,7 +13,8 @@ use tokio::sync::oneshot;
 
 use crate::format::{self, Extent, Record};
 use crate::fs::{File, Fs};
-use crate::{backend, Durability, LogError};
+use crate::error::{backend, LogError};
+use crate::options::Durability;
 
 use super::view::Shared;
 use super::mutant::is_on;

@@ -10,12 +10,14 @@
 //! sync as a success.
 //!
 //! Files: this one holds the store and dispatches commands; [`view`] what readers share;
+//! [`read`] reads from the hot tail or the segment files;
 //! `stage` each command's decision and records; `commit` the group's frame, its write and sync,
 //! and publishing; `checkpoint` snapshots and index pruning; `recovery` opening a directory.
 
 mod checkpoint;
 mod commit;
 pub(crate) mod mutant;
+pub(crate) mod read;
 mod recovery;
 mod stage;
 pub(crate) mod view;
@@ -34,7 +36,8 @@ use oncelog_storage::*;
 use tokio::sync::oneshot;
 
 use crate::fs::{File, Fs};
-use crate::{backend, Durability, LogError};
+use crate::error::{backend, LogError};
+use crate::options::Durability;
 
 pub(crate) use checkpoint::write_checkpoint;
 pub(crate) use commit::Group;
@@ -103,7 +106,7 @@ pub(crate) struct StoreConfig {
     #[cfg(test)]
     pub mutant: mutant::Mutant,
     #[cfg(any(test, feature = "failpoints"))]
-    pub failpoints: crate::Failpoints,
+    pub failpoints: crate::options::Failpoints,
     pub retention: rules::Retention,
 }
 

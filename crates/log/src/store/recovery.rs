@@ -16,7 +16,7 @@ use oncelog_storage::*;
 
 use crate::format::{self, Checkpoint, Extent, ProducerEffect, Replayed};
 use crate::fs::Fs;
-use crate::{backend, corrupt, LogError};
+use crate::error::{backend, corrupt, LogError};
 
 use super::commit::new_segment;
 use super::view::{new_shared, Counters, Shared, StreamData, View};

@@ -28,7 +28,7 @@ impl Store {
     /// appends and Meta records into this group's one frame; parked successors of its producer
     /// appends are released behind them.
     pub(super) fn transact(&mut self, txn: TxnRequest, g: &mut Group) -> Result<TxnOutcome, TxnError> {
-        rules::txn_shape(&txn, crate::MAX_RECORD_BYTES)?;
+        rules::txn_shape(&txn, crate::format::MAX_RECORD_BYTES)?;
         for a in &txn.appends {
             self.drop_if_expired(&a.path, a.now_ms, g);
         }
@@ -163,7 +163,7 @@ impl Store {
     /// [`rules::compact`] decides: Append records and a Trim record in this group's one frame,
     /// so a power cut keeps all of it or none.
     pub(super) fn compact(&mut self, req: CompactRequest, g: &mut Group) -> Result<TrimOutcome, CompactError> {
-        if req.pieces.iter().any(|p| p.len() > crate::MAX_RECORD_BYTES) {
+        if req.pieces.iter().any(|p| p.len() > crate::format::MAX_RECORD_BYTES) {
             return Err(CompactError::TooLarge);
         }
         let w = self.streams.get_mut(req.path.as_str()).ok_or(CompactError::NotFound)?;
@@ -221,7 +221,7 @@ impl Store {
         if req.path.is_empty() || req.path.len() > oncelog_protocol::headers::MAX_PATH_BYTES {
             return Err(CreateError::InvalidPath);
         }
-        if req.initial.len() > crate::MAX_RECORD_BYTES {
+        if req.initial.len() > crate::format::MAX_RECORD_BYTES {
             return Err(CreateError::TooLarge);
         }
         self.drop_if_expired(&req.path, req.now_ms, g);
@@ -231,7 +231,7 @@ impl Store {
             let src = self.streams.get(f.source.as_str());
             let view = &self.view;
             let resolved = rules::resolve_fork(src.map(|w| (&w.st.meta, w.st.tail)), f, |at| match src {
-                Some(w) => crate::read::append_at(&w.shared, &view.segments, at, w.st.tail.0),
+                Some(w) => super::read::append_at(&w.shared, &view.segments, at, w.st.tail.0),
                 None => Ok(None),
             })?;
             let chain = src.map_or_else(Vec::new, |w| fork_chain(&w.shared.chain, &w.shared, resolved.fork.fork_point));
@@ -339,7 +339,7 @@ pub(super) fn check_append_shape(req: &AppendRequest) -> Result<(), AppendError>
     if req.producer.as_ref().is_some_and(|p| p.id.is_empty() || p.id.len() > oncelog_protocol::headers::MAX_PRODUCER_ID_BYTES) {
         return Err(AppendError::ProducerIdTooLong);
     }
-    if req.data.len() > crate::MAX_RECORD_BYTES {
+    if req.data.len() > crate::format::MAX_RECORD_BYTES {
         return Err(AppendError::TooLarge);
     }
     Ok(())

@@ -1,8 +1,8 @@
 //! The stored forms of the engine-neutral state — stream metadata ([`stream_meta`]), producer
 //! states ([`producer`]), idempotency key entries ([`key_entry`]), retention time marks
-//! ([`marks`]), subscriptions, cursors, the dispatcher lease and the uid sequence
-//! ([`subscription`]) — and the small field encoder both of Oncelog's engines build their
-//! on-disk records with.
+//! ([`marks`]) — and the small field encoder both of Oncelog's engines build their on-disk
+//! records with (subscriptions' stored forms, built with it too, are in
+//! [`crate::subs::codec`]).
 //!
 //! Every value starts with a one-byte tag that names its type *and* version; a decoder refuses a
 //! tag it does not know rather than guessing. Integers are little-endian fixed width inside
@@ -15,19 +15,18 @@ pub mod key_entry;
 pub mod marks;
 pub mod producer;
 pub mod stream_meta;
-pub mod subscription;
 
 pub use producer::ProducerRecord;
 
-impl From<DecodeError> for crate::StorageError {
+impl From<DecodeError> for crate::engine::StorageError {
     fn from(e: DecodeError) -> Self {
-        crate::StorageError::Corrupt(std::sync::Arc::new(e))
+        crate::engine::StorageError::Corrupt(std::sync::Arc::new(e))
     }
 }
 
-impl From<DecodeError> for crate::LookupError {
+impl From<DecodeError> for crate::engine::LookupError {
     fn from(e: DecodeError) -> Self {
-        crate::LookupError::Storage(e.into())
+        crate::engine::LookupError::Storage(e.into())
     }
 }
 

@@ -19,7 +19,7 @@
 
 use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::Offset;
-use crate::{ForkOf, StreamMeta};
+use crate::state::{ForkOf, StreamMeta};
 
 use super::{DecodeError, Decoder, Encoder};
 
@@ -80,7 +80,7 @@ pub fn decode(bytes: &[u8]) -> Result<StreamMeta, DecodeError> {
     let fork = if d.bool()? { Some(ForkOf { source_id: d.u64()?, fork_point: d.u64()? }) } else { None };
     let soft_deleted = d.bool()?;
     let earliest = Offset(if tag == TAG_V1 { 0 } else { d.u64()? });
-    let mut retention = crate::RetentionPolicy::NONE;
+    let mut retention = crate::retention::RetentionPolicy::NONE;
     let mut compaction = false;
     if tag == TAG_V3 {
         retention.max_age_s = if d.bool()? { Some(d.u64()?) } else { None };
@@ -112,14 +112,14 @@ mod tests {
             compaction: bool,
         ) {
             let fork = fork.map(|(source_id, fork_point)| ForkOf { source_id, fork_point });
-            let retention = crate::RetentionPolicy { max_age_s, max_bytes };
+            let retention = crate::retention::RetentionPolicy { max_age_s, max_bytes };
             let m = StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest: Offset(earliest), retention, compaction };
             prop_assert_eq!(decode(&encode(&m)), Ok(m));
         }
 
         #[test]
         fn tag_3_records_without_the_compaction_flag_decode(max_age_s in proptest::option::of(any::<u64>())) {
-            let retention = crate::RetentionPolicy { max_age_s, max_bytes: Some(9) };
+            let retention = crate::retention::RetentionPolicy { max_age_s, max_bytes: Some(9) };
             let m = StreamMeta {
                 id: 3, created_ms: 1, content_type: "text/plain".into(), expiry: Expiry::Never, closed: false, stream_seq: None,
                 fork: None, soft_deleted: false, earliest: Offset(2), retention, compaction: false,

@@ -35,7 +35,7 @@ pub async fn compaction_replaces_the_history_with_a_snapshot<H: Harness>() {
     let state_stream = |path: &str| CreateRequest { compaction: true, ..create_req(path, "application/json") };
     // Only JSON streams without retention can be made for compaction.
     assert!(matches!(e.create(CreateRequest { compaction: true, ..create_req("t", "text/plain") }).await, Err(CreateError::CompactionNeedsJson)));
-    let with_retention = crate::RetentionRequest { policy: crate::RetentionPolicy { max_age_s: Some(60), max_bytes: None }, named_age: true, named_bytes: false };
+    let with_retention = crate::retention::RetentionRequest { policy: crate::retention::RetentionPolicy { max_age_s: Some(60), max_bytes: None }, named_age: true, named_bytes: false };
     let r = e.create(CreateRequest { retention: with_retention, ..state_stream("r") }).await;
     assert!(matches!(r, Err(CreateError::CompactionWithRetention)), "{r:?}");
     let info = create(e, state_stream("s")).await;

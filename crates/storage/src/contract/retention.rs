@@ -3,7 +3,7 @@
 use oncelog_protocol::Offset;
 
 use super::*;
-use crate::{RetentionPolicy, RetentionRequest};
+use crate::retention::{RetentionPolicy, RetentionRequest};
 
 fn policy(max_age_s: Option<u64>, max_bytes: Option<u64>) -> RetentionPolicy {
     RetentionPolicy { max_age_s, max_bytes }

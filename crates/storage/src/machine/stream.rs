@@ -223,7 +223,7 @@ mod tests {
     use oncelog_protocol::headers::ProducerHeaders;
 
     fn meta() -> StreamMeta {
-        StreamMeta { retention: crate::RetentionPolicy { max_age_s: Some(3600), max_bytes: None }, ..StreamMeta::new(1, 0, "text/plain") }
+        StreamMeta { retention: crate::retention::RetentionPolicy { max_age_s: Some(3600), max_bytes: None }, ..StreamMeta::new(1, 0, "text/plain") }
     }
 
     fn req(producer: Option<(&str, u64)>, key: Option<u128>, now_ms: i64) -> AppendRequest {

@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 
 use super::{SubError, Subscriptions};
-use crate::codec::subscription as codec;
-use crate::{Engine, MetaWrite, TxnError, TxnRequest};
+use super::codec;
+use crate::engine::{Engine, MetaWrite, TxnError, TxnRequest};
 
 /// Over a shared engine: which process hands out webhook deliveries, and until when
 /// ([`codec::encode_lease`]).

@@ -9,7 +9,7 @@ use super::config::{links, wake_stream};
 use super::rules::{self, Woke};
 use super::state::Entry;
 use super::{glob, Link, LinkType, SubError, SubKind, SubView, Subscriptions, WakeNotice};
-use crate::Engine;
+use crate::engine::Engine;
 
 impl<E: Engine> Subscriptions<E> {
     /// The linked streams of `e` now: explicit ones (also where no stream exists) and the
@@ -27,7 +27,7 @@ impl<E: Engine> Subscriptions<E> {
         for path in &e.rec.explicit {
             let (stream_id, tail) = match self.engine.head(path, now_ms).await {
                 Ok(info) => (info.id, info.tail),
-                Err(crate::LookupError::Storage(s)) => return Err(s.into()),
+                Err(crate::engine::LookupError::Storage(s)) => return Err(s.into()),
                 Err(_) => (0, Offset::ZERO),
             };
             let acked = if stream_id == 0 { Offset::ZERO } else { e.acked(path, stream_id) };

@@ -2,7 +2,8 @@
 //! which streams, how far each has processed them, and who may act on it now.
 //!
 //! Module map (each file one concern):
-//! - [`model`]: the stored state ([`SubRecord`], [`Cursor`]).
+//! - [`model`]: the stored state ([`SubRecord`], [`Cursor`]); [`codec`]: its stored forms (and
+//!   the dispatcher lease's and the uid sequence's), with tags.
 //! - [`glob`]: stream patterns.
 //! - [`service`]: [`Subscriptions`], the public API: each operation loads the state, decides
 //!   with `rules`, and writes through `store`.
@@ -27,6 +28,7 @@
 //! durable and atomic with each other on every engine, and the engines know nothing about
 //! subscriptions: they keep a metadata map ([`crate::MetaWrite`]) and commit transactions.
 
+pub mod codec;
 mod config;
 mod dispatch;
 pub mod glob;
@@ -43,7 +45,7 @@ pub use service::*;
 
 use oncelog_protocol::Offset;
 
-use crate::{AppendError, StorageError, TxnError};
+use crate::engine::{AppendError, StorageError, TxnError};
 
 /// Why a subscription configuration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

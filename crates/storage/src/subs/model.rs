@@ -1,4 +1,4 @@
-//! A subscription's logical state: what is stored (through [`crate::codec::subscription`]) and
+//! A subscription's logical state: what is stored (through [`super::codec`]) and
 //! what every decision in the service's rules (`rules.rs`) reads.
 
 use std::collections::BTreeSet;

@@ -15,8 +15,8 @@ use tokio::sync::MutexGuard;
 
 use super::state::{Entry, Filter, Inner};
 use super::{Cursor, SubError, SubKind, SubRecord, Subscriptions};
-use crate::codec::subscription as codec;
-use crate::{AppendOutcome, AppendRequest, Engine, MetaWrite, TxnError, TxnOutcome, TxnRequest};
+use super::codec;
+use crate::engine::{AppendOutcome, AppendRequest, Engine, MetaWrite, TxnError, TxnOutcome, TxnRequest};
 
 const SUB_PREFIX: &str = "sub/";
 const CURSOR_PREFIX: &str = "cur/";

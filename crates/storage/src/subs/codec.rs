@@ -23,8 +23,8 @@ use std::collections::BTreeSet;
 
 use oncelog_protocol::Offset;
 
-use super::{DecodeError, Decoder, Encoder};
-use crate::subs::{Cursor, SubConfig, SubKind, SubRecord, Wake};
+use super::{Cursor, SubConfig, SubKind, SubRecord, Wake};
+use crate::codec::{DecodeError, Decoder, Encoder};
 
 const TAG_V1: u8 = 0x01;
 

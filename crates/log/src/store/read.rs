@@ -11,8 +11,8 @@ use oncelog_storage::machine::chain;
 use oncelog_storage::StorageError;
 
 use crate::fs::File;
-use crate::store::view::Shared;
-use crate::{backend, LogError};
+use super::view::Shared;
+use crate::error::{backend, LogError};
 
 /// Appends this close together in one segment are read with one `pread` (the gap holds the
 /// next record's header).

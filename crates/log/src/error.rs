@@ -1,0 +1,43 @@
+//! The log engine's own failures, and how they cross the storage seam.
+
+use std::sync::Arc;
+
+use oncelog_storage::StorageError;
+
+/// The log engine's own failures (wrapped in [`StorageError`] at the seam).
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("cannot {what}: {source}")]
+    Io { what: String, source: std::io::Error },
+    #[error("the log is corrupt: {0}")]
+    Corrupt(String),
+    #[error(
+        "this data directory was written by a pre-release engine (fjall, `keyspaces/`) that this \
+         version no longer reads; start on an empty directory"
+    )]
+    FjallDirectory,
+    #[error("another oncelog server is using this data directory")]
+    Locked,
+    #[error("a group commit does not fit a segment")]
+    FrameTooLarge,
+    #[error("the log has run out of segment numbers")]
+    TooManySegments,
+    #[error("log segment {0} is gone while a stream still reads it")]
+    MissingSegment(u64),
+    /// A transaction's append was refused while being staged after its check accepted it: a
+    /// bug; the store stops writing rather than commit part of a transaction.
+    #[error("a transaction's append was refused after its check accepted it: {0}")]
+    TxnDiverged(String),
+}
+
+pub(crate) fn backend(e: LogError) -> StorageError {
+    match e {
+        LogError::Corrupt(_) => StorageError::Corrupt(Arc::new(e)),
+        e => StorageError::Backend(Arc::new(e)),
+    }
+}
+
+pub(crate) fn corrupt(why: String) -> StorageError {
+    backend(LogError::Corrupt(why))
+}
+
