@@ -21,9 +21,21 @@ pub enum CliError {
     /// Reading stdin or writing stdout failed.
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
-    /// Bad input on stdin or in the arguments.
-    #[error("{0}")]
-    Input(String),
+    /// A `--header` without a colon.
+    #[error("header {0:?} is not \"Name: value\"")]
+    BadHeader(String),
+    /// The `--cacert` file could not be read.
+    #[error("--cacert {}: {source}", path.display())]
+    CaCert { path: PathBuf, source: std::io::Error },
+    /// Stdin of a JSON stream is not a sequence of JSON values.
+    #[error("stdin is not a sequence of JSON values: {0}")]
+    NotJson(#[from] serde_json::Error),
+    /// A single conditional or keyed append got nothing to send.
+    #[error("--if-match and --idempotency-key need data on stdin")]
+    NoData,
+    /// `sub create` needs exactly one delivery.
+    #[error("give exactly one of --webhook-url and --wake-stream")]
+    OneDelivery,
 }
 
 /// Prints the error (if any) and picks the exit status.
@@ -71,14 +83,14 @@ impl Conn {
             b = b.default_header("authorization", auth)?;
         }
         for h in &self.headers {
-            let (name, value) = h.split_once(':').ok_or_else(|| CliError::Input(format!("header {h:?} is not \"Name: value\"")))?;
+            let (name, value) = h.split_once(':').ok_or_else(|| CliError::BadHeader(h.clone()))?;
             b = b.default_header(name.trim(), value.trim())?;
         }
         if let Some(r) = retry {
             b = b.retry_policy(r);
         }
         if let Some(path) = &self.cacert {
-            let pem = std::fs::read(path).map_err(|e| CliError::Input(format!("--cacert {}: {e}", path.display())))?;
+            let pem = std::fs::read(path).map_err(|source| CliError::CaCert { path: path.clone(), source })?;
             b = b.ca_cert_pem(pem);
         }
         Ok(b.build()?)
@@ -324,9 +336,7 @@ fn spawn_stdin_reader(json: bool) -> tokio::sync::mpsc::Receiver<Result<Bytes, C
         let lock = stdin.lock();
         if json {
             for v in serde_json::Deserializer::from_reader(lock).into_iter::<serde_json::Value>() {
-                let item = v
-                    .map_err(|e| CliError::Input(format!("stdin is not a sequence of JSON values: {e}")))
-                    .and_then(|v| serde_json::to_vec(&v).map(Bytes::from).map_err(|e| CliError::Input(e.to_string())));
+                let item = v.and_then(|v| serde_json::to_vec(&v)).map(Bytes::from).map_err(CliError::from);
                 let stop = item.is_err();
                 if tx.blocking_send(item).is_err() || stop {
                     return;
@@ -363,7 +373,7 @@ async fn append_once(s: &oncelog_client::StreamHandle, if_match: Option<&str>, k
         items.push(item?);
     }
     if items.is_empty() {
-        return Err(CliError::Input("--if-match and --idempotency-key need data on stdin".into()));
+        return Err(CliError::NoData);
     }
     let body = if json {
         let mut out = Vec::new();

@@ -1,7 +1,7 @@
 //! `oncelog`: the command line. `serve` runs the Durable Streams server on its storage engine;
-//! `create | append | read | tail | head | close | delete` are a client built on
-//! `oncelog-client`; `sub` manages subscriptions; `token` mints credentials. Thin by design: all
-//! behaviour lives in the library crates.
+//! `create | append | read | tail | head | close | delete | trim | compact` are a client built on
+//! `oncelog-client`; `sub` manages subscriptions; `token` mints credentials; `backup` copies a
+//! running log engine's data directory. Thin by design: all behaviour lives in the library crates.
 //!
 //! Modules: [`serve`] (the server subcommand), [`commands`] (the client subcommands), [`sub`]
 //! (`sub create | get | delete | list | link | unlink`), [`token`] (`token issue`, `token sign-url`).

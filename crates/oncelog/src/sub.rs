@@ -121,7 +121,7 @@ async fn create(a: CreateArgs) -> Result<(), CliError> {
         (Some(url), None) => SubscriptionConfig::webhook(url),
         (None, Some(wake)) => SubscriptionConfig::pull_wake(wake),
         // clap's `delivery` group: exactly one of them.
-        _ => return Err(CliError::Input("give exactly one of --webhook-url and --wake-stream".into())),
+        _ => return Err(CliError::OneDelivery),
     };
     if let Some(p) = a.pattern {
         config = config.pattern(p);

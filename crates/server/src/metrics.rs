@@ -14,6 +14,7 @@
 //! | `oncelog_group_commit_commands` | histogram | | commands per group commit |
 //! | `oncelog_group_commit_seconds` | histogram | | write + sync (log) or decide + write + COMMIT (PostgreSQL) of one group |
 //! | `oncelog_fsync_seconds` | histogram | | the sync of one group (log engine) |
+//! | `oncelog_checkpoint_seconds` | histogram | | writing one checkpoint (log engine) |
 //! | `oncelog_live_readers` | gauge | `mode` | open long-poll and SSE reads |
 //! | `oncelog_http_requests_total` | counter | `method`, `status` | every answered stream request (common statuses by code, the rest `other`) |
 //! | `oncelog_connections_accepted_total` | counter | | TCP connections accepted |
