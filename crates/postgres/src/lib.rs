@@ -18,9 +18,10 @@
 //! - `ops`: create/fork, delete, trim, compact, transact, and the sweeps (expiry, retention,
 //!   garbage collection), each a transaction;
 //! - `read`: head, reads through fork chains, live waits, listings;
+//! - `flight`: single-flight reads shared by the live readers one commit woke;
 //! - `watch`: waiters' wake-ups and TTL touches; `row`: a `streams` row as rules see it;
-//!   `error`: open errors and the mapping of driver errors to [`StorageError`].
-//!
+//!   `error`: open errors and the mapping of driver errors to [`StorageError`];
+//! - `shared`: what every task of a node shares (pool, counters, lock keys, effects to apply);
 //! - `bus`: wake-ups between nodes (batched `pg_notify` after commit, a `LISTEN` connection,
 //!   a poll of watched tails as the safety net), and readiness from that connection.
 

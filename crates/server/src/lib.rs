@@ -30,7 +30,8 @@
 //! - [`subs`]: the subscription API under `/v1/stream/__ds/` and webhook delivery.
 //! - [`signing`]: the webhook signing keys (rotated), the JWKS, claim and callback tokens.
 //! - [`state`]: [`AppState`], what every handler shares.
-//! - [`sweeper`]: the background task that deletes expired streams.
+//! - [`sweeper`]: the background task that deletes expired streams, applies retention, compacts
+//!   and prunes idle writer state.
 //! - [`tls`]: certificates for HTTPS (reloaded when their files change) and ALPN.
 //!
 //! Time comes from [`Clock`] (re-exported from `oncelog-storage`), so tests drive expiry and

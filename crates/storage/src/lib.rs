@@ -18,6 +18,8 @@
 //! - [`retention`]: retention policies, time marks and where the retention sweep trims to.
 //! - [`subs`]: subscriptions (protocol sections 6 and 7) over any engine, kept in the engines'
 //!   metadata map and changed by transactions ([`Engine::transact`]).
+//! - [`codec`]: the stored forms of stream metadata, producer state, idempotency key entries and
+//!   time marks, shared by both engines (each with a tag and a round-trip test).
 //! - [`clock`]: time behind a trait, so expiry is testable with a manual clock.
 //! - `contract` (feature `contract`): the engine contract suite; every engine runs it through
 //!   [`engine_contract_tests!`].
