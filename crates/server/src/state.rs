@@ -24,7 +24,7 @@ pub struct Shared<E> {
     pub engine: Arc<E>,
     pub config: Arc<ServerConfig>,
     pub clock: Arc<dyn Clock>,
-    /// Consulted for every stream request ([`auth`]).
+    /// Consulted for every stream request ([`crate::auth`]).
     pub auth: Arc<dyn Authorize>,
     /// The Prometheus handle; `None` when metrics are off.
     pub metrics: Option<PrometheusHandle>,
@@ -38,7 +38,7 @@ pub struct Shared<E> {
     pub subs: Arc<oncelog_storage::subs::Subscriptions<E>>,
     /// The webhook signing key and token key (loaded or created at first use).
     pub sub_keys: Arc<KeyRing>,
-    /// The listening address as a URL, set by [`serve`]: the default of
+    /// The listening address as a URL, set by [`crate::serve`]: the default of
     /// [`ServerConfig::public_url`].
     pub base_url: Arc<std::sync::OnceLock<String>>,
 }

@@ -50,7 +50,7 @@ fn from_lookup(e: LookupError) -> Option<CompactError> {
 }
 
 /// Whether a stream as `info` describes it is one a background compactor looks at: made for
-/// compaction, open, with at least `min_bytes` of history (for [`Engine::compaction_candidates`]).
+/// compaction, open, with at least `min_bytes` of history (for [`crate::engine::Housekeeping::compaction_candidates`]).
 pub fn is_candidate(info: &StreamInfo, min_bytes: u64) -> bool {
     info.config.compaction && !info.closed && info.tail.0.saturating_sub(info.earliest.0) >= min_bytes
 }

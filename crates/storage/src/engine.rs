@@ -3,7 +3,7 @@
 //! Validation that must be atomic with the data (closure, content-type match, `Stream-Seq`,
 //! producer epoch/seq) happens *inside* the backend, under its per-stream write serialisation,
 //! by calling the shared [`crate::rules`]; the HTTP layer only parses and renders. What every
-//! backend must do is pinned by [`crate::contract`], not by this file's prose alone.
+//! backend must do is pinned by `crate::contract` (feature `contract`), not by this file's prose alone.
 
 use std::future::Future;
 use std::sync::Arc;

@@ -22,7 +22,7 @@
 //!   time marks, shared by both engines (each with a tag and a round-trip test).
 //! - [`clock`]: time behind a trait, so expiry is testable with a manual clock.
 //! - `contract` (feature `contract`): the engine contract suite; every engine runs it through
-//!   [`engine_contract_tests!`].
+//!   `engine_contract_tests!`.
 //!
 //! Where a new engine plugs in: implement [`Engine`] by keeping [`StreamMeta`], a tail and
 //! producer states per stream, serialising each stream's writes, and calling [`rules`] inside

@@ -3,9 +3,9 @@
 //! operation's handler — each thin: typed arguments in, one engine call, an answer out.
 //!
 //! - [`crate::read`]: read (catch-up, long-poll, SSE) and head;
-//! - [`create`]: create and fork;
-//! - [`append`]: append and close;
-//! - [`manage`]: trim, compact and delete;
+//! - `create`: create and fork;
+//! - `append`: append and close;
+//! - `manage`: trim, compact and delete;
 //! - [`crate::subs`]: the subscription API under `__ds/`.
 
 mod append;
