@@ -12,7 +12,7 @@
 //!   never responses.
 //! - [`error`]: every error the server can answer with, mapped to a status code in one place.
 //! - [`handlers`]: the one stream route's dispatch to a thin handler per operation (create,
-//!   append, trim / compact / delete): typed arguments → one engine call → an answer.
+//!   append, trim / compact / delete): typed arguments (the stream looked up once) → one engine call → an answer.
 //! - [`read`]: the read operations: `HEAD`, and catch-up, long-poll and SSE reads.
 //! - `reply`, `body`: response helpers shared by every handler, and reading a bounded body.
 //! - [`front`]: the one service in front of the router: peer address, authentication hook,

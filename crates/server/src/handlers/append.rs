@@ -1,4 +1,4 @@
-//! `POST` of data: append and close, through one engine call.
+//! `POST` of data: append and close. The operation already looked the stream up; the write is one engine call.
 
 use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};

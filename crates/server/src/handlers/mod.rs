@@ -1,6 +1,6 @@
 //! The stream operations: the one route under `/v1/stream/` parses its request into an
 //! [`Operation`] (from the [`Kind`] the front service classified) and hands it to that
-//! operation's handler — each thin: typed arguments in, one engine call, an answer out.
+//! operation's handler — each thin: typed arguments in (the stream looked up once where the operation needs it), one engine call, an answer out.
 //!
 //! - [`crate::read`]: read (catch-up, long-poll, SSE) and head;
 //! - `create`: create and fork;
