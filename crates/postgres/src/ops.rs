@@ -366,27 +366,13 @@ impl Shared {
     /// group that read such a row decides as if it were absent anyway, and its upsert
     /// re-inserts the state it writes.
     pub(crate) async fn prune(&self, now_ms: i64) -> Result<PruneOutcome, Fail> {
-        const BATCH: i64 = 10_000;
         let c = self.client().await?;
         let producers_before = now_ms.saturating_sub(self.retention.producer_ttl_ms);
         let keys_before = now_ms.saturating_sub(self.retention.idempotency_window_ms);
-        let mut out = PruneOutcome::default();
-        let stmt = c.prepare_cached("DELETE FROM producers WHERE ctid = ANY(ARRAY(SELECT ctid FROM producers WHERE active_ms <= $1 LIMIT $2))").await?;
-        loop {
-            let n = c.execute(&stmt, &[&producers_before, &BATCH]).await?;
-            out.producers += n;
-            if n < BATCH as u64 {
-                break;
-            }
-        }
-        let stmt = c.prepare_cached("DELETE FROM idem_keys WHERE ctid = ANY(ARRAY(SELECT ctid FROM idem_keys WHERE at_ms <= $1 LIMIT $2))").await?;
-        loop {
-            let n = c.execute(&stmt, &[&keys_before, &BATCH]).await?;
-            out.keys += n;
-            if n < BATCH as u64 {
-                break;
-            }
-        }
+        let out = PruneOutcome {
+            producers: delete_in_batches(&c, "producers", "active_ms", producers_before).await?,
+            keys: delete_in_batches(&c, "idem_keys", "at_ms", keys_before).await?,
+        };
         self.apply(Effects { wake: Vec::new(), streams: 0, producers: -(out.producers as i64) });
         Ok(out)
     }
@@ -518,4 +504,21 @@ async fn insert_stream(tx: &Transaction<'_>, path: &str, m: &StreamMeta, tail: O
     )
     .await?;
     Ok(())
+}
+
+/// Deletes the rows of `table` whose time `column` is at or before `before`, in batches of
+/// 10,000, so no statement holds many row locks or runs long; returns how many went.
+async fn delete_in_batches(c: &deadpool_postgres::Client, table: &str, column: &str, before: i64) -> Result<u64, Fail> {
+    const BATCH: i64 = 10_000;
+    let stmt = c
+        .prepare_cached(&format!("DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE {column} <= $1 LIMIT $2))"))
+        .await?;
+    let mut deleted = 0;
+    loop {
+        let n = c.execute(&stmt, &[&before, &BATCH]).await?;
+        deleted += n;
+        if n < BATCH as u64 {
+            return Ok(deleted);
+        }
+    }
 }
