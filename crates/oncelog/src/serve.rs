@@ -84,6 +84,13 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_PG_COMMITTERS", default_value_t = 2)]
     pg_committers: usize,
 
+    /// With a PostgreSQL URL: the deadline, in milliseconds, of each request's work in the
+    /// database; past it the request is answered 503 with Retry-After (its outcome unknown: a
+    /// producer's retry is recognised). Sessions derive their bounds from it, so PostgreSQL ends
+    /// the transactions of a node cut off from it within 3/5 of it and other nodes go on.
+    #[arg(long, env = "ONCELOG_PG_REQUEST_TIMEOUT_MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1000..=600_000))]
+    pg_request_timeout_ms: u64,
+
     /// How long a producer's state (its epoch, sequence and receipts) is kept after its last
     /// accepted append: `7d`, `24h`, `30m`, `90s`. A retry that arrives later may be taken as new
     /// data (see docs/WRITE-MODES.md); expired state is pruned by the sweep within a minute.
@@ -380,6 +387,7 @@ async fn open_postgres(args: &ServeArgs, url: &str) -> Result<PgEngine, Box<dyn 
     opts.schema = args.pg_schema.clone();
     opts.pool_size = args.pg_pool_size;
     opts.committers = args.pg_committers;
+    opts.request_timeout = std::time::Duration::from_millis(args.pg_request_timeout_ms);
     opts.retention = retention(args);
     let engine = PgEngine::open(opts).await?;
     tracing::info!(url = %redacted(url), schema = %args.pg_schema, pool = args.pg_pool_size, "PostgreSQL engine open");

@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::row::i64_of;
 use crate::shared::Shared;
@@ -80,11 +81,11 @@ pub(crate) async fn notifier(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceive
 /// Listens for the other nodes' commits; reconnects with backoff after losing its connection
 /// (readiness reports the loss meanwhile) and then wakes every waiter, as notifications may
 /// have been missed.
-pub(crate) async fn listener(shared: Arc<Shared>, cfg: tokio_postgres::Config) {
+pub(crate) async fn listener(shared: Arc<Shared>, cfg: tokio_postgres::Config, tls: MakeRustlsConnect) {
     let channel = channel(&shared.schema);
     let mut backoff = Duration::from_millis(100);
     loop {
-        match listen_once(&shared, &cfg, &channel).await {
+        match listen_once(&shared, &cfg, &tls, &channel).await {
             Ok(()) => backoff = Duration::from_millis(100),
             Err(e) => {
                 shared.set_listen_down(Some(format!("PostgreSQL unreachable: {e}")));
@@ -95,8 +96,8 @@ pub(crate) async fn listener(shared: Arc<Shared>, cfg: tokio_postgres::Config) {
     }
 }
 
-async fn listen_once(shared: &Shared, cfg: &tokio_postgres::Config, channel: &str) -> Result<(), tokio_postgres::Error> {
-    let (client, mut conn) = cfg.connect(NoTls).await?;
+async fn listen_once(shared: &Shared, cfg: &tokio_postgres::Config, tls: &MakeRustlsConnect, channel: &str) -> Result<(), tokio_postgres::Error> {
+    let (client, mut conn) = cfg.connect(tls.clone()).await?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
         let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));

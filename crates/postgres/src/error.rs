@@ -13,8 +13,12 @@ pub enum OpenError {
     Url(#[source] tokio_postgres::Error),
     #[error("invalid schema name {0:?}: use lowercase letters, digits and _ (at most 63, not starting with a digit)")]
     Schema(String),
-    #[error("the URL asks for TLS (sslmode={0}), which this build of the PostgreSQL engine does not speak yet; use sslmode=disable on a trusted network, or a TLS-terminating proxy")]
-    TlsUnsupported(&'static str),
+    #[error("invalid PostgreSQL URL: {0}")]
+    ConnInfo(#[from] crate::conninfo::ConnInfoError),
+    #[error(transparent)]
+    TlsSetup(#[from] crate::tls::TlsSetupError),
+    #[error("cannot connect to PostgreSQL over TLS: {0}")]
+    Tls(String),
     #[error("cannot reach PostgreSQL within {secs} s: {cause}")]
     Unreachable { secs: u64, cause: String },
     #[error("the database has synchronous_commit={0}: an acknowledged append could be lost in a database crash; set it to on (or remote_apply / remote_write)")]
@@ -47,14 +51,26 @@ impl From<RowError> for StorageError {
 /// Whether the database refused a transaction only because it ran into another one (a deadlock
 /// or a serialisation failure): nothing was committed and running it again is safe.
 pub(crate) fn retryable(e: &tokio_postgres::Error) -> bool {
-    matches!(e.code(), Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE)
+    matches!(e.code(), Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE) || busy(e)
 }
 
-/// A driver error as the seam sees it: the database out of reach (a lost connection, a server
-/// shutting down or in recovery, too many connections, a standby after a failover, a lock or
-/// statement timeout) is [`StorageError::Unavailable`] (503: the same request may succeed
-/// later); anything else is a backend failure.
+/// A lock or statement timeout: the database is reachable but the work waited too long (rows
+/// held by a transaction of a node that was cut off, until PostgreSQL ends it). Nothing was
+/// committed; it is retried like a conflict, and never makes the node unready.
+fn busy(e: &tokio_postgres::Error) -> bool {
+    matches!(e.code(), Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::QUERY_CANCELED)
+}
+
+/// A driver error as the seam sees it: the database out of reach (a lost connection, a session
+/// ended by the server — shut down, in recovery, idle in transaction too long —, too many
+/// connections, a standby after a failover) is [`StorageError::Unavailable`] with
+/// [`Unreachable`] (503, and the node unready until it reaches the database again); a lock or
+/// statement timeout is `Unavailable` with [`Busy`] (503, the node stays ready); anything else
+/// is a backend failure (500).
 pub(crate) fn db(e: tokio_postgres::Error) -> StorageError {
+    if busy(&e) {
+        return StorageError::Unavailable(Arc::new(Busy(e.to_string())));
+    }
     let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
     let unavailable = e.is_closed()
         || io
@@ -64,8 +80,7 @@ pub(crate) fn db(e: tokio_postgres::Error) -> StorageError {
                 || code.starts_with("57P")
                 || code.starts_with("53")
                 || code == "25006"
-                || code == "55P03"
-                || code == "57014"
+                || code == "25P03"
         });
     if unavailable {
         StorageError::Unavailable(Arc::new(Unreachable(e.to_string())))
@@ -83,6 +98,19 @@ pub(crate) fn pool(e: deadpool_postgres::PoolError) -> StorageError {
 #[derive(Debug, thiserror::Error)]
 #[error("PostgreSQL unreachable: {0}")]
 pub struct Unreachable(pub String);
+
+/// The database is reachable but the work waited too long for rows another transaction holds.
+#[derive(Debug, thiserror::Error)]
+#[error("PostgreSQL busy: {0}")]
+pub struct Busy(pub String);
+
+/// The request's work missed the node's deadline (`--pg-request-timeout-ms`): its outcome is
+/// unknown, so it is answered 503 and may be retried (a producer's retry is recognised).
+#[derive(Debug, thiserror::Error)]
+#[error("PostgreSQL did not answer within {ms} ms")]
+pub struct Stalled {
+    pub ms: u64,
+}
 
 /// Why one attempt at a transaction failed for reasons other than the protocol's rules: the
 /// caller retries a [`Fail::retryable`] one (nothing was committed) and answers the others

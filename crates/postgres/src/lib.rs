@@ -11,6 +11,8 @@
 //! Module map:
 //! - this file: [`PgEngine`], [`PgOptions`], opening (connect, check, migrate, start tasks),
 //!   the [`Engine`] implementation (thin: each method one call below), shutdown;
+//! - [`conninfo`]: the libpq connection string split into the driver's part and TLS settings;
+//!   [`tls`]: the rustls connector for those settings, and TLS failures in words;
 //! - [`schema`]: versioned migrations (`migrations/*.sql`), applied under an advisory lock;
 //! - `writer`: the committers — appends batched per node into one transaction per group,
 //!   parking of early producer requests;
@@ -26,6 +28,7 @@
 //!   a poll of watched tails as the safety net), and readiness from that connection.
 
 mod bus;
+pub mod conninfo;
 mod error;
 mod flight;
 mod group;
@@ -34,6 +37,7 @@ mod read;
 mod row;
 pub mod schema;
 mod shared;
+pub mod tls;
 mod watch;
 mod writer;
 
@@ -50,8 +54,7 @@ use oncelog_storage::rules;
 use oncelog_storage::*;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tokio_postgres::config::SslMode;
-use tokio_postgres::NoTls;
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use error::OpenError;
 pub use shared::MAX_VALUE_BYTES;
@@ -77,6 +80,10 @@ pub struct PgOptions {
     pub retention: rules::Retention,
     /// How long opening keeps trying to reach the database.
     pub connect_timeout: Duration,
+    /// The deadline of every request's work in the database (a transaction, a read): past it
+    /// the request is answered 503, never left hanging. The sessions' own bounds derive from it
+    /// (see [`session_bounds`]).
+    pub request_timeout: Duration,
 }
 
 impl PgOptions {
@@ -88,6 +95,7 @@ impl PgOptions {
             committers: 2,
             retention: rules::Retention::default(),
             connect_timeout: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -114,28 +122,19 @@ impl PgEngine {
         if !schema::valid_schema(&opts.schema) {
             return Err(OpenError::Schema(opts.schema));
         }
-        let mut cfg = tokio_postgres::Config::from_str(&opts.url).map_err(OpenError::Url)?;
-        // libpq's convention: a password the URL does not carry comes from PGPASSWORD (so it
-        // need not appear in process listings).
-        if cfg.get_password().is_none() {
-            if let Ok(p) = std::env::var("PGPASSWORD") {
-                cfg.password(p);
-            }
-        }
-        if cfg.get_ssl_mode() == SslMode::Require {
-            return Err(OpenError::TlsUnsupported("require"));
-        }
-        // Every session: the schema, and bounds so a node that vanishes without closing its
-        // connections does not hold stream rows for long.
-        let options = format!(
-            "{} -c search_path={} -c statement_timeout=30000 -c lock_timeout=10000 -c idle_in_transaction_session_timeout=15000",
-            cfg.get_options().unwrap_or(""),
-            opts.schema
-        );
+        let (mut cfg, tls) = driver_config(&opts.url)?;
+        let options = format!("{} -c search_path={} {}", cfg.get_options().unwrap_or(""), opts.schema, session_bounds(opts.request_timeout));
         cfg.options(options.trim());
         cfg.connect_timeout(Duration::from_secs(5));
-        cfg.keepalives_idle(Duration::from_secs(30));
-        let mut client = connect(&cfg, opts.connect_timeout).await?;
+        // This side notices a dead path too: unacknowledged data for 3 s, or 3 unanswered
+        // keepalives a second apart after 2 s of silence, ends the connection.
+        cfg.tcp_user_timeout(Duration::from_secs(3));
+        cfg.keepalives_idle(Duration::from_secs(2));
+        cfg.keepalives_interval(Duration::from_secs(1));
+        cfg.keepalives_retries(3);
+        let mut client = connect(&cfg, &tls, opts.connect_timeout).await?;
+        // Migrations may take longer than a request may.
+        client.batch_execute("SET statement_timeout = 0").await?;
         let sync: String = client.query_one("SHOW synchronous_commit", &[]).await?.get(0);
         if sync == "off" || sync == "local" {
             return Err(OpenError::AsyncCommit(sync));
@@ -144,7 +143,7 @@ impl PgEngine {
         let counts = client.query_one("SELECT (SELECT count(*) FROM streams), (SELECT count(*) FROM producers)", &[]).await?;
         drop(client);
         let listen_cfg = cfg.clone();
-        let mgr = Manager::from_config(cfg, NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let mgr = Manager::from_config(cfg, tls.clone(), ManagerConfig { recycling_method: RecyclingMethod::Fast });
         let pool = Pool::builder(mgr)
             .max_size(opts.pool_size.max(2))
             .runtime(Runtime::Tokio1)
@@ -161,6 +160,7 @@ impl PgEngine {
             pool,
             schema: opts.schema.clone(),
             retention: opts.retention,
+            deadline: opts.request_timeout,
             watches: Watches::default(),
             touches: Touches::default(),
             chains: Mutex::new(HashMap::new()),
@@ -183,7 +183,7 @@ impl PgEngine {
         let tasks = vec![
             tokio::spawn(background(shared.clone())),
             tokio::spawn(bus::notifier(shared.clone(), notify_rx)),
-            tokio::spawn(bus::listener(shared.clone(), listen_cfg)),
+            tokio::spawn(bus::listener(shared.clone(), listen_cfg, tls)),
         ];
         Ok(PgEngine {
             inner: Arc::new(Inner {
@@ -211,10 +211,47 @@ impl PgEngine {
     }
 }
 
-async fn connect(cfg: &tokio_postgres::Config, within: Duration) -> Result<tokio_postgres::Client, OpenError> {
+/// The driver's configuration and the TLS connector for a libpq connection string (URL or
+/// `key=value` form, TLS parameters and `PGSSL*` / `PGPASSWORD` variables included), as every
+/// connection of the engine uses them; for tools and tests that talk to the same database.
+pub fn driver_config(url: &str) -> Result<(tokio_postgres::Config, MakeRustlsConnect), OpenError> {
+    let (driver_url, tls_params) = conninfo::split(url)?;
+    let mut cfg = tokio_postgres::Config::from_str(&driver_url).map_err(OpenError::Url)?;
+    cfg.ssl_mode(tls_params.mode.driver());
+    // libpq's convention: a password the URL does not carry comes from PGPASSWORD (so it need
+    // not appear in process listings).
+    if cfg.get_password().is_none() {
+        if let Ok(p) = std::env::var("PGPASSWORD") {
+            cfg.password(p);
+        }
+    }
+    Ok((cfg, tls::connector(&tls_params)?))
+}
+
+/// The bounds every session sets (`-c` options at connect), so that a node cut off from the
+/// database cannot hold stream rows, and so other nodes, for long:
+/// - `idle_in_transaction_session_timeout` (3/5 of the request deadline, at least 1 s): a
+///   transaction whose node stopped talking is ended by PostgreSQL and its locks released — the
+///   other nodes' appends waiting on those rows go on after at most this long;
+/// - `lock_timeout` (4/5) and `statement_timeout` (the deadline): no statement outlives the
+///   request it serves; both are retried as conflicts, and answered 503 without marking the node
+///   unready;
+/// - TCP keepalives and `tcp_user_timeout` on the server's side of the socket: a peer that is
+///   gone is noticed in seconds, even outside a transaction.
+pub fn session_bounds(request_timeout: Duration) -> String {
+    let ms = request_timeout.as_millis().max(1000) as u64;
+    format!(
+        "-c idle_in_transaction_session_timeout={} -c lock_timeout={} -c statement_timeout={ms} \
+         -c tcp_keepalives_idle=2 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3 -c tcp_user_timeout=3000",
+        (ms * 3 / 5).max(1000),
+        ms * 4 / 5,
+    )
+}
+
+async fn connect(cfg: &tokio_postgres::Config, tls: &MakeRustlsConnect, within: Duration) -> Result<tokio_postgres::Client, OpenError> {
     let started = tokio::time::Instant::now();
     loop {
-        match cfg.connect(NoTls).await {
+        match cfg.connect(tls.clone()).await {
             Ok((client, conn)) => {
                 tokio::spawn(async move {
                     if let Err(e) = conn.await {
@@ -223,6 +260,8 @@ async fn connect(cfg: &tokio_postgres::Config, within: Duration) -> Result<tokio
                 });
                 return Ok(client);
             }
+            // A TLS refusal does not go away by trying again.
+            Err(e) if tls::refusal(&e).is_some() => return Err(OpenError::Tls(tls::refusal(&e).unwrap_or_default())),
             Err(e) if started.elapsed() < within => {
                 tracing::warn!(error = %e, "PostgreSQL not reachable yet; retrying");
                 tokio::time::sleep(Duration::from_millis(250)).await;
@@ -255,9 +294,11 @@ async fn background(shared: Arc<Shared>) {
             c.simple_query("SELECT 1").await?;
             Ok::<(), error::Fail>(())
         };
-        match probe.await {
+        // The probe decides whether this node can use the database: any failure of it, a
+        // missed deadline included, makes the node unready until a probe or request succeeds.
+        match shared.within(probe).await {
             Ok(()) => shared.note_success(),
-            Err(f) => shared.note_failure(&StorageError::from(f)),
+            Err(f) => shared.note_unreachable(&StorageError::from(f)),
         }
         if ticks % (COUNT_EVERY.as_millis() / TOUCH_FLUSH.as_millis()) as u64 == 0 {
             if let Err(f) = shared.count().await {
@@ -316,7 +357,14 @@ impl Engine for PgEngine {
         if self.inner.committers[i].send(cmd).is_err() {
             return Err(StorageError::ShuttingDown.into());
         }
-        rx.await.unwrap_or(Err(StorageError::ShuttingDown.into()))
+        // The committer answers within the deadline of its group; this bounds the wait for a
+        // committer still busy with an earlier one. The request may yet commit after this
+        // answer: a 503 says "unknown", and the producer's retry gets the right answer.
+        let bound = self.shared().deadline + rules::PARK_TIMEOUT;
+        match tokio::time::timeout(bound, rx).await {
+            Ok(answer) => answer.unwrap_or(Err(StorageError::ShuttingDown.into())),
+            Err(_) => Err(StorageError::Unavailable(Arc::new(error::Stalled { ms: bound.as_millis() as u64 })).into()),
+        }
     }
 
     async fn trim(&self, path: &str, to: Offset, now_ms: i64) -> Result<TrimOutcome, TrimError> {
@@ -349,7 +397,8 @@ impl Engine for PgEngine {
     }
 
     async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {
-        retry!(self.shared(), self.shared().wait(path, after, timeout, now_ms))
+        // Not bounded as a whole (a wait lasts as long as asked); each row read in it is.
+        retry!(@unbounded self.shared(), self.shared().wait(path, after, timeout, now_ms))
     }
 
     async fn compact(&self, req: CompactRequest) -> Result<TrimOutcome, CompactError> {

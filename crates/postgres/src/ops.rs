@@ -31,10 +31,18 @@ use crate::shared::{lock_key, Effects, Shared, MAX_VALUE_BYTES};
 /// may not show it yet. Readers see the exact expiry at once; only the removal waits.
 pub(crate) const EXPIRY_GRACE_MS: i64 = 1_000;
 
-/// Runs `$attempt` (an expression giving `Result<Result<T, E>, Fail>`) again while the database
-/// aborts it as a deadlock or serialisation failure; a lasting failure becomes `E::Storage`.
+/// Runs `$attempt` (an expression giving `Result<Result<T, E>, Fail>`) within the node's
+/// deadline ([`Shared::within`]), again while the database aborts it as a conflict (a deadlock,
+/// a serialisation failure, a lock or statement timeout); a lasting failure becomes
+/// `E::Storage`. `@unbounded`: without the deadline, for work that bounds its own round trips.
 macro_rules! retry {
-    ($shared:expr, $attempt:expr) => {{
+    ($shared:expr, $attempt:expr) => {
+        $crate::ops::retry!(@run $shared, $shared.within($attempt))
+    };
+    (@unbounded $shared:expr, $attempt:expr) => {
+        $crate::ops::retry!(@run $shared, $attempt)
+    };
+    (@run $shared:expr, $attempt:expr) => {{
         let mut tries = 0;
         loop {
             match $attempt.await {

@@ -307,7 +307,7 @@ impl Shared {
 
     pub(crate) async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<Result<WaitOutcome, LookupError>, Fail> {
         let deadline = Instant::now() + timeout;
-        let first = match self.visible_fresh(path, now_ms).await? {
+        let first = match self.within(self.visible_fresh(path, now_ms)).await? {
             Ok(s) => s,
             Err(e) => return Ok(Err(e)),
         };
@@ -320,7 +320,7 @@ impl Shared {
             notified.as_mut().enable();
             // Read after registering: a commit in between is not missed. No connection is held
             // while waiting (waiters must not hold connections).
-            let s = match self.visible_fresh(path, now_ms).await? {
+            let s = match self.within(self.visible_fresh(path, now_ms)).await? {
                 Ok(s) if s.meta.id == id => s,
                 // Replaced by a new incarnation: this one is gone.
                 Ok(_) => return Ok(Err(LookupError::NotFound)),

@@ -26,6 +26,8 @@ pub(crate) struct Shared {
     /// on this one's locks.
     pub schema: String,
     pub retention: rules::Retention,
+    /// How long one request's work in the database may take ([`Shared::within`]).
+    pub deadline: std::time::Duration,
     pub watches: Watches,
     pub touches: Touches,
     /// Fork chains by stream id (immutable once a fork exists).
@@ -125,11 +127,42 @@ impl Shared {
         *self.listen_down.lock().unwrap_or_else(|p| p.into_inner()) = why;
     }
 
+    /// A request failed: the node is unready only when the database is out of reach (a lost
+    /// or refused connection, a server shutting down or read-only), not when it was merely slow
+    /// or busy (a missed deadline, a lock or statement timeout): that is the probe's call.
     pub(crate) fn note_failure(&self, e: &StorageError) {
         if let StorageError::Unavailable(cause) = e {
-            *self.unavailable.lock().unwrap_or_else(|p| p.into_inner()) = Some(cause.to_string());
-            self.degraded.store(true, Ordering::Release);
+            if cause.downcast_ref::<error::Unreachable>().is_some() {
+                self.note_unreachable(e);
+            }
         }
+    }
+
+    /// The database cannot be used (the probe failed): unready, with the reason.
+    pub(crate) fn note_unreachable(&self, e: &StorageError) {
+        let reason = match e {
+            StorageError::Unavailable(cause) if cause.downcast_ref::<error::Unreachable>().is_some() => cause.to_string(),
+            other => format!("PostgreSQL unreachable: {other}"),
+        };
+        *self.unavailable.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+        self.degraded.store(true, Ordering::Release);
+    }
+
+    /// Runs one request's work in the database within the node's deadline. Past it the work is
+    /// dropped where it stands — perhaps mid-transaction, perhaps mid-COMMIT — and the answer is
+    /// [`StorageError::Unavailable`] (503). The connection it held went back to the pool with
+    /// its state unknown, so every idle connection is dropped and made anew.
+    pub(crate) async fn within<T>(&self, work: impl std::future::Future<Output = Result<T, error::Fail>>) -> Result<T, error::Fail> {
+        match tokio::time::timeout(self.deadline, work).await {
+            Ok(r) => r,
+            Err(_) => Err(self.stalled()),
+        }
+    }
+
+    /// The failure of work that missed the deadline; drops the pool's idle connections.
+    pub(crate) fn stalled(&self) -> error::Fail {
+        self.pool.retain(|_, _| false);
+        error::Fail::Other(StorageError::Unavailable(Arc::new(error::Stalled { ms: self.deadline.as_millis() as u64 })))
     }
 
     pub(crate) fn note_success(&self) {

@@ -116,7 +116,14 @@ impl Committer {
         let mut attempt = 0;
         let (round, group) = loop {
             let mut round = Round::default();
-            match self.try_group(&mut batch, &mut round).await {
+            let deadline = self.shared.deadline;
+            let attempt_result = match tokio::time::timeout(deadline, self.try_group(&mut batch, &mut round)).await {
+                Ok(r) => r,
+                // Possibly in the middle of COMMIT: the outcome is unknown, so every request
+                // of the group is answered 503 (never 2xx), and the connection is not reused.
+                Err(_) => Err(self.shared.stalled()),
+            };
+            match attempt_result {
                 Ok(group) => break (round, group),
                 Err(f) => {
                     // Everything this attempt took on, released successors included.

@@ -27,8 +27,7 @@ fn nodes_starting_at_once_migrate_a_schema_once() {
         let schema = common::fresh_schema();
         let opens = (0..4).map(|_| PgEngine::open(common::options(&schema)));
         let engines: Vec<PgEngine> = futures_util::future::join_all(opens).await.into_iter().map(|r| r.expect("open")).collect();
-        let (client, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls).await.expect("connect");
-        tokio::spawn(conn);
+        let client = common::session().await;
         let rows = client.query(&format!("SELECT version FROM {schema}.oncelog_schema ORDER BY version"), &[]).await.expect("versions");
         let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
         assert_eq!(versions, (1..=oncelog_postgres::schema::SCHEMA_VERSION).collect::<Vec<_>>(), "each migration applied once");
@@ -47,8 +46,8 @@ fn a_commit_on_one_node_is_announced_to_the_others() {
         let (schema, e) = nodes(1).await;
         let info = contract::create(&e[0], create_req("s", "text/plain")).await;
         // A bystander listening on the cluster's channel, as another node does.
-        let cfg: tokio_postgres::Config = common::url().parse().expect("url");
-        let (client, mut conn) = cfg.connect(tokio_postgres::NoTls).await.expect("connect");
+        let (cfg, tls) = oncelog_postgres::driver_config(&common::url()).expect("test URL");
+        let (client, mut conn) = cfg.connect(tls).await.expect("connect");
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(async move {
             let mut m = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));

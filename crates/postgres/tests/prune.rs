@@ -15,8 +15,7 @@ use oncelog_storage::*;
 const KEYED: u64 = 10_000;
 
 async fn rows(schema: &str, table: &str) -> i64 {
-    let (client, conn) = tokio_postgres::connect(&common::url(), tokio_postgres::NoTls).await.expect("connect");
-    tokio::spawn(conn);
+    let client = common::session().await;
     client.query_one(&format!("SELECT count(*) FROM {schema}.{table}"), &[]).await.expect("count").get(0)
 }
 

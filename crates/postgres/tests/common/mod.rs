@@ -18,6 +18,14 @@ pub fn url() -> String {
     })
 }
 
+/// A plain session on the test database (as the engine connects: TLS settings included).
+pub async fn session() -> tokio_postgres::Client {
+    let (cfg, tls) = oncelog_postgres::driver_config(&url()).expect("test URL");
+    let (client, conn) = cfg.connect(tls).await.expect("connect to the test database");
+    tokio::spawn(conn);
+    client
+}
+
 /// A schema name no other test of this run (or an earlier run on the same cluster) uses.
 pub fn fresh_schema() -> String {
     static N: AtomicU64 = AtomicU64::new(0);
