@@ -91,6 +91,12 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_PG_REQUEST_TIMEOUT_MS", default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1000..=600_000))]
     pg_request_timeout_ms: u64,
 
+    /// With a PostgreSQL URL: start even if the database's synchronous_commit is below on (off,
+    /// local, remote_write), accepting that acknowledged appends may be lost in a database crash
+    /// or failover. Without it such a database is refused at start.
+    #[arg(long, env = "ONCELOG_PG_ACCEPT_COMMIT_LOSS")]
+    pg_accept_commit_loss: bool,
+
     /// How long a producer's state (its epoch, sequence and receipts) is kept after its last
     /// accepted append: `7d`, `24h`, `30m`, `90s`. A retry that arrives later may be taken as new
     /// data (see docs/WRITE-MODES.md); expired state is pruned by the sweep within a minute.
@@ -388,6 +394,7 @@ async fn open_postgres(args: &ServeArgs, url: &str) -> Result<PgEngine, Box<dyn 
     opts.pool_size = args.pg_pool_size;
     opts.committers = args.pg_committers;
     opts.request_timeout = std::time::Duration::from_millis(args.pg_request_timeout_ms);
+    opts.accept_commit_loss = args.pg_accept_commit_loss;
     opts.retention = retention(args);
     let engine = PgEngine::open(opts).await?;
     tracing::info!(url = %redacted(url), schema = %args.pg_schema, pool = args.pg_pool_size, "PostgreSQL engine open");

@@ -21,7 +21,7 @@ pub enum OpenError {
     Tls(String),
     #[error("cannot reach PostgreSQL within {secs} s: {cause}")]
     Unreachable { secs: u64, cause: String },
-    #[error("the database has synchronous_commit={0}: an acknowledged append could be lost in a database crash; set it to on (or remote_apply / remote_write)")]
+    #[error("the database has synchronous_commit={0}: an acknowledged append could be lost in a database crash or a failover; set it to on (or remote_apply), or accept the loss window with --pg-accept-commit-loss")]
     AsyncCommit(String),
     #[error("schema {schema:?} was migrated to version {found} by a newer oncelog; this binary knows up to {known}")]
     NewerSchema { schema: String, found: i32, known: i32 },

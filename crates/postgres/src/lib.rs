@@ -84,6 +84,10 @@ pub struct PgOptions {
     /// the request is answered 503, never left hanging. The sessions' own bounds derive from it
     /// (see [`session_bounds`]).
     pub request_timeout: Duration,
+    /// Start even when the database's `synchronous_commit` is below `on` (`off`, `local`,
+    /// `remote_write`): an acknowledged append may then be lost in a database crash or a
+    /// failover. For operators who accept that window knowingly.
+    pub accept_commit_loss: bool,
 }
 
 impl PgOptions {
@@ -96,6 +100,7 @@ impl PgOptions {
             retention: rules::Retention::default(),
             connect_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(5),
+            accept_commit_loss: false,
         }
     }
 }
@@ -135,10 +140,7 @@ impl PgEngine {
         let mut client = connect(&cfg, &tls, opts.connect_timeout).await?;
         // Migrations may take longer than a request may.
         client.batch_execute("SET statement_timeout = 0").await?;
-        let sync: String = client.query_one("SHOW synchronous_commit", &[]).await?.get(0);
-        if sync == "off" || sync == "local" {
-            return Err(OpenError::AsyncCommit(sync));
-        }
+        durability_check(&client, opts.accept_commit_loss).await?;
         schema::migrate(&mut client, &opts.schema).await?;
         let counts = client.query_one("SELECT (SELECT count(*) FROM streams), (SELECT count(*) FROM producers)", &[]).await?;
         drop(client);
@@ -226,6 +228,28 @@ pub fn driver_config(url: &str) -> Result<(tokio_postgres::Config, MakeRustlsCon
         }
     }
     Ok((cfg, tls::connector(&tls_params)?))
+}
+
+/// Refuses a database whose commits this engine's acknowledgements could outlive: with
+/// `synchronous_commit` `off` a commit returns before its WAL is flushed (lost in a crash),
+/// with `local` or `remote_write` before a synchronous standby has flushed it (lost in a
+/// failover to it). `on` and `remote_apply` keep every acknowledged append across both. Also
+/// warns when standbys stream but none is synchronous: a failover to one may lose the last
+/// acknowledged appends, whatever `synchronous_commit` says.
+async fn durability_check(client: &tokio_postgres::Client, accept_loss: bool) -> Result<(), OpenError> {
+    let sync: String = client.query_one("SHOW synchronous_commit", &[]).await?.get(0);
+    if matches!(sync.as_str(), "off" | "local" | "remote_write") {
+        if !accept_loss {
+            return Err(OpenError::AsyncCommit(sync));
+        }
+        tracing::warn!(synchronous_commit = %sync, "acknowledged appends may be lost in a database crash or failover (accepted by --pg-accept-commit-loss)");
+    }
+    let names: String = client.query_one("SHOW synchronous_standby_names", &[]).await?.get(0);
+    let standbys: i64 = client.query_one("SELECT count(*) FROM pg_stat_replication", &[]).await?.get(0);
+    if names.trim().is_empty() && standbys > 0 {
+        tracing::warn!(standbys, "standbys stream asynchronously (synchronous_standby_names is empty): a failover to one may lose the last acknowledged appends; see docs/OPERATIONS.md");
+    }
+    Ok(())
 }
 
 /// The bounds every session sets (`-c` options at connect), so that a node cut off from the
