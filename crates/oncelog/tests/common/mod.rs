@@ -1,7 +1,12 @@
 //! Shared by the CLI tests: an in-process Oncelog server on a background Tokio runtime, so the
-//! test body can drive `oncelog` child processes with plain blocking code.
+//! test body can drive `oncelog` child processes with plain blocking code. [`pg`]: `oncelog
+//! serve` nodes over PostgreSQL and private clusters; [`load`]: producers, readers and the
+//! exactly-once check of the multi-node tests.
 
 #![allow(dead_code)]
+
+pub mod load;
+pub mod pg;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
