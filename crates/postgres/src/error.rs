@@ -69,7 +69,7 @@ fn busy(e: &tokio_postgres::Error) -> bool {
 /// is a backend failure (500).
 pub(crate) fn db(e: tokio_postgres::Error) -> StorageError {
     if busy(&e) {
-        return StorageError::Unavailable(Arc::new(Busy(e.to_string())));
+        return StorageError::Unavailable(Arc::new(Busy(with_causes(&e))));
     }
     let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
     let unavailable = e.is_closed()
@@ -83,7 +83,7 @@ pub(crate) fn db(e: tokio_postgres::Error) -> StorageError {
                 || code == "25P03"
         });
     if unavailable {
-        StorageError::Unavailable(Arc::new(Unreachable(e.to_string())))
+        StorageError::Unavailable(Arc::new(Unreachable(with_causes(&e))))
     } else {
         StorageError::Backend(Arc::new(e))
     }
@@ -91,7 +91,23 @@ pub(crate) fn db(e: tokio_postgres::Error) -> StorageError {
 
 /// The pool could not hand out a connection.
 pub(crate) fn pool(e: deadpool_postgres::PoolError) -> StorageError {
-    StorageError::Unavailable(Arc::new(Unreachable(e.to_string())))
+    StorageError::Unavailable(Arc::new(Unreachable(with_causes(&e))))
+}
+
+/// An error with the causes under it ("error connecting to server: Connection refused"): the
+/// driver's and the pool's top-level texts alone do not say what went wrong.
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
 }
 
 /// Why PostgreSQL cannot be used right now, as the 503's reason says it.
@@ -157,5 +173,18 @@ impl From<Fail> for StorageError {
             Fail::Db(e) => db(e),
             Fail::Other(e) => e,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("error connecting to server")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn reasons_name_the_cause_under_the_drivers_words() {
+        let e = Outer(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused (os error 111)"));
+        assert_eq!(super::with_causes(&e), "error connecting to server: Connection refused (os error 111)");
     }
 }
