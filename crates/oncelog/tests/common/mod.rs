@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod freeze;
 pub mod load;
 pub mod pg;
 
