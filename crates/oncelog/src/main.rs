@@ -81,7 +81,13 @@ fn main() -> std::process::ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // Blocking threads run the log engine's disk reads (and DNS for webhooks). Tokio's default
+    // of 512 lets a crowd of readers that need the disk start hundreds of threads, each with its
+    // stack and allocator heap: 200 stalled SSE readers made 127 threads and 60 MiB more RSS
+    // (tests/stalled_readers.rs). Reads mostly come from the page cache and are CPU-bound, so a
+    // few per core keep the disk busy and the memory flat.
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().max_blocking_threads((8 * cores).max(16)).build() {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the async runtime");

@@ -154,14 +154,22 @@ impl Server {
         let _ = self.child.wait();
     }
 
-    pub fn rss_bytes(&self) -> u64 {
+    /// A number from `/proc/PID/status` (`VmRSS:` in kB, `Threads:`).
+    fn status_field(&self, name: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("read /proc status");
-        let kb: u64 = status
+        status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(name))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS line");
-        kb * 1024
+            .unwrap_or_else(|| panic!("{name} line"))
+    }
+
+    pub fn rss_bytes(&self) -> u64 {
+        self.status_field("VmRSS:") * 1024
+    }
+
+    pub fn threads(&self) -> u64 {
+        self.status_field("Threads:")
     }
 
     pub fn addr(&self) -> std::net::SocketAddr {
