@@ -79,9 +79,9 @@ pub struct ServeArgs {
     pg_pool_size: usize,
 
     /// With a PostgreSQL URL: committer tasks per node. Each batches the appends of its share of
-    /// the streams into one transaction per group; fewer make larger groups (fewer commits),
-    /// more overlap more commits.
-    #[arg(long, env = "ONCELOG_PG_COMMITTERS", default_value_t = 2)]
+    /// the streams into one transaction per group; fewer make larger groups (fewer commits,
+    /// less CPU per append), more overlap more commits.
+    #[arg(long, env = "ONCELOG_PG_COMMITTERS", default_value_t = 1)]
     pg_committers: usize,
 
     /// With a PostgreSQL URL: the deadline, in milliseconds, of each request's work in the

@@ -16,7 +16,8 @@ use oncelog_storage::machine::{Step, StreamState};
 use oncelog_storage::rules::{self, Retention};
 use oncelog_storage::*;
 use oncelog_protocol::headers::Expiry;
-use deadpool_postgres::Transaction;
+use deadpool_postgres::GenericClient;
+use tokio_postgres::Statement;
 
 use crate::error::{Fail, RowError};
 use crate::row::{self, i64_of, text_ok, Stream, COLS};
@@ -62,16 +63,57 @@ fn key_bytes(k: KeyId) -> [u8; 16] {
 }
 
 impl Group {
-    /// Locks and loads the streams `reqs` name (see the module note).
-    pub async fn load(tx: &Transaction<'_>, reqs: &[&AppendRequest]) -> Result<Group, Fail> {
+    /// Locks and loads the streams `reqs` name (see the module note). With `begin`, opens the
+    /// transaction on `c` too. The statements go out together, one round trip: they run in
+    /// order, so the producer and key reads (joined by path) see the rows already locked.
+    pub async fn load(c: &impl GenericClient, reqs: &[&AppendRequest], begin: bool) -> Result<Group, Fail> {
         let mut paths: Vec<&str> = reqs.iter().map(|r| r.path.as_str()).filter(|p| text_ok(p)).collect();
         paths.sort_unstable();
         paths.dedup();
+        let (mut p_paths, mut p_names) = (Vec::new(), Vec::new());
+        let (mut k_paths, mut k_keys) = (Vec::new(), Vec::new());
+        for r in reqs.iter().filter(|r| text_ok(&r.path)) {
+            if let Some(p) = r.producer.as_ref().filter(|p| text_ok(&p.id)) {
+                p_paths.push(r.path.as_str());
+                p_names.push(p.id.as_str());
+            }
+            if let Some(k) = r.idempotency_key {
+                k_paths.push(r.path.as_str());
+                k_keys.push(key_bytes(k).to_vec());
+            }
+        }
         // Built once: every group's first statement.
         static LOCK_ROWS: std::sync::LazyLock<String> =
             std::sync::LazyLock::new(|| format!("SELECT {COLS} FROM streams WHERE path = ANY($1) ORDER BY id FOR UPDATE"));
-        let stmt = tx.prepare_cached(&LOCK_ROWS).await?;
-        let rows = tx.query(&stmt, &[&paths]).await?;
+        // Prepared (once per connection) before anything is sent, so that nothing slips
+        // between the statements below.
+        let lock_stmt = c.prepare_cached(&LOCK_ROWS).await?;
+        let p_stmt = prepare_if(
+            c,
+            !p_paths.is_empty(),
+            "SELECT u.path, p.producer, p.state FROM unnest($1::text[], $2::text[]) AS u(path, name) \
+             JOIN streams s ON s.path = u.path JOIN producers p ON p.stream_id = s.id AND p.producer = u.name",
+        )
+        .await?;
+        let k_stmt = prepare_if(
+            c,
+            !k_paths.is_empty(),
+            "SELECT u.path, k.key, k.entry FROM unnest($1::text[], $2::bytea[]) AS u(path, key) \
+             JOIN streams s ON s.path = u.path JOIN idem_keys k ON k.stream_id = s.id AND k.key = u.key",
+        )
+        .await?;
+        let begin = async {
+            if begin {
+                c.batch_execute("BEGIN").await?;
+            }
+            Ok::<_, tokio_postgres::Error>(())
+        };
+        type P<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
+        let (l_params, p_params, k_params): ([P; 1], [P; 2], [P; 2]) = ([&paths], [&p_paths, &p_names], [&k_paths, &k_keys]);
+        let lock = c.query(&lock_stmt, &l_params);
+        let producers = query_if(c, p_stmt.as_ref(), &p_params);
+        let keys = query_if(c, k_stmt.as_ref(), &k_params);
+        let ((), rows, producers, keys) = futures_util::future::try_join4(begin, lock, producers, keys).await?;
         let mut group = Group::default();
         for r in &rows {
             let Stream { path, meta, tail, last_access_ms, marks } = Stream::from_row(r)?;
@@ -79,80 +121,37 @@ impl Group {
             let staged = Staged { st, last_access_ms, forks: 0, changed: false, dirty_producers: HashSet::new(), dirty_keys: Vec::new() };
             group.streams.insert(path, staged);
         }
-        let id_of = |path: &str| group.streams.get(path).map(|g| i64_of(g.st.meta.id));
-        let (mut p_ids, mut p_names) = (Vec::new(), Vec::new());
-        let (mut k_ids, mut k_keys) = (Vec::new(), Vec::new());
-        for r in reqs {
-            let Some(id) = id_of(&r.path) else { continue };
-            if let Some(p) = r.producer.as_ref().filter(|p| text_ok(&p.id)) {
-                p_ids.push(id);
-                p_names.push(p.id.as_str());
-            }
-            if let Some(k) = r.idempotency_key {
-                k_ids.push(id);
-                k_keys.push(key_bytes(k).to_vec());
-            }
-        }
-        let expiring: Vec<i64> =
-            group.streams.values().filter(|g| g.st.meta.expiry != Expiry::Never).map(|g| i64_of(g.st.meta.id)).collect();
-        let by_id: HashMap<u64, String> = group.streams.iter().map(|(p, g)| (g.st.meta.id, p.clone())).collect();
-        // Pipelined: the three reads go out together (each only when it has something to ask).
-        type P<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
-        let (p_params, k_params, f_params): ([P; 2], [P; 2], [P; 1]) = ([&p_ids, &p_names], [&k_ids, &k_keys], [&expiring]);
-        let producers = query_if(
-            tx,
-            !p_ids.is_empty(),
-            "SELECT p.stream_id, p.producer, p.state FROM producers p \
-             JOIN unnest($1::int8[], $2::text[]) AS u(s, n) ON p.stream_id = u.s AND p.producer = u.n",
-            &p_params,
-        );
-        let keys = query_if(
-            tx,
-            !k_ids.is_empty(),
-            "SELECT k.stream_id, k.key, k.entry FROM idem_keys k \
-             JOIN unnest($1::int8[], $2::bytea[]) AS u(s, k) ON k.stream_id = u.s AND k.key = u.k",
-            &k_params,
-        );
-        let forks = query_if(
-            tx,
-            !expiring.is_empty(),
-            "SELECT source_id, count(*) FROM streams WHERE source_id = ANY($1) GROUP BY source_id",
-            &f_params,
-        );
-        let (producers, keys, forks) = futures_util::future::try_join3(producers, keys, forks).await?;
-        let path_of = |id: i64| -> Result<&String, RowError> {
-            by_id.get(&row::u64_of(id, "stream_id")?).ok_or(RowError::Range("stream_id"))
-        };
-        let mut producer_rows = Vec::new();
         for r in &producers {
-            let path = path_of(r.get(0))?.clone();
             let state = ProducerRecord::decode(r.get(2), 0).map_err(RowError::from)?.0;
-            producer_rows.push((path, r.get::<_, String>(1), state));
-        }
-        for (path, name, state) in producer_rows {
-            if let Some(g) = group.streams.get_mut(&path) {
-                g.st.producers.insert(name, state);
+            if let Some(g) = group.streams.get_mut(r.get::<_, &str>(0)) {
+                g.st.producers.insert(r.get::<_, String>(1), state);
             }
         }
-        let mut key_rows = Vec::new();
         for r in &keys {
-            let path = path_of(r.get(0))?.clone();
             let raw: &[u8] = r.get(1);
             let k = KeyId(u128::from_be_bytes(raw.try_into().map_err(|_| RowError::Range("key"))?));
-            key_rows.push((path, k, key_entry::decode(r.get(2)).map_err(RowError::from)?));
-        }
-        for (path, k, entry) in key_rows {
-            if let Some(g) = group.streams.get_mut(&path) {
+            let entry = key_entry::decode(r.get(2)).map_err(RowError::from)?;
+            if let Some(g) = group.streams.get_mut(r.get::<_, &str>(0)) {
                 g.st.keys.get_or_insert_with(Default::default).insert(k, entry);
             }
         }
-        let mut fork_rows = Vec::new();
-        for r in &forks {
-            fork_rows.push((path_of(r.get(0))?.clone(), r.get::<_, i64>(1)));
-        }
-        for (path, n) in fork_rows {
-            if let Some(g) = group.streams.get_mut(&path) {
-                g.forks = usize::try_from(n).unwrap_or(usize::MAX);
+        // Forks decide 404 or 410 for an expired stream: counted only for streams that can
+        // expire (rarely in a group), after the rows are known.
+        let expiring: Vec<i64> =
+            group.streams.values().filter(|g| g.st.meta.expiry != Expiry::Never).map(|g| i64_of(g.st.meta.id)).collect();
+        if !expiring.is_empty() {
+            let stmt = c.prepare_cached("SELECT source_id, count(*) FROM streams WHERE source_id = ANY($1) GROUP BY source_id").await?;
+            let by_id: HashMap<u64, &str> = group.streams.iter().map(|(p, g)| (g.st.meta.id, p.as_str())).collect();
+            let mut fork_rows = Vec::new();
+            for r in c.query(&stmt, &[&expiring]).await? {
+                let id = row::u64_of(r.get(0), "source_id")?;
+                let path = by_id.get(&id).ok_or(RowError::Range("source_id"))?;
+                fork_rows.push(((*path).to_owned(), r.get::<_, i64>(1)));
+            }
+            for (path, n) in fork_rows {
+                if let Some(g) = group.streams.get_mut(&path) {
+                    g.forks = usize::try_from(n).unwrap_or(usize::MAX);
+                }
             }
         }
         Ok(group)
@@ -210,8 +209,10 @@ impl Group {
         self.streams.values().filter(|g| g.changed).map(|g| g.st.meta.id).collect()
     }
 
-    /// Writes every staged effect (one statement per table, pipelined).
-    pub async fn flush(&self, tx: &Transaction<'_>) -> Result<(), tokio_postgres::Error> {
+    /// Writes every staged effect (one statement for every table), then, with `commit`,
+    /// commits: both sent at once, one round trip. A failed write makes that `COMMIT` a
+    /// rollback, and the write's error is the answer.
+    pub async fn flush(&self, c: &impl GenericClient, commit: bool) -> Result<(), tokio_postgres::Error> {
         let (mut d_ids, mut d_ends, mut d_bytes) = (Vec::new(), Vec::new(), Vec::new());
         for (id, end, bytes) in &self.data {
             d_ids.push(*id);
@@ -251,7 +252,7 @@ impl Group {
         }
         // One statement for every table (data-modifying CTEs): per-statement work in the
         // database dominates a group's cost, and empty arrays simply write nothing.
-        let stmt = tx
+        let stmt = c
             .prepare_cached(
                 "WITH d AS (INSERT INTO data (stream_id, end_off, bytes) SELECT * FROM unnest($1::int8[], $2::int8[], $3::bytea[])), \
                  p AS (INSERT INTO producers (stream_id, producer, state, active_ms) SELECT * FROM unnest($4::int8[], $5::text[], $6::bytea[], $16::int8[]) \
@@ -264,25 +265,32 @@ impl Group {
                  WHERE s.id = u.id",
             )
             .await?;
-        tx.execute(
-            &stmt,
-            &[&d_ids, &d_ends, &d_bytes, &p_ids, &p_names, &p_states, &k_ids, &k_keys, &k_entries, &s_ids, &s_tails, &s_closed, &s_seqs, &s_access, &s_marks, &p_active, &k_at],
-        )
-        .await
-        .map(drop)
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 17] =
+            [&d_ids, &d_ends, &d_bytes, &p_ids, &p_names, &p_states, &k_ids, &k_keys, &k_entries, &s_ids, &s_tails, &s_closed, &s_seqs, &s_access, &s_marks, &p_active, &k_at];
+        let write = c.execute(&stmt, &params);
+        let commit = async {
+            if commit {
+                c.batch_execute("COMMIT").await?;
+            }
+            Ok(())
+        };
+        futures_util::future::try_join(write, commit).await.map(drop)
     }
+}
+
+/// The statement for `sql`, prepared (once per connection), when there is something to ask.
+async fn prepare_if(c: &impl GenericClient, ask: bool, sql: &str) -> Result<Option<Statement>, tokio_postgres::Error> {
+    Ok(if ask { Some(c.prepare_cached(sql).await?) } else { None })
 }
 
 /// Runs a prepared query, or answers no rows at once when there is nothing to ask.
 async fn query_if(
-    tx: &Transaction<'_>,
-    ask: bool,
-    sql: &str,
+    c: &impl GenericClient,
+    stmt: Option<&Statement>,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-    if !ask {
-        return Ok(Vec::new());
+    match stmt {
+        Some(stmt) => c.query(stmt, params).await,
+        None => Ok(Vec::new()),
     }
-    let stmt = tx.prepare_cached(sql).await?;
-    tx.query(&stmt, params).await
 }

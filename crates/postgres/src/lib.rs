@@ -6,7 +6,8 @@
 //! data, the new tail, the producer state and the closure in the **same transaction** — so an
 //! acknowledged append is durable together with everything that makes its retry a duplicate,
 //! on whichever node the retry lands. Node memory holds only wake-up plumbing, reads' TTL
-//! touches waiting to be written, parked requests and counters.
+//! touches waiting to be written, parked requests, counters, and what a write is framed for
+//! (each stream's id and configuration as last seen: judged again under the row lock).
 //!
 //! Module map:
 //! - this file: [`PgEngine`], [`PgOptions`], opening (connect, check, migrate, start tasks),
@@ -21,6 +22,7 @@
 //!   garbage collection), each a transaction;
 //! - `read`: head, reads through fork chains, live waits, listings;
 //! - `flight`: single-flight reads shared by the live readers one commit woke;
+//! - `seen`: streams as this node last saw them, so an append needs no `head` round trip;
 //! - `watch`: waiters' wake-ups and TTL touches; `row`: a `streams` row as rules see it;
 //!   `error`: open errors and the mapping of driver errors to [`StorageError`];
 //! - `shared`: what every task of a node shares (pool, counters, lock keys, effects to apply);
@@ -36,6 +38,7 @@ mod ops;
 mod read;
 mod row;
 pub mod schema;
+mod seen;
 mod shared;
 pub mod tls;
 mod watch;
@@ -96,7 +99,7 @@ impl PgOptions {
             url: url.into(),
             schema: "oncelog".into(),
             pool_size: 16,
-            committers: 2,
+            committers: 1,
             retention: rules::Retention::default(),
             connect_timeout: Duration::from_secs(30),
             request_timeout: Duration::from_secs(5),
@@ -166,6 +169,7 @@ impl PgEngine {
             watches: Watches::default(),
             touches: Touches::default(),
             chains: Mutex::new(HashMap::new()),
+            seen: Default::default(),
             stats: Counters { streams: AtomicI64::new(counts.get(0)), producers: AtomicI64::new(counts.get(1)), parked: Arc::default() },
             unavailable: Mutex::new(None),
             degraded: AtomicBool::new(false),
@@ -377,6 +381,7 @@ impl Engine for PgEngine {
         let k = self.inner.committers.len();
         let i = (xxhash_rust::xxh3::xxh3_64(req.path.as_bytes()) % k as u64) as usize;
         let (reply, rx) = oneshot::channel();
+        let path = req.path.clone();
         let cmd = Cmd::Append { req, reply, arrival: tokio::time::Instant::now() };
         if self.inner.committers[i].send(cmd).is_err() {
             return Err(StorageError::ShuttingDown.into());
@@ -385,10 +390,14 @@ impl Engine for PgEngine {
         // committer still busy with an earlier one. The request may yet commit after this
         // answer: a 503 says "unknown", and the producer's retry gets the right answer.
         let bound = self.shared().deadline + rules::PARK_TIMEOUT;
-        match tokio::time::timeout(bound, rx).await {
+        let answer = match tokio::time::timeout(bound, rx).await {
             Ok(answer) => answer.unwrap_or(Err(StorageError::ShuttingDown.into())),
             Err(_) => Err(StorageError::Unavailable(Arc::new(error::Stalled { ms: bound.as_millis() as u64 })).into()),
+        };
+        if let Err(AppendError::NotFound | AppendError::Gone | AppendError::StreamChanged) = answer {
+            self.shared().seen.forget(&path);
         }
+        answer
     }
 
     async fn trim(&self, path: &str, to: Offset, now_ms: i64) -> Result<TrimOutcome, TrimError> {
@@ -402,11 +411,22 @@ impl Engine for PgEngine {
         if self.closing() {
             return Err(StorageError::ShuttingDown.into());
         }
+        self.shared().seen.forget(path);
         retry!(self.shared(), self.shared().delete_once(path, if_tail.as_deref(), now_ms))
     }
 
     async fn head(&self, path: &str, now_ms: i64) -> Result<StreamInfo, LookupError> {
-        retry!(self.shared(), self.shared().head(path, now_ms))
+        let info = retry!(self.shared(), self.shared().head(path, now_ms));
+        match &info {
+            Ok(info) => self.shared().seen.remember(path, info),
+            Err(LookupError::NotFound | LookupError::Gone) => self.shared().seen.forget(path),
+            Err(_) => {}
+        }
+        info
+    }
+
+    fn last_seen(&self, path: &str) -> Option<StreamInfo> {
+        self.shared().seen.get(path)
     }
 
     /// A woken reader's read takes the stream's state from what its wait saw (no row read); a

@@ -300,7 +300,7 @@ impl Shared {
             return Ok(Err(e));
         }
         let reqs: Vec<&AppendRequest> = txn.appends.iter().collect();
-        let mut group = Group::load(&tx, &reqs).await?;
+        let mut group = Group::load(&tx, &reqs, false).await?;
         let outcomes = match machine::transact(txn, &mut Deciding { group: &mut group, shared: self, retention: &self.retention }) {
             Ok(outcomes) => outcomes,
             Err(e) => return Ok(Err(e)),
@@ -324,7 +324,7 @@ impl Shared {
             let ks: Vec<&[u8]> = dels.iter().map(|(k, _)| *k).collect();
             tx.execute("DELETE FROM meta WHERE key = ANY($1)", &[&ks]).await?;
         }
-        group.flush(&tx).await?;
+        group.flush(&tx, false).await?;
         tx.commit().await?;
         self.apply(Effects { wake: group.changed_ids(), streams: 0, producers: group.new_producers as i64 });
         Ok(Ok(TxnOutcome { appends: outcomes }))

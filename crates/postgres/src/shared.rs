@@ -32,6 +32,8 @@ pub(crate) struct Shared {
     pub touches: Touches,
     /// Fork chains by stream id (immutable once a fork exists).
     pub chains: Mutex<HashMap<u64, Arc<Vec<Segment<u64>>>>>,
+    /// What appends are framed for (`seen`).
+    pub seen: crate::seen::Seen,
     pub stats: Counters,
     /// Why the database could not be used, while it cannot (for `/readyz`).
     pub unavailable: Mutex<Option<String>>,

@@ -156,19 +156,47 @@ impl Committer {
 
     /// One attempt: the requests of `batch` (taken out as they are decided) decided in `round`
     /// in one transaction, committed.
+    ///
+    /// Two round trips: `BEGIN` with the reads that lock and load the streams, then the write
+    /// with `COMMIT` (`Group::load`, `Group::flush`).
     async fn try_group(&mut self, batch: &mut Vec<Pending>, round: &mut Round) -> Result<Group, Fail> {
-        let mut client = self.shared.pool.get().await?;
-        let tx = client.transaction().await?;
+        let open = Unfinished(Some(self.shared.pool.get().await?));
+        let c = open.client();
         let reqs: Vec<&AppendRequest> = batch.iter().map(|p| &p.req).collect();
-        let mut group = Group::load(&tx, &reqs).await?;
+        let mut group = Group::load(c, &reqs, true).await?;
         let now = std::time::Instant::now();
         let mut deciding = Deciding { group: &mut group, shared: &self.shared, retention: &self.shared.retention };
         for p in batch.drain(..) {
             round.decide(p, &mut self.lot, now, true, &mut |r| deciding.append(r));
         }
-        group.flush(&tx).await?;
-        tx.commit().await?;
+        group.flush(c, true).await?;
+        open.finished();
         Ok(group)
+    }
+}
+
+/// A pooled connection inside a transaction this committer opened with a bare `BEGIN` (so that
+/// it travels with the first reads). Unless the transaction ended, the connection is taken out
+/// of the pool when this is dropped (an error, a deadline that cancelled the group): closing
+/// it ends the transaction, and the next user of the pool never finds one left open.
+struct Unfinished(Option<deadpool_postgres::Client>);
+
+impl Unfinished {
+    fn client(&self) -> &deadpool_postgres::Client {
+        self.0.as_ref().unwrap_or_else(|| unreachable!("taken only by finished()"))
+    }
+
+    /// `COMMIT` returned: the connection goes back to the pool.
+    fn finished(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.take() {
+            drop(deadpool_postgres::Client::take(c));
+        }
     }
 }
 

@@ -545,6 +545,20 @@ pub trait Engine: Housekeeping {
     /// Metadata without sliding the TTL. Reflects every acknowledged write.
     fn head(&self, path: &str, now_ms: i64) -> impl Future<Output = Result<StreamInfo, LookupError>> + Send;
 
+    /// The stream at `path` as this process last saw it, when the engine keeps that and a
+    /// [`Engine::head`] would cost a database round trip; `None`: ask `head`. Only for framing
+    /// a write, which needs the incarnation's id and configuration (content type, compaction:
+    /// fixed for an incarnation), not its current tail. It may be stale: the stream deleted,
+    /// replaced or expired since. The write names the incarnation
+    /// ([`AppendRequest::stream_id`]), so the engine refuses a replaced one with
+    /// [`AppendError::StreamChanged`] and judges a missing or expired one as `head` would; a
+    /// caller that refuses the write itself must first ask `head` (a missing stream is `404`
+    /// whatever else is wrong with the request). The default keeps nothing.
+    fn last_seen(&self, path: &str) -> Option<StreamInfo> {
+        let _ = path;
+        None
+    }
+
     /// Reads from `req.from` up to about `req.max_bytes` (at least one whole append when data
     /// exists), or exactly at most that with `req.bounded`; see [`ReadRequest`].
     fn read(&self, req: ReadRequest<'_>) -> impl Future<Output = Result<ReadChunk, LookupError>> + Send;

@@ -53,28 +53,46 @@ async fn dispatch<E: Engine>(st: &AppState<E>, path: &str, method: &Method, uri:
         return Ok(crate::subs::route(st, method, uri, h, body, &caller.access).await?);
     }
     let kind = caller.kind.unwrap_or_else(|| Kind::of(method, h));
-    match operation(st, kind, path, uri.query(), h).await? {
-        Operation::Read { info, query } => read::get(st, path, info, query, h, &caller.access).await,
-        Operation::Head { info, if_match } => read::head(info, if_match),
-        Operation::Create(args) | Operation::Fork(args) => create::create(st, path, uri, h, args, body).await,
-        Operation::Append { info, headers } | Operation::Close { info, headers } => append::append(st, path, info, headers, h, body, &caller).await,
-        Operation::Trim { info, to } => manage::trim(st, path, &info, to, h, body).await,
-        Operation::Compact { .. } => manage::compact(st, path, h, body).await,
-        Operation::Delete { if_tail } => manage::delete(st, path, if_tail).await,
-        Operation::Preflight => Ok(headers::preflight(h)),
+    // A write is framed for the stream as this node last saw it when the engine keeps that (a
+    // `head` is a database round trip on PostgreSQL); the engine judges the write against the
+    // stream as it is. A refusal made here instead is judged against a fresh `head` first, so a
+    // missing stream is still 404 whatever else is wrong.
+    let seen = if matches!(kind, Kind::Append { .. } | Kind::Close) { st.engine.last_seen(path) } else { None };
+    let unchecked = seen.is_some();
+    let result = async {
+        match operation(st, kind, path, uri.query(), h, seen).await? {
+            Operation::Read { info, query } => read::get(st, path, info, query, h, &caller.access).await,
+            Operation::Head { info, if_match } => read::head(info, if_match),
+            Operation::Create(args) | Operation::Fork(args) => create::create(st, path, uri, h, args, body).await,
+            Operation::Append { info, headers } | Operation::Close { info, headers } => append::append(st, path, info, headers, h, body, &caller).await,
+            Operation::Trim { info, to } => manage::trim(st, path, &info, to, h, body).await,
+            Operation::Compact { .. } => manage::compact(st, path, h, body).await,
+            Operation::Delete { if_tail } => manage::delete(st, path, if_tail).await,
+            Operation::Preflight => Ok(headers::preflight(h)),
+        }
+    }
+    .await;
+    match result {
+        Err(refused) if unchecked => {
+            st.engine.head(path, st.clock.now_ms()).await?;
+            Err(refused)
+        }
+        r => r,
     }
 }
 
 /// The request's operation on the stream at `path`, with its typed arguments. Operations on an
-/// existing stream look it up first: a missing stream is `404` whatever else is wrong.
-async fn operation<E: Engine>(st: &AppState<E>, kind: Kind, path: &str, query: Option<&str>, h: &HeaderMap) -> Result<Operation, ApiError> {
-    let info = match kind {
-        Kind::Read | Kind::Head | Kind::Append { .. } | Kind::Close | Kind::Trim | Kind::Compact => st.engine.head(path, st.clock.now_ms()).await?,
-        Kind::Create => return Ok(Operation::Create(CreateHeaders::parse(h)?)),
-        Kind::Fork => return Ok(Operation::Fork(CreateHeaders::parse(h)?)),
-        Kind::Delete => return Ok(Operation::Delete { if_tail: request::if_match(h)?.flatten() }),
-        Kind::Preflight => return Ok(Operation::Preflight),
-        Kind::NotAllowed => return Err(ApiError::MethodNotAllowed),
+/// existing stream look it up first (`seen`: a write's stream as last seen, see
+/// [`Engine::last_seen`]): a missing stream is `404` whatever else is wrong.
+async fn operation<E: Engine>(st: &AppState<E>, kind: Kind, path: &str, query: Option<&str>, h: &HeaderMap, seen: Option<oncelog_storage::StreamInfo>) -> Result<Operation, ApiError> {
+    let info = match (kind, seen) {
+        (Kind::Append { .. } | Kind::Close, Some(info)) => info,
+        (Kind::Read | Kind::Head | Kind::Append { .. } | Kind::Close | Kind::Trim | Kind::Compact, _) => st.engine.head(path, st.clock.now_ms()).await?,
+        (Kind::Create, _) => return Ok(Operation::Create(CreateHeaders::parse(h)?)),
+        (Kind::Fork, _) => return Ok(Operation::Fork(CreateHeaders::parse(h)?)),
+        (Kind::Delete, _) => return Ok(Operation::Delete { if_tail: request::if_match(h)?.flatten() }),
+        (Kind::Preflight, _) => return Ok(Operation::Preflight),
+        (Kind::NotAllowed, _) => return Err(ApiError::MethodNotAllowed),
     };
     Ok(match kind {
         Kind::Read => Operation::Read { info, query: ReadQuery::parse(query)? },
