@@ -92,6 +92,11 @@ fn h(name: &'static str, value: impl ToString) -> (HeaderName, HeaderValue) {
 }
 
 impl ApiError {
+    /// The engine's verdict on the stream as it is (not a refusal the server made itself).
+    pub fn from_engine(&self) -> bool {
+        matches!(self, ApiError::Append(_) | ApiError::Lookup(_) | ApiError::Storage(_))
+    }
+
     fn status_and_headers(&self) -> (StatusCode, Vec<(HeaderName, HeaderValue)>) {
         match self {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, vec![]),

@@ -55,8 +55,9 @@ async fn dispatch<E: Engine>(st: &AppState<E>, path: &str, method: &Method, uri:
     let kind = caller.kind.unwrap_or_else(|| Kind::of(method, h));
     // A write is framed for the stream as this node last saw it when the engine keeps that (a
     // `head` is a database round trip on PostgreSQL); the engine judges the write against the
-    // stream as it is. A refusal made here instead is judged against a fresh `head` first, so a
-    // missing stream is still 404 whatever else is wrong.
+    // stream as it is. A refusal the server makes itself is checked against a fresh `head`
+    // first, so a missing stream is still 404 whatever else is wrong (the engine's own answers,
+    // a 503 among them, stand as they are).
     let seen = if matches!(kind, Kind::Append { .. } | Kind::Close) { st.engine.last_seen(path) } else { None };
     let unchecked = seen.is_some();
     let result = async {
@@ -73,7 +74,7 @@ async fn dispatch<E: Engine>(st: &AppState<E>, path: &str, method: &Method, uri:
     }
     .await;
     match result {
-        Err(refused) if unchecked => {
+        Err(refused) if unchecked && !refused.from_engine() => {
             st.engine.head(path, st.clock.now_ms()).await?;
             Err(refused)
         }
