@@ -1,0 +1,13 @@
+//! Oncelog's fault suite (docs/design/issue-24-plan.md): what a run under faults did, and
+//! whether it kept exactly-once.
+//!
+//! Modules:
+//! - [`history`]: every operation of a run (invocation, completion, outcome, what it returned),
+//!   as JSON lines, and the streams' final contents;
+//! - [`check`]: the properties, each a pure function over a history and the final contents
+//!   answering the violations it finds (appends, reads, `If-Match`).
+//!
+//! The cluster, the nemesis and the workloads that produce histories come next (plan steps 3-5).
+
+pub mod check;
+pub mod history;
