@@ -5,9 +5,12 @@
 //! - [`history`]: every operation of a run (invocation, completion, outcome, what it returned),
 //!   as JSON lines, and the streams' final contents;
 //! - [`check`]: the properties, each a pure function over a history and the final contents
-//!   answering the violations it finds (appends, reads, `If-Match`).
+//!   answering the violations it finds (appends, reads, `If-Match`);
+//! - [`run`]: one seeded run — the cluster (so far the log engine's node, SIGKILLed and
+//!   restarted), the workloads, the nemesis — producing a history and its check.
 //!
-//! The cluster, the nemesis and the workloads that produce histories come next (plan steps 3-5).
+//! PostgreSQL clusters, network faults, pauses and clock skew come next (plan steps 4-5).
 
 pub mod check;
 pub mod history;
+pub mod run;

@@ -1,0 +1,87 @@
+//! The system under test: one `oncelog serve` on the log engine, started, SIGKILLed and
+//! restarted on the same port and data directory by this process (and ended by its PID only).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// Why the node could not be (re)started.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("cannot start {bin}: {source}")]
+    Spawn { bin: String, source: std::io::Error },
+    #[error("the node exited before it listened (see {log})")]
+    NoListen { log: String },
+}
+
+pub struct LogNode {
+    bin: PathBuf,
+    data: PathBuf,
+    log: PathBuf,
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl LogNode {
+    /// Starts a node on `data`, its stderr appended to `log`; returns once it listens.
+    pub fn start(bin: &Path, data: &Path, log: &Path) -> Result<LogNode, NodeError> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0);
+        let mut node = LogNode { bin: bin.to_owned(), data: data.to_owned(), log: log.to_owned(), port, child: None };
+        node.launch()?;
+        Ok(node)
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn launch(&mut self) -> Result<(), NodeError> {
+        let spawn = |source| NodeError::Spawn { bin: self.bin.display().to_string(), source };
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).map_err(spawn)?;
+        let mut child = Command::new(&self.bin)
+            .args(["serve", "--addr", &format!("127.0.0.1:{}", self.port), "--data-dir"])
+            .arg(&self.data)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .map_err(spawn)?;
+        let mut line = String::new();
+        let out = child.stdout.take();
+        let listening = out.is_some_and(|o| BufReader::new(o).read_line(&mut line).is_ok() && line.starts_with("oncelog listening on "));
+        self.child = Some(child);
+        if !listening {
+            self.kill9();
+            return Err(NodeError::NoListen { log: self.log.display().to_string() });
+        }
+        Ok(())
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) -> Result<(), NodeError> {
+        self.kill9();
+        // The port was just released by a killed process; a restart may race the kernel for it.
+        let mut last = None;
+        for _ in 0..50 {
+            match self.launch() {
+                Ok(()) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Err(last.unwrap_or(NodeError::NoListen { log: self.log.display().to_string() }))
+    }
+}
+
+impl Drop for LogNode {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
