@@ -6,6 +6,7 @@
 //!   as JSON lines, and the streams' final contents;
 //! - [`check`]: the properties, each a pure function over a history and the final contents
 //!   answering the violations it finds (appends, reads, `If-Match`);
+//! - [`report`]: the timeline of a run as an SVG;
 //! - [`run`]: one seeded run — the cluster (so far the log engine's node, SIGKILLed and
 //!   restarted), the workloads, the nemesis — producing a history and its check.
 //!
@@ -13,4 +14,5 @@
 
 pub mod check;
 pub mod history;
+pub mod report;
 pub mod run;

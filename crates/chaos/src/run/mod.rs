@@ -17,6 +17,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::check::{self, Violation};
 use crate::history::History;
+use crate::report::Fault;
 use cluster::LogNode;
 use workload::Ctx;
 
@@ -85,20 +86,22 @@ pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
     // (starting a node blocks until it listens).
     let seed = plan.seed;
     let until = Instant::now() + plan.duration;
-    let nemesis = std::thread::spawn(move || -> Result<(LogNode, usize), cluster::NodeError> {
+    let clock = ctx.clone();
+    let nemesis = std::thread::spawn(move || -> Result<(LogNode, Vec<Fault>), cluster::NodeError> {
         let mut node = node;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let mut faults = 0;
+        let mut faults = Vec::new();
         loop {
             let wait = Duration::from_millis(rng.random_range(500..3000));
             if Instant::now() + wait >= until {
                 break;
             }
             std::thread::sleep(wait);
+            let from_ms = clock.rec.now();
             node.kill9();
-            faults += 1;
             std::thread::sleep(Duration::from_millis(rng.random_range(0..500)));
             node.restart()?;
+            faults.push(Fault { from_ms, to_ms: clock.rec.now() });
         }
         Ok((node, faults))
     });
@@ -126,8 +129,9 @@ pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
     drop(node);
     let history = History { ops: ctx.rec.finish(), finals };
     let violations = check::check(&history);
-    std::fs::write(plan.out.join("report.md"), report(plan, &history, faults, &violations))?;
-    Ok(Summary { operations: history.ops.len(), faults, violations })
+    std::fs::write(plan.out.join("timeline.svg"), crate::report::timeline_svg(&history.ops, &faults))?;
+    std::fs::write(plan.out.join("report.md"), report(plan, &history, faults.len(), &violations))?;
+    Ok(Summary { operations: history.ops.len(), faults: faults.len(), violations })
 }
 
 fn report(plan: &Plan, h: &History, faults: usize, violations: &[Violation]) -> String {
@@ -135,7 +139,7 @@ fn report(plan: &Plan, h: &History, faults: usize, violations: &[Violation]) -> 
     let count = |f: &dyn Fn(&crate::history::Op) -> bool| h.ops.iter().filter(|o| f(o)).count();
     let appends = |o: Outcome| count(&|op| op.outcome == o && matches!(op.kind, OpKind::Append { .. }));
     let mut s = format!(
-        "# Chaos run, seed {}\n\n- engine: log, one node; nemesis: SIGKILL and restart\n- duration: {} s\n- faults: {faults}\n- operations: {} (appends ok {}, failed {}, unknown {}; reads {})\n- bytes in the streams at the end: {}\n- violations: {}\n",
+        "# Chaos run, seed {}\n\n![timeline](timeline.svg)\n\n- engine: log, one node; nemesis: SIGKILL and restart\n- duration: {} s\n- faults: {faults}\n- operations: {} (appends ok {}, failed {}, unknown {}; reads {})\n- bytes in the streams at the end: {}\n- violations: {}\n",
         plan.seed,
         plan.duration.as_secs(),
         h.ops.len(),
