@@ -8,6 +8,8 @@ use crate::history::{Op, Outcome};
 pub struct Fault {
     pub from_ms: u64,
     pub to_ms: u64,
+    /// What it was ("SIGKILL", "disk full").
+    pub kind: &'static str,
 }
 
 const WIDTH: f64 = 960.0;
@@ -42,10 +44,12 @@ pub fn timeline_svg(ops: &[Op], faults: &[Fault]) -> String {
     );
     for f in faults {
         s.push_str(&format!(
-            "<rect class=\"fault\" x=\"{:.1}\" y=\"{PAD}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"#f4c7c3\"/>\n",
+            "<rect class=\"fault\" x=\"{:.1}\" y=\"{PAD}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{}</title></rect>\n",
             x(f.from_ms as f64),
             (x(f.to_ms as f64) - x(f.from_ms as f64)).max(1.0),
-            HEIGHT - 2.0 * PAD
+            HEIGHT - 2.0 * PAD,
+            if f.kind == "SIGKILL" { "#f4c7c3" } else { "#c3d7f4" },
+            f.kind
         ));
     }
     for (values, (name, color)) in series.iter().zip([("ok", "#1a7f37"), ("refused", "#9a6700"), ("unknown", "#cf222e")]) {
@@ -53,7 +57,7 @@ pub fn timeline_svg(ops: &[Op], faults: &[Fault]) -> String {
         s.push_str(&format!("<polyline class=\"{name}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\n", points.join(" ")));
     }
     s.push_str(&format!(
-        "<line x1=\"{PAD}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n<text x=\"{PAD}\" y=\"{t}\">operations per second (max {top}): ok (green), refused (amber), unknown (red); faults shaded; {secs} s</text>\n</svg>\n",
+        "<line x1=\"{PAD}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n<text x=\"{PAD}\" y=\"{t}\">operations per second (max {top}): ok (green), refused (amber), unknown (red); SIGKILL shaded red, full disk blue; {secs} s</text>\n</svg>\n",
         b = HEIGHT - PAD,
         r = WIDTH - PAD,
         t = PAD - 12.0,
@@ -75,7 +79,7 @@ mod tests {
     fn the_timeline_shades_each_fault_and_counts_each_second() {
         let ops = vec![op(100, Outcome::Ok), op(900, Outcome::Ok), op(1500, Outcome::Unknown), op(2500, Outcome::Failed)];
         assert_eq!(per_second(&ops, 2500), [vec![2, 0, 0], vec![0, 0, 1], vec![0, 1, 0]]);
-        let svg = timeline_svg(&ops, &[Fault { from_ms: 1000, to_ms: 1200 }, Fault { from_ms: 2000, to_ms: 2100 }]);
+        let svg = timeline_svg(&ops, &[Fault { from_ms: 1000, to_ms: 1200, kind: "SIGKILL" }, Fault { from_ms: 2000, to_ms: 2100, kind: "disk full" }]);
         assert_eq!(svg.matches("class=\"fault\"").count(), 2);
         assert_eq!(svg.matches("<polyline").count(), 3);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));

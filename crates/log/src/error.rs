@@ -28,6 +28,12 @@ pub enum LogError {
     /// bug; the store stops writing rather than commit part of a transaction.
     #[error("a transaction's append was refused after its check accepted it: {0}")]
     TxnDiverged(String),
+    /// A group's write or sync failed (a full disk, an I/O error): its outcome is unknown and
+    /// the store takes no write until a restart recovers the log. Answered 503, as every later
+    /// write is, never 500: nothing is wrong with the request, and a retry after the restart
+    /// finds out what became of it.
+    #[error("writes stopped after a storage failure: {0}")]
+    WritesStopped(StorageError),
 }
 
 pub(crate) fn backend(e: LogError) -> StorageError {

@@ -63,7 +63,11 @@ fn a_failed_fdatasync_stops_every_later_write() {
     append(&mut store, "s", 0, "kept").expect("first append");
     fs.fail_syncs(true);
     let failed = append(&mut store, "s", 1, "lost");
-    assert!(matches!(failed, Err(AppendError::Storage(_))), "{failed:?}");
+    // Unavailable (503, outcome unknown, retry after a restart), not Backend (500): the full
+    // disk the fault suite made answered 500 before.
+    assert!(matches!(failed, Err(AppendError::Storage(StorageError::Unavailable(_)))), "{failed:?}");
+    let said = failed.as_ref().err().map(ToString::to_string).unwrap_or_default();
+    assert!(said.contains("writes stopped after a storage failure") && said.contains("fdatasync"), "{said}");
     // The disk "recovers" and the next sync would report success: writes must stay stopped.
     fs.fail_syncs(false);
     let after = append(&mut store, "s", 1, "again");

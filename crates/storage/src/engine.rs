@@ -462,8 +462,9 @@ pub enum StorageError {
     Corrupt(Arc<dyn std::error::Error + Send + Sync>),
     #[error("storage is shutting down")]
     ShuttingDown,
-    /// The backend cannot be reached now (a database connection lost, say); nothing was done,
-    /// and the same request may succeed once it is back. The cause says why.
+    /// The backend cannot be used now (a database connection lost, a log whose disk is full):
+    /// nothing was done, or what was is unknown (a commit cut short); the same request may
+    /// succeed once it is back, and an idempotent retry finds out. The cause says why.
     #[error("storage is unavailable: {0}")]
     Unavailable(Arc<dyn std::error::Error + Send + Sync>),
 }

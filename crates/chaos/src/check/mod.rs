@@ -31,6 +31,9 @@ pub enum Violation {
     TwoWinners { stream: String, tail: u64, first: u64, second: u64 },
     #[error("{stream}: If-Match {tail} winner {op} does not start at {tail}")]
     WinnerElsewhere { stream: String, tail: u64, op: u64 },
+    /// Answers 500-599 other than 503: a fault is no reason for one (an unusable backend is 503).
+    #[error("{count} answers with status {status}")]
+    ServerErrors { status: u16, count: u64 },
 }
 
 /// Every violation of every property in `h`.

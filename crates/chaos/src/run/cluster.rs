@@ -1,5 +1,7 @@
 //! The system under test: one `oncelog serve` on the log engine, started, SIGKILLed and
-//! restarted on the same port and data directory by this process (and ended by its PID only).
+//! restarted on the same port and data directory by this process (and ended by its PID only);
+//! its data directory on a small tmpfs of the run's own when the run may mount one (root), so
+//! that the disk can be filled.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -83,5 +85,50 @@ impl LogNode {
 impl Drop for LogNode {
     fn drop(&mut self) {
         self.kill9();
+    }
+}
+
+/// A tmpfs mounted by the run for the node's data (unmounted when dropped), and the filler file
+/// that makes it full.
+pub struct SmallDisk {
+    dir: PathBuf,
+    filler: PathBuf,
+}
+
+impl SmallDisk {
+    /// Mounts a tmpfs of `mib` MiB at `dir`; `None` when this process may not mount (not root).
+    pub fn mount(dir: &Path, mib: u64) -> Option<SmallDisk> {
+        std::fs::create_dir_all(dir).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| SmallDisk { dir: dir.to_owned(), filler: dir.join("filler") })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Writes the filler until the disk refuses more (ENOSPC).
+    pub fn fill(&self) {
+        use std::io::Write;
+        let Ok(mut f) = std::fs::File::create(&self.filler) else { return };
+        let chunk = vec![0u8; 1 << 20];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.flush();
+    }
+
+    pub fn free(&self) {
+        let _ = std::fs::remove_file(&self.filler);
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.dir).stdout(Stdio::null()).stderr(Stdio::null()).status();
     }
 }

@@ -52,7 +52,12 @@ const STREAMS: usize = 3;
 
 pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
     std::fs::create_dir_all(&plan.out)?;
-    let data = plan.out.join("data");
+    // The data directory on a 256 MiB tmpfs when the run may mount one: the disk can be filled.
+    let disk = cluster::SmallDisk::mount(&plan.out.join("disk"), 256);
+    let data = match &disk {
+        Some(d) => d.path().join("data"),
+        None => plan.out.join("data"),
+    };
     let _ = std::fs::remove_dir_all(&data);
     let node = LogNode::start(&plan.bin, &data, &plan.out.join("node.log"))?;
     let ctx = Arc::new(Ctx {
@@ -61,6 +66,7 @@ pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
         rec: record::Recorder::create(&plan.out.join("history.jsonl"))?,
         stop: Default::default(),
         give_up: Default::default(),
+        server_errors: Default::default(),
     });
     let streams: Vec<String> = (0..STREAMS).map(|i| format!("s{i}")).chain(["race".to_owned()]).collect();
     for s in &streams {
@@ -87,7 +93,7 @@ pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
     let seed = plan.seed;
     let until = Instant::now() + plan.duration;
     let clock = ctx.clone();
-    let nemesis = std::thread::spawn(move || -> Result<(LogNode, Vec<Fault>), cluster::NodeError> {
+    let nemesis = std::thread::spawn(move || -> Result<(LogNode, Vec<Fault>, Option<cluster::SmallDisk>), cluster::NodeError> {
         let mut node = node;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let mut faults = Vec::new();
@@ -98,17 +104,30 @@ pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
             }
             std::thread::sleep(wait);
             let from_ms = clock.rec.now();
-            node.kill9();
-            std::thread::sleep(Duration::from_millis(rng.random_range(0..500)));
-            node.restart()?;
-            faults.push(Fault { from_ms, to_ms: clock.rec.now() });
+            match &disk {
+                // A full disk for a while: writes fail (the engine stops taking them), then
+                // space comes back and the node is restarted.
+                Some(d) if rng.random_bool(0.25) => {
+                    d.fill();
+                    std::thread::sleep(Duration::from_millis(rng.random_range(500..2000)));
+                    d.free();
+                    node.restart()?;
+                    faults.push(Fault { from_ms, to_ms: clock.rec.now(), kind: "disk full" });
+                }
+                _ => {
+                    node.kill9();
+                    std::thread::sleep(Duration::from_millis(rng.random_range(0..500)));
+                    node.restart()?;
+                    faults.push(Fault { from_ms, to_ms: clock.rec.now(), kind: "SIGKILL" });
+                }
+            }
         }
-        Ok((node, faults))
+        Ok((node, faults, disk))
     });
     while !nemesis.is_finished() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let (node, faults) = nemesis.join().map_err(|_| RunError::Setup("the nemesis panicked".into()))??;
+    let (node, faults, disk) = nemesis.join().map_err(|_| RunError::Setup("the nemesis panicked".into()))??;
     // Healed: no new operations; retries get a while to learn their outcomes.
     ctx.stop.store(true, Ordering::Relaxed);
     let settle = tokio::time::sleep(Duration::from_secs(15));
@@ -126,22 +145,31 @@ pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
     for s in &streams {
         finals.insert(s.clone(), workload::final_contents(&ctx, s).await.map_err(RunError::Setup)?);
     }
+    // The node goes first: the tmpfs under it can only be unmounted then.
     drop(node);
+    let disk_faults = disk.is_some();
+    drop(disk);
     let history = History { ops: ctx.rec.finish(), finals };
-    let violations = check::check(&history);
+    let mut violations = check::check(&history);
+    let errors = std::mem::take(&mut *ctx.server_errors.lock().unwrap_or_else(|p| p.into_inner()));
+    violations.extend(errors.into_iter().map(|(status, count)| Violation::ServerErrors { status, count }));
     std::fs::write(plan.out.join("timeline.svg"), crate::report::timeline_svg(&history.ops, &faults))?;
-    std::fs::write(plan.out.join("report.md"), report(plan, &history, faults.len(), &violations))?;
+    std::fs::write(plan.out.join("report.md"), report(plan, &history, &faults, disk_faults, &violations))?;
     Ok(Summary { operations: history.ops.len(), faults: faults.len(), violations })
 }
 
-fn report(plan: &Plan, h: &History, faults: usize, violations: &[Violation]) -> String {
+fn report(plan: &Plan, h: &History, faults: &[Fault], disk_faults: bool, violations: &[Violation]) -> String {
     use crate::history::{OpKind, Outcome};
     let count = |f: &dyn Fn(&crate::history::Op) -> bool| h.ops.iter().filter(|o| f(o)).count();
     let appends = |o: Outcome| count(&|op| op.outcome == o && matches!(op.kind, OpKind::Append { .. }));
     let mut s = format!(
-        "# Chaos run, seed {}\n\n![timeline](timeline.svg)\n\n- engine: log, one node; nemesis: SIGKILL and restart\n- duration: {} s\n- faults: {faults}\n- operations: {} (appends ok {}, failed {}, unknown {}; reads {})\n- bytes in the streams at the end: {}\n- violations: {}\n",
+        "# Chaos run, seed {}\n\n![timeline](timeline.svg)\n\n- engine: log, one node; nemesis: SIGKILL and restart{}\n- duration: {} s\n- faults: {} ({} SIGKILL, {} disk full)\n- operations: {} (appends ok {}, failed {}, unknown {}; reads {})\n- bytes in the streams at the end: {}\n- violations: {}\n",
         plan.seed,
+        if disk_faults { ", a full disk (tmpfs)" } else { " (no tmpfs: not root, so no full disk)" },
         plan.duration.as_secs(),
+        faults.len(),
+        faults.iter().filter(|f| f.kind == "SIGKILL").count(),
+        faults.iter().filter(|f| f.kind == "disk full").count(),
         h.ops.len(),
         appends(Outcome::Ok),
         appends(Outcome::Failed),

@@ -21,11 +21,20 @@ pub struct Ctx {
     pub stop: AtomicBool,
     /// Set when an operation still being retried should give up (its outcome stays unknown).
     pub give_up: AtomicBool,
+    /// Answers 500-599 other than 503, by status.
+    pub server_errors: std::sync::Mutex<std::collections::BTreeMap<u16, u64>>,
 }
 
 impl Ctx {
     pub fn url(&self, stream: &str) -> String {
         format!("{}/v1/stream/{stream}", self.base)
+    }
+
+    /// Counts a server error that is not 503.
+    fn note(&self, status: StatusCode) {
+        if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+            *self.server_errors.lock().unwrap_or_else(|p| p.into_inner()).entry(status.as_u16()).or_default() += 1;
+        }
     }
 }
 
@@ -41,6 +50,7 @@ async fn post(ctx: &Ctx, stream: &str, body: &str, headers: &[(&str, String)]) -
         req = req.header(*k, v);
     }
     let r = req.send().await.ok()?;
+    ctx.note(r.status());
     Some((r.status(), next_offset(&r)))
 }
 
@@ -146,7 +156,10 @@ pub async fn reader(ctx: Arc<Ctx>, name: String, stream: String) {
         let url = format!("{}?offset={}&live=long-poll", ctx.url(&stream), Offset(from));
         let r = match ctx.http.get(url).timeout(Duration::from_secs(10)).send().await {
             Ok(r) if r.status() == StatusCode::OK => r,
-            Ok(_) => continue,
+            Ok(r) => {
+                ctx.note(r.status());
+                continue;
+            }
             Err(_) => {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;

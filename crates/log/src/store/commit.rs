@@ -125,7 +125,7 @@ impl Store {
         let len = (g.frame.len() + g.split_len()) as u64;
         if self.active_len > format::SEGMENT_HEADER && self.active_len + len > self.cfg.segment_bytes {
             if let Err(e) = self.rotate() {
-                return Some(self.fail(e));
+                return Some(self.stopped(e));
             }
         }
         if self.active_len + len >= format::MAX_SEGMENT_BYTES {
@@ -133,11 +133,11 @@ impl Store {
         }
         let pos = self.active_len;
         if let Err(e) = self.write_frame(&mut g.frame, started) {
-            return Some(self.fail(e));
+            return Some(self.stopped(e));
         }
         if let Some(mut split) = g.take_split() {
             if let Err(e) = self.write_frame(&mut split, started) {
-                return Some(self.fail(e));
+                return Some(self.stopped(e));
             }
         }
         // Data positions so far are relative to the frame; make them absolute file positions.
@@ -148,6 +148,13 @@ impl Store {
             }
         }
         None
+    }
+
+    /// Fail-stop after a write or sync of the log failed: the group's answer is
+    /// [`LogError::WritesStopped`], a 503 (`fail` logs the cause and stops writes).
+    fn stopped(&mut self, e: StorageError) -> StorageError {
+        let e = self.fail(e);
+        StorageError::Unavailable(std::sync::Arc::new(crate::error::LogError::WritesStopped(e)))
     }
 
     /// Seals and writes one frame at the end of the active segment, then syncs it.
