@@ -48,7 +48,11 @@ pub fn timeline_svg(ops: &[Op], faults: &[Fault]) -> String {
             x(f.from_ms as f64),
             (x(f.to_ms as f64) - x(f.from_ms as f64)).max(1.0),
             HEIGHT - 2.0 * PAD,
-            if f.kind == "SIGKILL" { "#f4c7c3" } else { "#c3d7f4" },
+            match f.kind {
+                "SIGKILL" => "#f4c7c3",
+                "pause" => "#e0e0e0",
+                _ => "#c3d7f4",
+            },
             f.kind
         ));
     }
@@ -57,7 +61,7 @@ pub fn timeline_svg(ops: &[Op], faults: &[Fault]) -> String {
         s.push_str(&format!("<polyline class=\"{name}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\n", points.join(" ")));
     }
     s.push_str(&format!(
-        "<line x1=\"{PAD}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n<text x=\"{PAD}\" y=\"{t}\">operations per second (max {top}): ok (green), refused (amber), unknown (red); SIGKILL shaded red, full disk blue; {secs} s</text>\n</svg>\n",
+        "<line x1=\"{PAD}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n<text x=\"{PAD}\" y=\"{t}\">operations per second (max {top}): ok (green), refused (amber), unknown (red); SIGKILL shaded red, full disk blue, pause grey; {secs} s</text>\n</svg>\n",
         b = HEIGHT - PAD,
         r = WIDTH - PAD,
         t = PAD - 12.0,

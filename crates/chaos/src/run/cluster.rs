@@ -67,6 +67,18 @@ impl LogNode {
         }
     }
 
+    /// SIGSTOP for `pause`, then SIGCONT (a GC pause, a VM migration): the process keeps its
+    /// connections and its state, and answers late.
+    pub fn pause(&mut self, pause: std::time::Duration) {
+        let Some(pid) = self.child.as_ref().map(Child::id) else { return };
+        let signal = |sig: &str| {
+            let _ = Command::new("kill").args([sig, &pid.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+        };
+        signal("-STOP");
+        std::thread::sleep(pause);
+        signal("-CONT");
+    }
+
     pub fn restart(&mut self) -> Result<(), NodeError> {
         self.kill9();
         // The port was just released by a killed process; a restart may race the kernel for it.

@@ -104,10 +104,16 @@ pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
             }
             std::thread::sleep(wait);
             let from_ms = clock.rec.now();
+            let roll: f64 = rng.random();
             match &disk {
+                // Frozen for longer than the clients' 5 s timeout at times, then resumed.
+                _ if roll < 0.25 => {
+                    node.pause(Duration::from_millis(rng.random_range(500..6000)));
+                    faults.push(Fault { from_ms, to_ms: clock.rec.now(), kind: "pause" });
+                }
                 // A full disk for a while: writes fail (the engine stops taking them), then
                 // space comes back and the node is restarted.
-                Some(d) if rng.random_bool(0.25) => {
+                Some(d) if roll < 0.5 => {
                     d.fill();
                     std::thread::sleep(Duration::from_millis(rng.random_range(500..2000)));
                     d.free();
@@ -163,13 +169,14 @@ fn report(plan: &Plan, h: &History, faults: &[Fault], disk_faults: bool, violati
     let count = |f: &dyn Fn(&crate::history::Op) -> bool| h.ops.iter().filter(|o| f(o)).count();
     let appends = |o: Outcome| count(&|op| op.outcome == o && matches!(op.kind, OpKind::Append { .. }));
     let mut s = format!(
-        "# Chaos run, seed {}\n\n![timeline](timeline.svg)\n\n- engine: log, one node; nemesis: SIGKILL and restart{}\n- duration: {} s\n- faults: {} ({} SIGKILL, {} disk full)\n- operations: {} (appends ok {}, failed {}, unknown {}; reads {})\n- bytes in the streams at the end: {}\n- violations: {}\n",
+        "# Chaos run, seed {}\n\n![timeline](timeline.svg)\n\n- engine: log, one node; nemesis: SIGKILL and restart, SIGSTOP pauses{}\n- duration: {} s\n- faults: {} ({} SIGKILL, {} disk full, {} pauses)\n- operations: {} (appends ok {}, failed {}, unknown {}; reads {})\n- bytes in the streams at the end: {}\n- violations: {}\n",
         plan.seed,
         if disk_faults { ", a full disk (tmpfs)" } else { " (no tmpfs: not root, so no full disk)" },
         plan.duration.as_secs(),
         faults.len(),
         faults.iter().filter(|f| f.kind == "SIGKILL").count(),
         faults.iter().filter(|f| f.kind == "disk full").count(),
+        faults.iter().filter(|f| f.kind == "pause").count(),
         h.ops.len(),
         appends(Outcome::Ok),
         appends(Outcome::Failed),
