@@ -177,12 +177,20 @@ impl Group {
 
     /// The verdict on `req` against the group's state so far, staging nothing.
     pub fn check(&mut self, req: &AppendRequest, shared: &Shared, retention: &Retention) -> Result<(), AppendError> {
-        self.stream(req, shared)?.st.check(req, retention)
+        let verdict = self.stream(req, shared).and_then(|g| g.st.check(req, retention));
+        shared.seen.judged(&req.path, verdict.as_ref().err());
+        verdict
     }
 
     /// Decides one append against the group's state so far (the stream state machine) and
     /// stages what it accepted.
     pub fn decide(&mut self, req: &AppendRequest, shared: &Shared, retention: &Retention) -> Result<AppendOutcome, AppendError> {
+        let verdict = self.stage(req, shared, retention);
+        shared.seen.judged(&req.path, verdict.as_ref().err());
+        verdict
+    }
+
+    fn stage(&mut self, req: &AppendRequest, shared: &Shared, retention: &Retention) -> Result<AppendOutcome, AppendError> {
         let g = self.stream(req, shared)?;
         let w = match g.st.append(req, retention)? {
             Step::Answer(outcome) => return Ok(outcome),

@@ -381,7 +381,6 @@ impl Engine for PgEngine {
         let k = self.inner.committers.len();
         let i = (xxhash_rust::xxh3::xxh3_64(req.path.as_bytes()) % k as u64) as usize;
         let (reply, rx) = oneshot::channel();
-        let path = req.path.clone();
         let cmd = Cmd::Append { req, reply, arrival: tokio::time::Instant::now() };
         if self.inner.committers[i].send(cmd).is_err() {
             return Err(StorageError::ShuttingDown.into());
@@ -390,14 +389,10 @@ impl Engine for PgEngine {
         // committer still busy with an earlier one. The request may yet commit after this
         // answer: a 503 says "unknown", and the producer's retry gets the right answer.
         let bound = self.shared().deadline + rules::PARK_TIMEOUT;
-        let answer = match tokio::time::timeout(bound, rx).await {
+        match tokio::time::timeout(bound, rx).await {
             Ok(answer) => answer.unwrap_or(Err(StorageError::ShuttingDown.into())),
             Err(_) => Err(StorageError::Unavailable(Arc::new(error::Stalled { ms: bound.as_millis() as u64 })).into()),
-        };
-        if let Err(AppendError::NotFound | AppendError::Gone | AppendError::StreamChanged) = answer {
-            self.shared().seen.forget(&path);
         }
-        answer
     }
 
     async fn trim(&self, path: &str, to: Offset, now_ms: i64) -> Result<TrimOutcome, TrimError> {

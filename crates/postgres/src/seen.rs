@@ -22,12 +22,14 @@ impl Seen {
 
     pub fn remember(&self, path: &str, info: &StreamInfo) {
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if map.len() >= MAX_ENTRIES && !map.contains_key(path) {
-            map.clear();
-        }
-        match map.get_mut(path) {
-            Some(known) => known.clone_from(info),
-            None => {
+        match map.get(path) {
+            // Only the id and the configuration are used, and they are fixed for an
+            // incarnation: a `head` of every read need not copy them again.
+            Some(known) if known.id == info.id => {}
+            known => {
+                if known.is_none() && map.len() >= MAX_ENTRIES {
+                    map.clear();
+                }
                 map.insert(path.to_owned(), info.clone());
             }
         }
@@ -36,6 +38,15 @@ impl Seen {
     /// The stream is gone or was replaced.
     pub fn forget(&self, path: &str) {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(path);
+    }
+
+    /// A write to `path` was judged under its row lock: a refusal that says the stream is gone
+    /// or another incarnation drops what was seen (the next request asks `head`).
+    pub fn judged(&self, path: &str, refusal: Option<&oncelog_storage::AppendError>) {
+        use oncelog_storage::AppendError::{Gone, NotFound, StreamChanged};
+        if matches!(refusal, Some(NotFound | Gone | StreamChanged)) {
+            self.forget(path);
+        }
     }
 }
 
@@ -60,6 +71,11 @@ mod tests {
         seen.remember("a", &info(1));
         seen.remember("a", &info(2));
         assert_eq!(seen.get("a").map(|i| i.id), Some(2));
+        seen.judged("a", Some(&oncelog_storage::AppendError::Empty));
+        assert_eq!(seen.get("a").map(|i| i.id), Some(2), "a refusal about the request keeps it");
+        seen.judged("a", Some(&oncelog_storage::AppendError::StreamChanged));
+        assert!(seen.get("a").is_none());
+        seen.remember("a", &info(3));
         seen.forget("a");
         assert!(seen.get("a").is_none());
         for i in 0..(MAX_ENTRIES as u64 + 10) {

@@ -27,7 +27,11 @@ pub struct LogNode {
 impl LogNode {
     /// Starts a node on `data`, its stderr appended to `log`; returns once it listens.
     pub fn start(bin: &Path, data: &Path, log: &Path) -> Result<LogNode, NodeError> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0);
+        // A free port, kept across restarts so that clients keep the node's URL.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|source| NodeError::Spawn { bin: bin.display().to_string(), source })?;
         let mut node = LogNode { bin: bin.to_owned(), data: data.to_owned(), log: log.to_owned(), port, child: None };
         node.launch()?;
         Ok(node)

@@ -88,12 +88,12 @@ pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
         tasks.push(tokio::spawn(workload::reader(ctx.clone(), format!("reader-{s}"), s.clone())));
     }
 
-    // The nemesis: SIGKILL at seeded moments, restart after a seeded pause; on its own thread
-    // (starting a node blocks until it listens).
+    // The nemesis: faults at seeded moments, on a blocking thread (signals, sleeps, and starting a
+    // node blocks until it listens).
     let seed = plan.seed;
     let until = Instant::now() + plan.duration;
     let clock = ctx.clone();
-    let nemesis = std::thread::spawn(move || -> Result<(LogNode, Vec<Fault>, Option<cluster::SmallDisk>), cluster::NodeError> {
+    let nemesis = tokio::task::spawn_blocking(move || -> Result<(LogNode, Vec<Fault>, Option<cluster::SmallDisk>), cluster::NodeError> {
         let mut node = node;
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
         let mut faults = Vec::new();
@@ -130,10 +130,7 @@ pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
         }
         Ok((node, faults, disk))
     });
-    while !nemesis.is_finished() {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let (node, faults, disk) = nemesis.join().map_err(|_| RunError::Setup("the nemesis panicked".into()))??;
+    let (node, faults, disk) = nemesis.await.map_err(|_| RunError::Setup("the nemesis panicked".into()))??;
     // Healed: no new operations; retries get a while to learn their outcomes.
     ctx.stop.store(true, Ordering::Relaxed);
     let settle = tokio::time::sleep(Duration::from_secs(15));
