@@ -1,7 +1,8 @@
 //! TLS to PostgreSQL: `verify-full` against the test cluster's CA connects and the session is
 //! encrypted; a wrong CA, a wrong host name and a server without TLS are each refused at open,
 //! at once, with their reason; `verify-ca` accepts the wrong name; a missing root file is
-//! refused before any connection.
+//! refused before any connection; a client certificate authenticates where the server requires
+//! one.
 //!
 //! Needs `ONCELOG_TEST_POSTGRES_URL` as `scripts/test` sets it: a `verify-full` URL naming the
 //! cluster's CA (`scripts/postgres tls-url DIR`).
@@ -111,4 +112,66 @@ async fn unusable_tls_settings_are_refused_before_connecting() {
     refused(url("localhost", port, "verify-full", std::path::Path::new("/nonexistent/ca.crt")), "sslrootcert /nonexistent/ca.crt").await;
     refused(format!("postgres://oncelog@127.0.0.1:{port}/postgres?sslmode=verify-everything"), "is not one of").await;
     refused(format!("postgres://oncelog@127.0.0.1:{port}/postgres?sslcert=/c.pem"), "sslcert and sslkey go together").await;
+}
+
+/// `sslcert` / `sslkey`: where the server requires a client certificate (`hostssl … cert`, for
+/// a role of this test's own), the connector presents the one named and PostgreSQL takes its CN
+/// as the user; without it the same URL is refused.
+#[tokio::test]
+async fn a_client_certificate_authenticates_where_the_server_requires_one() {
+    let (port, ca) = cluster();
+    let tls_dir = ca.parent().expect("tls dir").to_owned();
+    let cluster_dir = tls_dir.parent().expect("cluster dir").to_owned();
+    let role = "oncelog_cert";
+    // The server learns to check client certificates against the cluster's CA, and requires
+    // one from this role only (every other test connects as before).
+    let admin = {
+        let (cfg, tls) = oncelog_postgres::driver_config(&url("localhost", port, "verify-full", &ca)).expect("url");
+        let (client, conn) = cfg.connect(tls).await.expect("connect as the test user");
+        tokio::spawn(conn);
+        client
+    };
+    admin
+        .batch_execute(&format!("DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN CREATE ROLE {role} LOGIN; END IF; END $$"))
+        .await
+        .expect("role");
+    admin.batch_execute(&format!("ALTER SYSTEM SET ssl_ca_file = '{}'", ca.display())).await.expect("ssl_ca_file");
+    let hba = cluster_dir.join("data/pg_hba.conf");
+    let rules = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+    let line = format!("hostssl all {role} 127.0.0.1/32 cert\n");
+    if !rules.contains(&line) {
+        std::fs::write(&hba, format!("{line}{rules}")).expect("pg_hba.conf");
+    }
+    admin.batch_execute("SELECT pg_reload_conf()").await.expect("reload");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // A key and a certificate for the role, signed by the cluster's CA (as an operator would).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (key, csr, cert) = (dir.path().join("client.key"), dir.path().join("client.csr"), dir.path().join("client.crt"));
+    let openssl = |args: &[&std::ffi::OsStr]| {
+        let out = std::process::Command::new("openssl").args(args).output().expect("openssl (scripts/postgres needs it too)");
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let s = |v: &str| std::ffi::OsString::from(v);
+    openssl(&[
+        &s("req"), &s("-new"), &s("-newkey"), &s("ec"), &s("-pkeyopt"), &s("ec_paramgen_curve:prime256v1"), &s("-nodes"),
+        &s(&format!("-subj=/CN={role}")), &s("-keyout"), key.as_os_str(), &s("-out"), csr.as_os_str(),
+    ]);
+    // An X.509 v3 certificate for client authentication (rustls takes no v1 certificate).
+    let ext = dir.path().join("client.ext");
+    std::fs::write(&ext, "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n").expect("ext");
+    openssl(&[
+        &s("x509"), &s("-req"), &s("-in"), csr.as_os_str(), &s("-CA"), ca.as_os_str(), &s("-CAkey"), tls_dir.join("ca.key").as_os_str(),
+        &s("-set_serial"), &s("1"), &s("-days"), &s("1"), &s("-extfile"), ext.as_os_str(), &s("-out"), cert.as_os_str(),
+    ]);
+
+    let base = format!("postgres://{role}@localhost:{port}/postgres?hostaddr=127.0.0.1&sslmode=verify-full&sslrootcert={}", ca.display());
+    let with_cert = format!("{base}&sslcert={}&sslkey={}", cert.display(), key.display());
+    let (cfg, tls) = oncelog_postgres::driver_config(&with_cert).expect("url");
+    let (client, conn) = cfg.connect(tls).await.expect("the certificate is accepted");
+    tokio::spawn(conn);
+    let who: String = client.query_one("SELECT current_user::text", &[]).await.expect("query").get(0);
+    assert_eq!(who, role);
+    let (cfg, tls) = oncelog_postgres::driver_config(&base).expect("url");
+    assert!(cfg.connect(tls).await.is_err(), "without a certificate the role is refused");
 }
