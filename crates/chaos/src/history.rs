@@ -45,6 +45,17 @@ pub enum OpKind {
     },
     /// A read (catch-up, long-poll or SSE) of `bytes` from offset `from`.
     Read { stream: String, from: u64, bytes: String },
+    /// A subscription worker's transactional commit: `output` appended to the output stream
+    /// and each input acknowledged up to its `to`, under claim `generation`.
+    Commit { generation: u64, inputs: Vec<Input>, output: String },
+}
+
+/// What a commit consumed: `stream` from `from` to `to`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Input {
+    pub stream: String,
+    pub from: u64,
+    pub to: u64,
 }
 
 /// One operation.
@@ -65,6 +76,17 @@ pub struct Op {
 pub struct History {
     pub ops: Vec<Op>,
     pub finals: BTreeMap<String, String>,
+    /// The subscription at the end, when the run had subscription workers.
+    pub subs: Option<SubsEnd>,
+}
+
+/// Where a subscription stood at the end of a run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubsEnd {
+    /// The acknowledged offset per input stream.
+    pub acked: BTreeMap<String, u64>,
+    /// The output stream's contents.
+    pub output: String,
 }
 
 /// A history line that is not an [`Op`].

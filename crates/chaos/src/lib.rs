@@ -5,12 +5,11 @@
 //! - [`history`]: every operation of a run (invocation, completion, outcome, what it returned),
 //!   as JSON lines, and the streams' final contents;
 //! - [`check`]: the properties, each a pure function over a history and the final contents
-//!   answering the violations it finds (appends, reads, `If-Match`);
+//!   answering the violations it finds (appends, reads, `If-Match`, subscriptions);
 //! - [`report`]: the timeline of a run as an SVG;
-//! - [`run`]: one seeded run — the cluster (so far the log engine's node, SIGKILLed and
-//!   restarted), the workloads, the nemesis — producing a history and its check.
-//!
-//! PostgreSQL clusters, network faults, pauses and clock skew come next (plan steps 4-5).
+//! - [`run`]: one seeded run — the system (a log-engine node on a small disk, or two nodes on a
+//!   PostgreSQL primary and synchronous standby in network namespaces of the run's own), the
+//!   workloads, the nemesis — producing a history and its check.
 
 pub mod check;
 pub mod history;

@@ -11,6 +11,7 @@ use clap::{Parser, ValueEnum};
 #[derive(Clone, Copy, ValueEnum)]
 enum EngineKind {
     Log,
+    Postgres,
 }
 
 #[derive(Parser)]
@@ -26,15 +27,21 @@ struct Args {
     /// The `oncelog` binary.
     #[arg(long)]
     bin: PathBuf,
-    /// Where the history, the node's log and the report go.
+    /// `scripts/postgres` (the PostgreSQL engine's clusters).
+    #[arg(long, default_value = "scripts/postgres")]
+    pg_script: PathBuf,
+    /// Where the history, the nodes' logs and the report go.
     #[arg(long)]
     out: PathBuf,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let EngineKind::Log = args.engine;
-    let plan = oncelog_chaos::run::Plan { seed: args.seed, duration: Duration::from_secs(args.seconds), bin: args.bin, out: args.out };
+    let engine = match args.engine {
+        EngineKind::Log => oncelog_chaos::run::Engine::Log,
+        EngineKind::Postgres => oncelog_chaos::run::Engine::Postgres,
+    };
+    let plan = oncelog_chaos::run::Plan { seed: args.seed, duration: Duration::from_secs(args.seconds), engine, bin: args.bin, pg_script: args.pg_script, out: args.out };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

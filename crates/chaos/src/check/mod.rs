@@ -5,6 +5,7 @@
 mod appends;
 mod if_match;
 mod reads;
+mod subs;
 
 use crate::history::History;
 
@@ -31,6 +32,16 @@ pub enum Violation {
     TwoWinners { stream: String, tail: u64, first: u64, second: u64 },
     #[error("{stream}: If-Match {tail} winner {op} does not start at {tail}")]
     WinnerElsewhere { stream: String, tail: u64, op: u64 },
+    #[error("subscription output {line:?} is no input record")]
+    OutputOfNothing { line: String },
+    #[error("{stream}: input {record:?} was applied {times} times by the subscription")]
+    AppliedTwice { stream: String, record: String, times: usize },
+    #[error("{stream}: input {record:?} is acknowledged but its output is missing")]
+    AckedNotApplied { stream: String, record: String },
+    #[error("{stream}: the subscription's outputs are not in input order at {record:?}")]
+    AppliedOutOfOrder { stream: String, record: String },
+    #[error("commit {op} of generation {generation} was refused (fenced) but its output {line:?} is present")]
+    FencedCommitApplied { op: u64, generation: u64, line: String },
     /// Answers 500-599 other than 503: a fault is no reason for one (an unusable backend is 503).
     #[error("{count} answers with status {status}")]
     ServerErrors { status: u16, count: u64 },
@@ -42,6 +53,7 @@ pub fn check(h: &History) -> Vec<Violation> {
     appends::check(h, &mut out);
     reads::check(h, &mut out);
     if_match::check(h, &mut out);
+    subs::check(h, &mut out);
     out
 }
 
@@ -98,7 +110,7 @@ pub(crate) mod fixture {
     }
 
     pub fn history(ops: Vec<Op>, last: &str) -> History {
-        History { ops, finals: [("s".to_owned(), last.to_owned())].into_iter().collect() }
+        History { ops, finals: [("s".to_owned(), last.to_owned())].into_iter().collect(), subs: None }
     }
 }
 

@@ -1,9 +1,12 @@
-//! The system under test: one `oncelog serve` on the log engine, started, SIGKILLed and
-//! restarted on the same port and data directory by this process (and ended by its PID only);
-//! its data directory on a small tmpfs of the run's own when the run may mount one (root), so
-//! that the disk can be filled.
+//! The nodes under test: `oncelog serve` processes started, SIGKILLed, paused and restarted on
+//! the same address by this process (and ended by their PIDs only) — on the log engine with its
+//! data directory on a small tmpfs of the run's own when the run may mount one (root), so that
+//! the disk can be filled; on PostgreSQL each in a network namespace of the run's own, and
+//! restarted at times under a skewed wall clock (`skew.rs`).
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
@@ -16,37 +19,68 @@ pub enum NodeError {
     NoListen { log: String },
 }
 
-pub struct LogNode {
-    bin: PathBuf,
-    data: PathBuf,
-    log: PathBuf,
+/// How to run one node.
+pub struct NodeSpec {
+    pub bin: PathBuf,
+    /// The storage arguments (`--data-dir DIR`, or `--storage URL --pg-schema S`).
+    pub storage: Vec<OsString>,
+    /// The address it listens on: 127.0.0.1, or its namespace's.
+    pub ip: Ipv4Addr,
+    /// Its network namespace, if any.
+    pub netns: Option<String>,
+    /// Where its stderr goes (appended across restarts).
+    pub log: PathBuf,
+    /// The clock-skew library (`skew.rs`), when the run may skew this node's clock.
+    pub skew_lib: Option<PathBuf>,
+}
+
+pub struct Node {
+    spec: NodeSpec,
     pub port: u16,
+    /// The wall-clock offset it runs under now, in milliseconds.
+    pub skew_ms: i64,
     child: Option<Child>,
 }
 
-impl LogNode {
-    /// Starts a node on `data`, its stderr appended to `log`; returns once it listens.
-    pub fn start(bin: &Path, data: &Path, log: &Path) -> Result<LogNode, NodeError> {
-        // A free port, kept across restarts so that clients keep the node's URL.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .map_err(|source| NodeError::Spawn { bin: bin.display().to_string(), source })?;
-        let mut node = LogNode { bin: bin.to_owned(), data: data.to_owned(), log: log.to_owned(), port, child: None };
+impl Node {
+    /// Starts a node; returns once it listens.
+    pub fn start(spec: NodeSpec) -> Result<Node, NodeError> {
+        // In a namespace of its own any port is free; on loopback a free one, kept across
+        // restarts so that clients keep the node's URL.
+        let port = match spec.netns {
+            Some(_) => 4080,
+            None => std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .map_err(|source| NodeError::Spawn { bin: spec.bin.display().to_string(), source })?,
+        };
+        let mut node = Node { spec, port, skew_ms: 0, child: None };
         node.launch()?;
         Ok(node)
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        format!("http://{}:{}", self.spec.ip, self.port)
     }
 
     fn launch(&mut self) -> Result<(), NodeError> {
-        let spawn = |source| NodeError::Spawn { bin: self.bin.display().to_string(), source };
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).map_err(spawn)?;
-        let mut child = Command::new(&self.bin)
-            .args(["serve", "--addr", &format!("127.0.0.1:{}", self.port), "--data-dir"])
-            .arg(&self.data)
+        let spec = &self.spec;
+        let spawn = |source| NodeError::Spawn { bin: spec.bin.display().to_string(), source };
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&spec.log).map_err(spawn)?;
+        let mut cmd = match &spec.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&spec.bin);
+                c
+            }
+            None => Command::new(&spec.bin),
+        };
+        if let (Some(lib), true) = (&spec.skew_lib, self.skew_ms != 0) {
+            cmd.env("LD_PRELOAD", lib).env("ONCELOG_SKEW_MS", self.skew_ms.to_string());
+        }
+        let mut child = cmd
+            .args(["serve", "--addr", &format!("{}:{}", spec.ip, self.port)])
+            .args(&spec.storage)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
@@ -58,7 +92,7 @@ impl LogNode {
         self.child = Some(child);
         if !listening {
             self.kill9();
-            return Err(NodeError::NoListen { log: self.log.display().to_string() });
+            return Err(NodeError::NoListen { log: self.spec.log.display().to_string() });
         }
         Ok(())
     }
@@ -94,11 +128,17 @@ impl LogNode {
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        Err(last.unwrap_or(NodeError::NoListen { log: self.log.display().to_string() }))
+        Err(last.unwrap_or(NodeError::NoListen { log: self.spec.log.display().to_string() }))
+    }
+
+    /// Restarted with its wall clock `skew_ms` off (0: the true time again).
+    pub fn restart_skewed(&mut self, skew_ms: i64) -> Result<(), NodeError> {
+        self.skew_ms = skew_ms;
+        self.restart()
     }
 }
 
-impl Drop for LogNode {
+impl Drop for Node {
     fn drop(&mut self) {
         self.kill9();
     }

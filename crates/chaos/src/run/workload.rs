@@ -1,6 +1,8 @@
 //! The clients: pipelined idempotent producers (several per stream), `Idempotency-Key` writers,
-//! plain appends, `If-Match` writers racing on one stream, and long-poll readers. Each appends
-//! records unique in the run (`<process>:<n>\n`) and records every operation it finishes.
+//! plain appends, `If-Match` writers racing on one stream, and long-poll and SSE readers. Each
+//! appends records unique in the run (`<process>:<n>\n`) and records every operation it
+//! finishes. With several nodes each client starts on one and moves to the next after an
+//! unknown outcome, so retries cross nodes (deduplication must hold across them).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,7 +17,8 @@ use crate::history::{OpKind, Outcome, Stamp};
 /// What every client shares.
 pub struct Ctx {
     pub http: reqwest::Client,
-    pub base: String,
+    /// The nodes' base URLs.
+    pub bases: Vec<String>,
     pub rec: Recorder,
     /// Set when the workloads should stop starting new operations.
     pub stop: AtomicBool,
@@ -26,12 +29,18 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    pub fn url(&self, stream: &str) -> String {
-        format!("{}/v1/stream/{stream}", self.base)
+    /// `stream` on node `node` (modulo the number of nodes).
+    pub fn url(&self, node: usize, stream: &str) -> String {
+        format!("{}/v1/stream/{stream}", self.bases[node % self.bases.len()])
+    }
+
+    /// Node `node`'s base URL for the client library (streams under it).
+    pub fn client_base(&self, node: usize) -> String {
+        format!("{}/v1/stream/", self.bases[node % self.bases.len()])
     }
 
     /// Counts a server error that is not 503.
-    fn note(&self, status: StatusCode) {
+    pub fn note(&self, status: StatusCode) {
         if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
             *self.server_errors.lock().unwrap_or_else(|p| p.into_inner()).entry(status.as_u16()).or_default() += 1;
         }
@@ -44,8 +53,8 @@ fn next_offset(r: &reqwest::Response) -> Option<u64> {
 
 /// A request answered with a status this workload understands, or none (a lost connection, a
 /// timeout: the outcome is unknown).
-async fn post(ctx: &Ctx, stream: &str, body: &str, headers: &[(&str, String)]) -> Option<(StatusCode, Option<u64>)> {
-    let mut req = ctx.http.post(ctx.url(stream)).header("content-type", "text/plain").body(body.to_owned()).timeout(Duration::from_secs(5));
+async fn post(ctx: &Ctx, node: usize, stream: &str, body: &str, headers: &[(&str, String)]) -> Option<(StatusCode, Option<u64>)> {
+    let mut req = ctx.http.post(ctx.url(node, stream)).header("content-type", "text/plain").body(body.to_owned()).timeout(Duration::from_secs(5));
     for (k, v) in headers {
         req = req.header(*k, v);
     }
@@ -55,13 +64,14 @@ async fn post(ctx: &Ctx, stream: &str, body: &str, headers: &[(&str, String)]) -
 }
 
 /// Sends one append until its outcome is known (retrying the same request after a lost answer,
-/// a 5xx or a gap) or the run gives up; records it.
-async fn until_known(ctx: &Ctx, process: &str, stream: &str, record: String, headers: Vec<(&str, String)>, stamp: Option<Stamp>) {
+/// a 5xx or a gap, on the next node after an unknown outcome) or the run gives up; records it.
+async fn until_known(ctx: &Ctx, process: &str, node: usize, stream: &str, record: String, headers: Vec<(&str, String)>, stamp: Option<Stamp>) {
     let invoked = ctx.rec.now();
     let mut outcome = Outcome::Unknown;
     let mut answered = None;
+    let mut node = node;
     while !ctx.give_up.load(Ordering::Relaxed) {
-        match post(ctx, stream, &record, &headers).await {
+        match post(ctx, node, stream, &record, &headers).await {
             Some((s, next)) if s.is_success() => {
                 outcome = Outcome::Ok;
                 answered = next;
@@ -73,7 +83,10 @@ async fn until_known(ctx: &Ctx, process: &str, stream: &str, record: String, hea
                 outcome = Outcome::Failed;
                 break;
             }
-            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            _ => {
+                node += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
         }
     }
     let kind = OpKind::Append { stream: stream.into(), record, stamp, if_match: None, next_offset: answered };
@@ -81,13 +94,13 @@ async fn until_known(ctx: &Ctx, process: &str, stream: &str, record: String, hea
 }
 
 /// Producer `name` on `stream`: `window` requests in flight with consecutive sequence numbers.
-pub async fn producer(ctx: Arc<Ctx>, name: String, stream: String, window: u64) {
+pub async fn producer(ctx: Arc<Ctx>, name: String, node: usize, stream: String, window: u64) {
     let mut seq = 0;
     while !ctx.stop.load(Ordering::Relaxed) {
         let batch = (seq..seq + window).map(|s| {
             let stamp = Stamp { producer: name.clone(), epoch: 0, seq: s };
             let headers = vec![("producer-id", name.clone()), ("producer-epoch", "0".to_owned()), ("producer-seq", s.to_string())];
-            until_known(&ctx, &name, &stream, format!("{name}:{s}\n"), headers, Some(stamp))
+            until_known(&ctx, &name, node, &stream, format!("{name}:{s}\n"), headers, Some(stamp))
         });
         futures_util::future::join_all(batch).await;
         seq += window;
@@ -95,21 +108,21 @@ pub async fn producer(ctx: Arc<Ctx>, name: String, stream: String, window: u64) 
 }
 
 /// A writer whose every append carries its own `Idempotency-Key`, retried until known.
-pub async fn keyed(ctx: Arc<Ctx>, name: String, stream: String) {
+pub async fn keyed(ctx: Arc<Ctx>, name: String, node: usize, stream: String) {
     let mut n = 0u64;
     while !ctx.stop.load(Ordering::Relaxed) {
-        until_known(&ctx, &name, &stream, format!("{name}:{n}\n"), vec![("idempotency-key", format!("{name}-{n}"))], None).await;
+        until_known(&ctx, &name, node, &stream, format!("{name}:{n}\n"), vec![("idempotency-key", format!("{name}-{n}"))], None).await;
         n += 1;
     }
 }
 
 /// Plain appends, never retried: an unanswered one stays unknown.
-pub async fn plain(ctx: Arc<Ctx>, name: String, stream: String) {
+pub async fn plain(ctx: Arc<Ctx>, name: String, node: usize, stream: String) {
     let mut n = 0u64;
     while !ctx.stop.load(Ordering::Relaxed) {
         let record = format!("{name}:{n}\n");
         let invoked = ctx.rec.now();
-        let (outcome, answered) = match post(&ctx, &stream, &record, &[]).await {
+        let (outcome, answered) = match post(&ctx, node + n as usize, &stream, &record, &[]).await {
             Some((s, next)) if s.is_success() => (Outcome::Ok, next),
             Some((s, _)) if s.is_client_error() => (Outcome::Failed, None),
             _ => (Outcome::Unknown, None),
@@ -124,10 +137,10 @@ pub async fn plain(ctx: Arc<Ctx>, name: String, stream: String) {
 
 /// Reads the tail, then appends only if the tail is still that (`If-Match`); racers on one
 /// stream compete for each tail.
-pub async fn racer(ctx: Arc<Ctx>, name: String, stream: String) {
+pub async fn racer(ctx: Arc<Ctx>, name: String, node: usize, stream: String) {
     let mut n = 0u64;
     while !ctx.stop.load(Ordering::Relaxed) {
-        let tail = match ctx.http.head(ctx.url(&stream)).timeout(Duration::from_secs(5)).send().await {
+        let tail = match ctx.http.head(ctx.url(node, &stream)).timeout(Duration::from_secs(5)).send().await {
             Ok(r) if r.status().is_success() => next_offset(&r),
             _ => None,
         };
@@ -137,7 +150,7 @@ pub async fn racer(ctx: Arc<Ctx>, name: String, stream: String) {
         };
         let record = format!("{name}:{n}\n");
         let invoked = ctx.rec.now();
-        let (outcome, answered) = match post(&ctx, &stream, &record, &[("if-match", format!("\"{}\"", Offset(tail)))]).await {
+        let (outcome, answered) = match post(&ctx, node, &stream, &record, &[("if-match", format!("\"{}\"", Offset(tail)))]).await {
             Some((s, next)) if s.is_success() => (Outcome::Ok, next),
             Some((s, _)) if s.is_client_error() => (Outcome::Failed, None),
             _ => (Outcome::Unknown, None),
@@ -149,11 +162,11 @@ pub async fn racer(ctx: Arc<Ctx>, name: String, stream: String) {
 }
 
 /// A long-poll reader from the start of `stream`: each answer with data is one read.
-pub async fn reader(ctx: Arc<Ctx>, name: String, stream: String) {
+pub async fn reader(ctx: Arc<Ctx>, name: String, node: usize, stream: String) {
     let mut from = 0u64;
     while !ctx.stop.load(Ordering::Relaxed) {
         let invoked = ctx.rec.now();
-        let url = format!("{}?offset={}&live=long-poll", ctx.url(&stream), Offset(from));
+        let url = format!("{}?offset={}&live=long-poll", ctx.url(node, &stream), Offset(from));
         let r = match ctx.http.get(url).timeout(Duration::from_secs(10)).send().await {
             Ok(r) if r.status() == StatusCode::OK => r,
             Ok(r) => {
@@ -180,7 +193,7 @@ pub async fn reader(ctx: Arc<Ctx>, name: String, stream: String) {
 pub async fn final_contents(ctx: &Ctx, stream: &str) -> Result<String, String> {
     let mut out = String::new();
     for _ in 0..100_000 {
-        let url = format!("{}?offset={}", ctx.url(stream), Offset(out.len() as u64));
+        let url = format!("{}?offset={}", ctx.url(0, stream), Offset(out.len() as u64));
         let r = ctx.http.get(url).send().await.map_err(|e| format!("final read of {stream}: {e}"))?;
         if r.status() == StatusCode::NOT_FOUND {
             return Ok(out);
@@ -196,4 +209,42 @@ pub async fn final_contents(ctx: &Ctx, stream: &str) -> Result<String, String> {
         }
     }
     Err(format!("final read of {stream}: never up to date"))
+}
+
+/// The offset a client-library token names (`-1` and unparsable ones: the start).
+pub fn offset_of(o: &oncelog_client::StreamOffset) -> u64 {
+    Offset::parse(o.as_str()).map(|o| o.0).unwrap_or(0)
+}
+
+/// An SSE reader from the start of `stream` through the client library (which reconnects from
+/// its last confirmed offset by itself): each chunk with data is one read.
+pub async fn sse_reader(ctx: Arc<Ctx>, name: String, node: usize, stream: String) {
+    use futures_util::StreamExt;
+    let Ok(client) = oncelog_client::Client::builder(ctx.client_base(node)).request_timeout(Duration::from_secs(10)).build() else { return };
+    let mut from = 0u64;
+    while !ctx.stop.load(Ordering::Relaxed) {
+        let start = oncelog_client::StreamOffset::new(Offset(from).to_string());
+        let mut opts = oncelog_client::ReadOptions::new(start, oncelog_client::LiveMode::Sse);
+        opts.retry = oncelog_client::RetryPolicy::default().with_max_attempts(None).ok();
+        let mut chunks = client.stream(&stream).read(opts);
+        let mut invoked = ctx.rec.now();
+        while !ctx.stop.load(Ordering::Relaxed) {
+            match tokio::time::timeout(Duration::from_millis(500), chunks.next()).await {
+                Err(_) => continue,
+                Ok(Some(Ok(chunk))) => {
+                    if !chunk.data.is_empty() {
+                        let bytes = String::from_utf8_lossy(&chunk.data).into_owned();
+                        ctx.rec.record(&name, invoked, Outcome::Ok, OpKind::Read { stream: stream.clone(), from, bytes });
+                    }
+                    from = offset_of(&chunk.next_offset);
+                    invoked = ctx.rec.now();
+                }
+                // The reader gave up (or ended): a new one from where this one stood.
+                Ok(Some(Err(_)) | None) => {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    break;
+                }
+            }
+        }
+    }
 }

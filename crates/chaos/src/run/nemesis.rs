@@ -1,0 +1,127 @@
+//! The nemesis: one fault at a time at seeded moments, each healed before the next.
+//!
+//! Log engine (one node): SIGKILL and restart, a SIGSTOP pause, a full disk (when the run has
+//! its tmpfs). PostgreSQL (two nodes, primary + synchronous standby, each in its own namespace):
+//! a node cut off from both databases, the clients cut off from a node, the primary cut off from
+//! its standby, a slow and lossy link, a paused node, a paused primary, SIGKILL of a node, a
+//! failover, and a node restarted with its wall clock skewed (forward or backward) or back to
+//! the true time. Durations go past the nodes' 5 s request deadline and the subscription's 3 s
+//! lease at times.
+
+use std::time::Duration;
+
+use rand::Rng;
+
+use super::cluster::{NodeError, Node, SmallDisk};
+use super::net::{Net, NetError};
+use super::pg::{PgError, PgPair};
+
+#[derive(Debug, thiserror::Error)]
+pub enum FaultError {
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    #[error(transparent)]
+    Net(#[from] NetError),
+    #[error(transparent)]
+    Pg(#[from] PgError),
+}
+
+/// Everything the run started, ended in this order when dropped: the nodes, then the
+/// databases, then the network under them, then the disk.
+pub struct System {
+    pub nodes: Vec<Node>,
+    pub pg: Option<PgPair>,
+    pub net: Option<Net>,
+    pub disk: Option<SmallDisk>,
+}
+
+fn ms(rng: &mut impl Rng, from: u64, to: u64) -> Duration {
+    Duration::from_millis(rng.random_range(from..to))
+}
+
+impl System {
+    /// Injects one fault drawn from `rng`, waits it out, heals it; its name.
+    pub fn fault(&mut self, rng: &mut impl Rng) -> Result<&'static str, FaultError> {
+        match (&self.pg, &self.net) {
+            (Some(_), Some(_)) => self.pg_fault(rng),
+            _ => self.log_fault(rng),
+        }
+    }
+
+    fn log_fault(&mut self, rng: &mut impl Rng) -> Result<&'static str, FaultError> {
+        let roll: f64 = rng.random();
+        let node = &mut self.nodes[0];
+        match &self.disk {
+            // Frozen for longer than the clients' 5 s timeout at times, then resumed.
+            _ if roll < 0.25 => {
+                node.pause(ms(rng, 500, 6000));
+                Ok("pause")
+            }
+            // A full disk for a while: writes fail (the engine stops taking them), then space
+            // comes back and the node is restarted.
+            Some(d) if roll < 0.5 => {
+                d.fill();
+                std::thread::sleep(ms(rng, 500, 2000));
+                d.free();
+                node.restart()?;
+                Ok("disk full")
+            }
+            _ => {
+                node.kill9();
+                std::thread::sleep(ms(rng, 0, 500));
+                node.restart()?;
+                Ok("SIGKILL")
+            }
+        }
+    }
+
+    fn pg_fault(&mut self, rng: &mut impl Rng) -> Result<&'static str, FaultError> {
+        let (Some(pg), Some(net)) = (&mut self.pg, &self.net) else { unreachable!("pg_fault without PostgreSQL") };
+        let i = rng.random_range(0..self.nodes.len());
+        let node = format!("n{i}");
+        let (primary, standby) = pg.primary_and_standby();
+        let (primary, standby) = (format!("db{primary}"), format!("db{standby}"));
+        let roll: f64 = rng.random();
+        let hold = |rng: &mut _| std::thread::sleep(ms(rng, 1000, 8000));
+        let kind = if roll < 0.15 {
+            net.partition(&node, Some("db0"))?;
+            net.partition(&node, Some("db1"))?;
+            hold(rng);
+            "partition node-db"
+        } else if roll < 0.25 {
+            net.partition(&node, None)?;
+            hold(rng);
+            "partition clients-node"
+        } else if roll < 0.35 {
+            net.partition(&primary, Some(&standby))?;
+            hold(rng);
+            "partition primary-standby"
+        } else if roll < 0.45 {
+            net.slow(&node)?;
+            hold(rng);
+            "slow link"
+        } else if roll < 0.55 {
+            self.nodes[i].pause(ms(rng, 500, 7000));
+            "pause node"
+        } else if roll < 0.65 {
+            pg.pause_primary(ms(rng, 500, 7000));
+            "pause primary"
+        } else if roll < 0.75 {
+            self.nodes[i].kill9();
+            std::thread::sleep(ms(rng, 0, 500));
+            self.nodes[i].restart()?;
+            "SIGKILL node"
+        } else if roll < 0.85 {
+            pg.failover()?;
+            "failover"
+        } else {
+            // Minutes off either way, or back to the true time.
+            let n = &mut self.nodes[i];
+            let skew = if n.skew_ms == 0 { rng.random_range(5_000..120_000) * if rng.random::<bool>() { 1 } else { -1 } } else { 0 };
+            n.restart_skewed(skew)?;
+            "clock skew"
+        };
+        net.heal();
+        Ok(kind)
+    }
+}
