@@ -35,6 +35,8 @@ pub mod glob;
 mod lease;
 mod links;
 pub mod model;
+#[cfg(test)]
+mod model_check;
 mod rules;
 pub mod service;
 mod state;
