@@ -1,13 +1,16 @@
 //! `oncelog`: the command line. `serve` runs the Durable Streams server on its storage engine;
 //! `create | append | read | tail | head | close | delete | trim | compact` are a client built on
-//! `oncelog-client`; `sub` manages subscriptions; `token` mints credentials; `backup` copies a
-//! running log engine's data directory. Thin by design: all behaviour lives in the library crates.
+//! `oncelog-client`; `sub` manages subscriptions; `sink` applies streams to a database exactly
+//! once; `token` mints credentials; `backup` copies a running log engine's data directory. Thin
+//! by design: all behaviour lives in the library crates.
 //!
 //! Modules: [`serve`] (the server subcommand), [`commands`] (the client subcommands), [`sub`]
-//! (`sub create | get | delete | list | link | unlink`), [`token`] (`token issue`, `token sign-url`).
+//! (`sub create | get | delete | list | link | unlink`), [`sink`] (`sink postgres`), [`token`]
+//! (`token issue`, `token sign-url`).
 
 mod commands;
 mod serve;
+mod sink;
 mod sub;
 mod token;
 
@@ -52,6 +55,9 @@ enum Command {
     /// Manage subscriptions (webhook or pull-wake): create, get, delete, list, link, unlink.
     #[command(subcommand)]
     Sub(sub::SubCommand),
+    /// Apply streams to a database exactly once: `sink postgres` (docs/SINKS.md).
+    #[command(subcommand)]
+    Sink(sink::SinkCommand),
     /// Mint bearer tokens and signed read URLs with the server's HMAC secret.
     #[command(subcommand)]
     Token(token::TokenCommand),
@@ -73,7 +79,7 @@ struct BackupArgs {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // The server logs at info by default; client commands keep stderr quiet unless asked.
-    let default_filter = if matches!(cli.command, Command::Serve(_)) { "info" } else { "error" };
+    let default_filter = if matches!(cli.command, Command::Serve(_) | Command::Sink(_)) { "info" } else { "error" };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
@@ -136,6 +142,7 @@ fn main() -> std::process::ExitCode {
         Command::Trim(args) => return commands::exit(runtime.block_on(commands::trim(args))),
         Command::Compact(args) => return commands::exit(runtime.block_on(commands::compact(args))),
         Command::Sub(cmd) => return commands::exit(runtime.block_on(sub::run(cmd))),
+        Command::Sink(cmd) => runtime.block_on(sink::run(cmd)).map_err(Into::into),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

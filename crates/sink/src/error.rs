@@ -1,0 +1,93 @@
+//! The sink's errors: what a [`crate::Sink`] may answer ([`ApplyError`]) and why a worker
+//! stopped or gave a claim back ([`SinkError`]), with the one distinction the worker acts on:
+//! [`SinkError::is_fatal`] (stop and say why) or not (give the claim back, try again later).
+
+use oncelog_protocol::state::StateError;
+
+/// Why a [`crate::Sink`] could not apply a batch. The batch's transaction is rolled back, so
+/// nothing of it (and not its position) is in the target.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Db(#[from] tokio_postgres::Error),
+    /// A message of a State Protocol stream that is not a State Protocol message (a stream made
+    /// for compaction refuses such appends, so this means another writer or a bug).
+    #[error("{stream} at offset {offset}: {source}")]
+    NotState { stream: String, offset: u64, source: StateError },
+    /// A message a custom sink cannot take (its own reason inside).
+    #[error("{stream} at offset {offset}: {source}")]
+    Message { stream: String, offset: u64, source: Box<dyn std::error::Error + Send + Sync> },
+    /// Anything else a custom sink reports.
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync>),
+}
+
+/// Why a worker stopped working on a claim.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The target URL or its TLS settings are unusable (as the PostgreSQL engine judges them).
+    #[error("target database: {0}")]
+    TargetUrl(#[from] oncelog_postgres::OpenError),
+    #[error("invalid schema name {0:?}: use lowercase letters, digits and _ (at most 63, not starting with a digit)")]
+    Schema(String),
+    #[error("target database: {0}")]
+    Db(#[from] tokio_postgres::Error),
+    #[error("target database connection: {0}")]
+    Pool(#[from] deadpool_postgres::PoolError),
+    #[error("target database connection pool: {0}")]
+    PoolBuild(#[from] deadpool_postgres::BuildError),
+    /// The Oncelog server or the network.
+    #[error(transparent)]
+    Client(#[from] oncelog_client::Error),
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    /// Another worker moved this stream's position after this one read it: the compare-and-set
+    /// refused the batch (nothing was applied). Normal after a claim passed to another worker.
+    #[error("{stream}: the position moved since it was read (another worker applied it); nothing applied")]
+    PositionMoved { stream: String },
+    /// The history from the stored position on was trimmed and the stream is not a State
+    /// Protocol stream: applying on would silently lose what was dropped.
+    #[error(
+        "{stream}: history from offset {position} was dropped (trimmed, the stream starts at {earliest} now); \
+         the sink stops rather than skip {lost} bytes (--on-trimmed skip goes on and counts them)"
+    )]
+    Trimmed { stream: String, position: u64, earliest: u64, lost: u64 },
+    /// A State Protocol stream whose history was dropped, but not by a compaction: what it starts
+    /// with now is not a snapshot (a `reset`), so the rows cannot be rebuilt from it.
+    #[error("{stream}: history from offset {position} was dropped and offset {earliest} does not start a snapshot (a reset): not a compaction; the sink stops")]
+    NotASnapshot { stream: String, position: u64, earliest: u64 },
+    /// The stream ends before the stored position: it was deleted and created again (or the
+    /// target belongs to another server).
+    #[error("{stream}: the stored position {position} is beyond the stream's tail {tail} (re-created stream, or another server's target?); the sink stops")]
+    WentBack { stream: String, position: u64, tail: u64 },
+    /// An offset token that is not Oncelog's, or a read whose messages do not add up to the
+    /// offsets it reports.
+    #[error("{stream}: {why}")]
+    Offsets { stream: String, why: &'static str },
+}
+
+impl SinkError {
+    /// Whether retrying cannot help: the worker stops and the process exits with the reason.
+    /// Everything else (the database or the server away, a lost claim, a moved position) gives
+    /// the claim back and tries again.
+    pub fn is_fatal(&self) -> bool {
+        match self {
+            SinkError::TargetUrl(_)
+            | SinkError::Schema(_)
+            | SinkError::PoolBuild(_)
+            | SinkError::Trimmed { .. }
+            | SinkError::NotASnapshot { .. }
+            | SinkError::WentBack { .. }
+            | SinkError::Offsets { .. } => true,
+            SinkError::Apply(ApplyError::NotState { .. } | ApplyError::Message { .. }) => true,
+            // Credentials the server refuses do not get better by waiting.
+            SinkError::Client(e) => !e.is_fenced() && matches!(e.status(), Some(401 | 403)),
+            _ => false,
+        }
+    }
+
+    /// Whether this worker lost its claim (its lease passed to another worker).
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, SinkError::Client(e) if e.is_fenced())
+    }
+}

@@ -1,0 +1,83 @@
+//! Positions: where each stream has been applied up to, in the target database, one row per
+//! stream — and the guard that makes a batch apply once.
+//!
+//! [`advance`] is the first statement of every batch transaction: a compare-and-set of the
+//! stream's position from the one the worker read before reading the batch to the one after it.
+//! If another worker moved it meanwhile (a claim that passed on while this worker was paused or
+//! cut off), it changes no row and the worker rolls back: the batch it read is someone else's
+//! now. If another worker's transaction is moving it right now, the row lock makes this one wait
+//! for its outcome first. Either way two transactions can never both apply the batch that starts
+//! at one position.
+
+use oncelog_client::StreamOffset;
+use oncelog_protocol::Offset;
+use tokio_postgres::{GenericClient, Transaction};
+
+use crate::error::SinkError;
+
+/// The positions table in `schema`.
+pub fn ddl(schema: &str) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {schema}.positions (
+            stream text PRIMARY KEY,
+            next_offset text NOT NULL,      -- where the next read starts (the server's token)
+            position bigint NOT NULL,       -- the same as a byte position: the compare-and-set key
+            rows_applied bigint NOT NULL DEFAULT 0,
+            lost_bytes bigint NOT NULL DEFAULT 0,  -- skipped over trimmed history (--on-trimmed skip)
+            updated_at timestamptz NOT NULL DEFAULT now()
+        )"
+    )
+}
+
+/// Where `stream` stands in the target: a new stream stands at 0.
+pub async fn read(client: &impl GenericClient, schema: &str, stream: &str) -> Result<Offset, SinkError> {
+    let row = client.query_opt(&format!("SELECT position FROM {schema}.positions WHERE stream = $1"), &[&stream]).await?;
+    let at: i64 = row.map_or(0, |r| r.get(0));
+    Ok(Offset(u64::try_from(at).unwrap_or(0)))
+}
+
+/// Moves `stream` from `from` (as read before the batch) to `to`, adding `lost` skipped bytes;
+/// `Err(PositionMoved)` when the stored position is no longer `from`. Must run first in the
+/// batch's transaction (see the module docs).
+pub async fn advance(tx: &Transaction<'_>, schema: &str, stream: &str, from: Offset, to: &StreamOffset, to_pos: Offset, lost: u64) -> Result<(), SinkError> {
+    let (from_i, to_i, lost_i) = (as_i64(from.0), as_i64(to_pos.0), as_i64(lost));
+    let moved = if from == Offset::ZERO {
+        // No row yet, or a row still at 0: the insert is the compare-and-set of "absent", the
+        // update the one of 0 (a row at 0 exists after a skip or a failed first batch).
+        tx.execute(
+            &format!(
+                "INSERT INTO {schema}.positions AS p (stream, next_offset, position, lost_bytes) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (stream) DO UPDATE SET next_offset = EXCLUDED.next_offset, position = EXCLUDED.position,
+                   lost_bytes = p.lost_bytes + EXCLUDED.lost_bytes, updated_at = now()
+                 WHERE p.position = 0"
+            ),
+            &[&stream, &to.as_str(), &to_i, &lost_i],
+        )
+        .await?
+    } else {
+        tx.execute(
+            &format!(
+                "UPDATE {schema}.positions SET next_offset = $3, position = $4, lost_bytes = lost_bytes + $5, updated_at = now()
+                 WHERE stream = $1 AND position = $2"
+            ),
+            &[&stream, &from_i, &to.as_str(), &to_i, &lost_i],
+        )
+        .await?
+    };
+    if moved == 1 {
+        Ok(())
+    } else {
+        Err(SinkError::PositionMoved { stream: stream.to_owned() })
+    }
+}
+
+/// Adds `rows` to the stream's applied count (same transaction, after the sink's effect).
+pub async fn count(tx: &Transaction<'_>, schema: &str, stream: &str, rows: u64) -> Result<(), SinkError> {
+    tx.execute(&format!("UPDATE {schema}.positions SET rows_applied = rows_applied + $2 WHERE stream = $1"), &[&stream, &as_i64(rows)]).await?;
+    Ok(())
+}
+
+/// Offsets are below 10^16 (the token's width), so they fit a bigint.
+fn as_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,90 @@
+//! The target database: connections (taken exactly as the PostgreSQL engine takes its URL: libpq
+//! URLs or `key=value` strings, `sslmode` / `sslrootcert` / `sslcert` / `sslkey`, several hosts,
+//! `PGPASSWORD` and the `PGSSL*` variables), the sink's schema, and its one-time setup.
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+
+use crate::error::SinkError;
+use crate::position;
+use crate::sink::Sink;
+
+/// Connections to the target database, each with the sink's schema first on its search path.
+#[derive(Clone)]
+pub struct Target {
+    pool: Pool,
+    schema: String,
+}
+
+/// The same rule as the engine's schema names: no quoting needed anywhere, no injection.
+pub fn valid_schema(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some('a'..='z' | '_')) && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_')) && name.len() <= 63
+}
+
+impl Target {
+    /// A pool of connections to `url` for the tables in `schema`. Connects lazily: a database
+    /// that is away now is waited for by the worker, not refused here.
+    ///
+    /// `deadline` bounds every statement, and through the engine's session bounds also how long a
+    /// paused or cut-off worker's transaction may sit idle holding rows (PostgreSQL ends it after
+    /// 3/5 of it), so a live worker that waits on a zombie's lock waits a bounded time.
+    pub fn new(url: &str, schema: &str, deadline: Duration) -> Result<Target, SinkError> {
+        if !valid_schema(schema) {
+            return Err(SinkError::Schema(schema.to_owned()));
+        }
+        let (mut cfg, tls) = oncelog_postgres::driver_config(url)?;
+        let options = format!("{} -c search_path={schema},public {}", cfg.get_options().unwrap_or(""), oncelog_postgres::session_bounds(deadline));
+        cfg.options(options.trim());
+        cfg.connect_timeout(Duration::from_secs(5));
+        cfg.keepalives_idle(Duration::from_secs(2));
+        cfg.keepalives_interval(Duration::from_secs(1));
+        cfg.keepalives_retries(3);
+        let mgr = Manager::from_config(cfg, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(mgr)
+            .max_size(2)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(10)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .recycle_timeout(Some(Duration::from_secs(5)))
+            .build()?;
+        Ok(Target { pool, schema: schema.to_owned() })
+    }
+
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// A connection (a new one when the last was broken, as after a database restart).
+    pub async fn conn(&self) -> Result<Object, SinkError> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// Creates the schema, the positions table and `sink`'s tables if missing, in one
+    /// transaction under an advisory lock (workers starting together would otherwise race on
+    /// `CREATE … IF NOT EXISTS`).
+    pub async fn prepare<S: Sink>(&self, sink: &S) -> Result<(), SinkError> {
+        let mut conn = self.conn().await?;
+        let tx = conn.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext('oncelog-sink:' || $1::text))", &[&self.schema]).await?;
+        tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.schema)).await?;
+        tx.batch_execute(&position::ddl(&self.schema)).await?;
+        sink.prepare(&tx, &self.schema).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn schema_names_need_no_quoting() {
+        for ok in ["sink", "_s1", "a_b_9"] {
+            assert!(super::valid_schema(ok), "{ok}");
+        }
+        for bad in ["", "9a", "Sink", "a-b", "a;drop", "a.b", &"x".repeat(64)] {
+            assert!(!super::valid_schema(bad), "{bad}");
+        }
+    }
+}
