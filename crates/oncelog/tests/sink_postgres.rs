@@ -1,0 +1,240 @@
+//! `oncelog sink postgres` against a real database (the shared test cluster, a schema per test):
+//!
+//! - a State Protocol stream with 100,000 changes over 1,000 keys, compacted in the middle of
+//!   the run while the sink is behind (frozen): the `state` table equals the state a reader from
+//!   `offset=-1` materialises with the fold the server's compaction uses; beside it a JSON stream
+//!   (one row per message, keyed by its offset) and a byte stream (one row per read, contiguous);
+//!   progress on `--metrics-addr` (rows applied, lag per stream);
+//! - a trimmed stream that is not a State Protocol stream stops the sink with the reason, and
+//!   `--on-trimmed skip` goes on and counts the bytes it skipped.
+
+mod common;
+mod sink_support;
+
+use std::collections::BTreeMap;
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use common::pg::{database_url, free_port};
+use common::Harness;
+use futures_util::StreamExt;
+use oncelog_client::{AppendOptions, Client, CreateOptions, LiveMode, ReadFrom, ReadOptions};
+use oncelog_protocol::state::Materialized;
+use serde_json::{json, Value};
+use sink_support::{query, wait_applied, Lcg};
+
+/// `oncelog sink postgres` on `h`'s server, stderr into `log`.
+fn sink(h: &Harness, pattern: &str, schema: &str, extra: &[&str], log: &std::path::Path) -> Child {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
+    common::bin()
+        .args(["sink", "postgres", "--url", &h.base, "--pattern", pattern, "--target", &database_url(), "--schema", schema])
+        .args(["--worker", "w", "--lease-ttl", "5s"])
+        .args(extra)
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start oncelog sink")
+}
+
+fn signal(child: &Child, signal: &str) {
+    let status = std::process::Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().expect("kill");
+    assert!(status.success(), "kill -{signal}");
+}
+
+/// The exit status of `child` once it ends; killed (by PID) and `None` after `limit`.
+fn wait_exit(child: &mut Child, limit: Duration) -> Option<i32> {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status.code();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+/// Everything a catch-up reader from `offset=-1` gets.
+async fn read_all(client: &Client, path: &str) -> Vec<u8> {
+    let mut reader = client.stream(path).read(ReadOptions::new(ReadFrom::Beginning, LiveMode::CatchUp));
+    let mut out = Vec::new();
+    while let Some(chunk) = reader.next().await {
+        out.extend_from_slice(&chunk.expect("read").data);
+    }
+    out
+}
+
+/// The messages of a JSON stream read from `offset=-1`, in stored form (`text,` each).
+async fn stored_form(client: &Client, path: &str) -> Vec<u8> {
+    let mut reader = client.stream(path).read(ReadOptions::new(ReadFrom::Beginning, LiveMode::CatchUp));
+    let mut stored = Vec::new();
+    while let Some(chunk) = reader.next().await {
+        let chunk = chunk.expect("read");
+        if chunk.data.is_empty() {
+            continue;
+        }
+        for m in serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(&chunk.data).expect("JSON array") {
+            stored.extend_from_slice(m.get().as_bytes());
+            stored.push(b',');
+        }
+    }
+    stored
+}
+
+/// 1,000 State Protocol changes over keys `k0`…`k999`: sets (insert / update / upsert) and, one
+/// in seven, deletes.
+fn changes(rng: &mut Lcg, first: u64) -> Value {
+    let ops = ["insert", "update", "upsert"];
+    Value::Array(
+        (first..first + 1_000)
+            .map(|i| {
+                let key = format!("k{}", rng.next(1_000));
+                if rng.next(7) == 0 {
+                    json!({ "type": "item", "key": key, "headers": { "operation": "delete" } })
+                } else {
+                    json!({ "type": "item", "key": key, "value": { "i": i, "tags": ["a", i % 3] }, "headers": { "operation": ops[(i % 3) as usize] } })
+                }
+            })
+            .collect(),
+    )
+}
+
+#[test]
+fn state_json_and_byte_streams_land_in_their_tables_across_a_compaction() {
+    let started = std::time::Instant::now();
+    let h = Harness::start();
+    let client = h.client();
+    let url = database_url();
+    let schema = common::pg::schema("sink", "tables");
+    let log = h.dir.path().join("sink.log");
+    let names: Vec<String> = ["app/state", "app/events", "app/raw"].map(str::to_owned).to_vec();
+    h.rt.block_on(async {
+        let state = CreateOptions { state_compaction: true, ..CreateOptions::content_type("application/json") };
+        client.stream("app/state").create(state).await.expect("create state");
+        client.stream("app/events").create(CreateOptions::content_type("application/json")).await.expect("create events");
+        client.stream("app/raw").create(CreateOptions::content_type("text/plain")).await.expect("create raw");
+    });
+    let port = free_port();
+    let child = sink(&h, "app/**", &schema, &["--metrics-addr", &format!("127.0.0.1:{port}")], &log);
+    let mut rng = Lcg(0x5_7a7e);
+    let append = |path: &'static str, body: String| {
+        let client = client.clone();
+        async move { client.stream(path).append(body, AppendOptions::default()).await.expect("append") }
+    };
+    let compacted = h.rt.block_on(async {
+        // Entities the sink sees made and never sees deleted: their deletes are compacted away
+        // while it is frozen, so only the snapshot's reset can take their rows out.
+        let gone = |op: &str| Value::Array((0..50).map(|j| json!({ "type": "item", "key": format!("gone{j}"), "value": j, "headers": { "operation": op } })).collect());
+        append("app/state", gone("insert").to_string()).await;
+        for i in 0..50u64 {
+            append("app/state", changes(&mut rng, i * 1_000).to_string()).await;
+            append("app/events", json!([{ "event": i }, { "event": i, "second": true }]).to_string()).await;
+            append("app/raw", format!("line {i}\n")).await;
+        }
+        wait_applied(&client, &url, &schema, &names, Duration::from_secs(60)).await;
+        // The sink falls behind (frozen), the history it would read next is compacted away,
+        // and it comes back: it must restart from the snapshot.
+        signal(&child, "STOP");
+        for i in 50..60u64 {
+            append("app/state", changes(&mut rng, i * 1_000).to_string()).await;
+        }
+        let deletes: Vec<Value> = (0..50).map(|j| json!({ "type": "item", "key": format!("gone{j}"), "headers": { "operation": "delete" } })).collect();
+        append("app/state", Value::Array(deletes).to_string()).await;
+        let compacted = client.stream("app/state").compact().await.expect("compact");
+        for i in 60..100u64 {
+            append("app/state", changes(&mut rng, i * 1_000).to_string()).await;
+            append("app/events", json!({ "event": i }).to_string()).await;
+            append("app/raw", format!("line {i}\n")).await;
+        }
+        signal(&child, "CONT");
+        compacted
+    });
+    let drained = h.rt.block_on(wait_applied(&client, &url, &schema, &names, Duration::from_secs(90)));
+    assert!(compacted.earliest.to_oncelog().is_some_and(|o| o.0 > 0), "the compaction moved the earliest offset: {compacted:?}");
+
+    h.rt.block_on(async {
+        // State: the rows are what a reader from offset=-1 folds (the compaction's fold).
+        let mut folded = Materialized::default();
+        folded.fold(&stored_form(&client, "app/state").await).expect("fold");
+        let want: BTreeMap<String, Value> = folded.entities().map(|((_, k), v)| (k.to_owned(), serde_json::from_str(v).expect("value"))).collect();
+        let rows = query(&url, &format!("SELECT key, value::text FROM {schema}.state WHERE stream = 'app/state' AND type = 'item'")).await.expect("state rows");
+        let got: BTreeMap<String, Value> = rows.into_iter().map(|r| (r[0].clone(), serde_json::from_str(&r[1]).expect("jsonb"))).collect();
+        assert!(want.len() > 500, "{} live keys", want.len());
+        assert_eq!(got.len(), want.len(), "live entities");
+        assert!(got == want, "the state table differs from the folded state");
+
+        // JSON: one row per message, in order, keyed by where each message starts.
+        let events: Vec<Value> = serde_json::from_slice(&format!("[{}]", String::from_utf8(stored_form(&client, "app/events").await).expect("utf-8").trim_end_matches(',')).into_bytes()).expect("events");
+        let rows = query(&url, &format!("SELECT \"offset\", value::text FROM {schema}.messages WHERE stream = 'app/events' ORDER BY \"offset\"")).await.expect("message rows");
+        assert_eq!(rows.iter().map(|r| serde_json::from_str::<Value>(&r[1]).expect("jsonb")).collect::<Vec<_>>(), events);
+        assert_eq!(rows[0][0], "0");
+
+        // Bytes: one row per read, contiguous, together the whole stream.
+        let rows = query(&url, &format!("SELECT \"offset\", next_offset, convert_from(data, 'UTF8') FROM {schema}.chunks WHERE stream = 'app/raw' ORDER BY \"offset\"")).await.expect("chunk rows");
+        let mut at = 0u64;
+        for r in &rows {
+            assert_eq!(r[0].parse::<u64>().expect("offset"), at, "chunks are contiguous");
+            at = r[1].parse().expect("next offset");
+        }
+        assert_eq!(rows.iter().map(|r| r[2].as_str()).collect::<String>().into_bytes(), read_all(&client, "app/raw").await);
+
+        // Progress: rows applied and lag per stream, on the metrics endpoint.
+        let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.expect("scrape").text().await.expect("metrics text");
+        for s in &names {
+            assert!(metrics.contains(&format!("oncelog_sink_lag_bytes{{stream=\"{s}\"}} 0")), "lag of {s} in:\n{metrics}");
+            assert!(metrics.contains(&format!("oncelog_sink_rows_applied_total{{stream=\"{s}\"}}")), "rows of {s} in:\n{metrics}");
+        }
+    });
+    let mut child = child;
+    let _ = child.kill();
+    let _ = child.wait();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(text.contains("restarting from the snapshot"), "the sink did not restart from the snapshot:\n{text}");
+    assert!(text.contains("stream applied"), "progress is logged:\n{text}");
+    eprintln!("100,000 changes over 1,000 keys, compacted mid-run: table equals the fold; drained in {drained:?}; {:?} in all", started.elapsed());
+}
+
+#[test]
+fn trimmed_history_stops_the_sink_unless_it_is_told_to_skip_and_count() {
+    let h = Harness::start();
+    let client = h.client();
+    let url = database_url();
+    let schema = common::pg::schema("sink", "trim");
+    let log = h.dir.path().join("sink.log");
+    let earliest = h.rt.block_on(async {
+        let s = client.stream("t/plain");
+        s.create(CreateOptions::content_type("application/json")).await.expect("create");
+        let tail = s.append(r#"[{"a":1},{"a":2},{"a":3}]"#, AppendOptions::default()).await.expect("append").next_offset;
+        s.trim(&tail).await.expect("trim").earliest
+    });
+    let mut child = sink(&h, "t/*", &schema, &[], &log);
+    // A subscription starts at the tails of the streams that exist: the append that wakes the
+    // sink comes after the sink made it.
+    h.rt.block_on(async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while client.subscriptions().get(&format!("sink-{schema}")).await.is_err() {
+            assert!(std::time::Instant::now() < deadline, "the sink made no subscription:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        client.stream("t/plain").append(r#"{"a":4}"#, AppendOptions::default()).await.expect("append");
+    });
+    let out = wait_exit(&mut child, Duration::from_secs(30));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(out, Some(1), "the sink exits with status 1:\n{text}");
+    assert!(text.contains("t/plain: history from offset 0 was dropped"), "the reason is logged:\n{text}");
+
+    let mut child = sink(&h, "t/*", &schema, &["--on-trimmed", "skip"], &log);
+    h.rt.block_on(wait_applied(&client, &url, &schema, &["t/plain".to_owned()], Duration::from_secs(30)));
+    let _ = child.kill();
+    let _ = child.wait();
+    h.rt.block_on(async {
+        let lost = query(&url, &format!("SELECT lost_bytes FROM {schema}.positions WHERE stream = 't/plain'")).await.expect("positions");
+        assert_eq!(lost[0][0], earliest.to_oncelog().expect("offset").0.to_string(), "the skipped bytes are counted");
+        let rows = query(&url, &format!("SELECT value::text FROM {schema}.messages WHERE stream = 't/plain'")).await.expect("rows");
+        assert_eq!(rows, vec![vec![r#"{"a": 4}"#.to_owned()]]);
+    });
+}
