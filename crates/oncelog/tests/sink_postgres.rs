@@ -238,3 +238,28 @@ fn trimmed_history_stops_the_sink_unless_it_is_told_to_skip_and_count() {
         assert_eq!(rows, vec![vec![r#"{"a": 4}"#.to_owned()]]);
     });
 }
+
+#[test]
+fn a_value_the_target_refuses_stops_the_sink_with_nothing_of_its_batch_applied() {
+    let h = Harness::start();
+    let client = h.client();
+    let schema = common::pg::schema("sink", "refused");
+    let log = h.dir.path().join("sink.log");
+    h.rt.block_on(client.stream("r/x").create(CreateOptions::content_type("application/json"))).expect("create");
+    let mut child = sink(&h, "r/*", &schema, &[], &log);
+    h.rt.block_on(async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while client.subscriptions().get(&format!("sink-{schema}")).await.is_err() {
+            assert!(std::time::Instant::now() < deadline, "the sink made no subscription");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Valid JSON that jsonb refuses (SQLSTATE 22P05), behind a message it takes.
+        client.stream("r/x").append(r#"[{"ok":1},{"bad":"\u0000"}]"#, AppendOptions::default()).await.expect("append");
+    });
+    let out = wait_exit(&mut child, Duration::from_secs(30));
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(out, Some(1), "the sink exits with status 1:\n{text}");
+    assert!(text.contains("r/x") && text.contains("batch refused"), "the stream is named:\n{text}");
+    let rows = h.rt.block_on(query(&database_url(), &format!("SELECT count(*) FROM {schema}.messages"))).expect("count");
+    assert_eq!(rows, vec![vec!["0".to_owned()]], "nothing of the refused batch is in the target");
+}

@@ -80,6 +80,9 @@ impl SinkError {
             | SinkError::WentBack { .. }
             | SinkError::Offsets { .. } => true,
             SinkError::Apply(ApplyError::NotState { .. } | ApplyError::Message { .. }) => true,
+            // A data exception (SQLSTATE class 22: a value `jsonb` refuses, a number out of
+            // range) comes back the same on every attempt: the batch can never apply.
+            SinkError::Apply(ApplyError::Db(e)) => e.code().is_some_and(|c| c.code().starts_with("22")),
             // Credentials the server refuses do not get better by waiting.
             SinkError::Client(e) => !e.is_fenced() && matches!(e.status(), Some(401 | 403)),
             _ => false,

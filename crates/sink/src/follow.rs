@@ -135,7 +135,11 @@ impl<S: Sink> Worker<S> {
         // Dropped on any error before the commit: the driver rolls the transaction back.
         let tx = conn.transaction().await?;
         positions::advance(&tx, schema, &stream.path, from, token, next, lost).await?;
-        let rows = if batch.is_empty() { 0 } else { self.sink.apply(&tx, stream, batch, token).await? };
+        let rows = if batch.is_empty() {
+            0
+        } else {
+            self.sink.apply(&tx, stream, batch, token).await.inspect_err(|e| tracing::warn!(stream = %stream.path, from = from.0, error = %e, "batch refused; rolled back"))?
+        };
         positions::count(&tx, schema, &stream.path, rows).await?;
         tx.commit().await?;
         metrics::committed(&stream.path, rows, started.elapsed());
