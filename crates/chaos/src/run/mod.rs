@@ -102,6 +102,10 @@ fn start(plan: &Plan) -> Result<System, RunError> {
             Ok(System { nodes: vec![Node::start(spec)?], pg: None, net: None, disk })
         }
         Engine::Postgres => {
+            // Fresh clusters every run (a left-over one would hold the standby's slot).
+            for d in ["db0", "db1"] {
+                let _ = std::fs::remove_dir_all(plan.out.join(d));
+            }
             let net = net::Net::create(&["n0", "n1", "db0", "db1"])?;
             let (db0, db1) = (net.host("db0").clone(), net.host("db1").clone());
             let pg = pg::PgPair::start(&plan.pg_script, [plan.out.join("db0"), plan.out.join("db1")], [db0.ns, db1.ns], [db0.ip, db1.ip])?;

@@ -4,7 +4,7 @@
 //! its tmpfs). PostgreSQL (two nodes, primary + synchronous standby, each in its own namespace):
 //! a node cut off from both databases, the clients cut off from a node, the primary cut off from
 //! its standby, a slow and lossy link, a paused node, a paused primary, SIGKILL of a node, a
-//! failover, and a node restarted with its wall clock skewed (forward or backward) or back to
+//! failover (half the time of a primary cut off from its standby first), and a node restarted with its wall clock skewed (forward or backward) or back to
 //! the true time. Durations go past the nodes' 5 s request deadline and the subscription's 3 s
 //! lease at times.
 
@@ -112,8 +112,21 @@ impl System {
             self.nodes[i].restart()?;
             "SIGKILL node"
         } else if roll < 0.85 {
-            pg.failover()?;
-            "failover"
+            // Half the time the primary is first cut off from its standby for a while: what it
+            // acknowledges then (nothing, with synchronous replication) dies with it.
+            let isolated = rng.random::<bool>();
+            if isolated {
+                net.partition(&primary, Some(&standby))?;
+                std::thread::sleep(ms(rng, 1000, 3000));
+            }
+            pg.crash_primary()?;
+            net.heal();
+            pg.promote()?;
+            if isolated {
+                "failover of an isolated primary"
+            } else {
+                "failover"
+            }
         } else {
             // Minutes off either way, or back to the true time.
             let n = &mut self.nodes[i];

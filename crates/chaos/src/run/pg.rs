@@ -3,9 +3,9 @@
 //! `PG_NETNS`; the standby shares the primary's CA, so one `sslrootcert` verifies both).
 //!
 //! Faults: a pause (SIGSTOP of every process of the primary's cluster, then SIGCONT), and a
-//! failover: the primary stopped like a power cut, the standby promoted, the old primary's data
-//! thrown away and rebuilt as a synchronous standby of the new one (so that the next failover
-//! has a standby to promote). Only processes of these two clusters are ever signalled, found by
+//! failover: the primary stopped like a power cut ([`PgPair::crash_primary`]), the standby
+//! promoted, the old primary's data thrown away and rebuilt as a synchronous standby of the new
+//! one (so that the next failover has a standby to promote). Only processes of these two clusters are ever signalled, found by
 //! their `postmaster.pid`.
 
 use std::net::Ipv4Addr;
@@ -132,11 +132,15 @@ impl PgPair {
         signal(&pids, "-CONT");
     }
 
-    /// The primary stopped like a power cut, the standby promoted; then the old primary rebuilt
-    /// as the new one's synchronous standby.
-    pub fn failover(&mut self) -> Result<(), PgError> {
+    /// The primary stopped like a power cut.
+    pub fn crash_primary(&self) -> Result<(), PgError> {
+        self.script(&["crash"], self.primary).map(drop)
+    }
+
+    /// After [`PgPair::crash_primary`]: the standby promoted, then the old primary rebuilt as
+    /// the new one's synchronous standby.
+    pub fn promote(&mut self) -> Result<(), PgError> {
         let (old, new) = self.primary_and_standby();
-        self.script(&["crash"], old)?;
         self.script(&["promote"], new)?;
         self.primary = new;
         self.standby_of(new, old)

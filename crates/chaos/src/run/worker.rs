@@ -4,8 +4,10 @@
 //! transactional commit. A commit whose outcome is unknown is sent again (the same commit: its
 //! producer stamps make a repeat a duplicate) until it is known or the lease is surely gone.
 //!
-//! Leases are short (3 s), so pauses, partitions and skewed clocks hand work to the other
-//! worker while a zombie still holds a claim: what it commits then must be fenced.
+//! Leases are short (3 s), so pauses, partitions, skewed clocks and the workers' own stalls
+//! (one commit in sixteen waits 3.5 s after its read) hand work to the other worker while a
+//! zombie still holds a claim: what it commits then must be fenced. Batches are bounded, so a
+//! zombie and its successor often take the same range.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -21,6 +23,8 @@ use crate::history::{Input, OpKind, Outcome};
 pub const SUBSCRIPTION: &str = "chaos";
 pub const WAKE: &str = "wake";
 pub const OUT: &str = "out";
+/// Input records per stream in one commit, at most.
+const BATCH: usize = 8;
 
 /// The subscription over `inputs`, its wake stream and its output stream, made once.
 pub async fn setup(ctx: &Ctx, inputs: &[String]) -> Result<(), String> {
@@ -52,6 +56,14 @@ pub async fn worker(ctx: Arc<Ctx>, name: String, node: usize) {
     }
 }
 
+/// One commit in sixteen, decided by the worker's name and the generation (repeatable).
+fn stalls(name: &str, generation: u64) -> bool {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (name, generation).hash(&mut h);
+    h.finish() % 16 == 0
+}
+
 async fn work(ctx: &Ctx, name: &str, node: usize, claim: oncelog_client::Claim) {
     let generation = claim.generation;
     let mut commit = claim.commit();
@@ -68,8 +80,10 @@ async fn work(ctx: &Ctx, name: &str, node: usize, claim: oncelog_client::Claim) 
             return;
         }
         let Ok(body) = r.text().await else { return };
-        // Whole records only: the ack ends after the last complete line.
-        let Some(end) = body.rfind('\n').map(|i| i + 1) else { continue };
+        // Whole records only, at most BATCH of them: the ack ends after the last one taken.
+        // Bounded batches make a zombie and its successor often take exactly the same range,
+        // which only the generation fence keeps from being applied twice.
+        let Some(end) = body.match_indices('\n').map(|(i, _)| i + 1).take(BATCH).last() else { continue };
         for line in body[..end].lines() {
             output.push_str(&format!("{generation}|{line}\n"));
         }
@@ -82,6 +96,12 @@ async fn work(ctx: &Ctx, name: &str, node: usize, claim: oncelog_client::Claim) 
         return;
     }
     let commit = commit.append_text(OUT, &output);
+    // Now and then the worker stalls between its read and its commit (a GC pause, a slow
+    // dependency) past its lease: the other worker claims the next generation, and this one
+    // commits as a zombie.
+    if stalls(name, generation) {
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+    }
     let invoked = ctx.rec.now();
     let (mut outcome, mut unknown_before) = (Outcome::Unknown, false);
     // Past twice the lease the claim is surely someone else's: stop sending.
