@@ -6,8 +6,8 @@
 //!   writers append, and its PostgreSQL (a private cluster) is crashed and restarted once; at the
 //!   end every total is exactly the sum of its stream.
 //! - `a_paused_worker_…`: two workers; the one holding the claim is frozen (SIGSTOP) past its
-//!   lease while the other takes its streams over, then thawed (SIGCONT), four times; nothing is
-//!   applied twice.
+//!   lease until the other has taken its streams over, then thawed (SIGCONT), four times;
+//!   nothing is applied twice.
 //!
 //! The sink runs in a child process so it can be killed and frozen: this test binary itself,
 //! started again with `totals_sink_child` as the only test to run and the child's settings in
@@ -29,8 +29,12 @@ use oncelog_sink::{ApplyError, Batch, Sink, SinkOptions, StreamRef, Target, Work
 use sink_support::{wait_applied, Lcg, Writers};
 use tokio_postgres::Transaction;
 
-/// The custom sink: the batch's `n`s added to its stream's total.
-struct Totals;
+/// The custom sink: the batch's `n`s added to its stream's total; `delay` spent inside the
+/// transaction first (the zombie test's workers take long enough over each batch that a freeze
+/// often catches one mid-batch, where a zombie could do harm).
+struct Totals {
+    delay: Duration,
+}
 
 impl Sink for Totals {
     async fn prepare(&self, tx: &Transaction<'_>, schema: &str) -> Result<(), ApplyError> {
@@ -40,6 +44,7 @@ impl Sink for Totals {
 
     async fn apply(&self, tx: &Transaction<'_>, stream: &StreamRef, batch: &Batch<'_>, _next: &StreamOffset) -> Result<u64, ApplyError> {
         let Batch::Messages(messages) = batch else { return Ok(0) };
+        tokio::time::sleep(self.delay).await;
         let mut n = 0i64;
         for m in messages {
             let v: serde_json::Value = serde_json::from_str(m.json.get()).map_err(|e| ApplyError::Other(e.into()))?;
@@ -53,28 +58,28 @@ impl Sink for Totals {
 }
 
 /// The child: runs a `Totals` worker with the settings in `ONCELOG_SINK_CHILD` (base URL, target
-/// URL, schema, worker name, lease in ms; tab-separated) until killed.
+/// URL, schema, worker name, lease in ms, delay per batch in ms; tab-separated) until killed.
 #[test]
 fn totals_sink_child() {
     let Ok(settings) = std::env::var("ONCELOG_SINK_CHILD") else { return };
     let parts: Vec<&str> = settings.split('\t').collect();
-    let [base, target, schema, worker, lease_ms] = parts[..] else { panic!("bad settings {settings:?}") };
+    let [base, target, schema, worker, lease_ms, delay_ms] = parts[..] else { panic!("bad settings {settings:?}") };
     tracing_subscriber::fmt().with_env_filter("oncelog_sink=debug").with_ansi(false).with_writer(std::io::stderr).init();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let client = oncelog_client::Client::new(base).expect("client");
     let target = Target::new(target, schema, Duration::from_secs(10)).expect("target");
     let mut opts = SinkOptions::new(format!("totals-{schema}"), "totals/*", format!("wake-{schema}"), worker);
     opts.lease_ttl = Duration::from_millis(lease_ms.parse().expect("lease"));
-    let err = rt.block_on(Worker::new(client, target, Totals, opts).run());
+    let err = rt.block_on(Worker::new(client, target, Totals { delay: Duration::from_millis(delay_ms.parse().expect("delay")) }, opts).run());
     eprintln!("sink child stopped: {err:?}");
     std::process::exit(1);
 }
 
-fn spawn_child(base: &str, target: &str, schema: &str, worker: &str, lease_ms: u64, log: &Path) -> Child {
+fn spawn_child(base: &str, target: &str, schema: &str, worker: &str, lease_ms: u64, delay_ms: u64, log: &Path) -> Child {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("child log");
     Command::new(std::env::current_exe().expect("test binary"))
         .args(["totals_sink_child", "--exact", "--nocapture", "--test-threads", "1"])
-        .env("ONCELOG_SINK_CHILD", [base, target, schema, worker, &lease_ms.to_string()].join("\t"))
+        .env("ONCELOG_SINK_CHILD", [base, target, schema, worker, &lease_ms.to_string(), &delay_ms.to_string()].join("\t"))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -127,7 +132,7 @@ fn totals_stay_exact_while_the_sink_is_killed_50_times_and_the_database_restarts
     for i in 0..50 {
         // One worker name throughout: a restarted worker takes its claim back at once, as a
         // restarted process would.
-        let mut child = spawn_child(&h.base, &cluster.url, schema, "w", 2_000, &log);
+        let mut child = spawn_child(&h.base, &cluster.url, schema, "w", 2_000, 0, &log);
         std::thread::sleep(Duration::from_millis(150 + rng.next(550)));
         if i == 25 {
             // The database goes down like a power cut under the running sink, and comes back.
@@ -139,7 +144,7 @@ fn totals_stay_exact_while_the_sink_is_killed_50_times_and_the_database_restarts
         let _ = child.wait();
     }
     let sent = h.rt.block_on(writers.stop());
-    let mut child = spawn_child(&h.base, &cluster.url, schema, "w", 2_000, &log);
+    let mut child = spawn_child(&h.base, &cluster.url, schema, "w", 2_000, 0, &log);
     let drained = h.rt.block_on(wait_applied(&client, &cluster.url, schema, &names, Duration::from_secs(60)));
     let _ = child.kill();
     let _ = child.wait();
@@ -180,19 +185,27 @@ fn a_paused_worker_whose_claim_passed_on_applies_nothing_twice() {
     });
     let writers = h.rt.block_on(async { Writers::start(&client, &names, Duration::from_millis(2)) });
     let (log_a, log_b) = (h.dir.path().join("a.log"), h.dir.path().join("b.log"));
-    let mut workers = [spawn_child(&h.base, &url, &schema, "a", 1_000, &log_a), spawn_child(&h.base, &url, &schema, "b", 1_000, &log_b)];
+    let mut workers = [spawn_child(&h.base, &url, &schema, "a", 1_000, 20, &log_a), spawn_child(&h.base, &url, &schema, "b", 1_000, 20, &log_b)];
     let logs = [("a", log_a.as_path()), ("b", log_b.as_path())];
     let mut takeovers = 0;
     for _ in 0..4 {
         std::thread::sleep(Duration::from_millis(1_000));
         let Some((generation, holder)) = last_claim(&logs) else { continue };
         let i = usize::from(holder == "b");
-        // Frozen past its 1 s lease: the other worker claims, and the frozen one comes back a
-        // zombie with a batch read from a position that has moved on.
+        // Frozen past its 1 s lease until the other worker has claimed (and worked a little),
+        // so the frozen one comes back a zombie, often with a batch read from a position that
+        // has moved on. (Frozen inside a transaction, it holds its stream's position row: the
+        // other's batch of that stream waits until the zombie commits after the thaw, then finds
+        // the position moved — or until PostgreSQL ends the idle transaction, after 6 s here.)
         signal(&workers[i], "STOP");
-        std::thread::sleep(Duration::from_millis(3_000));
-        if last_claim(&logs).is_some_and(|(g, w)| g > generation && w != holder) {
-            takeovers += 1;
+        let frozen = std::time::Instant::now();
+        while frozen.elapsed() < Duration::from_secs(10) {
+            if last_claim(&logs).is_some_and(|(g, w)| g > generation && w != holder) {
+                takeovers += 1;
+                std::thread::sleep(Duration::from_millis(500));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
         signal(&workers[i], "CONT");
     }
@@ -204,7 +217,8 @@ fn a_paused_worker_whose_claim_passed_on_applies_nothing_twice() {
         let _ = w.wait();
     }
     h.rt.block_on(check_totals(&url, &schema, &sent));
-    assert!(takeovers >= 2, "the other worker took over in only {takeovers} of 4 freezes");
+    let claims = |p: &Path| std::fs::read_to_string(p).unwrap_or_default().lines().filter(|l| l.contains("claim")).map(|l| l.chars().take(140).collect::<String>()).collect::<Vec<_>>().join("\n");
+    assert!(takeovers >= 3, "the other worker took over in only {takeovers} of 4 freezes\na:\n{}\nb:\n{}", claims(&log_a), claims(&log_b));
     let text = format!("{}{}", std::fs::read_to_string(&log_a).unwrap_or_default(), std::fs::read_to_string(&log_b).unwrap_or_default());
     let (fenced, moved) = (text.matches("passed to another worker").count(), text.matches("position moved").count());
     eprintln!("{takeovers} takeovers, {fenced} zombies fenced at their ack, {moved} batches refused by the compare-and-set; drained in {drained:?}; {:?} in all", started.elapsed());
