@@ -4,7 +4,7 @@
 //! (its `reset` clears the stream's rows), any other stream stops the sink or, if asked, skips
 //! ahead and counts what it lost.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use oncelog_client::{Chunk, LiveMode, ReadFrom, ReadOptions, StreamOffset};
@@ -19,6 +19,9 @@ use crate::metrics;
 use crate::position as positions;
 use crate::sink::Sink;
 use crate::worker::{OnTrimmed, Worker};
+
+/// How often a stream that takes long to apply logs where it stands.
+const PROGRESS_EVERY: Duration = Duration::from_secs(10);
 
 /// Where a stream's reading and its stored position stand.
 struct Cursor {
@@ -59,6 +62,7 @@ impl<S: Sink> Worker<S> {
         metrics::lag(path, behind);
         let mut cur = Cursor { stored, read_from: stored, restarting: false };
         let mut rows = 0;
+        let mut logged = Instant::now();
         'reads: loop {
             let mut reader = handle.read(ReadOptions::new(ReadFrom::Offset(cur.read_from.into()), LiveMode::CatchUp));
             while let Some(item) = reader.next().await {
@@ -76,6 +80,11 @@ impl<S: Sink> Worker<S> {
                 rows += self.apply_chunk(&stream, &mut cur, &chunk).await?;
                 tail = tail.max(cur.stored);
                 metrics::lag(path, tail.0 - cur.stored.0);
+                // A long catch-up shows its progress every few seconds, not only at its end.
+                if logged.elapsed() >= PROGRESS_EVERY {
+                    tracing::info!(stream = path, rows, position = cur.stored.0, lag_bytes = tail.0 - cur.stored.0, "catching up");
+                    logged = Instant::now();
+                }
                 lease.progress(path, &chunk.next_offset).await?;
             }
             break;
