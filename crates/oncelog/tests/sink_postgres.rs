@@ -263,3 +263,39 @@ fn a_value_the_target_refuses_stops_the_sink_with_nothing_of_its_batch_applied()
     let rows = h.rt.block_on(query(&database_url(), &format!("SELECT count(*) FROM {schema}.messages"))).expect("count");
     assert_eq!(rows, vec![vec!["0".to_owned()]], "nothing of the refused batch is in the target");
 }
+
+#[test]
+fn a_position_ahead_of_the_cursor_moves_the_cursor_instead_of_waking_again_and_again() {
+    let h = Harness::start();
+    let client = h.client();
+    let url = database_url();
+    let schema = common::pg::schema("sink", "ahead");
+    let log = h.dir.path().join("sink.log");
+    h.rt.block_on(client.stream("l/x").create(CreateOptions::content_type("application/json"))).expect("create");
+    let child = sink(&h, "l/*", &schema, &[], &log);
+    let id = format!("sink-{schema}");
+    let tail = h.rt.block_on(async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while client.subscriptions().get(&id).await.is_err() {
+            assert!(std::time::Instant::now() < deadline, "the sink made no subscription");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // While the sink is frozen: data arrives, and the target already holds it, as if a
+        // worker had committed it and died before its ack.
+        signal(&child, "STOP");
+        let tail = client.stream("l/x").append(r#"[{"a":1},{"a":2}]"#, AppendOptions::default()).await.expect("append").next_offset;
+        let pos = tail.to_oncelog().expect("offset").0;
+        query(&url, &format!("INSERT INTO {schema}.positions (stream, next_offset, position) VALUES ('l/x', '{tail}', {pos})")).await.expect("position");
+        signal(&child, "CONT");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        tail
+    });
+    let info = h.rt.block_on(client.subscriptions().get(&id)).expect("subscription");
+    let mut child = child;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(info.link("l/x").map(|l| l.acked_offset.clone()), Some(tail), "the cursor moved to the target's position");
+    assert!(info.generation <= 3, "woken {} times for work that was done", info.generation);
+    let rows = h.rt.block_on(query(&url, &format!("SELECT count(*) FROM {schema}.messages"))).expect("count");
+    assert_eq!(rows, vec![vec!["0".to_owned()]], "nothing applied again");
+}

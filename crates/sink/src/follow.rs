@@ -89,6 +89,10 @@ impl<S: Sink> Worker<S> {
             }
             break;
         }
+        // The target may be ahead of the subscription's cursor with nothing left to read (a
+        // worker died between its commit and its ack): move the cursor there, or the server
+        // would see the same work pending and wake the sink for it again and again.
+        lease.settle(path, &cur.stored.into()).await?;
         // Caught up with the tail the read last saw.
         metrics::lag(path, 0);
         tracing::info!(stream = path, rows, position = cur.stored.0, lag_bytes_before = behind, "stream applied");

@@ -45,6 +45,14 @@ impl<'a> Lease<'a> {
         }
     }
 
+    /// Acks `stream` at `to` if that moves its cursor (no request otherwise).
+    pub async fn settle(&mut self, stream: &str, to: &StreamOffset) -> Result<(), SinkError> {
+        if self.acked.get(stream).is_none_or(|a| to > a) {
+            self.progress(stream, to).await?;
+        }
+        Ok(())
+    }
+
     /// Ends the wake (`done`); answers whether more work came in meanwhile.
     pub async fn finish(&self) -> Result<bool, SinkError> {
         Ok(self.claim.ack(&[], true).await?.next_wake)
