@@ -38,6 +38,12 @@ impl<S: Sink> Worker<S> {
     /// Applies `path` from its stored position until the read is up to date; answers the rows
     /// applied. A stream that no longer exists has nothing to apply.
     pub(crate) async fn follow(&self, lease: &mut Lease<'_>, path: &str) -> Result<u64, SinkError> {
+        // The stored position first, the tail second: tails only grow, so a position another
+        // worker commits meanwhile can never look beyond the tail read after it.
+        let stored = {
+            let conn = self.target.conn().await?;
+            positions::read(&**conn, self.target.schema(), path).await?
+        };
         let handle = self.client.stream(path);
         let info = match handle.head().await {
             Ok(i) => i,
@@ -51,10 +57,6 @@ impl<S: Sink> Worker<S> {
         };
         let stream = StreamRef { path: path.to_owned(), kind };
         let mut tail = position(path, &info.next_offset)?;
-        let stored = {
-            let conn = self.target.conn().await?;
-            positions::read(&**conn, self.target.schema(), path).await?
-        };
         if stored > tail {
             return Err(SinkError::WentBack { stream: path.to_owned(), position: stored.0, tail: tail.0 });
         }
