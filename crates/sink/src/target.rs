@@ -78,13 +78,28 @@ impl Target {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn urls_are_taken_as_the_engine_takes_them() {
+        let d = Duration::from_secs(5);
+        // Several hosts, in either form (nothing connects yet).
+        assert!(Target::new("postgres://app@db1:5432,db2:5433/shop?target_session_attrs=read-write&sslmode=disable", "s", d).is_ok());
+        assert!(Target::new("host=db1,db2 port=5432,5433 dbname=shop sslmode=disable", "s", d).is_ok());
+        // The engine's refusals, word for word.
+        let bad = Target::new("postgres://app@db/shop?sslmode=sometimes", "s", d).err().map(|e| e.to_string());
+        assert_eq!(bad.as_deref(), Some("target database: invalid PostgreSQL URL: sslmode=\"sometimes\" is not one of disable, prefer, require, verify-ca, verify-full"));
+        assert!(matches!(Target::new("postgres://app@db/shop?sslcert=/c.pem", "s", d), Err(SinkError::TargetUrl(_))));
+        assert!(matches!(Target::new("postgres://app@db/shop", "Bad-Name", d), Err(SinkError::Schema(_))));
+    }
+
     #[test]
     fn schema_names_need_no_quoting() {
         for ok in ["sink", "_s1", "a_b_9"] {
-            assert!(super::valid_schema(ok), "{ok}");
+            assert!(valid_schema(ok), "{ok}");
         }
         for bad in ["", "9a", "Sink", "a-b", "a;drop", "a.b", &"x".repeat(64)] {
-            assert!(!super::valid_schema(bad), "{bad}");
+            assert!(!valid_schema(bad), "{bad}");
         }
     }
 }
