@@ -7,8 +7,8 @@
 //! and commits each read as **one target transaction**: a compare-and-set of the position from
 //! the value it read to the one after the read, the [`Sink`]'s effect, and a row count. Then it
 //! acks the claim. A crash anywhere leaves the effect and the position on the same side of a
-//! commit; a worker that lost its claim while paused or cut off finds the position moved and
-//! applies nothing. Details, tables and failure modes: `docs/SINKS.md`.
+//! commit; a worker that lost its claim while paused or cut off finds the position moved when
+//! another worker applied its batch meanwhile, and applies nothing. Details, tables and failure modes: `docs/SINKS.md`.
 //!
 //! Module map, from the top down:
 //! - [`worker`]: [`Worker`] and its options: setup (target tables, wake stream, subscription),
