@@ -1,5 +1,5 @@
 //! The worker: sets up the subscription and the target, then claims wakes and serves them, one
-//! stream at a time ([`crate::follow`]), until a fatal error.
+//! stream at a time (the `follow` module), until a fatal error.
 //!
 //! One pull-wake subscription holds one wake at a time, so the workers of a sink share its
 //! streams by taking turns: whoever holds the claim applies every stream that has work; the
