@@ -98,11 +98,8 @@ pub async fn run(cmd: SinkCommand) -> Result<(), SinkCliError> {
     };
     let target = Target::new(&a.target, &a.schema, a.statement_timeout)?;
     let worker = Worker::new(a.conn.client(None)?, target, PostgresSink::new(&a.schema), opts);
-    tokio::select! {
-        r = worker.run() => Ok(r?),
-        // The claim's lease ends by itself (or a restart under the same name takes it back).
-        () = stop_signal() => Ok(()),
-    }
+    // On SIGTERM the claim is given back, so another worker takes over at once.
+    Ok(worker.run_until(stop_signal()).await?)
 }
 
 /// SIGTERM or Ctrl-C (serve.rs has the same for the server; this one is the sink's own so the

@@ -26,9 +26,17 @@ use sink_support::{query, wait_applied, Lcg};
 /// `oncelog sink postgres` on `h`'s server, stderr into `log`.
 fn sink(h: &Harness, pattern: &str, schema: &str, extra: &[&str], log: &std::path::Path) -> Child {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
+    let mut defaults = vec!["--worker", "w", "--lease-ttl", "5s"];
+    // The test's own --worker / --lease-ttl win (clap refuses a flag given twice).
+    for flag in ["--worker", "--lease-ttl"] {
+        if extra.contains(&flag) {
+            let i = defaults.iter().position(|f| *f == flag).unwrap_or(0);
+            defaults.drain(i..i + 2);
+        }
+    }
     common::bin()
         .args(["sink", "postgres", "--url", &h.base, "--pattern", pattern, "--target", &database_url(), "--schema", schema])
-        .args(["--worker", "w", "--lease-ttl", "5s"])
+        .args(&defaults)
         .args(extra)
         .env("NO_COLOR", "1")
         .env("RUST_LOG", "info")
@@ -298,4 +306,54 @@ fn a_position_ahead_of_the_cursor_moves_the_cursor_instead_of_waking_again_and_a
     assert!(info.generation <= 3, "woken {} times for work that was done", info.generation);
     let rows = h.rt.block_on(query(&url, &format!("SELECT count(*) FROM {schema}.messages"))).expect("count");
     assert_eq!(rows, vec![vec!["0".to_owned()]], "nothing applied again");
+}
+
+#[test]
+fn sigterm_gives_the_claim_back_with_its_batch_rolled_back() {
+    let h = Harness::start();
+    let client = h.client();
+    let url = database_url();
+    let schema = common::pg::schema("sink", "term");
+    let (log_a, log_b) = (h.dir.path().join("a.log"), h.dir.path().join("b.log"));
+    h.rt.block_on(client.stream("g/x").create(CreateOptions::content_type("application/json"))).expect("create");
+    let claims = |log: &std::path::Path| std::fs::read_to_string(log).unwrap_or_default().matches(" claimed ").count();
+    let mut a = sink(&h, "g/*", &schema, &["--lease-ttl", "30s"], &log_a);
+    let mut b = None;
+    h.rt.block_on(async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while client.subscriptions().get(&format!("sink-{schema}")).await.is_err() {
+            assert!(std::time::Instant::now() < deadline, "the sink made no subscription");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        client.stream("g/x").append(r#"{"m":1}"#, AppendOptions::default()).await.expect("append");
+        wait_applied(&client, &url, &schema, &["g/x".to_owned()], Duration::from_secs(30)).await;
+        // Hold the stream's position row, so the next batch waits inside its transaction.
+        let (cfg, tls) = oncelog_postgres::driver_config(&url).expect("URL");
+        let (mut db, conn) = cfg.connect(tls).await.expect("connect");
+        tokio::spawn(conn);
+        let held = db.transaction().await.expect("begin");
+        held.execute(&format!("SELECT 1 FROM {schema}.positions WHERE stream = 'g/x' FOR UPDATE"), &[]).await.expect("lock");
+        client.stream("g/x").append(r#"{"m":2}"#, AppendOptions::default()).await.expect("append");
+        while claims(&log_a) < 2 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        signal(&a, "TERM");
+        assert_eq!(wait_exit(&mut a, Duration::from_secs(10)), Some(0), "SIGTERM ends the sink cleanly");
+        // Another worker gets the claim long before the 30 s lease would have ended.
+        b = Some(sink(&h, "g/*", &schema, &["--lease-ttl", "30s", "--worker", "b"], &log_b));
+        let started = std::time::Instant::now();
+        while claims(&log_b) < 1 {
+            assert!(started.elapsed() < Duration::from_secs(10), "the claim was not given back:\n{}", std::fs::read_to_string(&log_a).unwrap_or_default());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        held.rollback().await.expect("rollback");
+        wait_applied(&client, &url, &schema, &["g/x".to_owned()], Duration::from_secs(30)).await;
+    });
+    if let Some(mut b) = b {
+        let _ = b.kill();
+        let _ = b.wait();
+    }
+    let rows = h.rt.block_on(query(&url, &format!("SELECT value::text FROM {schema}.messages ORDER BY \"offset\""))).expect("rows");
+    assert_eq!(rows, vec![vec![r#"{"m": 1}"#.to_owned()], vec![r#"{"m": 2}"#.to_owned()]], "each message once");
 }

@@ -6,6 +6,7 @@
 //! others wait for the claim and take over when a holder stops acking (its lease ends). Several
 //! workers are for availability, not for parallelism.
 
+use std::future::Future;
 use std::time::Duration;
 
 use oncelog_client::{Claim, Client, CreateOptions, SubscriptionConfig};
@@ -99,14 +100,29 @@ impl<S: Sink> Worker<S> {
 
     /// Sets up, then serves claims until a fatal error (which it returns).
     pub async fn run(&self) -> Result<(), SinkError> {
-        self.setup().await?;
+        self.run_until(std::future::pending()).await
+    }
+
+    /// [`Worker::run`] until `stop` completes: then a claim being served is given back at once
+    /// (its open transaction, if any, is dropped and so rolled back), so another worker need
+    /// not wait for its lease to end.
+    pub async fn run_until(&self, stop: impl Future<Output = ()>) -> Result<(), SinkError> {
+        tokio::pin!(stop);
+        tokio::select! {
+            r = self.setup() => r?,
+            () = &mut stop => return Ok(()),
+        }
         let o = &self.opts;
         let subs = self.client.subscriptions();
         // A lease that ran out writes no wake event: poll the claim at least this often.
         let poll = (o.lease_ttl / 4).clamp(Duration::from_millis(250), Duration::from_secs(2));
         tracing::info!(subscription = %o.subscription, pattern = %o.pattern, worker = %o.worker, schema = self.target.schema(), "sink started");
         loop {
-            let claim = match subs.wait_for_claim(&o.subscription, &o.worker, &o.wake_stream, poll, Duration::from_secs(10)).await {
+            let waited = tokio::select! {
+                r = subs.wait_for_claim(&o.subscription, &o.worker, &o.wake_stream, poll, Duration::from_secs(10)) => r,
+                () = &mut stop => return Ok(()),
+            };
+            let claim = match waited {
                 Ok(Some(c)) => c,
                 Ok(None) => continue,
                 Err(e) => {
@@ -120,7 +136,15 @@ impl<S: Sink> Worker<S> {
                 }
             };
             tracing::info!(generation = claim.generation, streams = claim.streams.len(), "claimed");
-            match self.serve(&claim).await {
+            let served = tokio::select! {
+                r = self.serve(&claim) => r,
+                () = &mut stop => {
+                    let _ = claim.release().await;
+                    tracing::info!(generation = claim.generation, "stopped; the claim was given back");
+                    return Ok(());
+                }
+            };
+            match served {
                 Ok(()) => metrics::claim("done"),
                 Err(e) if e.is_fenced() => {
                     tracing::info!(generation = claim.generation, "the claim passed to another worker");
