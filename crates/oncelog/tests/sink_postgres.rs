@@ -52,6 +52,16 @@ fn signal(child: &Child, signal: &str) {
     assert!(status.success(), "kill -{signal}");
 }
 
+/// Waits until the sink started with `log` has made its subscription `id`: a subscription starts
+/// at the tails of the streams that exist, so what a test appends must come after it.
+async fn wait_subscription(client: &Client, id: &str, log: &std::path::Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while client.subscriptions().get(id).await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "the sink made no subscription:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The exit status of `child` once it ends; killed (by PID) and `None` after `limit`.
 fn wait_exit(child: &mut Child, limit: Duration) -> Option<i32> {
     let deadline = std::time::Instant::now() + limit;
@@ -134,6 +144,7 @@ fn state_json_and_byte_streams_land_in_their_tables_across_a_compaction() {
         async move { client.stream(path).append(body, AppendOptions::default()).await.expect("append") }
     };
     let compacted = h.rt.block_on(async {
+        wait_subscription(&client, &format!("sink-{schema}"), &log).await;
         // Entities the sink sees made and never sees deleted: their deletes are compacted away
         // while it is frozen, so only the snapshot's reset can take their rows out.
         let gone = |op: &str| Value::Array((0..50).map(|j| json!({ "type": "item", "key": format!("gone{j}"), "value": j, "headers": { "operation": op } })).collect());
@@ -223,11 +234,7 @@ fn trimmed_history_stops_the_sink_unless_it_is_told_to_skip_and_count() {
     // A subscription starts at the tails of the streams that exist: the append that wakes the
     // sink comes after the sink made it.
     h.rt.block_on(async {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while client.subscriptions().get(&format!("sink-{schema}")).await.is_err() {
-            assert!(std::time::Instant::now() < deadline, "the sink made no subscription:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_subscription(&client, &format!("sink-{schema}"), &log).await;
         client.stream("t/plain").append(r#"{"a":4}"#, AppendOptions::default()).await.expect("append");
     });
     let out = wait_exit(&mut child, Duration::from_secs(30));
@@ -256,11 +263,7 @@ fn a_value_the_target_refuses_stops_the_sink_with_nothing_of_its_batch_applied()
     h.rt.block_on(client.stream("r/x").create(CreateOptions::content_type("application/json"))).expect("create");
     let mut child = sink(&h, "r/*", &schema, &[], &log);
     h.rt.block_on(async {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while client.subscriptions().get(&format!("sink-{schema}")).await.is_err() {
-            assert!(std::time::Instant::now() < deadline, "the sink made no subscription");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_subscription(&client, &format!("sink-{schema}"), &log).await;
         // Valid JSON that jsonb refuses (SQLSTATE 22P05), behind a message it takes.
         client.stream("r/x").append(r#"[{"ok":1},{"bad":"\u0000"}]"#, AppendOptions::default()).await.expect("append");
     });
@@ -283,11 +286,7 @@ fn a_position_ahead_of_the_cursor_moves_the_cursor_instead_of_waking_again_and_a
     let child = sink(&h, "l/*", &schema, &[], &log);
     let id = format!("sink-{schema}");
     let tail = h.rt.block_on(async {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while client.subscriptions().get(&id).await.is_err() {
-            assert!(std::time::Instant::now() < deadline, "the sink made no subscription");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_subscription(&client, &id, &log).await;
         // While the sink is frozen: data arrives, and the target already holds it, as if a
         // worker had committed it and died before its ack.
         signal(&child, "STOP");
@@ -320,11 +319,7 @@ fn sigterm_gives_the_claim_back_with_its_batch_rolled_back() {
     let mut a = sink(&h, "g/*", &schema, &["--lease-ttl", "30s"], &log_a);
     let mut b = None;
     h.rt.block_on(async {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while client.subscriptions().get(&format!("sink-{schema}")).await.is_err() {
-            assert!(std::time::Instant::now() < deadline, "the sink made no subscription");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_subscription(&client, &format!("sink-{schema}"), &log_a).await;
         client.stream("g/x").append(r#"{"m":1}"#, AppendOptions::default()).await.expect("append");
         wait_applied(&client, &url, &schema, &["g/x".to_owned()], Duration::from_secs(30)).await;
         // Hold the stream's position row, so the next batch waits inside its transaction.
