@@ -21,10 +21,10 @@ use futures_util::StreamExt;
 use oncelog_client::{AppendOptions, Client, CreateOptions, LiveMode, ReadFrom, ReadOptions};
 use oncelog_protocol::state::Materialized;
 use serde_json::{json, Value};
-use sink_support::{query, wait_applied, Lcg};
+use sink_support::{query, wait_applied, Lcg, Reaped};
 
 /// `oncelog sink postgres` on `h`'s server, stderr into `log`.
-fn sink(h: &Harness, pattern: &str, schema: &str, extra: &[&str], log: &std::path::Path) -> Child {
+fn sink(h: &Harness, pattern: &str, schema: &str, extra: &[&str], log: &std::path::Path) -> Reaped {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("log");
     let mut defaults = vec!["--worker", "w", "--lease-ttl", "5s"];
     // The test's own --worker / --lease-ttl win (clap refuses a flag given twice).
@@ -44,6 +44,7 @@ fn sink(h: &Harness, pattern: &str, schema: &str, extra: &[&str], log: &std::pat
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
+        .map(Reaped)
         .expect("start oncelog sink")
 }
 

@@ -26,7 +26,7 @@ use common::pg::{database_url, Cluster};
 use common::Harness;
 use oncelog_client::{CreateOptions, StreamOffset};
 use oncelog_sink::{ApplyError, Batch, Sink, SinkOptions, StreamRef, Target, Worker};
-use sink_support::{wait_applied, Lcg, Writers};
+use sink_support::{wait_applied, Lcg, Reaped, Writers};
 use tokio_postgres::Transaction;
 
 /// The custom sink: the batch's `n`s added to its stream's total; `delay` spent inside the
@@ -75,7 +75,7 @@ fn totals_sink_child() {
     std::process::exit(1);
 }
 
-fn spawn_child(base: &str, target: &str, schema: &str, worker: &str, lease_ms: u64, delay_ms: u64, log: &Path) -> Child {
+fn spawn_child(base: &str, target: &str, schema: &str, worker: &str, lease_ms: u64, delay_ms: u64, log: &Path) -> Reaped {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("child log");
     Command::new(std::env::current_exe().expect("test binary"))
         .args(["totals_sink_child", "--exact", "--nocapture", "--test-threads", "1"])
@@ -84,6 +84,7 @@ fn spawn_child(base: &str, target: &str, schema: &str, worker: &str, lease_ms: u
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
+        .map(Reaped)
         .expect("start the sink child")
 }
 

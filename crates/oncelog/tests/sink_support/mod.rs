@@ -59,6 +59,30 @@ pub async fn wait_applied(client: &Client, url: &str, schema: &str, streams: &[S
     }
 }
 
+/// A child process of the test, SIGKILLed (by its PID) and reaped when dropped, so a failing
+/// assertion leaves no sink running behind it.
+pub struct Reaped(pub std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl std::ops::Deref for Reaped {
+    type Target = std::process::Child;
+    fn deref(&self) -> &std::process::Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Reaped {
+    fn deref_mut(&mut self) -> &mut std::process::Child {
+        &mut self.0
+    }
+}
+
 /// A small deterministic sequence (the tests need spread, not secrecy).
 pub struct Lcg(pub u64);
 
