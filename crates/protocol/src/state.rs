@@ -99,6 +99,26 @@ pub fn validate(stored: &[u8]) -> Result<(), StateError> {
     crate::json::messages(stored).try_for_each(|m| parse(m).map(|_| ()))
 }
 
+/// Something a State Protocol fold writes to: the server's [`Materialized`] state (compaction),
+/// a sink's net effect of a batch on its rows. [`apply`] is the one rule of what each change does.
+pub trait Entities<'a> {
+    fn set(&mut self, entity: Entity<'a>, value: &'a str);
+    fn delete(&mut self, entity: Entity<'a>);
+    fn clear(&mut self);
+}
+
+/// Applies `change` to `target`: a set sets, a delete deletes, a `reset` clears, a hint does
+/// nothing. Whether it changed anything (every change but a hint).
+pub fn apply<'a>(target: &mut impl Entities<'a>, change: Change<'a>) -> bool {
+    match change {
+        Change::Set { entity, value } => target.set(entity, value),
+        Change::Delete { entity } => target.delete(entity),
+        Change::Reset => target.clear(),
+        Change::Hint => return false,
+    }
+    true
+}
+
 /// One live entity, as the JSON texts a snapshot insert is made of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Live {
@@ -123,17 +143,7 @@ impl Materialized {
     }
 
     pub fn apply(&mut self, change: Change<'_>) {
-        match change {
-            Change::Set { entity, value } => {
-                let live = Live { type_json: entity.type_json.to_owned(), key_json: entity.key_json.to_owned(), value_json: value.to_owned() };
-                self.entities.insert((entity.type_name, entity.key), live);
-            }
-            Change::Delete { entity } => {
-                self.entities.remove(&(entity.type_name, entity.key));
-            }
-            Change::Reset => self.entities.clear(),
-            Change::Hint => {}
-        }
+        apply(self, change);
     }
 
     /// The live entities: ((type, key), value JSON text), ordered by type then key.
@@ -147,6 +157,21 @@ impl Materialized {
 
     pub fn is_empty(&self) -> bool {
         self.entities.is_empty()
+    }
+}
+
+impl<'a> Entities<'a> for Materialized {
+    fn set(&mut self, entity: Entity<'a>, value: &'a str) {
+        let live = Live { type_json: entity.type_json.to_owned(), key_json: entity.key_json.to_owned(), value_json: value.to_owned() };
+        self.entities.insert((entity.type_name, entity.key), live);
+    }
+
+    fn delete(&mut self, entity: Entity<'a>) {
+        self.entities.remove(&(entity.type_name, entity.key));
+    }
+
+    fn clear(&mut self) {
+        self.entities.clear();
     }
 }
 

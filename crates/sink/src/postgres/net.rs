@@ -3,14 +3,15 @@
 //! Changes to different entities commute, and of several changes to one entity the last decides;
 //! a `reset` clears everything before it. So a batch folds into: whether to clear the stream's
 //! rows first, then the entities to delete and the entities to set (each with its last value).
-//! Each message is read by [`oncelog_protocol::state::parse`], the parser the server's
-//! compaction folds with; the test below checks that applying this net effect to any state gives
-//! what [`oncelog_protocol::state::Materialized`] folds, so the rows a sink writes and the
-//! snapshot a compaction writes cannot disagree.
+//! Each message is read by [`oncelog_protocol::state::parse`] and applied by
+//! [`oncelog_protocol::state::apply`], the parser and the fold rule the server's compaction uses
+//! ([`Net`] is one more [`Entities`]); the test below checks that applying this net effect to any
+//! state gives what [`oncelog_protocol::state::Materialized`] folds, so the rows a sink writes and
+//! the snapshot a compaction writes cannot disagree.
 
 use std::collections::BTreeMap;
 
-use oncelog_protocol::state::{Change, StateError};
+use oncelog_protocol::state::{self, Entities, Entity, StateError};
 
 use crate::batch::Message;
 
@@ -23,6 +24,25 @@ pub struct Net<'a> {
     pub entities: BTreeMap<(String, String), Option<(&'a str, u64)>>,
     /// Messages that changed state (sets, deletes, resets; hints do not count).
     pub changes: u64,
+    /// The offset of the message being applied.
+    at: u64,
+}
+
+impl<'a> Entities<'a> for Net<'a> {
+    fn set(&mut self, entity: Entity<'a>, value: &'a str) {
+        self.entities.insert((entity.type_name, entity.key), Some((value, self.at)));
+    }
+
+    fn delete(&mut self, entity: Entity<'a>) {
+        self.entities.insert((entity.type_name, entity.key), None);
+    }
+
+    /// Everything before is gone: the rows are deleted first, and earlier changes of the batch
+    /// no longer matter.
+    fn clear(&mut self) {
+        self.reset = true;
+        self.entities.clear();
+    }
 }
 
 impl<'a> Net<'a> {
@@ -31,20 +51,11 @@ impl<'a> Net<'a> {
     pub fn of(messages: &[Message<'a>]) -> Result<Net<'a>, (u64, StateError)> {
         let mut net = Net::default();
         for m in messages {
-            match m.change().map_err(|e| (m.offset.0, e))? {
-                Change::Set { entity, value } => {
-                    net.entities.insert((entity.type_name, entity.key), Some((value, m.offset.0)));
-                }
-                Change::Delete { entity } => {
-                    net.entities.insert((entity.type_name, entity.key), None);
-                }
-                Change::Reset => {
-                    net.reset = true;
-                    net.entities.clear();
-                }
-                Change::Hint => continue,
+            let change = m.change().map_err(|e| (m.offset.0, e))?;
+            net.at = m.offset.0;
+            if state::apply(&mut net, change) {
+                net.changes += 1;
             }
-            net.changes += 1;
         }
         Ok(net)
     }
