@@ -17,6 +17,7 @@
 
 mod append;
 mod common;
+mod disk;
 mod fill;
 mod live;
 mod port;
@@ -56,6 +57,8 @@ enum Command {
     Fill(fill::FillArgs),
     /// Poll the streams of a manifest until each answers HEAD with its recorded tail.
     Ready(ready::ReadyArgs),
+    /// A bare pwrite + fdatasync loop: the physical limit of one durable append here.
+    Disk(disk::DiskArgs),
     /// Print an unused TCP port on 127.0.0.1.
     FreePort,
 }
@@ -83,6 +86,7 @@ fn main() -> std::process::ExitCode {
             Command::Streams(s) => streams::run(s).await,
             Command::Fill(f) => fill::run(f).await,
             Command::Ready(r) => ready::run(r).await,
+            Command::Disk(d) => disk::run(d),
             Command::FreePort => port::run(),
         }
     });

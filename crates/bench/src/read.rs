@@ -178,6 +178,12 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
             ),
             ("wall_s", json_f64(wall, 3)),
             ("total_mb_per_s", json_f64(aggregate, 1)),
+            // What one response carries on average: servers differ in how much a catch-up
+            // read returns, which sets the number of round trips a reader makes.
+            (
+                "mean_response_kb",
+                json_f64(reports.iter().map(|r| r.bytes).sum::<u64>() as f64 / 1024.0 / reports.iter().map(|r| r.requests.max(1)).sum::<u64>() as f64, 1)
+            ),
             ("sum_reader_mb_per_s", json_f64(sum_of_rates, 1)),
             ("reader_s", times_json),
             ("errors", "0".into()),

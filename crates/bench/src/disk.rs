@@ -1,0 +1,53 @@
+//! `oncelog-bench disk`: the physical limit of one durable append on this disk — a bare loop of
+//! `pwrite` + `fdatasync` of `--bytes` at the end of a file in `--dir`, one at a time, for
+//! `--seconds`. A server acknowledging one append at a time cannot beat this; the ratio of its
+//! time per append to this loop's is what the server itself costs.
+
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::common::{json_f64, json_str, summary_line};
+
+#[derive(clap::Args, Debug)]
+pub struct DiskArgs {
+    /// Where the scratch file goes (removed at the end): the disk the servers write to.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Bytes per write.
+    #[arg(long, default_value_t = 1024)]
+    pub bytes: usize,
+    #[arg(long, default_value_t = 10)]
+    pub seconds: u64,
+}
+
+pub fn run(args: DiskArgs) -> Result<(), String> {
+    let path = args.dir.join(format!("oncelog-bench-disk-{}", std::process::id()));
+    let file = std::fs::OpenOptions::new().create_new(true).write(true).open(&path).map_err(|e| format!("create {}: {e}", path.display()))?;
+    let buf = vec![0x5a_u8; args.bytes.max(1)];
+    let (start, limit) = (Instant::now(), Duration::from_secs(args.seconds.max(1)));
+    let (mut writes, mut at) = (0u64, 0u64);
+    let result = (|| {
+        while start.elapsed() < limit {
+            file.write_all_at(&buf, at).map_err(|e| format!("pwrite: {e}"))?;
+            file.sync_data().map_err(|e| format!("fdatasync: {e}"))?;
+            at += buf.len() as u64;
+            writes += 1;
+        }
+        Ok::<(), String>(())
+    })();
+    let _ = std::fs::remove_file(&path);
+    result?;
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{}",
+        summary_line(&[
+            ("bench", json_str("disk")),
+            ("bytes", buf.len().to_string()),
+            ("writes", writes.to_string()),
+            ("writes_per_s", json_f64(writes as f64 / secs, 1)),
+            ("us_per_write", json_f64(secs * 1e6 / writes.max(1) as f64, 1)),
+        ])
+    );
+    Ok(())
+}
