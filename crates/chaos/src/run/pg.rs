@@ -47,11 +47,17 @@ impl PgPair {
 
     /// Runs `scripts/postgres ARGS... DIR(db)` with the db's address and namespace.
     fn script(&self, args: &[&str], db: usize) -> Result<String, PgError> {
+        let mut all: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+        all.push(self.dbs[db].dir.as_os_str());
+        self.invoke(&all, db)
+    }
+
+    /// Runs `scripts/postgres ARGS...` with the address and namespace of `db`; its stdout.
+    fn invoke(&self, args: &[&std::ffi::OsStr], db: usize) -> Result<String, PgError> {
         let d = &self.dbs[db];
-        let command = format!("{} {}", args.join(" "), d.dir.display());
+        let command = args.iter().map(|a| a.to_string_lossy()).collect::<Vec<_>>().join(" ");
         let out = Command::new(&self.script)
             .args(args)
-            .arg(&d.dir)
             .env("PG_LISTEN", d.ip.to_string())
             .env("PG_NETNS", &d.ns)
             .stdin(Stdio::null())
@@ -66,21 +72,7 @@ impl PgPair {
     /// Makes `db` a synchronous standby of `of` (a fresh copy) and waits until it is `sync`.
     fn standby_of(&self, of: usize, db: usize) -> Result<(), PgError> {
         let _ = std::fs::remove_dir_all(self.dbs[db].dir.join("data"));
-        let d = &self.dbs[db];
-        let command = format!("standby {} {}", self.dbs[of].dir.display(), d.dir.display());
-        let out = Command::new(&self.script)
-            .arg("standby")
-            .arg(&self.dbs[of].dir)
-            .arg(&d.dir)
-            .env("PG_LISTEN", d.ip.to_string())
-            .env("PG_NETNS", &d.ns)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| PgError { command: command.clone(), reason: e.to_string() })?;
-        if !out.status.success() {
-            return Err(PgError { command, reason: String::from_utf8_lossy(&out.stderr).trim().to_owned() });
-        }
-        Ok(())
+        self.invoke(&["standby".as_ref(), self.dbs[of].dir.as_os_str(), self.dbs[db].dir.as_os_str()], db).map(drop)
     }
 
     fn port(&self, db: usize) -> String {
