@@ -175,3 +175,20 @@ async fn a_client_certificate_authenticates_where_the_server_requires_one() {
     let (cfg, tls) = oncelog_postgres::driver_config(&base).expect("url");
     assert!(cfg.connect(tls).await.is_err(), "without a certificate the role is refused");
 }
+
+/// The test cluster's certificates are valid from well before they were made (as public CAs
+/// backdate theirs): the fault suite restarts nodes with clocks minutes behind, and a node whose
+/// clock ran behind a just-made certificate refused it as "not valid yet" and never started.
+#[test]
+fn the_test_clusters_certificates_are_valid_from_before_they_were_made() {
+    let (_, ca) = cluster();
+    let dir = ca.parent().expect("the CA file's directory");
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
+    for file in [ca.clone(), dir.join("server.crt")] {
+        let out = std::process::Command::new("openssl").args(["x509", "-noout", "-startdate", "-in"]).arg(&file).output().expect("openssl");
+        let start = String::from_utf8_lossy(&out.stdout).trim().trim_start_matches("notBefore=").to_owned();
+        let secs = std::process::Command::new("date").args(["-u", "-d", &start, "+%s"]).output().expect("date");
+        let since: u64 = String::from_utf8_lossy(&secs.stdout).trim().parse().unwrap_or_else(|_| panic!("notBefore of {}: {start:?}", file.display()));
+        assert!(since + 3_600 <= now, "{} is valid only from {start}: a node whose clock runs an hour behind would refuse it", file.display());
+    }
+}
