@@ -31,7 +31,7 @@ const MI_OPTION_ARENA_EAGER_COMMIT: std::ffi::c_int = 4;
 
 /// Memory that follows demand: mimalloc commits its first arena eagerly on Linux (overcommit),
 /// about 9 MB of resident memory before anything is stored. Committed on use instead: idle RSS
-/// 20.8 -> 11.9 MB, after S1 about 75 -> 60 MB, with no CPU cost in an A/B of S1
+/// 20.8 -> 11.9 MB, after S1 about 100 -> 72 MB, with no CPU cost in an A/B of S1
 /// (docs/BENCHMARKS.md, issue 25). The arena is reserved by the first allocation, which the Rust
 /// runtime makes before `main`, so the option is set by a constructor (`.init_array`), which the
 /// loader runs before the runtime starts.

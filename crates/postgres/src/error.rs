@@ -30,7 +30,7 @@ pub enum OpenError {
     #[error(transparent)]
     Db(#[from] tokio_postgres::Error),
     #[error("connection pool: {0}")]
-    Pool(String),
+    Pool(#[from] deadpool_postgres::BuildError),
 }
 
 /// A value the stored state holds that this engine cannot read back (a corrupt or foreign row).

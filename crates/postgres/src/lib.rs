@@ -127,19 +127,7 @@ impl PgEngine {
     /// Connects (retrying up to `connect_timeout`), refuses a database that would not keep
     /// acknowledged commits, applies migrations, and starts the committers and background tasks.
     pub async fn open(opts: PgOptions) -> Result<PgEngine, OpenError> {
-        if !schema::valid_schema(&opts.schema) {
-            return Err(OpenError::Schema(opts.schema));
-        }
-        let (mut cfg, tls) = driver_config(&opts.url)?;
-        let options = format!("{} -c search_path={} {}", cfg.get_options().unwrap_or(""), opts.schema, session_bounds(opts.request_timeout));
-        cfg.options(options.trim());
-        cfg.connect_timeout(Duration::from_secs(5));
-        // This side notices a dead path too: unacknowledged data for 3 s, or 3 unanswered
-        // keepalives a second apart after 2 s of silence, ends the connection.
-        cfg.tcp_user_timeout(Duration::from_secs(3));
-        cfg.keepalives_idle(Duration::from_secs(2));
-        cfg.keepalives_interval(Duration::from_secs(1));
-        cfg.keepalives_retries(3);
+        let (cfg, tls) = session_config(&opts.url, &opts.schema, &[], opts.request_timeout)?;
         let mut client = connect(&cfg, &tls, opts.connect_timeout).await?;
         // Migrations may take longer than a request may.
         client.batch_execute("SET statement_timeout = 0").await?;
@@ -148,15 +136,7 @@ impl PgEngine {
         let counts = client.query_one("SELECT (SELECT count(*) FROM streams), (SELECT count(*) FROM producers)", &[]).await?;
         drop(client);
         let listen_cfg = cfg.clone();
-        let mgr = Manager::from_config(cfg, tls.clone(), ManagerConfig { recycling_method: RecyclingMethod::Fast });
-        let pool = Pool::builder(mgr)
-            .max_size(opts.pool_size.max(2))
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(Duration::from_secs(10)))
-            .create_timeout(Some(Duration::from_secs(5)))
-            .recycle_timeout(Some(Duration::from_secs(5)))
-            .build()
-            .map_err(|e| OpenError::Pool(e.to_string()))?;
+        let pool = session_pool(cfg, tls.clone(), opts.pool_size.max(2))?;
         let (notify_tx, notify_rx) = mpsc::unbounded_channel();
         let shared = Arc::new_cyclic(|me| Shared {
             me: me.clone(),
@@ -254,6 +234,41 @@ async fn durability_check(client: &tokio_postgres::Client, accept_loss: bool) ->
         tracing::warn!(standbys, "standbys stream asynchronously (synchronous_standby_names is empty): a failover to one may lose the last acknowledged appends; see docs/OPERATIONS.md");
     }
     Ok(())
+}
+
+/// The connection settings of every session Oncelog opens to PostgreSQL, the engine's and a
+/// sink's: `url` as [`driver_config`] takes it, `schema` (checked: a plain identifier, never
+/// quoted) first on the search path and then `also`, the [`session_bounds`] of
+/// `request_timeout`, and this side's own watch on a dead path.
+pub fn session_config(url: &str, schema: &str, also: &[&str], request_timeout: Duration) -> Result<(tokio_postgres::Config, MakeRustlsConnect), OpenError> {
+    if !schema::valid_schema(schema) {
+        return Err(OpenError::Schema(schema.to_owned()));
+    }
+    let (mut cfg, tls) = driver_config(url)?;
+    let path = std::iter::once(schema).chain(also.iter().copied()).collect::<Vec<_>>().join(",");
+    let options = format!("{} -c search_path={path} {}", cfg.get_options().unwrap_or(""), session_bounds(request_timeout));
+    cfg.options(options.trim());
+    cfg.connect_timeout(Duration::from_secs(5));
+    // This side notices a dead path too: unacknowledged data for 3 s, or 3 unanswered
+    // keepalives a second apart after 2 s of silence, ends the connection.
+    cfg.tcp_user_timeout(Duration::from_secs(3));
+    cfg.keepalives_idle(Duration::from_secs(2));
+    cfg.keepalives_interval(Duration::from_secs(1));
+    cfg.keepalives_retries(3);
+    Ok((cfg, tls))
+}
+
+/// A pool of at most `size` sessions of `cfg` ([`session_config`]): a broken connection is
+/// replaced on the next `get`, and waiting for one is bounded.
+pub fn session_pool(cfg: tokio_postgres::Config, tls: MakeRustlsConnect, size: usize) -> Result<Pool, OpenError> {
+    let mgr = Manager::from_config(cfg, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+    Ok(Pool::builder(mgr)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(10)))
+        .create_timeout(Some(Duration::from_secs(5)))
+        .recycle_timeout(Some(Duration::from_secs(5)))
+        .build()?)
 }
 
 /// The bounds every session sets (`-c` options at connect), so that a node cut off from the

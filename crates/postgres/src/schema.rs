@@ -16,7 +16,7 @@ const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/0001_init.s
 pub const SCHEMA_VERSION: i32 = 2;
 
 /// Whether `name` is a schema name used unquoted in SQL (so it needs no quoting anywhere).
-pub(crate) fn valid_schema(name: &str) -> bool {
+pub fn valid_schema(name: &str) -> bool {
     let mut chars = name.chars();
     matches!(chars.next(), Some('a'..='z' | '_'))
         && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))

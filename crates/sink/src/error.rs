@@ -34,8 +34,6 @@ pub enum SinkError {
     Db(#[from] tokio_postgres::Error),
     #[error("target database connection: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
-    #[error("target database connection pool: {0}")]
-    PoolBuild(#[from] deadpool_postgres::BuildError),
     /// The Oncelog server or the network.
     #[error(transparent)]
     Client(#[from] oncelog_client::Error),
@@ -74,7 +72,6 @@ impl SinkError {
         match self {
             SinkError::TargetUrl(_)
             | SinkError::Schema(_)
-            | SinkError::PoolBuild(_)
             | SinkError::Trimmed { .. }
             | SinkError::NotASnapshot { .. }
             | SinkError::WentBack { .. }

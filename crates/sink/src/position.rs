@@ -77,7 +77,7 @@ pub async fn count(tx: &Transaction<'_>, schema: &str, stream: &str, rows: u64) 
     Ok(())
 }
 
-/// Offsets are below 10^16 (the token's width), so they fit a bigint.
-fn as_i64(v: u64) -> i64 {
+/// An offset, position or count as a `bigint`: offsets are below 10^16 (the token's width).
+pub(crate) fn as_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Object, Pool};
+use oncelog_postgres::OpenError;
 
 use crate::error::SinkError;
 use crate::position;
@@ -17,11 +18,8 @@ pub struct Target {
     schema: String,
 }
 
-/// The same rule as the engine's schema names: no quoting needed anywhere, no injection.
-pub fn valid_schema(name: &str) -> bool {
-    let mut chars = name.chars();
-    matches!(chars.next(), Some('a'..='z' | '_')) && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_')) && name.len() <= 63
-}
+/// The engine's rule for schema names: no quoting needed anywhere, no injection.
+pub use oncelog_postgres::schema::valid_schema;
 
 impl Target {
     /// A pool of connections to `url` for the tables in `schema`. Connects lazily: a database
@@ -31,24 +29,13 @@ impl Target {
     /// paused or cut-off worker's transaction may sit idle holding rows (PostgreSQL ends it after
     /// 3/5 of it), so a live worker that waits on a zombie's lock waits a bounded time.
     pub fn new(url: &str, schema: &str, deadline: Duration) -> Result<Target, SinkError> {
-        if !valid_schema(schema) {
-            return Err(SinkError::Schema(schema.to_owned()));
-        }
-        let (mut cfg, tls) = oncelog_postgres::driver_config(url)?;
-        let options = format!("{} -c search_path={schema},public {}", cfg.get_options().unwrap_or(""), oncelog_postgres::session_bounds(deadline));
-        cfg.options(options.trim());
-        cfg.connect_timeout(Duration::from_secs(5));
-        cfg.keepalives_idle(Duration::from_secs(2));
-        cfg.keepalives_interval(Duration::from_secs(1));
-        cfg.keepalives_retries(3);
-        let mgr = Manager::from_config(cfg, tls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
-        let pool = Pool::builder(mgr)
-            .max_size(2)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(Duration::from_secs(10)))
-            .create_timeout(Some(Duration::from_secs(5)))
-            .recycle_timeout(Some(Duration::from_secs(5)))
-            .build()?;
+        // The engine's session settings; `public` after the sink's schema, for a custom sink's
+        // own tables.
+        let (cfg, tls) = oncelog_postgres::session_config(url, schema, &["public"], deadline).map_err(|e| match e {
+            OpenError::Schema(name) => SinkError::Schema(name),
+            e => SinkError::TargetUrl(e),
+        })?;
+        let pool = oncelog_postgres::session_pool(cfg, tls, 2)?;
         Ok(Target { pool, schema: schema.to_owned() })
     }
 

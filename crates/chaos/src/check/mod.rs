@@ -36,6 +36,8 @@ pub enum Violation {
     OutputOfNothing { line: String },
     #[error("{stream}: input {record:?} was applied {times} times by the subscription")]
     AppliedTwice { stream: String, record: String, times: usize },
+    #[error("{stream}: input {record:?} was applied but is not acknowledged (output and ack were not one step)")]
+    AppliedNotAcked { stream: String, record: String },
     #[error("{stream}: input {record:?} is acknowledged but its output is missing")]
     AckedNotApplied { stream: String, record: String },
     #[error("{stream}: the subscription's outputs are not in input order at {record:?}")]

@@ -42,8 +42,8 @@ fn ms(rng: &mut impl Rng, from: u64, to: u64) -> Duration {
 impl System {
     /// Injects one fault drawn from `rng`, waits it out, heals it; its name.
     pub fn fault(&mut self, rng: &mut impl Rng) -> Result<&'static str, FaultError> {
-        match (&self.pg, &self.net) {
-            (Some(_), Some(_)) => self.pg_fault(rng),
+        match (&mut self.pg, &self.net) {
+            (Some(pg), Some(net)) => pg_fault(&mut self.nodes, pg, net, rng),
             _ => self.log_fault(rng),
         }
     }
@@ -75,66 +75,67 @@ impl System {
         }
     }
 
-    fn pg_fault(&mut self, rng: &mut impl Rng) -> Result<&'static str, FaultError> {
-        let (Some(pg), Some(net)) = (&mut self.pg, &self.net) else { unreachable!("pg_fault without PostgreSQL") };
-        let i = rng.random_range(0..self.nodes.len());
-        let node = format!("n{i}");
-        let (primary, standby) = pg.primary_and_standby();
-        let (primary, standby) = (format!("db{primary}"), format!("db{standby}"));
-        let roll: f64 = rng.random();
-        let hold = |rng: &mut _| std::thread::sleep(ms(rng, 1000, 8000));
-        let kind = if roll < 0.15 {
-            net.partition(&node, Some("db0"))?;
-            net.partition(&node, Some("db1"))?;
-            hold(rng);
-            "partition node-db"
-        } else if roll < 0.25 {
-            net.partition(&node, None)?;
-            hold(rng);
-            "partition clients-node"
-        } else if roll < 0.35 {
+}
+
+/// One fault of the PostgreSQL system (see the module docs), healed before it returns.
+fn pg_fault(nodes: &mut [Node], pg: &mut PgPair, net: &Net, rng: &mut impl Rng) -> Result<&'static str, FaultError> {
+    let i = rng.random_range(0..nodes.len());
+    let node = format!("n{i}");
+    let (primary, standby) = pg.primary_and_standby();
+    let (primary, standby) = (format!("db{primary}"), format!("db{standby}"));
+    let roll: f64 = rng.random();
+    let hold = |rng: &mut _| std::thread::sleep(ms(rng, 1000, 8000));
+    let kind = if roll < 0.15 {
+        net.partition(&node, Some("db0"))?;
+        net.partition(&node, Some("db1"))?;
+        hold(rng);
+        "partition node-db"
+    } else if roll < 0.25 {
+        net.partition(&node, None)?;
+        hold(rng);
+        "partition clients-node"
+    } else if roll < 0.35 {
+        net.partition(&primary, Some(&standby))?;
+        hold(rng);
+        "partition primary-standby"
+    } else if roll < 0.45 {
+        net.slow(&node)?;
+        hold(rng);
+        "slow link"
+    } else if roll < 0.55 {
+        nodes[i].pause(ms(rng, 500, 7000));
+        "pause node"
+    } else if roll < 0.65 {
+        pg.pause_primary(ms(rng, 500, 7000));
+        "pause primary"
+    } else if roll < 0.75 {
+        nodes[i].kill9();
+        std::thread::sleep(ms(rng, 0, 500));
+        nodes[i].restart()?;
+        "SIGKILL node"
+    } else if roll < 0.85 {
+        // Half the time the primary is first cut off from its standby for a while: what it
+        // acknowledges then (nothing, with synchronous replication) dies with it.
+        let isolated = rng.random::<bool>();
+        if isolated {
             net.partition(&primary, Some(&standby))?;
-            hold(rng);
-            "partition primary-standby"
-        } else if roll < 0.45 {
-            net.slow(&node)?;
-            hold(rng);
-            "slow link"
-        } else if roll < 0.55 {
-            self.nodes[i].pause(ms(rng, 500, 7000));
-            "pause node"
-        } else if roll < 0.65 {
-            pg.pause_primary(ms(rng, 500, 7000));
-            "pause primary"
-        } else if roll < 0.75 {
-            self.nodes[i].kill9();
-            std::thread::sleep(ms(rng, 0, 500));
-            self.nodes[i].restart()?;
-            "SIGKILL node"
-        } else if roll < 0.85 {
-            // Half the time the primary is first cut off from its standby for a while: what it
-            // acknowledges then (nothing, with synchronous replication) dies with it.
-            let isolated = rng.random::<bool>();
-            if isolated {
-                net.partition(&primary, Some(&standby))?;
-                std::thread::sleep(ms(rng, 1000, 3000));
-            }
-            pg.crash_primary()?;
-            net.heal();
-            pg.promote()?;
-            if isolated {
-                "failover of an isolated primary"
-            } else {
-                "failover"
-            }
-        } else {
-            // Minutes off either way, or back to the true time.
-            let n = &mut self.nodes[i];
-            let skew = if n.skew_ms == 0 { rng.random_range(5_000..120_000) * if rng.random::<bool>() { 1 } else { -1 } } else { 0 };
-            n.restart_skewed(skew)?;
-            "clock skew"
-        };
+            std::thread::sleep(ms(rng, 1000, 3000));
+        }
+        pg.crash_primary()?;
         net.heal();
-        Ok(kind)
-    }
+        pg.promote()?;
+        if isolated {
+            "failover of an isolated primary"
+        } else {
+            "failover"
+        }
+    } else {
+        // Minutes off either way, or back to the true time.
+        let n = &mut nodes[i];
+        let skew = if n.skew_ms == 0 { rng.random_range(5_000..120_000) * if rng.random::<bool>() { 1 } else { -1 } } else { 0 };
+        n.restart_skewed(skew)?;
+        "clock skew"
+    };
+    net.heal();
+    Ok(kind)
 }

@@ -88,7 +88,7 @@ async fn work(ctx: &Ctx, name: &str, node: usize, claim: oncelog_client::Claim) 
             output.push_str(&format!("{generation}|{line}\n"));
         }
         let to = from + end as u64;
-        commit = commit.ack(&link.path, &StreamOffset::new(Offset(to).to_string()));
+        commit = commit.ack(&link.path, &StreamOffset::from(Offset(to)));
         inputs.push(Input { stream: link.path.clone(), from, to });
     }
     if inputs.is_empty() {

@@ -211,9 +211,9 @@ pub async fn final_contents(ctx: &Ctx, stream: &str) -> Result<String, String> {
     Err(format!("final read of {stream}: never up to date"))
 }
 
-/// The offset a client-library token names (`-1` and unparsable ones: the start).
+/// The byte position a client-library token names (`-1`: the start).
 pub fn offset_of(o: &oncelog_client::StreamOffset) -> u64 {
-    Offset::parse(o.as_str()).map(|o| o.0).unwrap_or(0)
+    o.to_oncelog().map_or(0, |o| o.0)
 }
 
 /// An SSE reader from the start of `stream` through the client library (which reconnects from
@@ -223,7 +223,7 @@ pub async fn sse_reader(ctx: Arc<Ctx>, name: String, node: usize, stream: String
     let Ok(client) = oncelog_client::Client::builder(ctx.client_base(node)).request_timeout(Duration::from_secs(10)).build() else { return };
     let mut from = 0u64;
     while !ctx.stop.load(Ordering::Relaxed) {
-        let start = oncelog_client::StreamOffset::new(Offset(from).to_string());
+        let start = oncelog_client::StreamOffset::from(Offset(from));
         let mut opts = oncelog_client::ReadOptions::new(start, oncelog_client::LiveMode::Sse);
         opts.retry = oncelog_client::RetryPolicy::default().with_max_attempts(None).ok();
         let mut chunks = client.stream(&stream).read(opts);

@@ -17,6 +17,7 @@ use tokio_postgres::Transaction;
 
 use crate::batch::{Batch, Message, StreamKind, StreamRef};
 use crate::error::ApplyError;
+use crate::position::as_i64;
 use crate::sink::Sink;
 pub use net::Net;
 
@@ -57,17 +58,13 @@ impl Sink for PostgresSink {
             (StreamKind::State, Batch::Messages(m)) => state(tx, schema, &stream.path, m).await,
             (_, Batch::Messages(m)) => messages(tx, schema, &stream.path, m).await,
             (_, Batch::Bytes { offset, data }) => {
-                let (at, next) = (i64_of(offset.0), i64_of(offset.0 + data.len() as u64));
+                let (at, next) = (as_i64(offset.0), as_i64(offset.0 + data.len() as u64));
                 tx.execute(&format!("INSERT INTO {schema}.chunks (stream, \"offset\", next_offset, data) VALUES ($1, $2, $3, $4)"), &[&stream.path, &at, &next, data])
                     .await?;
                 Ok(1)
             }
         }
     }
-}
-
-fn i64_of(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// A State Protocol batch: its net effect ([`Net`]) as at most three statements.
@@ -88,7 +85,7 @@ async fn state(tx: &Transaction<'_>, schema: &str, stream: &str, messages: &[Mes
                 set_t.push(t.as_str());
                 set_k.push(k.as_str());
                 set_v.push(*value);
-                set_o.push(i64_of(*offset));
+                set_o.push(as_i64(*offset));
             }
         }
     }
@@ -115,7 +112,7 @@ async fn state(tx: &Transaction<'_>, schema: &str, stream: &str, messages: &[Mes
 
 /// A JSON batch: one row per message.
 async fn messages(tx: &Transaction<'_>, schema: &str, stream: &str, messages: &[Message<'_>]) -> Result<u64, ApplyError> {
-    let offsets: Vec<i64> = messages.iter().map(|m| i64_of(m.offset.0)).collect();
+    let offsets: Vec<i64> = messages.iter().map(|m| as_i64(m.offset.0)).collect();
     let values: Vec<&str> = messages.iter().map(|m| m.json.get()).collect();
     let n = tx
         .execute(
