@@ -28,7 +28,7 @@
 //!
 //! Memory: per stream its metadata, a packed published state with a `Notify`, and 16 bytes per
 //! append of index; per
-//! producer its state; plus a store-wide bounded hot tail. Data lives in the segment files and
+//! producer its state; plus a store-wide bounded hot tail, filled only for streams followed live. Data lives in the segment files and
 //! the OS page cache.
 
 pub mod backup;
@@ -90,6 +90,7 @@ impl LogEngine {
         shared.touch(now_ms);
         let info = shared.info();
         if let Some(at_tail) = rules::read_start(&info, from)? {
+            shared.mark_live();
             return Ok(at_tail);
         }
         // The hot tail answers a live reader without touching a file; only a read that needs
@@ -103,6 +104,9 @@ impl LogEngine {
                 .await
                 .map_err(|e| backend(LogError::Io { what: "read".into(), source: std::io::Error::other(e) }))??
         };
+        if next >= info.tail {
+            shared.mark_live();
+        }
         Ok(ReadChunk { info, data, next, aligned })
     }
 
@@ -140,6 +144,12 @@ impl LogEngine {
 
     pub fn recovery_report(&self) -> RecoveryReport {
         self.inner.report
+    }
+
+    /// Bytes of recent appends held in memory for live readers (the hot tail), as of the last
+    /// group commit that added to it.
+    pub fn hot_tail_bytes(&self) -> u64 {
+        self.inner.counters.hot_bytes.load(Ordering::Relaxed)
     }
 
     async fn call<T>(&self, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> Result<T, StorageError> {
@@ -355,6 +365,7 @@ impl Engine for LogEngine {
     async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {
         let shared = self.lookup(path, now_ms)?;
         shared.touch(now_ms);
+        shared.mark_live();
         let deadline = tokio::time::Instant::now() + timeout;
         let mut p = shared.state.get();
         loop {

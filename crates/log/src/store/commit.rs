@@ -202,7 +202,7 @@ impl Store {
                 _ if failure.is_some() => {}
                 Effect::Data { shared, end, at, hot } => {
                     let start = end - hot.len() as u64;
-                    let keep_hot = self.cfg.hot_bytes > 0 && hot.len() <= MAX_HOT_APPEND.min(self.cfg.hot_bytes);
+                    let keep_hot = self.cfg.hot_bytes > 0 && hot.len() <= MAX_HOT_APPEND.min(self.cfg.hot_bytes) && shared.read_live();
                     // A small append usually shares its buffer with the connection that read it;
                     // its own copy keeps the hot tail from pinning that buffer.
                     let hot = if hot.len() <= SMALL_APPEND { Bytes::copy_from_slice(&hot) } else { hot };
@@ -223,6 +223,7 @@ impl Store {
                         self.hot_bytes += hot.len();
                         self.hot_queue.push_back((Arc::downgrade(&shared), start, hot.len()));
                         self.evict_hot();
+                        self.counters.hot_bytes.store(self.hot_bytes as u64, Ordering::Relaxed);
                     }
                 }
                 Effect::Publish { shared, tail, closed } => shared.state.modify(|p| {

@@ -2,7 +2,9 @@
 //! durable effects reach it), the index of appends with the hot tail, and the counters.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::Instant;
 use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
@@ -110,7 +112,22 @@ pub(crate) struct Shared {
     pub last_access_ms: AtomicI64,
     /// Where reads may start (raised by a trim once it is durable).
     pub earliest: AtomicU64,
+    /// When a reader last waited at or reached the tail ([`live_clock`] seconds, 0 = never):
+    /// only a stream read live keeps its new appends in the hot tail, so memory follows the
+    /// readers rather than the writers (64 producers with no reader keep none).
+    pub live_at: AtomicU32,
     pub data: RwLock<StreamData>,
+}
+
+/// How long a stream counts as read live after its last live read: longer than the gap between
+/// a long-poll answer and the next request, or between an SSE reader's waits.
+const LIVE_WINDOW_SECS: u32 = 30;
+
+/// Seconds since the process started, plus one (so 0 can mean "never"); monotonic.
+fn live_clock() -> u32 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let secs = START.get_or_init(Instant::now).elapsed().as_secs();
+    u32::try_from(secs).unwrap_or(u32::MAX - 1) + 1
 }
 
 impl Shared {
@@ -125,6 +142,21 @@ impl Shared {
 
     pub fn expired(&self, now_ms: i64) -> bool {
         rules::expired(self.config.expiry, self.last_access_ms.load(Ordering::Relaxed), now_ms)
+    }
+
+    /// A reader is at the live edge: new appends are kept in the hot tail for a while.
+    pub fn mark_live(&self) {
+        let now = live_clock();
+        // A store only when the second changed: many readers of one stream share the line.
+        if self.live_at.load(Ordering::Relaxed) != now {
+            self.live_at.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a reader was at the live edge within the window.
+    pub fn read_live(&self) -> bool {
+        let at = self.live_at.load(Ordering::Relaxed);
+        at != 0 && live_clock().saturating_sub(at) <= LIVE_WINDOW_SECS
     }
 
     pub fn forks(&self) -> usize {
@@ -148,6 +180,8 @@ pub(crate) struct Counters {
     pub producers: AtomicU64,
     /// Producer appends that waited for their predecessors (the parking lot counts them).
     pub parked: Arc<AtomicU64>,
+    /// Bytes in the hot tail, as of the last group.
+    pub hot_bytes: AtomicU64,
     /// Why writes stopped, once they have (set by the writer or by background work).
     pub failure: Mutex<Option<String>>,
 }
@@ -174,6 +208,7 @@ pub(super) fn new_shared(meta: &StreamMeta, tail: Offset, chain: Vec<Segment<Arc
         state,
         last_access_ms: AtomicI64::new(now_ms),
         earliest: AtomicU64::new(meta.earliest.0),
+        live_at: AtomicU32::new(0),
         data: RwLock::new(data),
     })
 }
