@@ -19,12 +19,53 @@ pub struct DiskArgs {
     pub bytes: usize,
     #[arg(long, default_value_t = 10)]
     pub seconds: u64,
+    /// How the file's space is prepared: `extend` (each write grows the file, so each
+    /// `fdatasync` also flushes a new size), `allocate` (`fallocate` of 64 MiB first, as the log
+    /// engine's segments are), or `zeroed` (64 MiB of zeros written and synced first).
+    #[arg(long, value_enum, default_value_t = Space::Extend)]
+    pub space: Space,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Space {
+    Extend,
+    Allocate,
+    Zeroed,
+}
+
+/// Space prepared ahead by `--space allocate|zeroed`.
+const PREPARED: u64 = 64 << 20;
+
+fn prepare(file: &std::fs::File, space: Space) -> Result<(), String> {
+    match space {
+        Space::Extend => Ok(()),
+        Space::Allocate => {
+            use std::os::fd::AsRawFd;
+            // SAFETY: a plain syscall on a descriptor we own; no memory is passed.
+            let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, PREPARED as libc::off_t) };
+            if rc != 0 {
+                return Err(format!("fallocate: {}", std::io::Error::last_os_error()));
+            }
+            file.sync_all().map_err(|e| format!("fsync: {e}"))
+        }
+        Space::Zeroed => {
+            let zeros = vec![0u8; 1 << 20];
+            for i in 0..PREPARED / zeros.len() as u64 {
+                file.write_all_at(&zeros, i * zeros.len() as u64).map_err(|e| format!("write zeros: {e}"))?;
+            }
+            file.sync_all().map_err(|e| format!("fsync: {e}"))
+        }
+    }
 }
 
 pub fn run(args: DiskArgs) -> Result<(), String> {
     let path = args.dir.join(format!("oncelog-bench-disk-{}", std::process::id()));
     let file = std::fs::OpenOptions::new().create_new(true).write(true).open(&path).map_err(|e| format!("create {}: {e}", path.display()))?;
     let buf = vec![0x5a_u8; args.bytes.max(1)];
+    if let Err(e) = prepare(&file, args.space) {
+        let _ = std::fs::remove_file(&path);
+        return Err(e);
+    }
     let (start, limit) = (Instant::now(), Duration::from_secs(args.seconds.max(1)));
     let (mut writes, mut at) = (0u64, 0u64);
     let result = (|| {
@@ -43,6 +84,7 @@ pub fn run(args: DiskArgs) -> Result<(), String> {
         "{}",
         summary_line(&[
             ("bench", json_str("disk")),
+            ("space", json_str(&format!("{:?}", args.space).to_lowercase())),
             ("bytes", buf.len().to_string()),
             ("writes", writes.to_string()),
             ("writes_per_s", json_f64(writes as f64 / secs, 1)),

@@ -88,16 +88,19 @@ fn a_torn_tail_is_cut_and_everything_acknowledged_stays() {
     create(&mut store, "s");
     append(&mut store, "s", 0, "one").expect("append");
     append(&mut store, "s", 1, "two").expect("append");
+    let good = store.active_len as usize;
     drop(store);
     let name = format::segment_name(1);
     let mut bytes = fs.contents(&name).expect("segment");
-    let good = bytes.len();
-    bytes.extend_from_slice(&format::FRAME_MAGIC.to_le_bytes());
-    bytes.extend_from_slice(&[0xEE; 40]);
+    assert!(bytes.len() > good + 44 && bytes[good..].iter().all(|b| *b == 0), "the segment's space is allocated, as zeros");
+    // A frame torn where the next one was being written, in the allocated space.
+    bytes[good..good + 4].copy_from_slice(&format::FRAME_MAGIC.to_le_bytes());
+    bytes[good + 4..good + 44].copy_from_slice(&[0xEE; 40]);
     fs.set_contents(&name, bytes);
     let (mut store, report) = store::open(Arc::new(fs.clone()), config(), 0).expect("a torn tail is not damage");
     assert_eq!(report.torn_bytes_cut, 44);
-    assert_eq!(fs.contents(&name).map(|b| b.len()), Some(good));
+    let after = fs.contents(&name).expect("segment");
+    assert!(after.len() > good && after[good..].iter().all(|b| *b == 0), "cut, and the space allocated again");
     assert_eq!(contents(&store, "s"), b"onetwo");
     assert_eq!(append(&mut store, "s", 1, "two").map(|o| o.status).ok(), Some(AppendStatus::Duplicate));
 }

@@ -4,8 +4,12 @@
 //! ## Files
 //! - `log/NNNNNNNNNNNNNNNNNNNN.seg` (20 decimal digits, the segment number, from 1, no gaps):
 //!   segments of the log. A segment starts with a 16-byte header (`ONCELOG\x01` then the segment
-//!   number, u64 little-endian) and holds frames back to back. Only the last segment is written;
-//!   a segment is never rewritten, only deleted whole once nothing in it is needed.
+//!   number, u64 little-endian) and holds frames back to back, then zeros to its end: a segment's
+//!   space is allocated (`fallocate`) when it is created, so writing a frame changes no file
+//!   size. Zeros where a frame header would start are a segment's clean end (a frame starts
+//!   with a non-zero magic). Segments written before allocation simply end after their last
+//!   frame. Only the last segment is written; a segment is never rewritten, only deleted whole
+//!   once nothing in it is needed.
 //! - `checkpoint`: the whole state as of one frame (see [`Checkpoint`]); optional, derived,
 //!   replaced atomically (`checkpoint.tmp`, fsync, rename, directory fsync).
 //! - `lock`: empty; locked (`flock`) while a server has the directory open.
@@ -47,7 +51,7 @@
 //! 1. A frame is acknowledged only after it (and every frame before it) was synced; a new segment
 //!    is created, and the directory synced, before any frame goes into it.
 //! 2. Hence after a power cut only the tail of the last segment can be damaged: recovery cuts a
-//!    torn or zeroed tail there. A bad frame anywhere else, or one followed by a valid frame of a
+//!    torn tail there (a tail of zeros is the clean end of any segment, nothing to cut). A bad frame anywhere else, or one followed by a valid frame of a
 //!    higher LSN, is corruption of acknowledged data: recovery refuses to start and says where.
 //! 3. Replaying every frame after the checkpoint's position, in order, over the checkpoint's
 //!    state yields the state at the last frame; records are effects decided by the rules before

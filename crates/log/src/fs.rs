@@ -21,6 +21,10 @@ pub trait File: Send + Sync + 'static {
     fn sync_data(&self) -> io::Result<()>;
     fn len(&self) -> io::Result<u64>;
     fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Reserves the file's blocks up to `len` (reading as zeros), so later writes below it change
+    /// no file size: their `fdatasync` then has no size to flush. Best effort: a file system
+    /// without `fallocate` just grows the file as it is written.
+    fn allocate(&self, len: u64) -> io::Result<()>;
 }
 
 /// A directory tree of files.
@@ -80,6 +84,20 @@ impl File for RealFile {
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         self.0.set_len(len)
+    }
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let len = libc::off_t::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: a plain syscall on a descriptor this struct owns; no memory is passed.
+        let rc = unsafe { libc::fallocate(self.0.as_raw_fd(), 0, 0, len) };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => Ok(()),
+            _ => Err(e),
+        }
     }
 }
 

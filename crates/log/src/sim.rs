@@ -234,6 +234,16 @@ impl File for SimFile {
             Ok(())
         })
     }
+    /// Like a size change: zeros up to `len`, durable only after the next sync.
+    fn allocate(&self, len: u64) -> io::Result<()> {
+        self.with(|d, ino| {
+            let i = inode(d, ino)?;
+            if i.data.len() < len as usize {
+                i.data.resize(len as usize, 0);
+            }
+            Ok(())
+        })
+    }
 }
 
 impl Fs for SimFs {

@@ -183,7 +183,7 @@ impl Store {
         if no > format::MAX_SEGMENT_NUMBER {
             return Err(backend(LogError::TooManySegments));
         }
-        let file = new_segment(&*self.fs, no, !is_on!(self.cfg, SkipDirSync))?;
+        let file = new_segment(&*self.fs, no, self.cfg.segment_bytes, !is_on!(self.cfg, SkipDirSync))?;
         if let Ok(mut segs) = self.view.segments.write() {
             segs.insert(no, file.clone());
         }
@@ -268,12 +268,17 @@ impl Store {
 
 }
 
-/// Creates segment `no` with its header, synced, and syncs the directory.
-pub(super) fn new_segment(fs: &dyn Fs, no: u64, sync_dir: bool) -> Result<Arc<dyn File>, StorageError> {
+/// Creates segment `no` with its header and its space (`bytes`) allocated, synced, and syncs the
+/// directory. Allocated space reads as zeros (the format's clean end of a segment); a frame
+/// written into it changes no file size, so its `fdatasync` flushes data and no size
+/// (measured here: 167-181 µs per 1 KiB `pwrite` + `fdatasync` against 232-235 µs growing the
+/// file, docs/BENCHMARKS.md).
+pub(super) fn new_segment(fs: &dyn Fs, no: u64, bytes: u64, sync_dir: bool) -> Result<Arc<dyn File>, StorageError> {
     let name = format::segment_name(no);
     let file = fs.open(&name, true).map_err(|e| io_err("create a log segment", e))?;
     file.set_len(0).map_err(|e| io_err("create a log segment", e))?;
     file.write_all_at(&format::segment_header(no), 0).map_err(|e| io_err("write a segment header", e))?;
+    file.allocate(bytes.max(format::SEGMENT_HEADER)).map_err(|e| io_err("allocate a log segment", e))?;
     file.sync_data().map_err(|e| io_err("sync a segment header", e))?;
     if sync_dir {
         fs.sync_dir(format::LOG_DIR).map_err(|e| io_err("sync the log directory", e))?;

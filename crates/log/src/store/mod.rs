@@ -122,7 +122,7 @@ pub(crate) struct Store {
     /// The segment frames go to, its number and its length (where the next frame goes).
     active: Arc<dyn File>,
     active_no: u64,
-    active_len: u64,
+    pub(crate) active_len: u64,
     /// LSN of the last frame written.
     lsn: u64,
     /// Log bytes written since the last checkpoint.

@@ -122,7 +122,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
                 return Err(corrupt(format!("{name}: bad segment header")));
             }
             // Created but its header never reached the disk: start it again.
-            let f = new_segment(&*fs, *n, true)?;
+            let f = new_segment(&*fs, *n, cfg.segment_bytes, true)?;
             report.torn_bytes_cut += len;
             segments.insert(*n, f.clone());
             active = Some((f, *n, format::SEGMENT_HEADER));
@@ -138,13 +138,19 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
             let frame = format::parse_frame_header(buf.get(pos..pos + format::FRAME_HEADER).unwrap_or(&[]))
                 .filter(|h| buf.len() >= pos + format::FRAME_HEADER + h.len && format::frame_is_valid(h, &buf[pos..pos + format::FRAME_HEADER + h.len]));
             let Some(h) = frame else {
+                if buf[pos..].iter().all(|b| *b == 0) {
+                    // Allocated space not written yet: the clean end of this segment.
+                    break;
+                }
                 if !last || find_frame_after(&buf, pos + 1, lsn).is_some() {
                     return Err(corrupt(format!(
                         "{name}: damaged frame at byte {pos} with acknowledged frames after it; the data directory needs repair (see docs/OPERATIONS.md)"
                     )));
                 }
                 // A torn tail: never acknowledged. Cut it, durably.
-                report.torn_bytes_cut += (buf.len() - pos) as u64;
+                // (The allocated zeros after it are not counted: they were never data.)
+                let written_end = buf.iter().rposition(|b| *b != 0).map_or(pos, |i| i + 1);
+                report.torn_bytes_cut += (written_end - pos) as u64;
                 f.set_len(pos as u64).map_err(|e| io_err("cut a torn log tail", e))?;
                 f.sync_data().map_err(|e| io_err("cut a torn log tail", e))?;
                 break;
@@ -168,10 +174,17 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         }
     }
     let (active, active_no, active_len) = match active {
-        Some(a) => a,
+        Some((f, no, len)) => {
+            // The space of the segment written next, allocated again after a cut (or for the
+            // first time in a directory written before segments were allocated): data below
+            // the length is untouched.
+            f.allocate(cfg.segment_bytes).map_err(|e| io_err("allocate a log segment", e))?;
+            f.sync_data().map_err(|e| io_err("allocate a log segment", e))?;
+            (f, no, len)
+        }
         None => {
             let no = numbers.last().map_or(cp.segment, |n| n + 1).max(cp.segment);
-            let f = new_segment(&*fs, no, true)?;
+            let f = new_segment(&*fs, no, cfg.segment_bytes, true)?;
             segments.insert(no, f.clone());
             (f, no, format::SEGMENT_HEADER)
         }
