@@ -103,7 +103,8 @@ enum Moment {
 /// that owns the backend) whose transaction inserted rows into `data`; answers
 /// `'<xid> <their bytes>'`, or `'none'` when only COMMITs without appends wait for a paused
 /// standby (nothing will change), or `'timeout'`. Rows of an uncommitted transaction are read
-/// from the pages, where they already are.
+/// from the pages, where they already are. A backend whose commit finished before the stop
+/// landed (the commit log says so) is let go and another is caught.
 const FAILOVER_COMMIT: &str = r#"
 CREATE FUNCTION public.failover_commit(sync_rep bool, data regclass, patience interval) RETURNS text
 LANGUAGE plpgsql AS $$
@@ -128,6 +129,14 @@ BEGIN
       IF recs IS NOT NULL THEN
         IF NOT sync_rep THEN
           EXECUTE format('COPY (SELECT 1) TO PROGRAM %L', 'kill -STOP ' || b.pid);
+          -- The stop may land after the commit finished (the snapshot above is a moment ago,
+          -- starting the shell takes milliseconds): then the node has its answer and nothing is
+          -- in flight. The commit log turns committed before the backend answers; a transaction
+          -- still in progress there is frozen before its answer. Otherwise let it go, try again.
+          IF pg_xact_status(b.x::text::xid8) IS DISTINCT FROM 'in progress' THEN
+            EXECUTE format('COPY (SELECT 1) TO PROGRAM %L', 'kill -CONT ' || b.pid);
+            CONTINUE;
+          END IF;
         END IF;
         RETURN b.x::text || ' ' || recs;
       END IF;
@@ -181,7 +190,7 @@ struct InFlight {
 /// Waits for a COMMIT carrying appends at `moment` and kills the primary then; returns what
 /// it caught (or why nothing) and when the primary was gone.
 fn kill_primary_at(moment: Moment, primary: &Cluster, standby: &Cluster, schema: &str) -> (Result<InFlight, String>, Instant, usize) {
-    let call = |sync_rep: bool| format!("SELECT public.failover_commit({sync_rep}, '{schema}.data', '5 s')");
+    let call = |sync_rep: bool| format!("SELECT public.failover_commit({sync_rep}, '{schema}.data', '10 s')");
     let mut tries = 0;
     let caught = match moment {
         // The backend caught is frozen before its commit record is flushed: the kill may come
