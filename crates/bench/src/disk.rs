@@ -3,9 +3,10 @@
 //! `--seconds`. A server acknowledging one append at a time cannot beat this; the ratio of its
 //! time per append to this loop's is what the server itself costs.
 
-use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+
+use oncelog_log::fs::{File, Fs, RealFs};
 
 use crate::common::{json_f64, json_str, summary_line};
 
@@ -36,33 +37,28 @@ pub enum Space {
 /// Space prepared ahead by `--space allocate|zeroed`.
 const PREPARED: u64 = 64 << 20;
 
-fn prepare(file: &std::fs::File, space: Space) -> Result<(), String> {
+/// The log engine's own file calls (`oncelog_log::fs`), so `allocate` is exactly what a new
+/// segment gets.
+fn prepare(file: &dyn File, space: Space) -> Result<(), String> {
     match space {
-        Space::Extend => Ok(()),
-        Space::Allocate => {
-            use std::os::fd::AsRawFd;
-            // SAFETY: a plain syscall on a descriptor we own; no memory is passed.
-            let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, PREPARED as libc::off_t) };
-            if rc != 0 {
-                return Err(format!("fallocate: {}", std::io::Error::last_os_error()));
-            }
-            file.sync_all().map_err(|e| format!("fsync: {e}"))
-        }
+        Space::Extend => return Ok(()),
+        Space::Allocate => file.allocate(PREPARED).map_err(|e| format!("fallocate: {e}"))?,
         Space::Zeroed => {
             let zeros = vec![0u8; 1 << 20];
             for i in 0..PREPARED / zeros.len() as u64 {
                 file.write_all_at(&zeros, i * zeros.len() as u64).map_err(|e| format!("write zeros: {e}"))?;
             }
-            file.sync_all().map_err(|e| format!("fsync: {e}"))
         }
     }
+    file.sync_data().map_err(|e| format!("fdatasync: {e}"))
 }
 
 pub fn run(args: DiskArgs) -> Result<(), String> {
-    let path = args.dir.join(format!("oncelog-bench-disk-{}", std::process::id()));
-    let file = std::fs::OpenOptions::new().create_new(true).write(true).open(&path).map_err(|e| format!("create {}: {e}", path.display()))?;
+    let name = format!("oncelog-bench-disk-{}", std::process::id());
+    let path = args.dir.join(&name);
+    let file = RealFs::new(&args.dir).open(&name, true).map_err(|e| format!("create {}: {e}", path.display()))?;
     let buf = vec![0x5a_u8; args.bytes.max(1)];
-    if let Err(e) = prepare(&file, args.space) {
+    if let Err(e) = prepare(&*file, args.space) {
         let _ = std::fs::remove_file(&path);
         return Err(e);
     }

@@ -88,7 +88,7 @@ fn a_torn_tail_is_cut_and_everything_acknowledged_stays() {
     create(&mut store, "s");
     append(&mut store, "s", 0, "one").expect("append");
     append(&mut store, "s", 1, "two").expect("append");
-    let good = store.active_len as usize;
+    let good = store.active_len() as usize;
     drop(store);
     let name = format::segment_name(1);
     let mut bytes = fs.contents(&name).expect("segment");

@@ -51,8 +51,8 @@
 //! 1. A frame is acknowledged only after it (and every frame before it) was synced; a new segment
 //!    is created, and the directory synced, before any frame goes into it.
 //! 2. Hence after a power cut only the tail of the last segment can be damaged: recovery cuts a
-//!    torn tail there (a tail of zeros is the clean end of any segment, nothing to cut). A bad frame anywhere else, or one followed by a valid frame of a
-//!    higher LSN, is corruption of acknowledged data: recovery refuses to start and says where.
+//!    torn tail there (a tail of zeros is the clean end of any segment, nothing to cut). A bad
+//!    frame anywhere else, or one followed by a valid frame of a higher LSN, is corruption of acknowledged data: recovery refuses to start and says where.
 //! 3. Replaying every frame after the checkpoint's position, in order, over the checkpoint's
 //!    state yields the state at the last frame; records are effects decided by the rules before
 //!    they were written, never re-decided.

@@ -28,8 +28,8 @@
 //!
 //! Memory: per stream its metadata, a packed published state with a `Notify`, and 16 bytes per
 //! append of index; per
-//! producer its state; plus a store-wide bounded hot tail, filled only for streams followed live. Data lives in the segment files and
-//! the OS page cache.
+//! producer its state; plus a store-wide bounded hot tail, filled only for streams followed live.
+//! Data lives in the segment files and the OS page cache.
 
 pub mod backup;
 mod error;

@@ -54,7 +54,8 @@ pub struct ServeArgs {
     h2_ping_timeout_ms: u64,
 
     /// `--storage log`: memory for the hot tail, the most recent appends kept for live readers
-    /// (shared by all streams; only streams a reader followed live in the last 30 s), in MiB. 0 turns it off (live reads then come from the page cache).
+    /// (shared by all streams; only streams a reader followed live in the last 30 s), in MiB.
+    /// 0 turns it off (live reads then come from the page cache).
     #[arg(long, env = "ONCELOG_HOT_TAIL_MB", default_value_t = 32)]
     hot_tail_mb: usize,
 

@@ -196,13 +196,14 @@ impl Store {
     /// Publishes a committed group to readers and answers every command in it.
     pub fn finish(&mut self, g: Group, failure: Option<StorageError>) {
         let segment = self.active_no;
+        let live_now = super::view::live_clock();
         for effect in g.effects {
             match effect {
                 Effect::Reply(f) => f(failure.clone()),
                 _ if failure.is_some() => {}
                 Effect::Data { shared, end, at, hot } => {
                     let start = end - hot.len() as u64;
-                    let keep_hot = self.cfg.hot_bytes > 0 && hot.len() <= MAX_HOT_APPEND.min(self.cfg.hot_bytes) && shared.read_live();
+                    let keep_hot = self.cfg.hot_bytes > 0 && hot.len() <= MAX_HOT_APPEND.min(self.cfg.hot_bytes) && shared.read_live(live_now);
                     // A small append usually shares its buffer with the connection that read it;
                     // its own copy keeps the hot tail from pinning that buffer.
                     let hot = if hot.len() <= SMALL_APPEND { Bytes::copy_from_slice(&hot) } else { hot };

@@ -122,7 +122,7 @@ pub(crate) struct Store {
     /// The segment frames go to, its number and its length (where the next frame goes).
     active: Arc<dyn File>,
     active_no: u64,
-    pub(crate) active_len: u64,
+    active_len: u64,
     /// LSN of the last frame written.
     lsn: u64,
     /// Log bytes written since the last checkpoint.
@@ -169,6 +169,12 @@ fn io_err(what: &str, e: std::io::Error) -> StorageError {
 impl Store {
     pub fn counters(&self) -> &Arc<Counters> {
         &self.counters
+    }
+
+    /// Where the next frame goes in the active segment.
+    #[cfg(test)]
+    pub fn active_len(&self) -> u64 {
+        self.active_len
     }
 
     pub fn view(&self) -> &Arc<View> {

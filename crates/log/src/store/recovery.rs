@@ -138,19 +138,18 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
             let frame = format::parse_frame_header(buf.get(pos..pos + format::FRAME_HEADER).unwrap_or(&[]))
                 .filter(|h| buf.len() >= pos + format::FRAME_HEADER + h.len && format::frame_is_valid(h, &buf[pos..pos + format::FRAME_HEADER + h.len]));
             let Some(h) = frame else {
-                if buf[pos..].iter().all(|b| *b == 0) {
+                // Where written bytes end; only zeros after it (allocated space, never data).
+                let Some(last_written) = buf[pos..].iter().rposition(|b| *b != 0) else {
                     // Allocated space not written yet: the clean end of this segment.
                     break;
-                }
+                };
                 if !last || find_frame_after(&buf, pos + 1, lsn).is_some() {
                     return Err(corrupt(format!(
                         "{name}: damaged frame at byte {pos} with acknowledged frames after it; the data directory needs repair (see docs/OPERATIONS.md)"
                     )));
                 }
                 // A torn tail: never acknowledged. Cut it, durably.
-                // (The allocated zeros after it are not counted: they were never data.)
-                let written_end = buf.iter().rposition(|b| *b != 0).map_or(pos, |i| i + 1);
-                report.torn_bytes_cut += (written_end - pos) as u64;
+                report.torn_bytes_cut += last_written as u64 + 1;
                 f.set_len(pos as u64).map_err(|e| io_err("cut a torn log tail", e))?;
                 f.sync_data().map_err(|e| io_err("cut a torn log tail", e))?;
                 break;

@@ -3,9 +3,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
-use std::sync::{Arc, Mutex, RwLock};
 
 use bytes::Bytes;
 use oncelog_protocol::Offset;
@@ -124,7 +123,7 @@ pub(crate) struct Shared {
 const LIVE_WINDOW_SECS: u32 = 30;
 
 /// Seconds since the process started, plus one (so 0 can mean "never"); monotonic.
-fn live_clock() -> u32 {
+pub(crate) fn live_clock() -> u32 {
     static START: OnceLock<Instant> = OnceLock::new();
     let secs = START.get_or_init(Instant::now).elapsed().as_secs();
     u32::try_from(secs).unwrap_or(u32::MAX - 1) + 1
@@ -153,10 +152,11 @@ impl Shared {
         }
     }
 
-    /// Whether a reader was at the live edge within the window.
-    pub fn read_live(&self) -> bool {
+    /// Whether a reader was at the live edge within the window before `now` ([`live_clock`],
+    /// read once per group by the writer rather than once per append).
+    pub fn read_live(&self, now: u32) -> bool {
         let at = self.live_at.load(Ordering::Relaxed);
-        at != 0 && live_clock().saturating_sub(at) <= LIVE_WINDOW_SECS
+        at != 0 && now.saturating_sub(at) <= LIVE_WINDOW_SECS
     }
 
     pub fn forks(&self) -> usize {
