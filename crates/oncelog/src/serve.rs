@@ -180,6 +180,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_BODY_READ_TIMEOUT_MS", default_value_t = 10_000)]
     body_read_timeout_ms: u64,
 
+    /// Longest a whole request body may take to arrive, in ms; past it the request gets 408
+    /// (a client dripping bytes just inside --body-read-timeout-ms is cut off here).
+    #[arg(long, env = "ONCELOG_BODY_TOTAL_TIMEOUT_MS", default_value_t = 60_000)]
+    body_total_timeout_ms: u64,
+
     /// Longest a write to a client may stay blocked because it does not read, in ms; then the
     /// connection is closed (a stalled live reader holds memory no longer than this).
     #[arg(long, env = "ONCELOG_WRITE_TIMEOUT_MS", default_value_t = 30_000)]
@@ -266,6 +271,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         max_connections: args.max_connections,
         header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
+        body_total_timeout: Duration::from_millis(args.body_total_timeout_ms),
         write_timeout: Duration::from_millis(args.write_timeout_ms),
         h2_ping_interval: Duration::from_millis(args.h2_ping_interval_ms),
         h2_ping_timeout: Duration::from_millis(args.h2_ping_timeout_ms),

@@ -14,11 +14,26 @@ pub enum BodyError {
     Read,
     #[error("the request body stalled; send it without long pauses")]
     Stalled,
+    #[error("the request body took too long to arrive; send it faster")]
+    TooSlow,
 }
 
-/// Reads a request body, refusing more than `limit` bytes with 413 and a client that pauses
-/// longer than `pause` between two pieces with 408.
-pub(crate) async fn read(body: Body, req_headers: &HeaderMap, limit: usize, pause: std::time::Duration) -> Result<Bytes, BodyError> {
+/// What a request body may be ([`crate::ServerConfig::body_limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimits {
+    /// Larger is `413`.
+    pub max_bytes: usize,
+    /// A longer pause between two pieces is `408`.
+    pub pause: std::time::Duration,
+    /// A body that takes longer in all is `408`.
+    pub total: std::time::Duration,
+}
+
+/// Reads a request body, refusing more than `limits.max_bytes` with 413, and with 408 a client
+/// that pauses longer than `limits.pause` between two pieces or takes longer than
+/// `limits.total` in all.
+pub(crate) async fn read(body: Body, req_headers: &HeaderMap, limits: BodyLimits) -> Result<Bytes, BodyError> {
+    let limit = limits.max_bytes;
     let declared = req_headers
         .get("content-length")
         .and_then(|v| v.to_str().ok())
@@ -26,9 +41,12 @@ pub(crate) async fn read(body: Body, req_headers: &HeaderMap, limit: usize, paus
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BodyError::TooLarge { limit });
     }
+    let deadline = tokio::time::Instant::now() + limits.total;
     let mut stream = body.into_data_stream();
     let mut buf = BytesMut::with_capacity(declared.map_or(0, |n| n as usize));
-    while let Some(frame) = tokio::time::timeout(pause, stream.next()).await.map_err(|_| BodyError::Stalled)? {
+    loop {
+        let piece = tokio::time::timeout_at(deadline, tokio::time::timeout(limits.pause, stream.next()));
+        let Some(frame) = piece.await.map_err(|_| BodyError::TooSlow)?.map_err(|_| BodyError::Stalled)? else { break };
         let frame = frame.map_err(|_| BodyError::Read)?;
         if buf.len() + frame.len() > limit {
             return Err(BodyError::TooLarge { limit });

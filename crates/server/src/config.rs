@@ -38,6 +38,10 @@ pub struct ServerConfig {
     pub header_read_timeout: Duration,
     /// Longest pause between two pieces of a request body before the request is answered `408`.
     pub body_read_timeout: Duration,
+    /// Longest a whole request body may take to arrive (`408` past it): a client dripping a byte
+    /// just inside `body_read_timeout` would otherwise hold its request, and its memory, for as
+    /// long as it likes.
+    pub body_total_timeout: Duration,
     /// Longest a write to a client may stay blocked because the client does not read; then the
     /// connection is closed (a stalled live reader holds memory no longer than this).
     pub write_timeout: Duration,
@@ -78,6 +82,13 @@ pub struct ServerConfig {
     pub webhook_key_max_age: Duration,
 }
 
+impl ServerConfig {
+    /// What a request body may be: its size and how long it may take.
+    pub fn body_limits(&self) -> crate::body::BodyLimits {
+        crate::body::BodyLimits { max_bytes: self.max_append_bytes, pause: self.body_read_timeout, total: self.body_total_timeout }
+    }
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
@@ -94,6 +105,7 @@ impl Default for ServerConfig {
             max_connections: 4096,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
+            body_total_timeout: Duration::from_secs(60),
             write_timeout: Duration::from_secs(30),
             max_live_readers: 10_000,
             max_live_readers_per_stream: 1_000,
@@ -160,7 +172,7 @@ impl ServerConfig {
         if self.webhook_key_max_age.is_zero() {
             return Err(ConfigError::Zero("webhook key max age"));
         }
-        if self.header_read_timeout.is_zero() || self.body_read_timeout.is_zero() || self.write_timeout.is_zero() {
+        if self.header_read_timeout.is_zero() || self.body_read_timeout.is_zero() || self.body_total_timeout.is_zero() || self.write_timeout.is_zero() {
             return Err(ConfigError::Zero("read timeout"));
         }
         Ok(())

@@ -102,7 +102,7 @@ impl ApiError {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, vec![]),
             ApiError::Body(BodyError::TooLarge { .. }) => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
             ApiError::Body(BodyError::Read) => (StatusCode::BAD_REQUEST, vec![]),
-            ApiError::Body(BodyError::Stalled) => (StatusCode::REQUEST_TIMEOUT, vec![h("connection", "close")]),
+            ApiError::Body(BodyError::Stalled | BodyError::TooSlow) => (StatusCode::REQUEST_TIMEOUT, vec![h("connection", "close")]),
             ApiError::NoRoute => (StatusCode::NOT_FOUND, vec![]),
             ApiError::TooManyReaders(_) => (StatusCode::SERVICE_UNAVAILABLE, vec![]),
             ApiError::RateLimited(RateLimited { retry_after_s }) => (StatusCode::TOO_MANY_REQUESTS, vec![h("retry-after", retry_after_s)]),

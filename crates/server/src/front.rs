@@ -131,6 +131,12 @@ where
         let config = self.config.clone();
         let origin = req.headers().get(axum::http::header::ORIGIN).cloned();
         let (mut req, body_ended) = watch(req);
+        if let Err(e) = crate::request::check_host(req.version(), req.headers()) {
+            let mut resp = ApiError::from(e).into_response();
+            decorate(&mut resp, &config.cors, origin);
+            close_if_unread(&mut resp, body_ended.as_deref());
+            return Box::pin(async move { Ok(resp) });
+        }
         if let Some(peer) = self.peer {
             req.extensions_mut().insert(PeerAddr(peer));
         }

@@ -39,6 +39,10 @@ pub enum RequestError {
     EmptyPath,
     #[error("stream path must be at most 4096 bytes")]
     PathTooLong,
+    #[error("the request needs exactly one valid Host header (RFC 9112 section 3.2)")]
+    BadHost,
+    #[error("Stream-Trim-To and Stream-Compact cannot be sent together")]
+    TrimAndCompact,
     #[error("this stream takes State Protocol messages only (it was created with Stream-Compaction: state): {0}")]
     NotStateProtocol(#[from] oncelog_protocol::state::StateError),
 }
@@ -109,6 +113,52 @@ fn header<'a>(h: &'a HeaderMap, name: &'static str) -> Result<Option<&'a str>, R
         return Err(RequestError::RepeatedHeader(name));
     }
     first.map(|v| v.to_str().map_err(|_| RequestError::NonUtf8Header(name))).transpose()
+}
+
+/// RFC 9112 section 3.2: a request with more than one `Host`, or one that is not a
+/// `host[:port]`, is `400`, and so is an HTTP/1.1 request without one (HTTP/1.0 may omit it; an
+/// HTTP/2 request names its authority in `:authority` and may omit it too). The value is echoed
+/// into `Location` and callback URLs: a guess between two, or a value with a space, would put
+/// an attacker's text there.
+pub fn check_host(version: axum::http::Version, h: &HeaderMap) -> Result<(), RequestError> {
+    let mut all = h.get_all("host").iter();
+    let first = all.next();
+    if all.next().is_some() {
+        return Err(RequestError::BadHost);
+    }
+    match first {
+        None if version == axum::http::Version::HTTP_11 => Err(RequestError::BadHost),
+        None => Ok(()),
+        Some(v) => {
+            let valid = axum::http::uri::Authority::try_from(v.as_bytes()).is_ok_and(|a| !a.as_str().is_empty() && !a.as_str().contains('@'));
+            if valid {
+                Ok(())
+            } else {
+                Err(RequestError::BadHost)
+            }
+        }
+    }
+}
+
+/// `Stream-Trim-To` of a trim: once, an offset token, and without `Stream-Compact` (either would
+/// move the earliest offset; executing one of two would be a guess).
+pub fn trim_to(h: &HeaderMap) -> Result<oncelog_protocol::Offset, RequestError> {
+    if h.contains_key(names::STREAM_COMPACT) {
+        return Err(RequestError::TrimAndCompact);
+    }
+    let to = header(h, names::STREAM_TRIM_TO)?.ok_or(OffsetError::Malformed)?;
+    Ok(oncelog_protocol::Offset::parse(to.trim())?)
+}
+
+/// `Stream-Compact` of a compaction: once, `true` (any case), and without `Stream-Trim-To`.
+pub fn compact(h: &HeaderMap) -> Result<(), RequestError> {
+    if h.contains_key(names::STREAM_TRIM_TO) {
+        return Err(RequestError::TrimAndCompact);
+    }
+    match header(h, names::STREAM_COMPACT)? {
+        Some(v) if v.trim().eq_ignore_ascii_case("true") => Ok(()),
+        _ => Err(HeaderError::InvalidCompact.into()),
+    }
 }
 
 /// A `Content-Type` header, refused unless it is a media type.

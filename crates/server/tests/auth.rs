@@ -301,6 +301,14 @@ async fn subscriptions_follow_only_what_their_creator_may_read_and_tokens_bypass
     // Without credentials nothing of the API answers but the key set.
     assert_eq!(st.send(Method::GET, "__ds/subscriptions/ok", None, &[], "").await.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(st.send(Method::GET, "__ds/jwks.json", None, &[], "").await.status(), StatusCode::OK);
+    // An id that only decodes to a token-checked call is a management call of that id, and needs
+    // credentials like one: the gate and the router parse the same raw path (issue 31, item 6).
+    for call in ["ack", "commit", "release", "callback"] {
+        for method in [Method::PUT, Method::GET, Method::DELETE] {
+            let r = st.send(method.clone(), &format!("__ds/subscriptions/x%2F{call}"), None, &json, "{}").await;
+            assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{method} x%2F{call}");
+        }
+    }
     let r = st.send(Method::POST, "__ds/subscriptions/ok/streams", Some(&manager), &json, r#"{"streams":["secret/x"]}"#).await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     // The claim token (not a JWT) is what ack and release check; the JWT gate lets them through.

@@ -107,6 +107,38 @@ async fn a_stalled_body_is_answered_408() {
     assert_eq!(head.headers()["stream-next-offset"], "0000000000000000_0000000000000000", "nothing written");
 }
 
+/// A body dripped a byte at a time, each just inside the pause limit, is cut off by the total
+/// deadline (`--body-total-timeout-ms`): before it, the request could stay open for ever.
+#[tokio::test]
+async fn a_dripped_body_is_answered_408_at_the_total_deadline() {
+    let config = ServerConfig { body_total_timeout: Duration::from_millis(1_500), ..config() };
+    let s = common::TestServer::start(config, None).await;
+    put(&s, "d").await;
+    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    conn.write_all(b"POST /v1/stream/d HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\n").await.expect("write");
+    let started = Instant::now();
+    let (mut rd, mut wr) = conn.into_split();
+    // A byte every 200 ms (the pause limit is 500 ms), for up to 10 s.
+    let drip = tokio::spawn(async move {
+        for _ in 0..50 {
+            if wr.write_all(b"x").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let mut out = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(8), rd.read_to_end(&mut out)).await.is_ok();
+    let took = started.elapsed();
+    drip.abort();
+    let answer = String::from_utf8_lossy(&out);
+    assert!(answer.starts_with("HTTP/1.1 408"), "answer after {took:?}: {answer:?}");
+    assert!(closed, "the connection is closed");
+    assert!(took >= Duration::from_millis(1_400) && took < Duration::from_secs(5), "answered after {took:?}");
+    let head = reqwest::Client::new().head(s.url("d")).send().await.expect("head");
+    assert_eq!(head.headers()["stream-next-offset"], "0000000000000000_0000000000000000", "nothing written");
+}
+
 #[tokio::test]
 async fn beyond_max_connections_new_clients_wait_for_a_free_slot() {
     let s = common::TestServer::start(ServerConfig { max_connections: 2, ..config() }, None).await;

@@ -189,3 +189,74 @@ async fn subscription_patterns_are_bounded_and_cheap_to_match() {
     let r = http.get(s.url("__ds/subscriptions/deep")).send().await.expect("get");
     assert_eq!(r.status(), StatusCode::OK);
 }
+
+/// A trim or compaction header sent twice, or both together, is refused before anything moves:
+/// taking the first line would execute one of two requests (issue 31, item 4).
+#[tokio::test]
+async fn a_trim_or_compact_header_sent_twice_or_both_together_is_refused() {
+    let (s, http) = server().await;
+    let r = http.post(s.url("t")).header("content-type", "text/plain").body("0123456789").send().await.expect("append");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let tail = r.headers()["stream-next-offset"].to_str().expect("offset").to_owned();
+    let zero = "0000000000000000_0000000000000000";
+    let cases: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        ("trim twice", vec![("stream-trim-to", tail.as_str()), ("stream-trim-to", zero)]),
+        ("trim twice, same value", vec![("stream-trim-to", tail.as_str()), ("stream-trim-to", tail.as_str())]),
+        ("compact twice", vec![("stream-compact", "true"), ("stream-compact", "true")]),
+        ("trim and compact", vec![("stream-trim-to", tail.as_str()), ("stream-compact", "true")]),
+        ("compact and trim", vec![("stream-compact", "true"), ("stream-trim-to", tail.as_str())]),
+    ];
+    for (what, headers) in cases {
+        let mut rb = http.post(s.url("t"));
+        for (k, v) in headers {
+            rb = rb.header(k, v);
+        }
+        let (status, reason) = status_and_reason(rb).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{what}: {reason}");
+        assert!(reason.contains("at most once") || reason.contains("together"), "{what}: {reason}");
+        let head = http.head(s.url("t")).send().await.expect("head");
+        assert_eq!(head.headers()["stream-earliest-offset"], zero, "{what}: nothing was trimmed");
+    }
+    // One header alone still trims.
+    let r = http.post(s.url("t")).header("stream-trim-to", tail.as_str()).send().await.expect("trim");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert_eq!(r.headers()["stream-earliest-offset"], tail.as_str());
+}
+
+/// `Host` is validated as RFC 9112 section 3.2 asks: two of them, one that is no `host[:port]`,
+/// or none on HTTP/1.1 is `400`, and nothing of such a request is done or echoed (issue 31,
+/// item 5).
+#[tokio::test]
+async fn a_request_with_two_hosts_a_bad_host_or_none_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (s, http) = server().await;
+    let send = |raw: String| async move {
+        let mut conn = tokio::net::TcpStream::connect(s.addr).await.expect("connect");
+        conn.write_all(raw.as_bytes()).await.expect("write");
+        let mut out = Vec::new();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), conn.read_to_end(&mut out)).await;
+        String::from_utf8_lossy(&out).into_owned()
+    };
+    let put = |path: &str, hosts: &str, version: &str| {
+        format!("PUT /v1/stream/{path} {version}\r\n{hosts}Content-Type: text/plain\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+    };
+    for (what, path, hosts, version) in [
+        ("two hosts", "h1", "Host: a.example\r\nHost: evil.example\r\n", "HTTP/1.1"),
+        ("a host with a space", "h2", "Host: a.example evil\r\n", "HTTP/1.1"),
+        ("a host with userinfo", "h3", "Host: user@a.example\r\n", "HTTP/1.1"),
+        ("an empty host", "h4", "Host: \r\n", "HTTP/1.1"),
+        ("no host on HTTP/1.1", "h5", "", "HTTP/1.1"),
+    ] {
+        let answer = send(put(path, hosts, version)).await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{what}: {answer:?}");
+        assert!(!answer.to_ascii_lowercase().contains("location:"), "{what}: {answer:?}");
+        assert!(answer.contains("Host"), "{what} says why: {answer:?}");
+        let head = http.head(s.url(path)).send().await.expect("head");
+        assert_eq!(head.status(), StatusCode::NOT_FOUND, "{what}: nothing was created");
+    }
+    // One valid host (with a port, or an IPv6 literal), and HTTP/1.0 without one, are served.
+    for (path, hosts, version) in [("ok1", "Host: a.example:8080\r\n", "HTTP/1.1"), ("ok2", "Host: [::1]:80\r\n", "HTTP/1.1"), ("ok3", "", "HTTP/1.0")] {
+        let answer = send(put(path, hosts, version)).await;
+        assert!(answer.contains(" 201 "), "{path}: {answer:?}");
+    }
+}

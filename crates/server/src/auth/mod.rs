@@ -51,6 +51,15 @@ pub struct Access {
     pub scope: Option<std::sync::Arc<scope::Scope>>,
 }
 
+impl Access {
+    /// Whether these credentials allow `op` on `path` (always, without access control). For a
+    /// right that only the request's body reveals: a `POST` classified as a bodiless close
+    /// whose body turns out to hold data is an append too.
+    pub fn permits(&self, path: &str, op: scope::Op) -> bool {
+        self.scope.as_ref().is_none_or(|s| s.allows(path, op))
+    }
+}
+
 /// Decides whether a request may proceed.
 pub trait Authorize: Send + Sync + 'static {
     fn authorize(&self, req: &Parts, now_ms: i64) -> Result<Access, AuthError>;

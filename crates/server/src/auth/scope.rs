@@ -20,7 +20,7 @@ use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use oncelog_protocol::headers::names;
 
-use crate::op::Kind;
+use crate::op::{Kind, SubCall};
 use serde::{Deserialize, Serialize};
 
 /// One operation on one stream.
@@ -138,10 +138,12 @@ pub fn stream_path(parts: &Parts) -> Option<String> {
 /// subscription token). Managing a subscription (`__ds/subscriptions/{id}`: PUT `create`, GET
 /// `read`, DELETE `delete`, `…/streams` `append`/`delete`) and claiming (`…/claim`: `append`)
 /// need grants on those paths like any stream.
-pub fn subscription_token_checked(path: &str) -> bool {
-    let Some(rest) = path.strip_prefix("__ds/") else { return false };
-    rest == "jwks.json"
-        || (rest.starts_with("subscriptions/") && ["/callback", "/ack", "/release", "/commit"].iter().any(|op| rest.ends_with(op)) && rest.matches('/').count() == 2)
+///
+/// Decided by the router's own parse of the raw, still percent-encoded path
+/// ([`SubCall::parse`]): an id that only *decodes* to `…/ack` is a management call of that id,
+/// and goes through the grants like one.
+pub fn subscription_token_checked(method: &axum::http::Method, raw_path: &str) -> bool {
+    raw_path.starts_with("/v1/stream/__ds/") && matches!(SubCall::parse(method, raw_path), Ok(SubCall::Jwks | SubCall::Fenced { .. }))
 }
 
 /// The operations a request of kind `kind` performs on `path` (and, for a fork, on its

@@ -294,7 +294,7 @@ fn signature_params(query: Option<&str>) -> Option<(String, String)> {
 
 impl Authorize for TokenAuth {
     fn authorize(&self, parts: &Parts, now_ms: i64) -> Result<Access, AuthError> {
-        if stream_path(parts).is_some_and(|p| crate::auth::scope::subscription_token_checked(&p)) {
+        if crate::auth::scope::subscription_token_checked(&parts.method, parts.uri.path()) {
             // Checked by its handler: the bearer is a subscription token, not a JWT.
             return Ok(Access::default());
         }

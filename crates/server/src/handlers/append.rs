@@ -11,6 +11,8 @@ use oncelog_protocol::json::{self, EmptyArray};
 use oncelog_storage::{AppendError, AppendOutcome, AppendRequest, AppendStatus, Engine, StreamInfo};
 
 use super::Caller;
+use crate::auth::scope::Op;
+use crate::auth::AuthError;
 use crate::error::ApiError;
 use crate::request::{AppendHeaders, RequestError};
 use crate::{metrics, reply};
@@ -24,7 +26,9 @@ pub(super) const REVALIDATIONS: usize = 3;
 /// `POST` with a body (an append, closing the stream too when it says so) or without one and
 /// `Stream-Closed: true` (a close). `info`: the stream as it was when the request arrived (the
 /// body is framed for it; if it was replaced meanwhile, the engine says so and it is framed
-/// again).
+/// again). `as_close`: the request was classified (and its access checked) as a bodiless close
+/// ([`crate::op::Kind::Close`]) from its headers.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn append<E: Engine>(
     st: &AppState<E>,
     path: &str,
@@ -33,12 +37,19 @@ pub(super) async fn append<E: Engine>(
     req_headers: &HeaderMap,
     body: Body,
     caller: &Caller,
+    as_close: bool,
 ) -> Result<Response, ApiError> {
     let writer = st.rate.enabled().then(|| caller.writer_key());
     if let Some(w) = &writer {
         st.rate.append(w)?;
     }
-    let body = crate::body::read(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?;
+    let body = crate::body::read(body, req_headers, st.config.body_limits()).await?;
+    // Framing headers cannot tell a bodiless close: an HTTP/2 body needs neither
+    // `Content-Length` nor `Transfer-Encoding`. Data that did arrive is an append, whatever the
+    // headers said, and needs the `append` grant.
+    if as_close && !body.is_empty() && !caller.access.permits(path, Op::Append) {
+        return Err(ApiError::Auth(if st.auth.hides_forbidden() { AuthError::Hidden } else { AuthError::Forbidden }));
+    }
     if let Some(w) = &writer {
         st.rate.bytes(w, body.len())?;
     }

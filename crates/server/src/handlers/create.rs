@@ -33,7 +33,7 @@ pub(super) async fn create<E: Engine>(
             Err(e) => return Err(e.into()),
         }
     }
-    let body = crate::body::read(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?;
+    let body = crate::body::read(body, req_headers, st.config.body_limits()).await?;
     let fork = h.fork.map(|f| ForkRequest { source: f.source, offset: f.offset, sub_offset: f.sub_offset });
     // A compaction stream takes no retention from the defaults: retention would drop its
     // snapshot (asked for by name, it is refused).

@@ -19,7 +19,7 @@ async fn refuse_writes<E: Engine>(st: &AppState<E>, req_headers: &HeaderMap, bod
     if closes || writes.iter().any(|h| req_headers.contains_key(*h)) {
         return Err(ApiError::TrimWithWrite);
     }
-    if !crate::body::read(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout).await?.is_empty() {
+    if !crate::body::read(body, req_headers, st.config.body_limits()).await?.is_empty() {
         return Err(ApiError::TrimWithWrite);
     }
     Ok(())

@@ -18,9 +18,6 @@ use axum::http::{HeaderMap, Method, Uri};
 use axum::response::{IntoResponse, Response};
 use oncelog_storage::Engine;
 
-use oncelog_protocol::headers::{names, HeaderError};
-use oncelog_protocol::offset::OffsetError;
-use oncelog_protocol::Offset;
 
 use crate::error::ApiError;
 use crate::op::{Kind, Operation};
@@ -65,7 +62,8 @@ async fn dispatch<E: Engine>(st: &AppState<E>, path: &str, method: &Method, uri:
             Operation::Read { info, query } => read::get(st, path, info, query, h, &caller.access).await,
             Operation::Head { info, if_match } => read::head(info, if_match),
             Operation::Create(args) | Operation::Fork(args) => create::create(st, path, uri, h, args, body).await,
-            Operation::Append { info, headers } | Operation::Close { info, headers } => append::append(st, path, info, headers, h, body, &caller).await,
+            Operation::Append { info, headers } => append::append(st, path, info, headers, h, body, &caller, false).await,
+            Operation::Close { info, headers } => append::append(st, path, info, headers, h, body, &caller, true).await,
             Operation::Trim { info, to } => manage::trim(st, path, &info, to, h, body).await,
             Operation::Compact { .. } => manage::compact(st, path, h, body).await,
             Operation::Delete { if_tail } => manage::delete(st, path, if_tail).await,
@@ -99,14 +97,9 @@ async fn operation<E: Engine>(st: &AppState<E>, kind: Kind, path: &str, query: O
         Kind::Read => Operation::Read { info, query: ReadQuery::parse(query)? },
         Kind::Head => Operation::Head { info, if_match: request::if_match(h)? },
         Kind::Close => Operation::Close { info, headers: AppendHeaders::parse(h)? },
-        Kind::Trim => {
-            let to = h.get(names::STREAM_TRIM_TO).and_then(|v| v.to_str().ok()).and_then(|v| Offset::parse(v.trim()).ok());
-            Operation::Trim { info, to: to.ok_or(RequestError::Offset(OffsetError::Malformed))? }
-        }
+        Kind::Trim => Operation::Trim { info, to: request::trim_to(h)? },
         Kind::Compact => {
-            if !h.get(names::STREAM_COMPACT).is_some_and(|v| v.to_str().is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"))) {
-                return Err(RequestError::from(HeaderError::InvalidCompact).into());
-            }
+            request::compact(h)?;
             Operation::Compact { info }
         }
         _ => Operation::Append { info, headers: AppendHeaders::parse(h)? },

@@ -61,7 +61,7 @@ pub async fn route<E: Engine>(st: &AppState<E>, method: &Method, uri: &Uri, req_
         NoCall::Route => SubApiError::NoRoute,
     })?;
     let now = st.clock.now_ms();
-    let read = |body| crate::body::read(body, req_headers, st.config.max_append_bytes, st.config.body_read_timeout);
+    let read = |body| crate::body::read(body, req_headers, st.config.body_limits());
     match call {
         SubCall::Jwks => {
             let keys = st.sub_keys.get(&st.subs, now).await?;
