@@ -136,6 +136,8 @@ macro_rules! __contract_all_cases {
             subscriptions::webhook_deliveries_follow_a_stored_schedule,
             subscriptions::commits_write_outputs_and_acks_atomically,
             subscriptions::missed_wakes_are_issued_by_the_full_pass,
+            subscriptions::cursors_work_for_the_longest_paths,
+            subscriptions::a_pattern_is_matched_against_each_path_once,
         }
     };
 }

@@ -286,3 +286,79 @@ pub async fn missed_wakes_are_issued_by_the_full_pass<H: Harness>() {
     assert_eq!(s.get("p", FULL_PASS_MS + 1).await.expect("get").record.generation, 1);
     assert_eq!(read_all(e, "wake", 1 << 20).await.matches("\"type\":\"wake\"").count(), 1);
 }
+
+/// A subscription keeps a cursor for every path the server accepts, up to the longest
+/// (`MAX_PATH_BYTES`): before, a path of about 1,000 bytes made the cursor's metadata key too
+/// long, so creating a subscription that matched it, and every ack of it, failed.
+pub async fn cursors_work_for_the_longest_paths<H: Harness>() {
+    let mut h = H::open().await;
+    let e = h.engine();
+    let long = format!("long/{}", "x".repeat(oncelog_protocol::headers::MAX_PATH_BYTES - 5));
+    let named = format!("named/{}", "y".repeat(oncelog_protocol::headers::MAX_PATH_BYTES - 6));
+    assert_eq!(long.len(), oncelog_protocol::headers::MAX_PATH_BYTES);
+    create(e, create_req("wake", "application/json")).await;
+    for p in [&long, &named, &"long/short".to_string()] {
+        create(e, create_req(p, "application/json")).await;
+        json_append(e, p, "1").await;
+    }
+    let s = subs(&h);
+    // Backfill stores a cursor per linked stream at its tail: the long one too.
+    let (_, view) = s.put("p", pull(Some("long/*"), &[named.as_str()], "wake"), 0).await.expect("put matching a long path");
+    assert_eq!(view.links.len(), 3, "{:?}", view.links.iter().map(|l| l.path.len()).collect::<Vec<_>>());
+    assert!(view.links.iter().all(|l| l.acked == l.tail), "every link starts at its tail");
+    let ends = [json_append(e, &long, "2").await, json_append(e, &named, "2").await];
+    s.on_write(&long, 10).await.expect("on_write");
+    let n = s.claim("p", "w", 20).await.expect("claim");
+    let mut pending: Vec<usize> = n.streams.iter().map(|l| l.path.len()).collect();
+    pending.sort();
+    assert_eq!(pending, [oncelog_protocol::headers::MAX_PATH_BYTES; 2]);
+    let acks = vec![Ack { stream: long.clone(), offset: ends[0] }, Ack { stream: named.clone(), offset: ends[1] }];
+    s.ack("p", ack_req(&n, acks, true, AckVia::Ack), 30).await.expect("ack of long paths");
+    drop(s);
+    h.reopen().await;
+    let e = h.engine();
+    let s = subs(&h);
+    let view = s.get("p", 40).await.expect("get after reopen");
+    assert_eq!(acked(&view, &long), Some((ends[0], ends[0])));
+    assert_eq!(acked(&view, &named), Some((ends[1], ends[1])));
+    // Removing the explicit link and deleting the subscription leave no cursor behind.
+    s.relink("p", vec![], vec![named.clone()], 50).await.expect("unlink");
+    assert!(s.delete("p", 60).await.expect("delete"));
+    let left: Vec<usize> = e.meta_scan(b"cur").await.expect("scan").iter().map(|(k, _)| k.len()).collect();
+    assert!(left.is_empty(), "cursors left after the delete: keys of {left:?} bytes");
+}
+
+/// The links a `GET` of `id` shows, and how many pattern matches it evaluated.
+async fn per_get<E: Engine>(s: &Subscriptions<E>, id: &str) -> (usize, u64) {
+    let before = s.pattern_evaluations();
+    let view = s.get(id, 1).await.expect("get");
+    (view.links.len(), s.pattern_evaluations() - before)
+}
+
+/// Linking by pattern matches each stream path against the pattern once, not on every call:
+/// the matching work of a `GET` (or a claim) does not grow with the number of streams the
+/// pattern matches. (Counted, not timed.)
+pub async fn a_pattern_is_matched_against_each_path_once<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("wake", "application/json")).await;
+    for i in 0..10 {
+        create(e, create_req(&format!("t/{i}"), "application/json")).await;
+    }
+    let s = subs(&h);
+    s.put("p", pull(Some("t/*"), &[], "wake"), 0).await.expect("put");
+    let after_put = s.pattern_evaluations();
+    assert!(after_put <= 12, "the first listing matches each path once: {after_put}");
+    assert_eq!(per_get(&s, "p").await, (10, 0), "nothing matched again");
+    for i in 10..200 {
+        create(e, create_req(&format!("t/{i}"), "application/json")).await;
+    }
+    assert_eq!(per_get(&s, "p").await, (200, 190), "only the new paths are matched");
+    assert_eq!(per_get(&s, "p").await, (200, 0), "and then not again: the work per GET does not grow with the matches");
+    json_append(e, "t/7", "1").await;
+    s.on_write("t/7", 2).await.expect("on_write");
+    let before = s.pattern_evaluations();
+    let n = s.claim("p", "w", 3).await.expect("claim");
+    assert_eq!(n.streams.len(), 1);
+    assert_eq!(s.pattern_evaluations() - before, 0, "a claim matches nothing again either");
+}

@@ -1,6 +1,7 @@
 //! Stored forms of subscriptions ([`crate::subs::SubRecord`]) and their cursors
 //! ([`crate::subs::Cursor`]), kept in the engine metadata map under `sub/{id}` and
-//! `cur/{uid:016x}/{path}`.
+//! `cur/{uid:016x}/{path}` (or, for a path too long for that key, `curl/{uid:016x}/{sha-256 of
+//! the path, hex}`).
 //!
 //! `SubRecord`, tag `0x01`: uid varint, id str, kind u8 (1 webhook: url str; 2 pull-wake: wake
 //! stream str), pattern flag u8 [+ str], explicit-at-creation count varint + strs, lease ttl
@@ -10,7 +11,8 @@
 //! ms i64, explicit-now count varint + strs, last done generation varint, output prefix count
 //! varint + strs (absent in records written before outputs existed: none). Strings are u32-length-prefixed UTF-8.
 //!
-//! `Cursor`, tag `0x01`: stream id varint, acked offset varint.
+//! `Cursor`, tag `0x01`: stream id varint, acked offset varint. Under a `curl/` key, tag `0x02`:
+//! stream id varint, acked offset varint, path str (the key names only its digest).
 //!
 //! The dispatcher lease (`lease/dispatcher`), tag `0x01`: holder u64, end (Unix ms) i64.
 //!
@@ -27,6 +29,8 @@ use super::{Cursor, SubConfig, SubKind, SubRecord, Wake};
 use crate::codec::{DecodeError, Decoder, Encoder};
 
 const TAG_V1: u8 = 0x01;
+/// A cursor that carries its stream's path (stored under a digest key).
+const TAG_NAMED_CURSOR: u8 = 0x02;
 
 fn opt_str(e: &mut Encoder, v: Option<&str>) {
     match v {
@@ -147,6 +151,22 @@ pub fn decode_cursor(bytes: &[u8]) -> Result<Cursor, DecodeError> {
     Ok(c)
 }
 
+/// A cursor with its stream's path, for a key that names only the path's digest.
+pub fn encode_named_cursor(path: &str, c: &Cursor) -> Vec<u8> {
+    let mut e = Encoder(Vec::with_capacity(16 + path.len()));
+    e.u8(TAG_NAMED_CURSOR).varint(c.stream_id).varint(c.acked.0).str(path);
+    e.0
+}
+
+pub fn decode_named_cursor(bytes: &[u8]) -> Result<(String, Cursor), DecodeError> {
+    let mut d = Decoder(bytes);
+    d.tag(TAG_NAMED_CURSOR)?;
+    let c = Cursor { stream_id: d.varint()?, acked: Offset(d.varint()?) };
+    let path = d.string()?;
+    d.finish()?;
+    Ok((path, c))
+}
+
 /// The dispatcher lease: who holds it (a node's id) and until when (Unix ms).
 pub fn encode_lease(holder: u64, until_ms: i64) -> Vec<u8> {
     let mut e = Encoder(Vec::with_capacity(17));
@@ -229,9 +249,16 @@ mod tests {
         }
 
         #[test]
+        fn named_cursors_round_trip(stream_id: u64, acked: u64, path in "[a-z/é]{0,40}") {
+            let c = Cursor { stream_id, acked: Offset(acked) };
+            prop_assert_eq!(decode_named_cursor(&encode_named_cursor(&path, &c)), Ok((path, c)));
+        }
+
+        #[test]
         fn garbage_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..80)) {
             let _ = decode(&bytes);
             let _ = decode_cursor(&bytes);
+            let _ = decode_named_cursor(&bytes);
         }
     }
 
@@ -250,5 +277,6 @@ mod tests {
         assert_eq!(decode_uid(&[0x02; 9]), Err(DecodeError::UnknownTag(0x02)));
         assert_eq!(decode(&[0x02]), Err(DecodeError::UnknownTag(0x02)));
         assert_eq!(decode_cursor(&[0x09, 0, 0]), Err(DecodeError::UnknownTag(0x09)));
+        assert_eq!(decode_named_cursor(&[0x01, 0, 0]), Err(DecodeError::UnknownTag(0x01)));
     }
 }

@@ -54,10 +54,13 @@ pub fn valid_id(id: &str) -> Result<(), InvalidSub> {
 /// (before looking at whether a stream exists there). A pull-wake subscription never links its
 /// own wake stream: each wake event would be new work for the next wake, without end.
 pub(super) fn links(explicit: &BTreeSet<String>, pattern: Option<&str>, wake_stream: Option<&str>, path: &str) -> bool {
-    if !linkable(path) || wake_stream == Some(path) {
-        return false;
-    }
-    explicit.contains(path) || pattern.is_some_and(|p| glob::matches(p, path))
+    may_link(wake_stream, path) && (explicit.contains(path) || pattern.is_some_and(|p| glob::matches(p, path)))
+}
+
+/// Whether a subscription whose wake stream is `wake_stream` may link `path` at all, by name or
+/// by pattern: not a reserved path, not its own wake stream.
+pub(super) fn may_link(wake_stream: Option<&str>, path: &str) -> bool {
+    linkable(path) && wake_stream != Some(path)
 }
 
 /// The wake stream of a pull-wake subscription (`None` for a webhook).

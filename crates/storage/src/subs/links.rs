@@ -1,11 +1,11 @@
 //! What a subscription links now, read from the engine's streams (their heads and listings):
 //! its links, its view, a wake notice, and the next wake planned over the pending work.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use oncelog_protocol::Offset;
 
-use super::config::{links, wake_stream};
+use super::config::{may_link, wake_stream};
 use super::rules::{self, Woke};
 use super::state::Entry;
 use super::{glob, Link, LinkType, SubError, SubKind, SubView, Subscriptions, WakeNotice};
@@ -17,8 +17,10 @@ impl<E: Engine> Subscriptions<E> {
     pub(super) async fn links(&self, e: &Entry, now_ms: i64) -> Result<Vec<Link>, SubError> {
         let mut out: BTreeMap<String, Link> = BTreeMap::new();
         if let Some(pattern) = &e.rec.config.pattern {
-            for l in self.engine.list_streams(&glob::literal_prefix(pattern), now_ms).await? {
-                if links(&BTreeSet::new(), Some(pattern), wake_stream(&e.rec), &l.path) {
+            let listed = self.engine.list_streams(&glob::literal_prefix(pattern), now_ms).await?;
+            let verdicts = self.memo.verdicts(pattern, listed.iter().map(|l| l.path.as_str()));
+            for (l, matched) in listed.into_iter().zip(verdicts) {
+                if matched && may_link(wake_stream(&e.rec), &l.path) {
                     let acked = e.acked(&l.path, l.info.id);
                     out.insert(l.path.clone(), Link { path: l.path, link_type: LinkType::Glob, stream_id: l.info.id, acked, tail: l.info.tail });
                 }

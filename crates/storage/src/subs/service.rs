@@ -26,7 +26,7 @@ use tokio::sync::{Mutex, Notify};
 use super::config::linkable;
 use super::lease::take_node_id;
 use super::rules::{self, Woke};
-use super::state::{Entry, Filter, Inner};
+use super::state::{Entry, Filter, Inner, PatternMemo};
 use super::{Ack, Cursor, Fence, InvalidSub, Link, SubConfig, SubError, SubRecord, SubView};
 use crate::engine::{AppendOutcome, AppendRequest, Engine};
 
@@ -113,6 +113,8 @@ pub struct Subscriptions<E> {
     pub(super) node: u64,
     /// Over a shared engine: the last pass of [`Self::due`] held the dispatcher lease.
     pub(super) dispatching: AtomicBool,
+    /// Which listed paths each pattern matches ([`PatternMemo`]).
+    pub(super) memo: PatternMemo,
 }
 
 impl<E: Engine> Subscriptions<E> {
@@ -124,7 +126,14 @@ impl<E: Engine> Subscriptions<E> {
             notify: Notify::new(),
             node: take_node_id(),
             dispatching: AtomicBool::new(false),
+            memo: PatternMemo::default(),
         }
+    }
+
+    /// How many times a pattern was matched against a stream path so far (each pattern once per
+    /// path while both exist, not once per call). Cheap; for tests and diagnostics.
+    pub fn pattern_evaluations(&self) -> u64 {
+        self.memo.evaluations()
     }
 
     /// Whether other processes may change the state too ([`Engine::shared`]).
@@ -193,10 +202,12 @@ impl<E: Engine> Subscriptions<E> {
         .await
     }
 
+    /// The subscription and its links now. Its streams are looked at after the lock is let go:
+    /// a view decides nothing, and listing a pattern's streams must not hold up every other
+    /// tenant's calls.
     pub async fn get(&self, id: &str, now_ms: i64) -> Result<SubView, SubError> {
-        let inner = self.lock().await?;
-        let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
-        self.view(e, now_ms).await
+        let e = self.lock().await?.subs.get(id).cloned().ok_or(SubError::NotFound)?;
+        self.view(&e, now_ms).await
     }
 
     /// The subscription's record, without looking at its streams (cheaper than [`Self::get`]).

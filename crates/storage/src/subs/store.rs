@@ -11,15 +11,20 @@ use std::future::Future;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use sha2::Digest as _;
 use tokio::sync::MutexGuard;
 
 use super::state::{Entry, Filter, Inner};
 use super::{Cursor, SubError, SubKind, SubRecord, Subscriptions};
 use super::codec;
-use crate::engine::{AppendOutcome, AppendRequest, Engine, MetaWrite, TxnError, TxnOutcome, TxnRequest};
+use crate::engine::{AppendOutcome, AppendRequest, Engine, MetaWrite, TxnError, TxnOutcome, TxnRequest, MAX_META_KEY_BYTES};
 
 const SUB_PREFIX: &str = "sub/";
 const CURSOR_PREFIX: &str = "cur/";
+/// Cursors of streams whose path would make a `cur/` key longer than [`MAX_META_KEY_BYTES`]
+/// (a path may be 4,096 bytes, a key 1,024): keyed by the path's SHA-256, the path in the value.
+/// Every other cursor keeps the readable `cur/` key it always had, so nothing stored moves.
+const LONG_CURSOR_PREFIX: &str = "curl/";
 const KEY_PREFIX: &str = "key/";
 const NEXT_UID: &str = "seq/subscription";
 
@@ -34,8 +39,25 @@ fn cursor_prefix(uid: u64) -> String {
     format!("{CURSOR_PREFIX}{uid:016x}/")
 }
 
-fn cursor_key(uid: u64, path: &str) -> Vec<u8> {
-    format!("{}{path}", cursor_prefix(uid)).into_bytes()
+/// The key of the cursor of subscription `uid` at `path`, and whether it names the path only by
+/// its digest (the value then carries the path).
+fn cursor_key(uid: u64, path: &str) -> (Vec<u8>, bool) {
+    let plain = format!("{}{path}", cursor_prefix(uid));
+    if plain.len() <= MAX_META_KEY_BYTES {
+        return (plain.into_bytes(), false);
+    }
+    let digest = sha2::Sha256::digest(path.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    (format!("{LONG_CURSOR_PREFIX}{uid:016x}/{hex}").into_bytes(), true)
+}
+
+/// The stored form of the cursor `c` of subscription `uid` at `path`: its key and value. Each
+/// has one canonical encoding, so encoding what was loaded gives the stored bytes (what guards
+/// compare).
+fn cursor_entry(uid: u64, path: &str, c: &Cursor) -> (Vec<u8>, Bytes) {
+    let (key, named) = cursor_key(uid, path);
+    let value = if named { codec::encode_named_cursor(path, c) } else { codec::encode_cursor(c) };
+    (key, value.into())
 }
 
 fn secret_key(name: &str) -> Vec<u8> {
@@ -47,15 +69,21 @@ fn record_write(rec: &SubRecord) -> MetaWrite {
     MetaWrite { key: sub_key(&rec.id), value: Some(codec::encode(rec).into()) }
 }
 
-/// The guard that the cursor of `uid` at `path` is still `c` (`None`: absent). The cursor
-/// codec has one canonical form, so encoding what was loaded gives the stored bytes.
+/// The guard that the cursor of `uid` at `path` is still `c` (`None`: absent).
 fn cursor_guard(uid: u64, path: &str, c: Option<&Cursor>) -> Guard {
-    (cursor_key(uid, path), c.map(|c| codec::encode_cursor(c).into()))
+    match c {
+        Some(c) => {
+            let (key, value) = cursor_entry(uid, path, c);
+            (key, Some(value))
+        }
+        None => (cursor_key(uid, path).0, None),
+    }
 }
 
 /// The metadata write that stores one cursor of subscription `uid`.
 fn cursor_write(uid: u64, path: &str, c: &Cursor) -> MetaWrite {
-    MetaWrite { key: cursor_key(uid, path), value: Some(codec::encode_cursor(c).into()) }
+    let (key, value) = cursor_entry(uid, path, c);
+    MetaWrite { key, value: Some(value) }
 }
 
 impl Entry {
@@ -133,6 +161,7 @@ impl<E: Engine> Subscriptions<E> {
 
     /// Republishes the filters after a change of `inner.subs`.
     pub(super) fn refresh(&self, inner: &Inner) {
+        self.memo.keep_only(inner.subs.values().filter_map(|e| e.rec.config.pattern.as_deref()));
         let filters: Vec<Filter> = inner.subs.values().map(|e| Filter::of(&e.rec)).collect();
         if let Ok(mut f) = self.filters.write() {
             *f = Some(Arc::new(filters));
@@ -155,6 +184,20 @@ impl<E: Engine> Subscriptions<E> {
             let Some(id) = u64::from_str_radix(uid, 16).ok().and_then(|u| by_uid.get(&u)) else { continue };
             if let Some(e) = subs.get_mut(id) {
                 e.cursors.insert(path.to_owned(), codec::decode_cursor(&v).map_err(corrupt)?);
+            }
+        }
+        for (k, v) in self.engine.meta_scan(LONG_CURSOR_PREFIX.as_bytes()).await? {
+            let key = String::from_utf8_lossy(&k[LONG_CURSOR_PREFIX.len()..]).into_owned();
+            let Some((uid, _digest)) = key.split_once('/') else { continue };
+            let Some(uid) = u64::from_str_radix(uid, 16).ok() else { continue };
+            let Some(id) = by_uid.get(&uid) else { continue };
+            let (path, cursor) = codec::decode_named_cursor(&v).map_err(corrupt)?;
+            // The key is the digest of the path the value names; anything else is damage.
+            if cursor_key(uid, &path).0 != k {
+                return Err(corrupt(crate::codec::DecodeError::InvalidValue));
+            }
+            if let Some(e) = subs.get_mut(id) {
+                e.cursors.insert(path, cursor);
             }
         }
         let next_uid_stored = self.meta_get(NEXT_UID.as_bytes()).await?;
@@ -205,7 +248,7 @@ impl<E: Engine> Subscriptions<E> {
     /// is still as loaded (a change meanwhile, a new cursor say, is seen before deleting).
     pub(super) async fn remove(&self, inner: &mut Inner, id: &str, now_ms: i64) -> Result<(), SubError> {
         let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
-        let mut meta: Vec<MetaWrite> = e.cursors.keys().map(|p| MetaWrite { key: cursor_key(e.rec.uid, p), value: None }).collect();
+        let mut meta: Vec<MetaWrite> = e.cursors.keys().map(|p| MetaWrite { key: cursor_key(e.rec.uid, p).0, value: None }).collect();
         meta.push(MetaWrite { key: sub_key(id), value: None });
         let expect = e.guards([]);
         self.write(inner, TxnRequest { expect, meta, now_ms, ..Default::default() }).await?;
