@@ -44,7 +44,7 @@ fn append(store: &mut Store, path: &str, seq: u64, data: &str) -> Result<AppendO
 
 fn delete(store: &mut Store, path: &str) {
     let (tx, mut rx) = oneshot::channel();
-    run(store, Command::Delete { path: path.into(), if_tail: None, now_ms: 0, reply: tx });
+    run(store, Command::Delete { path: path.into(), req: DeleteRequest::default(), now_ms: 0, reply: tx });
     assert!(matches!(rx.try_recv(), Ok(Ok(()))));
 }
 

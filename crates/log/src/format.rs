@@ -46,6 +46,12 @@
 //! - `0x06` **Meta**: key (len + bytes), kind u8 (0 delete, 1 put), [value (len + bytes)]. One
 //!   change to the engine metadata map (subscriptions keep their state there). A transaction is
 //!   its Meta and Append records in one frame: a power cut keeps all of them or none.
+//! - `0x07` **Detach**: id. A purging delete of a stream that forks still read
+//!   ([`oncelog_storage::rules::Removal::Detach`]): as SoftDelete (if it was not soft-deleted
+//!   yet), and the stream no longer holds its path: the path is free for a new stream (a later
+//!   Create of it is another id), and this one is kept by id only, for its forks, until a Remove
+//!   of it (written when its last fork goes). One record, so the path is released and the data
+//!   kept together or not at all.
 //!
 //! ## Invariants
 //! 1. A frame is acknowledged only after it (and every frame before it) was synced; a new segment
@@ -80,6 +86,11 @@ pub const CHECKPOINT: &str = "checkpoint";
 pub const LOCK: &str = "lock";
 pub const CHECKPOINT_TMP: &str = "checkpoint.tmp";
 pub const LOG_DIR: &str = "log";
+/// Layout 6: layout 5 in which a stream's path may be empty, meaning a stream detached from its
+/// path (see the Detach record). Written only when a checkpoint holds such a stream, so a
+/// directory that never detached one stays readable by binaries that predate it; a binary that
+/// knows layout 5 only refuses it rather than taking an empty path for a stream's.
+const CHECKPOINT_MAGIC_V6: &[u8; 8] = b"ONCECKP\x06";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"ONCECKP\x05";
 /// Checkpoints without engine metadata (and all those written before it existed): the same
 /// without the metadata list. Written whenever the map is empty, so a directory that never used
@@ -98,6 +109,7 @@ const TAG_SOFT_DELETE: u8 = 0x03;
 const TAG_REMOVE: u8 = 0x04;
 const TAG_TRIM: u8 = 0x05;
 const TAG_META: u8 = 0x06;
+const TAG_DETACH: u8 = 0x07;
 
 pub fn segment_name(n: u64) -> String {
     format!("{LOG_DIR}/{n:020}.seg")
@@ -180,6 +192,7 @@ pub enum Record<'a> {
     Remove { id: u64 },
     Trim { id: u64, earliest: u64 },
     Meta { key: &'a [u8], value: Option<&'a [u8]> },
+    Detach { id: u64 },
 }
 
 /// One record, as read back: data is located (offset of its first byte in the payload and its
@@ -202,6 +215,7 @@ pub enum Replayed {
     Remove { id: u64 },
     Trim { id: u64, earliest: u64 },
     Meta { key: Vec<u8>, value: Option<Vec<u8>> },
+    Detach { id: u64 },
 }
 
 /// Appends `rec` to a frame payload; returns where its data starts within `out`.
@@ -259,6 +273,10 @@ pub fn encode(rec: &Record<'_>, out: &mut Vec<u8>) -> usize {
         }
         Record::Remove { id } => {
             e.u8(TAG_REMOVE).varint(*id);
+            e.0.len()
+        }
+        Record::Detach { id } => {
+            e.u8(TAG_DETACH).varint(*id);
             e.0.len()
         }
         Record::Trim { id, earliest } => {
@@ -344,6 +362,7 @@ pub fn decode_payload(payload: &[u8]) -> Result<Vec<Replayed>, DecodeError> {
             }
             TAG_SOFT_DELETE => Replayed::SoftDelete { id: d.varint()? },
             TAG_REMOVE => Replayed::Remove { id: d.varint()? },
+            TAG_DETACH => Replayed::Detach { id: d.varint()? },
             TAG_TRIM => Replayed::Trim { id: d.varint()?, earliest: d.varint()? },
             TAG_META => {
                 let key = var_bytes(&mut d)?.to_vec();
@@ -389,7 +408,8 @@ impl Extent {
 /// One stream in a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointStream {
-    pub path: String,
+    /// `None`: detached from its path (a purged source kept for its forks; layout 6).
+    pub path: Option<String>,
     pub meta: StreamMeta,
     pub tail: u64,
     /// Where the stream's own data begins (0, or a fork's fork point).
@@ -403,11 +423,12 @@ pub struct CheckpointStream {
 /// The state as of frame `lsn`; replay continues at `segment`, file position `pos`.
 ///
 /// Layout: `ONCECKP\x05`, crc32c u32 of the body, body length u64, body: lsn, segment, pos,
-/// next_id, stream count, then per stream: path, metadata (len + [`stream_meta`] bytes), tail,
-/// start, producer count and per producer (id, len + [`ProducerRecord`] bytes), extent count and
-/// per extent (end minus the previous end, segment, position), idempotency key count and per key
-/// (key id u128 little-endian, len + [`key_entry`] bytes), time marks (len + [`marks`] bytes;
-/// length 0 for none); then the metadata entry count and per entry key (len + bytes) and value
+/// next_id, stream count, then per stream: path (len + bytes; in layout 6, `ONCECKP\x06`, empty
+/// for a stream detached from its path, which no create can name), metadata (len +
+/// [`stream_meta`] bytes), tail, start, producer count and per producer (id, len +
+/// [`ProducerRecord`] bytes), extent count and per extent (end minus the previous end, segment,
+/// position), idempotency key count and per key (key id u128 little-endian, len + [`key_entry`]
+/// bytes), time marks (len + [`marks`] bytes; length 0 for none); then the metadata entry count and per entry key (len + bytes) and value
 /// (len + bytes), in key order. Varints unless noted. The engine-neutral parts are in their
 /// shared stored forms (`oncelog_storage::codec`), as PostgreSQL stores them.
 ///
@@ -431,8 +452,9 @@ impl Checkpoint {
         let mut e = Encoder(Vec::with_capacity(64 + self.streams.len() * 64));
         e.varint(self.lsn).varint(self.segment).varint(self.pos).varint(self.next_id).varint(self.streams.len() as u64);
         for s in &self.streams {
-            e.varint(s.path.len() as u64);
-            e.0.extend_from_slice(s.path.as_bytes());
+            let path = s.path.as_deref().unwrap_or("");
+            e.varint(path.len() as u64);
+            e.0.extend_from_slice(path.as_bytes());
             let m = stream_meta::encode(&s.meta);
             e.varint(m.len() as u64);
             e.0.extend_from_slice(&m);
@@ -470,7 +492,8 @@ impl Checkpoint {
         }
         let body = e.0;
         let mut out = Vec::with_capacity(body.len() + 20);
-        out.extend_from_slice(CHECKPOINT_MAGIC);
+        let detached = self.streams.iter().any(|s| s.path.is_none());
+        out.extend_from_slice(if detached { CHECKPOINT_MAGIC_V6 } else { CHECKPOINT_MAGIC });
         out.extend_from_slice(&crc32c::crc32c(&body).to_le_bytes());
         out.extend_from_slice(&(body.len() as u64).to_le_bytes());
         out.extend_from_slice(&body);
@@ -481,6 +504,7 @@ impl Checkpoint {
     pub fn decode(bytes: &[u8], now_ms: i64) -> Result<Self, DecodeError> {
         let mut d = Decoder(bytes);
         let (layout, with_keys, with_marks, with_meta) = match d.take(8)? {
+            m if m == CHECKPOINT_MAGIC_V6 => (6, true, true, true),
             m if m == CHECKPOINT_MAGIC => (5, true, true, true),
             m if m == CHECKPOINT_MAGIC_V4 => (4, true, true, true),
             m if m == CHECKPOINT_MAGIC_V3 => (3, true, true, false),
@@ -506,7 +530,12 @@ impl Checkpoint {
         };
         let n = d.varint()?;
         for _ in 0..n {
-            let path = var_string(&mut d)?;
+            let path = match var_string(&mut d)? {
+                // No create takes an empty path: before layout 6 it is damage.
+                p if p.is_empty() && layout < 6 => return Err(DecodeError::InvalidValue),
+                p if p.is_empty() => None,
+                p => Some(p),
+            };
             let meta = stream_meta::decode(var_bytes(&mut d)?)?;
             let tail = d.varint()?;
             let start = d.varint()?;

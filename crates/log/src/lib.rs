@@ -346,9 +346,9 @@ impl Engine for LogEngine {
         self.call(|reply| Command::Compact { req, reply }).await?
     }
 
-    async fn delete_if(&self, path: &str, if_tail: Option<Vec<Offset>>, now_ms: i64) -> Result<(), LookupError> {
+    async fn delete_if(&self, path: &str, req: DeleteRequest, now_ms: i64) -> Result<(), LookupError> {
         let path = path.to_owned();
-        self.call(|reply| Command::Delete { path, if_tail, now_ms, reply }).await?
+        self.call(|reply| Command::Delete { path, req, now_ms, reply }).await?
     }
 
     async fn head(&self, path: &str, now_ms: i64) -> Result<StreamInfo, LookupError> {

@@ -21,7 +21,10 @@
 //!   (a failing guard, a closed stream, a stale epoch or a seq gap) leaves nothing.
 //!
 //! The operations ([`Op`]): creates and forks; plain, producer, keyed and conditional appends
-//! (some producer appends close their stream); trims, deletes, retention sweeps and compactions
+//! (some producer appends close their stream); trims, deletes (a third of them purges, which
+//! detach a forked source from its path, live or soft-deleted: the path is seen free, and the
+//! count of detached streams is compared too, so their removal with their last fork is held
+//! to the same side of a cut), retention sweeps and compactions
 //! of `c0`; and transactions. After a power cut every group's requests are retried as clients
 //! would (not plain or conditional appends, sweeps or compactions): a producer or keyed append is
 //! a duplicate exactly when it survived, a transaction is decided again against what survived
@@ -63,7 +66,9 @@ enum Op {
     /// A plain append with `If-Match: at`; `holds` when `at` is the tail it will meet (else it is
     /// refused and changes nothing).
     Conditional { path: String, data: Vec<u8>, at: u64, holds: bool },
-    Delete { path: String },
+    /// `purge`: `DELETE …?purge=true`: a source that forks read (live or already soft-deleted)
+    /// is detached from its path, which is free at once.
+    Delete { path: String, purge: bool },
     /// The retention sweep, at the group's time.
     Retain,
     /// A compaction of a State Protocol stream: `pieces` (stored JSON) appended at the tail `at`,
@@ -89,7 +94,7 @@ enum Op {
 impl Op {
     fn path(&self) -> &str {
         match self {
-            Op::Create { path } | Op::Fork { path, .. } | Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Trim { path, .. } | Op::Conditional { path, .. } | Op::Delete { path } | Op::Compact { path, .. } => path,
+            Op::Create { path } | Op::Fork { path, .. } | Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Trim { path, .. } | Op::Conditional { path, .. } | Op::Delete { path, .. } | Op::Compact { path, .. } => path,
             Op::Retain | Op::Txn { .. } => "",
         }
     }
@@ -184,11 +189,19 @@ enum Seen {
 struct Observed {
     streams: BTreeMap<String, Seen>,
     meta: BTreeMap<String, String>,
+    /// How many streams are detached from their paths (kept for forks only): their removal
+    /// with their last fork must be as durable as any other.
+    detached: usize,
 }
 
 #[derive(Debug, Clone, Default)]
 struct Model {
     streams: BTreeMap<String, MStream>,
+    /// Streams detached from their paths by a purge, under names no path has (`#n`); their
+    /// forks' `fork_of` names them so.
+    detached: BTreeMap<String, MStream>,
+    /// The next `#n`.
+    next_detached: u64,
     /// The engine metadata map.
     meta: BTreeMap<String, String>,
     /// The time of the group being applied (Unix ms).
@@ -320,19 +333,32 @@ impl Model {
                 s.push(data, self.now);
                 s.keys.insert(key.clone(), (s.data.len() as u64, data.clone()));
             }
-            Op::Delete { path } => {
-                let has_forks = self.streams.values().any(|s| s.fork_of.as_deref() == Some(path));
-                if has_forks {
+            Op::Delete { path, purge } => {
+                let forked = |m: &Model, src: &str| m.streams.values().chain(m.detached.values()).any(|s| s.fork_of.as_deref() == Some(src));
+                if forked(self, path) {
                     let s = self.streams.get_mut(path).expect("generated valid");
                     s.soft_deleted = true;
                     s.producers.clear();
                     s.keys.clear();
+                    if *purge {
+                        let s = self.streams.remove(path).expect("generated valid");
+                        let name = format!("#{}", self.next_detached);
+                        self.next_detached += 1;
+                        for f in self.streams.values_mut().chain(self.detached.values_mut()).filter(|f| f.fork_of.as_deref() == Some(path)) {
+                            f.fork_of = Some(name.clone());
+                        }
+                        self.detached.insert(name, s);
+                    }
                     return;
                 }
                 let mut cur = self.streams.remove(path).and_then(|s| s.fork_of);
                 while let Some(src) = cur.take() {
-                    let left = self.streams.values().any(|s| s.fork_of.as_deref() == Some(&src));
-                    if !left && self.streams.get(&src).is_some_and(|s| s.soft_deleted) {
+                    if forked(self, &src) {
+                        continue;
+                    }
+                    if let Some(s) = self.detached.remove(&src) {
+                        cur = s.fork_of;
+                    } else if self.streams.get(&src).is_some_and(|s| s.soft_deleted) {
                         cur = self.streams.remove(&src).and_then(|s| s.fork_of);
                     }
                 }
@@ -346,7 +372,7 @@ impl Model {
             .iter()
             .map(|(p, s)| (p.clone(), if s.soft_deleted { Seen::Gone } else { Seen::Live { data: s.data.clone(), closed: s.closed, earliest: s.earliest } }))
             .collect();
-        Observed { streams, meta: self.meta.clone() }
+        Observed { streams, meta: self.meta.clone(), detached: self.detached.len() }
     }
 
     fn writable(&self, path: &str) -> bool {
@@ -446,11 +472,14 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
                 None => continue,
             }
         } else {
-            let candidates: Vec<&String> = existing.iter().filter(|p| !model.streams[*p].soft_deleted && !ops.iter().any(|o: &Op| o.touches(p))).collect();
+            // A third are purges, which may also take a soft-deleted stream (the owner's case).
+            let purge = rng.random_range(0..3) == 0;
+            let candidates: Vec<&String> =
+                existing.iter().filter(|p| (purge || !model.streams[*p].soft_deleted) && !ops.iter().any(|o: &Op| o.touches(p))).collect();
             if candidates.is_empty() {
                 continue;
             }
-            Op::Delete { path: candidates[rng.random_range(0..candidates.len())].clone() }
+            Op::Delete { path: candidates[rng.random_range(0..candidates.len())].clone(), purge }
         };
         let mut op = op;
         if let Op::Append { path, data } | Op::Produce { path, data, .. } | Op::Keyed { path, data, .. } | Op::Conditional { path, data, .. } = &mut op {
@@ -458,7 +487,7 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
         }
         match &op {
             Op::Create { path } | Op::Fork { path, .. } => structural.push(path.clone()),
-            Op::Delete { path } => {
+            Op::Delete { path, .. } => {
                 structural.push(path.clone());
                 deleted.push(path.clone());
             }
@@ -600,9 +629,9 @@ fn command(op: &Op, now_ms: i64) -> (Command, Pending) {
             let (tx, rx) = oneshot::channel();
             (Command::Trim { path: path.clone(), to: oncelog_protocol::Offset(*to), now_ms: 0, reply: tx }, Pending::Trim(rx))
         }
-        Op::Delete { path } => {
+        Op::Delete { path, purge } => {
             let (tx, rx) = oneshot::channel();
-            (Command::Delete { path: path.clone(), if_tail: None, now_ms: 0, reply: tx }, Pending::Delete(rx))
+            (Command::Delete { path: path.clone(), req: DeleteRequest { if_tail: None, purge: *purge }, now_ms: 0, reply: tx }, Pending::Delete(rx))
         }
         Op::Retain => {
             let (tx, rx) = oneshot::channel();
@@ -686,7 +715,7 @@ fn observe(store: &mut Store) -> Result<Observed, String> {
         let earliest = s.earliest.load(std::sync::atomic::Ordering::Acquire);
         out.insert(path.to_string(), Seen::Live { data: data.to_vec(), closed: p.closed, earliest });
     }
-    Ok(Observed { streams: out, meta })
+    Ok(Observed { streams: out, meta, detached: store.detached_count() })
 }
 
 /// Identifies a producer append: (path, producer, epoch, seq).
@@ -833,8 +862,11 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                     let source_gone = matches!(op, Op::Fork { source, .. } if model.streams.get(source).is_some_and(|s| s.soft_deleted));
                     // ... and one trimmed past the fork point since refuses it.
                     let source_trimmed = matches!(op, Op::Fork { source, at, .. } if model.streams.get(source).is_some_and(|s| s.earliest > *at));
+                    // ... and one purged since is no stream at all.
+                    let source_purged = matches!(op, Op::Fork { source, .. } if !model.streams.contains_key(source));
                     got == match (acked, source_gone, closed) {
                         (false, _, _) => "Created",
+                        (true, _, _) if source_purged => "fork source not found",
                         (true, true, _) => "fork source has been deleted",
                         (true, false, _) if source_trimmed => "the fork offset was trimmed from the source; it now starts at Stream-Earliest-Offset",
                         (true, false, false) => "Existing",

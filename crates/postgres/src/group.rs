@@ -117,6 +117,8 @@ impl Group {
         let mut group = Group::default();
         for r in &rows {
             let Stream { path, meta, tail, last_access_ms, marks } = Stream::from_row(r)?;
+            // Locked by path, so every row has one (a detached row has none and is never here).
+            let Some(path) = path else { continue };
             let st = StreamState { marks, ..StreamState::new(meta, tail) };
             let staged = Staged { st, last_access_ms, forks: 0, changed: false, dirty_producers: HashSet::new(), dirty_keys: Vec::new() };
             group.streams.insert(path, staged);

@@ -417,12 +417,12 @@ impl Engine for PgEngine {
         retry!(self.shared(), self.shared().trim_once(path, to, now_ms))
     }
 
-    async fn delete_if(&self, path: &str, if_tail: Option<Vec<Offset>>, now_ms: i64) -> Result<(), LookupError> {
+    async fn delete_if(&self, path: &str, req: DeleteRequest, now_ms: i64) -> Result<(), LookupError> {
         if self.closing() {
             return Err(StorageError::ShuttingDown.into());
         }
         self.shared().seen.forget(path);
-        retry!(self.shared(), self.shared().delete_once(path, if_tail.as_deref(), now_ms))
+        retry!(self.shared(), self.shared().delete_once(path, &req, now_ms))
     }
 
     async fn head(&self, path: &str, now_ms: i64) -> Result<StreamInfo, LookupError> {

@@ -139,18 +139,30 @@ impl Shared {
     /// Deletes an expired (or to-be-deleted) stream as [`rules::delete`] decides.
     async fn expire_row(&self, tx: &Transaction<'_>, s: Stream, fx: &mut Effects) -> Result<(), Fail> {
         let forks = self.forks(tx, s.meta.id).await?;
-        match rules::delete(&s.meta, s.tail, forks, None) {
-            Ok(Removal::Remove) => self.remove(tx, s, fx).await,
-            Ok(Removal::SoftDelete) => self.soft_delete(tx, &s, fx).await,
-            // Already soft-deleted: nothing to do.
-            Err(_) => Ok(()),
-        }
+        // Already soft-deleted (`Gone`): nothing to do.
+        let verdict = rules::delete(&s.meta, s.tail, forks, &DeleteRequest::default());
+        self.apply_removal(tx, s, verdict, fx).await.map(|_| ())
     }
 
-    /// Marks a stream deleted while forks still read its data; its writer state goes.
-    async fn soft_delete(&self, tx: &Transaction<'_>, s: &Stream, fx: &mut Effects) -> Result<(), Fail> {
+    /// Persists what [`rules::delete`] decided for the locked row `s`; the verdict is handed
+    /// back (an error: nothing was written).
+    async fn apply_removal(&self, tx: &Transaction<'_>, s: Stream, verdict: Result<Removal, LookupError>, fx: &mut Effects) -> Result<Result<(), LookupError>, Fail> {
+        match verdict {
+            Ok(Removal::Remove) => self.remove(tx, s, fx).await?,
+            Ok(Removal::SoftDelete) => self.soft_delete(tx, &s, false, fx).await?,
+            Ok(Removal::Detach) => self.soft_delete(tx, &s, true, fx).await?,
+            Err(e) => return Ok(Err(e)),
+        }
+        Ok(Ok(()))
+    }
+
+    /// Marks a stream deleted while forks still read its data; its writer state goes. `detach`
+    /// (a purge): its path is released too (NULL, which no request names), in the same
+    /// statement, so the path is free exactly when the row is kept for the forks alone.
+    async fn soft_delete(&self, tx: &Transaction<'_>, s: &Stream, detach: bool, fx: &mut Effects) -> Result<(), Fail> {
         let id = i64_of(s.meta.id);
-        tx.execute("UPDATE streams SET soft_deleted = true WHERE id = $1", &[&id]).await?;
+        let sql = if detach { "UPDATE streams SET soft_deleted = true, path = NULL WHERE id = $1" } else { "UPDATE streams SET soft_deleted = true WHERE id = $1" };
+        tx.execute(sql, &[&id]).await?;
         fx.producers -= tx.execute("DELETE FROM producers WHERE stream_id = $1", &[&id]).await? as i64;
         tx.execute("DELETE FROM idem_keys WHERE stream_id = $1", &[&id]).await?;
         fx.wake.push(s.meta.id);
@@ -181,24 +193,21 @@ impl Shared {
         Ok(())
     }
 
-    pub(crate) async fn delete_once(&self, path: &str, if_tail: Option<&[Offset]>, now_ms: i64) -> Result<Result<(), LookupError>, Fail> {
+    pub(crate) async fn delete_once(&self, path: &str, req: &DeleteRequest, now_ms: i64) -> Result<Result<(), LookupError>, Fail> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let mut fx = Effects::default();
-        let Some(s) = self.fetch(&tx, path, Lock::Update).await? else { return Ok(Err(LookupError::NotFound)) };
-        let result = if self.expired(&s, now_ms) {
-            // Expired before this delete: removed as the sweep would, then absent (or gone).
-            self.expire_row(&tx, s, &mut fx).await?;
-            let left = self.fetch(&tx, path, Lock::None).await?;
-            Err(if left.is_some() { LookupError::Gone } else { LookupError::NotFound })
-        } else {
-            let forks = self.forks(&tx, s.meta.id).await?;
-            match rules::delete(&s.meta, s.tail, forks, if_tail) {
-                Err(e) => Err(e),
-                Ok(Removal::Remove) => Ok(self.remove(&tx, s, &mut fx).await?),
-                Ok(Removal::SoftDelete) => Ok(self.soft_delete(&tx, &s, &mut fx).await?),
-            }
+        // Expired before this delete: first removed (or soft-deleted, while forks read it) as the
+        // sweep would, as the log engine does; then the delete is decided on what is left (a
+        // plain one of a soft-deleted stream is `410`, a purge detaches it).
+        let Some(s) = self.fetch_unexpired(&tx, path, now_ms, &mut fx).await? else {
+            tx.commit().await?;
+            self.apply(fx);
+            return Ok(Err(LookupError::NotFound));
         };
+        let forks = self.forks(&tx, s.meta.id).await?;
+        let verdict = rules::delete(&s.meta, s.tail, forks, req);
+        let result = self.apply_removal(&tx, s, verdict, &mut fx).await?;
         tx.commit().await?;
         self.apply(fx);
         Ok(result)

@@ -359,8 +359,9 @@ impl Shared {
         let mut out = Vec::new();
         for r in &rows {
             let s = Stream::from_row(r)?;
-            if s.path.starts_with(prefix) && !self.expired(&s, now_ms) {
-                out.push(Listed { info: s.meta.info(s.tail), path: s.path });
+            let Some(path) = s.path.as_ref().filter(|p| p.starts_with(prefix)) else { continue };
+            if !self.expired(&s, now_ms) {
+                out.push(Listed { info: s.meta.info(s.tail), path: path.clone() });
             }
         }
         Ok(out)
@@ -376,8 +377,9 @@ impl Shared {
         for r in &c.query(&stmt, &[&i64_of(min_bytes)]).await? {
             let s = Stream::from_row(r)?;
             let info = s.meta.info(s.tail);
+            let Some(path) = s.path.clone() else { continue };
             if !self.expired(&s, now_ms) && compaction::is_candidate(&info, min_bytes) {
-                out.push((s.path, s.tail));
+                out.push((path, s.tail));
             }
         }
         Ok(out)

@@ -20,7 +20,8 @@ pub(crate) const COLS: &str = "id, path, created_ms, content_type, expiry_kind, 
 /// One stream as stored.
 #[derive(Debug, Clone)]
 pub(crate) struct Stream {
-    pub path: String,
+    /// `None`: detached from its path by a purge (kept, soft-deleted, for its forks).
+    pub path: Option<String>,
     pub meta: StreamMeta,
     pub tail: Offset,
     /// As stored; reads of this node not yet flushed are in [`crate::watch::Touches`].

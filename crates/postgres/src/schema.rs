@@ -10,10 +10,14 @@ use tokio_postgres::Client;
 use crate::error::OpenError;
 
 /// `(version, SQL)`, oldest first.
-const MIGRATIONS: &[(i32, &str)] = &[(1, include_str!("../migrations/0001_init.sql")), (2, include_str!("../migrations/0002_prune.sql"))];
+const MIGRATIONS: &[(i32, &str)] = &[
+    (1, include_str!("../migrations/0001_init.sql")),
+    (2, include_str!("../migrations/0002_prune.sql")),
+    (3, include_str!("../migrations/0003_detach.sql")),
+];
 
 /// The newest schema version this binary knows.
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// Whether `name` is a schema name used unquoted in SQL (so it needs no quoting anywhere).
 pub fn valid_schema(name: &str) -> bool {

@@ -43,6 +43,8 @@ pub enum ApiError {
     Trim(#[from] TrimError),
     #[error("a trim or compaction carries no body and no producer, key, If-Match or Stream-Closed headers")]
     TrimWithWrite,
+    #[error("`purge` takes the value `true` (DELETE …?purge=true)")]
+    InvalidPurge,
     #[error(transparent)]
     Compact(#[from] CompactError),
     #[error(transparent)]
@@ -177,7 +179,7 @@ impl ApiError {
                 TrimError::BeyondTail { tail } => (StatusCode::BAD_REQUEST, vec![h(names::STREAM_NEXT_OFFSET, tail)]),
                 TrimError::Storage(e) => (storage_status(e), vec![]),
             },
-            ApiError::TrimWithWrite => (StatusCode::BAD_REQUEST, vec![]),
+            ApiError::TrimWithWrite | ApiError::InvalidPurge => (StatusCode::BAD_REQUEST, vec![]),
             ApiError::Compact(e) => match e {
                 CompactError::NotFound => (StatusCode::NOT_FOUND, vec![]),
                 CompactError::Gone => (StatusCode::GONE, vec![]),

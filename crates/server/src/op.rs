@@ -78,8 +78,9 @@ pub enum Operation {
     Close { info: StreamInfo, headers: AppendHeaders },
     Trim { info: StreamInfo, to: Offset },
     Compact { info: StreamInfo },
-    /// `If-Match`: only if the tail is one of these.
-    Delete { if_tail: Option<Vec<Offset>> },
+    /// `If-Match`: only if the tail is one of these; `purge` (`?purge=true`): a source that
+    /// forks read is detached from its path instead of keeping it reserved.
+    Delete { if_tail: Option<Vec<Offset>>, purge: bool },
     Preflight,
 }
 

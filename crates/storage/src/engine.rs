@@ -355,6 +355,31 @@ pub struct Listed {
     pub info: StreamInfo,
 }
 
+/// How a delete ([`Engine::delete_if`]) is made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeleteRequest {
+    /// `If-Match`: only if the stream's tail is one of these (else
+    /// [`LookupError::PreconditionFailed`]), decided atomically with the delete.
+    pub if_tail: Option<Vec<Offset>>,
+    /// `?purge=true`: when forks still read the stream (it is live or already soft-deleted),
+    /// detach it from its path instead of keeping the path reserved: its remains stay, by id,
+    /// for the forks only, and the path is free at once ([`crate::rules::Removal::Detach`]).
+    /// Without forks it is a plain delete.
+    pub purge: bool,
+}
+
+impl DeleteRequest {
+    /// A delete only if the tail is one of `tails` (`If-Match`).
+    pub fn if_tail(tails: Vec<Offset>) -> Self {
+        DeleteRequest { if_tail: Some(tails), purge: false }
+    }
+
+    /// A purging delete ([`DeleteRequest::purge`]).
+    pub fn purge() -> Self {
+        DeleteRequest { if_tail: None, purge: true }
+    }
+}
+
 /// A trim's result: where the stream now starts, and its tail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TrimOutcome {
@@ -535,12 +560,17 @@ pub trait Engine: Housekeeping {
     /// idempotency keys are not affected; forks keep reading what they reference.
     fn trim(&self, path: &str, to: Offset, now_ms: i64) -> impl Future<Output = Result<TrimOutcome, TrimError>> + Send;
 
-    /// Deletes the stream at `path`, only if its tail is one of `if_tail` when given (`If-Match`;
-    /// else [`LookupError::PreconditionFailed`]), decided atomically with the delete.
-    fn delete_if(&self, path: &str, if_tail: Option<Vec<Offset>>, now_ms: i64) -> impl Future<Output = Result<(), LookupError>> + Send;
+    /// Deletes the stream at `path` as [`crate::rules::delete`] decides for `req`: only if its
+    /// tail is one of `req.if_tail` when given (`If-Match`; else
+    /// [`LookupError::PreconditionFailed`]), decided atomically with the delete. With forks it
+    /// is soft-deleted (its path answers `410` and stays reserved) or, with `req.purge`,
+    /// detached (its path is free at once; its remains, unreachable by any path, go with its
+    /// last fork); a purge also detaches a stream that is already soft-deleted. Persisted in
+    /// one atomic unit; forks read the same bytes at the same offsets before and after.
+    fn delete_if(&self, path: &str, req: DeleteRequest, now_ms: i64) -> impl Future<Output = Result<(), LookupError>> + Send;
 
     fn delete(&self, path: &str, now_ms: i64) -> impl Future<Output = Result<(), LookupError>> + Send {
-        self.delete_if(path, None, now_ms)
+        self.delete_if(path, DeleteRequest::default(), now_ms)
     }
 
     /// Metadata without sliding the TTL. Reflects every acknowledged write.
@@ -621,7 +651,7 @@ pub enum Readiness {
 /// Sizes an engine reports for metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineStats {
-    /// Streams that exist (including soft-deleted ones kept for their forks).
+    /// Streams that exist (including soft-deleted and detached ones kept for their forks).
     pub streams: u64,
     /// Idempotent producers remembered across all streams.
     pub producers: u64,

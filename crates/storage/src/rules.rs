@@ -443,20 +443,35 @@ pub enum Removal {
     /// Forks still read its data: keep the data, mark it deleted (its path answers `410` and stays
     /// reserved), drop its producer state.
     SoftDelete,
+    /// Forks still read its data and its owner asked for the path back (a purge): as
+    /// [`Removal::SoftDelete`], and the stream is detached from its path, so the path is free at
+    /// once (`404`; a create makes a new, unrelated stream there). Its remains are kept by id
+    /// for its forks only, which read every byte they read before at the same offsets (they
+    /// name their source by id, never by path), and go with the last fork as a soft-deleted
+    /// source does ([`source_follows`]). Nothing is copied.
+    Detach,
     /// Remove it; a fork releases its source, which may follow ([`source_follows`]).
     Remove,
 }
 
-/// Decides a delete of an existing stream with `live_forks` forks, whose tail is `tail`;
-/// `if_tail` (`If-Match`): only if the tail is one of these.
-pub fn delete(meta: &StreamMeta, tail: Offset, live_forks: usize, if_tail: Option<&[Offset]>) -> Result<Removal, LookupError> {
-    if meta.soft_deleted {
+/// Decides a delete of an existing stream with `live_forks` forks, whose tail is `tail`, as
+/// `req` asks: `req.if_tail` (`If-Match`): only if the tail is one of these; `req.purge`: detach
+/// it from its path when forks read it, also when it is already soft-deleted (the owner's way
+/// out when a fork, perhaps another tenant's, keeps a deleted path reserved).
+pub fn delete(meta: &StreamMeta, tail: Offset, live_forks: usize, req: &DeleteRequest) -> Result<Removal, LookupError> {
+    if meta.soft_deleted && !req.purge {
         return Err(LookupError::Gone);
     }
-    if if_tail.is_some_and(|t| !t.contains(&tail)) {
+    // A soft-deleted stream's tail no longer moves: a purge of it is conditional on it all
+    // the same, as a plain delete would have been.
+    if req.if_tail.as_deref().is_some_and(|t| !t.contains(&tail)) {
         return Err(LookupError::PreconditionFailed { tail, closed: meta.closed });
     }
-    Ok(if live_forks == 0 { Removal::Remove } else { Removal::SoftDelete })
+    Ok(match (live_forks, req.purge) {
+        (0, _) => Removal::Remove,
+        (_, true) => Removal::Detach,
+        (_, false) => Removal::SoftDelete,
+    })
 }
 
 /// Decides a trim of a stream to `to`: the new earliest offset, or `None` when it would not move
@@ -515,7 +530,7 @@ pub fn read_start(info: &StreamInfo, from: Offset) -> Result<Option<ReadChunk>, 
 }
 
 /// After a fork was removed, whether its source is removed too (in the same atomic unit): a
-/// soft-deleted source whose last fork that was.
+/// soft-deleted source whose last fork that was (a detached source is soft-deleted too).
 pub fn source_follows(source: &StreamMeta, forks_left: usize) -> bool {
     source.soft_deleted && forks_left == 0
 }

@@ -88,9 +88,13 @@ proptest! {
     }
 
     #[test]
-    fn deletes_round_trip(id: u64, soft: bool) {
-        let r = round_trip(if soft { Record::SoftDelete { id } } else { Record::Remove { id } });
-        prop_assert_eq!(r, if soft { Replayed::SoftDelete { id } } else { Replayed::Remove { id } });
+    fn deletes_round_trip(id: u64, kind in 0..3u8) {
+        let (rec, want) = match kind {
+            0 => (Record::SoftDelete { id }, Replayed::SoftDelete { id }),
+            1 => (Record::Remove { id }, Replayed::Remove { id }),
+            _ => (Record::Detach { id }, Replayed::Detach { id }),
+        };
+        prop_assert_eq!(round_trip(rec), want);
     }
 
     #[test]
@@ -101,7 +105,7 @@ proptest! {
     #[test]
     fn checkpoints_round_trip(
         lsn: u64, segment in 0..MAX_SEGMENT_NUMBER, pos in 0..MAX_SEGMENT_BYTES, next_id: u64,
-        streams in proptest::collection::vec((meta(), "[a-z/]{1,10}", 0u64..1000, proptest::collection::vec((1u64..100, 1u64..50, 0u64..1_000_000), 0..5), proptest::collection::vec(("[a-z]{1,5}", any::<u64>(), any::<u64>()), 0..3), proptest::collection::vec((any::<u128>(), any::<u64>(), any::<u64>(), 0i64..i64::MAX), 0..3), proptest::collection::vec((1u64..1000, 0i64..i64::MAX), 0..4)), 0..5),
+        streams in proptest::collection::vec((meta(), proptest::option::of("[a-z/]{1,10}"), 0u64..1000, proptest::collection::vec((1u64..100, 1u64..50, 0u64..1_000_000), 0..5), proptest::collection::vec(("[a-z]{1,5}", any::<u64>(), any::<u64>()), 0..3), proptest::collection::vec((any::<u128>(), any::<u64>(), any::<u64>(), 0i64..i64::MAX), 0..3), proptest::collection::vec((1u64..1000, 0i64..i64::MAX), 0..4)), 0..5),
         meta_map in proptest::collection::btree_map(proptest::collection::vec(any::<u8>(), 0..12), proptest::collection::vec(any::<u8>(), 0..24), 0..4),
     ) {
         let streams = streams.into_iter().map(|(meta, path, start, ext, prods, keys, marks)| {
@@ -120,7 +124,9 @@ proptest! {
         let meta: Vec<(Vec<u8>, bytes::Bytes)> = meta_map.into_iter().map(|(k, v)| (k, bytes::Bytes::from(v))).collect();
         let c = Checkpoint { lsn, segment, pos, next_id, streams, meta };
         let encoded = c.encode();
-        prop_assert_eq!(&encoded[..8], b"ONCECKP\x05");
+        // Layout 6 only when a stream is detached from its path (a purged source).
+        let detached = c.streams.iter().any(|s| s.path.is_none());
+        prop_assert_eq!(&encoded[..8], if detached { b"ONCECKP\x06" } else { b"ONCECKP\x05" });
         prop_assert_eq!(Checkpoint::decode(&encoded, 0), Ok(c));
     }
 
@@ -185,7 +191,7 @@ fn version_1_checkpoints_still_decode() {
 #[test]
 fn version_2_checkpoints_decode_without_time_marks() {
     let meta = StreamMeta::new(4, 1, "text/plain");
-    let s = CheckpointStream { path: "s".into(), meta, tail: 5, start: 0, producers: vec![], extents: vec![Extent::new(5, 1, 16)], keys: vec![], marks: vec![] };
+    let s = CheckpointStream { path: Some("s".into()), meta, tail: 5, start: 0, producers: vec![], extents: vec![Extent::new(5, 1, 16)], keys: vec![], marks: vec![] };
     let c = Checkpoint { lsn: 2, segment: 1, pos: 40, next_id: 5, streams: vec![s], meta: Vec::new() };
     let v5 = c.encode();
     // A version 2 body is the same without the (here empty: one 0 byte each) marks and metadata
@@ -226,4 +232,19 @@ fn version_4_checkpoints_with_inline_keys_and_marks_still_decode() {
     assert_eq!(c.meta, vec![(b"k".to_vec(), bytes::Bytes::from_static(b"v"))]);
     // Written again, it is layout 5 and reads back the same.
     assert_eq!(Checkpoint::decode(&c.encode(), 0), Ok(c));
+}
+
+/// An empty path is a detached stream only in layout 6: the same bytes under layout 5 are
+/// damage, never a stream at the path "".
+#[test]
+fn only_layout_6_holds_detached_streams() {
+    let meta = StreamMeta { soft_deleted: true, ..StreamMeta::new(4, 1, "text/plain") };
+    let s = CheckpointStream { path: None, meta, tail: 5, start: 0, producers: vec![], extents: vec![Extent::new(5, 1, 16)], keys: vec![], marks: vec![] };
+    let c = Checkpoint { lsn: 2, segment: 1, pos: 40, next_id: 5, streams: vec![s], meta: Vec::new() };
+    let v6 = c.encode();
+    assert_eq!(&v6[..8], b"ONCECKP\x06");
+    assert_eq!(Checkpoint::decode(&v6, 0), Ok(c));
+    let mut v5 = v6.clone();
+    v5[..8].copy_from_slice(b"ONCECKP\x05");
+    assert_eq!(Checkpoint::decode(&v5, 0), Err(DecodeError::InvalidValue));
 }

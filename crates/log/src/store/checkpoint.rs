@@ -19,9 +19,11 @@ impl Store {
     /// listed lives in are deleted after it: the space of trimmed data comes back. Called before
     /// each checkpoint. Returns the number of entries dropped.
     pub fn prune_index(&mut self) -> usize {
-        // Each stream's floor: its own earliest offset, lowered by the forks that read it.
-        let mut floor: HashMap<u64, u64> = self.streams.values().map(|w| (w.st.meta.id, w.st.meta.earliest.0)).collect();
-        for w in self.streams.values() {
+        // Each stream's floor: its own earliest offset, lowered by the forks that read it
+        // (detached streams are read by forks only, and may be forks themselves).
+        let all = || self.streams.values().chain(self.detached.values());
+        let mut floor: HashMap<u64, u64> = all().map(|w| (w.st.meta.id, w.st.meta.earliest.0)).collect();
+        for w in all() {
             let reads_from = w.st.meta.earliest.0;
             let mut lo = 0;
             for seg in &w.shared.chain {
@@ -33,7 +35,7 @@ impl Store {
             }
         }
         let mut dropped = 0;
-        for w in self.streams.values() {
+        for w in all() {
             let f = floor.get(&w.st.meta.id).copied().unwrap_or(0);
             if f == 0 {
                 continue;
@@ -51,13 +53,13 @@ impl Store {
 
     /// A consistent snapshot of the state as of the last committed frame (call between groups).
     pub fn snapshot(&self) -> Checkpoint {
-        let streams = self
-            .streams
-            .iter()
+        let at_paths = self.streams.iter().map(|(path, w)| (Some(path.to_string()), w));
+        let streams = at_paths
+            .chain(self.detached.values().map(|w| (None, w)))
             .map(|(path, w)| {
                 let (start, extents) = w.shared.data.read().map(|d| (d.start, d.extents.clone())).unwrap_or_default();
                 CheckpointStream {
-                    path: path.to_string(),
+                    path,
                     meta: w.st.meta.clone(),
                     tail: w.st.tail.0,
                     start,
@@ -72,17 +74,22 @@ impl Store {
         Checkpoint { lsn: self.lsn, segment: self.active_no, pos: self.active_len, next_id: self.next_id, streams, meta }
     }
 
-    /// Removes soft-deleted streams no fork references any more (cannot normally happen: a
-    /// fork's removal takes its source along in the same frame).
+    /// Removes soft-deleted streams (detached ones included) no fork references any more
+    /// (cannot normally happen: a fork's removal takes its source along in the same frame).
     pub fn collect_orphans(&mut self) {
-        let orphans: Vec<String> =
-            self.streams.iter().filter(|(_, w)| w.st.meta.soft_deleted && w.shared.forks() == 0).map(|(p, _)| p.to_string()).collect();
+        let orphans: Vec<u64> = self
+            .streams
+            .values()
+            .chain(self.detached.values())
+            .filter(|w| w.st.meta.soft_deleted && w.shared.forks() == 0)
+            .map(|w| w.st.meta.id)
+            .collect();
         if orphans.is_empty() {
             return;
         }
         let mut g = Group::new();
-        for p in orphans {
-            self.remove(&p, &mut g);
+        for id in orphans {
+            self.remove_id(id, &mut g);
         }
         self.count_streams();
         let failure = self.commit(&mut g);

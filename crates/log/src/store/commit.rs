@@ -26,8 +26,12 @@ pub(super) enum Effect {
     Data { shared: Arc<Shared>, end: u64, at: usize, hot: Bytes },
     Publish { shared: Arc<Shared>, tail: Offset, closed: bool },
     Insert { path: Arc<str>, shared: Arc<Shared> },
-    Remove { path: Arc<str>, shared: Arc<Shared> },
+    /// `path`: `None` for a stream that was detached from its path (no longer in the view).
+    Remove { path: Option<Arc<str>>, shared: Arc<Shared> },
     SoftDelete { shared: Arc<Shared> },
+    /// The stream leaves its path (a purge): readers of the path find nothing from now on;
+    /// forks keep reading it through their chains.
+    Detach { path: Arc<str>, shared: Arc<Shared> },
     Trim { shared: Arc<Shared>, earliest: u64 },
     Reply(Box<dyn FnOnce(Option<StorageError>) + Send>),
 }
@@ -241,13 +245,31 @@ impl Store {
                     shared.earliest.fetch_max(earliest, Ordering::AcqRel);
                 }
                 Effect::Remove { path, shared } => {
-                    if let Ok(mut map) = self.view.streams.write() {
-                        if map.get(&path).is_some_and(|s| Arc::ptr_eq(s, &shared)) {
-                            map.remove(&path);
-                        }
+                    if let Some(path) = path {
+                        self.unlist(&path, &shared);
                     }
                     shared.state.modify(|p| p.deleted = true);
                 }
+                Effect::Detach { path, shared } => {
+                    self.unlist(&path, &shared);
+                    // Its waiters end as the path now answers (404); forks wait on their own
+                    // state and read this one's index through their chains, which nothing here
+                    // changes.
+                    shared.state.modify(|p| {
+                        p.soft_deleted = true;
+                        p.deleted = true;
+                    });
+                }
+            }
+        }
+    }
+
+    /// Takes `shared` off `path` in the readers' map, unless the path already names another
+    /// stream (a create in the same group).
+    fn unlist(&self, path: &Arc<str>, shared: &Arc<Shared>) {
+        if let Ok(mut map) = self.view.streams.write() {
+            if map.get(path).is_some_and(|s| Arc::ptr_eq(s, shared)) {
+                map.remove(path);
             }
         }
     }

@@ -50,7 +50,7 @@ pub(crate) use view::{Counters, Shared, View};
 pub(crate) enum Command {
     Create { req: CreateRequest, reply: oneshot::Sender<Result<CreateOutcome, CreateError>> },
     Append { req: AppendRequest, reply: oneshot::Sender<Result<AppendOutcome, AppendError>> },
-    Delete { path: String, if_tail: Option<Vec<Offset>>, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
+    Delete { path: String, req: DeleteRequest, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
     Trim { path: String, to: Offset, now_ms: i64, reply: oneshot::Sender<Result<TrimOutcome, TrimError>> },
     Expire { paths: Vec<String>, now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
     /// A State Protocol snapshot appended at the tail and the earliest offset moved there, in
@@ -118,6 +118,9 @@ pub(crate) struct Store {
     streams: HashMap<Arc<str>, Box<WStream>>,
     /// Path of every stream by id, to follow a fork to its source.
     paths_by_id: HashMap<u64, Arc<str>>,
+    /// Streams detached from their paths by a purging delete ([`rules::Removal::Detach`]): kept
+    /// by id, for their forks only (no request names them), until their last fork goes.
+    detached: HashMap<u64, Box<WStream>>,
     next_id: u64,
     /// The segment frames go to, its number and its length (where the next frame goes).
     active: Arc<dyn File>,
@@ -241,9 +244,9 @@ impl Store {
                 g.bytes += req.data.len();
                 self.stage_append(req, tx, g);
             }
-            Command::Delete { path, if_tail, now_ms, reply: tx } => {
+            Command::Delete { path, req, now_ms, reply: tx } => {
                 self.drop_if_expired(&path, now_ms, g);
-                let r = self.delete(&path, if_tail.as_deref(), g);
+                let r = self.delete(&path, &req, g);
                 self.count_streams();
                 g.effects.push(reply(tx, r));
             }
@@ -285,8 +288,15 @@ impl Store {
         }
     }
 
+    /// Counts every stream that exists, detached ones included (as [`EngineStats::streams`] says).
     fn count_streams(&self) {
-        self.counters.streams.store(self.streams.len() as u64, Ordering::Relaxed);
+        self.counters.streams.store((self.streams.len() + self.detached.len()) as u64, Ordering::Relaxed);
+    }
+
+    /// Detached streams (tests: the simulation checks that their removal is durable too).
+    #[cfg(test)]
+    pub fn detached_count(&self) -> usize {
+        self.detached.len()
     }
 
 }

@@ -27,7 +27,8 @@ use super::{io_err, Store, StoreConfig, WStream, RecoveryReport};
 
 /// A stream as recovery rebuilds it, before readers exist.
 struct Building {
-    path: String,
+    /// `None`: detached from its path by a purge (kept for its forks).
+    path: Option<String>,
     st: StreamState,
     start: u64,
     extents: Vec<Extent>,
@@ -97,7 +98,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
     let present: std::collections::HashSet<u64> = numbers.iter().copied().collect();
     for b in streams.values() {
         if let Some(missing) = b.extents.iter().map(|e| e.segment()).find(|n| !present.contains(n)) {
-            return Err(corrupt(format!("log segment {missing} is missing (stream {:?} has data in it)", b.path)));
+            return Err(corrupt(format!("log segment {missing} is missing (stream {} at {:?} has data in it)", b.st.meta.id, b.path)));
         }
     }
     let mut segments = std::collections::BTreeMap::new();
@@ -201,6 +202,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
     let mut shared_by_id: HashMap<u64, Arc<Shared>> = HashMap::new();
     let mut wstreams = HashMap::new();
     let mut paths_by_id = HashMap::new();
+    let mut detached = HashMap::new();
     let mut producers = 0usize;
     for id in order {
         let Some(b) = streams.remove(&id) else { continue };
@@ -220,9 +222,17 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         report.producers += b.st.producers.len();
         producers += b.st.producers.len();
         shared_by_id.insert(id, shared.clone());
-        let path: Arc<str> = Arc::from(b.path);
-        paths_by_id.insert(id, path.clone());
-        wstreams.insert(path, Box::new(WStream { st: b.st, shared }));
+        let w = Box::new(WStream { st: b.st, shared });
+        match b.path {
+            Some(path) => {
+                let path: Arc<str> = Arc::from(path);
+                paths_by_id.insert(id, path.clone());
+                wstreams.insert(path, w);
+            }
+            None => {
+                detached.insert(id, w);
+            }
+        }
     }
     let view = Arc::new(View::default());
     if let Ok(mut m) = view.streams.write() {
@@ -232,7 +242,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         *s = segments;
     }
     let counters = Arc::new(Counters::default());
-    counters.streams.store(wstreams.len() as u64, Ordering::Relaxed);
+    counters.streams.store((wstreams.len() + detached.len()) as u64, Ordering::Relaxed);
     counters.producers.store(producers as u64, Ordering::Relaxed);
     let store = Store {
         fs,
@@ -240,6 +250,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         cfg,
         streams: wstreams,
         paths_by_id,
+        detached,
         next_id,
         active,
         active_no,
@@ -324,7 +335,7 @@ fn replay(
             *next_id = (*next_id).max(id + 1);
             let mut st = StreamState::new(meta, Offset(tail));
             st.created();
-            streams.insert(id, Building { path, st, start, extents });
+            streams.insert(id, Building { path: Some(path), st, start, extents });
         }
         Replayed::Append { id, new_tail, close, stream_seq, producer, key, time, data_at, data_len } => {
             let b = streams.get_mut(&id).ok_or_else(|| format!("append to unknown stream {id}"))?;
@@ -347,6 +358,13 @@ fn replay(
         }
         Replayed::SoftDelete { id } => {
             let b = streams.get_mut(&id).ok_or_else(|| format!("delete of unknown stream {id}"))?;
+            b.st.soft_delete();
+        }
+        Replayed::Detach { id } => {
+            let b = streams.get_mut(&id).ok_or_else(|| format!("detach of unknown stream {id}"))?;
+            if b.path.take().is_none() {
+                return Err(format!("detach of stream {id} twice"));
+            }
             b.st.soft_delete();
         }
         Replayed::Trim { id, earliest } => {

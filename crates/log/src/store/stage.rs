@@ -140,14 +140,14 @@ impl Store {
         let expired = self.streams.get(path).is_some_and(|w| !w.st.meta.soft_deleted && w.shared.expired(now_ms));
         if expired {
             // It exists and is not soft-deleted, so the delete verdict cannot be an error.
-            let _ = self.delete(path, None, g);
+            let _ = self.delete(path, &DeleteRequest::default(), g);
         }
     }
 
     /// Deletes a stream as [`rules::delete`] decides.
-    pub(super) fn delete(&mut self, path: &str, if_tail: Option<&[Offset]>, g: &mut Group) -> Result<(), LookupError> {
+    pub(super) fn delete(&mut self, path: &str, req: &DeleteRequest, g: &mut Group) -> Result<(), LookupError> {
         let w = self.streams.get_mut(path).ok_or(LookupError::NotFound)?;
-        match rules::delete(&w.st.meta, w.st.tail, w.shared.forks(), if_tail)? {
+        match rules::delete(&w.st.meta, w.st.tail, w.shared.forks(), req)? {
             Removal::Remove => self.remove(path, g),
             Removal::SoftDelete => {
                 g.record(&Record::SoftDelete { id: w.st.meta.id });
@@ -155,8 +155,24 @@ impl Store {
                 self.counters.producers.fetch_sub(dropped as u64, Ordering::Relaxed);
                 g.effects.push(Effect::SoftDelete { shared: w.shared.clone() });
             }
+            Removal::Detach => self.detach(path, g),
         }
         Ok(())
+    }
+
+    /// Detaches a stream from its path (one Detach record): soft-deleted if it was not yet, out
+    /// of the path map (a create of the path makes a new stream), and kept by id for its forks,
+    /// which hold its index in their chains and read it as before. Its remains go with its last
+    /// fork ([`Store::remove_id`]).
+    fn detach(&mut self, path: &str, g: &mut Group) {
+        let Some((path, mut w)) = self.streams.remove_entry(path) else { return };
+        let id = w.st.meta.id;
+        g.record(&Record::Detach { id });
+        let dropped = w.st.soft_delete();
+        self.counters.producers.fetch_sub(dropped as u64, Ordering::Relaxed);
+        self.paths_by_id.remove(&id);
+        g.effects.push(Effect::Detach { path, shared: w.shared.clone() });
+        self.detached.insert(id, w);
     }
 
     /// Appends a compaction's snapshot pieces and trims to where they start, as
@@ -197,23 +213,45 @@ impl Store {
         Ok(TrimOutcome { earliest: w.st.meta.earliest, tail: w.st.tail })
     }
 
-    /// Removes a stream; a fork releases its source, and a soft-deleted source whose last fork
-    /// this was goes too, up the chain, in the same frame.
+    /// Removes the stream at `path` as [`Store::remove_id`] does.
     pub(super) fn remove(&mut self, path: &str, g: &mut Group) {
-        let mut next = self.streams.get_key_value(path).map(|(k, _)| k.clone());
-        while let Some(path) = next.take() {
-            let Some(w) = self.streams.remove(&path) else { return };
-            self.paths_by_id.remove(&w.st.meta.id);
-            g.record(&Record::Remove { id: w.st.meta.id });
+        if let Some(id) = self.streams.get(path).map(|w| w.st.meta.id) {
+            self.remove_id(id, g);
+        }
+    }
+
+    /// Removes stream `id` (at its path, or detached); a fork releases its source, and a
+    /// soft-deleted source (detached or not) whose last fork this was goes too, up the chain, in
+    /// the same frame.
+    pub(super) fn remove_id(&mut self, id: u64, g: &mut Group) {
+        let mut next = Some(id);
+        while let Some(id) = next.take() {
+            let Some((path, w)) = self.take_stream(id) else { return };
+            g.record(&Record::Remove { id });
             self.counters.producers.fetch_sub(w.st.producers.len() as u64, Ordering::Relaxed);
             g.effects.push(Effect::Remove { path, shared: w.shared });
             let Some(f) = w.st.meta.fork else { continue };
-            let Some(src_path) = self.paths_by_id.get(&f.source_id) else { continue };
-            let Some(src) = self.streams.get(src_path) else { continue };
+            let Some(src) = self.stream_by_id(f.source_id) else { continue };
             let left = src.shared.forks.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
             if rules::source_follows(&src.st.meta, left) {
-                next = Some(src_path.clone());
+                next = Some(f.source_id);
             }
+        }
+    }
+
+    /// Stream `id`, at its path or detached.
+    fn stream_by_id(&self, id: u64) -> Option<&WStream> {
+        match self.paths_by_id.get(&id) {
+            Some(path) => self.streams.get(path).map(|w| &**w),
+            None => self.detached.get(&id).map(|w| &**w),
+        }
+    }
+
+    /// Takes stream `id` out of the store, with its path (`None`: it was detached).
+    fn take_stream(&mut self, id: u64) -> Option<(Option<Arc<str>>, Box<WStream>)> {
+        match self.paths_by_id.remove(&id) {
+            Some(path) => self.streams.remove(&path).map(|w| (Some(path), w)),
+            None => self.detached.remove(&id).map(|w| (None, w)),
         }
     }
 

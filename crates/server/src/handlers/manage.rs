@@ -5,7 +5,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use oncelog_protocol::headers::names;
 use oncelog_protocol::{content_type, Offset};
-use oncelog_storage::{Engine, ReadRequest, StreamInfo};
+use oncelog_storage::{DeleteRequest, Engine, ReadRequest, StreamInfo};
 
 use crate::error::ApiError;
 use crate::request::RequestError;
@@ -57,9 +57,28 @@ pub(super) async fn trim<E: Engine>(
     Ok(reply::respond(StatusCode::NO_CONTENT, pairs, Body::empty()))
 }
 
-/// `DELETE`; with `If-Match`, only if nobody wrote since the tail named (decided by the engine
-/// atomically with the delete).
-pub(super) async fn delete<E: Engine>(st: &AppState<E>, path: &str, if_tail: Option<Vec<Offset>>) -> Result<Response, ApiError> {
-    st.engine.delete_if(path, if_tail, st.clock.now_ms()).await?;
+/// `DELETE`; with `If-Match`, only if nobody wrote since the tail named; with `?purge=true`, a
+/// stream that forks read (live or already deleted) is detached from its path, which is free at
+/// once (docs/PROTOCOL-EXTENSIONS.md). Decided by the engine atomically with the delete.
+pub(super) async fn delete<E: Engine>(st: &AppState<E>, path: &str, req: DeleteRequest) -> Result<Response, ApiError> {
+    st.engine.delete_if(path, req, st.clock.now_ms()).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The `purge` query parameter of a `DELETE`: absent, or `true` once. Any other value, or two,
+/// is refused rather than guessed at: `purge=false` read as a plain delete, or a typo read as
+/// one, would leave the path reserved while its owner believes it free. Other parameters are
+/// ignored, as on reads.
+pub(super) fn purge(query: Option<&str>) -> Result<bool, ApiError> {
+    let mut found = None;
+    for (_, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()).filter(|(k, _)| k == "purge") {
+        if found.replace(v).is_some() {
+            return Err(RequestError::RepeatedParam("purge").into());
+        }
+    }
+    match found.as_deref() {
+        None => Ok(false),
+        Some("true") => Ok(true),
+        Some(_) => Err(ApiError::InvalidPurge),
+    }
 }

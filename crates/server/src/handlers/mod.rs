@@ -66,7 +66,7 @@ async fn dispatch<E: Engine>(st: &AppState<E>, path: &str, method: &Method, uri:
             Operation::Close { info, headers } => append::append(st, path, info, headers, h, body, &caller, true).await,
             Operation::Trim { info, to } => manage::trim(st, path, &info, to, h, body).await,
             Operation::Compact { .. } => manage::compact(st, path, h, body).await,
-            Operation::Delete { if_tail } => manage::delete(st, path, if_tail).await,
+            Operation::Delete { if_tail, purge } => manage::delete(st, path, oncelog_storage::DeleteRequest { if_tail, purge }).await,
             Operation::Preflight => Ok(headers::preflight(h)),
         }
     }
@@ -89,7 +89,7 @@ async fn operation<E: Engine>(st: &AppState<E>, kind: Kind, path: &str, query: O
         (Kind::Read | Kind::Head | Kind::Append { .. } | Kind::Close | Kind::Trim | Kind::Compact, _) => st.engine.head(path, st.clock.now_ms()).await?,
         (Kind::Create, _) => return Ok(Operation::Create(CreateHeaders::parse(h)?)),
         (Kind::Fork, _) => return Ok(Operation::Fork(CreateHeaders::parse(h)?)),
-        (Kind::Delete, _) => return Ok(Operation::Delete { if_tail: request::if_match(h)?.flatten() }),
+        (Kind::Delete, _) => return Ok(Operation::Delete { if_tail: request::if_match(h)?.flatten(), purge: manage::purge(query)? }),
         (Kind::Preflight, _) => return Ok(Operation::Preflight),
         (Kind::NotAllowed, _) => return Err(ApiError::MethodNotAllowed),
     };

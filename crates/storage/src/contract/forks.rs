@@ -1,4 +1,5 @@
-//! Forks: chains, sub-offsets, verdicts, soft delete and cascading removal.
+//! Forks: chains, sub-offsets, verdicts, soft delete and cascading removal, purge (detaching a
+//! source from its path).
 
 use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::Offset;
@@ -113,4 +114,81 @@ pub async fn soft_delete_keeps_data_for_forks_and_cascades<H: Harness>() {
     assert!(matches!(e.head("b", 0).await, Err(LookupError::NotFound)));
     assert!(matches!(e.create(create_req("b", "text/plain")).await, Ok(CreateOutcome::Created(_))));
     assert_eq!(read_all(e, "b", 8).await, "");
+}
+
+/// A purge (`DELETE …?purge=true`) of a source that forks read, live or already soft-deleted
+/// (the owner's way out when another tenant's fork keeps a deleted path reserved): the path is
+/// free at once and a create there makes a new, unrelated stream; the forks read every byte
+/// they read before, at the same offsets, before and after a reopen; the detached remains are
+/// still counted until the last fork goes, and then gone with it, up a chain.
+pub async fn purge_detaches_a_forked_source_from_its_path<H: Harness>() {
+    let mut h = H::open().await;
+    let e = h.engine();
+    let mut src = create_req("src", "text/plain");
+    src.initial = Bytes::from_static(b"abc");
+    let old = create(e, src).await;
+    append(e, append_req("src", "def")).await;
+    // A fork point inside an append: the fork reads "abcde", then its own "XY".
+    create(e, fork_req("f", "src", Some(5), 0)).await;
+    append(e, append_req("f", "XY")).await;
+    // A second source, soft-deleted first by a plain delete: its path stays reserved.
+    create(e, create_req("held", "text/plain")).await;
+    append(e, append_req("held", "123")).await;
+    create(e, fork_req("hf", "held", None, 0)).await;
+    append(e, append_req("hf", "Z")).await;
+    e.delete("held", 0).await.expect("plain delete");
+    assert!(matches!(e.create(create_req("held", "text/plain")).await, Err(CreateError::PathReserved)));
+    // A purge is conditional on the tail as a plain delete is, and writes nothing when refused.
+    let stale = e.delete_if("src", DeleteRequest { if_tail: Some(vec![Offset(5)]), purge: true }, 0).await;
+    assert!(matches!(stale, Err(LookupError::PreconditionFailed { tail: Offset(6), .. })), "{stale:?}");
+    assert_eq!(read_all(e, "src", 8).await, "abcdef");
+    e.delete_if("src", DeleteRequest { if_tail: Some(vec![Offset(6)]), purge: true }, 0).await.expect("purge a live source");
+    e.delete_if("held", DeleteRequest::purge(), 0).await.expect("purge a soft-deleted source");
+    for p in ["src", "held"] {
+        assert!(matches!(e.head(p, 0).await, Err(LookupError::NotFound)), "{p} is free");
+        assert!(matches!(e.read(ReadRequest::new(p, Offset::ZERO, 8, 0)).await, Err(LookupError::NotFound)), "{p}");
+        assert!(matches!(e.append(append_req(p, "x")).await, Err(AppendError::NotFound)), "{p}");
+        assert!(matches!(e.delete_if(p, DeleteRequest::purge(), 0).await, Err(LookupError::NotFound)), "{p}");
+        assert!(matches!(e.create(fork_req("x", p, None, 0)).await, Err(CreateError::SourceNotFound)), "{p}");
+    }
+    // The remains exist still (for the forks), but no path names them.
+    assert_eq!(e.stats().streams, 4);
+    let listed: Vec<String> = e.list_streams("", 0).await.expect("list").into_iter().map(|l| l.path).collect();
+    assert_eq!(listed, ["f", "hf"]);
+    // The path takes a new, unrelated stream at once.
+    let new = create(e, create_req("src", "text/plain")).await;
+    assert!(new.id != old.id && new.tail == Offset::ZERO, "{new:?}");
+    append(e, append_req("src", "new")).await;
+    for round in 0..2 {
+        let e = h.engine();
+        assert_eq!(read_all(e, "f", 2).await, "abcdeXY", "round {round}");
+        let from3 = e.read(ReadRequest::new("f", Offset(3), 1 << 20, 0)).await.expect("read f from 3");
+        assert_eq!(&from3.data[..], b"deXY", "round {round}: the same bytes at the same offsets");
+        assert_eq!(read_all(e, "hf", 1).await, "123Z");
+        assert_eq!(read_all(e, "src", 8).await, "new");
+        assert_eq!(e.head("src", 0).await.expect("head").id, new.id);
+        assert!(matches!(e.head("held", 0).await, Err(LookupError::NotFound)));
+        assert_eq!(e.stats().streams, 5, "round {round}");
+        h.reopen().await;
+    }
+    // A fork of the fork reads through the detached ancestor too.
+    let e = h.engine();
+    create(e, fork_req("g", "f", None, 0)).await;
+    assert_eq!(read_all(e, "g", 3).await, "abcdeXY");
+    // The last fork gone, the remains go with it, up the chain; the new stream stays.
+    e.delete("f", 0).await.expect("soft-delete f: g reads it");
+    e.delete("g", 0).await.expect("delete g");
+    assert_eq!(e.stats().streams, 3, "g, f and the detached src removed");
+    e.delete("hf", 0).await.expect("delete hf");
+    assert_eq!(e.stats().streams, 1, "hf and the detached held removed");
+    h.reopen().await;
+    let e = h.engine();
+    assert_eq!(e.stats().streams, 1);
+    let listed: Vec<String> = e.list_streams("", 0).await.expect("list").into_iter().map(|l| l.path).collect();
+    assert_eq!(listed, ["src"]);
+    assert_eq!(read_all(e, "src", 8).await, "new");
+    // And a purge of a stream without forks is a plain delete.
+    e.delete_if("src", DeleteRequest::purge(), 0).await.expect("purge without forks");
+    assert!(matches!(e.head("src", 0).await, Err(LookupError::NotFound)));
+    assert_eq!(e.stats().streams, 0);
 }

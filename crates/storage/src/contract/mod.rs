@@ -8,8 +8,8 @@
 //! A behaviour that is not in this suite is not part of the contract. Cases are grouped by
 //! topic: [`writes`] (create and append verdicts, precedence, receipts, parking, closure,
 //! `Stream-Seq`, incarnations and framing), [`forks`] (chains, sub-offsets, soft delete and
-//! cascade), [`lifecycle`] (reads and their alignment, trims, expiry, live waits, persistence
-//! across reopen, readiness), [`retention`] (policies and the sweep that applies them),
+//! cascade, purge), [`lifecycle`] (reads and their alignment, trims, expiry, live waits,
+//! persistence across reopen, readiness), [`retention`] (policies and the sweep that applies them),
 //! [`compaction`] (State Protocol snapshots), [`txn`] (transactions over metadata and several
 //! streams, stream listing), [`subscriptions`] (subscription state kept through them).
 
@@ -115,6 +115,7 @@ macro_rules! __contract_all_cases {
             forks::fork_sub_offsets_count_bytes_or_messages,
             forks::fork_verdicts,
             forks::soft_delete_keeps_data_for_forks_and_cascades,
+            forks::purge_detaches_a_forked_source_from_its_path,
             lifecycle::reads_page_through_whole_appends,
             lifecycle::bounded_reads_may_end_inside_an_append,
             lifecycle::trims_move_the_earliest_offset_forward,

@@ -105,10 +105,10 @@ pub async fn conditional_appends<H: Harness>() {
     assert!(matches!(e.append(at(append_req("s", "h"), &[6])).await, Err(AppendError::Closed { .. })));
     assert_eq!(read_all(e, "s", 1 << 20).await, "abcdef");
     // A conditional delete: at another tail it is refused and the stream stays.
-    let stale = e.delete_if("s", Some(vec![Offset(5)]), 0).await;
+    let stale = e.delete_if("s", DeleteRequest::if_tail(vec![Offset(5)]), 0).await;
     assert!(matches!(stale, Err(LookupError::PreconditionFailed { tail: Offset(6), closed: true })), "{stale:?}");
     assert_eq!(read_all(e, "s", 1 << 20).await, "abcdef");
-    e.delete_if("s", Some(vec![Offset(6)]), 0).await.expect("deleted at its tail");
+    e.delete_if("s", DeleteRequest::if_tail(vec![Offset(6)]), 0).await.expect("deleted at its tail");
     assert!(matches!(e.head("s", 0).await, Err(LookupError::NotFound)));
 }
 

@@ -312,12 +312,24 @@ fn fork_resolution_verdicts() {
 #[test]
 fn delete_expiry_and_visibility_verdicts() {
     let mut m = meta("text/plain");
-    assert!(matches!(delete(&m, Offset(4), 0, None), Ok(Removal::Remove)));
-    assert!(matches!(delete(&m, Offset(4), 2, None), Ok(Removal::SoftDelete)));
-    assert!(matches!(delete(&m, Offset(4), 0, Some(&[Offset(4)])), Ok(Removal::Remove)));
-    assert!(matches!(delete(&m, Offset(4), 0, Some(&[Offset(3)])), Err(LookupError::PreconditionFailed { tail: Offset(4), closed: false })));
+    let plain = DeleteRequest::default();
+    let purge = DeleteRequest::purge();
+    let if_tail = |t: u64, purge: bool| DeleteRequest { if_tail: Some(vec![Offset(t)]), purge };
+    assert!(matches!(delete(&m, Offset(4), 0, &plain), Ok(Removal::Remove)));
+    assert!(matches!(delete(&m, Offset(4), 2, &plain), Ok(Removal::SoftDelete)));
+    assert!(matches!(delete(&m, Offset(4), 0, &if_tail(4, false)), Ok(Removal::Remove)));
+    assert!(matches!(delete(&m, Offset(4), 0, &if_tail(3, false)), Err(LookupError::PreconditionFailed { tail: Offset(4), closed: false })));
+    // A purge is a plain delete without forks, and detaches the stream from its path with them.
+    assert!(matches!(delete(&m, Offset(4), 0, &purge), Ok(Removal::Remove)));
+    assert!(matches!(delete(&m, Offset(4), 2, &purge), Ok(Removal::Detach)));
+    assert!(matches!(delete(&m, Offset(4), 2, &if_tail(3, true)), Err(LookupError::PreconditionFailed { tail: Offset(4), closed: false })));
     m.soft_deleted = true;
-    assert!(matches!(delete(&m, Offset(4), 2, None), Err(LookupError::Gone)));
+    assert!(matches!(delete(&m, Offset(4), 2, &plain), Err(LookupError::Gone)));
+    assert!(matches!(delete(&m, Offset(4), 2, &if_tail(3, false)), Err(LookupError::Gone)));
+    // The owner's way out of a path a fork keeps reserved: a soft-deleted stream is detached.
+    assert!(matches!(delete(&m, Offset(4), 2, &purge), Ok(Removal::Detach)));
+    assert!(matches!(delete(&m, Offset(4), 2, &if_tail(4, true)), Ok(Removal::Detach)));
+    assert!(matches!(delete(&m, Offset(4), 2, &if_tail(3, true)), Err(LookupError::PreconditionFailed { .. })));
     assert!(source_follows(&m, 0));
     assert!(!source_follows(&m, 1));
     assert!(matches!(visible(m.soft_deleted, false, 1), Err(LookupError::Gone)));
