@@ -147,6 +147,14 @@ pub enum Error {
         closed: bool,
     },
 
+    /// `409` to an append with `Stream-Expected-Offset` ([`crate::AppendOptions::expected_offset`]):
+    /// the stream's tail is not that offset; nothing was written.
+    #[error("expected offset conflict: the stream's tail is now {current}")]
+    ExpectedOffsetConflict {
+        /// The stream's tail now: read from the old one up to here, decide again, retry with it.
+        current: StreamOffset,
+    },
+
     /// `400`: the server refused the request as malformed (an invalid offset, for example).
     #[error("bad request: {message}")]
     BadRequest {
@@ -251,6 +259,7 @@ impl Error {
             Error::ConfigMismatch { .. }
             | Error::StreamClosed { .. }
             | Error::StreamSeqConflict { .. }
+            | Error::ExpectedOffsetConflict { .. }
             | Error::Conflict { .. }
             | Error::SequenceGap { .. } => 409,
             Error::Fenced { .. } => 403,

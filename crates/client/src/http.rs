@@ -119,6 +119,12 @@ pub(crate) async fn error_from_response(resp: reqwest::Response, op: Op, idempot
         }
     }
     let message = reason(resp).await;
+    // The protocol's words for a strict compare-and-append that lost (`Stream-Expected-Offset`).
+    if status == 409 && message.to_ascii_lowercase().starts_with("expected offset conflict") {
+        if let Ok(current) = next_offset(&headers) {
+            return Error::ExpectedOffsetConflict { current };
+        }
+    }
     match (status, op) {
         (400, _) => Error::BadRequest { message },
         (410, _) => Error::Gone { message },

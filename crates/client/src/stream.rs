@@ -115,6 +115,11 @@ pub struct AppendOptions {
     /// `If-Match`: append only if the stream's tail is this offset, else
     /// [`Error::PreconditionFailed`] and nothing is written (see [`StreamHandle::append_if`]).
     pub if_match: Option<StreamOffset>,
+    /// `Stream-Expected-Offset` (the protocol's strict compare-and-append): append only if the
+    /// stream's tail is exactly this offset, else [`Error::ExpectedOffsetConflict`] with the
+    /// current tail and nothing written. Where `if_match` is Oncelog's extension (`412`), this
+    /// is the upstream protocol's header (`409`), understood by every server that implements it.
+    pub expected_offset: Option<StreamOffset>,
     /// `Idempotency-Key` (see [`crate::new_idempotency_key`]): a repeat of the append with the
     /// same key and body is answered from the first, never written twice, so an append with a
     /// key is retried after any transient failure. A key set here (or as an `Idempotency-Key`
@@ -339,6 +344,9 @@ impl StreamHandle {
         }
         if let Some(tail) = &opts.if_match {
             req.header(names::IF_MATCH, tail.as_str())?;
+        }
+        if let Some(tail) = &opts.expected_offset {
+            req.header(names::STREAM_EXPECTED_OFFSET, tail.as_str())?;
         }
         if let Some(key) = opts.idempotency_key.as_ref().or(auto_key.as_ref()) {
             req.header(names::IDEMPOTENCY_KEY, key)?;

@@ -359,6 +359,25 @@ async fn append_if_writes_at_the_tail_it_saw_or_returns_the_current_one() {
 }
 
 #[tokio::test]
+async fn an_append_with_an_expected_offset_lands_only_at_that_tail() {
+    let (_srv, s) = stream_on_a_server("expect", "text/plain").await;
+    let start = s.head().await.expect("head").next_offset;
+    let at = |o: &oncelog_client::StreamOffset| AppendOptions { expected_offset: Some(o.clone()), ..AppendOptions::default() };
+    let after = s.append("mine", at(&start)).await.expect("append at the tail").next_offset;
+    match s.append("theirs", at(&start)).await {
+        Err(e @ Error::ExpectedOffsetConflict { .. }) => {
+            assert_eq!(e.status(), Some(409));
+            let Error::ExpectedOffsetConflict { current } = e else { unreachable!() };
+            assert_eq!(current, after);
+        }
+        other => panic!("expected an expected-offset conflict, got {other:?}"),
+    }
+    s.append("theirs", at(&after)).await.expect("append at the new tail");
+    let all = collect(s.read(ReadOptions::new(ReadFrom::Beginning, LiveMode::CatchUp))).await.expect("read");
+    assert_eq!(text(&all), "minetheirs");
+}
+
+#[tokio::test]
 async fn a_sequence_number_reused_for_other_bytes_is_a_typed_body_mismatch() {
     let (_srv, s) = stream_on_a_server("reuse", "text/plain").await;
     let opts = || {

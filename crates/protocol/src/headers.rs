@@ -24,6 +24,9 @@ pub mod names {
     /// A conditional append: written only if the stream's tail is this offset (an Oncelog
     /// extension; `412 Precondition Failed` otherwise).
     pub const IF_MATCH: &str = "if-match";
+    /// A strict compare-and-append (upstream protocol): the append is written only if the
+    /// stream's tail is exactly this offset; else `409` with the tail in `Stream-Next-Offset`.
+    pub const STREAM_EXPECTED_OFFSET: &str = "stream-expected-offset";
     /// On a `409`: why a producer request conflicts beyond a sequence gap (`body-mismatch`: the
     /// sequence number was accepted with a different body). An Oncelog extension.
     pub const PRODUCER_CONFLICT: &str = "producer-conflict";

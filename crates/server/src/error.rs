@@ -136,8 +136,10 @@ impl ApiError {
                     StatusCode::CONFLICT,
                     vec![h(names::STREAM_CLOSED, "true"), h(names::STREAM_NEXT_OFFSET, tail)],
                 ),
+                AppendError::StreamSeqRegression { tail } | AppendError::ExpectedOffsetConflict { tail } => {
+                    (StatusCode::CONFLICT, vec![h(names::STREAM_NEXT_OFFSET, tail)])
+                }
                 AppendError::ContentTypeMismatch
-                | AppendError::StreamSeqRegression
                 | AppendError::StreamChanged
                 | AppendError::FramingMismatch => (StatusCode::CONFLICT, vec![]),
                 AppendError::Empty => (StatusCode::BAD_REQUEST, vec![]),

@@ -13,7 +13,7 @@ stream-retention-max-bytes, stream-compaction, etag, location, content-type, ret
 /// Request headers a browser client may send.
 const ALLOW_HEADERS: &str = "content-type, if-none-match, authorization, stream-ttl, stream-expires-at, \
 stream-closed, stream-seq, stream-forked-from, stream-fork-offset, stream-fork-sub-offset, producer-id, \
-producer-epoch, producer-seq, if-match, idempotency-key, stream-trim-to, stream-retention-max-age, \
+producer-epoch, producer-seq, if-match, stream-expected-offset, idempotency-key, stream-trim-to, stream-retention-max-age, \
 stream-retention-max-bytes, stream-compaction, stream-compact, last-event-id";
 
 /// Which browser origins may read answers (`--cors-origins`).

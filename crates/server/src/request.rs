@@ -288,6 +288,8 @@ pub struct AppendHeaders {
     pub if_match: Option<Vec<oncelog_protocol::Offset>>,
     /// `Idempotency-Key`, as kept.
     pub idempotency_key: Option<oncelog_protocol::digest::KeyId>,
+    /// `Stream-Expected-Offset`: written only at exactly this tail.
+    pub expected_offset: Option<oncelog_protocol::Offset>,
 }
 
 impl AppendHeaders {
@@ -317,6 +319,7 @@ impl AppendHeaders {
             producer,
             if_match: if_match(h)?.flatten(),
             idempotency_key,
+            expected_offset: header(h, names::STREAM_EXPECTED_OFFSET)?.map(|v| oncelog_protocol::Offset::parse(v.trim())).transpose()?,
         })
     }
 }

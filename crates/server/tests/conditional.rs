@@ -168,3 +168,58 @@ async fn if_match_on_head_put_delete_and_get() {
     assert_eq!(http.delete(&url).header("if-match", at(3)).send().await.expect("delete").status(), StatusCode::NO_CONTENT);
     assert_eq!(http.head(&url).send().await.expect("head").status(), StatusCode::NOT_FOUND);
 }
+
+/// `Stream-Expected-Offset` (the upstream protocol's strict compare-and-append): `409` with the
+/// body `Expected offset conflict` and the tail in `Stream-Next-Offset`; a regressing
+/// `Stream-Seq`'s `409` carries the tail too (body `Sequence conflict`); a closed stream's `409`
+/// wins; a malformed or repeated header is `400`; browsers may send it.
+#[tokio::test]
+async fn stream_expected_offset_appends_only_at_that_tail_and_409s_with_it() {
+    let (s, http) = server().await;
+    let url = s.url("s");
+    let expecting = |at: &str, body: &'static str| http.post(&url).header("content-type", "text/plain").header("stream-expected-offset", at.to_owned()).body(body);
+    let zero = Offset(0).to_string();
+    let r = expecting(&zero, "ab").send().await.expect("post");
+    assert_eq!((r.status(), tail(&r)), (StatusCode::NO_CONTENT, Offset(2).to_string()));
+    let r = expecting(&zero, "zz").send().await.expect("post");
+    assert_eq!((r.status(), tail(&r)), (StatusCode::CONFLICT, Offset(2).to_string()));
+    let text = r.text().await.expect("text");
+    assert!(text.starts_with("Expected offset conflict"), "{text}");
+    // Composes with Stream-Seq: each 409 says the tail, with its own words.
+    let two = Offset(2).to_string();
+    let r = expecting(&two, "cd").header("stream-seq", "5").send().await.expect("post");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let four = Offset(4).to_string();
+    let r = expecting(&four, "ef").header("stream-seq", "3").send().await.expect("post");
+    assert_eq!((r.status(), tail(&r)), (StatusCode::CONFLICT, four.clone()));
+    assert!(r.text().await.expect("text").starts_with("Sequence conflict"));
+    // A producer retry of an append that landed is a duplicate whatever it expected.
+    let produce = |at: &str| expecting(at, "gh").header("producer-id", "p").header("producer-epoch", "0").header("producer-seq", "0");
+    let r = produce(&four).send().await.expect("post");
+    assert_eq!(r.status(), StatusCode::OK);
+    let six = tail(&r);
+    let r = produce(&four).send().await.expect("retry");
+    assert_eq!((r.status(), tail(&r)), (StatusCode::NO_CONTENT, six.clone()));
+    // Malformed, or sent twice: 400, nothing written.
+    assert_eq!(expecting("nope", "x").send().await.expect("post").status(), StatusCode::BAD_REQUEST);
+    let twice = expecting(&six, "x").header("stream-expected-offset", six.clone()).send().await.expect("post");
+    assert_eq!(twice.status(), StatusCode::BAD_REQUEST);
+    // Closed: the closure's 409 wins, even at the right offset.
+    let r = http.post(&url).header("stream-closed", "true").send().await.expect("close");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = expecting(&six, "x").send().await.expect("post");
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert_eq!(r.headers().get("stream-closed").and_then(|v| v.to_str().ok()), Some("true"));
+    assert_eq!(http.get(&url).send().await.expect("get").text().await.expect("text"), "abcdgh");
+    // A browser may send it: it is in the list a preflight answers (asking for no header in
+    // particular, so nothing is echoed back).
+    let pre = http
+        .request(reqwest::Method::OPTIONS, &url)
+        .header("origin", "https://app.example")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .expect("preflight");
+    let allowed = pre.headers().get("access-control-allow-headers").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    assert!(allowed.split(", ").any(|h| h == "stream-expected-offset"), "{allowed}");
+}

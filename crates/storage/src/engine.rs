@@ -142,6 +142,10 @@ pub struct AppendRequest {
     /// `If-Match`: the append is written only if the stream's tail is one of these (else
     /// [`AppendError::PreconditionFailed`]). `None`: unconditional.
     pub if_match: Option<Vec<Offset>>,
+    /// `Stream-Expected-Offset`: the append is written only if the stream's tail is exactly this
+    /// offset (else [`AppendError::ExpectedOffsetConflict`]), decided with the write. A
+    /// producer retry of an append that landed is still a duplicate: that verdict comes first.
+    pub expected_offset: Option<Offset>,
     /// The digest of `data`, when the caller computed it (off the engine's writer); computed
     /// from `data` when needed otherwise.
     pub body_digest: Option<BodyDigest>,
@@ -165,6 +169,7 @@ impl AppendRequest {
             stream_seq: None,
             producer: None,
             if_match: None,
+            expected_offset: None,
             body_digest: None,
             idempotency_key: None,
             now_ms,
@@ -204,8 +209,12 @@ pub enum AppendError {
     Closed { tail: Offset },
     #[error("content type does not match the stream's")]
     ContentTypeMismatch,
-    #[error("Stream-Seq must be greater than the last one")]
-    StreamSeqRegression,
+    /// `409` with the tail, body `Sequence conflict` (the upstream protocol's words first).
+    #[error("Sequence conflict: Stream-Seq must be greater than the last one")]
+    StreamSeqRegression { tail: Offset },
+    /// `409` with the tail, body `Expected offset conflict`.
+    #[error("Expected offset conflict: the stream's tail is not the offset Stream-Expected-Offset names; someone wrote since (the tail is in Stream-Next-Offset)")]
+    ExpectedOffsetConflict { tail: Offset },
     #[error("producer epoch is stale")]
     ProducerFenced { current_epoch: u64 },
     #[error("producer sequence gap: expected {expected}, received {received}")]

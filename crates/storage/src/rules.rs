@@ -250,7 +250,12 @@ pub fn append<'a>(
         }
         return Err(AppendError::Closed { tail });
     }
-    // 5. Content type and framing, when there is a body.
+    // 5. The strict compare-and-append (a closed stream's answer, above, wins even when the
+    // offset matches).
+    if req.expected_offset.is_some_and(|o| o != tail) {
+        return Err(AppendError::ExpectedOffsetConflict { tail });
+    }
+    // 6. Content type and framing, when there is a body.
     if !req.data.is_empty() {
         let ok = req.content_type.as_deref().is_some_and(|ct| content_type::matches(ct, &meta.content_type));
         if !ok {
@@ -260,10 +265,10 @@ pub fn append<'a>(
             return Err(AppendError::FramingMismatch);
         }
     }
-    // 6. Stream-Seq.
+    // 7. Stream-Seq.
     if let (Some(seq), Some(last)) = (&req.stream_seq, &meta.stream_seq) {
         if seq.as_bytes() <= last.as_bytes() {
-            return Err(AppendError::StreamSeqRegression);
+            return Err(AppendError::StreamSeqRegression { tail });
         }
     }
     // 7. Offset space.

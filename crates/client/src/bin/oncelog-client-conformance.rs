@@ -346,6 +346,7 @@ impl Adapter {
             stream_seq: cmd.get("seq").and_then(|v| v.as_i64().map(|n| n.to_string()).or_else(|| v.as_str().map(str::to_owned))),
             headers: headers_of(cmd)?,
             if_match: None,
+            expected_offset: None,
             idempotency_key: None,
             // The client's default: an automatic Idempotency-Key, so the append is retried
             // after 5xx and network errors (a server that ignores the key simply takes the retry).

@@ -92,6 +92,7 @@ pub(super) async fn append<E: Engine>(
             stream_seq: h.stream_seq.clone(),
             producer: h.producer.clone(),
             if_match: h.if_match.clone(),
+            expected_offset: h.expected_offset,
             body_digest,
             idempotency_key: h.idempotency_key,
             now_ms: st.clock.now_ms(),

@@ -299,6 +299,7 @@ async fn outputs<E: Engine>(st: &AppState<E>, body: &serde_json::Map<String, Val
             stream_seq: None,
             producer: Some(producer),
             if_match: None,
+            expected_offset: None,
             idempotency_key: None,
             now_ms: now,
         });

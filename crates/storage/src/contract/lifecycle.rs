@@ -187,7 +187,7 @@ pub async fn state_survives_reopen<H: Harness>() {
     assert_eq!((dup.status, dup.next_offset), (AppendStatus::Duplicate, Offset(6)));
     assert!(matches!(e.append(produce("s", "x", "p", 2, 0)).await, Err(AppendError::ProducerFenced { current_epoch: 3 })));
     let stale_seq = AppendRequest { stream_seq: Some("a".into()), ..append_req("s", "x") };
-    assert!(matches!(e.append(stale_seq).await, Err(AppendError::StreamSeqRegression)));
+    assert!(matches!(e.append(stale_seq).await, Err(AppendError::StreamSeqRegression { .. })));
     let c = e.head("c", 0).await.expect("head");
     assert!(c.closed && c.tail == Offset(2));
 }

@@ -111,6 +111,7 @@ macro_rules! __contract_all_cases {
             writes::stream_seq_must_increase,
             writes::appends_validated_against_a_replaced_stream_are_refused,
             writes::framing_must_match_the_stream_type,
+            writes::expected_offset_is_a_strict_compare_and_append,
             forks::fork_chains_read_through_their_ancestors,
             forks::fork_sub_offsets_count_bytes_or_messages,
             forks::fork_verdicts,

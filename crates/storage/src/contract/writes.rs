@@ -51,7 +51,7 @@ pub async fn append_precedence<H: Harness>() {
     let r = AppendRequest { stream_seq: Some("1".into()), content_type: Some("text/html".into()), ..append_req("s", "c") };
     assert!(matches!(e.append(r).await, Err(AppendError::ContentTypeMismatch)));
     let r = AppendRequest { stream_seq: Some("1".into()), ..append_req("s", "c") };
-    assert!(matches!(e.append(r).await, Err(AppendError::StreamSeqRegression)));
+    assert!(matches!(e.append(r).await, Err(AppendError::StreamSeqRegression { .. })));
     // The producer closes the stream with its seq 1.
     let closing = AppendRequest { close: true, ..produce("s", "c", "p", 1, 1) };
     let out = append(e, closing.clone()).await;
@@ -352,12 +352,12 @@ pub async fn stream_seq_must_increase<H: Harness>() {
     let seq = |s: &str, d: &str| AppendRequest { stream_seq: Some(s.into()), ..append_req("s", d) };
     append(e, seq("b", "1")).await;
     // Compared byte-wise: "b" < "ba" < "c".
-    assert!(matches!(e.append(seq("b", "2")).await, Err(AppendError::StreamSeqRegression)));
-    assert!(matches!(e.append(seq("a", "2")).await, Err(AppendError::StreamSeqRegression)));
+    assert!(matches!(e.append(seq("b", "2")).await, Err(AppendError::StreamSeqRegression { .. })));
+    assert!(matches!(e.append(seq("a", "2")).await, Err(AppendError::StreamSeqRegression { .. })));
     append(e, seq("ba", "2")).await;
     // An append without Stream-Seq does not reset it.
     append(e, append_req("s", "3")).await;
-    assert!(matches!(e.append(seq("ba", "4")).await, Err(AppendError::StreamSeqRegression)));
+    assert!(matches!(e.append(seq("ba", "4")).await, Err(AppendError::StreamSeqRegression { .. })));
     append(e, seq("c", "4")).await;
     assert_eq!(read_all(e, "s", 1 << 20).await, "1234");
 }
@@ -402,4 +402,59 @@ pub async fn framing_must_match_the_stream_type<H: Harness>() {
     c.initial = json_framed(&["1"]);
     c.json_framed = true;
     assert_eq!(create(e, c).await.tail, Offset(2));
+}
+
+/// `Stream-Expected-Offset`: a strict compare-and-append, decided with the write. The append
+/// lands only at exactly the tail named; a producer retry of an append that landed is still a
+/// duplicate (that verdict comes first); it composes with `Stream-Seq`, whose refusal carries the
+/// tail too; a closed stream's refusal wins even when the offset matches; a fork compares against
+/// its own tail.
+pub async fn expected_offset_is_a_strict_compare_and_append<H: Harness>() {
+    let mut h = H::open().await;
+    let e = h.engine();
+    let expecting = |req: AppendRequest, at: Offset| AppendRequest { expected_offset: Some(at), ..req };
+    let t0 = create(e, create_req("s", "text/plain")).await.tail;
+    let t1 = append(e, expecting(append_req("s", "ab"), t0)).await.next_offset;
+    assert_eq!(t1, Offset(t0.0 + 2));
+    // A stale expectation: nothing written, the tail in the answer.
+    match e.append(expecting(append_req("s", "zz"), t0)).await {
+        Err(AppendError::ExpectedOffsetConflict { tail }) => assert_eq!(tail, t1),
+        r => panic!("stale expected offset: {r:?}"),
+    }
+    // An expectation beyond the tail is no better.
+    assert!(matches!(e.append(expecting(append_req("s", "zz"), Offset(t1.0 + 100))).await, Err(AppendError::ExpectedOffsetConflict { .. })));
+    // A producer's append with the right expectation, then its retry, whose expectation is
+    // stale by now: a duplicate, answered with where it landed.
+    let first = append(e, expecting(produce("s", "cd", "p", 0, 0), t1)).await;
+    assert_eq!(first.status, AppendStatus::Appended);
+    let t2 = first.next_offset;
+    let retry = append(e, expecting(produce("s", "cd", "p", 0, 0), t1)).await;
+    assert_eq!((retry.status, retry.next_offset), (AppendStatus::Duplicate, t2));
+    // The producer's next append with a stale expectation is refused, and its sequence number
+    // is still free for the right one.
+    assert!(matches!(e.append(expecting(produce("s", "ef", "p", 0, 1), t1)).await, Err(AppendError::ExpectedOffsetConflict { tail }) if tail == t2));
+    let t3 = append(e, expecting(produce("s", "ef", "p", 0, 1), t2)).await.next_offset;
+    // With Stream-Seq: each refusal names the tail; both must pass.
+    let seq = |s: &str, d: &str| AppendRequest { stream_seq: Some(s.into()), ..append_req("s", d) };
+    let t4 = append(e, expecting(seq("5", "gh"), t3)).await.next_offset;
+    match e.append(expecting(seq("4", "ij"), t4)).await {
+        Err(AppendError::StreamSeqRegression { tail }) => assert_eq!(tail, t4),
+        r => panic!("a regressing Stream-Seq: {r:?}"),
+    }
+    assert!(matches!(e.append(expecting(seq("6", "ij"), t3)).await, Err(AppendError::ExpectedOffsetConflict { tail }) if tail == t4));
+    let t5 = append(e, expecting(seq("6", "ij"), t4)).await.next_offset;
+    assert_eq!(read_all(e, "s", 4).await, "abcdefghij");
+    // A fork compares against its own tail, not its source's.
+    let fork_tail = create(e, fork_req("f", "s", Some(t1.0), 0)).await.tail;
+    assert_eq!(fork_tail, t1);
+    assert!(matches!(e.append(expecting(append_req("f", "F"), t5)).await, Err(AppendError::ExpectedOffsetConflict { tail }) if tail == t1));
+    let f1 = append(e, expecting(append_req("f", "F"), t1)).await.next_offset;
+    assert_eq!(read_all(e, "f", 4).await, "abF");
+    // Closed: the closure's answer wins, even with the right offset.
+    append(e, close_req("s")).await;
+    assert!(matches!(e.append(expecting(append_req("s", "kl"), t5)).await, Err(AppendError::Closed { tail }) if tail == t5));
+    h.reopen().await;
+    let e = h.engine();
+    assert!(matches!(e.append(expecting(append_req("f", "G"), t1)).await, Err(AppendError::ExpectedOffsetConflict { tail }) if tail == f1));
+    assert_eq!(append(e, expecting(append_req("f", "G"), f1)).await.next_offset, Offset(f1.0 + 1));
 }

@@ -24,6 +24,8 @@ struct Op {
     variant: u8,
     close: bool,
     stream_seq: Option<u8>,
+    /// `Stream-Expected-Offset` as a distance from the tail at the time (0: the tail itself).
+    expected: Option<i8>,
     /// Time passing before the request (now and then beyond the producer TTL).
     wait_ms: i64,
 }
@@ -39,20 +41,24 @@ fn op() -> impl Strategy<Value = Op> {
         proptest::bool::weighted(0.2).prop_map(u8::from),
         proptest::bool::weighted(0.05),
         proptest::option::weighted(0.2, 0u8..6),
+        proptest::option::weighted(0.2, prop_oneof![3 => Just(0i8), 1 => -3i8..4]),
         prop_oneof![8 => Just(0i64), 1 => 0i64..(2 * TTL_MS)],
     )
-        .prop_map(|(producer, matching_type, len, variant, close, stream_seq, wait_ms)| Op {
+        .prop_map(|(producer, matching_type, len, variant, close, stream_seq, expected, wait_ms)| Op {
             producer,
             matching_type,
             len,
             variant,
             close,
             stream_seq,
+            expected,
             wait_ms,
         })
 }
 
-fn request(op: &Op, now_ms: i64) -> AppendRequest {
+/// The request `op` makes at `now_ms` against a stream whose tail is `tail` (what its
+/// `Stream-Expected-Offset` is relative to).
+fn request(op: &Op, now_ms: i64, tail: u64) -> AppendRequest {
     AppendRequest {
         path: "s".into(),
         stream_id: Some(1),
@@ -63,6 +69,7 @@ fn request(op: &Op, now_ms: i64) -> AppendRequest {
         stream_seq: op.stream_seq.map(|s| format!("s{s}")),
         producer: op.producer.map(|(id, epoch, seq)| ProducerHeaders { id: format!("p{id}"), epoch, seq }),
         if_match: None,
+        expected_offset: op.expected.map(|d| Offset(tail.saturating_add_signed(i64::from(d)))),
         body_digest: None,
         idempotency_key: None,
         now_ms,
@@ -159,13 +166,16 @@ impl Model {
                 Err(AppendError::Closed { tail })
             };
         }
+        if op.expected.is_some_and(|d| tail.0.saturating_add_signed(i64::from(d)) != tail.0) {
+            return Err(AppendError::ExpectedOffsetConflict { tail });
+        }
         if op.len > 0 && !op.matching_type {
             return Err(AppendError::ContentTypeMismatch);
         }
         let last_seq = self.accepted.iter().filter_map(|a| a.stream_seq).next_back();
         if let (Some(s), Some(last)) = (op.stream_seq, last_seq) {
             if format!("s{s}") <= format!("s{last}") {
-                return Err(AppendError::StreamSeqRegression);
+                return Err(AppendError::StreamSeqRegression { tail });
             }
         }
         Ok(AppendOutcome {
@@ -198,7 +208,7 @@ proptest! {
         let mut now = 0i64;
         for op in ops {
             now += op.wait_ms;
-            let req = request(&op, now);
+            let req = request(&op, now, model.tail());
             let got = st.append(&req, &retention);
             let want = model.answer(&op, now);
             match (&got, &want) {
@@ -219,7 +229,7 @@ proptest! {
 #[test]
 fn a_request_for_another_incarnation_is_refused_before_anything_else() {
     let m = meta("application/json");
-    let mut req = request(&Op { producer: Some((0, 0, 0)), matching_type: true, len: 3, variant: 0, close: false, stream_seq: None, wait_ms: 0 }, 0);
+    let mut req = request(&Op { producer: Some((0, 0, 0)), matching_type: true, len: 3, variant: 0, close: false, stream_seq: None, expected: None, wait_ms: 0 }, 0, 0);
     req.stream_id = Some(2);
     assert!(matches!(append(&m, Offset::ZERO, WriterState::default(), &req, &Retention::default()), Err(AppendError::StreamChanged)));
     // The same request for the right incarnation, unframed, into a JSON stream.
@@ -232,12 +242,12 @@ fn a_request_for_another_incarnation_is_refused_before_anything_else() {
 
 #[test]
 fn parking_covers_small_gaps_and_early_new_epoch_requests_only() {
-    let req = request(&Op { producer: Some((0, 1, 3)), matching_type: true, len: 1, variant: 0, close: false, stream_seq: None, wait_ms: 0 }, 0);
+    let req = request(&Op { producer: Some((0, 1, 3)), matching_type: true, len: 1, variant: 0, close: false, stream_seq: None, expected: None, wait_ms: 0 }, 0, 0);
     assert!(parkable(&req, &AppendError::ProducerSeqGap { expected: 1, received: 3 }));
     assert!(!parkable(&req, &AppendError::ProducerSeqGap { expected: 1, received: 1 + MAX_PARK_AHEAD + 1 }));
     assert!(parkable(&req, &AppendError::ProducerEpochSeq));
     assert!(!parkable(&req, &AppendError::ContentTypeMismatch));
-    let plain = request(&Op { producer: None, matching_type: true, len: 1, variant: 0, close: false, stream_seq: None, wait_ms: 0 }, 0);
+    let plain = request(&Op { producer: None, matching_type: true, len: 1, variant: 0, close: false, stream_seq: None, expected: None, wait_ms: 0 }, 0, 0);
     assert!(!parkable(&plain, &AppendError::ProducerSeqGap { expected: 1, received: 3 }));
 }
 
