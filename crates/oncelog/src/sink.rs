@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use oncelog_sink::{OnTrimmed, PostgresSink, SinkOptions, Target, Worker};
+use oncelog_sink::{OnRefused, OnTrimmed, PostgresSink, SinkOptions, Target, Worker};
 
 use crate::commands::Conn;
 
@@ -26,6 +26,18 @@ pub enum Trimmed {
     /// Go on from the earliest offset; the skipped bytes are counted (positions.lost_bytes,
     /// oncelog_sink_lost_bytes_total).
     Skip,
+}
+
+/// What to do when the target refuses a message and would on every try (a value `jsonb`
+/// refuses, a SQLSTATE class 22 data exception, a non-State-Protocol message in a State Protocol
+/// stream).
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum Refused {
+    /// Stop with an error naming the stream, the message's offset and the database's reason.
+    Stop,
+    /// Set that stream aside before the read holding the refused message (reason in
+    /// positions.set_aside_reason, oncelog_sink_streams_set_aside_total); the others go on.
+    SkipStream,
 }
 
 #[derive(clap::Args)]
@@ -60,6 +72,10 @@ pub struct PostgresArgs {
     /// streams restart from their snapshot either way).
     #[arg(long, env = "ONCELOG_SINK_ON_TRIMMED", value_enum, default_value = "fail")]
     on_trimmed: Trimmed,
+    /// When the target refuses a message of a stream: `stop`, or `skip-stream` (set that stream
+    /// aside and go on with the others).
+    #[arg(long, env = "ONCELOG_SINK_ON_REFUSED", value_enum, default_value = "stop")]
+    on_refused: Refused,
     /// Deadline of each statement in the target; a paused worker's open transaction is ended by
     /// PostgreSQL after 3/5 of it (s, m, h or d).
     #[arg(long, env = "ONCELOG_SINK_STATEMENT_TIMEOUT", default_value = "30s", value_parser = crate::token::parse_duration)]
@@ -95,6 +111,10 @@ pub async fn run(cmd: SinkCommand) -> Result<(), SinkCliError> {
     opts.on_trimmed = match a.on_trimmed {
         Trimmed::Fail => OnTrimmed::Fail,
         Trimmed::Skip => OnTrimmed::Skip,
+    };
+    opts.on_refused = match a.on_refused {
+        Refused::Stop => OnRefused::Stop,
+        Refused::SkipStream => OnRefused::SkipStream,
     };
     let target = Target::new(&a.target, &a.schema, a.statement_timeout)?;
     let worker = Worker::new(a.conn.client(None)?, target, PostgresSink::new(&a.schema), opts);

@@ -1,14 +1,21 @@
 //! The sink's errors: what a [`crate::Sink`] may answer ([`ApplyError`]) and why a worker
 //! stopped or gave a claim back ([`SinkError`]), with the one distinction the worker acts on:
 //! [`SinkError::is_fatal`] (stop and say why) or not (give the claim back, try again later).
+//!
+//! Every driver and pool error is shown through [`Described`]: the driver's own text for an
+//! error the database reported is only "db error", so the database's words (severity, SQLSTATE,
+//! message, detail, hint) are shown instead, and the causes under a connection error with it.
+
+use std::fmt;
 
 use oncelog_protocol::state::StateError;
+use tokio_postgres::error::DbError;
 
 /// Why a [`crate::Sink`] could not apply a batch. The batch's transaction is rolled back, so
 /// nothing of it (and not its position) is in the target.
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
-    #[error(transparent)]
+    #[error("target database: {}", Described(.0))]
     Db(#[from] tokio_postgres::Error),
     /// A message of a State Protocol stream that is not a State Protocol message (a stream made
     /// for compaction refuses such appends, so this means another writer or a bug).
@@ -22,17 +29,31 @@ pub enum ApplyError {
     Other(Box<dyn std::error::Error + Send + Sync>),
 }
 
+impl ApplyError {
+    /// Whether the target can never take this batch, however often it is tried: a data
+    /// exception (SQLSTATE class 22: a value `jsonb` refuses, a number out of range), a message
+    /// that is not a State Protocol message in a State Protocol stream, a message a custom sink
+    /// refuses. Anything else (the database away, a conflict, a timeout) may pass on a retry.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            ApplyError::NotState { .. } | ApplyError::Message { .. } => true,
+            ApplyError::Db(e) => e.code().is_some_and(|c| c.code().starts_with("22")),
+            ApplyError::Other(_) => false,
+        }
+    }
+}
+
 /// Why a worker stopped working on a claim.
 #[derive(Debug, thiserror::Error)]
 pub enum SinkError {
     /// The target URL or its TLS settings are unusable (as the PostgreSQL engine judges them).
-    #[error("target database: {0}")]
+    #[error("target database: {}", Described(.0))]
     TargetUrl(#[from] oncelog_postgres::OpenError),
     #[error("invalid schema name {0:?}: use lowercase letters, digits and _ (at most 63, not starting with a digit)")]
     Schema(String),
-    #[error("target database: {0}")]
+    #[error("target database: {}", Described(.0))]
     Db(#[from] tokio_postgres::Error),
-    #[error("target database connection: {0}")]
+    #[error("target database connection: {}", Described(.0))]
     Pool(#[from] deadpool_postgres::PoolError),
     /// The Oncelog server or the network.
     #[error(transparent)]
@@ -41,7 +62,7 @@ pub enum SinkError {
     Apply(#[from] ApplyError),
     /// Another worker moved this stream's position after this one read it: the compare-and-set
     /// refused the batch (nothing was applied). Normal after a claim passed to another worker.
-    #[error("{stream}: the position moved since it was read (another worker applied it); nothing applied")]
+    #[error("{stream}: the position moved since it was read (another worker applied it or set the stream aside); nothing applied")]
     PositionMoved { stream: String },
     /// The history from the stored position on was trimmed and the stream is not a State
     /// Protocol stream: applying on would silently lose what was dropped.
@@ -62,6 +83,15 @@ pub enum SinkError {
     /// offsets it reports.
     #[error("{stream}: {why}")]
     Offsets { stream: String, why: &'static str },
+    /// The target refused the message at `offset` (for a byte stream: the read from `offset`)
+    /// and would on every try ([`ApplyError::is_refusal`]); nothing of its batch was applied.
+    /// What `--on-refused stop` stops with.
+    #[error(
+        "{stream}: the target refused the message at offset {offset}: {}; its batch was rolled back and the sink stops \
+         (--on-refused skip-stream sets such a stream aside and goes on with the others)",
+        Why(.source)
+    )]
+    Refused { stream: String, offset: u64, source: ApplyError },
 }
 
 impl SinkError {
@@ -75,11 +105,10 @@ impl SinkError {
             | SinkError::Trimmed { .. }
             | SinkError::NotASnapshot { .. }
             | SinkError::WentBack { .. }
-            | SinkError::Offsets { .. } => true,
-            SinkError::Apply(ApplyError::NotState { .. } | ApplyError::Message { .. }) => true,
-            // A data exception (SQLSTATE class 22: a value `jsonb` refuses, a number out of
-            // range) comes back the same on every attempt: the batch can never apply.
-            SinkError::Apply(ApplyError::Db(e)) => e.code().is_some_and(|c| c.code().starts_with("22")),
+            | SinkError::Offsets { .. }
+            | SinkError::Refused { .. } => true,
+            // Comes back the same on every attempt: the batch can never apply.
+            SinkError::Apply(a) => a.is_refusal(),
             // Credentials the server refuses do not get better by waiting.
             SinkError::Client(e) => !e.is_fenced() && matches!(e.status(), Some(401 | 403)),
             _ => false,
@@ -89,5 +118,71 @@ impl SinkError {
     /// Whether this worker lost its claim (its lease passed to another worker).
     pub fn is_fenced(&self) -> bool {
         matches!(self, SinkError::Client(e) if e.is_fenced())
+    }
+
+    /// The sink's refusal inside ([`ApplyError::is_refusal`]), or the error as it was.
+    pub(crate) fn into_refusal(self) -> Result<ApplyError, SinkError> {
+        match self {
+            SinkError::Apply(a) if a.is_refusal() => Ok(a),
+            e => Err(e),
+        }
+    }
+}
+
+/// Shows a driver or pool error with what is under it: for an error the database reported,
+/// its own words (`ERROR 22P05: unsupported Unicode escape sequence; detail: …`) instead of
+/// the driver's "db error"; for any other, each cause under it ("error connecting to server:
+/// Connection refused"), which the driver's and the pool's own texts leave out.
+pub struct Described<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for Described<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut said: Vec<String> = Vec::new();
+        let mut next = Some(self.0);
+        while let Some(e) = next {
+            if let Some(db) = e.downcast_ref::<tokio_postgres::Error>().and_then(|p| p.as_db_error()).or_else(|| e.downcast_ref::<DbError>()) {
+                said.push(database_says(db));
+                break;
+            }
+            // The pool's "Error occurred while creating a new object: …" adds nothing to the
+            // driver's error under it.
+            if let Some(deadpool_postgres::PoolError::Backend(inner)) = e.downcast_ref::<deadpool_postgres::PoolError>() {
+                next = Some(inner);
+                continue;
+            }
+            let text = e.to_string();
+            if !said.iter().any(|s| s.contains(&text)) {
+                said.push(text);
+            }
+            next = e.source();
+        }
+        f.write_str(&said.join(": "))
+    }
+}
+
+/// The database's report on one line: severity, SQLSTATE, message, detail and hint (not its
+/// context, which may quote the data).
+fn database_says(db: &DbError) -> String {
+    let mut text = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+    for (label, part) in [("detail", db.detail()), ("hint", db.hint())] {
+        if let Some(p) = part {
+            text.push_str(&format!("; {label}: {p}"));
+        }
+    }
+    text
+}
+
+/// Why the target refused a message, without the stream and offset that name it elsewhere:
+/// what [`SinkError::Refused`] shows and the positions table keeps for a set-aside stream.
+pub(crate) struct Why<'a>(pub &'a ApplyError);
+
+impl fmt::Display for Why<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            ApplyError::Db(e) => Described(e).fmt(f),
+            ApplyError::NotState { source, .. } => source.fmt(f),
+            ApplyError::Message { source, .. } => source.fmt(f),
+            ApplyError::Other(e) => e.fmt(f),
+        }
     }
 }

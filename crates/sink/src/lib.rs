@@ -14,7 +14,7 @@
 //! - [`worker`]: [`Worker`] and its options: setup (target tables, wake stream, subscription),
 //!   the claim loop, which failures stop it;
 //! - `follow`: one stream of a claim: read from the stored position, one transaction per read,
-//!   trimmed and compacted history;
+//!   trimmed and compacted history, messages the target refuses (stop, or set the stream aside);
 //! - `lease`: acks that follow the committed positions and keep the lease;
 //! - [`position`]: the positions table and the compare-and-set guard;
 //! - [`sink`]: the [`Sink`] trait a target implements; [`postgres`]: [`PostgresSink`], the
@@ -70,4 +70,4 @@ pub use error::{ApplyError, SinkError};
 pub use postgres::PostgresSink;
 pub use sink::Sink;
 pub use target::Target;
-pub use worker::{OnTrimmed, SinkOptions, Worker};
+pub use worker::{OnRefused, OnTrimmed, SinkOptions, Worker};

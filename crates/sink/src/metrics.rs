@@ -7,6 +7,7 @@
 //! | `oncelog_sink_batches_total` | counter | | batch transactions committed |
 //! | `oncelog_sink_lag_bytes` | gauge | `stream` | the stream's tail (as last seen) minus its applied position |
 //! | `oncelog_sink_lost_bytes_total` | counter | `stream` | trimmed history skipped over (`--on-trimmed skip`) |
+//! | `oncelog_sink_streams_set_aside_total` | counter | `stream` | streams set aside because the target refused a message (`--on-refused skip-stream`) |
 //! | `oncelog_sink_conflicts_total` | counter | | batches refused by the compare-and-set (another worker had moved the position) |
 //! | `oncelog_sink_claims_total` | counter | `outcome` | claims served: `done`, `fenced` (the lease passed to another worker), `failed` |
 //! | `oncelog_sink_batch_seconds` | histogram | | one batch: begin, compare-and-set, apply, commit |
@@ -26,6 +27,11 @@ pub fn lag(stream: &str, bytes: u64) {
 
 pub fn lost(stream: &str, bytes: u64) {
     metrics::counter!("oncelog_sink_lost_bytes_total", "stream" => stream.to_owned()).increment(bytes);
+}
+
+/// `stream` was set aside: the target refused a message of it (`--on-refused skip-stream`).
+pub fn set_aside(stream: &str) {
+    metrics::counter!("oncelog_sink_streams_set_aside_total", "stream" => stream.to_owned()).increment(1);
 }
 
 pub fn conflict() {

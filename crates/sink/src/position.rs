@@ -8,6 +8,12 @@
 //! now. If another worker's transaction is moving it right now, the row lock makes this one wait
 //! for its outcome first. Either way two transactions can never both apply the batch that starts
 //! at one position.
+//!
+//! A stream **set aside** (`--on-refused skip-stream`: the target refused one of its messages)
+//! has `set_aside_reason` set (naming the refused message's offset), and its position is where
+//! the read holding that message starts. No batch of it commits while the reason is set
+//! ([`advance`] refuses), and the worker does not read it; clearing the reason (`UPDATE … SET
+//! set_aside_reason = NULL`) resumes it.
 
 use oncelog_client::StreamOffset;
 use oncelog_protocol::Offset;
@@ -25,20 +31,45 @@ pub fn ddl(schema: &str) -> String {
             rows_applied bigint NOT NULL DEFAULT 0,
             lost_bytes bigint NOT NULL DEFAULT 0,  -- skipped over trimmed history (--on-trimmed skip)
             updated_at timestamptz NOT NULL DEFAULT now()
-        )"
+        );
+        -- Added later, so that a positions table made by an older sink gets them too: why the
+        -- stream is set aside (NULL: it is not) and since when. Only when missing: ALTER TABLE
+        -- waits for every transaction on the table, a frozen worker's included, even when the
+        -- columns exist.
+        DO $$ BEGIN
+            IF (SELECT count(*) FROM pg_attribute WHERE attrelid = '{schema}.positions'::regclass
+                  AND attname IN ('set_aside_reason', 'set_aside_at') AND NOT attisdropped) < 2 THEN
+                ALTER TABLE {schema}.positions ADD COLUMN IF NOT EXISTS set_aside_reason text,
+                    ADD COLUMN IF NOT EXISTS set_aside_at timestamptz;
+            END IF;
+        END $$"
     )
+}
+
+/// A stream's row in the positions table, as the worker reads it before reading the stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// Where it stands: a new stream stands at 0.
+    pub position: Offset,
+    /// Why it is set aside (the target refused a message of the read from `position`), if it is.
+    pub set_aside: Option<String>,
+}
+
+/// Where `stream` stands in the target, and whether it is set aside.
+pub async fn stored(client: &impl GenericClient, schema: &str, stream: &str) -> Result<Stored, SinkError> {
+    let row = client.query_opt(&format!("SELECT position, set_aside_reason FROM {schema}.positions WHERE stream = $1"), &[&stream]).await?;
+    let (at, set_aside): (i64, Option<String>) = row.map_or((0, None), |r| (r.get(0), r.get(1)));
+    Ok(Stored { position: Offset(u64::try_from(at).unwrap_or(0)), set_aside })
 }
 
 /// Where `stream` stands in the target: a new stream stands at 0.
 pub async fn read(client: &impl GenericClient, schema: &str, stream: &str) -> Result<Offset, SinkError> {
-    let row = client.query_opt(&format!("SELECT position FROM {schema}.positions WHERE stream = $1"), &[&stream]).await?;
-    let at: i64 = row.map_or(0, |r| r.get(0));
-    Ok(Offset(u64::try_from(at).unwrap_or(0)))
+    Ok(stored(client, schema, stream).await?.position)
 }
 
 /// Moves `stream` from `from` (as read before the batch) to `to`, adding `lost` skipped bytes;
-/// `Err(PositionMoved)` when the stored position is no longer `from`. Must run first in the
-/// batch's transaction (see the module docs).
+/// `Err(PositionMoved)` when the stored position is no longer `from`, or the stream was set aside
+/// meanwhile. Must run first in the batch's transaction (see the module docs).
 pub async fn advance(tx: &Transaction<'_>, schema: &str, stream: &str, from: Offset, to: &StreamOffset, to_pos: Offset, lost: u64) -> Result<(), SinkError> {
     let (from_i, to_i, lost_i) = (as_i64(from.0), as_i64(to_pos.0), as_i64(lost));
     let moved = if from == Offset::ZERO {
@@ -49,7 +80,7 @@ pub async fn advance(tx: &Transaction<'_>, schema: &str, stream: &str, from: Off
                 "INSERT INTO {schema}.positions AS p (stream, next_offset, position, lost_bytes) VALUES ($1, $2, $3, $4)
                  ON CONFLICT (stream) DO UPDATE SET next_offset = EXCLUDED.next_offset, position = EXCLUDED.position,
                    lost_bytes = p.lost_bytes + EXCLUDED.lost_bytes, updated_at = now()
-                 WHERE p.position = 0"
+                 WHERE p.position = 0 AND p.set_aside_reason IS NULL"
             ),
             &[&stream, &to.as_str(), &to_i, &lost_i],
         )
@@ -58,7 +89,7 @@ pub async fn advance(tx: &Transaction<'_>, schema: &str, stream: &str, from: Off
         tx.execute(
             &format!(
                 "UPDATE {schema}.positions SET next_offset = $3, position = $4, lost_bytes = lost_bytes + $5, updated_at = now()
-                 WHERE stream = $1 AND position = $2"
+                 WHERE stream = $1 AND position = $2 AND set_aside_reason IS NULL"
             ),
             &[&stream, &from_i, &to.as_str(), &to_i, &lost_i],
         )
@@ -74,6 +105,12 @@ pub async fn advance(tx: &Transaction<'_>, schema: &str, stream: &str, from: Off
 /// Adds `rows` to the stream's applied count (same transaction, after the sink's effect).
 pub async fn count(tx: &Transaction<'_>, schema: &str, stream: &str, rows: u64) -> Result<(), SinkError> {
     tx.execute(&format!("UPDATE {schema}.positions SET rows_applied = rows_applied + $2 WHERE stream = $1"), &[&stream, &as_i64(rows)]).await?;
+    Ok(())
+}
+
+/// Sets `stream` aside with `reason` (same transaction, after [`advance`] checked its position).
+pub async fn set_aside(tx: &Transaction<'_>, schema: &str, stream: &str, reason: &str) -> Result<(), SinkError> {
+    tx.execute(&format!("UPDATE {schema}.positions SET set_aside_reason = $2, set_aside_at = now() WHERE stream = $1"), &[&stream, &reason]).await?;
     Ok(())
 }
 

@@ -29,6 +29,21 @@ pub enum OnTrimmed {
     Skip,
 }
 
+/// What to do when the target refuses a message and would on every try (a value `jsonb`
+/// refuses, any SQLSTATE class 22 data exception, a message that is not a State Protocol message
+/// in a State Protocol stream: [`crate::ApplyError::is_refusal`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnRefused {
+    /// Stop with [`SinkError::Refused`] (the stream, the refused message's offset, the
+    /// database's reason): nothing goes on until an operator has looked.
+    #[default]
+    Stop,
+    /// Set the stream aside where the read holding the refused message starts (its reason in
+    /// the positions table, `oncelog_sink_streams_set_aside_total`); the other streams go on. A
+    /// set-aside stream is not read again until an operator clears its reason.
+    SkipStream,
+}
+
 /// How a worker follows its streams.
 #[derive(Debug, Clone)]
 pub struct SinkOptions {
@@ -44,6 +59,7 @@ pub struct SinkOptions {
     /// How long a claim lasts without an ack (every batch acks).
     pub lease_ttl: Duration,
     pub on_trimmed: OnTrimmed,
+    pub on_refused: OnRefused,
 }
 
 impl SinkOptions {
@@ -55,6 +71,7 @@ impl SinkOptions {
             worker: worker.into(),
             lease_ttl: Duration::from_secs(30),
             on_trimmed: OnTrimmed::Fail,
+            on_refused: OnRefused::Stop,
         }
     }
 }

@@ -1,11 +1,14 @@
 //! The guard on its own, against the test database: two transactions that read the same
 //! position — the second waits for the first's row lock and then finds the position moved, so
 //! it applies nothing; a stale position is refused outright; an absent row is the position 0.
+//! A set-aside stream's position moves no further until its reason is cleared, and a positions
+//! table made before set-aside existed gets its columns. The database's own words in errors.
 
 use std::time::Duration;
 
 use oncelog_client::StreamOffset;
 use oncelog_protocol::Offset;
+use oncelog_sink::position::Stored;
 use oncelog_sink::{position, PostgresSink, SinkError, Target};
 
 fn url() -> String {
@@ -59,4 +62,51 @@ async fn of_two_transactions_from_one_position_only_the_first_moves_it() {
     tx.commit().await.expect("commit");
     assert_eq!(position::read(&**conn, &schema, "s").await.expect("read"), Offset(20));
     conn.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.expect("drop the test schema");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_aside_stream_moves_no_further_and_an_old_positions_table_gets_the_columns() {
+    let schema = schema();
+    let target = Target::new(&url(), &schema, Duration::from_secs(10)).expect("target");
+    let mut conn = target.conn().await.expect("conn");
+    // The positions table as a sink made it before streams could be set aside.
+    conn.batch_execute(&format!(
+        "CREATE SCHEMA {schema};
+         CREATE TABLE {schema}.positions (stream text PRIMARY KEY, next_offset text NOT NULL, position bigint NOT NULL,
+            rows_applied bigint NOT NULL DEFAULT 0, lost_bytes bigint NOT NULL DEFAULT 0, updated_at timestamptz NOT NULL DEFAULT now());
+         INSERT INTO {schema}.positions (stream, next_offset, position) VALUES ('s', '{}', 10)",
+        StreamOffset::from(Offset(10))
+    ))
+    .await
+    .expect("old table");
+    target.prepare(&PostgresSink::new(&schema)).await.expect("prepare migrates it");
+    assert_eq!(position::stored(&**conn, &schema, "s").await.expect("read"), Stored { position: Offset(10), set_aside: None });
+
+    let tx = conn.transaction().await.expect("begin");
+    position::set_aside(&tx, &schema, "s", "ERROR 22P05: refused").await.expect("set aside");
+    tx.commit().await.expect("commit");
+    assert_eq!(position::stored(&**conn, &schema, "s").await.expect("read").set_aside.as_deref(), Some("ERROR 22P05: refused"));
+    let tx = conn.transaction().await.expect("begin");
+    let outcome = position::advance(&tx, &schema, "s", Offset(10), &StreamOffset::from(Offset(20)), Offset(20), 0).await;
+    assert!(matches!(outcome, Err(SinkError::PositionMoved { .. })), "a set-aside stream does not move: {outcome:?}");
+    drop(tx);
+    conn.batch_execute(&format!("UPDATE {schema}.positions SET set_aside_reason = NULL WHERE stream = 's'")).await.expect("resume");
+    let tx = conn.transaction().await.expect("begin");
+    position::advance(&tx, &schema, "s", Offset(10), &StreamOffset::from(Offset(20)), Offset(20), 0).await.expect("moves once resumed");
+    tx.commit().await.expect("commit");
+    conn.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.expect("drop the test schema");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_show_the_database_s_own_words_not_the_driver_s_db_error() {
+    let target = Target::new(&url(), &schema(), Duration::from_secs(10)).expect("target");
+    let conn = target.conn().await.expect("conn");
+    let refused = conn.query_one(r#"SELECT '{"bad":"\u0000"}'::jsonb"#, &[]).await.map(|_| ()).map_err(SinkError::from);
+    let text = refused.err().map(|e| e.to_string()).unwrap_or_default();
+    assert_eq!(text, "target database: ERROR 22P05: unsupported Unicode escape sequence; detail: \\u0000 cannot be converted to text.");
+    // A connection that fails: the cause under the pool's and the driver's texts.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
+    let away = Target::new(&format!("postgres://nobody@127.0.0.1:{closed}/db?sslmode=disable&connect_timeout=2"), "s", Duration::from_secs(5)).expect("target");
+    let text = away.conn().await.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(text.starts_with("target database connection: error connecting to server: ") && text.contains("refused"), "{text}");
 }
