@@ -1,16 +1,19 @@
 //! The client subcommands, built on `oncelog-client`: argument types, and one small function per
 //! subcommand. Data goes to stdout, diagnostics to stderr; exit status 1 on any error.
 
-use std::io::{BufRead, Write};
+use std::io::BufRead;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
 use oncelog_client::{
-    AppendOptions, Chunk, Client, CreateOptions, FileEpochStore, Limit, LiveMode, OnTrimmed, ReadFrom, ReadOptions, RetryPolicy, StreamHandle,
+    AppendOptions, Client, CreateOptions, FileEpochStore, Limit, LiveMode, OnTrimmed, ReadFrom, ReadOptions, RetryPolicy, StreamHandle,
     StreamOffset,
 };
+use serde_json::value::RawValue;
+
+use crate::output::Printer;
 
 /// Why a client subcommand failed.
 #[derive(Debug, thiserror::Error)]
@@ -36,6 +39,9 @@ pub enum CliError {
     /// `sub create` needs exactly one delivery.
     #[error("give exactly one of --webhook-url and --wake-stream")]
     OneDelivery,
+    /// A read's answer cannot be cut into messages (or, with `--offsets`, into offsets).
+    #[error("the server's answer cannot be printed: {0}")]
+    BadRead(&'static str),
 }
 
 /// Prints the error (if any) and picks the exit status.
@@ -262,6 +268,11 @@ pub struct ReadArgs {
     /// At the end, print the offset to resume from on stderr.
     #[arg(long)]
     print_offset: bool,
+    /// Print each record's offset and a tab before it: each message of a JSON stream (where it
+    /// starts; `--from` takes it where an append began), each line of a byte stream (a last line
+    /// without newline gets one added).
+    #[arg(long)]
+    offsets: bool,
     /// When the read position was trimmed away: fail, or restart from the earliest offset.
     #[arg(long, value_enum, default_value = "fail")]
     on_trimmed: TrimmedMode,
@@ -289,6 +300,9 @@ pub struct TailArgs {
     /// At the end (EOF), print the final offset on stderr.
     #[arg(long)]
     print_offset: bool,
+    /// Print each record's offset and a tab before it, as `read --offsets` does.
+    #[arg(long)]
+    offsets: bool,
     /// When the read position was trimmed away (the tail fell behind a trim or retention):
     /// fail, or restart from the earliest offset.
     #[arg(long, value_enum, default_value = "fail")]
@@ -328,15 +342,17 @@ pub async fn create(a: CreateArgs) -> Result<(), CliError> {
 }
 
 /// Reads stdin on a blocking thread: lines (each with its newline) or, for JSON streams,
-/// whitespace-separated JSON values (each re-serialized compactly).
+/// whitespace-separated JSON values. Each value is checked by the parser but kept as the exact
+/// text it was given ([`RawValue`]: key order, number spellings, escapes and whitespace inside
+/// it); only the whitespace between values is dropped.
 fn spawn_stdin_reader(json: bool) -> tokio::sync::mpsc::Receiver<Result<Bytes, CliError>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1024);
     std::thread::spawn(move || {
         let stdin = std::io::stdin();
         let lock = stdin.lock();
         if json {
-            for v in serde_json::Deserializer::from_reader(lock).into_iter::<serde_json::Value>() {
-                let item = v.and_then(|v| serde_json::to_vec(&v)).map(Bytes::from).map_err(CliError::from);
+            for v in serde_json::Deserializer::from_reader(lock).into_iter::<Box<RawValue>>() {
+                let item = v.map(|v| Bytes::from(String::from(Box::<str>::from(v)))).map_err(CliError::from);
                 let stop = item.is_err();
                 if tx.blocking_send(item).is_err() || stop {
                     return;
@@ -449,26 +465,14 @@ pub async fn append(a: AppendArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Writes one chunk to stdout: raw bytes, or for JSON streams one message per line.
-fn write_chunk(out: &mut impl Write, chunk: &Chunk) -> Result<(), CliError> {
-    if chunk.json {
-        for v in chunk.json_items::<serde_json::Value>()? {
-            serde_json::to_writer(&mut *out, &v).map_err(|e| CliError::Io(e.into()))?;
-            out.write_all(b"\n")?;
-        }
-    } else {
-        out.write_all(&chunk.data)?;
-    }
-    out.flush()?;
-    Ok(())
-}
-
-async fn print_stream(s: StreamHandle, opts: ReadOptions, print_offset: bool) -> Result<(), CliError> {
+async fn print_stream(s: StreamHandle, opts: ReadOptions, print_offset: bool, offsets: bool) -> Result<(), CliError> {
     let mut chunks = s.read(opts);
     let stdout = std::io::stdout();
+    let mut printer = Printer::new(offsets);
     while let Some(chunk) = chunks.next().await {
-        write_chunk(&mut stdout.lock(), &chunk?)?;
+        printer.chunk(&mut stdout.lock(), &chunk?)?;
     }
+    printer.finish(&mut stdout.lock())?;
     if print_offset {
         if let Some(o) = chunks.status().offset {
             eprintln!("{o}");
@@ -480,7 +484,7 @@ async fn print_stream(s: StreamHandle, opts: ReadOptions, print_offset: bool) ->
 pub async fn read(a: ReadArgs) -> Result<(), CliError> {
     let s = a.conn.stream(&a.stream)?;
     let opts = ReadOptions { on_trimmed: a.on_trimmed.into(), ..ReadOptions::new(a.from, LiveMode::CatchUp) };
-    print_stream(s, opts, a.print_offset).await
+    print_stream(s, opts, a.print_offset, a.offsets).await
 }
 
 pub async fn tail(a: TailArgs) -> Result<(), CliError> {
@@ -492,7 +496,7 @@ pub async fn tail(a: TailArgs) -> Result<(), CliError> {
         TailMode::LongPoll => LiveMode::LongPoll,
     };
     let opts = ReadOptions { on_trimmed: a.on_trimmed.into(), ..ReadOptions::new(a.from, live) };
-    print_stream(s, opts, a.print_offset).await
+    print_stream(s, opts, a.print_offset, a.offsets).await
 }
 
 pub async fn head(a: StreamArgs) -> Result<(), CliError> {

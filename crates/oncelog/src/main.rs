@@ -4,11 +4,13 @@
 //! once; `token` mints credentials; `backup` copies a running log engine's data directory. Thin
 //! by design: all behaviour lives in the library crates.
 //!
-//! Modules: [`serve`] (the server subcommand), [`commands`] (the client subcommands), [`sub`]
+//! Modules: [`serve`] (the server subcommand), [`commands`] (the client subcommands), [`output`]
+//! (how `read` and `tail` print), [`sub`]
 //! (`sub create | get | delete | list | link | unlink`), [`sink`] (`sink postgres`), [`token`]
 //! (`token issue`, `token sign-url`).
 
 mod commands;
+mod output;
 mod serve;
 mod sink;
 mod sub;
@@ -59,11 +61,13 @@ enum Command {
     /// Create a stream (succeeds if an identical one exists); prints its tail offset.
     Create(commands::CreateArgs),
     /// Append stdin to a stream through an exactly-once producer: one item per line, or one
-    /// message per JSON value on a JSON stream. Prints the final offset.
+    /// message per JSON value on a JSON stream (each value's exact text, never re-serialised).
+    /// Prints the final offset.
     Append(commands::AppendArgs),
-    /// Print a stream's content from an offset up to its current end.
+    /// Print a stream's content from an offset up to its current end, byte for byte as stored:
+    /// one JSON message per line, or a byte stream's bytes as they are.
     Read(commands::ReadArgs),
-    /// Follow a stream live (SSE or long-poll) until it is closed.
+    /// Follow a stream live (SSE or long-poll) until it is closed; prints as `read` does.
     Tail(commands::TailArgs),
     /// Print a stream's metadata: content type, tail offset, closure, expiry, earliest offset,
     /// retention.

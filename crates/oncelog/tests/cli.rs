@@ -75,13 +75,107 @@ fn json_streams_take_json_values_and_print_one_message_per_line() {
         c
     };
     assert!(run(cmd(&["create", "events", "--json"]), b"", LIMIT).ok);
+    // Whitespace between values is dropped; a value's own text, spread over lines or not, is kept.
     let input = b"{\"id\": 1}\n{\"id\": 2} [3, 4]\n\"five\"\n{\n  \"id\": 6\n}\n";
     let out = run(cmd(&["append", "events", "--close"]), input, LIMIT);
     assert!(out.ok, "{}", out.stderr);
     let out = run(cmd(&["read", "events"]), b"", LIMIT);
-    assert_eq!(out.stdout, "{\"id\":1}\n{\"id\":2}\n[3,4]\n\"five\"\n{\"id\":6}\n");
+    assert_eq!(out.stdout, "{\"id\": 1}\n{\"id\": 2}\n[3, 4]\n\"five\"\n{\n  \"id\": 6\n}\n");
     let out = run(cmd(&["append", "events"]), b"{not json", LIMIT);
     assert!(!out.ok && out.stderr.contains("JSON"), "{}", out.stderr);
+}
+
+/// JSON values whose text a parse-and-serialise round trip would change: key order, number
+/// spellings (a trailing zero, an integer beyond 64 bits, exponents, minus zero), escapes
+/// (`\u00e9`, `\/`, a surrogate pair) and whitespace inside a value.
+const EXACT_JSON: [&str; 6] = [
+    r#"{"z":1, "a": 2.50, "big": 12345678901234567890123}"#,
+    r#"{"s":"tab\there \u00e9 \/ \"q\" \\ \ud83d\ude00 é", "e": 1E+2, "n": -0.0, "f": 1.000000000000000000001}"#,
+    "[ 1 ,\t2 ]",
+    "\"x\"",
+    "{\n  \"nested\": {\"k\": [true, null, {}]}\n}",
+    "12345678901234567890123",
+];
+
+#[test]
+fn json_values_go_through_append_and_read_byte_for_byte() {
+    let h = Harness::start();
+    let cmd = |args: &[&str]| against(&h, args);
+    assert!(run(cmd(&["create", "exact", "--json"]), b"", LIMIT).ok);
+    // Through the producer (values separated by any whitespace), then as one keyed append.
+    let input = format!("{}\n{}  {}\t{}\n\n{}{}\n", EXACT_JSON[0], EXACT_JSON[1], EXACT_JSON[2], EXACT_JSON[3], EXACT_JSON[4], EXACT_JSON[5]);
+    let out = run(cmd(&["append", "exact", "--linger-ms", "1"]), input.as_bytes(), LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    let out = run(cmd(&["append", "exact", "--idempotency-key", "k1"]), input.as_bytes(), LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    let expected: String = EXACT_JSON.iter().chain(EXACT_JSON.iter()).map(|v| format!("{v}\n")).collect();
+    let out = run(cmd(&["read", "exact"]), b"", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(out.stdout, expected);
+
+    // `--offsets`: each message's offset, a tab, the message; reading from one starts there.
+    let out = run(cmd(&["read", "exact", "--offsets"]), b"", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    let mut records = Vec::new();
+    let mut rest = out.stdout.as_str();
+    for v in EXACT_JSON.iter().chain(EXACT_JSON.iter()) {
+        let (offset, tail) = rest.split_once('\t').expect("OFFSET<TAB>");
+        let tail = tail.strip_prefix(*v).unwrap_or_else(|| panic!("{v} expected at {offset}: {tail}"));
+        rest = tail.strip_prefix('\n').expect("newline after each message");
+        records.push(offset.to_owned());
+    }
+    assert!(rest.is_empty(), "{rest}");
+    // A message's offset is where it starts: its text and one `,` take the offset space.
+    let position = |token: &str| token.split_once('_').and_then(|(_, p)| p.parse::<usize>().ok()).expect("an Oncelog offset");
+    let mut at = 0;
+    for (record, v) in records.iter().zip(EXACT_JSON.iter().chain(EXACT_JSON.iter())) {
+        assert_eq!(position(record), at, "{v}");
+        at += v.len() + 1;
+    }
+    // Where an append began (the keyed append's first message), a read can start.
+    let second_half = run(cmd(&["read", "exact", "--from", &records[EXACT_JSON.len()]]), b"", LIMIT);
+    assert!(second_half.ok, "{}", second_half.stderr);
+    assert_eq!(second_half.stdout, expected[expected.len() / 2..]);
+    // `tail` prints the same bytes, in both live modes.
+    assert!(run(cmd(&["close", "exact"]), b"", LIMIT).ok);
+    for mode in ["sse", "long-poll"] {
+        let out = run(cmd(&["tail", "exact", "--from", "-1", "--mode", mode]), b"", LIMIT);
+        assert!(out.ok, "{}", out.stderr);
+        assert_eq!(out.stdout, expected, "tail --mode {mode}");
+    }
+}
+
+#[test]
+fn a_byte_stream_with_tabs_cr_and_invalid_utf8_round_trips() {
+    let h = Harness::start();
+    let cmd = |args: &[&str]| against(&h, args);
+    assert!(run(cmd(&["create", "raw", "--content-type", "application/octet-stream"]), b"", LIMIT).ok);
+    let data: &[u8] = b"a\tb\r\n\xff\xfe not utf-8 \xc3\x28\n\x00nul\r\r\n\nno newline at the end";
+    let out = run(cmd(&["append", "raw"]), data, LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    let out = run(cmd(&["read", "raw"]), b"", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(out.stdout_bytes, data);
+    // Closed, so that a tail from the start ends at EOF.
+    assert!(run(cmd(&["close", "raw"]), b"", LIMIT).ok);
+    for mode in ["sse", "long-poll"] {
+        let out = run(cmd(&["tail", "raw", "--from", "-1", "--mode", mode]), b"", LIMIT);
+        assert!(out.ok, "{}", out.stderr);
+        assert_eq!(out.stdout_bytes, data, "tail --mode {mode}");
+    }
+    // `--offsets` on a byte stream: one record per line (newline kept), a last piece without a
+    // newline gets one.
+    let out = run(cmd(&["read", "raw", "--offsets"]), b"", LIMIT);
+    let mut expected = Vec::new();
+    let mut at = 0usize;
+    for line in data.split_inclusive(|&b| b == b'\n') {
+        expected.extend_from_slice(format!("0000000000000000_{at:016}\t").as_bytes());
+        expected.extend_from_slice(line);
+        at += line.len();
+    }
+    expected.push(b'\n');
+    assert_eq!(String::from_utf8_lossy(&out.stdout_bytes), String::from_utf8_lossy(&expected));
+    assert_eq!(out.stdout_bytes, expected);
 }
 
 /// The server's authentication hook, with one fixed token.

@@ -65,8 +65,10 @@ pub struct Output {
     pub ok: bool,
     /// The exit status (`None` when a signal ended the child).
     pub code: Option<i32>,
-    /// Everything printed on stdout.
+    /// Everything printed on stdout (lossy UTF-8: see `stdout_bytes`).
     pub stdout: String,
+    /// Everything printed on stdout, byte for byte.
+    pub stdout_bytes: Vec<u8>,
     /// Everything printed on stderr (error messages are checked).
     pub stderr: String,
 }
@@ -84,8 +86,8 @@ pub fn run(mut cmd: std::process::Command, stdin: &[u8], limit: Duration) -> Out
     let mut out = child.stdout.take().expect("stdout");
     let mut err = child.stderr.take().expect("stderr");
     let out_t = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
+        let mut s = Vec::new();
+        let _ = out.read_to_end(&mut s);
         s
     });
     let err_t = std::thread::spawn(move || {
@@ -106,7 +108,8 @@ pub fn run(mut cmd: std::process::Command, stdin: &[u8], limit: Duration) -> Out
         std::thread::sleep(Duration::from_millis(10));
     };
     let _ = writer.join();
-    Output { ok: status.success(), code: status.code(), stdout: out_t.join().unwrap_or_default(), stderr: err_t.join().unwrap_or_default() }
+    let stdout_bytes = out_t.join().unwrap_or_default();
+    Output { ok: status.success(), code: status.code(), stdout: String::from_utf8_lossy(&stdout_bytes).into_owned(), stdout_bytes, stderr: err_t.join().unwrap_or_default() }
 }
 
 /// `oncelog serve` as a child process on `127.0.0.1:0`, killed when dropped.
