@@ -42,6 +42,10 @@ pub enum CliError {
     /// A read's answer cannot be cut into messages (or, with `--offsets`, into offsets).
     #[error("the server's answer cannot be printed: {0}")]
     BadRead(&'static str),
+    /// `oncelog ship` failed.
+    #[cfg(unix)]
+    #[error(transparent)]
+    Ship(#[from] crate::ship::ShipError),
 }
 
 /// Prints the error (if any) and picks the exit status.

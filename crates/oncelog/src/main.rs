@@ -1,17 +1,20 @@
 //! `oncelog`: the command line. `serve` runs the Durable Streams server on its storage engine;
 //! `create | append | read | tail | head | close | delete | trim | compact` are a client built on
-//! `oncelog-client`; `sub` manages subscriptions; `sink` applies streams to a database exactly
-//! once; `token` mints credentials; `backup` copies a running log engine's data directory. Thin
-//! by design: all behaviour lives in the library crates.
+//! `oncelog-client`; `ship` follows a log file into a stream exactly once; `sub` manages
+//! subscriptions; `sink` applies streams to a database exactly once; `token` mints credentials;
+//! `backup` copies a running log engine's data directory. Thin by design: all behaviour lives in
+//! the library crates.
 //!
 //! Modules: [`serve`] (the server subcommand), [`commands`] (the client subcommands), [`output`]
-//! (how `read` and `tail` print), [`sub`]
+//! (how `read` and `tail` print), [`ship`] (`ship`: its state file, following the file), [`sub`]
 //! (`sub create | get | delete | list | link | unlink`), [`sink`] (`sink postgres`), [`token`]
 //! (`token issue`, `token sign-url`).
 
 mod commands;
 mod output;
 mod serve;
+#[cfg(unix)]
+mod ship;
 mod sink;
 mod sub;
 mod token;
@@ -69,6 +72,16 @@ enum Command {
     Read(commands::ReadArgs),
     /// Follow a stream live (SSE or long-poll) until it is closed; prints as `read` does.
     Tail(commands::TailArgs),
+    /// Follow a log file like `tail -F` (rotation by rename or truncation) and append each line
+    /// to a byte stream exactly once, across restarts and SIGKILL. A state file (default
+    /// FILE.oncelog-ship) holds the position and the one batch that may be unacknowledged; a
+    /// restart resends that batch under the same Idempotency-Key, so it is stored once as long
+    /// as the restart comes within the server's --idempotency-window (24 h by default).
+    /// Bytes after the last newline wait for it; a rotated file's last line without one is
+    /// shipped with a newline added. With copytruncate, lines not yet read when the file is
+    /// truncated are not shipped (they are in the copy).
+    #[cfg(unix)]
+    Ship(ship::ShipArgs),
     /// Print a stream's metadata: content type, tail offset, closure, expiry, earliest offset,
     /// retention.
     Head(commands::StreamArgs),
@@ -166,6 +179,8 @@ fn main() -> std::process::ExitCode {
         Command::Append(args) => return commands::exit(runtime.block_on(commands::append(args))),
         Command::Read(args) => return commands::exit(runtime.block_on(commands::read(args))),
         Command::Tail(args) => return commands::exit(runtime.block_on(commands::tail(args))),
+        #[cfg(unix)]
+        Command::Ship(args) => return commands::exit(runtime.block_on(ship::ship(args))),
         Command::Head(args) => return commands::exit(runtime.block_on(commands::head(args))),
         Command::Close(args) => return commands::exit(runtime.block_on(commands::close(args))),
         Command::Delete(args) => return commands::exit(runtime.block_on(commands::delete(args))),
