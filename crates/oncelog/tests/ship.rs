@@ -242,7 +242,7 @@ fn every_line_is_shipped_once_across_rotations_and_sigkills() {
 }
 
 #[test]
-fn one_shipper_per_state_file_and_no_json_streams() {
+fn one_shipper_per_state_file_one_stream_per_state_file_and_no_json_streams() {
     let h = Harness::start();
     h.rt.block_on(h.client().stream(STREAM).create(CreateOptions::content_type("text/plain"))).expect("create");
     h.rt.block_on(h.client().stream("events").create(CreateOptions::content_type("application/json"))).expect("create");
@@ -261,6 +261,11 @@ fn one_shipper_per_state_file_and_no_json_streams() {
     let second = common::run(ship(STREAM), b"", Duration::from_secs(10));
     assert!(!second.ok && second.stderr.contains("in use by another `oncelog ship`"), "{}", second.stderr);
     first.kill();
-    let json = common::run(ship("events"), b"", Duration::from_secs(10));
+    // The state file belongs to its stream: another would skip what the first one shipped.
+    let other = common::run(ship("events"), b"", Duration::from_secs(10));
+    assert!(!other.ok && other.stderr.contains("belongs to stream logs/app"), "{}", other.stderr);
+    let mut json = ship("events");
+    json.arg("--state-file").arg(h.dir.path().join("events.state"));
+    let json = common::run(json, b"", Duration::from_secs(10));
     assert!(!json.ok && json.stderr.contains("is a JSON stream"), "{}", json.stderr);
 }

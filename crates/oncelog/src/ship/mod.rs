@@ -67,6 +67,8 @@ pub enum ShipError {
     BadState { path: PathBuf, why: &'static str },
     #[error("state file {} is in use by another `oncelog ship`", path.display())]
     Locked { path: PathBuf },
+    #[error("state file {} belongs to stream {stream}: give this shipper a --state-file of its own", path.display())]
+    OtherStream { path: PathBuf, stream: String },
     #[error("{}: a line is longer than {max} bytes (--max-line-bytes)", path.display())]
     LineTooLong { path: PathBuf, max: usize },
     #[error("stream {0} is a JSON stream; `ship` appends lines of bytes (create the stream with a text content type)")]
@@ -76,7 +78,7 @@ pub enum ShipError {
 pub async fn ship(a: ShipArgs) -> Result<(), CliError> {
     let state_path = a.state_file.clone().unwrap_or_else(|| state::sibling(&a.file, ".oncelog-ship"));
     let _lock = lock(&state_path)?;
-    let mut st = State::load(&state_path)?;
+    let mut st = State::load(&state_path, &a.stream)?;
 
     // A shipper outlives server restarts: no attempt limit, backoff capped at 5 s.
     let forever = RetryPolicy::new(Duration::from_millis(100), Duration::from_secs(5), 2.0)?.with_max_attempts(None)?;

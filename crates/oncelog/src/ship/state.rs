@@ -4,6 +4,7 @@
 //! ```text
 //! oncelog-ship 1
 //! instance 0190c8e2-7b1f-7c3a-9d2e-4f5a6b7c8d9e
+//! stream logs/app
 //! batch 42
 //! file 2049 1234567
 //! position 12345
@@ -14,6 +15,8 @@
 //!
 //! - `instance`: minted when the file is created; batch `n` is appended with the
 //!   `Idempotency-Key` `ship-{instance}-{n}`, so two shippers (two state files) never share keys.
+//! - `stream`: the stream the position is in; another stream is refused (its shipper would skip
+//!   what this one shipped).
 //! - `batch`: the number of the next batch, or of the pending one.
 //! - `file DEV INODE` (or `file -` before the file was first seen), `position`: the byte of that
 //!   file where reading goes on; `head`: its first bytes (up to [`HEAD_BYTES`], hex), by which a
@@ -74,15 +77,16 @@ impl Cursor {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct State {
     pub instance: String,
+    pub stream: String,
     pub batch: u64,
     pub cursor: Cursor,
     pub pending: Option<Vec<u8>>,
 }
 
 impl State {
-    /// A shipper that has shipped nothing.
-    pub fn new() -> State {
-        State { instance: oncelog_client::new_idempotency_key(), batch: 0, cursor: Cursor::default(), pending: None }
+    /// A shipper to `stream` that has shipped nothing.
+    pub fn new(stream: &str) -> State {
+        State { instance: oncelog_client::new_idempotency_key(), stream: stream.to_owned(), batch: 0, cursor: Cursor::default(), pending: None }
     }
 
     /// The `Idempotency-Key` of batch `self.batch`.
@@ -90,11 +94,20 @@ impl State {
         format!("ship-{}-{}", self.instance, self.batch)
     }
 
-    /// The state in `path`, or a new one when there is no such file.
-    pub fn load(path: &Path) -> Result<State, ShipError> {
+    /// The state in `path` of a shipper to `stream`, or a new one when there is no such file.
+    pub fn load(path: &Path, stream: &str) -> Result<State, ShipError> {
+        if stream.contains('\n') {
+            return Err(ShipError::BadState { path: path.to_owned(), why: "a stream name with a newline cannot be recorded" });
+        }
         match std::fs::read(path) {
-            Ok(bytes) => State::decode(&bytes).map_err(|why| ShipError::BadState { path: path.to_owned(), why }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::new()),
+            Ok(bytes) => {
+                let state = State::decode(&bytes).map_err(|why| ShipError::BadState { path: path.to_owned(), why })?;
+                if state.stream != stream {
+                    return Err(ShipError::OtherStream { path: path.to_owned(), stream: state.stream });
+                }
+                Ok(state)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::new(stream)),
             Err(source) => Err(ShipError::Io { path: path.to_owned(), source }),
         }
     }
@@ -121,7 +134,7 @@ impl State {
             None => "-".to_owned(),
         };
         let head: String = self.cursor.head.iter().map(|b| format!("{b:02x}")).collect();
-        let mut out = format!("{MAGIC}\ninstance {}\nbatch {}\nfile {file}\nposition {}\nhead {head}\n", self.instance, self.batch, self.cursor.position).into_bytes();
+        let mut out = format!("{MAGIC}\ninstance {}\nstream {}\nbatch {}\nfile {file}\nposition {}\nhead {head}\n", self.instance, self.stream, self.batch, self.cursor.position).into_bytes();
         if let Some(p) = &self.pending {
             out.extend_from_slice(format!("pending {}\n", p.len()).as_bytes());
             out.extend_from_slice(p);
@@ -139,6 +152,7 @@ impl State {
         if instance.is_empty() || !instance.bytes().all(|b| b.is_ascii_graphic()) {
             return Err("bad instance");
         }
+        let stream = line("stream")?.to_owned();
         let number = |t: &str| t.parse::<u64>().map_err(|_| "bad number");
         let batch = number(line("batch")?)?;
         let file = match line("file")? {
@@ -166,7 +180,7 @@ impl State {
             }
             Some(rest.to_vec())
         };
-        Ok(State { instance, batch, cursor: Cursor { file, position, head }, pending })
+        Ok(State { instance, stream, batch, cursor: Cursor { file, position, head }, pending })
     }
 }
 
@@ -195,7 +209,7 @@ mod tests {
 
     #[test]
     fn a_state_reads_back_as_written() {
-        let mut s = State::new();
+        let mut s = State::new("logs/app");
         assert_eq!(State::decode(&s.encode()), Ok(s.clone()));
         s.batch = 7;
         s.cursor = Cursor { file: Some(FileId { dev: 2049, ino: 99 }), position: 3, head: b"a\tb".to_vec() };
