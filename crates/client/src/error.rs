@@ -63,7 +63,7 @@ pub enum Error {
     },
 
     /// `409` on create: the stream exists with a different configuration.
-    #[error("stream exists with a different configuration: {message}")]
+    #[error("create refused (409): {message}")]
     ConfigMismatch {
         /// The server's one-line reason.
         message: String,

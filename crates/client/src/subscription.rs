@@ -158,15 +158,29 @@ impl Client {
     }
 }
 
-/// A subscription error answer (`{"error": {"code", ...}}`) as an [`Error`].
+/// A subscription error answer (`{"error": {"code", ...}}`) as an [`Error`]. An answer in
+/// another shape (the access check's plain-text `401`/`403`, a proxy's page) keeps its first line
+/// as the message and is named by its status, so the reason is never dropped.
 async fn sub_error(resp: reqwest::Response) -> Error {
     let status = resp.status().as_u16();
-    let body: Value = serde_json::from_slice(&resp.bytes().await.unwrap_or_default()).unwrap_or(Value::Null);
+    let bytes = resp.bytes().await.unwrap_or_default();
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let e = &body["error"];
+    let text = || String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).lines().next().unwrap_or("").trim().to_owned();
+    let code = match e["code"].as_str() {
+        Some(c) => c.to_owned(),
+        None => match status {
+            401 => "UNAUTHORIZED",
+            403 => "FORBIDDEN",
+            404 => "NOT_FOUND",
+            _ => "UNKNOWN",
+        }
+        .to_owned(),
+    };
     Error::Subscription {
         status,
-        code: e["code"].as_str().unwrap_or("UNKNOWN").to_owned(),
-        message: e["message"].as_str().unwrap_or("").to_owned(),
+        code,
+        message: e["message"].as_str().map_or_else(text, str::to_owned),
         holder: e["current_holder"].as_str().map(str::to_owned),
     }
 }

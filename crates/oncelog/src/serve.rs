@@ -255,6 +255,10 @@ pub enum StartError {
     UnknownStorage(String),
     #[error("--fsync false does not apply to PostgreSQL: durability is the database's (synchronous_commit); leave --fsync at its default")]
     FsyncWithPostgres,
+    /// The log engine could not open `--data-dir`: the path is named, so the operator knows
+    /// which directory's permissions, space or contents to look at.
+    #[error("--data-dir {}: {source}", path.display())]
+    DataDir { path: std::path::PathBuf, source: oncelog_storage::StorageError },
 }
 
 pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
@@ -333,13 +337,14 @@ fn retention(args: &ServeArgs) -> oncelog_storage::rules::Retention {
 }
 
 fn open_log(args: &ServeArgs) -> Result<LogEngine, Box<dyn std::error::Error>> {
-    std::fs::create_dir_all(&args.data_dir)?;
+    // The engine creates the directory itself (`LogEngine::open`), so every failure to use it is
+    // reported once, naming the path.
     let mut opts = LogOptions::new(&args.data_dir);
     opts.durability = if args.fsync { oncelog_log::Durability::Fsync } else { oncelog_log::Durability::Buffered };
     opts.hot_bytes = args.hot_tail_mb << 20;
     opts.retention = retention(args);
     let started = std::time::Instant::now();
-    let engine = LogEngine::open(opts)?;
+    let engine = LogEngine::open(opts).map_err(|source| StartError::DataDir { path: args.data_dir.clone(), source })?;
     let r = engine.recovery_report();
     tracing::info!(
         data_dir = %args.data_dir.display(),

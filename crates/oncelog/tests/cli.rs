@@ -185,7 +185,7 @@ impl oncelog_server::Authorize for RequireToken {
     fn authorize(&self, req: &axum::http::request::Parts, _now_ms: i64) -> Result<oncelog_server::Access, oncelog_server::AuthError> {
         match req.headers.get("authorization").and_then(|v| v.to_str().ok()) {
             Some("Bearer s3cret") => Ok(oncelog_server::Access::default()),
-            _ => Err(oncelog_server::AuthError::Unauthenticated { error: "invalid_token" }),
+            _ => Err(oncelog_server::AuthError::Unauthenticated { why: oncelog_server::auth::Why::BadSignature }),
         }
     }
 }
@@ -203,6 +203,13 @@ fn the_auth_header_comes_from_a_flag_or_the_environment() {
         LIMIT,
     );
     assert!(!out.ok && out.stderr.contains("401"), "{}", out.stderr);
+    // The server's reason is printed, by stream commands and subscription commands alike.
+    assert!(out.stderr.contains("the token's signature does not verify"), "{}", out.stderr);
+    let mut c = bin();
+    c.args(["sub", "list", "--url", &h.base, "--auth", "Bearer wrong"]);
+    let out = run(c, b"", LIMIT);
+    assert!(!out.ok, "{}", out.stderr);
+    assert!(out.stderr.contains("401 UNAUTHORIZED") && out.stderr.contains("the token's signature does not verify"), "{}", out.stderr);
     let mut c = bin();
     c.args(["create", "private", "--url", &h.base, "--auth", "Bearer s3cret"]);
     assert!(run(c, b"", LIMIT).ok);

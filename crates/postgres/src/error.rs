@@ -21,6 +21,10 @@ pub enum OpenError {
     Tls(String),
     #[error("cannot reach PostgreSQL within {secs} s: {cause}")]
     Unreachable { secs: u64, cause: String },
+    /// The database answered, and what it said does not change by trying again: the database,
+    /// the role or the password is wrong.
+    #[error("PostgreSQL refused the connection: {0}")]
+    Refused(String),
     #[error("the database has synchronous_commit={0}: an acknowledged append could be lost in a database crash or a failover; set it to on (or remote_apply), or accept the loss window with --pg-accept-commit-loss")]
     AsyncCommit(String),
     #[error("schema {schema:?} was migrated to version {found} by a newer oncelog; this binary knows up to {known}")]
@@ -46,6 +50,14 @@ impl From<RowError> for StorageError {
     fn from(e: RowError) -> Self {
         StorageError::Corrupt(Arc::new(e))
     }
+}
+
+/// Whether a failed connection attempt was refused for a reason that stays until someone changes
+/// the settings or the database: no such database (`3D000`), or invalid authorization
+/// (class `28`: no such role, a wrong password, no `pg_hba.conf` entry). Retrying those would
+/// only hide the cause behind "not reachable yet".
+pub(crate) fn refused_for_good(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|c| *c == SqlState::INVALID_CATALOG_NAME || c.code().starts_with("28"))
 }
 
 /// Whether the database refused a transaction only because it ran into another one (a deadlock
@@ -96,7 +108,7 @@ pub(crate) fn pool(e: deadpool_postgres::PoolError) -> StorageError {
 
 /// An error with the causes under it ("error connecting to server: Connection refused"): the
 /// driver's and the pool's top-level texts alone do not say what went wrong.
-fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

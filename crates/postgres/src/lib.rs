@@ -129,6 +129,7 @@ impl PgEngine {
     pub async fn open(opts: PgOptions) -> Result<PgEngine, OpenError> {
         let (cfg, tls) = session_config(&opts.url, &opts.schema, &[], opts.request_timeout)?;
         let mut client = connect(&cfg, &tls, opts.connect_timeout).await?;
+        warn_if_plaintext(&client, &cfg).await?;
         // Migrations may take longer than a request may.
         client.batch_execute("SET statement_timeout = 0").await?;
         durability_check(&client, opts.accept_commit_loss).await?;
@@ -212,6 +213,20 @@ pub fn driver_config(url: &str) -> Result<(tokio_postgres::Config, MakeRustlsCon
         }
     }
     Ok((cfg, tls::connector(&tls_params)?))
+}
+
+/// Under `sslmode=prefer` (libpq's default) a server that offers no TLS gets a plaintext
+/// connection without a word: says so, as a warning, when `client`'s session is not encrypted.
+/// Other modes either insist on TLS (`require` and above: no fallback) or ask for none.
+pub async fn warn_if_plaintext(client: &tokio_postgres::Client, cfg: &tokio_postgres::Config) -> Result<(), tokio_postgres::Error> {
+    if cfg.get_ssl_mode() != tokio_postgres::config::SslMode::Prefer {
+        return Ok(());
+    }
+    let row = client.query_opt("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[]).await?;
+    if !row.is_some_and(|r| r.get::<_, bool>(0)) {
+        tracing::warn!("sslmode=prefer and the server offered no TLS: this connection to PostgreSQL is plaintext (passwords and data readable on the network); set sslmode=require, or verify-full with sslrootcert, to insist on TLS");
+    }
+    Ok(())
 }
 
 /// Refuses a database whose commits this engine's acknowledgements could outlive: with
@@ -303,13 +318,15 @@ async fn connect(cfg: &tokio_postgres::Config, tls: &MakeRustlsConnect, within: 
                 });
                 return Ok(client);
             }
-            // A TLS refusal does not go away by trying again.
+            // A TLS refusal does not go away by trying again, nor does a missing database or
+            // role, or a wrong password.
             Err(e) if tls::refusal(&e).is_some() => return Err(OpenError::Tls(tls::refusal(&e).unwrap_or_default())),
+            Err(e) if error::refused_for_good(&e) => return Err(OpenError::Refused(error::with_causes(&e))),
             Err(e) if started.elapsed() < within => {
-                tracing::warn!(error = %e, "PostgreSQL not reachable yet; retrying");
+                tracing::warn!(cause = %error::with_causes(&e), "PostgreSQL not reachable yet; retrying");
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
-            Err(e) => return Err(OpenError::Unreachable { secs: within.as_secs(), cause: e.to_string() }),
+            Err(e) => return Err(OpenError::Unreachable { secs: within.as_secs(), cause: error::with_causes(&e) }),
         }
     }
 }

@@ -113,7 +113,7 @@ impl ApiError {
                 vec![h("allow", "GET, HEAD, PUT, POST, DELETE, OPTIONS")],
             ),
             ApiError::Create(e) => match e {
-                CreateError::ConfigMismatch
+                CreateError::ConfigMismatch(_)
                 | CreateError::PathReserved
                 | CreateError::SourceGone
                 | CreateError::ContentTypeMismatch
@@ -163,11 +163,9 @@ impl ApiError {
                 AppendError::Storage(e) => (storage_status(e), vec![]),
             },
             ApiError::Auth(e) => match e {
-                AuthError::Unauthenticated { error } => {
-                    (StatusCode::UNAUTHORIZED, vec![h("www-authenticate", format!("Bearer error=\"{error}\""))])
-                }
+                AuthError::Unauthenticated { why } => (StatusCode::UNAUTHORIZED, vec![challenge(why.code(), &why.to_string())]),
                 AuthError::Signature(_) => (StatusCode::UNAUTHORIZED, vec![]),
-                AuthError::Forbidden => (StatusCode::FORBIDDEN, vec![]),
+                AuthError::Forbidden { .. } => (StatusCode::FORBIDDEN, vec![challenge("insufficient_scope", &e.to_string())]),
                 AuthError::Hidden => (StatusCode::NOT_FOUND, vec![]),
             },
             ApiError::PreconditionNoStream | ApiError::PreconditionEtag => (StatusCode::PRECONDITION_FAILED, vec![]),
@@ -279,6 +277,21 @@ impl IntoResponse for ApiError {
         resp.headers_mut().extend(headers);
         resp
     }
+}
+
+/// `WWW-Authenticate: Bearer error="…", error_description="…"` (RFC 6750 section 3). The
+/// description may hold only printable ASCII without `"` and `\\`: anything else (a stream path
+/// is any UTF-8) is percent-encoded, so the header is always valid and says what the body says.
+fn challenge(code: &str, description: &str) -> (HeaderName, HeaderValue) {
+    let mut safe = String::with_capacity(description.len());
+    for b in description.bytes() {
+        match b {
+            b'"' | b'\\' | b'%' => safe.push_str(&format!("%{b:02X}")),
+            0x20..=0x7e => safe.push(char::from(b)),
+            _ => safe.push_str(&format!("%{b:02X}")),
+        }
+    }
+    h("www-authenticate", format!("Bearer error=\"{code}\", error_description=\"{safe}\""))
 }
 
 #[cfg(test)]

@@ -436,3 +436,64 @@ async fn with_hiding_on_subscription_calls_and_commits_do_not_reveal_what_exists
     let r = st.send(Method::POST, "__ds/subscriptions/real/commit", claim["token"].as_str(), &json, &commit("out/a")).await;
     assert_eq!(r.status(), StatusCode::OK);
 }
+
+/// Every refusal says why, in its body and in `WWW-Authenticate`'s `error_description`: an
+/// expired token (when), one not valid yet (from when), a wrong audience, a bad signature, an
+/// `Authorization` that is not `Bearer`, no credentials, and — for a `403` — which operation on
+/// which stream no grant covers.
+#[tokio::test]
+async fn refusals_carry_their_reason_in_the_body_and_the_challenge() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("secret"), SECRET).expect("secret");
+    let config = TokenConfig { secret_file: Some(dir.path().join("secret")), audience: Some("oncelog".into()), ..TokenConfig::default() };
+    let auth = TokenAuth::load(config).expect("keys");
+    let clock = Arc::new(ManualClock::new(NOW_S * 1000));
+    let s = common::TestServer::start_with_auth(ServerConfig::default(), Some(clock), Some(auth)).await;
+    let http = reqwest::Client::new();
+    let claims = |aud: &str, exp: i64, nbf: i64, ops: &str| {
+        serde_json::json!({ "aud": aud, "exp": exp, "nbf": nbf, "oncelog": { "grants": [ { "prefix": "r/", "ops": [ops] } ] } })
+    };
+    let hs256 = || jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    let admin = raw_token(hs256(), claims("oncelog", NOW_S + 60, NOW_S - 1, "all"));
+    let put = http.put(s.url("r/t")).bearer_auth(&admin).header("content-type", "text/plain").send().await.expect("put");
+    assert_eq!(put.status(), StatusCode::CREATED);
+    let bad_signature = jsonwebtoken::encode(&hs256(), &claims("oncelog", NOW_S + 60, NOW_S - 1, "all"), &jsonwebtoken::EncodingKey::from_secret(b"another")).expect("sign");
+    let cases: Vec<(&str, Option<String>, StatusCode, &str, &str)> = vec![
+        ("expired", Some(raw_token(hs256(), claims("oncelog", NOW_S - 3600, NOW_S - 7200, "all"))), StatusCode::UNAUTHORIZED, "invalid_token", "the token expired at Fri, 15 Jan 2027 07:00:00 GMT"),
+        ("not yet valid", Some(raw_token(hs256(), claims("oncelog", NOW_S + 7200, NOW_S + 3600, "all"))), StatusCode::UNAUTHORIZED, "invalid_token", "not valid before Fri, 15 Jan 2027 09:00:00 GMT"),
+        ("wrong audience", Some(raw_token(hs256(), claims("elsewhere", NOW_S + 60, NOW_S - 1, "all"))), StatusCode::UNAUTHORIZED, "invalid_token", "audience"),
+        ("bad signature", Some(bad_signature), StatusCode::UNAUTHORIZED, "invalid_token", "signature does not verify"),
+        ("no grant", Some(raw_token(hs256(), claims("oncelog", NOW_S + 60, NOW_S - 1, "read"))), StatusCode::FORBIDDEN, "insufficient_scope", "the token does not grant append on r/t"),
+    ];
+    for (what, token, status, code, reason) in cases {
+        let mut rb = http.post(s.url("r/t")).header("content-type", "text/plain").body("x");
+        if let Some(t) = token {
+            rb = rb.bearer_auth(t);
+        }
+        let r = rb.send().await.expect("post");
+        assert_eq!(r.status(), status, "{what}");
+        let challenge = r.headers().get("www-authenticate").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        assert!(challenge.starts_with(&format!("Bearer error=\"{code}\", error_description=\"")), "{what}: {challenge}");
+        assert!(challenge.contains(reason), "{what}: {challenge}");
+        let body = r.text().await.expect("body");
+        assert!(body.contains(reason), "{what}: {body}");
+    }
+    for (what, authorization, reason) in [("not bearer", Some("Token abc"), "not `Bearer <token>`"), ("no credentials", None, "no credentials")] {
+        let mut rb = http.get(s.url("r/t"));
+        if let Some(a) = authorization {
+            rb = rb.header("authorization", a);
+        }
+        let r = rb.send().await.expect("get");
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{what}");
+        let challenge = r.headers().get("www-authenticate").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+        assert!(challenge.starts_with("Bearer error=\"invalid_request\", error_description=\"") && challenge.contains(reason), "{what}: {challenge}");
+    }
+    // A stream path that no header may carry as it is (a quote, non-ASCII) is percent-encoded
+    // in the challenge and shown as it is in the body.
+    let reader = raw_token(hs256(), claims("oncelog", NOW_S + 60, NOW_S - 1, "read"));
+    let r = http.post(s.url("r/%22caf%C3%A9")).bearer_auth(reader).header("content-type", "text/plain").body("x").send().await.expect("post");
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let challenge = r.headers().get("www-authenticate").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    assert!(challenge.ends_with("append on r/%22caf%C3%A9\""), "{challenge}");
+    assert!(r.text().await.expect("body").contains("append on r/\"café"));
+}

@@ -87,10 +87,66 @@ pub enum CreateOutcome {
     Existing(StreamInfo),
 }
 
+/// What differs between an existing stream and a create that names the same path: the first
+/// difference found, with both sides, so the `409` says what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Mismatch {
+    #[error("its content type is {existing:?}, the request says {requested:?}")]
+    ContentType { existing: String, requested: String },
+    #[error("its expiry is {}, the request says {}", expiry(existing), expiry(requested))]
+    Expiry { existing: Expiry, requested: Expiry },
+    #[error("it is {}, the request says {}", open_or_closed(*existing), open_or_closed(!*existing))]
+    Closed { existing: bool },
+    #[error("{}, the request says {}", fork_of(existing, "it"), fork_of(requested, "it"))]
+    Fork { existing: Option<crate::ForkOf>, requested: Option<crate::ForkOf> },
+    #[error("it was {}made for compaction (Stream-Compaction: state), the request says {}", if *existing { "" } else { "not " }, if *existing { "otherwise" } else { "it is" })]
+    Compaction { existing: bool },
+    #[error("its retention is max age {}, max bytes {}; the request names {}", limit(existing.max_age_s), limit(existing.max_bytes), requested_retention(requested))]
+    Retention { existing: crate::RetentionPolicy, requested: crate::retention::RetentionRequest },
+}
+
+fn expiry(e: &Expiry) -> String {
+    match e {
+        Expiry::Never => "none".to_owned(),
+        Expiry::Ttl(s) => format!("Stream-TTL {s}"),
+        Expiry::At(ms) => format!("Stream-Expires-At {ms} ms"),
+    }
+}
+
+fn open_or_closed(closed: bool) -> &'static str {
+    if closed {
+        "closed"
+    } else {
+        "open"
+    }
+}
+
+fn fork_of(f: &Option<crate::ForkOf>, who: &str) -> String {
+    match f {
+        None => format!("{who} is no fork"),
+        Some(f) => format!("{who} forks stream #{} at byte {}", f.source_id, f.fork_point),
+    }
+}
+
+fn limit(v: Option<u64>) -> String {
+    v.map_or_else(|| "none".to_owned(), |v| v.to_string())
+}
+
+fn requested_retention(r: &crate::retention::RetentionRequest) -> String {
+    let mut parts = Vec::new();
+    if r.named_age {
+        parts.push(format!("max age {}", limit(r.policy.max_age_s)));
+    }
+    if r.named_bytes {
+        parts.push(format!("max bytes {}", limit(r.policy.max_bytes)));
+    }
+    parts.join(", ")
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CreateError {
-    #[error("stream exists with a different configuration")]
-    ConfigMismatch,
+    #[error("stream exists with a different configuration: {0}")]
+    ConfigMismatch(Mismatch),
     #[error("the fork offset was trimmed from the source; it now starts at Stream-Earliest-Offset")]
     ForkTrimmed { earliest: Offset },
     #[error("path belongs to a deleted stream whose data forks still read")]

@@ -410,13 +410,25 @@ pub fn create(
         if m.soft_deleted {
             return Err(CreateError::PathReserved);
         }
-        let same = content_type::matches(&m.content_type, &content_type)
-            && m.expiry == expiry
-            && m.closed == req.closed
-            && m.fork == fork_of
-            && m.compaction == compaction
-            && req.retention.matches(&m.retention);
-        return if same { Ok(CreatePlan::Existing(m.info(tail))) } else { Err(CreateError::ConfigMismatch) };
+        let mismatch = if !content_type::matches(&m.content_type, &content_type) {
+            Some(Mismatch::ContentType { existing: m.content_type.clone(), requested: content_type })
+        } else if m.expiry != expiry {
+            Some(Mismatch::Expiry { existing: m.expiry, requested: expiry })
+        } else if m.closed != req.closed {
+            Some(Mismatch::Closed { existing: m.closed })
+        } else if m.fork != fork_of {
+            Some(Mismatch::Fork { existing: m.fork, requested: fork_of })
+        } else if m.compaction != compaction {
+            Some(Mismatch::Compaction { existing: m.compaction })
+        } else if !req.retention.matches(&m.retention) {
+            Some(Mismatch::Retention { existing: m.retention, requested: req.retention })
+        } else {
+            None
+        };
+        return match mismatch {
+            None => Ok(CreatePlan::Existing(m.info(tail))),
+            Some(differs) => Err(CreateError::ConfigMismatch(differs)),
+        };
     }
     if !req.initial.is_empty() && req.json_framed != content_type::is_json(&content_type) {
         return Err(CreateError::FramingMismatch);

@@ -24,19 +24,71 @@ pub use signed_url::SignatureError;
 /// Why a request is refused; mapped to a status in [`crate::error`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AuthError {
-    /// `401` with `WWW-Authenticate: Bearer error="{error}"` (`invalid_request`: no usable
-    /// credentials; `invalid_token`: malformed, badly signed, expired or not yet valid).
-    #[error("authentication required: {error}")]
-    Unauthenticated { error: &'static str },
+    /// `401` with `WWW-Authenticate: Bearer error="{code}", error_description="{why}"` (the code
+    /// is [`Why::code`]); the body says the same.
+    #[error("authentication required: {why}")]
+    Unauthenticated { why: Why },
     /// `401` with a JSON body carrying the proxy protocol's code.
     #[error(transparent)]
     Signature(SignatureError),
-    /// `403`: authenticated, but not allowed to do this.
-    #[error("the token does not allow this operation on this stream")]
-    Forbidden,
+    /// `403` (with `WWW-Authenticate: Bearer error="insufficient_scope"` and the same words):
+    /// authenticated, but no grant covers this operation on this stream.
+    #[error("the token does not grant {op} on {stream}")]
+    Forbidden { op: scope::Op, stream: String },
     /// `404`: not allowed, and the stream's existence is not revealed.
     #[error("stream not found")]
     Hidden,
+}
+
+/// Why credentials were not accepted: the short reason a `401` gives, in its body and its
+/// `WWW-Authenticate` header's `error_description`, so a client (and its operator) can tell an
+/// expired token from a wrong key or a missing grant without reading server logs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Why {
+    #[error("no credentials: send `Authorization: Bearer <token>`, or use a signed URL")]
+    NoCredentials,
+    #[error("the Authorization header is not `Bearer <token>`")]
+    NotBearer,
+    #[error("the token is not a well-formed JWT")]
+    Malformed,
+    #[error("the token's header names critical extensions (crit), which this server does not implement")]
+    CriticalHeader,
+    #[error("no key of this server matches the token's algorithm and key id (kid)")]
+    NoKey,
+    #[error("the token's signature does not verify")]
+    BadSignature,
+    #[error("the token's issuer (iss) is not the one this server requires")]
+    WrongIssuer,
+    #[error("the token's audience (aud) is not the one this server requires")]
+    WrongAudience,
+    #[error("the token has no expiry (exp)")]
+    NoExpiry,
+    #[error("the token expired at {}", http_date(*at_ms))]
+    Expired { at_ms: i64 },
+    #[error("the token is not valid before {}", http_date(*from_ms))]
+    NotYetValid { from_ms: i64 },
+    #[error("the token's grants are malformed: each must name exactly one of stream and prefix")]
+    BadGrant,
+    /// The reason of an authentication hook of the embedding application's own.
+    #[error("{0}")]
+    Other(std::borrow::Cow<'static, str>),
+}
+
+impl Why {
+    /// RFC 6750's error code: `invalid_request` when no usable credentials came at all,
+    /// `invalid_token` for credentials that did not verify.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Why::NoCredentials | Why::NotBearer => "invalid_request",
+            _ => "invalid_token",
+        }
+    }
+}
+
+/// A Unix time in ms as an HTTP date (`Fri, 27 Nov 2026 18:00:00 GMT`).
+fn http_date(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    httpdate::fmt_http_date(t)
 }
 
 /// What an allowed request may rely on.
@@ -49,6 +101,13 @@ pub struct Access {
     /// What the credentials allow, for requests that reach streams other than their own path
     /// (a subscription's links and wake stream); `None`: no access control.
     pub scope: Option<std::sync::Arc<scope::Scope>>,
+}
+
+impl AuthError {
+    /// A credential refusal for `why`.
+    pub fn unauthenticated(why: Why) -> AuthError {
+        AuthError::Unauthenticated { why }
+    }
 }
 
 impl Access {

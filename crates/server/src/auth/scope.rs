@@ -35,6 +35,19 @@ pub enum Op {
     Trim,
 }
 
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Op::Read => "read",
+            Op::Append => "append",
+            Op::Create => "create",
+            Op::Close => "close",
+            Op::Delete => "delete",
+            Op::Trim => "trim",
+        })
+    }
+}
+
 impl Op {
     /// The operations an operation name in a grant stands for.
     fn named(name: &str) -> &'static [Op] {

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use super::scope::{required, stream_path, Scope, ScopeClaim};
 use crate::op::Kind;
 use super::signed_url::{self, SignatureError};
-use super::{Access, AuthError, Authorize};
+use super::{Access, AuthError, Authorize, Why};
 use crate::reload::modified;
 
 /// Clock skew tolerated for `exp` and `nbf`.
@@ -201,31 +201,30 @@ impl TokenAuth {
         crate::reload::every(every, "authentication keys", move || auth.reload())
     }
 
-    fn invalid() -> AuthError {
-        AuthError::Unauthenticated { error: "invalid_token" }
+    fn refuse(why: Why) -> AuthError {
+        AuthError::Unauthenticated { why }
     }
 
     /// Verifies a JWT: signature, `iss` / `aud`, `exp` / `nbf`; returns its scope, expiry and
-    /// principal (its `sub`, else a digest of the token).
+    /// principal (its `sub`, else a digest of the token). A refusal says which check failed.
     fn verify(&self, token: &str, now_ms: i64) -> Result<(Scope, i64, String), AuthError> {
-        let header = jsonwebtoken::decode_header(token).map_err(|_| Self::invalid())?;
+        let header = jsonwebtoken::decode_header(token).map_err(|_| Self::refuse(Why::Malformed))?;
         if header.crit.is_some() {
-            return Err(Self::invalid());
+            return Err(Self::refuse(Why::CriticalHeader));
         }
+        let no_key = || Self::refuse(Why::NoKey);
         let key = {
             let keys = self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner);
             match header.alg {
-                Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => {
-                    DecodingKey::from_secret(keys.secret.as_deref().ok_or_else(Self::invalid)?)
-                }
+                Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => DecodingKey::from_secret(keys.secret.as_deref().ok_or_else(no_key)?),
                 _ => {
-                    let jwks = keys.jwks.as_ref().ok_or_else(Self::invalid)?;
+                    let jwks = keys.jwks.as_ref().ok_or_else(no_key)?;
                     let jwk = match &header.kid {
                         Some(kid) => jwks.find(kid),
                         None if jwks.keys.len() == 1 => jwks.keys.first(),
                         None => None,
                     };
-                    DecodingKey::from_jwk(jwk.ok_or_else(Self::invalid)?).map_err(|_| Self::invalid())?
+                    DecodingKey::from_jwk(jwk.ok_or_else(no_key)?).map_err(|_| no_key())?
                 }
             }
         };
@@ -243,16 +242,16 @@ impl TokenAuth {
             v.validate_aud = true;
             v.required_spec_claims.insert("aud".into());
         }
-        let claims = jsonwebtoken::decode::<Claims>(token, &key, &v).map_err(|_| Self::invalid())?.claims;
+        let claims = jsonwebtoken::decode::<Claims>(token, &key, &v).map_err(|e| Self::refuse(decode_refusal(&e)))?.claims;
         let leeway_ms = LEEWAY_S * 1000;
-        let exp_ms = claims.exp.ok_or_else(Self::invalid)?.ms;
+        let exp_ms = claims.exp.ok_or_else(|| Self::refuse(Why::NoExpiry))?.ms;
         if now_ms > exp_ms.saturating_add(leeway_ms) {
-            return Err(Self::invalid());
+            return Err(Self::refuse(Why::Expired { at_ms: exp_ms }));
         }
-        if claims.nbf.is_some_and(|nbf| now_ms.saturating_add(leeway_ms) < nbf.ms) {
-            return Err(Self::invalid());
+        if let Some(nbf) = claims.nbf.filter(|nbf| now_ms.saturating_add(leeway_ms) < nbf.ms) {
+            return Err(Self::refuse(Why::NotYetValid { from_ms: nbf.ms }));
         }
-        let scope = Scope::from_claim(&claims.oncelog).map_err(|_| Self::invalid())?;
+        let scope = Scope::from_claim(&claims.oncelog).map_err(|_| Self::refuse(Why::BadGrant))?;
         let principal = match claims.sub {
             Some(sub) => format!("sub:{sub}"),
             None => {
@@ -279,6 +278,20 @@ impl TokenAuth {
     }
 }
 
+/// Which check of `jsonwebtoken`'s refused a token.
+fn decode_refusal(e: &jsonwebtoken::errors::Error) -> Why {
+    use jsonwebtoken::errors::ErrorKind;
+    match e.kind() {
+        ErrorKind::InvalidSignature => Why::BadSignature,
+        ErrorKind::InvalidIssuer => Why::WrongIssuer,
+        ErrorKind::InvalidAudience => Why::WrongAudience,
+        ErrorKind::MissingRequiredClaim(c) if c == "iss" => Why::WrongIssuer,
+        ErrorKind::MissingRequiredClaim(c) if c == "aud" => Why::WrongAudience,
+        ErrorKind::InvalidAlgorithm | ErrorKind::InvalidKeyFormat | ErrorKind::InvalidAlgorithmName => Why::NoKey,
+        _ => Why::Malformed,
+    }
+}
+
 /// `expires` and `sig` from a query string, when both are there.
 fn signature_params(query: Option<&str>) -> Option<(String, String)> {
     let (mut expires, mut sig) = (None, None);
@@ -301,21 +314,21 @@ impl Authorize for TokenAuth {
         let bearer = parts.headers.get("authorization").map(|v| v.to_str().unwrap_or(""));
         let (scope, expires_at_ms, principal) = match (bearer, signature_params(parts.uri.query())) {
             (Some(h), _) => {
-                let token = h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")).ok_or(AuthError::Unauthenticated { error: "invalid_request" })?;
+                let token = h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")).ok_or(Self::refuse(Why::NotBearer))?;
                 self.verify(token.trim(), now_ms)?
             }
             (None, Some((expires, sig))) => {
                 let (scope, expires_at_ms) = self.verify_signed(parts, &expires, &sig, now_ms)?;
                 (scope, expires_at_ms, format!("url:{sig}"))
             }
-            (None, None) => return Err(AuthError::Unauthenticated { error: "invalid_request" }),
+            (None, None) => return Err(Self::refuse(Why::NoCredentials)),
         };
         if let Some(path) = stream_path(parts) {
             // Classified once by the front service (or here, when called on its own).
             let kind = parts.extensions.get::<Kind>().copied().unwrap_or_else(|| Kind::of(&parts.method, &parts.headers));
             for (stream, op) in required(kind, &path, &parts.headers) {
                 if !scope.allows(&stream, op) {
-                    return Err(if self.config.hide_forbidden { AuthError::Hidden } else { AuthError::Forbidden });
+                    return Err(if self.config.hide_forbidden { AuthError::Hidden } else { AuthError::Forbidden { op, stream } });
                 }
             }
         }

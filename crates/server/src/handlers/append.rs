@@ -48,7 +48,7 @@ pub(super) async fn append<E: Engine>(
     // `Content-Length` nor `Transfer-Encoding`. Data that did arrive is an append, whatever the
     // headers said, and needs the `append` grant.
     if as_close && !body.is_empty() && !caller.access.permits(path, Op::Append) {
-        return Err(ApiError::Auth(if st.auth.hides_forbidden() { AuthError::Hidden } else { AuthError::Forbidden }));
+        return Err(ApiError::Auth(if st.auth.hides_forbidden() { AuthError::Hidden } else { AuthError::Forbidden { op: Op::Append, stream: path.to_owned() } }));
     }
     if let Some(w) = &writer {
         st.rate.bytes(w, body.len())?;

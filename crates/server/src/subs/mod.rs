@@ -92,8 +92,8 @@ pub async fn route<E: Engine>(st: &AppState<E>, method: &Method, uri: &Uri, req_
         SubCall::AddStreams(id) => {
             let add = wire::stream_list(&read(body).await?)?;
             if let Some(scope) = &access.scope {
-                if !add.iter().all(|p| scope.allows(p, Op::Read)) {
-                    return Err(AuthError::Forbidden.into());
+                if let Some(p) = add.iter().find(|p| !scope.allows(p, Op::Read)) {
+                    return Err(AuthError::Forbidden { op: Op::Read, stream: p.clone() }.into());
                 }
             }
             st.subs.relink(&id, add, Vec::new(), now).await?;
@@ -139,18 +139,22 @@ fn bearer(h: &HeaderMap) -> Option<String> {
 /// `outputs` prefixes its creator may append under.
 fn may_link(access: &crate::auth::Access, config: &oncelog_storage::subs::SubConfig) -> Result<(), SubApiError> {
     let Some(scope) = &access.scope else { return Ok(()) };
-    let streams = config.streams.iter().all(|p| scope.allows(p, Op::Read));
-    let pattern = config.pattern.as_deref().is_none_or(|p| scope.allows_all_under(&oncelog_storage::subs::glob::literal_prefix(p), Op::Read));
-    let wake = match &config.kind {
-        SubKind::PullWake { wake_stream } => scope.allows(wake_stream, Op::Append),
-        SubKind::Webhook { .. } => true,
-    };
-    let outputs = config.outputs.iter().all(|p| scope.allows_all_under(p, Op::Append));
-    if streams && pattern && wake && outputs {
-        Ok(())
-    } else {
-        Err(AuthError::Forbidden.into())
+    let refuse = |op, stream: String| Err(AuthError::Forbidden { op, stream }.into());
+    if let Some(p) = config.streams.iter().find(|p| !scope.allows(p, Op::Read)) {
+        return refuse(Op::Read, p.clone());
     }
+    if let Some(prefix) = config.pattern.as_deref().map(oncelog_storage::subs::glob::literal_prefix).filter(|p| !scope.allows_all_under(p, Op::Read)) {
+        return refuse(Op::Read, format!("every stream under {prefix:?} (the pattern's prefix)"));
+    }
+    if let SubKind::PullWake { wake_stream } = &config.kind {
+        if !scope.allows(wake_stream, Op::Append) {
+            return refuse(Op::Append, wake_stream.clone());
+        }
+    }
+    if let Some(p) = config.outputs.iter().find(|p| !scope.allows_all_under(p, Op::Append)) {
+        return refuse(Op::Append, format!("every stream under {p:?} (an output prefix)"));
+    }
+    Ok(())
 }
 
 async fn put<E: Engine>(st: &AppState<E>, id: &str, req_headers: &HeaderMap, config: oncelog_storage::subs::SubConfig, now: i64) -> Result<Response, SubApiError> {

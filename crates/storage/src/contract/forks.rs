@@ -80,7 +80,7 @@ pub async fn fork_verdicts<H: Harness>() {
     let f = e.create(fork_req("f", "s", Some(2), 0)).await.expect("fork");
     assert!(matches!(f, CreateOutcome::Created(_)));
     assert!(matches!(e.create(fork_req("f", "s", Some(2), 0)).await, Ok(CreateOutcome::Existing(_))));
-    assert!(matches!(e.create(fork_req("f", "s", Some(1), 0)).await, Err(CreateError::ConfigMismatch)));
+    assert!(matches!(e.create(fork_req("f", "s", Some(1), 0)).await, Err(CreateError::ConfigMismatch(_))));
     // A fork has its own producer state and Stream-Seq.
     append(e, produce("s", "d", "p", 0, 0)).await;
     let first = append(e, produce("f", "x", "p", 0, 0)).await;

@@ -25,7 +25,7 @@ pub async fn retention_policies_are_configuration<H: Harness>() {
     assert!(matches!(again, Ok(CreateOutcome::Existing(_))), "{again:?}");
     let other = RetentionRequest { policy: policy(None, Some(5)), named_age: false, named_bytes: true };
     let r = e.create(CreateRequest { retention: other, ..create_req("s", "text/plain") }).await;
-    assert!(matches!(r, Err(CreateError::ConfigMismatch)), "{r:?}");
+    assert!(matches!(r, Err(CreateError::ConfigMismatch(_))), "{r:?}");
     let defaults = RetentionRequest { policy: RetentionPolicy::NONE, named_age: false, named_bytes: false };
     let r = e.create(CreateRequest { retention: defaults, ..create_req("s", "text/plain") }).await;
     assert!(matches!(r, Ok(CreateOutcome::Existing(_))), "{r:?}");

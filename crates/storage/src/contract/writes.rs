@@ -23,7 +23,7 @@ pub async fn create_verdicts<H: Harness>() {
     // Any difference in type, expiry or closure: 409.
     for (ct, expiry, closed) in [("text/html", None, false), ("text/plain", Some(Expiry::Ttl(60)), false), ("text/plain", None, true)] {
         let r = CreateRequest { content_type: Some(ct.into()), expiry, closed, ..create_req("s", "") };
-        assert!(matches!(e.create(r).await, Err(CreateError::ConfigMismatch)), "{ct} {expiry:?} {closed}");
+        assert!(matches!(e.create(r).await, Err(CreateError::ConfigMismatch(_))), "{ct} {expiry:?} {closed}");
     }
     // No content type: the default.
     let d = create(e, CreateRequest { content_type: None, ..create_req("d", "") }).await;

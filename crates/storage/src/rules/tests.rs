@@ -275,13 +275,26 @@ fn create_verdicts() {
     let existing = meta("text/plain");
     let same = create(Some((&existing, Offset(4))), None, &create_req(Some("text/plain;charset=utf-8"), None, false), 10);
     assert!(matches!(same, Ok(CreatePlan::Existing(i)) if i.tail == Offset(4) && i.id == 1));
-    for differing in [
-        create_req(Some("text/html"), None, false),
-        create_req(Some("text/plain"), Some(Expiry::Ttl(5)), false),
-        create_req(Some("text/plain"), None, true),
-    ] {
-        assert!(matches!(create(Some((&existing, Offset(4))), None, &differing, 10), Err(CreateError::ConfigMismatch)));
+    // The 409 names the first difference, with both sides.
+    let mut compacted = create_req(Some("text/plain"), None, false);
+    compacted.compaction = true;
+    let mut retained = create_req(Some("text/plain"), None, false);
+    retained.retention = crate::RetentionRequest { policy: crate::RetentionPolicy { max_age_s: Some(60), max_bytes: None }, named_age: true, named_bytes: false };
+    let cases = [
+        (create_req(Some("text/html"), None, false), r#"its content type is "text/plain", the request says "text/html""#),
+        (create_req(Some("text/plain"), Some(Expiry::Ttl(5)), false), "its expiry is none, the request says Stream-TTL 5"),
+        (create_req(Some("text/plain"), None, true), "it is open, the request says closed"),
+        (retained, "its retention is max age none, max bytes none; the request names max age 60"),
+    ];
+    for (differing, says) in cases {
+        match create(Some((&existing, Offset(4))), None, &differing, 10) {
+            Err(e @ CreateError::ConfigMismatch(_)) => assert_eq!(e.to_string(), format!("stream exists with a different configuration: {says}")),
+            other => panic!("{says}: {other:?}"),
+        }
     }
+    // A stream made for compaction must be JSON: checked before the comparison, so the plain
+    // stream here answers that instead.
+    assert!(matches!(create(Some((&existing, Offset(4))), None, &compacted, 10), Err(CreateError::CompactionNeedsJson)));
     let mut gone = existing.clone();
     gone.soft_deleted = true;
     assert!(matches!(create(Some((&gone, Offset(4))), None, &create_req(Some("text/plain"), None, false), 10), Err(CreateError::PathReserved)));

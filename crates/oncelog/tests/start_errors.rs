@@ -1,0 +1,105 @@
+//! `oncelog serve` that cannot start says why, at once: a PostgreSQL database or role that does
+//! not exist stops it within seconds in the database's own words (no "retrying" for ever), a
+//! `--data-dir` it cannot use is named, and a connection that `sslmode=prefer` let fall back to
+//! plaintext is warned about. Needs `ONCELOG_TEST_POSTGRES_URL` and
+//! `ONCELOG_TEST_POSTGRES_SOCKET_DIR` (the README's test command sets both).
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+fn pg_url() -> String {
+    std::env::var("ONCELOG_TEST_POSTGRES_URL").expect("ONCELOG_TEST_POSTGRES_URL (./scripts/test sets it)")
+}
+
+/// `url` with its user and database replaced (`postgres://USER@HOST:PORT/DB?QUERY`).
+fn with(url: &str, user: Option<&str>, db: Option<&str>) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a URL");
+    let (userinfo, rest) = rest.split_once('@').expect("a user in the URL");
+    let (host, rest) = rest.split_once('/').expect("a database in the URL");
+    let (old_db, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let user = user.unwrap_or(userinfo);
+    let db = db.unwrap_or(old_db);
+    format!("{scheme}://{user}@{host}/{db}?{query}")
+}
+
+/// Runs `serve` with `args` and expects it to exit non-zero within 10 s; answers its stderr.
+fn fails_at_once(args: &[&str]) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let started = Instant::now();
+    let mut cmd = common::bin();
+    cmd.arg("serve").args(["--addr", "127.0.0.1:0", "--data-dir"]).arg(dir.path()).args(args);
+    let out = common::run(cmd, b"", Duration::from_secs(10));
+    assert!(!out.ok, "serve {args:?} started: {}", out.stderr);
+    assert!(started.elapsed() < Duration::from_secs(8), "it took {:?} to give up", started.elapsed());
+    out.stderr
+}
+
+#[test]
+fn a_database_or_role_that_does_not_exist_stops_serve_at_once_naming_it() {
+    let url = pg_url();
+    let err = fails_at_once(&["--storage", &with(&url, None, Some("no_such_database_here"))]);
+    assert!(err.contains(r#"database "no_such_database_here" does not exist"#), "{err}");
+    assert!(!err.contains("retrying"), "a refusal for good is not retried: {err}");
+    let err = fails_at_once(&["--storage", &with(&url, Some("no_such_role_here"), None)]);
+    assert!(err.contains(r#"role "no_such_role_here" does not exist"#), "{err}");
+}
+
+#[test]
+fn a_data_dir_that_cannot_be_used_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A file where the directory should be.
+    let file = dir.path().join("not-a-directory");
+    std::fs::write(&file, b"x").expect("file");
+    let mut cmd = common::bin();
+    cmd.arg("serve").args(["--addr", "127.0.0.1:0", "--data-dir"]).arg(&file);
+    let out = common::run(cmd, b"", Duration::from_secs(10));
+    assert!(!out.ok);
+    assert!(out.stderr.contains(&format!("--data-dir {}", file.display())), "{}", out.stderr);
+}
+
+#[test]
+fn a_plaintext_fallback_under_sslmode_prefer_is_warned_about() {
+    let socket_dir = std::env::var("ONCELOG_TEST_POSTGRES_SOCKET_DIR").expect("ONCELOG_TEST_POSTGRES_SOCKET_DIR (./scripts/test sets it)");
+    let url = pg_url();
+    let port = url.split_once("://").and_then(|(_, r)| r.split_once('/')).and_then(|(h, _)| h.rsplit_once(':')).map(|(_, p)| p.to_owned()).expect("a port");
+    // Over the Unix socket no TLS is offered: `sslmode=prefer` (the default) goes plaintext.
+    let plaintext = format!("postgres://oncelog@/postgres?host={socket_dir}&port={port}&sslmode=prefer");
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let schema = format!("prefer_{}_{nanos}", std::process::id());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = common::bin()
+        .arg("serve")
+        .args(["--addr", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .args(["--storage", &plaintext, "--pg-schema", &schema])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().expect("stderr");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut seen = Vec::new();
+    let warned = loop {
+        match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(line) if line.contains("sslmode=prefer and the server offered no TLS") => break true,
+            Ok(line) if line.contains("listening") => break false,
+            Ok(line) => seen.push(line),
+            Err(_) => break false,
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(warned, "no warning before listening; the log said: {seen:#?}");
+}
