@@ -20,6 +20,8 @@
 //! - [`headers`]: CORS origins and the CORS preflight.
 //! - [`auth`]: the authentication hook point.
 //! - [`deadline_io`]: sockets whose blocked writes time out (stalled readers).
+//! - [`listing`]: the stream listing (`GET /v1/stream/__ds/streams`), filtered by the caller's
+//!   grants.
 //! - [`live`]: bounds on live readers, in all and per stream.
 //! - [`listen`]: the connection loop (HTTP/1.1 and h2c, connection limits, header timeouts,
 //!   half-close, graceful drain).
@@ -46,6 +48,7 @@ pub mod front;
 pub mod handlers;
 pub mod headers;
 pub mod listen;
+pub mod listing;
 pub mod live;
 pub mod metrics;
 pub mod op;

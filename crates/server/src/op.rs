@@ -3,8 +3,9 @@
 //! else), then the [`Operation`] with its typed arguments (parsed by [`crate::handlers`], which
 //! hands it to that operation's one handler). Data and pure parsing only: a leaf of the server.
 //!
-//! The subscription API under `__ds/` is routed by [`SubCall`] on the raw, still percent-encoded
-//! path, so a stream path inside one segment (`manual%2Fb`) stays one segment.
+//! The routes under `__ds/` (the subscription API, and the stream listing) are routed by
+//! [`SubCall`] on the raw, still percent-encoded path, so a stream path inside one segment
+//! (`manual%2Fb`) stays one segment.
 
 use axum::http::{HeaderMap, Method};
 use oncelog_protocol::headers::{closed_flag, names};
@@ -84,9 +85,12 @@ pub enum Operation {
     Preflight,
 }
 
-/// A call of the subscription API (`/v1/stream/__ds/…`).
+/// A call under `/v1/stream/__ds/`: the subscription API, or the stream listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SubCall {
+    /// `GET streams`: the streams the caller may read (an Oncelog extension, answered by
+    /// [`crate::listing`], not by the subscription API).
+    Streams,
     /// `GET jwks.json`: the webhook signing keys.
     Jwks,
     /// `GET subscriptions`.
@@ -149,6 +153,7 @@ impl SubCall {
             _ => None,
         };
         match (method, parts.as_slice(), fenced) {
+            (&Method::GET, ["streams"], _) => Ok(SubCall::Streams),
             (&Method::GET, ["jwks.json"], _) => Ok(SubCall::Jwks),
             (&Method::GET, ["subscriptions"], _) => Ok(SubCall::List),
             (m, ["subscriptions", id], _) if !id.is_empty() => match *m {
@@ -161,7 +166,7 @@ impl SubCall {
             (&Method::DELETE, ["subscriptions", id, "streams", path], _) => Ok(SubCall::RemoveStream { id: segment(id), path: segment(path) }),
             (&Method::POST, ["subscriptions", id, "claim"], _) => Ok(SubCall::Claim(segment(id))),
             (&Method::POST, ["subscriptions", id, _], Some(call)) => Ok(SubCall::Fenced { id: segment(id), call }),
-            (_, ["jwks.json"] | ["subscriptions"] | ["subscriptions", _, "streams" | "claim" | "callback" | "ack" | "release" | "commit"] | ["subscriptions", _, "streams", _], _) => {
+            (_, ["streams"] | ["jwks.json"] | ["subscriptions"] | ["subscriptions", _, "streams" | "claim" | "callback" | "ack" | "release" | "commit"] | ["subscriptions", _, "streams", _], _) => {
                 Err(NoCall::Method)
             }
             _ => Err(NoCall::Route),
@@ -194,6 +199,10 @@ mod tests {
     fn subscription_calls_route_on_the_raw_path() {
         let p = |m: Method, path: &str| SubCall::parse(&m, path);
         assert_eq!(p(Method::GET, "/v1/stream/__ds/jwks.json"), Ok(SubCall::Jwks));
+        assert_eq!(p(Method::GET, "/v1/stream/__ds/streams"), Ok(SubCall::Streams));
+        assert_eq!(p(Method::POST, "/v1/stream/__ds/streams"), Err(NoCall::Method));
+        // A stream named `streams` inside one encoded segment is no route of its own.
+        assert_eq!(p(Method::GET, "/v1/stream/__ds%2Fstreams"), Err(NoCall::Route));
         assert_eq!(p(Method::DELETE, "/v1/stream/__ds/subscriptions/s/streams/manual%2Fb"), Ok(SubCall::RemoveStream { id: "s".into(), path: "manual/b".into() }));
         assert_eq!(p(Method::POST, "/v1/stream/__ds/subscriptions/s/commit"), Ok(SubCall::Fenced { id: "s".into(), call: Fenced::Commit }));
         assert_eq!(p(Method::GET, "/v1/stream/__ds/subscriptions/s/ack"), Err(NoCall::Method));

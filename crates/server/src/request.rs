@@ -17,6 +17,8 @@ pub enum RequestError {
     Json(#[from] oncelog_protocol::json::JsonError),
     #[error("query parameter {0} must appear at most once")]
     RepeatedParam(&'static str),
+    #[error("limit must be an integer from 1 to {max}")]
+    ListLimit { max: usize },
     #[error("live reads require an offset parameter")]
     LiveWithoutOffset,
     #[error("live must be long-poll or sse")]
@@ -90,6 +92,53 @@ impl ReadQuery {
         }
         let offset = OffsetParam::parse(offset.as_deref())?;
         Ok(ReadQuery { offset, live, cursor })
+    }
+}
+
+/// The page size of a stream listing when the request names none.
+pub const LIST_DEFAULT_LIMIT: usize = 100;
+/// The largest page a stream listing answers: each page is cut from one scan of the prefix
+/// (see [`crate::listing`]), so a page bounds the answer, not the scan.
+pub const LIST_MAX_LIMIT: usize = 1000;
+
+/// The query of `GET /v1/stream/__ds/streams`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListQuery {
+    /// Only paths that start with this (`""`: every path).
+    pub prefix: String,
+    /// Only paths after this one in byte order: the `next` of the previous page.
+    pub after: Option<String>,
+    /// Most streams in the answer.
+    pub limit: usize,
+}
+
+impl ListQuery {
+    /// Parses the raw query string: `prefix`, `after`, `limit` (1 to [`LIST_MAX_LIMIT`]), each at
+    /// most once; unknown parameters are ignored, as on reads (a signed URL's `expires` and
+    /// `sig` among them).
+    pub fn parse(raw: Option<&str>) -> Result<ListQuery, RequestError> {
+        let (mut prefix, mut after, mut limit) = (None, None, None);
+        for (k, v) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
+            let slot = match k.as_ref() {
+                "prefix" => (&mut prefix, "prefix"),
+                "after" => (&mut after, "after"),
+                "limit" => (&mut limit, "limit"),
+                _ => continue,
+            };
+            if slot.0.replace(v.into_owned()).is_some() {
+                return Err(RequestError::RepeatedParam(slot.1));
+            }
+        }
+        let limit = match limit {
+            None => LIST_DEFAULT_LIMIT,
+            // Digits only: `+5`, ` 5` or `5.0` are refused rather than read as 5.
+            Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => match v.parse::<usize>() {
+                Ok(n) if (1..=LIST_MAX_LIMIT).contains(&n) => n,
+                _ => return Err(RequestError::ListLimit { max: LIST_MAX_LIMIT }),
+            },
+            Some(_) => return Err(RequestError::ListLimit { max: LIST_MAX_LIMIT }),
+        };
+        Ok(ListQuery { prefix: prefix.unwrap_or_default(), after, limit })
     }
 }
 
@@ -349,6 +398,16 @@ mod tests {
         assert_eq!(q.offset, OffsetParam::At(Offset(3)));
         for bad in ["offset=", "offset=a&offset=b", "offset=0,1", "offset=0%201", "live=long-poll", "live=sse", "offset=-1&live=bogus", "offset=-1%0A", "offset=now%00"] {
             assert!(ReadQuery::parse(Some(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn list_query_rules() {
+        assert_eq!(ListQuery::parse(None).unwrap(), ListQuery { prefix: String::new(), after: None, limit: LIST_DEFAULT_LIMIT });
+        let q = ListQuery::parse(Some("prefix=a%2Fb%20&after=a%2Fb%20c&limit=1000&sig=x")).unwrap();
+        assert_eq!(q, ListQuery { prefix: "a/b ".into(), after: Some("a/b c".into()), limit: 1000 });
+        for bad in ["limit=0", "limit=1001", "limit=", "limit=+5", "limit=5.0", "limit=99999999999999999999999", "prefix=a&prefix=b", "after=a&after=b", "limit=1&limit=2"] {
+            assert!(ListQuery::parse(Some(bad)).is_err(), "{bad}");
         }
     }
 }

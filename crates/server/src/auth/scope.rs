@@ -159,6 +159,14 @@ pub fn subscription_token_checked(method: &axum::http::Method, raw_path: &str) -
     raw_path.starts_with("/v1/stream/__ds/") && matches!(SubCall::parse(method, raw_path), Ok(SubCall::Jwks | SubCall::Fenced { .. }))
 }
 
+/// Routes that need valid credentials but no grant on their own path, whatever the method:
+/// the stream listing (`__ds/streams`), whose answer is filtered by the caller's `read` grants
+/// instead ([`crate::listing`]), so a token learns only paths it could read anyway. Decided by
+/// the router's own parse of the raw path, like [`subscription_token_checked`].
+pub fn filtered_by_grants(raw_path: &str) -> bool {
+    raw_path.starts_with("/v1/stream/__ds/") && SubCall::parse(&axum::http::Method::GET, raw_path) == Ok(SubCall::Streams)
+}
+
 /// The operations a request of kind `kind` performs on `path` (and, for a fork, on its
 /// source), for access control.
 pub fn required(kind: Kind, path: &str, headers: &HeaderMap) -> Vec<(String, Op)> {

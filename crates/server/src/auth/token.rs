@@ -323,7 +323,8 @@ impl Authorize for TokenAuth {
             }
             (None, None) => return Err(Self::refuse(Why::NoCredentials)),
         };
-        if let Some(path) = stream_path(parts) {
+        // The stream listing needs no grant of its own: it lists only what the grants allow.
+        if let Some(path) = stream_path(parts).filter(|_| !crate::auth::scope::filtered_by_grants(parts.uri.path())) {
             // Classified once by the front service (or here, when called on its own).
             let kind = parts.extensions.get::<Kind>().copied().unwrap_or_else(|| Kind::of(&parts.method, &parts.headers));
             for (stream, op) in required(kind, &path, &parts.headers) {

@@ -6,7 +6,8 @@
 //! - `create`: create and fork;
 //! - `append`: append and close;
 //! - `manage`: trim, compact and delete;
-//! - [`crate::subs`]: the subscription API under `__ds/`.
+//! - [`crate::subs`]: the subscription API under `__ds/`;
+//! - [`crate::listing`]: the stream listing, `__ds/streams`.
 
 mod append;
 mod create;
@@ -20,7 +21,7 @@ use oncelog_storage::Engine;
 
 
 use crate::error::ApiError;
-use crate::op::{Kind, Operation};
+use crate::op::{Kind, Operation, SubCall};
 use crate::request::{self, AppendHeaders, CreateHeaders, ReadQuery, RequestError};
 use crate::{headers, read};
 use crate::state::AppState;
@@ -46,7 +47,11 @@ async fn dispatch<E: Engine>(st: &AppState<E>, path: &str, method: &Method, uri:
         return Err(RequestError::PathTooLong.into());
     }
     if path == "__ds" || path.starts_with("__ds/") {
-        // The subscription API (sections 6 and 7).
+        // The stream listing, else the subscription API (sections 6 and 7); both routed on the
+        // raw path, as access control decided them.
+        if SubCall::parse(method, uri.path()) == Ok(SubCall::Streams) {
+            return crate::listing::streams(st, uri.query(), &caller.access).await;
+        }
         return Ok(crate::subs::route(st, method, uri, h, body, &caller.access).await?);
     }
     let kind = caller.kind.unwrap_or_else(|| Kind::of(method, h));

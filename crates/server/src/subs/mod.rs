@@ -63,6 +63,9 @@ pub async fn route<E: Engine>(st: &AppState<E>, method: &Method, uri: &Uri, req_
     let now = st.clock.now_ms();
     let read = |body| crate::body::read(body, req_headers, st.config.body_limits());
     match call {
+        // Answered by `crate::listing` before the subscription API is asked
+        // (`handlers::dispatch`); never a subscription call.
+        SubCall::Streams => Err(SubApiError::NoRoute),
         SubCall::Jwks => {
             let keys = st.sub_keys.get(&st.subs, now).await?;
             let mut resp = reply::json(StatusCode::OK, &keys.jwks());
