@@ -16,6 +16,8 @@
 //!   persistence; [`StreamHandle::producer`] starts one.
 //! - [`read`]: catch-up, long-poll and SSE readers as a `Stream` of chunks, and typed JSON
 //!   messages on top; [`StreamHandle::read`] starts one.
+//! - [`list`]: listing the streams the credentials may read ([`Client::list_streams`], an
+//!   Oncelog extension), page by page.
 //! - [`stream`]: [`StreamHandle`] (from [`Client::stream`]) and the plain operations' options and
 //!   results.
 //! - [`client`]: [`Client`] and its builder; the one place requests are sent and retried.
@@ -112,6 +114,7 @@ pub mod client;
 pub mod error;
 mod http;
 pub mod key;
+pub mod list;
 pub mod offset;
 pub mod producer;
 pub mod read;
@@ -129,4 +132,5 @@ pub use producer::{Ack, EpochStore, FileEpochStore, Producer, ProducerBuilder, P
 pub use read::{Chunk, ChunkStream, JsonBatch, LiveMode, OnTrimmed, ReadOptions, ReadStatus};
 pub use retry::RetryPolicy;
 pub use subscription::{Claim, Commit, Committed, LinkInfo, NoClaim, SubscriptionConfig, SubscriptionInfo, SubscriptionKind, Subscriptions};
-pub use stream::{AppendOptions, Appended, CreateOptions, Created, Limit, StreamHandle, StreamInfo, Trimmed};
+pub use list::{ListedStream, StreamPage};
+pub use stream::{AppendOptions, Appended, CreateOptions, Created, DeleteOptions, Limit, StreamHandle, StreamInfo, Trimmed};

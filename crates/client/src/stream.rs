@@ -105,6 +105,19 @@ pub struct Created {
     pub closed: bool,
 }
 
+/// Options of [`StreamHandle::delete_with`].
+#[derive(Debug, Clone, Default)]
+pub struct DeleteOptions {
+    /// `DELETE …?purge=true` (an Oncelog extension, docs/PROTOCOL-EXTENSIONS.md "Purge"): a
+    /// stream that forks still read, live or already deleted (then it answers `410` and keeps
+    /// its path reserved), is detached from its path, which is free at once for a new stream;
+    /// the forks read on unchanged. Without forks it is a plain delete. A server without the
+    /// extension may ignore the parameter and delete as usual, leaving the path reserved.
+    pub purge: bool,
+    /// Extra headers for this request (`If-Match: <offset>`: only if nobody wrote since).
+    pub headers: HeaderMap,
+}
+
 /// Options of [`StreamHandle::append`].
 #[derive(Debug, Clone, Default)]
 pub struct AppendOptions {
@@ -433,13 +446,23 @@ impl StreamHandle {
     /// `DELETE`: removes the stream and its data. Retried on transient failures; a `404` after
     /// an attempt whose outcome was lost counts as success (that attempt deleted it).
     pub async fn delete(&self) -> Result<(), Error> {
-        self.delete_with_headers(HeaderMap::new()).await
+        self.delete_with(DeleteOptions::default()).await
     }
 
     /// [`StreamHandle::delete`] with extra request headers.
     pub async fn delete_with_headers(&self, headers: HeaderMap) -> Result<(), Error> {
+        self.delete_with(DeleteOptions { headers, ..DeleteOptions::default() }).await
+    }
+
+    /// [`StreamHandle::delete`] with options: `purge` frees the path of a stream that forks
+    /// still read (see [`DeleteOptions::purge`]). Retried the same way: a purge is idempotent
+    /// too, and a `404` after a lost answer means that attempt freed the path.
+    pub async fn delete_with(&self, opts: DeleteOptions) -> Result<(), Error> {
         let mut req = self.request(Method::DELETE, true);
-        req.headers.extend(headers);
+        if opts.purge {
+            req.url.query_pairs_mut().append_pair("purge", "true");
+        }
+        req.headers.extend(opts.headers);
         let mut backoff = Backoff::new(self.client.retry_policy().clone(), self.client.jitter());
         let mut maybe_applied = false;
         loop {

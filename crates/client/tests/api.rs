@@ -435,3 +435,64 @@ async fn trims_retention_and_readers_whose_position_was_dropped() {
     let info = r.head().await.expect("head");
     assert_eq!((info.retention_max_age_seconds, info.retention_max_bytes), (Some(3600), None));
 }
+
+#[tokio::test]
+async fn list_streams_follows_the_pages_to_the_last_and_lists_each_stream_once() {
+    let srv = TestServer::start().await;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c2 = calls.clone();
+    let client = Client::builder(&srv.base).header_provider(move |_| {
+        c2.fetch_add(1, Ordering::SeqCst);
+    }).build().expect("client");
+    // `p/1 &x=y` sorts between `p/1` and `p/2` and becomes a cursor: it must survive the query.
+    let paths = ["p/0", "p/1", "p/1 &x=y", "p/2", "p/3", "p/4", "p/5"];
+    for p in paths.iter().rev().chain(["q/0", "pq"].iter()) {
+        client.stream(p).create(CreateOptions::content_type("text/plain")).await.expect("create");
+    }
+    let tail = client.stream("p/3").append("data", AppendOptions::default()).await.expect("append").next_offset;
+    client.stream("p/4").close().await.expect("close");
+
+    let before = calls.load(Ordering::SeqCst);
+    let listed: Vec<_> = client.list_streams_in_pages("p/", 2).collect::<Vec<_>>().await.into_iter().collect::<Result<_, _>>().expect("list");
+    assert_eq!(listed.iter().map(|l| l.path.as_str()).collect::<Vec<_>>(), paths, "in path order, each once, prefix `p/` only");
+    assert_eq!(calls.load(Ordering::SeqCst) - before, 4, "7 streams in pages of 2: four requests, the last page ends the listing");
+    let p3 = &listed[4];
+    assert_eq!((p3.content_type.as_str(), &p3.next_offset, p3.closed), ("text/plain", &tail, false));
+    assert!(listed[5].closed, "p/4 is closed");
+
+    // One page at a time: `next` is the page's last path, `None` on the last page.
+    let first = client.list_streams_page("p/", None, 3).await.expect("page");
+    assert_eq!(first.next.as_deref(), Some("p/1 &x=y"));
+    let second = client.list_streams_page("p/", first.next.as_deref(), 3).await.expect("page");
+    assert_eq!(second.streams.iter().map(|l| l.path.as_str()).collect::<Vec<_>>(), ["p/2", "p/3", "p/4"]);
+    let last = client.list_streams_page("p/", second.next.as_deref(), 3).await.expect("page");
+    assert_eq!((last.streams.len(), last.next), (1, None));
+    // Every stream in one page of 1000 (the default), and page sizes the server would refuse
+    // are refused before anything is sent.
+    let all: Vec<_> = client.list_streams("").collect::<Vec<_>>().await.into_iter().collect::<Result<_, _>>().expect("list");
+    assert_eq!(all.len(), 9);
+    for bad in [0, 1001] {
+        let err = client.list_streams_page("", None, bad).await.expect_err("bad page size");
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_purge_frees_the_path_a_fork_keeps_reserved() {
+    let srv = TestServer::start().await;
+    let client = Client::new(&srv.base).expect("client");
+    let src = client.stream("purge/src");
+    src.create(CreateOptions { body: Bytes::from("old"), ..CreateOptions::content_type("text/plain") }).await.expect("create");
+    let mut fork = CreateOptions::default();
+    fork.headers.insert("stream-forked-from", "/v1/stream/purge/src".parse().expect("value"));
+    client.stream("purge/fork").create(fork).await.expect("fork");
+    // A plain delete leaves the path reserved for the fork: it cannot be created again.
+    src.delete().await.expect("delete");
+    let err = src.create(CreateOptions::content_type("text/plain")).await.expect_err("path reserved");
+    assert!(matches!(err, Error::ConfigMismatch { .. }), "{err:?}");
+    // A purge frees it; the fork reads on.
+    src.delete_with(oncelog_client::DeleteOptions { purge: true, ..Default::default() }).await.expect("purge");
+    assert!(src.create(CreateOptions::content_type("text/plain")).await.expect("create again").created);
+    let forked = collect(client.stream("purge/fork").read(ReadOptions::new(ReadFrom::Beginning, LiveMode::CatchUp))).await.expect("read fork");
+    assert_eq!(text(&forked), "old");
+}

@@ -34,7 +34,7 @@ pub enum CliError {
     #[error("stdin is not a sequence of JSON values: {0}")]
     NotJson(#[from] serde_json::Error),
     /// A single conditional or keyed append got nothing to send.
-    #[error("--if-match and --idempotency-key need data on stdin")]
+    #[error("--if-match, --expected-offset and --idempotency-key need data on stdin")]
     NoData,
     /// `sub create` needs exactly one delivery.
     #[error("give exactly one of --webhook-url and --wake-stream")]
@@ -54,8 +54,9 @@ pub fn exit(result: Result<(), CliError>) -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // A reader piped into `head` has nothing left to do.
         Err(CliError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::ExitCode::SUCCESS,
-        // A conditional append lost the race: scripts retry on this status.
-        Err(e @ CliError::Client(oncelog_client::Error::PreconditionFailed { .. })) => {
+        // A conditional append lost the race (`--if-match`'s 412 or `--expected-offset`'s 409):
+        // scripts retry on this status. The message names the current tail.
+        Err(e @ CliError::Client(oncelog_client::Error::PreconditionFailed { .. } | oncelog_client::Error::ExpectedOffsetConflict { .. })) => {
             eprintln!("oncelog: {e}");
             std::process::ExitCode::from(3)
         }
@@ -118,6 +119,33 @@ pub struct StreamArgs {
     conn: Conn,
     /// Stream name (its path under the URL).
     stream: String,
+}
+
+#[derive(clap::Args)]
+pub struct DeleteArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// Stream name (its path under the URL).
+    stream: String,
+    /// Also free the path of a stream that forks still read (an Oncelog extension, `DELETE
+    /// …?purge=true`): without it such a stream's path stays reserved (410) until its last fork
+    /// is gone; with it the path is free at once and the forks read on. Works on a stream
+    /// already deleted that way too.
+    #[arg(long)]
+    purge: bool,
+}
+
+#[derive(clap::Args)]
+pub struct LsArgs {
+    #[command(flatten)]
+    conn: Conn,
+    /// Only streams whose path starts with this (no wildcards: `logs/` lists `logs/…`).
+    #[arg(default_value = "")]
+    prefix: String,
+    /// Also show each stream's content type, tail offset and whether it is closed
+    /// (tab-separated).
+    #[arg(long, short = 'l')]
+    long: bool,
 }
 
 #[derive(clap::Args)]
@@ -245,6 +273,13 @@ pub struct AppendArgs {
     /// tail is printed on stderr and the exit status is 3. No producer is used.
     #[arg(long, value_name = "OFFSET", conflicts_with_all = ["producer_id", "epoch", "epoch_file", "auto_claim"])]
     if_match: Option<String>,
+    /// The protocol's strict compare-and-append (`Stream-Expected-Offset`): all of stdin as one
+    /// append, written only if the stream's tail is exactly this offset. Otherwise nothing is
+    /// written, the current tail is printed on stderr and the exit status is 3, as with
+    /// --if-match (the server answers 409 rather than 412; any server implementing the upstream
+    /// header honours it). No producer is used.
+    #[arg(long, value_name = "OFFSET", conflicts_with_all = ["producer_id", "epoch", "epoch_file", "auto_claim"])]
+    expected_offset: Option<String>,
     /// All of stdin as one append with this Idempotency-Key (a new UUIDv7 when no value is
     /// given, printed on stderr): retried until acknowledged, never written twice. Running the
     /// command again with the same key and input is answered from the first run.
@@ -384,8 +419,16 @@ fn spawn_stdin_reader(json: bool) -> tokio::sync::mpsc::Receiver<Result<Bytes, C
     rx
 }
 
-/// `append --if-match` / `--idempotency-key`: stdin as one append, conditional and/or keyed.
-async fn append_once(s: &oncelog_client::StreamHandle, if_match: Option<&str>, key: Option<&str>, close: bool) -> Result<(), CliError> {
+/// What makes `append` send stdin as one append: its conditions and key.
+struct Once<'a> {
+    if_match: Option<&'a str>,
+    expected_offset: Option<&'a str>,
+    key: Option<&'a str>,
+}
+
+/// `append --if-match` / `--expected-offset` / `--idempotency-key`: stdin as one append,
+/// conditional and/or keyed.
+async fn append_once(s: &oncelog_client::StreamHandle, once: Once<'_>, close: bool) -> Result<(), CliError> {
     let json = oncelog_protocol::content_type::is_json(&s.content_type().await?);
     let mut input = spawn_stdin_reader(json);
     let mut items = Vec::new();
@@ -402,7 +445,7 @@ async fn append_once(s: &oncelog_client::StreamHandle, if_match: Option<&str>, k
     } else {
         Bytes::from(items.concat())
     };
-    let key = key.map(|k| {
+    let key = once.key.map(|k| {
         if k.is_empty() {
             let k = oncelog_client::new_idempotency_key();
             eprintln!("idempotency-key: {k}");
@@ -411,7 +454,12 @@ async fn append_once(s: &oncelog_client::StreamHandle, if_match: Option<&str>, k
             k.to_owned()
         }
     });
-    let opts = AppendOptions { if_match: if_match.map(StreamOffset::new), idempotency_key: key, ..AppendOptions::default() };
+    let opts = AppendOptions {
+        if_match: once.if_match.map(StreamOffset::new),
+        expected_offset: once.expected_offset.map(StreamOffset::new),
+        idempotency_key: key,
+        ..AppendOptions::default()
+    };
     let appended = if close { s.append_and_close(body, opts).await? } else { s.append(body, opts).await? };
     println!("{}", appended.next_offset);
     Ok(())
@@ -419,8 +467,9 @@ async fn append_once(s: &oncelog_client::StreamHandle, if_match: Option<&str>, k
 
 pub async fn append(a: AppendArgs) -> Result<(), CliError> {
     let s = a.conn.stream(&a.stream)?;
-    if a.if_match.is_some() || a.idempotency_key.is_some() {
-        return append_once(&s, a.if_match.as_deref(), a.idempotency_key.as_deref(), a.close).await;
+    if a.if_match.is_some() || a.expected_offset.is_some() || a.idempotency_key.is_some() {
+        let once = Once { if_match: a.if_match.as_deref(), expected_offset: a.expected_offset.as_deref(), key: a.idempotency_key.as_deref() };
+        return append_once(&s, once, a.close).await;
     }
     let content_type = s.content_type().await?;
     let id = a.producer_id.unwrap_or_else(|| {
@@ -557,7 +606,28 @@ pub async fn close(a: CloseArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-pub async fn delete(a: StreamArgs) -> Result<(), CliError> {
-    a.conn.stream(&a.stream)?.delete().await?;
+pub async fn delete(a: DeleteArgs) -> Result<(), CliError> {
+    let opts = oncelog_client::DeleteOptions { purge: a.purge, ..oncelog_client::DeleteOptions::default() };
+    a.conn.stream(&a.stream)?.delete_with(opts).await?;
+    Ok(())
+}
+
+/// `ls`: one path per line, or with `--long` `PATH<TAB>CONTENT-TYPE<TAB>NEXT-OFFSET<TAB>open|closed`,
+/// in path order, following the listing's pages; written as each page arrives, so a long
+/// listing starts at once and `| head` stops it early.
+pub async fn ls(a: LsArgs) -> Result<(), CliError> {
+    use std::io::Write as _;
+    let client = a.conn.client(None)?;
+    let mut streams = std::pin::pin!(client.list_streams(&a.prefix));
+    let stdout = std::io::stdout();
+    while let Some(l) = streams.next().await {
+        let l = l?;
+        let mut out = stdout.lock();
+        if a.long {
+            writeln!(out, "{}\t{}\t{}\t{}", l.path, l.content_type, l.next_offset, if l.closed { "closed" } else { "open" })?;
+        } else {
+            writeln!(out, "{}", l.path)?;
+        }
+    }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! `oncelog`: the command line. `serve` runs the Durable Streams server on its storage engine;
-//! `create | append | read | tail | head | close | delete | trim | compact` are a client built on
+//! `create | append | read | tail | head | close | delete | trim | compact | ls` are a client built on
 //! `oncelog-client`; `ship` follows a log file into a stream exactly once; `sub` manages
 //! subscriptions; `sink` applies streams to a database exactly once; `token` mints credentials;
 //! `backup` copies a running log engine's data directory. Thin by design: all behaviour lives in
@@ -87,8 +87,12 @@ enum Command {
     Head(commands::StreamArgs),
     /// Close a stream (optionally appending a final message); prints the final offset.
     Close(commands::CloseArgs),
-    /// Delete a stream and its data.
-    Delete(commands::StreamArgs),
+    /// Delete a stream and its data (`--purge`: also free the path of a stream that forks still
+    /// read).
+    Delete(commands::DeleteArgs),
+    /// List the streams the credentials may read, in path order: one path per line, or with
+    /// `--long` path, content type, tail offset and open/closed (an Oncelog extension).
+    Ls(commands::LsArgs),
     /// Drop a stream's data before an offset (reads from before it then get 410); prints the
     /// earliest offset.
     Trim(commands::TrimArgs),
@@ -184,6 +188,7 @@ fn main() -> std::process::ExitCode {
         Command::Head(args) => return commands::exit(runtime.block_on(commands::head(args))),
         Command::Close(args) => return commands::exit(runtime.block_on(commands::close(args))),
         Command::Delete(args) => return commands::exit(runtime.block_on(commands::delete(args))),
+        Command::Ls(args) => return commands::exit(runtime.block_on(commands::ls(args))),
         Command::Trim(args) => return commands::exit(runtime.block_on(commands::trim(args))),
         Command::Compact(args) => return commands::exit(runtime.block_on(commands::compact(args))),
         Command::Sub(cmd) => return commands::exit(runtime.block_on(sub::run(cmd))),

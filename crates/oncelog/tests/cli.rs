@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{bin, run, Harness};
+use oncelog_server::auth::token::{TokenAuth, TokenConfig};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
@@ -246,6 +247,62 @@ fn a_conditional_append_writes_at_the_named_tail_and_exits_3_elsewhere() {
 }
 
 #[test]
+fn an_append_with_an_expected_offset_lands_only_at_that_tail_and_exits_3_elsewhere() {
+    let h = Harness::start();
+    let cmd = |args: &[&str]| against(&h, args);
+    let start = run(cmd(&["create", "doc"]), b"", LIMIT).stdout.trim().to_owned();
+    // All of stdin as one append at exactly that tail.
+    let out = run(cmd(&["append", "doc", "--expected-offset", &start]), b"one\ntwo\n", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    let after = out.stdout.trim().to_owned();
+    assert_ne!(after, start);
+    // Again at the old tail: the server's 409, nothing written, the current tail on stderr,
+    // status 3 as for --if-match.
+    let out = run(cmd(&["append", "doc", "--expected-offset", &start]), b"three\n", LIMIT);
+    assert_eq!(out.code, Some(3), "{}", out.stderr);
+    assert!(out.stderr.contains("expected offset conflict") && out.stderr.contains(&after), "{}", out.stderr);
+    let out = run(cmd(&["append", "doc", "--expected-offset", &after, "--close"]), b"three\n", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(run(cmd(&["read", "doc"]), b"", LIMIT).stdout, "one\ntwo\nthree\n");
+    // A closed stream is a plain conflict (status 1), not a lost race; so is a producer with it.
+    let tail = out.stdout.trim().to_owned();
+    let out = run(cmd(&["append", "doc", "--expected-offset", &tail]), b"late\n", LIMIT);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(out.stderr.contains("closed"), "{}", out.stderr);
+    let out = run(cmd(&["append", "doc", "--expected-offset", &tail, "--producer-id", "p"]), b"x\n", LIMIT);
+    assert!(!out.ok && out.code != Some(3), "{}", out.stderr);
+}
+
+#[test]
+fn delete_purge_frees_the_path_a_fork_keeps_reserved() {
+    let h = Harness::start();
+    let cmd = |args: &[&str]| against(&h, args);
+    assert!(run(cmd(&["create", "src"]), b"", LIMIT).ok);
+    assert!(run(cmd(&["append", "src"]), b"old\n", LIMIT).ok);
+    // Someone forks it (the CLI has no fork command; the client does it).
+    h.rt.block_on(async {
+        let mut fork = oncelog_client::CreateOptions::default();
+        fork.headers.insert("stream-forked-from", "/v1/stream/src".parse().expect("value"));
+        h.client().stream("fork").create(fork).await.expect("fork");
+    });
+    // A plain delete leaves the path reserved for the fork: it cannot be created again.
+    assert!(run(cmd(&["delete", "src"]), b"", LIMIT).ok);
+    let out = run(cmd(&["create", "src"]), b"", LIMIT);
+    assert!(!out.ok, "{}", out.stdout);
+    // --purge frees it at once; the fork reads on, and the new stream is a new one.
+    let out = run(cmd(&["delete", "src", "--purge"]), b"", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    let out = run(cmd(&["create", "src"]), b"", LIMIT);
+    assert!(out.ok, "{}", out.stderr);
+    assert_eq!(run(cmd(&["read", "src"]), b"", LIMIT).stdout, "");
+    assert_eq!(run(cmd(&["read", "fork"]), b"", LIMIT).stdout, "old\n");
+    // On a stream without forks it is a plain delete.
+    assert!(run(cmd(&["delete", "src", "--purge"]), b"", LIMIT).ok);
+    let out = run(cmd(&["head", "src"]), b"", LIMIT);
+    assert!(!out.ok && out.stderr.contains("not found"), "{}", out.stderr);
+}
+
+#[test]
 fn a_keyed_append_run_twice_is_written_once() {
     let h = Harness::start();
     let cmd = |args: &[&str]| against(&h, args);
@@ -351,4 +408,75 @@ fn serve_refuses_a_data_directory_of_the_retired_fjall_engine_and_the_fjall_choi
     assert!(!dir.path().join("log").exists(), "nothing was written beside it");
     let out = serve(&["--storage", "fjall"]);
     assert!(!out.ok && out.stderr.contains("unknown storage \"fjall\""), "{}", out.stderr);
+}
+
+/// `oncelog ls [PREFIX] [--long]` with access control on: the streams a token may read, in path
+/// order, across the listing's pages (issue 32, item 7).
+#[test]
+fn ls_prints_the_streams_a_token_may_read_in_path_order_across_pages() {
+    let secrets = tempfile::tempdir().expect("tempdir");
+    let secret = secrets.path().join("secret");
+    std::fs::write(&secret, "a-long-random-secret\n").expect("secret");
+    let auth = TokenAuth::load(TokenConfig { secret_file: Some(secret.clone()), ..TokenConfig::default() }).expect("keys");
+    let h = Harness::start_with(auth);
+    let secret = secret.to_str().expect("utf-8 path").to_owned();
+    let mint = |prefix: &str, ops: &str| {
+        let mut c = bin();
+        c.args(["token", "issue", "--secret-file", &secret, "--prefix", prefix, "--ops", ops, "--expires-in", "1h"]);
+        let out = run(c, b"", LIMIT);
+        assert!(out.ok, "{}", out.stderr);
+        format!("Bearer {}", out.stdout.trim())
+    };
+    let admin = mint("", "all");
+    let reader = mint("a/", "read");
+    let ls = |bearer: Option<&str>, args: &[&str]| {
+        let mut c = bin();
+        c.arg("ls").args(args).args(["--url", &h.base]);
+        if let Some(b) = bearer {
+            c.args(["--auth", b]);
+        }
+        run(c, b"", LIMIT)
+    };
+
+    // 1,001 streams under `many/` (more than one page of 1,000), created out of order, and a few
+    // others.
+    let many: Vec<String> = (0..1001).map(|i| format!("many/{i:04}")).collect();
+    h.rt.block_on(async {
+        let client = oncelog_client::Client::builder(&h.base).default_header("authorization", &admin).expect("header").build().expect("client");
+        for p in many.iter().rev().map(String::as_str).chain(["b/1", "a/2", "a/1", "ab"]) {
+            client.stream(p).create(oncelog_client::CreateOptions::content_type("text/plain")).await.expect("create");
+        }
+        client.stream("a/1").append("hello", oncelog_client::AppendOptions::default()).await.expect("append");
+        client.stream("a/2").close().await.expect("close");
+    });
+
+    let out = ls(Some(&admin), &["many/"]);
+    assert!(out.ok, "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    // Compared whole, reported short (a failure would print 1,001 paths twice).
+    assert!(lines == many, "every stream once, in order, across two pages: {} lines, {:?} .. {:?}", lines.len(), lines.first(), lines.last());
+    let out = ls(Some(&admin), &[]);
+    assert_eq!(out.stdout.lines().take(4).collect::<Vec<_>>(), ["a/1", "a/2", "ab", "b/1"]);
+    assert_eq!(out.stdout.lines().count(), 1005);
+
+    // A token with `read` on `a/` sees `a/…` only, whatever prefix it asks for.
+    assert_eq!(ls(Some(&reader), &[]).stdout, "a/1\na/2\n");
+    let out = ls(Some(&reader), &["b/"]);
+    assert!(out.ok && out.stdout.is_empty(), "{out:?}", out = (out.stdout, out.stderr));
+
+    // --long: path, content type, tail, open or closed, tab-separated.
+    let out = ls(Some(&reader), &["--long", "a/"]);
+    assert!(out.ok, "{}", out.stderr);
+    let lines: Vec<Vec<&str>> = out.stdout.lines().map(|l| l.split('\t').collect()).collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!((lines[0][0], lines[0][1], lines[0][3]), ("a/1", "text/plain", "open"));
+    assert_eq!((lines[1][0], lines[1][3]), ("a/2", "closed"));
+    let mut head = bin();
+    head.args(["head", "a/1", "--url", &h.base, "--auth", &admin]);
+    assert!(run(head, b"", LIMIT).stdout.contains(&format!("next-offset: {}", lines[0][2])), "the tail HEAD shows");
+
+    // No credentials: the server's 401, exit status 1.
+    let out = ls(None, &[]);
+    assert_eq!(out.code, Some(1), "{}", out.stdout);
+    assert!(out.stderr.contains("401"), "{}", out.stderr);
 }
