@@ -25,7 +25,7 @@ use futures_util::StreamExt;
 use oncelog_client::{AppendOptions, Client, CreateOptions, LiveMode, ReadFrom, ReadOptions};
 use oncelog_protocol::state::Materialized;
 use serde_json::{json, Value};
-use sink_support::{query, wait_applied, Lcg, Reaped};
+use sink_support::{query, wait_applied, wait_exit, Lcg, Reaped};
 
 /// `oncelog sink postgres` on `h`'s server, stderr into `log`.
 fn sink(h: &Harness, pattern: &str, schema: &str, extra: &[&str], log: &std::path::Path) -> Reaped {
@@ -65,20 +65,6 @@ async fn wait_subscription(client: &Client, id: &str, log: &std::path::Path) {
         assert!(std::time::Instant::now() < deadline, "the sink made no subscription:\n{}", std::fs::read_to_string(log).unwrap_or_default());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// The exit status of `child` once it ends; killed (by PID) and `None` after `limit`.
-fn wait_exit(child: &mut Child, limit: Duration) -> Option<i32> {
-    let deadline = std::time::Instant::now() + limit;
-    while std::time::Instant::now() < deadline {
-        if let Ok(Some(status)) = child.try_wait() {
-            return status.code();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    None
 }
 
 /// Everything a catch-up reader from `offset=-1` gets.
@@ -193,12 +179,12 @@ fn state_json_and_byte_streams_land_in_their_tables_across_a_compaction() {
 
         // JSON: one row per message, in order, keyed by where each message starts.
         let events: Vec<Value> = serde_json::from_slice(&format!("[{}]", String::from_utf8(stored_form(&client, "app/events").await).expect("utf-8").trim_end_matches(',')).into_bytes()).expect("events");
-        let rows = query(&url, &format!("SELECT \"offset\", value::text FROM {schema}.messages WHERE stream = 'app/events' ORDER BY \"offset\"")).await.expect("message rows");
+        let rows = query(&url, &format!("SELECT stream_offset, value::text FROM {schema}.messages WHERE stream = 'app/events' ORDER BY stream_offset")).await.expect("message rows");
         assert_eq!(rows.iter().map(|r| serde_json::from_str::<Value>(&r[1]).expect("jsonb")).collect::<Vec<_>>(), events);
         assert_eq!(rows[0][0], "0");
 
         // Bytes: one row per read, contiguous, together the whole stream.
-        let rows = query(&url, &format!("SELECT \"offset\", next_offset, convert_from(data, 'UTF8') FROM {schema}.chunks WHERE stream = 'app/raw' ORDER BY \"offset\"")).await.expect("chunk rows");
+        let rows = query(&url, &format!("SELECT stream_offset, next_offset, convert_from(data, 'UTF8') FROM {schema}.chunks WHERE stream = 'app/raw' ORDER BY stream_offset")).await.expect("chunk rows");
         let mut at = 0u64;
         for r in &rows {
             assert_eq!(r[0].parse::<u64>().expect("offset"), at, "chunks are contiguous");
@@ -286,7 +272,7 @@ fn a_value_the_target_refuses_stops_the_sink_with_nothing_of_its_batch_applied()
 
 /// Rows of `stream` in `schema`'s messages table, as (offset, value) text.
 async fn message_rows(url: &str, schema: &str, stream: &str) -> Vec<Vec<String>> {
-    query(url, &format!("SELECT \"offset\", value::text FROM {schema}.messages WHERE stream = '{stream}' ORDER BY \"offset\"")).await.expect("message rows")
+    query(url, &format!("SELECT stream_offset, value::text FROM {schema}.messages WHERE stream = '{stream}' ORDER BY stream_offset")).await.expect("message rows")
 }
 
 /// `stream`'s (position, set_aside_reason) once it is set aside; panics with the log after 30 s.
@@ -441,6 +427,6 @@ fn sigterm_gives_the_claim_back_with_its_batch_rolled_back() {
         let _ = b.kill();
         let _ = b.wait();
     }
-    let rows = h.rt.block_on(query(&url, &format!("SELECT value::text FROM {schema}.messages ORDER BY \"offset\""))).expect("rows");
+    let rows = h.rt.block_on(query(&url, &format!("SELECT value::text FROM {schema}.messages ORDER BY stream_offset"))).expect("rows");
     assert_eq!(rows, vec![vec![r#"{"m": 1}"#.to_owned()], vec![r#"{"m": 2}"#.to_owned()]], "each message once");
 }

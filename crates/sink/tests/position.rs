@@ -2,7 +2,8 @@
 //! position — the second waits for the first's row lock and then finds the position moved, so
 //! it applies nothing; a stale position is refused outright; an absent row is the position 0.
 //! A set-aside stream's position moves no further until its reason is cleared, and a positions
-//! table made before set-aside existed gets its columns. The database's own words in errors.
+//! table made before set-aside existed gets its columns, and tables made before `stream_offset`
+//! and `updated_at` get them once (a later start takes no lock). The database's own words in errors.
 
 use std::time::Duration;
 
@@ -109,4 +110,60 @@ async fn errors_show_the_database_s_own_words_not_the_driver_s_db_error() {
     let away = Target::new(&format!("postgres://nobody@127.0.0.1:{closed}/db?sslmode=disable&connect_timeout=2"), "s", Duration::from_secs(5)).expect("target");
     let text = away.conn().await.err().map(|e| e.to_string()).unwrap_or_default();
     assert!(text.starts_with("target database connection: error connecting to server: ") && text.contains("refused"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_of_an_older_sink_get_stream_offset_and_updated_at_once_and_are_then_left_alone() {
+    let schema = schema();
+    let target = Target::new(&url(), &schema, Duration::from_secs(10)).expect("target");
+    let conn = target.conn().await.expect("conn");
+    // The tables as a sink made them before the column was renamed and `updated_at` added.
+    conn.batch_execute(&format!(
+        r#"CREATE SCHEMA {schema};
+         CREATE TABLE {schema}.state (stream text NOT NULL, type text NOT NULL, key text NOT NULL,
+            value jsonb NOT NULL, "offset" bigint NOT NULL, PRIMARY KEY (stream, type, key));
+         CREATE TABLE {schema}.messages (stream text NOT NULL, "offset" bigint NOT NULL, value jsonb NOT NULL, PRIMARY KEY (stream, "offset"));
+         CREATE TABLE {schema}.chunks (stream text NOT NULL, "offset" bigint NOT NULL, next_offset bigint NOT NULL, data bytea NOT NULL,
+            PRIMARY KEY (stream, "offset"));
+         INSERT INTO {schema}.state VALUES ('s', 't', 'k', '1', 7);
+         INSERT INTO {schema}.messages VALUES ('m', 8, '2');
+         INSERT INTO {schema}.chunks VALUES ('c', 0, 3, 'abc');"#
+    ))
+    .await
+    .expect("old tables");
+    drop(conn);
+    target.prepare(&PostgresSink::new(&schema)).await.expect("prepare migrates them");
+    let conn = target.conn().await.expect("conn");
+    let columns = |table: &'static str| {
+        let (conn, schema) = (&conn, &schema);
+        async move {
+            let rows = conn
+                .query("SELECT column_name::text FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 ORDER BY ordinal_position", &[schema, &table])
+                .await
+                .expect("columns");
+            rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(columns("state").await, ["stream", "type", "key", "value", "stream_offset", "updated_at"]);
+    assert_eq!(columns("messages").await, ["stream", "stream_offset", "value"]);
+    assert_eq!(columns("chunks").await, ["stream", "stream_offset", "next_offset", "data"]);
+    // The rows are kept; the old state rows get the migration's time.
+    let one = |sql: String| {
+        let conn = &conn;
+        async move { conn.query_one(&sql, &[]).await.expect("row").get::<_, i64>(0) }
+    };
+    assert_eq!(one(format!("SELECT stream_offset FROM {schema}.state WHERE updated_at IS NOT NULL")).await, 7);
+    assert_eq!(one(format!("SELECT stream_offset FROM {schema}.messages")).await, 8);
+    assert_eq!(one(format!("SELECT next_offset FROM {schema}.chunks WHERE stream_offset = 0")).await, 3);
+
+    // Once done, a start changes nothing and takes no lock: a transaction that reads the tables
+    // (as a frozen worker's might) does not hold it up, as an ALTER TABLE it would.
+    let reader = Target::new(&url(), &schema, Duration::from_secs(10)).expect("target");
+    let mut reading = reader.conn().await.expect("conn");
+    let tx = reading.transaction().await.expect("begin");
+    tx.batch_execute(&format!("SELECT 1 FROM {schema}.state, {schema}.messages, {schema}.chunks, {schema}.positions LIMIT 1")).await.expect("read");
+    let again = tokio::time::timeout(Duration::from_secs(3), target.prepare(&PostgresSink::new(&schema))).await;
+    assert!(matches!(again, Ok(Ok(()))), "a second start waited or failed: {again:?}");
+    drop(tx);
+    conn.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.expect("drop the test schema");
 }

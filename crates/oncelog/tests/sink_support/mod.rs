@@ -83,6 +83,20 @@ impl std::ops::DerefMut for Reaped {
     }
 }
 
+/// The exit status of `child` once it ends; killed (by PID) and `None` after `limit`.
+pub fn wait_exit(child: &mut std::process::Child, limit: Duration) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status.code();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
 /// A small deterministic sequence (the tests need spread, not secrecy).
 pub struct Lcg(pub u64);
 
