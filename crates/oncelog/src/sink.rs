@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use oncelog_sink::{OnRefused, OnTrimmed, PostgresSink, SinkOptions, Target, Worker};
+use oncelog_sink::{Mode, OnRefused, OnTrimmed, PostgresSink, SinkOptions, Target, Worker};
 
 use crate::commands::Conn;
 
@@ -40,6 +40,22 @@ pub enum Refused {
     SkipStream,
 }
 
+/// Which table each stream's data goes to.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum ModeArg {
+    /// From each stream's metadata: `Stream-Compaction: state` → state, other JSON streams →
+    /// messages, anything else → chunks.
+    Auto,
+    /// Every JSON stream's messages are State Protocol changes (a plain application/json stream
+    /// written by @durable-streams/state, say) → state; a stream that is not JSON is refused.
+    State,
+    /// Every JSON stream → messages (State Protocol streams too); a stream that is not JSON is
+    /// refused.
+    Messages,
+    /// Every stream → chunks (a JSON stream's chunk is the read's JSON array).
+    Chunks,
+}
+
 #[derive(clap::Args)]
 pub struct PostgresArgs {
     #[command(flatten)]
@@ -60,11 +76,21 @@ pub struct PostgresArgs {
     /// Its wake stream (default: sinks/SUBSCRIPTION/wake; created if missing).
     #[arg(long, env = "ONCELOG_SINK_WAKE_STREAM", value_name = "PATH")]
     wake_stream: Option<String>,
-    /// This worker's name. Give each worker a stable one: restarted under the same name it takes
-    /// its claim back at once; under a new name it waits for the old lease to end. Default:
-    /// HOSTNAME-PID.
+    /// This worker's name. Restarted under the same name a worker takes its claim back at once;
+    /// under a new name it waits for the old lease to end. Default: HOSTNAME-SUBSCRIPTION, the
+    /// same at every start on this host (a second sink of the subscription running on this host
+    /// at the same time gets HOSTNAME-SUBSCRIPTION-2, and so on).
     #[arg(long, env = "ONCELOG_SINK_WORKER")]
     worker: Option<String>,
+    /// Which table each stream goes to: `auto` (from its metadata), `state` (every JSON stream
+    /// holds State Protocol changes), `messages` or `chunks`.
+    #[arg(long, env = "ONCELOG_SINK_MODE", value_enum, default_value = "auto")]
+    mode: ModeArg,
+    /// Skip history: at start, a stream the sink has never applied starts at its current tail
+    /// (recorded as its position) instead of its first byte. Streams created later are applied
+    /// whole.
+    #[arg(long, env = "ONCELOG_SINK_FROM_NOW")]
+    from_now: bool,
     /// How long a claim lasts without an ack (each applied read acks): s, m, h or d.
     #[arg(long, env = "ONCELOG_SINK_LEASE_TTL", default_value = "30s", value_parser = crate::token::parse_duration)]
     lease_ttl: Duration,
@@ -105,9 +131,20 @@ pub async fn run(cmd: SinkCommand) -> Result<(), SinkCliError> {
     }
     let subscription = a.subscription.clone().unwrap_or_else(|| format!("sink-{}", a.schema));
     let wake_stream = a.wake_stream.clone().unwrap_or_else(|| format!("sinks/{subscription}/wake"));
-    let worker = a.worker.clone().unwrap_or_else(default_worker);
+    // Held until the process ends: it keeps the default name this process's alone on this host.
+    let (worker, _slot) = match a.worker.clone() {
+        Some(w) => (w, None),
+        None => default_worker(&host_name(), &subscription, &std::env::temp_dir()),
+    };
     let mut opts = SinkOptions::new(subscription, &a.pattern, wake_stream, worker);
     opts.lease_ttl = a.lease_ttl;
+    opts.from_now = a.from_now;
+    opts.mode = match a.mode {
+        ModeArg::Auto => Mode::Auto,
+        ModeArg::State => Mode::State,
+        ModeArg::Messages => Mode::Messages,
+        ModeArg::Chunks => Mode::Chunks,
+    };
     opts.on_trimmed = match a.on_trimmed {
         Trimmed::Fail => OnTrimmed::Fail,
         Trimmed::Skip => OnTrimmed::Skip,
@@ -139,10 +176,54 @@ async fn stop_signal() {
     }
 }
 
-fn default_worker() -> String {
-    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
-    let host = if host.is_empty() { "sink".to_owned() } else { host };
-    format!("{host}-{}", std::process::id())
+/// This host's name: the kernel's, else `/etc/hostname`, else `$HOSTNAME`, else `sink`.
+fn host_name() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).ok().map(|h| h.trim().to_owned());
+    [read("/proc/sys/kernel/hostname"), read("/etc/hostname"), std::env::var("HOSTNAME").ok()]
+        .into_iter()
+        .flatten()
+        .find(|h| !h.is_empty())
+        .unwrap_or_else(|| "sink".to_owned())
+}
+
+/// How many sinks of one subscription on one host get a name of their own; past that they
+/// share the last one (still exactly once: the target's compare-and-set, not the name, keeps
+/// batches apart).
+const SLOTS: u32 = 64;
+
+/// The default worker name: `HOST-SUBSCRIPTION`, the same at every start on this host, so a
+/// restarted sink takes its old claim back at once instead of waiting for its lease to end (a
+/// name with the process id would wait `--lease-ttl`). Two sinks of one subscription running on
+/// one host must not share a name (both would hold the one claim at once): each name is held by
+/// an exclusive lock on a file in `dir` for the life of the process (released by the kernel
+/// when the process dies, however it dies), and a name that is held is passed over for the
+/// next, `HOST-SUBSCRIPTION-2` and on. Answers the name and the lock file keeping it; without
+/// a usable `dir`, the first name, unlocked.
+fn default_worker(host: &str, subscription: &str, dir: &std::path::Path) -> (String, Option<std::fs::File>) {
+    let base = format!("{host}-{subscription}");
+    for slot in 1..=SLOTS {
+        let name = if slot == 1 { base.clone() } else { format!("{base}-{slot}") };
+        // File names keep to characters that are safe anywhere.
+        let file: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).collect();
+        let path = dir.join(format!("oncelog-sink-{file}.lock"));
+        let opened = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path);
+        let f = match opened {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot keep the default worker name to this process (a second sink on this host would share it)");
+                return (base, None);
+            }
+        };
+        match f.try_lock() {
+            Ok(()) => return (name, Some(f)),
+            Err(std::fs::TryLockError::WouldBlock) => continue,
+            Err(std::fs::TryLockError::Error(e)) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot keep the default worker name to this process (a second sink on this host would share it)");
+                return (base, None);
+            }
+        }
+    }
+    (format!("{base}-{SLOTS}"), None)
 }
 
 /// Installs a Prometheus recorder and serves it at `addr` (`/metrics`).
@@ -167,4 +248,27 @@ fn recorder() -> Option<PrometheusHandle> {
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).ok()?;
     Some(handle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_worker_name_is_stable_and_one_process_s_alone() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (first, lock) = default_worker("h1", "sink-s", dir.path());
+        assert_eq!(first, "h1-sink-s");
+        // Held: a second sink of the subscription on this host gets the next name.
+        let (second, lock2) = default_worker("h1", "sink-s", dir.path());
+        assert_eq!(second, "h1-sink-s-2");
+        // The first one gone (its lock released, as the kernel does when a process dies): a
+        // restart gets its name back.
+        drop(lock);
+        assert_eq!(default_worker("h1", "sink-s", dir.path()).0, "h1-sink-s");
+        drop(lock2);
+        // Another subscription, another name; odd characters stay out of the file name.
+        assert_eq!(default_worker("h/1", "a b", dir.path()).0, "h/1-a b");
+        assert!(dir.path().join("oncelog-sink-h_1-a_b.lock").exists());
+    }
 }

@@ -57,8 +57,9 @@ fn signal(child: &Child, signal: &str) {
     assert!(status.success(), "kill -{signal}");
 }
 
-/// Waits until the sink started with `log` has made its subscription `id`: a subscription starts
-/// at the tails of the streams that exist, so what a test appends must come after it.
+/// Waits until the sink started with `log` has made its subscription `id` (what a stream held
+/// before is applied too, at start: sink_start.rs; the tests here wait so that what they append
+/// is met by a wake).
 async fn wait_subscription(client: &Client, id: &str, log: &std::path::Path) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while client.subscriptions().get(id).await.is_err() {
@@ -222,8 +223,8 @@ fn trimmed_history_stops_the_sink_unless_it_is_told_to_skip_and_count() {
         s.trim(&tail).await.expect("trim").earliest
     });
     let mut child = sink(&h, "t/*", &schema, &[], &log);
-    // A subscription starts at the tails of the streams that exist: the append that wakes the
-    // sink comes after the sink made it.
+    // The sink meets the trimmed history at start (what the stream held is applied from its
+    // first byte), or at the latest when this append wakes it.
     h.rt.block_on(async {
         wait_subscription(&client, &format!("sink-{schema}"), &log).await;
         client.stream("t/plain").append(r#"{"a":4}"#, AppendOptions::default()).await.expect("append");

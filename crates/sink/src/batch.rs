@@ -13,15 +13,17 @@ use serde_json::value::RawValue;
 
 use crate::error::SinkError;
 
-/// How a stream is applied, from its metadata (`HEAD`).
+/// How a stream is applied: from its metadata (`HEAD`), unless the worker's [`crate::Mode`]
+/// says otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StreamKind {
-    /// Created with `Stream-Compaction: state`: every message is a State Protocol message
-    /// (the server refuses anything else), and compactions replace history with a snapshot.
+    /// Created with `Stream-Compaction: state` (every message is a State Protocol message: the
+    /// server refuses anything else, and compactions replace history with a snapshot), or any
+    /// JSON stream under `--mode state`.
     State,
     /// Any other `application/json` stream: messages.
     Json,
-    /// Anything else: bytes, cut wherever a read ended.
+    /// Anything else, or any stream under `--mode chunks`: bytes, cut wherever a read ended.
     Bytes,
 }
 
@@ -54,7 +56,9 @@ impl<'a> Message<'a> {
 pub enum Batch<'a> {
     /// The messages of a JSON or State Protocol stream, in stream order.
     Messages(Vec<Message<'a>>),
-    /// A piece of a byte stream, starting at `offset`.
+    /// A piece of a byte stream, starting at `offset` (the batch's `next_offset` says where it
+    /// ends). Under `--mode chunks`, a JSON stream's read as a reader gets it: a JSON array of
+    /// its messages, not as long as its offsets' span.
     Bytes { offset: Offset, data: &'a [u8] },
 }
 
@@ -84,7 +88,7 @@ pub fn decode<'a>(stream: &StreamRef, start: Offset, chunk: &'a Chunk) -> Result
     if end < start {
         return Err(bad("a read ended before it started"));
     }
-    if stream.kind == StreamKind::Bytes {
+    if stream.kind == StreamKind::Bytes && !chunk.json {
         if (chunk.data.len() as u64) != end.0 - start.0 {
             return Err(bad("a read's bytes do not span its offsets"));
         }
@@ -103,6 +107,12 @@ pub fn decode<'a>(stream: &StreamRef, start: Offset, chunk: &'a Chunk) -> Result
     }
     if at != end.0 {
         return Err(bad("a JSON read's messages do not add up to its offsets (not an Oncelog server, or whitespace added on the way)"));
+    }
+    if stream.kind == StreamKind::Bytes {
+        // A JSON stream applied as chunks (`--mode chunks`): the read as a reader gets it, a
+        // JSON array, once its messages were checked against its offsets like any JSON read's.
+        // Its length is not the offsets' span (no `,` after the last message, the brackets).
+        return Ok(Batch::Bytes { offset: start, data: &chunk.data });
     }
     Ok(Batch::Messages(messages))
 }
@@ -134,8 +144,18 @@ mod tests {
         assert!(matches!(decode(&json_stream(), Offset(100), &chunk(br#"[{"a": 1}]"#, 108)), Err(SinkError::Offsets { .. })));
         assert!(matches!(decode(&json_stream(), Offset(100), &chunk(b"", 101)), Err(SinkError::Offsets { .. })));
         let bytes = StreamRef { path: "b".into(), kind: StreamKind::Bytes };
-        assert!(matches!(decode(&bytes, Offset(0), &chunk(b"abc", 3)), Ok(Batch::Bytes { offset: Offset(0), data: b"abc" })));
-        assert!(matches!(decode(&bytes, Offset(0), &chunk(b"abc", 4)), Err(SinkError::Offsets { .. })));
+        let raw = |data, next| Chunk { json: false, ..chunk(data, next) };
+        assert!(matches!(decode(&bytes, Offset(0), &raw(b"abc", 3)), Ok(Batch::Bytes { offset: Offset(0), data: b"abc" })));
+        assert!(matches!(decode(&bytes, Offset(0), &raw(b"abc", 4)), Err(SinkError::Offsets { .. })));
+    }
+
+    #[test]
+    fn a_json_read_as_chunks_is_checked_like_messages_and_kept_whole() {
+        let bytes = StreamRef { path: "j".into(), kind: StreamKind::Bytes };
+        // `{"a":1},` and `[2, 3],` from 100: the read's array whole, its offsets checked.
+        let c = chunk(br#"[{"a":1},[2, 3]]"#, 115);
+        assert!(matches!(decode(&bytes, Offset(100), &c), Ok(Batch::Bytes { offset: Offset(100), data: br#"[{"a":1},[2, 3]]"# })));
+        assert!(matches!(decode(&bytes, Offset(100), &chunk(br#"[{"a":1}]"#, 120)), Err(SinkError::Offsets { .. })));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 use std::fmt;
 
 use oncelog_protocol::state::StateError;
-use tokio_postgres::error::DbError;
+use tokio_postgres::error::{DbError, SqlState};
 
 /// Why a [`crate::Sink`] could not apply a batch. The batch's transaction is rolled back, so
 /// nothing of it (and not its position) is in the target.
@@ -92,6 +92,13 @@ pub enum SinkError {
         Why(.source)
     )]
     Refused { stream: String, offset: u64, source: ApplyError },
+    /// `--mode state` or `--mode messages` met a stream that is not JSON (with `--on-refused
+    /// stop`; `skip-stream` sets it aside instead).
+    #[error(
+        "{stream}: --mode {mode} applies JSON streams only; this one is {content_type}; the sink stops \
+         (--on-refused skip-stream sets such a stream aside and goes on with the others)"
+    )]
+    NotJson { stream: String, mode: &'static str, content_type: String },
 }
 
 impl SinkError {
@@ -106,12 +113,24 @@ impl SinkError {
             | SinkError::NotASnapshot { .. }
             | SinkError::WentBack { .. }
             | SinkError::Offsets { .. }
-            | SinkError::Refused { .. } => true,
+            | SinkError::Refused { .. }
+            | SinkError::NotJson { .. } => true,
             // Comes back the same on every attempt: the batch can never apply.
-            SinkError::Apply(a) => a.is_refusal(),
+            SinkError::Apply(a) if a.is_refusal() => true,
             // Credentials the server refuses do not get better by waiting.
             SinkError::Client(e) => !e.is_fenced() && matches!(e.status(), Some(401 | 403)),
-            _ => false,
+            // Nor does a target that refuses the sink's login: a missing database, a missing
+            // role, a wrong password, no pg_hba.conf entry. A database that is away, starting
+            // up or out of connections is waited for.
+            _ => self.database_says().is_some_and(refuses_login),
+        }
+    }
+
+    /// The database's own report under this error, if it made one.
+    pub fn database_says(&self) -> Option<&DbError> {
+        match self {
+            SinkError::Db(e) | SinkError::Apply(ApplyError::Db(e)) | SinkError::Pool(deadpool_postgres::PoolError::Backend(e)) => e.as_db_error(),
+            _ => None,
         }
     }
 
@@ -127,6 +146,14 @@ impl SinkError {
             e => Err(e),
         }
     }
+}
+
+/// Whether the database refused the sink's session itself, which waiting cannot change: SQLSTATE
+/// class 28 (invalid authorization: no such role, a wrong password, refused by pg_hba.conf) or
+/// 3D000 (no such database).
+fn refuses_login(db: &DbError) -> bool {
+    let code = db.code();
+    code.code().starts_with("28") || *code == SqlState::INVALID_CATALOG_NAME
 }
 
 /// Shows a driver or pool error with what is under it: for an error the database reported,

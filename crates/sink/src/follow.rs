@@ -19,7 +19,7 @@ use crate::lease::Lease;
 use crate::metrics;
 use crate::position as positions;
 use crate::sink::Sink;
-use crate::worker::{OnRefused, OnTrimmed, Worker};
+use crate::worker::{Mode, OnRefused, OnTrimmed, Worker};
 
 /// How often a stream that takes long to apply logs where it stands.
 const PROGRESS_EVERY: Duration = Duration::from_secs(10);
@@ -54,12 +54,6 @@ impl<S: Sink> Worker<S> {
             Err(oncelog_client::Error::NotFound { .. } | oncelog_client::Error::Gone { .. }) => return Ok(0),
             Err(e) => return Err(e.into()),
         };
-        let kind = match (info.state_compaction, content_type::is_json(&info.content_type)) {
-            (true, _) => StreamKind::State,
-            (false, true) => StreamKind::Json,
-            (false, false) => StreamKind::Bytes,
-        };
-        let stream = StreamRef { path: path.to_owned(), kind };
         let mut tail = position(path, &info.next_offset)?;
         if let Some(reason) = &stored.set_aside {
             tracing::debug!(stream = path, position = stored.position.0, reason, "set aside; not read (clear positions.set_aside_reason to resume)");
@@ -67,6 +61,21 @@ impl<S: Sink> Worker<S> {
             return Ok(0);
         }
         let stored = stored.position;
+        let json = content_type::is_json(&info.content_type);
+        let kind = match (self.opts.mode, info.state_compaction, json) {
+            (Mode::Auto, true, _) => StreamKind::State,
+            (Mode::Auto, false, true) => StreamKind::Json,
+            (Mode::Auto, false, false) => StreamKind::Bytes,
+            (Mode::State, _, true) => StreamKind::State,
+            (Mode::Messages, _, true) => StreamKind::Json,
+            (Mode::Chunks, _, _) => StreamKind::Bytes,
+            (Mode::State | Mode::Messages, _, false) => {
+                let stream = StreamRef { path: path.to_owned(), kind: StreamKind::Bytes };
+                self.not_json(lease, &stream, stored, tail, &info.content_type).await?;
+                return Ok(0);
+            }
+        };
+        let stream = StreamRef { path: path.to_owned(), kind };
         if stored > tail {
             return Err(SinkError::WentBack { stream: path.to_owned(), position: stored.0, tail: tail.0 });
         }
@@ -155,6 +164,25 @@ impl<S: Sink> Worker<S> {
         tracing::warn!(stream = %stream.path, position = cur.stored.0, offset = offset.0, %reason, "the target refused a message: stream set aside, the others go on (--on-refused skip-stream)");
         cur.set_aside = true;
         Ok(0)
+    }
+
+    /// `--mode state` or `messages` met a stream that is not JSON: it has no messages to apply
+    /// that way. Stops (`--on-refused stop`) or sets the stream aside at its position, as for a
+    /// message the target refuses: the operator decides (another mode for it, or a pattern that
+    /// leaves it out).
+    async fn not_json(&self, lease: &mut Lease<'_>, stream: &StreamRef, at: Offset, tail: Offset, content_type: &str) -> Result<(), SinkError> {
+        let mode = match self.opts.mode {
+            Mode::State => "state",
+            _ => "messages",
+        };
+        if self.opts.on_refused == OnRefused::Stop {
+            return Err(SinkError::NotJson { stream: stream.path.clone(), mode, content_type: content_type.to_owned() });
+        }
+        let reason = format!("--mode {mode} applies JSON streams only; this one is {content_type}");
+        self.set_aside(stream, at, &reason).await?;
+        metrics::set_aside(&stream.path);
+        tracing::warn!(stream = %stream.path, position = at.0, %reason, "stream set aside, the others go on (--on-refused skip-stream)");
+        self.pass_over(lease, &stream.path, at, tail).await
     }
 
     /// Of a refused `batch`, where the first message the target refuses starts, and why it

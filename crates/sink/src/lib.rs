@@ -12,7 +12,10 @@
 //!
 //! Module map, from the top down:
 //! - [`worker`]: [`Worker`] and its options: setup (target tables, wake stream, subscription),
-//!   the claim loop, which failures stop it;
+//!   the claim loop (saying whom it waits for), which failures stop it;
+//! - `backlog`: what the streams held when the worker started (the server never wakes the sink
+//!   for it): linked streams whose position in the target is behind their tail, applied between
+//!   claims; `--from-now` records the tails instead;
 //! - `follow`: one stream of a claim: read from the stored position, one transaction per read,
 //!   trimmed and compacted history, messages the target refuses (stop, or set the stream aside);
 //! - `lease`: acks that follow the committed positions and keep the lease;
@@ -54,6 +57,7 @@
 //! }
 //! ```
 
+mod backlog;
 pub mod batch;
 pub mod error;
 mod follow;
@@ -70,4 +74,4 @@ pub use error::{ApplyError, SinkError};
 pub use postgres::PostgresSink;
 pub use sink::Sink;
 pub use target::Target;
-pub use worker::{OnRefused, OnTrimmed, SinkOptions, Worker};
+pub use worker::{Mode, OnRefused, OnTrimmed, SinkOptions, Worker};

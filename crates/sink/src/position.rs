@@ -15,6 +15,8 @@
 //! ([`advance`] refuses), and the worker does not read it; clearing the reason (`UPDATE … SET
 //! set_aside_reason = NULL`) resumes it.
 
+use std::collections::BTreeMap;
+
 use oncelog_client::StreamOffset;
 use oncelog_protocol::Offset;
 use tokio_postgres::{GenericClient, Transaction};
@@ -60,6 +62,31 @@ pub async fn stored(client: &impl GenericClient, schema: &str, stream: &str) -> 
     let row = client.query_opt(&format!("SELECT position, set_aside_reason FROM {schema}.positions WHERE stream = $1"), &[&stream]).await?;
     let (at, set_aside): (i64, Option<String>) = row.map_or((0, None), |r| (r.get(0), r.get(1)));
     Ok(Stored { position: Offset(u64::try_from(at).unwrap_or(0)), set_aside })
+}
+
+/// The rows of those of `streams` that have one (a stream without stands at 0).
+pub async fn stored_all(client: &impl GenericClient, schema: &str, streams: &[&str]) -> Result<BTreeMap<String, Stored>, SinkError> {
+    let rows = client.query(&format!("SELECT stream, position, set_aside_reason FROM {schema}.positions WHERE stream = ANY($1)"), &[&streams]).await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let at: i64 = r.get(1);
+            (r.get(0), Stored { position: Offset(u64::try_from(at).unwrap_or(0)), set_aside: r.get(2) })
+        })
+        .collect())
+}
+
+/// Records `stream` as applied up to `at` (token `token`) without applying anything, if it has
+/// no position yet (`--from-now`); answers whether it did. A row that exists is left alone: its
+/// position is what was applied.
+pub async fn start_at(client: &impl GenericClient, schema: &str, stream: &str, token: &StreamOffset, at: Offset) -> Result<bool, SinkError> {
+    let n = client
+        .execute(
+            &format!("INSERT INTO {schema}.positions (stream, next_offset, position) VALUES ($1, $2, $3) ON CONFLICT (stream) DO NOTHING"),
+            &[&stream, &token.as_str(), &as_i64(at.0)],
+        )
+        .await?;
+    Ok(n == 1)
 }
 
 /// Where `stream` stands in the target: a new stream stands at 0.

@@ -3,13 +3,18 @@
 //!
 //! One pull-wake subscription holds one wake at a time, so the workers of a sink share its
 //! streams by taking turns: whoever holds the claim applies every stream that has work; the
-//! others wait for the claim and take over when a holder stops acking (its lease ends). Several
-//! workers are for availability, not for parallelism.
+//! others wait for the claim (saying so, and who holds it) and take over when a holder stops
+//! acking (its lease ends). Several workers are for availability, not for parallelism.
+//!
+//! The server wakes a subscription only for data that arrived after it linked a stream, so what
+//! the streams already held when the worker starts (the `backlog` module) is applied between
+//! claims, one stream at a time, outside any wake.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::time::Duration;
 
-use oncelog_client::{Claim, Client, CreateOptions, SubscriptionConfig};
+use oncelog_client::{Claim, Client, CreateOptions, NoClaim, SubscriptionConfig};
 
 use crate::error::SinkError;
 use crate::lease::Lease;
@@ -44,6 +49,25 @@ pub enum OnRefused {
     SkipStream,
 }
 
+/// Which table (which [`crate::StreamKind`]) a stream's data goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// From the stream's metadata: `Stream-Compaction: state` → State Protocol, any other
+    /// `application/json` stream → messages, anything else → bytes.
+    #[default]
+    Auto,
+    /// Every JSON stream's messages are State Protocol changes, however the stream was created
+    /// (a plain `application/json` stream written by `@durable-streams/state`, say). A stream
+    /// that is not JSON is refused as a message would be (see [`OnRefused`]).
+    State,
+    /// Every JSON stream's messages are rows of their own, State Protocol streams' too. A stream
+    /// that is not JSON is refused.
+    Messages,
+    /// Every stream's reads are byte chunks; a JSON stream's chunk holds the read as a reader
+    /// gets it (a JSON array of its messages).
+    Chunks,
+}
+
 /// How a worker follows its streams.
 #[derive(Debug, Clone)]
 pub struct SinkOptions {
@@ -60,6 +84,11 @@ pub struct SinkOptions {
     pub lease_ttl: Duration,
     pub on_trimmed: OnTrimmed,
     pub on_refused: OnRefused,
+    /// Which table each stream goes to.
+    pub mode: Mode,
+    /// At start, a stream with no position in the target starts at its tail (its history is
+    /// skipped, the position recorded) instead of its first byte.
+    pub from_now: bool,
 }
 
 impl SinkOptions {
@@ -72,6 +101,8 @@ impl SinkOptions {
             lease_ttl: Duration::from_secs(30),
             on_trimmed: OnTrimmed::Fail,
             on_refused: OnRefused::Stop,
+            mode: Mode::Auto,
+            from_now: false,
         }
     }
 }
@@ -85,7 +116,7 @@ pub struct Worker<S: Sink> {
 }
 
 /// Pause after a failure before claiming again.
-const BACKOFF: Duration = Duration::from_millis(500);
+pub(crate) const BACKOFF: Duration = Duration::from_millis(500);
 
 impl<S: Sink> Worker<S> {
     pub fn new(client: Client, target: Target, sink: S, opts: SinkOptions) -> Worker<S> {
@@ -97,11 +128,8 @@ impl<S: Sink> Worker<S> {
         loop {
             match self.setup_once().await {
                 Ok(()) => return Ok(()),
-                Err(e) if e.is_fatal() || matches!(&e, SinkError::Client(c) if !c.is_transient()) => return Err(e),
-                Err(e) => {
-                    tracing::warn!(error = %e, "setting up; retrying");
-                    tokio::time::sleep(BACKOFF).await;
-                }
+                Err(e) if matches!(&e, SinkError::Client(c) if !c.is_transient()) => return Err(e),
+                Err(e) => self.retry_or_stop(e, "setting up; retrying").await?,
             }
         }
     }
@@ -130,28 +158,66 @@ impl<S: Sink> Worker<S> {
             () = &mut stop => return Ok(()),
         }
         let o = &self.opts;
+        tracing::info!(subscription = %o.subscription, pattern = %o.pattern, worker = %o.worker, schema = self.target.schema(), "sink started");
+        let mut backlog = tokio::select! {
+            r = self.backlog_patiently() => r?,
+            () = &mut stop => return Ok(()),
+        };
         let subs = self.client.subscriptions();
         // A lease that ran out writes no wake event: poll the claim at least this often.
         let poll = (o.lease_ttl / 4).clamp(Duration::from_millis(250), Duration::from_secs(2));
-        tracing::info!(subscription = %o.subscription, pattern = %o.pattern, worker = %o.worker, schema = self.target.schema(), "sink started");
+        // The other worker this one last said it waits for (said once per holder, not per poll).
+        let mut waiting_for: Option<String> = None;
         loop {
-            let waited = tokio::select! {
-                r = subs.wait_for_claim(&o.subscription, &o.worker, &o.wake_stream, poll, Duration::from_secs(10)) => r,
+            // New data first: a wake to be had now is served before the next backlog stream.
+            let attempt = tokio::select! {
+                r = subs.claim(&o.subscription, &o.worker) => r,
                 () = &mut stop => return Ok(()),
             };
-            let claim = match waited {
-                Ok(Some(c)) => c,
-                Ok(None) => continue,
-                Err(e) => {
-                    let e = SinkError::from(e);
-                    if e.is_fatal() {
-                        return Err(e);
+            let claim = match attempt {
+                Ok(Ok(c)) => Some(c),
+                Ok(Err(NoClaim::Claimed { holder })) => {
+                    if waiting_for.as_deref() != Some(holder.as_str()) {
+                        tracing::info!(
+                            %holder,
+                            lease_ttl = ?o.lease_ttl,
+                            "waiting for the claim: another worker holds it, until its lease ends (at most --lease-ttl after its last ack) or it gives it back"
+                        );
+                        waiting_for = Some(holder);
                     }
-                    tracing::warn!(error = %e, "claim failed; retrying");
-                    tokio::time::sleep(BACKOFF).await;
+                    None
+                }
+                Ok(Err(NoClaim::NoPendingWork)) => None,
+                Err(e) => {
+                    self.retry_or_stop(e.into(), "claim failed; retrying").await?;
                     continue;
                 }
             };
+            let claim = match claim {
+                Some(c) => c,
+                None if !backlog.is_empty() => {
+                    tokio::select! {
+                        r = self.catch_up(&mut backlog) => r?,
+                        () = &mut stop => return Ok(()),
+                    }
+                    continue;
+                }
+                None => {
+                    let waited = tokio::select! {
+                        r = subs.wait_for_claim(&o.subscription, &o.worker, &o.wake_stream, poll, Duration::from_secs(10)) => r,
+                        () = &mut stop => return Ok(()),
+                    };
+                    match waited {
+                        Ok(Some(c)) => c,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            self.retry_or_stop(e.into(), "claim failed; retrying").await?;
+                            continue;
+                        }
+                    }
+                }
+            };
+            waiting_for = None;
             tracing::info!(generation = claim.generation, streams = claim.streams.len(), "claimed");
             let served = tokio::select! {
                 r = self.serve(&claim) => r,
@@ -162,7 +228,12 @@ impl<S: Sink> Worker<S> {
                 }
             };
             match served {
-                Ok(()) => metrics::claim("done"),
+                Ok(()) => {
+                    metrics::claim("done");
+                    // The claim read these from their stored positions to their tails: nothing of
+                    // what they held at start is left.
+                    backlog.retain(|p| claim.streams.iter().all(|l| l.path != *p));
+                }
                 Err(e) if e.is_fenced() => {
                     tracing::info!(generation = claim.generation, "the claim passed to another worker");
                     metrics::claim("fenced");
@@ -172,15 +243,32 @@ impl<S: Sink> Worker<S> {
                     if let Err(r) = claim.release().await {
                         tracing::debug!(error = %r, "release failed (the lease ends by itself)");
                     }
-                    if e.is_fatal() {
-                        return Err(e);
-                    }
                     if let SinkError::PositionMoved { .. } = e {
                         metrics::conflict();
                     }
-                    tracing::warn!(error = %e, generation = claim.generation, "gave the claim back; claiming again");
-                    tokio::time::sleep(BACKOFF).await;
+                    self.retry_or_stop(e, "gave the claim back; claiming again").await?;
                 }
+            }
+        }
+    }
+
+    /// A fatal `e` stops the worker; any other is logged (with its cause: `what` alone would not
+    /// say why) and waited out.
+    pub(crate) async fn retry_or_stop(&self, e: SinkError, what: &str) -> Result<(), SinkError> {
+        if e.is_fatal() {
+            return Err(e);
+        }
+        tracing::warn!(error = %e, "{what}");
+        tokio::time::sleep(BACKOFF).await;
+        Ok(())
+    }
+
+    /// [`Worker::backlog`], waiting for the server and the target while they are away.
+    async fn backlog_patiently(&self) -> Result<VecDeque<String>, SinkError> {
+        loop {
+            match self.backlog().await {
+                Ok(b) => return Ok(b),
+                Err(e) => self.retry_or_stop(e, "looking for what the streams hold; retrying").await?,
             }
         }
     }
