@@ -39,6 +39,8 @@ fn sink(h: &Harness, pattern: &str, target: &str, schema: &str, args: &[&str], l
         .args(args)
         .env("NO_COLOR", "1")
         .env("RUST_LOG", "info")
+        // The default worker name's lock file goes with the test's directory.
+        .env("TMPDIR", h.dir.path())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
