@@ -125,7 +125,9 @@ impl LogEngine {
         };
         let started = Instant::now();
         let (store, report) = store::open(opts.fs.clone(), cfg, opts.clock.now_ms())?;
-        tracing::info!(?report, elapsed = ?started.elapsed(), "log recovered");
+        // Debug: `oncelog serve` logs the report at info, with its settings, once per start
+        // (an embedder reads it from `recovery_report`).
+        tracing::debug!(?report, elapsed = ?started.elapsed(), "log recovered");
         let view = store.view().clone();
         let counters = store.counters().clone();
         // Unbounded: every queued command is an HTTP request already holding its body, so the
@@ -301,13 +303,13 @@ impl Housekeeping for LogEngine {
         self.call(|reply| Command::Expire { paths: expired, now_ms, reply }).await?
     }
 
-    async fn retain(&self, now_ms: i64) -> Result<usize, StorageError> {
+    async fn retain(&self, now_ms: i64) -> Result<Retained, StorageError> {
         let any = {
             let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
             map.values().any(|s| !s.config.retention.is_none())
         };
         if !any {
-            return Ok(0);
+            return Ok(Retained::default());
         }
         self.call(|reply| Command::Retain { now_ms, reply }).await?
     }

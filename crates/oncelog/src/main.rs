@@ -11,6 +11,7 @@
 //! (`token issue`, `token sign-url`).
 
 mod commands;
+mod logging;
 mod output;
 mod serve;
 #[cfg(unix)]
@@ -121,19 +122,20 @@ struct BackupArgs {
     /// Where the copy goes: a new or empty directory.
     #[arg(long)]
     to: std::path::PathBuf,
+    #[command(flatten)]
+    log: logging::LogArgs,
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    // The server logs at info by default; client commands keep stderr quiet unless asked.
-    let default_filter = if matches!(cli.command, Command::Serve(_) | Command::Sink(_)) { "info" } else { "error" };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_filter.into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    // The commands that run unattended log at info by default, with --log-level and
+    // --log-format; client commands keep stderr quiet unless RUST_LOG asks.
+    logging::init(match &cli.command {
+        Command::Serve(a) => &a.log,
+        Command::Sink(cmd) => cmd.log(),
+        Command::Backup(a) => &a.log,
+        _ => &logging::LogArgs::QUIET,
+    });
     // Blocking threads run the log engine's disk reads (and DNS for webhooks). Tokio's default
     // of 512 lets a crowd of readers that need the disk start hundreds of threads, each with its
     // stack and allocator heap: 200 stalled SSE readers made 127 threads and 60 MiB more RSS
@@ -149,8 +151,22 @@ fn main() -> std::process::ExitCode {
     };
     let result = match cli.command {
         Command::Backup(a) => {
+            let started = std::time::Instant::now();
             return match oncelog_log::backup::backup(&a.data_dir, &a.to) {
                 Ok(r) => {
+                    // The log line is for the operator's log (cron, a timer unit); the stdout
+                    // line below is the command's answer, for scripts.
+                    tracing::info!(
+                        from = %a.data_dir.display(),
+                        to = %a.to.display(),
+                        bytes = r.bytes,
+                        files = r.segments.len() + usize::from(r.checkpoint),
+                        segments = r.segments.len(),
+                        checkpoint = r.checkpoint,
+                        restarts = r.restarts,
+                        elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                        "backup done"
+                    );
                     println!(
                         "backed up {} segment(s){}, {} bytes, into {}",
                         r.segments.len(),

@@ -16,6 +16,9 @@ use oncelog_server::{AppState, Authorize, ServerConfig};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
+    #[command(flatten)]
+    pub log: crate::logging::LogArgs,
+
     /// Address to listen on. Port 0 picks a free port; the chosen address is printed on stdout.
     #[arg(long, env = "ONCELOG_ADDR", default_value = "127.0.0.1:4437")]
     addr: SocketAddr,
@@ -353,6 +356,7 @@ fn open_log(args: &ServeArgs) -> Result<LogEngine, Box<dyn std::error::Error>> {
         producers = r.producers,
         bytes = r.bytes,
         from_checkpoint = r.from_checkpoint,
+        segments_replayed = r.segments_replayed,
         frames_replayed = r.frames_replayed,
         torn_bytes_cut = r.torn_bytes_cut,
         elapsed_ms = started.elapsed().as_millis() as u64,
@@ -408,40 +412,60 @@ async fn open_postgres(args: &ServeArgs, url: &str) -> Result<PgEngine, Box<dyn 
     opts.request_timeout = std::time::Duration::from_millis(args.pg_request_timeout_ms);
     opts.accept_commit_loss = args.pg_accept_commit_loss;
     opts.retention = retention(args);
+    let started = std::time::Instant::now();
     let engine = PgEngine::open(opts).await?;
-    tracing::info!(url = %redacted(url), schema = %args.pg_schema, pool = args.pg_pool_size, "PostgreSQL engine open");
+    tracing::info!(
+        url = %redacted(url),
+        schema = %args.pg_schema,
+        pool = args.pg_pool_size,
+        elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        "PostgreSQL engine open"
+    );
     Ok(engine)
 }
 
 async fn run<E: oncelog_storage::Engine>(state: AppState<E>, addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
+    // Before the address line goes out: a SIGTERM sent as soon as it is read must find the
+    // handler, not the default action (killed, status 143 instead of a clean exit 0).
+    let shutdown = shutdown_signal();
     // One line on stdout, for scripts and tests that start the server on port 0.
     let scheme = if state.config.tls.is_some() { "https" } else { "http" };
     println!("oncelog listening on {scheme}://{local}");
     tracing::info!(addr = %local, "listening");
-    oncelog_server::serve(listener, state, shutdown_signal()).await?;
+    oncelog_server::serve(listener, state, shutdown).await?;
     tracing::info!("all writes synced; bye");
     Ok(())
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// SIGTERM or SIGINT. The handlers are installed when this is called, not when the future is
+/// first polled.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+    let (term, int) = {
+        use tokio::signal::unix::{signal, SignalKind};
+        (signal(SignalKind::terminate()).ok(), signal(SignalKind::interrupt()).ok())
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    async move {
+        #[cfg(unix)]
+        {
+            let wait = |s: Option<tokio::signal::unix::Signal>| async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = wait(term) => {}
+                () = wait(int) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

@@ -18,6 +18,15 @@ pub enum SinkCommand {
     Postgres(PostgresArgs),
 }
 
+impl SinkCommand {
+    /// The log flags (main sets up the log before the command runs).
+    pub fn log(&self) -> &crate::logging::LogArgs {
+        match self {
+            SinkCommand::Postgres(a) => &a.log,
+        }
+    }
+}
+
 /// What to do when a stream's history from the stored position on was trimmed away.
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum Trimmed {
@@ -109,6 +118,8 @@ pub struct PostgresArgs {
     /// Serve Prometheus metrics (rows applied, lag per stream in bytes, ...) at http://ADDR/metrics.
     #[arg(long, env = "ONCELOG_SINK_METRICS_ADDR", value_name = "ADDR")]
     metrics_addr: Option<SocketAddr>,
+    #[command(flatten)]
+    log: crate::logging::LogArgs,
 }
 
 /// Why `oncelog sink` stopped.

@@ -385,7 +385,7 @@ impl Housekeeping for PgEngine {
         retry!(self.shared(), async { self.shared().expire(now_ms).await.map(Ok) })
     }
 
-    async fn retain(&self, now_ms: i64) -> Result<usize, StorageError> {
+    async fn retain(&self, now_ms: i64) -> Result<Retained, StorageError> {
         retry!(self.shared(), async { self.shared().retain(now_ms).await.map(Ok) })
     }
 

@@ -395,7 +395,7 @@ impl Shared {
     }
 
     /// The retention sweep ([`retention::floor`] per stream with a policy).
-    pub(crate) async fn retain(&self, now_ms: i64) -> Result<usize, Fail> {
+    pub(crate) async fn retain(&self, now_ms: i64) -> Result<Retained, Fail> {
         let paths: Vec<String> = {
             let c = self.client().await?;
             let stmt = c
@@ -403,7 +403,7 @@ impl Shared {
                 .await?;
             c.query(&stmt, &[]).await?.iter().map(|r| r.get(0)).collect()
         };
-        let mut moved = 0;
+        let mut done = Retained::default();
         for path in paths {
             let mut c = self.client().await?;
             let tx = c.transaction().await?;
@@ -431,12 +431,16 @@ impl Shared {
                 _ => s.meta.earliest,
             };
             let Some(to) = retention::floor(&s.meta.retention, s.tail, s.meta.earliest, now_ms, &s.marks, |_| boundary) else { continue };
-            if let Ok(out) = self.apply_trim(&tx, s, to).await? {
-                moved += usize::from(out.earliest == to);
-            }
+            let from = s.meta.earliest;
+            let moved = matches!(self.apply_trim(&tx, s, to).await?, Ok(out) if out.earliest == to);
             tx.commit().await?;
+            // Counted once committed: a failed commit moved nothing.
+            if moved {
+                done.streams += 1;
+                done.bytes += to.0.saturating_sub(from.0);
+            }
         }
-        Ok(moved)
+        Ok(done)
     }
 
     /// Removes data queued in `gc`: a removed stream's, or a trimmed stream's below its floor

@@ -40,6 +40,7 @@ pub(crate) async fn migrate(client: &mut Client, schema: &str) -> Result<(), Ope
 }
 
 async fn migrate_locked(client: &mut Client, schema: &str) -> Result<(), OpenError> {
+    let started = std::time::Instant::now();
     client
         .batch_execute(&format!(
             "CREATE SCHEMA IF NOT EXISTS {schema};
@@ -50,7 +51,9 @@ async fn migrate_locked(client: &mut Client, schema: &str) -> Result<(), OpenErr
     if found > SCHEMA_VERSION {
         return Err(OpenError::NewerSchema { schema: schema.to_owned(), found, known: SCHEMA_VERSION });
     }
+    let mut applied = 0;
     for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
+        let step = std::time::Instant::now();
         let fail = |cause| OpenError::Migration { version: *version, cause };
         let tx = client.transaction().await.map_err(fail)?;
         tx.batch_execute(&format!("SET LOCAL search_path TO {schema};\n{sql}")).await.map_err(fail)?;
@@ -62,7 +65,16 @@ async fn migrate_locked(client: &mut Client, schema: &str) -> Result<(), OpenErr
         .await
         .map_err(fail)?;
         tx.commit().await.map_err(fail)?;
-        tracing::info!(schema, version, "applied PostgreSQL migration");
+        applied += 1;
+        tracing::info!(schema, version, elapsed_ms = millis(step), "applied PostgreSQL migration");
     }
+    // One line per start and node, migrated or not: which version the schema was found at and
+    // is at now, what the operator checks before and after an upgrade.
+    tracing::info!(schema, found_version = found, version = SCHEMA_VERSION, migrations_applied = applied, elapsed_ms = millis(started), "PostgreSQL schema ready");
     Ok(())
+}
+
+/// Milliseconds since `started`, for log lines.
+fn millis(started: std::time::Instant) -> u64 {
+    u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX)
 }

@@ -568,6 +568,15 @@ pub enum WaitOutcome {
     TimedOut(StreamInfo),
 }
 
+/// What one [`Housekeeping::retain`] pass let go of: for the operator's log line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Retained {
+    /// Streams whose earliest offset moved.
+    pub streams: usize,
+    /// Bytes of history dropped from them (sum of how far each earliest offset moved).
+    pub bytes: u64,
+}
+
 /// What [`Housekeeping::prune`] dropped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PruneOutcome {
@@ -586,8 +595,8 @@ pub trait Housekeeping: Send + Sync + 'static {
 
     /// The retention sweep: moves the earliest offset of every stream whose retention policy
     /// lets go of data to where [`crate::retention::floor`] says (durably, as a trim would);
-    /// returns how many streams moved.
-    fn retain(&self, now_ms: i64) -> impl Future<Output = Result<usize, StorageError>> + Send;
+    /// returns how many streams moved and by how many bytes.
+    fn retain(&self, now_ms: i64) -> impl Future<Output = Result<Retained, StorageError>> + Send;
 
     /// Drops writer state the rules already treat as absent at `now_ms`: producer states idle
     /// for longer than the producer TTL and idempotency keys older than their window

@@ -57,7 +57,7 @@ pub(crate) enum Command {
     /// one frame.
     Compact { req: CompactRequest, reply: oneshot::Sender<Result<TrimOutcome, CompactError>> },
     /// The retention sweep: trims every stream its policy lets go of (one Trim record each).
-    Retain { now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
+    Retain { now_ms: i64, reply: oneshot::Sender<Result<Retained, StorageError>> },
     /// Metadata changes and appends in one frame.
     Transact { txn: TxnRequest, reply: oneshot::Sender<Result<TxnOutcome, TxnError>> },
     /// Drops writer state past its TTL or window (memory only: the next checkpoint leaves it
@@ -158,6 +158,8 @@ pub struct RecoveryReport {
     pub closed_streams: usize,
     /// Sum of all tails: bytes of stream data.
     pub bytes: u64,
+    /// Segment files read after the checkpoint.
+    pub segments_replayed: usize,
     /// Frames replayed after the checkpoint.
     pub frames_replayed: u64,
     /// Bytes cut from a torn tail of the last segment.
@@ -264,8 +266,8 @@ impl Store {
                 g.effects.push(reply(tx, Ok(before - self.streams.len())));
             }
             Command::Retain { now_ms, reply: tx } => {
-                let n = self.retain(now_ms, g);
-                g.effects.push(reply(tx, Ok(n)));
+                let done = self.retain(now_ms, g);
+                g.effects.push(reply(tx, Ok(done)));
             }
             Command::Compact { req, reply: tx } => {
                 g.bytes += req.pieces.iter().map(Bytes::len).sum::<usize>();

@@ -71,6 +71,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
     // Segments before the checkpoint's hold only data (or nothing still needed).
     let first = numbers.iter().position(|n| *n >= cp.segment).unwrap_or(numbers.len());
     let to_replay = &numbers[first..];
+    report.segments_replayed = to_replay.len();
     for w in to_replay.windows(2) {
         if w[1] != w[0] + 1 {
             return Err(corrupt(format!("log segment {} is missing", w[0] + 1)));

@@ -65,10 +65,10 @@ impl Store {
     }
 
     /// Trims every stream whose retention policy lets go of data, to where
-    /// [`retention::floor`] says; returns how many moved. A fork's retention drops only its
-    /// own appends (the boundaries of what it inherited are its source's).
-    pub(super) fn retain(&mut self, now_ms: i64, g: &mut Group) -> usize {
-        let due: Vec<(Arc<str>, Offset)> = self
+    /// [`retention::floor`] says; returns how many moved and by how much. A fork's retention
+    /// drops only its own appends (the boundaries of what it inherited are its source's).
+    pub(super) fn retain(&mut self, now_ms: i64, g: &mut Group) -> Retained {
+        let due: Vec<(Arc<str>, Offset, Offset)> = self
             .streams
             .iter()
             .filter(|(_, w)| !w.st.meta.retention.is_none() && !w.st.meta.soft_deleted)
@@ -83,16 +83,19 @@ impl Store {
                     })
                 };
                 let to = retention::floor(&w.st.meta.retention, w.st.tail, w.st.meta.earliest, now_ms, &w.st.marks, below)?;
-                Some((path.clone(), to))
+                Some((path.clone(), w.st.meta.earliest, to))
             })
             .collect();
-        let mut moved = 0;
-        for (path, to) in due {
+        let mut done = Retained::default();
+        for (path, from, to) in due {
             if let Ok(out) = self.trim(&path, to, g) {
-                moved += usize::from(out.earliest == to);
+                if out.earliest == to {
+                    done.streams += 1;
+                    done.bytes += to.0.saturating_sub(from.0);
+                }
             }
         }
-        moved
+        done
     }
 
     /// Runs `f` with the parking lot taken out of the store (a round needs both at once).

@@ -29,8 +29,7 @@ async fn refuse_writes<E: Engine>(st: &AppState<E>, req_headers: &HeaderMap, bod
 /// with a snapshot at its tail (an Oncelog extension; see `oncelog_storage::compaction`).
 pub(super) async fn compact<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
     refuse_writes(st, req_headers, body).await?;
-    let done = oncelog_storage::compaction::compact(st.engine.as_ref(), path, st.clock.now_ms()).await?;
-    tracing::debug!(path, written = done.written, entities = done.entities, history = done.history_bytes, snapshot = done.snapshot_bytes, "compaction");
+    let done = crate::sweeper::compact(st, path, "request").await?;
     let pairs = vec![(names::STREAM_EARLIEST_OFFSET, done.earliest.to_string()), (names::STREAM_NEXT_OFFSET, done.tail.to_string())];
     Ok(reply::respond(StatusCode::NO_CONTENT, pairs, Body::empty()))
 }

@@ -50,13 +50,13 @@ pub async fn retention_drops_whole_old_appends_by_size_and_age<H: Harness>() {
         append(e, append_req("b", chunk)).await;
         append(e, append_req("keep", chunk)).await;
     }
-    assert_eq!(e.retain(t0).await.expect("retain"), 1);
+    assert_eq!(e.retain(t0).await.expect("retain"), Retained { streams: 1, bytes: 8 }, "one stream, two appends of 4 bytes");
     let b = e.head("b", t0).await.expect("head");
     assert_eq!((b.earliest, b.tail), (Offset(8), Offset(20)), "20 - 10 = 10 rounds down to the append boundary 8");
     assert!(matches!(e.read(ReadRequest::new("b", Offset(4), 1 << 20, t0)).await, Err(LookupError::Trimmed { earliest: Offset(8) })));
     assert_eq!(read_all(e, "b", 7).await, "ccccddddeeee");
     assert_eq!(e.head("keep", t0).await.expect("head").earliest, Offset::ZERO, "no policy, nothing dropped");
-    assert_eq!(e.retain(t0).await.expect("retain"), 0, "nothing more to drop");
+    assert_eq!(e.retain(t0).await.expect("retain"), Retained::default(), "nothing more to drop");
 
     // By age (64 s: marks a second apart). Initial data counts from the creation.
     let aged = CreateRequest {
@@ -73,16 +73,16 @@ pub async fn retention_drops_whole_old_appends_by_size_and_age<H: Harness>() {
     h.reopen().await;
     let e = h.engine();
     let age_ms = 64_000;
-    assert_eq!(e.retain(t0 + age_ms - 1).await.expect("retain"), 0, "nothing is 64 s old yet");
+    assert_eq!(e.retain(t0 + age_ms - 1).await.expect("retain"), Retained::default(), "nothing is 64 s old yet");
     assert_eq!(e.head("a", t0).await.expect("head").earliest, Offset::ZERO);
-    e.retain(t0 + age_ms + 2_500).await.expect("retain");
+    assert_eq!(e.retain(t0 + age_ms + 2_500).await.expect("retain"), Retained { streams: 1, bytes: 8 });
     let a = e.head("a", t0).await.expect("head");
     assert_eq!(a.earliest, Offset(8), "what was written by t0 + 2 s is dropped, the rest is younger");
     assert_eq!(read_all(e, "a", 7).await, "22223333");
     h.reopen().await;
     let e = h.engine();
     assert_eq!(e.head("a", t0).await.expect("head").earliest, Offset(8), "the sweep's trim is durable");
-    e.retain(t0 + age_ms + 6_000).await.expect("retain");
+    assert_eq!(e.retain(t0 + age_ms + 6_000).await.expect("retain"), Retained { streams: 1, bytes: 8 });
     let a = e.head("a", t0).await.expect("head");
     assert_eq!((a.earliest, a.tail), (Offset(16), Offset(16)), "all of it is old now");
     // The stream lives on: new appends are kept and readable.

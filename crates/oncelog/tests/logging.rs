@@ -1,0 +1,200 @@
+//! The operator's log: `--log-format json` writes one JSON object per line, with an info line for
+//! recovery, each compaction, each retention pass that dropped something and each backup, with
+//! sizes and durations; `--log-level` hides what is below it, and `RUST_LOG` wins over it. The
+//! real `oncelog` binary, on loopback.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{bin, run};
+use serde_json::Value;
+
+const LIMIT: Duration = Duration::from_secs(20);
+
+/// `oncelog serve` as a child whose stderr is collected line by line.
+struct Serve {
+    child: Child,
+    /// `http://127.0.0.1:PORT/v1/stream`
+    base: String,
+    stderr: Arc<Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Serve {
+    /// Starts `oncelog serve` on `data_dir` with `args`, and `env` (the log settings of the
+    /// environment removed first, so the test's own do not leak in).
+    fn start(data_dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> Serve {
+        let mut cmd = bin();
+        cmd.env_remove("RUST_LOG").env_remove("ONCELOG_LOG_LEVEL").env_remove("ONCELOG_LOG_FORMAT");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd
+            .args(["serve", "--addr", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn oncelog serve");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let lines = stderr.clone();
+        let err = child.stderr.take().expect("stderr");
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                lines.lock().expect("lines").push(line);
+            }
+        });
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the address line");
+        let url = line.trim().strip_prefix("oncelog listening on ").unwrap_or_else(|| panic!("unexpected line {line:?}")).to_owned();
+        Serve { child, base: format!("{url}/v1/stream"), stderr, reader: Some(reader) }
+    }
+
+    /// Runs the client subcommand `args` against this server with `stdin`.
+    fn client(&self, args: &[&str], stdin: &[u8]) {
+        let mut c = bin();
+        c.args(args).args(["--url", &self.base]);
+        let out = run(c, stdin, LIMIT);
+        assert!(out.ok, "{args:?}: {}", out.stderr);
+    }
+
+    /// Waits until a line of stderr satisfies `found`.
+    fn wait_for(&self, what: &str, found: impl Fn(&str) -> bool) {
+        let deadline = Instant::now() + LIMIT;
+        while Instant::now() < deadline {
+            if self.stderr.lock().expect("lines").iter().any(|l| found(l)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("no {what} line within {LIMIT:?}: {:#?}", self.stderr.lock().expect("lines"));
+    }
+
+    /// SIGTERM, then everything it wrote on stderr.
+    fn stop(mut self) -> Vec<String> {
+        let status = std::process::Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().expect("kill");
+        assert!(status.success());
+        let exit = self.child.wait().expect("wait");
+        assert!(exit.success(), "{exit:?}");
+        if let Some(r) = self.reader.take() {
+            let _ = r.join();
+        }
+        let lines = self.stderr.lock().expect("lines").clone();
+        lines
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Every line as JSON (each must parse), with the fields every event has.
+fn json_lines(lines: &[String]) -> Vec<Value> {
+    lines
+        .iter()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+            for key in ["timestamp", "level", "message", "target"] {
+                assert!(v.get(key).is_some(), "no {key}: {l}");
+            }
+            v
+        })
+        .collect()
+}
+
+/// The first event with this message.
+fn event<'a>(events: &'a [Value], message: &str) -> &'a Value {
+    events.iter().find(|v| v["message"] == message).unwrap_or_else(|| panic!("no {message:?} event in {events:#?}"))
+}
+
+fn number(v: &Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or_else(|| panic!("{key} is not a number in {v}"))
+}
+
+#[test]
+fn serve_and_backup_log_json_lines_with_sizes_and_durations() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let args = ["--log-format", "json", "--sweep-interval-ms", "100", "--compaction-min-bytes", "1K", "--retention-max-bytes", "1K"];
+    let server = Serve::start(&data, &args, &[]);
+    // A State Protocol stream past the compaction threshold: 40 changes to two entities.
+    server.client(&["create", "todos", "--json", "--compaction", "state"], b"");
+    let changes: String = (0..40)
+        .map(|i| format!("{{\"type\":\"todo\",\"key\":\"{}\",\"value\":\"v{i}\",\"headers\":{{\"operation\":\"upsert\"}}}}\n", i % 2))
+        .collect();
+    server.client(&["append", "todos"], changes.as_bytes());
+    // A stream with the default retention (keep 1 KiB): three appends of 1000 bytes (one line
+    // each, so one append each).
+    server.client(&["create", "logs"], b"");
+    for i in 0..3 {
+        server.client(&["append", "logs"], format!("{i:0999}\n").as_bytes());
+    }
+    server.wait_for("compaction", |l| l.contains("\"compacted\""));
+    server.wait_for("retention", |l| l.contains("\"retention pass\""));
+    let events = json_lines(&server.stop());
+
+    let recovered = event(&events, "recovered");
+    assert_eq!(recovered["level"], "INFO");
+    for key in ["streams", "segments_replayed", "frames_replayed", "torn_bytes_cut", "elapsed_ms"] {
+        number(recovered, key);
+    }
+    let compacted = event(&events, "compacted");
+    assert_eq!((compacted["stream"].as_str(), compacted["trigger"].as_str()), (Some("todos"), Some("background")), "{compacted}");
+    assert!(number(compacted, "history_bytes") > number(compacted, "snapshot_bytes"), "{compacted}");
+    assert_eq!(number(compacted, "entities"), 2, "{compacted}");
+    number(compacted, "elapsed_ms");
+    let retained = event(&events, "retention pass");
+    assert_eq!(number(retained, "streams"), 1, "{retained}");
+    // 3000 bytes, keep at least 1024: only the first append can go.
+    assert_eq!(number(retained, "bytes_dropped"), 1000, "{retained}");
+    number(retained, "elapsed_ms");
+    event(&events, "all writes synced; bye");
+    // One line per recovery: the engine's own report is debug, not a second info line.
+    assert_eq!(events.iter().filter(|v| v["message"].as_str().is_some_and(|m| m.contains("recovered"))).count(), 1, "{events:#?}");
+
+    let mut backup = bin();
+    backup.env_remove("RUST_LOG").args(["backup", "--log-format", "json", "--data-dir"]).arg(&data).arg("--to").arg(dir.path().join("copy"));
+    let out = run(backup, b"", LIMIT);
+    assert!(out.ok && out.stdout.starts_with("backed up"), "{} {}", out.stdout, out.stderr);
+    let events = json_lines(&out.stderr.lines().map(str::to_owned).collect::<Vec<_>>());
+    let done = event(&events, "backup done");
+    assert!(number(done, "bytes") > 0 && number(done, "files") >= 1, "{done}");
+    number(done, "elapsed_ms");
+}
+
+#[test]
+fn log_level_hides_what_is_below_it_and_rust_log_wins() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let info_lines = |lines: &[String]| lines.iter().filter(|l| l.contains(" INFO ") || l.contains("\"INFO\"")).cloned().collect::<Vec<_>>();
+    // Default: info, as text (not JSON).
+    let lines = Serve::start(&dir.path().join("a"), &[], &[]).stop();
+    assert!(lines.iter().any(|l| l.contains(" INFO ") && l.contains("recovered")), "{lines:#?}");
+    assert!(lines.iter().all(|l| serde_json::from_str::<Value>(l).is_err()), "{lines:#?}");
+    // --log-level warn, and the same from the environment: no info line.
+    let lines = Serve::start(&dir.path().join("b"), &["--log-level", "warn"], &[]).stop();
+    assert_eq!(info_lines(&lines), Vec::<String>::new());
+    let lines = Serve::start(&dir.path().join("c"), &["--log-format", "json"], &[("ONCELOG_LOG_LEVEL", "warn")]).stop();
+    assert_eq!(info_lines(&lines), Vec::<String>::new());
+    // RUST_LOG, when set, wins over --log-level.
+    let lines = Serve::start(&dir.path().join("d"), &["--log-level", "warn"], &[("RUST_LOG", "info")]).stop();
+    assert!(lines.iter().any(|l| l.contains(" INFO ") && l.contains("recovered")), "{lines:#?}");
+    // A RUST_LOG that does not parse is set aside, with a warning; --log-level applies.
+    let lines = Serve::start(&dir.path().join("e"), &["--log-level", "warn"], &[("RUST_LOG", "oncelog=loud")]).stop();
+    assert!(lines.iter().any(|l| l.contains("WARN") && l.contains("RUST_LOG ignored")), "{lines:#?}");
+    assert_eq!(info_lines(&lines), Vec::<String>::new());
+    // The sink takes the same flags.
+    let mut help = bin();
+    help.args(["sink", "postgres", "--help"]);
+    let out = run(help, b"", LIMIT);
+    assert!(out.stdout.contains("--log-level") && out.stdout.contains("--log-format"), "{}", out.stdout);
+}
