@@ -192,9 +192,36 @@ fn log_level_hides_what_is_below_it_and_rust_log_wins() {
     let lines = Serve::start(&dir.path().join("e"), &["--log-level", "warn"], &[("RUST_LOG", "oncelog=loud")]).stop();
     assert!(lines.iter().any(|l| l.contains("WARN") && l.contains("RUST_LOG ignored")), "{lines:#?}");
     assert_eq!(info_lines(&lines), Vec::<String>::new());
+    // A clean stop warns about nothing (the subscription dispatcher's pass that met the engine
+    // shutting down used to).
+    let lines = Serve::start(&dir.path().join("f"), &["--log-level", "warn"], &[]).stop();
+    assert_eq!(lines, Vec::<String>::new());
     // The sink takes the same flags.
     let mut help = bin();
     help.args(["sink", "postgres", "--help"]);
     let out = run(help, b"", LIMIT);
     assert!(out.stdout.contains("--log-level") && out.stdout.contains("--log-format"), "{}", out.stdout);
+}
+
+#[test]
+fn postgres_logs_its_schema_version_and_migrations_at_start() {
+    let url = std::env::var("ONCELOG_TEST_POSTGRES_URL").expect("ONCELOG_TEST_POSTGRES_URL (./scripts/test sets it)");
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let schema = format!("logging_{}_{nanos}", std::process::id());
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = ["--storage", url.as_str(), "--pg-schema", schema.as_str(), "--log-format", "json"];
+    // A new schema: every migration applied, each timed, then one line with the versions.
+    let events = json_lines(&Serve::start(dir.path(), &args, &[]).stop());
+    let ready = event(&events, "PostgreSQL schema ready");
+    assert_eq!((number(ready, "found_version"), number(ready, "migrations_applied")), (0, number(ready, "version")), "{ready}");
+    number(ready, "elapsed_ms");
+    let migrations: Vec<&Value> = events.iter().filter(|v| v["message"] == "applied PostgreSQL migration").collect();
+    assert_eq!(migrations.len() as u64, number(ready, "version"));
+    assert!(migrations.iter().all(|m| m["elapsed_ms"].is_u64()), "{migrations:?}");
+    number(event(&events, "PostgreSQL engine open"), "elapsed_ms");
+    // Started again: found at the current version, nothing applied.
+    let events = json_lines(&Serve::start(dir.path(), &args, &[]).stop());
+    let ready = event(&events, "PostgreSQL schema ready");
+    assert_eq!((number(ready, "found_version"), number(ready, "migrations_applied")), (number(ready, "version"), 0), "{ready}");
+    assert!(events.iter().all(|v| v["message"] != "applied PostgreSQL migration"));
 }

@@ -104,6 +104,8 @@ pub async fn run_once<E: Engine>(st: &AppState<E>, http: &reqwest::Client) -> Op
             }
             due.next_deadline_ms
         }
+        // The engine closed under a pass at shutdown: nothing failed, nothing to warn about.
+        Err(oncelog_storage::subs::SubError::Storage(oncelog_storage::StorageError::ShuttingDown)) => None,
         Err(e) => {
             tracing::warn!(error = %e, "subscription dispatch pass failed");
             None
