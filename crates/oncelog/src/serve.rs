@@ -162,6 +162,16 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_METRICS_PATH", default_value = "/metrics")]
     metrics_path: String,
 
+    /// Per-stream append and read counters (`oncelog_stream_*`, label `stream`) for the streams
+    /// this pattern matches: `*` one path segment, `**` any number (`orders/**`). Off by default.
+    #[arg(long, env = "ONCELOG_METRICS_STREAMS", value_name = "GLOB")]
+    metrics_streams: Option<String>,
+
+    /// With --metrics-streams: most streams given their own series (the first to be appended to
+    /// or read); the others' counts are summed in `oncelog_stream_overflow_total`.
+    #[arg(long, env = "ONCELOG_METRICS_STREAMS_MAX", default_value_t = 100)]
+    metrics_streams_max: usize,
+
     /// Path of the liveness probe (200 while the process serves).
     #[arg(long, env = "ONCELOG_HEALTHZ_PATH", default_value = "/healthz")]
     healthz_path: String,
@@ -275,6 +285,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         healthz_path: args.healthz_path.clone(),
         readyz_path: args.readyz_path.clone(),
         metrics_path: args.metrics.then(|| args.metrics_path.clone()),
+        metrics_streams: args.metrics_streams.clone(),
+        metrics_streams_max: args.metrics_streams_max,
         max_connections: args.max_connections,
         header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),

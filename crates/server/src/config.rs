@@ -31,6 +31,12 @@ pub struct ServerConfig {
     pub readyz_path: String,
     /// Prometheus scrape path; `None` switches metrics off (nothing is recorded).
     pub metrics_path: Option<String>,
+    /// Per-stream append and read counters for the streams this pattern matches
+    /// (`--metrics-streams`; subscription pattern syntax); `None`: none.
+    pub metrics_streams: Option<String>,
+    /// Most streams given their own series (`--metrics-streams-max`); the rest are summed into
+    /// one overflow series.
+    pub metrics_streams_max: usize,
     /// Connections served at once; beyond it the listener waits for one to close.
     pub max_connections: usize,
     /// Time an HTTP/1 client gets to send a request's headers; also how long an idle keep-alive
@@ -102,6 +108,8 @@ impl Default for ServerConfig {
             healthz_path: "/healthz".into(),
             readyz_path: "/readyz".into(),
             metrics_path: Some("/metrics".into()),
+            metrics_streams: None,
+            metrics_streams_max: 100,
             max_connections: 4096,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
@@ -134,6 +142,8 @@ pub enum ConfigError {
     DuplicatePath(&'static str),
     #[error("{0} must not be zero")]
     Zero(&'static str),
+    #[error("metrics streams pattern: {0}")]
+    MetricsStreams(#[from] oncelog_storage::subs::glob::PatternError),
 }
 
 impl ServerConfig {
@@ -159,6 +169,12 @@ impl ServerConfig {
         }
         if self.max_read_bytes == 0 {
             return Err(ConfigError::Zero("max read bytes"));
+        }
+        if let Some(p) = &self.metrics_streams {
+            oncelog_storage::subs::glob::check(p)?;
+            if self.metrics_streams_max == 0 {
+                return Err(ConfigError::Zero("metrics streams max"));
+            }
         }
         if self.max_connections == 0 {
             return Err(ConfigError::Zero("max connections"));
@@ -194,5 +210,15 @@ mod tests {
         assert_eq!(c.validate(), Err(ConfigError::DuplicatePath("metrics")));
         let off = ServerConfig { metrics_path: None, sweep_interval: Duration::ZERO, ..ServerConfig::default() };
         assert_eq!(off.validate(), Err(ConfigError::Zero("sweep interval")));
+    }
+
+    #[test]
+    fn the_metrics_streams_pattern_and_cap_are_checked() {
+        let with = |pattern: &str, max: usize| ServerConfig { metrics_streams: Some(pattern.into()), metrics_streams_max: max, ..ServerConfig::default() };
+        assert_eq!(with("orders/**", 100).validate(), Ok(()));
+        assert!(matches!(with("a/**/b/**/c/**/d/**/e/**", 100).validate(), Err(ConfigError::MetricsStreams(_))));
+        assert_eq!(with("orders/*", 0).validate(), Err(ConfigError::Zero("metrics streams max")));
+        // The cap alone (no pattern) is not looked at.
+        assert_eq!(ServerConfig { metrics_streams_max: 0, ..ServerConfig::default() }.validate(), Ok(()));
     }
 }

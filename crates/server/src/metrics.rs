@@ -23,14 +23,35 @@
 //! | `oncelog_subscriptions` | gauge | | subscriptions that exist |
 //! | `oncelog_subscription_calls_total` | counter | `call`, `outcome` | claim, ack, callback, release and commit requests: `ok`, `duplicate` (a resent commit), `fenced`, `refused` (any other error) |
 //! | `oncelog_webhook_deliveries_total` | counter | `outcome` | webhook deliveries: `ok`, `failed` (a retry is scheduled) |
+//! | `oncelog_subscription_lag_bytes` | gauge | `subscription` | over its links, tail minus acknowledged offset (computed at each scrape; the first [`MAX_LAG_SERIES`] subscriptions by id) |
+//! | `oncelog_subscription_pending_streams` | gauge | `subscription` | its links with unacknowledged data (same) |
+//! | `oncelog_stream_appends_total` | counter | `stream` | new appends to a stream `--metrics-streams` names (its first `--metrics-streams-max` such streams) |
+//! | `oncelog_stream_append_bytes_total` | counter | `stream` | their body bytes |
+//! | `oncelog_stream_reads_total` | counter | `stream` | reads of it: catch-up and long-poll answers, SSE data events |
+//! | `oncelog_stream_read_bytes_total` | counter | `stream` | stored bytes those reads carried |
+//! | `oncelog_stream_overflow_total` | counter | `counter` | the same four (`appends`, `append_bytes`, `reads`, `read_bytes`) summed over named streams beyond the cap |
 //! | `process_resident_memory_bytes` | gauge | | the server's RSS (Linux) |
+//!
+//! Every metric has a `# HELP` line: [`install`] describes the ones recorded through the facade,
+//! and [`render`] writes the per-subscription and per-stream families itself. Those two are
+//! rendered from what exists at the scrape rather than kept in the recorder, whose series live
+//! for the life of the process: a deleted subscription's lag would otherwise stay at its last
+//! value forever.
 
-use std::sync::OnceLock;
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{OnceLock, RwLock};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use oncelog_storage::subs::{glob, SubLag};
 use oncelog_storage::{AppendError, AppendOutcome, AppendStatus, EngineStats};
+
+/// Most subscriptions given lag series: bounds the scrape's size and the work of computing it
+/// (each is looked at as a `GET` of it would), whoever may create subscriptions.
+pub const MAX_LAG_SERIES: usize = 1000;
 
 /// Bucket bounds for latency histograms: 50 µs to 10 s.
 const LATENCY_BUCKETS: &[f64] =
@@ -87,10 +108,34 @@ pub fn install() -> Option<PrometheusHandle> {
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             metrics::set_global_recorder(recorder).ok()?;
+            describe();
             let _ = HANDLES.set(register());
             Some(handle)
         })
         .clone()
+}
+
+/// The `# HELP` text of every metric recorded through the facade, here or in an engine (the
+/// table at the top of this module says the same).
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!("oncelog_appends_total", "Append requests that reached the engine, by outcome: new, duplicate, fenced, gap, closed, rejected.");
+    describe_counter!("oncelog_append_bytes_total", "Body bytes of those append requests, by outcome.");
+    describe_histogram!("oncelog_commit_to_ack_seconds", "Seconds from handing an append to the engine to its durable answer.");
+    describe_counter!("oncelog_parked_appends_total", "Producer appends that waited for their predecessors.");
+    describe_histogram!("oncelog_group_commit_commands", "Commands per group commit.");
+    describe_histogram!("oncelog_group_commit_seconds", "Seconds of one group commit: write and sync (log engine) or decide, write and COMMIT (PostgreSQL).");
+    describe_histogram!("oncelog_fsync_seconds", "Seconds of the sync of one group (log engine).");
+    describe_histogram!("oncelog_checkpoint_seconds", "Seconds writing one checkpoint (log engine).");
+    describe_gauge!("oncelog_live_readers", "Open live reads, by mode: long-poll, sse.");
+    describe_counter!("oncelog_http_requests_total", "Answered stream requests, by method and status.");
+    describe_counter!("oncelog_connections_accepted_total", "TCP connections accepted.");
+    describe_gauge!("oncelog_streams", "Streams that exist.");
+    describe_gauge!("oncelog_producers", "Idempotent producers remembered.");
+    describe_gauge!("oncelog_subscriptions", "Subscriptions that exist.");
+    describe_counter!("oncelog_subscription_calls_total", "Subscription claim, ack, callback, release and commit requests, by outcome: ok, duplicate, fenced, refused.");
+    describe_counter!("oncelog_webhook_deliveries_total", "Webhook deliveries, by outcome: ok, failed (retried later).");
+    describe_gauge!("process_resident_memory_bytes", "Resident memory of the server process in bytes.");
 }
 
 /// Records one engine answer to an append of `bytes` body bytes.
@@ -157,16 +202,165 @@ pub fn webhook_delivery(ok: bool) {
     metrics::counter!("oncelog_webhook_deliveries_total", "outcome" => if ok { "ok" } else { "failed" }).increment(1);
 }
 
+/// What a scrape shows besides the recorder's metrics.
+pub struct Scrape<'a> {
+    pub stats: EngineStats,
+    pub subscriptions: usize,
+    /// Per subscription (at most [`MAX_LAG_SERIES`]); empty when they could not be computed.
+    pub lags: &'a [SubLag],
+    /// `--metrics-streams`, when given.
+    pub streams: Option<&'a StreamSeries>,
+}
+
 /// The scrape: gauges read now, then everything in Prometheus text format.
-pub fn render(handle: &PrometheusHandle, stats: EngineStats, subscriptions: usize) -> String {
-    metrics::gauge!("oncelog_subscriptions").set(subscriptions as f64);
-    metrics::gauge!("oncelog_streams").set(stats.streams as f64);
-    metrics::gauge!("oncelog_producers").set(stats.producers as f64);
-    metrics::counter!("oncelog_parked_appends_total").absolute(stats.parked_appends);
+pub fn render(handle: &PrometheusHandle, scrape: Scrape<'_>) -> String {
+    metrics::gauge!("oncelog_subscriptions").set(scrape.subscriptions as f64);
+    metrics::gauge!("oncelog_streams").set(scrape.stats.streams as f64);
+    metrics::gauge!("oncelog_producers").set(scrape.stats.producers as f64);
+    metrics::counter!("oncelog_parked_appends_total").absolute(scrape.stats.parked_appends);
     if let Some(rss) = resident_bytes() {
         metrics::gauge!("process_resident_memory_bytes").set(rss as f64);
     }
-    handle.render()
+    let mut out = handle.render();
+    if !scrape.lags.is_empty() {
+        let ids = |l: &SubLag| l.id.clone();
+        family(&mut out, "oncelog_subscription_lag_bytes", "gauge", "Bytes a subscription has not acknowledged: over its linked streams, tail minus acknowledged offset.", "subscription", scrape.lags.iter().map(|l| (ids(l), l.bytes)));
+        family(&mut out, "oncelog_subscription_pending_streams", "gauge", "Linked streams of a subscription with unacknowledged data.", "subscription", scrape.lags.iter().map(|l| (ids(l), l.pending_streams as u64)));
+    }
+    if let Some(series) = scrape.streams {
+        series.render(&mut out);
+    }
+    out
+}
+
+/// Writes one family of samples with a single label, in the exporter's layout (a blank line
+/// after each family).
+fn family(out: &mut String, name: &str, kind: &str, help: &str, label: &str, samples: impl Iterator<Item = (String, u64)>) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+    for (value, n) in samples {
+        let _ = writeln!(out, "{name}{{{label}=\"{}\"}} {n}", escape_label(&value));
+    }
+    out.push('\n');
+}
+
+/// A label value as the text format wants it: backslash, double quote and newline escaped
+/// (stream paths and subscription ids may hold any of them).
+fn escape_label(value: &str) -> String {
+    let mut s = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// The four counters of one stream.
+#[derive(Default)]
+struct StreamCounters {
+    appends: AtomicU64,
+    append_bytes: AtomicU64,
+    reads: AtomicU64,
+    read_bytes: AtomicU64,
+}
+
+/// Per-stream counters for the streams `--metrics-streams GLOB` names, for at most
+/// `--metrics-streams-max` of them: the first that many matching streams to be appended to or
+/// read get their own series, for the life of the process (a deleted stream's stay; a restart
+/// starts over); the rest are summed into `oncelog_stream_overflow_total`. Without the flag
+/// there is no `StreamSeries` and the request paths check one `Option`; with it, a stream that
+/// has its series costs a read lock and a hash lookup per append or read, and any other stream
+/// also a pattern match.
+pub struct StreamSeries {
+    /// Normalized ([`glob::check`]).
+    pattern: String,
+    max: usize,
+    slots: RwLock<HashMap<Box<str>, StreamCounters>>,
+    overflow: StreamCounters,
+}
+
+impl StreamSeries {
+    /// `pattern` as [`glob::check`] accepts it (the configuration was validated).
+    pub fn new(pattern: &str, max: usize) -> Result<Self, glob::PatternError> {
+        Ok(StreamSeries { pattern: glob::check(pattern)?, max, slots: RwLock::default(), overflow: StreamCounters::default() })
+    }
+
+    /// Runs `f` on `path`'s counters: its own, the overflow's, or none when the pattern does not
+    /// name it.
+    fn with(&self, path: &str, f: impl Fn(&StreamCounters)) {
+        let full = match self.slots.read() {
+            Ok(slots) => match slots.get(path) {
+                Some(c) => return f(c),
+                None => slots.len() >= self.max,
+            },
+            // A panic while a slot was added: counting is not worth failing a request for.
+            Err(_) => return,
+        };
+        if !glob::matches(&self.pattern, path) {
+            return;
+        }
+        if full {
+            return f(&self.overflow);
+        }
+        let Ok(mut slots) = self.slots.write() else { return };
+        // Another request may have taken the last place, or this path's, meanwhile.
+        if let Some(c) = slots.get(path) {
+            return f(c);
+        }
+        if slots.len() >= self.max {
+            return f(&self.overflow);
+        }
+        f(slots.entry(path.into()).or_default());
+    }
+
+    /// One new append of `bytes` body bytes to `path`.
+    pub fn appended(&self, path: &str, bytes: usize) {
+        self.with(path, |c| {
+            c.appends.fetch_add(1, Ordering::Relaxed);
+            c.append_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        });
+    }
+
+    /// One read of `path` that carried `bytes` stored bytes.
+    pub fn read(&self, path: &str, bytes: usize) {
+        self.with(path, |c| {
+            c.reads.fetch_add(1, Ordering::Relaxed);
+            c.read_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        });
+    }
+
+    fn render(&self, out: &mut String) {
+        let Ok(slots) = self.slots.read() else { return };
+        let mut paths: Vec<&str> = slots.keys().map(AsRef::as_ref).collect();
+        paths.sort_unstable();
+        type Pick = fn(&StreamCounters) -> &AtomicU64;
+        let families: [(&str, &str, Pick); 4] = [
+            ("oncelog_stream_appends_total", "New appends to a stream named by --metrics-streams.", |c| &c.appends),
+            ("oncelog_stream_append_bytes_total", "Body bytes of those appends.", |c| &c.append_bytes),
+            ("oncelog_stream_reads_total", "Reads of a stream named by --metrics-streams: catch-up and long-poll answers, SSE data events.", |c| &c.reads),
+            ("oncelog_stream_read_bytes_total", "Stored bytes those reads carried.", |c| &c.read_bytes),
+        ];
+        for (name, help, pick) in families {
+            if paths.is_empty() {
+                continue;
+            }
+            let samples = paths.iter().filter_map(|p| slots.get(*p).map(|c| ((*p).to_owned(), pick(c).load(Ordering::Relaxed))));
+            family(out, name, "counter", help, "stream", samples);
+        }
+        let overflow = [("appends", &self.overflow.appends), ("append_bytes", &self.overflow.append_bytes), ("reads", &self.overflow.reads), ("read_bytes", &self.overflow.read_bytes)];
+        family(
+            out,
+            "oncelog_stream_overflow_total",
+            "counter",
+            "Appends, append bytes, reads and read bytes of streams named by --metrics-streams beyond --metrics-streams-max, summed.",
+            "counter",
+            overflow.iter().map(|(k, v)| ((*k).to_owned(), v.load(Ordering::Relaxed))),
+        );
+    }
 }
 
 /// Resident set size from `/proc/self/statm` (pages × page size); `None` off Linux.

@@ -29,15 +29,20 @@ pub async fn readyz<E: Engine>(State(st): State<AppState<E>>) -> Response {
     }
 }
 
-/// The Prometheus scrape.
+/// The Prometheus scrape. Subscription lag is computed now, from the subscriptions and their
+/// streams as they are (not kept between scrapes).
 pub async fn metrics<E: Engine>(State(st): State<AppState<E>>) -> Response {
-    match &st.metrics {
-        Some(handle) => (
-            StatusCode::OK,
-            [("content-type", "text/plain; version=0.0.4; charset=utf-8")],
-            metrics::render(handle, st.engine.stats(), st.subs.count()),
-        )
-            .into_response(),
-        None => (StatusCode::NOT_FOUND, [TEXT], "metrics are switched off\n").into_response(),
-    }
+    let Some(handle) = &st.metrics else {
+        return (StatusCode::NOT_FOUND, [TEXT], "metrics are switched off\n").into_response();
+    };
+    let lags = match st.subs.lags(metrics::MAX_LAG_SERIES, st.clock.now_ms()).await {
+        Ok(l) => l,
+        Err(e) => {
+            // The rest of the scrape is still worth having; the lag series are missing from it.
+            tracing::debug!(error = %e, "subscription lag not computed for this scrape");
+            Vec::new()
+        }
+    };
+    let scrape = metrics::Scrape { stats: st.engine.stats(), subscriptions: st.subs.count(), lags: &lags, streams: st.stream_metrics.as_deref() };
+    (StatusCode::OK, [("content-type", "text/plain; version=0.0.4; charset=utf-8")], metrics::render(handle, scrape)).into_response()
 }

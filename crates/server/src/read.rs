@@ -59,6 +59,7 @@ pub async fn get<E: Engine>(
     match q.live {
         Live::CatchUp => {
             let chunk = aligned(st.engine.read(ReadRequest::new(path, from, st.config.max_read_bytes, now_ms)).await?)?;
+            count_read(st, path, &chunk);
             Ok(render_chunk(&chunk, from, q.offset == OffsetParam::Now, None, req_headers))
         }
         Live::LongPoll => long_poll(st, path, &q, from, info, req_headers, access).await,
@@ -150,6 +151,13 @@ fn cursor_for<E: Engine>(st: &AppState<E>, q: &ReadQuery) -> u64 {
     cursor::next_cursor(u64::try_from(st.clock.now_ms()).unwrap_or(0), q.cursor.as_deref(), st.clock.jitter_s())
 }
 
+/// Counts a read for `--metrics-streams` (nothing to do without it).
+fn count_read<E: Engine>(st: &AppState<E>, path: &str, chunk: &ReadChunk) {
+    if let Some(series) = &st.stream_metrics {
+        series.read(path, chunk.data.len());
+    }
+}
+
 /// A 200 carrying a chunk (possibly empty at the tail).
 fn render_chunk(chunk: &ReadChunk, from: Offset, is_now: bool, cursor: Option<u64>, req_headers: &HeaderMap) -> Response {
     let info = &chunk.info;
@@ -238,9 +246,11 @@ async fn long_poll<E: Engine>(
             WaitOutcome::Changed(i) | WaitOutcome::TimedOut(i) => return Ok(no_content(&i, cursor)),
         };
         let chunk = aligned(st.engine.read(ReadRequest::new(path, from, st.config.max_read_bytes, st.clock.now_ms()).after(&seen)).await?)?;
+        count_read(st, path, &chunk);
         return Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers));
     }
     let chunk = aligned(st.engine.read(ReadRequest::new(path, from, st.config.max_read_bytes, st.clock.now_ms())).await?)?;
+    count_read(st, path, &chunk);
     Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers))
 }
 
@@ -365,6 +375,7 @@ impl<E: Engine> SseState<E> {
                 },
             };
             if chunk.next > self.offset {
+                count_read(&self.st, &self.path, &chunk);
                 let event = if self.json {
                     let inner = chunk.data.strip_suffix(b",").map_or(chunk.data.len(), <[u8]>::len);
                     sse::DataEvent::wrapped(chunk.data.slice(..inner), self.encoding, b"[", b"]")

@@ -28,6 +28,9 @@ pub struct Shared<E> {
     pub auth: Arc<dyn Authorize>,
     /// The Prometheus handle; `None` when metrics are off.
     pub metrics: Option<PrometheusHandle>,
+    /// Per-stream counters (`--metrics-streams`); `None` when off, which is all an append or a
+    /// read then checks.
+    pub stream_metrics: Option<Arc<metrics::StreamSeries>>,
     /// Set when shutdown begins, so `/readyz` turns 503 while in-flight requests drain.
     pub(crate) draining: Arc<AtomicBool>,
     /// Places for live readers.
@@ -66,6 +69,7 @@ impl<E> Shared<E> {
             clock: self.clock.clone(),
             auth: self.auth.clone(),
             metrics: self.metrics.clone(),
+            stream_metrics: self.stream_metrics.clone(),
             draining: self.draining.clone(),
             live: self.live.clone(),
             rate: self.rate.clone(),
@@ -84,6 +88,11 @@ impl<E: Engine> AppState<E> {
     /// The real clock, no access control, metrics as `config` says.
     pub fn new(engine: Arc<E>, config: ServerConfig) -> Self {
         let metrics = config.metrics_path.as_ref().and_then(|_| metrics::install());
+        // A pattern `validate` refused gives no series (the binary validates before this).
+        let stream_metrics = match (&metrics, &config.metrics_streams) {
+            (Some(_), Some(p)) => metrics::StreamSeries::new(p, config.metrics_streams_max).ok().map(Arc::new),
+            _ => None,
+        };
         let live = LiveSlots::new(config.max_live_readers, config.max_live_readers_per_stream);
         let rate = RateLimits::new(config.append_rate_limit, config.append_byte_rate_limit, config.max_append_bytes);
         Self(Arc::new(Shared {
@@ -97,6 +106,7 @@ impl<E: Engine> AppState<E> {
             clock: Arc::new(SystemClock::default()),
             auth: Arc::new(AllowAll),
             metrics,
+            stream_metrics,
             draining: Arc::new(AtomicBool::new(false)),
         }))
     }

@@ -1,11 +1,17 @@
 //! A real scrape of `/metrics`: the append counters move by exactly the appends made, by outcome
-//! and bytes. Alone in its test binary, because the Prometheus recorder is process-wide.
+//! and bytes; every metric has `# HELP`; subscription lag and per-stream counters. In their own
+//! test binary, because the Prometheus recorder is process-wide, and one at a time ([`SERIAL`]):
+//! the gauges a scrape sets (streams, subscriptions) are shared by every server in the process.
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use oncelog_server::ServerConfig;
+use serde_json::{json, Value};
+
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The value of the sample `name` (with its labels written exactly, e.g. `x{outcome="new"}`),
 /// 0 when absent (a counter not incremented yet).
@@ -19,6 +25,7 @@ fn sample(scrape: &str, name: &str) -> f64 {
 
 #[tokio::test]
 async fn counters_move_by_exactly_the_appends_made() {
+    let _serial = SERIAL.lock().await;
     let config = ServerConfig { sse_keepalive: Duration::from_millis(100), ..ServerConfig::default() };
     let s = common::TestServer::start(config, None).await;
     let http = reqwest::Client::new();
@@ -115,4 +122,145 @@ async fn counters_move_by_exactly_the_appends_made() {
     assert_eq!(delta("oncelog_subscription_calls_total{call=\"claim\",outcome=\"ok\"}"), 1.0, "{after}");
     assert_eq!(delta("oncelog_subscription_calls_total{call=\"ack\",outcome=\"fenced\"}"), 1.0);
     assert_eq!(delta("oncelog_subscription_calls_total{call=\"ack\",outcome=\"ok\"}"), 1.0);
+}
+
+/// The metric families of a scrape: the names on `# TYPE` lines and on `# HELP` lines.
+fn families(scrape: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let names = |prefix: &str| scrape.lines().filter_map(|l| l.strip_prefix(prefix)).filter_map(|l| l.split(' ').next()).map(str::to_owned).collect();
+    (names("# TYPE "), names("# HELP "))
+}
+
+/// The metric names in README's metric table (its rows start with a backquoted name).
+fn readme_metrics() -> BTreeSet<String> {
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../README.md")).expect("README.md");
+    readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split('`').next())
+        .filter(|n| n.starts_with("oncelog_") || n.starts_with("process_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+async fn scrape(http: &reqwest::Client, s: &common::TestServer) -> String {
+    let r = http.get(format!("{}/metrics", s.origin)).send().await.expect("scrape");
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
+    r.text().await.expect("text")
+}
+
+async fn post(http: &reqwest::Client, url: String, body: &'static str) -> String {
+    let r = http.post(url).header("content-type", "text/plain").body(body).send().await.expect("append");
+    assert!(r.status().is_success(), "{}", r.status());
+    r.headers().get("stream-next-offset").and_then(|v| v.to_str().ok()).expect("offset").to_owned()
+}
+
+#[tokio::test]
+async fn every_metric_has_help_lag_follows_acks_and_the_dashboard_queries_documented_metrics() {
+    let _serial = SERIAL.lock().await;
+    let config = ServerConfig { metrics_streams: Some("dash/*".into()), ..ServerConfig::default() };
+    let s = common::TestServer::start(config, None).await;
+    let http = reqwest::Client::new();
+    // Something of every kind: appends, a live reader, a subscription with work pending.
+    for (p, ct) in [("dash/a", "text/plain"), ("wake", "application/json"), ("jobs/a", "text/plain")] {
+        http.put(s.url(p)).header("content-type", ct).send().await.expect("put");
+    }
+    post(&http, s.url("dash/a"), "x").await;
+    http.get(s.url("dash/a") + "?offset=-1").send().await.expect("read");
+    let sse = http.get(s.url("dash/a") + "?offset=-1&live=sse").send().await.expect("sse");
+    let cfg = r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake"}"#;
+    let r = http.put(s.url("__ds/subscriptions/lagging")).header("content-type", "application/json").body(cfg).send().await.expect("sub");
+    assert!(r.status().is_success(), "{}", r.status());
+    let tail = post(&http, s.url("jobs/a"), "hello").await;
+
+    let pending = scrape(&http, &s).await;
+    drop(sse);
+    let (types, helps) = families(&pending);
+    let missing: Vec<&String> = types.difference(&helps).collect();
+    assert!(missing.is_empty(), "# TYPE without # HELP: {missing:?}\n{pending}");
+    for name in ["oncelog_appends_total", "oncelog_commit_to_ack_seconds", "oncelog_live_readers", "oncelog_subscription_lag_bytes", "oncelog_stream_appends_total"] {
+        assert!(types.contains(name), "{name} in the scrape:\n{pending}");
+    }
+    let documented = readme_metrics();
+    let undocumented: Vec<&String> = types.difference(&documented).collect();
+    assert!(undocumented.is_empty(), "in the scrape but not in README's table: {undocumented:?}");
+
+    // The lag: 5 bytes in one stream, until the subscription acknowledges them.
+    assert_eq!(sample(&pending, "oncelog_subscription_lag_bytes{subscription=\"lagging\"}"), 5.0, "{pending}");
+    assert_eq!(sample(&pending, "oncelog_subscription_pending_streams{subscription=\"lagging\"}"), 1.0, "{pending}");
+    let claim = http.post(s.url("__ds/subscriptions/lagging/claim")).body(r#"{"worker":"w"}"#).send().await.expect("claim");
+    let claim: Value = serde_json::from_slice(&claim.bytes().await.expect("body")).expect("json");
+    let ack = json!({ "wake_id": claim["wake_id"], "generation": claim["generation"], "acks": [{ "stream": "jobs/a", "offset": tail }], "done": true });
+    let r = http.post(s.url("__ds/subscriptions/lagging/ack")).bearer_auth(claim["token"].as_str().unwrap_or("")).body(ack.to_string()).send().await.expect("ack");
+    assert_eq!(r.status().as_u16(), 200);
+    let acked = scrape(&http, &s).await;
+    assert!(acked.contains("oncelog_subscription_lag_bytes{subscription=\"lagging\"} 0\n"), "{acked}");
+    assert!(acked.contains("oncelog_subscription_pending_streams{subscription=\"lagging\"} 0\n"), "{acked}");
+    // Gone with the subscription, not frozen at its last value.
+    http.delete(s.url("__ds/subscriptions/lagging")).send().await.expect("delete");
+    assert!(!scrape(&http, &s).await.contains("subscription=\"lagging\""));
+
+    // The dashboard is JSON, and every metric it queries is one the README documents.
+    let dashboard = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/grafana/oncelog.json")).expect("dashboard");
+    let dashboard: Value = serde_json::from_str(&dashboard).expect("docs/grafana/oncelog.json is JSON");
+    let mut queried = BTreeSet::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().expect("expr");
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                if word.starts_with("oncelog_") || word.starts_with("process_") {
+                    let family = ["_bucket", "_sum", "_count"].iter().fold(word, |w, suffix| w.strip_suffix(suffix).unwrap_or(w));
+                    queried.insert(family.to_owned());
+                }
+            }
+        }
+    }
+    let unknown: Vec<&String> = queried.difference(&documented).collect();
+    assert!(unknown.is_empty(), "the dashboard queries metrics the README does not list: {unknown:?}");
+    for name in ["oncelog_appends_total", "oncelog_commit_to_ack_seconds", "oncelog_fsync_seconds", "oncelog_live_readers", "oncelog_connections_accepted_total", "oncelog_subscription_lag_bytes", "oncelog_stream_appends_total", "process_resident_memory_bytes"] {
+        assert!(queried.contains(name), "the dashboard shows {name}");
+    }
+}
+
+#[tokio::test]
+async fn per_stream_counters_only_for_matching_streams_and_up_to_the_cap() {
+    let _serial = SERIAL.lock().await;
+    let config = ServerConfig { metrics_streams: Some("per/*".into()), metrics_streams_max: 2, ..ServerConfig::default() };
+    let s = common::TestServer::start(config, None).await;
+    let http = reqwest::Client::new();
+    for p in ["per/a", "per/b", "per/c", "other/x", "per/deep/x"] {
+        http.put(s.url(p)).header("content-type", "text/plain").send().await.expect("put");
+    }
+    // per/a: three new appends and a producer's retry (not new data).
+    for (seq, body) in [(0, "1"), (1, "1"), (2, "1"), (2, "1")] {
+        let r = http.post(s.url("per/a")).header("content-type", "text/plain").header("producer-id", "p").header("producer-epoch", "0").header("producer-seq", seq.to_string()).body(body).send().await.expect("post");
+        assert!(r.status().is_success());
+    }
+    post(&http, s.url("per/b"), "22").await;
+    // The cap (2) is reached: per/c is counted only in the overflow; the others match nothing.
+    post(&http, s.url("per/c"), "333").await;
+    post(&http, s.url("other/x"), "4444").await;
+    post(&http, s.url("per/deep/x"), "55555").await;
+    // Reads: catch-up of per/a and per/c, an SSE data event of per/b.
+    for p in ["per/a", "per/c", "other/x"] {
+        http.get(s.url(p) + "?offset=-1").send().await.expect("read").bytes().await.expect("body");
+    }
+    let mut sse = http.get(s.url("per/b") + "?offset=-1&live=sse").send().await.expect("sse");
+    let mut seen = String::new();
+    while !seen.contains("22") {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), sse.chunk()).await.expect("an SSE event in time").expect("chunk").expect("more");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    drop(sse);
+
+    let m = scrape(&http, &s).await;
+    let series = |name: &str, stream: &str| sample(&m, &format!("{name}{{stream=\"{stream}\"}}"));
+    assert_eq!((series("oncelog_stream_appends_total", "per/a"), series("oncelog_stream_append_bytes_total", "per/a")), (3.0, 3.0), "{m}");
+    assert_eq!((series("oncelog_stream_appends_total", "per/b"), series("oncelog_stream_append_bytes_total", "per/b")), (1.0, 2.0), "{m}");
+    assert_eq!((series("oncelog_stream_reads_total", "per/a"), series("oncelog_stream_read_bytes_total", "per/a")), (1.0, 3.0), "{m}");
+    assert_eq!((series("oncelog_stream_reads_total", "per/b"), series("oncelog_stream_read_bytes_total", "per/b")), (1.0, 2.0), "{m}");
+    for other in ["per/c", "other/x", "per/deep/x"] {
+        assert!(!m.contains(&format!("stream=\"{other}\"")), "{other} has no series of its own:\n{m}");
+    }
+    let overflow = |c: &str| sample(&m, &format!("oncelog_stream_overflow_total{{counter=\"{c}\"}}"));
+    assert_eq!([overflow("appends"), overflow("append_bytes"), overflow("reads"), overflow("read_bytes")], [1.0, 3.0, 1.0, 3.0], "per/c only:\n{m}");
 }

@@ -106,6 +106,11 @@ pub(super) async fn append<E: Engine>(
     };
     // Once per request, whatever number of attempts it took.
     metrics::appended(&result, body.len(), started.elapsed());
+    if let (Some(series), Ok(o)) = (&st.stream_metrics, &result) {
+        if o.status == AppendStatus::Appended {
+            series.appended(path, body.len());
+        }
+    }
     let out: AppendOutcome = result?;
     if out.status == AppendStatus::Appended && !body.is_empty() {
         crate::subs::after_write(st, path, st.clock.now_ms()).await;

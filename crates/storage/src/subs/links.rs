@@ -8,7 +8,7 @@ use oncelog_protocol::Offset;
 use super::config::{may_link, wake_stream};
 use super::rules::{self, Woke};
 use super::state::Entry;
-use super::{glob, Link, LinkType, SubError, SubKind, SubView, Subscriptions, WakeNotice};
+use super::{glob, Link, LinkType, SubError, SubKind, SubLag, SubView, Subscriptions, WakeNotice};
 use crate::engine::Engine;
 
 impl<E: Engine> Subscriptions<E> {
@@ -41,6 +41,23 @@ impl<E: Engine> Subscriptions<E> {
     /// The linked streams of `e` with work pending now.
     async fn pending(&self, e: &Entry, now_ms: i64) -> Result<Vec<Link>, SubError> {
         Ok(self.links(e, now_ms).await?.into_iter().filter(Link::has_pending).collect())
+    }
+
+    /// How far behind each of the first `max` subscriptions (by id) is now, for the metrics
+    /// scrape. Each costs what a `GET` of it costs (its pattern's streams listed, its explicit
+    /// streams looked up); the lock is held only to copy the entries.
+    pub async fn lags(&self, max: usize, now_ms: i64) -> Result<Vec<SubLag>, SubError> {
+        let entries: Vec<Entry> = self.lock().await?.subs.values().take(max).cloned().collect();
+        let mut out = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let links = self.links(e, now_ms).await?;
+            out.push(SubLag {
+                id: e.rec.id.clone(),
+                bytes: links.iter().map(|l| l.tail.0.saturating_sub(l.acked.0)).sum(),
+                pending_streams: links.iter().filter(|l| l.has_pending()).count(),
+            });
+        }
+        Ok(out)
     }
 
     pub(super) async fn view(&self, e: &Entry, now_ms: i64) -> Result<SubView, SubError> {

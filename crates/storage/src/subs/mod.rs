@@ -151,6 +151,16 @@ impl Link {
     }
 }
 
+/// How far behind a subscription is ([`Subscriptions::lags`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubLag {
+    pub id: String,
+    /// Over its links: tail minus acknowledged offset, summed.
+    pub bytes: u64,
+    /// Its links with unacknowledged data.
+    pub pending_streams: usize,
+}
+
 /// A subscription as `GET` shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SubView {
