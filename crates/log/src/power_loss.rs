@@ -562,7 +562,7 @@ enum Pending {
     Append(oneshot::Receiver<Result<AppendOutcome, AppendError>>),
     Delete(oneshot::Receiver<Result<(), LookupError>>),
     Trim(oneshot::Receiver<Result<TrimOutcome, TrimError>>),
-    Retain(oneshot::Receiver<Result<usize, StorageError>>),
+    Retain(oneshot::Receiver<Result<Retained, StorageError>>),
     Compact(oneshot::Receiver<Result<TrimOutcome, CompactError>>),
     Txn(oneshot::Receiver<Result<TxnOutcome, TxnError>>),
 }
