@@ -258,6 +258,7 @@ fn recorder() -> Option<PrometheusHandle> {
     let recorder = PrometheusBuilder::new().set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &buckets).ok()?.build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).ok()?;
+    oncelog_sink::metrics::describe();
     Some(handle)
 }
 

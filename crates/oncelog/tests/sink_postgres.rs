@@ -199,6 +199,14 @@ fn state_json_and_byte_streams_land_in_their_tables_across_a_compaction() {
             assert!(metrics.contains(&format!("oncelog_sink_lag_bytes{{stream=\"{s}\"}} 0")), "lag of {s} in:\n{metrics}");
             assert!(metrics.contains(&format!("oncelog_sink_rows_applied_total{{stream=\"{s}\"}}")), "rows of {s} in:\n{metrics}");
         }
+        // Every metric is described.
+        let undescribed: Vec<&str> = metrics
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next())
+            .filter(|name| !metrics.contains(&format!("# HELP {name} ")))
+            .collect();
+        assert!(undescribed.is_empty(), "# TYPE without # HELP: {undescribed:?}");
     });
     let mut child = child;
     let _ = child.kill();

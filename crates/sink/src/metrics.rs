@@ -14,6 +14,20 @@
 
 use std::time::Duration;
 
+/// Describes every metric above (the `# HELP` lines of a scrape), once, after a recorder is
+/// installed.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_counter!("oncelog_sink_rows_applied_total", "Rows (effects) committed to the target, by stream.");
+    describe_counter!("oncelog_sink_batches_total", "Batch transactions committed to the target.");
+    describe_gauge!("oncelog_sink_lag_bytes", "The stream's tail (as last seen) minus the position applied to the target, in bytes.");
+    describe_counter!("oncelog_sink_lost_bytes_total", "Trimmed history skipped over (--on-trimmed skip), in bytes, by stream.");
+    describe_counter!("oncelog_sink_streams_set_aside_total", "Streams set aside because the target refused a message (--on-refused skip-stream).");
+    describe_counter!("oncelog_sink_conflicts_total", "Batches refused by the position's compare-and-set (another worker had moved it).");
+    describe_counter!("oncelog_sink_claims_total", "Claims served, by outcome: done, fenced, failed.");
+    describe_histogram!("oncelog_sink_batch_seconds", "One batch: begin, compare-and-set, apply, commit.");
+}
+
 /// A batch of `rows` from `stream` committed in `took`.
 pub fn committed(stream: &str, rows: u64, took: Duration) {
     metrics::counter!("oncelog_sink_rows_applied_total", "stream" => stream.to_owned()).increment(rows);
