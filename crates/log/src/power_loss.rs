@@ -864,13 +864,14 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                     let source_trimmed = matches!(op, Op::Fork { source, at, .. } if model.streams.get(source).is_some_and(|s| s.earliest > *at));
                     // ... and one purged since is no stream at all.
                     let source_purged = matches!(op, Op::Fork { source, .. } if !model.streams.contains_key(source));
-                    got == match (acked, source_gone, closed) {
-                        (false, _, _) => "Created",
-                        (true, _, _) if source_purged => "fork source not found",
-                        (true, true, _) => "fork source has been deleted",
-                        (true, false, _) if source_trimmed => "the fork offset was trimmed from the source; it now starts at Stream-Earliest-Offset",
-                        (true, false, false) => "Existing",
-                        (true, false, true) => "stream exists with a different configuration",
+                    match (acked, source_gone, closed) {
+                        (false, _, _) => got == "Created",
+                        (true, _, _) if source_purged => got == "fork source not found",
+                        (true, true, _) => got == "fork source has been deleted",
+                        (true, false, _) if source_trimmed => got == "the fork offset was trimmed from the source; it now starts at Stream-Earliest-Offset",
+                        (true, false, false) => got == "Existing",
+                        // The refusal names what differs: the closure.
+                        (true, false, true) => got == "stream exists with a different configuration: it is closed, the request says open",
                     }
                 }
                 Op::Trim { path, .. } => {

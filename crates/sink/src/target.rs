@@ -16,6 +16,9 @@ use crate::sink::Sink;
 pub struct Target {
     pool: Pool,
     schema: String,
+    /// The sessions' settings, for the check that a `prefer` connection did not fall back to
+    /// plaintext.
+    cfg: tokio_postgres::Config,
 }
 
 /// The engine's rule for schema names: no quoting needed anywhere, no injection.
@@ -35,8 +38,8 @@ impl Target {
             OpenError::Schema(name) => SinkError::Schema(name),
             e => SinkError::TargetUrl(e),
         })?;
-        let pool = oncelog_postgres::session_pool(cfg, tls, 2)?;
-        Ok(Target { pool, schema: schema.to_owned() })
+        let pool = oncelog_postgres::session_pool(cfg.clone(), tls, 2)?;
+        Ok(Target { pool, schema: schema.to_owned(), cfg })
     }
 
     pub fn schema(&self) -> &str {
@@ -53,6 +56,8 @@ impl Target {
     /// `CREATE … IF NOT EXISTS`).
     pub async fn prepare<S: Sink>(&self, sink: &S) -> Result<(), SinkError> {
         let mut conn = self.conn().await?;
+        // As `oncelog serve` does: a plaintext fallback under sslmode=prefer is said out loud.
+        oncelog_postgres::warn_if_plaintext(&conn, &self.cfg).await?;
         let tx = conn.transaction().await?;
         tx.execute("SELECT pg_advisory_xact_lock(hashtext('oncelog-sink:' || $1::text))", &[&self.schema]).await?;
         tx.batch_execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", self.schema)).await?;
