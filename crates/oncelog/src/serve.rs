@@ -180,8 +180,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_READYZ_PATH", default_value = "/readyz")]
     readyz_path: String,
 
-    /// Connections served at once; beyond it new clients wait until one closes.
-    #[arg(long, env = "ONCELOG_MAX_CONNECTIONS", default_value_t = 4096)]
+    /// Connections served at once; beyond it new clients wait until one closes. Live readers on
+    /// HTTP/1 (a connection each) may hold all but a sixteenth of them (at most 1,024 kept free),
+    /// so writers always get in. Lowered at start, with a warning, when the process may not open
+    /// that many files (the soft RLIMIT_NOFILE is raised to the hard one first).
+    #[arg(long, env = "ONCELOG_MAX_CONNECTIONS", default_value_t = 16_384)]
     max_connections: usize,
 
     /// Time a client gets to send a request's headers, and how long an idle HTTP/1 keep-alive
@@ -204,11 +207,12 @@ pub struct ServeArgs {
     write_timeout_ms: u64,
 
     /// Live readers (long-poll and SSE) at once, in all; beyond it 503 with Retry-After.
-    #[arg(long, env = "ONCELOG_MAX_LIVE_READERS", default_value_t = 10_000)]
+    #[arg(long, env = "ONCELOG_MAX_LIVE_READERS", default_value_t = 15_360)]
     max_live_readers: usize,
 
-    /// Live readers of one stream at once; beyond it 503 with Retry-After.
-    #[arg(long, env = "ONCELOG_MAX_LIVE_READERS_PER_STREAM", default_value_t = 1_000)]
+    /// Live readers of one stream at once; beyond it 503 with Retry-After. By default as many as
+    /// in all: thousands of readers following one stream is what streams are for.
+    #[arg(long, env = "ONCELOG_MAX_LIVE_READERS_PER_STREAM", default_value_t = 15_360)]
     max_live_readers_per_stream: usize,
 
     /// How long an idle SSE response goes without writing before it sends a comment, in ms.
@@ -287,7 +291,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         metrics_path: args.metrics.then(|| args.metrics_path.clone()),
         metrics_streams: args.metrics_streams.clone(),
         metrics_streams_max: args.metrics_streams_max,
-        max_connections: args.max_connections,
+        max_connections: fit_connections(args.max_connections),
         header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),
         body_total_timeout: Duration::from_millis(args.body_total_timeout_ms),
@@ -397,6 +401,43 @@ fn access_control(args: &ServeArgs) -> Result<Option<Arc<dyn Authorize>>, Box<dy
     auth.spawn_reloader(Duration::from_secs(1));
     tracing::info!(secret = args.auth_secret_file.is_some(), jwks = args.auth_jwks.is_some(), "authentication on");
     Ok(Some(auth))
+}
+
+/// File descriptors the server needs besides its connections: the log's segments and checkpoint,
+/// the listener, a database pool and its `LISTEN` connection, webhook deliveries, stdio.
+const FDS_BESIDES_CONNECTIONS: u64 = 512;
+
+/// `max_connections`, lowered (with a warning) to what the process may open: the soft
+/// `RLIMIT_NOFILE` is raised to the hard limit first, as far as it goes. A limit the server
+/// would run into anyway is better met as a bound it keeps (new clients wait in the backlog,
+/// live readers keep the reserve free) than as `accept` failing with `EMFILE`.
+fn fit_connections(max_connections: usize) -> usize {
+    let Some(limit) = raise_fd_limit() else { return max_connections };
+    let usable = usize::try_from(limit.saturating_sub(FDS_BESIDES_CONNECTIONS)).unwrap_or(usize::MAX).max(16);
+    if max_connections > usable {
+        tracing::warn!(max_connections, fd_limit = limit, lowered_to = usable, "--max-connections does not fit the open-files limit (RLIMIT_NOFILE): lowered; raise the limit (systemd LimitNOFILE, ulimit -n) to serve more");
+        return usable;
+    }
+    max_connections
+}
+
+/// Raises the soft open-files limit to the hard one; answers the soft limit now (`None` when it
+/// cannot be read).
+fn raise_fd_limit() -> Option<u64> {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit and setrlimit only read and write the struct passed to them.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+    }
+    Some(lim.rlim_cur as u64)
 }
 
 /// Whether `--storage` names a PostgreSQL database.

@@ -128,13 +128,16 @@ BEGIN
        WHERE h.t_xmin = b.x;
       IF recs IS NOT NULL THEN
         IF NOT sync_rep THEN
-          EXECUTE format('COPY (SELECT 1) TO PROGRAM %L', 'kill -STOP ' || b.pid);
+          -- The program reads what COPY writes before it acts: a program that exits first
+          -- leaves COPY writing into a closed pipe (`could not close pipe to external
+          -- command: Broken pipe`, seen once in a CI-like run).
+          EXECUTE format('COPY (SELECT 1) TO PROGRAM %L', 'cat >/dev/null; kill -STOP ' || b.pid);
           -- The stop may land after the commit finished (the snapshot above is a moment ago,
           -- starting the shell takes milliseconds): then the node has its answer and nothing is
           -- in flight. The commit log turns committed before the backend answers; a transaction
           -- still in progress there is frozen before its answer. Otherwise let it go, try again.
           IF pg_xact_status(b.x::text::xid8) IS DISTINCT FROM 'in progress' THEN
-            EXECUTE format('COPY (SELECT 1) TO PROGRAM %L', 'kill -CONT ' || b.pid);
+            EXECUTE format('COPY (SELECT 1) TO PROGRAM %L', 'cat >/dev/null; kill -CONT ' || b.pid);
             CONTINUE;
           END IF;
         END IF;

@@ -106,7 +106,9 @@ impl ApiError {
             ApiError::Body(BodyError::Read) => (StatusCode::BAD_REQUEST, vec![]),
             ApiError::Body(BodyError::Stalled | BodyError::TooSlow) => (StatusCode::REQUEST_TIMEOUT, vec![h("connection", "close")]),
             ApiError::NoRoute => (StatusCode::NOT_FOUND, vec![]),
-            ApiError::TooManyReaders(_) => (StatusCode::SERVICE_UNAVAILABLE, vec![]),
+            // The refused reader's connection is closed (HTTP/1), so its place serves someone else
+            // at once: a flood of readers waits in the client's retry, not in the listener.
+            ApiError::TooManyReaders(_) => (StatusCode::SERVICE_UNAVAILABLE, vec![h("connection", "close")]),
             ApiError::RateLimited(RateLimited { retry_after_s }) => (StatusCode::TOO_MANY_REQUESTS, vec![h("retry-after", retry_after_s)]),
             ApiError::MethodNotAllowed => (
                 StatusCode::METHOD_NOT_ALLOWED,
@@ -247,7 +249,8 @@ impl IntoResponse for ApiError {
             // Shutting down or stopped after a storage failure: another node or a restart will do.
             headers.push(h("retry-after", 1));
         }
-        if status.is_server_error() {
+        // A refused live reader is expected under load: counted, not logged per request.
+        if status.is_server_error() && !matches!(self, ApiError::TooManyReaders(_)) {
             tracing::error!(error = %self, %status, "request failed");
         }
         if let ApiError::Sub(e) = &self {

@@ -150,6 +150,7 @@ where
             });
         }
         let method = req.method().clone();
+        let h2 = req.version() >= axum::http::Version::HTTP_2;
         // What the request is, decided once: access control and the handler both use it.
         let kind = Kind::of(&method, req.headers());
         req.extensions_mut().insert(kind);
@@ -176,6 +177,11 @@ where
             crate::metrics::request(&method, resp.status());
             decorate(&mut resp, &config.cors, origin);
             close_if_unread(&mut resp, body_ended.as_deref());
+            if h2 {
+                // Connection-specific headers have no place in HTTP/2 (RFC 9113 section 8.2.2):
+                // an answer that closes an HTTP/1 connection leaves an HTTP/2 one as it is.
+                resp.headers_mut().remove(axum::http::header::CONNECTION);
+            }
             Ok(resp)
         })
     }

@@ -1,60 +1,119 @@
-//! Bounds on live readers (long-poll and SSE): in all and per stream. A reader holds a
-//! [`LiveSlot`] while it waits or streams; beyond a bound the read is answered `503` with
-//! `Retry-After`, so a flood of readers cannot take every task and socket of the server.
+//! Bounds on live readers (long-poll and SSE): in all, per stream, and — for readers that hold
+//! a connection of their own (HTTP/1) — below the connection limit by a reserve. A reader holds
+//! a [`LiveSlot`] while it waits or streams; beyond a bound the read is answered `503` with
+//! `Retry-After` (and, on HTTP/1, `Connection: close`, so the refused connection's place is free
+//! at once), and counted, so a flood of readers can neither take every task and socket of the
+//! server nor the last connections a writer needs.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::metrics;
 
+/// Which bound refused a reader (the `reason` label of the refusals' counter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Full {
+    /// `--max-live-readers`.
+    Total,
+    /// `--max-live-readers-per-stream`.
+    Stream,
+    /// The connections live readers may hold: `--max-connections` less its reserve.
+    Connections,
+}
+
+impl Full {
+    pub fn label(self) -> &'static str {
+        match self {
+            Full::Total => "total",
+            Full::Stream => "stream",
+            Full::Connections => "connections",
+        }
+    }
+}
+
 /// Every place is taken (answered `503` with `Retry-After`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("too many live readers; retry later")]
-pub struct TooManyReaders;
+pub struct TooManyReaders(pub Full);
+
+/// The connections of `max_connections` that live readers never hold: a sixteenth, at least 1,
+/// at most 1,024 — enough for writers and catch-up readers while the rest are held by live ones.
+pub fn connection_reserve(max_connections: usize) -> usize {
+    (max_connections / 16).clamp(1, 1024)
+}
 
 /// The counters behind the bounds.
 pub struct LiveSlots {
     max_total: usize,
     max_per_stream: usize,
+    /// Readers that hold a connection of their own may take this many connections at most.
+    max_on_own_connection: usize,
+    held: Mutex<Held>,
+}
+
+#[derive(Default)]
+struct Held {
+    total: usize,
+    on_own_connection: usize,
     /// Readers per stream path; the sum is the total.
-    held: Mutex<(usize, HashMap<String, usize>)>,
+    per_stream: HashMap<String, usize>,
 }
 
 /// One reader's place; given back when dropped.
 pub struct LiveSlot {
     slots: Arc<LiveSlots>,
     path: String,
+    own_connection: bool,
     _gauge: metrics::LiveReader,
 }
 
 impl LiveSlots {
-    pub fn new(max_total: usize, max_per_stream: usize) -> Arc<Self> {
-        Arc::new(Self { max_total, max_per_stream, held: Mutex::new((0, HashMap::new())) })
+    /// Bounds of `max_total` readers, `max_per_stream` per stream, and, of `max_connections`,
+    /// all but [`connection_reserve`] for readers on a connection of their own.
+    pub fn new(max_total: usize, max_per_stream: usize, max_connections: usize) -> Arc<Self> {
+        let max_on_own_connection = max_connections.saturating_sub(connection_reserve(max_connections));
+        Arc::new(Self { max_total, max_per_stream, max_on_own_connection, held: Mutex::new(Held::default()) })
     }
 
-    /// Takes a place for a `mode` reader of `path`, or refuses with `503`.
-    pub fn acquire(self: &Arc<Self>, path: &str, mode: &'static str) -> Result<LiveSlot, TooManyReaders> {
+    /// Takes a place for a `mode` reader of `path` (`own_connection`: on an HTTP/1 connection,
+    /// which it holds while it reads; an HTTP/2 reader shares its connection), or refuses it.
+    pub fn acquire(self: &Arc<Self>, path: &str, mode: &'static str, own_connection: bool) -> Result<LiveSlot, TooManyReaders> {
         let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (total, per) = &mut *held;
-        let here = per.get(path).copied().unwrap_or(0);
-        if *total >= self.max_total || here >= self.max_per_stream {
-            return Err(TooManyReaders);
+        let here = held.per_stream.get(path).copied().unwrap_or(0);
+        let full = if held.total >= self.max_total {
+            Some(Full::Total)
+        } else if here >= self.max_per_stream {
+            Some(Full::Stream)
+        } else if own_connection && held.on_own_connection >= self.max_on_own_connection {
+            Some(Full::Connections)
+        } else {
+            None
+        };
+        if let Some(full) = full {
+            drop(held);
+            metrics::live_reader_refused(full.label());
+            return Err(TooManyReaders(full));
         }
-        *total += 1;
-        per.insert(path.to_owned(), here + 1);
-        Ok(LiveSlot { slots: Arc::clone(self), path: path.to_owned(), _gauge: metrics::LiveReader::open(mode) })
+        held.total += 1;
+        if own_connection {
+            held.on_own_connection += 1;
+        }
+        held.per_stream.insert(path.to_owned(), here + 1);
+        Ok(LiveSlot { slots: Arc::clone(self), path: path.to_owned(), own_connection, _gauge: metrics::LiveReader::open(mode) })
     }
 }
 
 impl Drop for LiveSlot {
     fn drop(&mut self) {
         let mut held = self.slots.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (total, per) = &mut *held;
-        *total = total.saturating_sub(1);
-        if let Some(n) = per.get_mut(&self.path) {
+        held.total = held.total.saturating_sub(1);
+        if self.own_connection {
+            held.on_own_connection = held.on_own_connection.saturating_sub(1);
+        }
+        if let Some(n) = held.per_stream.get_mut(&self.path) {
             *n -= 1;
             if *n == 0 {
-                per.remove(&self.path);
+                held.per_stream.remove(&self.path);
             }
         }
     }
@@ -66,13 +125,27 @@ mod tests {
 
     #[test]
     fn bounds_hold_and_places_come_back() {
-        let slots = LiveSlots::new(3, 2);
-        let a1 = slots.acquire("a", "sse").expect("a1");
-        let _a2 = slots.acquire("a", "sse").expect("a2");
-        assert!(matches!(slots.acquire("a", "sse"), Err(TooManyReaders)), "per stream");
-        let _b1 = slots.acquire("b", "long-poll").expect("b1");
-        assert!(matches!(slots.acquire("c", "sse"), Err(TooManyReaders)), "in all");
+        let slots = LiveSlots::new(3, 2, 1000);
+        let a1 = slots.acquire("a", "sse", true).expect("a1");
+        let _a2 = slots.acquire("a", "sse", true).expect("a2");
+        assert_eq!(slots.acquire("a", "sse", true).err(), Some(TooManyReaders(Full::Stream)));
+        let _b1 = slots.acquire("b", "long-poll", false).expect("b1");
+        assert_eq!(slots.acquire("c", "sse", false).err(), Some(TooManyReaders(Full::Total)));
         drop(a1);
-        let _c1 = slots.acquire("c", "sse").expect("a place came back");
+        let _c1 = slots.acquire("c", "sse", true).expect("a place came back");
+    }
+
+    #[test]
+    fn readers_on_connections_of_their_own_leave_the_reserve_free() {
+        // 32 connections: 2 reserved, 30 for live readers on HTTP/1.
+        let slots = LiveSlots::new(1000, 1000, 32);
+        assert_eq!(connection_reserve(32), 2);
+        let held: Vec<LiveSlot> = (0..30).map(|i| slots.acquire("s", "sse", true).unwrap_or_else(|e| panic!("{i}: {e}"))).collect();
+        assert_eq!(slots.acquire("s", "sse", true).err(), Some(TooManyReaders(Full::Connections)));
+        // HTTP/2 readers share their connection: not bounded by it.
+        let _h2 = slots.acquire("s", "sse", false).expect("an HTTP/2 reader");
+        drop(held);
+        assert!(slots.acquire("s", "sse", true).is_ok());
+        assert_eq!((connection_reserve(16_384), connection_reserve(1_000_000), connection_reserve(2)), (1024, 1024, 1));
     }
 }

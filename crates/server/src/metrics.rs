@@ -110,9 +110,28 @@ pub fn install() -> Option<PrometheusHandle> {
             metrics::set_global_recorder(recorder).ok()?;
             describe();
             let _ = HANDLES.set(register());
+            upkeep(handle.clone());
             Some(handle)
         })
         .clone()
+}
+
+/// How often the recorder folds recorded histogram samples into its buckets.
+const UPKEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Folds the recorder's histogram samples into their buckets every [`UPKEEP_EVERY`]. The
+/// recorder keeps every sample until a scrape (or an upkeep) drains it: an append records two,
+/// so a server nobody scraped held millions of them after a load run (tens of MB of RSS). A
+/// plain thread, so it runs whatever runtime the embedding application has, for the process's
+/// life (the recorder is installed once).
+fn upkeep(handle: PrometheusHandle) {
+    let spawned = std::thread::Builder::new().name("metrics-upkeep".into()).spawn(move || loop {
+        std::thread::sleep(UPKEEP_EVERY);
+        handle.run_upkeep();
+    });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "metrics upkeep thread not started: histogram samples are folded only when /metrics is scraped");
+    }
 }
 
 /// The `# HELP` text of every metric recorded through the facade, here or in an engine (the
@@ -128,6 +147,7 @@ fn describe() {
     describe_histogram!("oncelog_fsync_seconds", "Seconds of the sync of one group (log engine).");
     describe_histogram!("oncelog_checkpoint_seconds", "Seconds writing one checkpoint (log engine).");
     describe_gauge!("oncelog_live_readers", "Open live reads, by mode: long-poll, sse.");
+    describe_counter!("oncelog_live_readers_refused_total", "Live reads refused (503), by the bound that refused them: total, stream, connections.");
     describe_counter!("oncelog_http_requests_total", "Answered stream requests, by method and status.");
     describe_counter!("oncelog_connections_accepted_total", "TCP connections accepted.");
     describe_gauge!("oncelog_streams", "Streams that exist.");
@@ -173,6 +193,11 @@ impl Drop for LiveReader {
     fn drop(&mut self) {
         metrics::gauge!("oncelog_live_readers", "mode" => self.0).decrement(1.0);
     }
+}
+
+/// A live reader refused by the bound `reason` (`total`, `stream`, `connections`).
+pub fn live_reader_refused(reason: &'static str) {
+    metrics::counter!("oncelog_live_readers_refused_total", "reason" => reason).increment(1);
 }
 
 /// Records an answered request.

@@ -93,7 +93,7 @@ impl<E: Engine> AppState<E> {
             (Some(_), Some(p)) => metrics::StreamSeries::new(p, config.metrics_streams_max).ok().map(Arc::new),
             _ => None,
         };
-        let live = LiveSlots::new(config.max_live_readers, config.max_live_readers_per_stream);
+        let live = LiveSlots::new(config.max_live_readers, config.max_live_readers_per_stream, config.max_connections);
         let rate = RateLimits::new(config.append_rate_limit, config.append_byte_rate_limit, config.max_append_bytes);
         Self(Arc::new(Shared {
             live,

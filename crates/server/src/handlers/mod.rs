@@ -64,7 +64,7 @@ async fn dispatch<E: Engine>(st: &AppState<E>, path: &str, method: &Method, uri:
     let unchecked = seen.is_some();
     let result = async {
         match operation(st, kind, path, uri.query(), h, seen).await? {
-            Operation::Read { info, query } => read::get(st, path, info, query, h, &caller.access).await,
+            Operation::Read { info, query } => read::get(st, path, info, query, h, &caller.access, caller.own_connection()).await,
             Operation::Head { info, if_match } => read::head(info, if_match),
             Operation::Create(args) | Operation::Fork(args) => create::create(st, path, uri, h, args, body).await,
             Operation::Append { info, headers } => append::append(st, path, info, headers, h, body, &caller, false).await,
@@ -117,6 +117,7 @@ pub struct Caller {
     access: crate::auth::Access,
     peer: Option<std::net::SocketAddr>,
     kind: Option<Kind>,
+    version: axum::http::Version,
 }
 
 impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
@@ -126,11 +127,17 @@ impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
         let access = parts.extensions.remove::<crate::auth::Access>().unwrap_or_default();
         let peer = parts.extensions.get::<crate::front::PeerAddr>().map(|p| p.0);
         let kind = parts.extensions.get::<Kind>().copied();
-        Ok(Caller { access, peer, kind })
+        Ok(Caller { access, peer, kind, version: parts.version })
     }
 }
 
 impl Caller {
+    /// Whether the request holds its connection for as long as it is answered (HTTP/1: a live
+    /// reader takes one of `--max-connections`; HTTP/2 requests share theirs).
+    fn own_connection(&self) -> bool {
+        self.version < axum::http::Version::HTTP_2
+    }
+
     /// Who writes, for per-writer limits: the credentials' principal, else the client's address.
     fn writer_key(&self) -> String {
         match (&self.access.principal, self.peer) {
