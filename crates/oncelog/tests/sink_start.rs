@@ -465,10 +465,7 @@ fn the_documented_grants_are_all_a_sink_s_token_needs_and_each_is_needed() {
 /// offered. Needs `ONCELOG_TEST_POSTGRES_SOCKET_DIR` (the README's test command sets it).
 #[test]
 fn a_target_that_fell_back_to_plaintext_under_sslmode_prefer_is_warned_about() {
-    let socket_dir = std::env::var("ONCELOG_TEST_POSTGRES_SOCKET_DIR").expect("ONCELOG_TEST_POSTGRES_SOCKET_DIR (./scripts/test sets it)");
-    let url = database_url();
-    let port = url.split_once("://").and_then(|(_, r)| r.split_once('/')).and_then(|(h, _)| h.rsplit_once(':')).map(|(_, p)| p.to_owned()).expect("a port");
-    let plaintext = format!("postgres://oncelog@/postgres?host={socket_dir}&port={port}&sslmode=prefer");
+    let plaintext = common::pg::plaintext_socket_url();
     let h = Harness::start();
     let schema = common::pg::schema("sinkstart", "prefer");
     let log = h.dir.path().join("sink.log");

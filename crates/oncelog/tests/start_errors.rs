@@ -62,13 +62,9 @@ fn a_data_dir_that_cannot_be_used_is_named() {
 
 #[test]
 fn a_plaintext_fallback_under_sslmode_prefer_is_warned_about() {
-    let socket_dir = std::env::var("ONCELOG_TEST_POSTGRES_SOCKET_DIR").expect("ONCELOG_TEST_POSTGRES_SOCKET_DIR (./scripts/test sets it)");
-    let url = pg_url();
-    let port = url.split_once("://").and_then(|(_, r)| r.split_once('/')).and_then(|(h, _)| h.rsplit_once(':')).map(|(_, p)| p.to_owned()).expect("a port");
     // Over the Unix socket no TLS is offered: `sslmode=prefer` (the default) goes plaintext.
-    let plaintext = format!("postgres://oncelog@/postgres?host={socket_dir}&port={port}&sslmode=prefer");
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-    let schema = format!("prefer_{}_{nanos}", std::process::id());
+    let plaintext = common::pg::plaintext_socket_url();
+    let schema = common::pg::schema("start", "prefer");
     let dir = tempfile::tempdir().expect("tempdir");
     let mut child = common::bin()
         .arg("serve")

@@ -57,6 +57,20 @@ pub enum Live {
     Sse,
 }
 
+/// The values of the query parameters `names` in the raw query string `raw` (percent-decoded),
+/// each at most once: a parameter sent twice is refused rather than one of its values taken.
+/// Other parameters are ignored (a signed URL's `expires` and `sig` among them).
+pub fn params<const N: usize>(raw: Option<&str>, names: [&'static str; N]) -> Result<[Option<String>; N], RequestError> {
+    let mut found: [Option<String>; N] = std::array::from_fn(|_| None);
+    for (k, v) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
+        let Some(i) = names.iter().position(|n| *n == k) else { continue };
+        if found[i].replace(v.into_owned()).is_some() {
+            return Err(RequestError::RepeatedParam(names[i]));
+        }
+    }
+    Ok(found)
+}
+
 /// A GET's query.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadQuery {
@@ -69,18 +83,7 @@ impl ReadQuery {
     /// Parses the raw query string: `offset` (strict, at most once), `live`, `cursor`; unknown
     /// parameters are ignored.
     pub fn parse(raw: Option<&str>) -> Result<ReadQuery, RequestError> {
-        let (mut offset, mut live, mut cursor) = (None, None, None);
-        for (k, v) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
-            let slot = match k.as_ref() {
-                "offset" => (&mut offset, "offset"),
-                "live" => (&mut live, "live"),
-                "cursor" => (&mut cursor, "cursor"),
-                _ => continue,
-            };
-            if slot.0.replace(v.into_owned()).is_some() {
-                return Err(RequestError::RepeatedParam(slot.1));
-            }
-        }
+        let [offset, live, cursor] = params(raw, ["offset", "live", "cursor"])?;
         let live = match live.as_deref() {
             None => Live::CatchUp,
             Some("long-poll") => Live::LongPoll,
@@ -117,18 +120,7 @@ impl ListQuery {
     /// most once; unknown parameters are ignored, as on reads (a signed URL's `expires` and
     /// `sig` among them).
     pub fn parse(raw: Option<&str>) -> Result<ListQuery, RequestError> {
-        let (mut prefix, mut after, mut limit) = (None, None, None);
-        for (k, v) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
-            let slot = match k.as_ref() {
-                "prefix" => (&mut prefix, "prefix"),
-                "after" => (&mut after, "after"),
-                "limit" => (&mut limit, "limit"),
-                _ => continue,
-            };
-            if slot.0.replace(v.into_owned()).is_some() {
-                return Err(RequestError::RepeatedParam(slot.1));
-            }
-        }
+        let [prefix, after, limit] = params(raw, ["prefix", "after", "limit"])?;
         let limit = match limit {
             None => LIST_DEFAULT_LIMIT,
             // Digits only: `+5`, ` 5` or `5.0` are refused rather than read as 5.

@@ -48,15 +48,7 @@ async fn setup(hide: bool, jwks: Option<&str>) -> Setup {
 }
 
 fn token(secret: &[u8], grants: &[(&str, bool, &str)], exp: i64) -> String {
-    let grants = grants
-        .iter()
-        .map(|(p, exact, ops)| GrantClaim {
-            stream: exact.then(|| p.to_string()),
-            prefix: (!exact).then(|| p.to_string()),
-            ops: ops.split(',').map(str::to_owned).collect(),
-        })
-        .collect();
-    issue(secret, ScopeClaim { grants }, exp, None, None, None).expect("sign")
+    common::grants_token(secret, grants, exp)
 }
 
 fn admin() -> String {

@@ -3,11 +3,12 @@
 //! bounds, reserved paths never listed, and with access control on, only what a token may read,
 //! with no `next` cursor that points past what it may see.
 
+mod common;
+
 use std::sync::Arc;
 
 use oncelog_log::{LogEngine, LogOptions};
-use oncelog_server::auth::scope::{GrantClaim, ScopeClaim};
-use oncelog_server::auth::token::{issue, TokenAuth, TokenConfig};
+use oncelog_server::auth::token::{TokenAuth, TokenConfig};
 use oncelog_server::{serve, AppState, Authorize, ManualClock, ServerConfig};
 use oncelog_storage::{CreateRequest, Engine};
 use reqwest::{Method, StatusCode};
@@ -57,15 +58,7 @@ async fn start(hide_forbidden: Option<bool>) -> Server {
 
 /// A token with `(path, exact, ops)` grants.
 fn token(grants: &[(&str, bool, &str)]) -> String {
-    let grants = grants
-        .iter()
-        .map(|(p, exact, ops)| GrantClaim {
-            stream: exact.then(|| p.to_string()),
-            prefix: (!exact).then(|| p.to_string()),
-            ops: ops.split(',').map(str::to_owned).collect(),
-        })
-        .collect();
-    issue(SECRET, ScopeClaim { grants }, NOW_S + 3600, None, None, None).expect("sign")
+    common::grants_token(SECRET, grants, NOW_S + 3600)
 }
 
 impl Server {

@@ -8,8 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
-use oncelog_server::auth::scope::{GrantClaim, ScopeClaim};
-use oncelog_server::auth::token::{issue, TokenAuth, TokenConfig};
+use oncelog_server::auth::token::{TokenAuth, TokenConfig};
 use oncelog_server::{ManualClock, ServerConfig};
 use reqwest::{Method, StatusCode};
 
@@ -18,15 +17,7 @@ const NOW_S: i64 = 1_800_000_000;
 
 /// A token with `(path, exact, ops)` grants.
 fn token(grants: &[(&str, bool, &str)]) -> String {
-    let grants = grants
-        .iter()
-        .map(|(p, exact, ops)| GrantClaim {
-            stream: exact.then(|| p.to_string()),
-            prefix: (!exact).then(|| p.to_string()),
-            ops: ops.split(',').map(str::to_owned).collect(),
-        })
-        .collect();
-    issue(SECRET, ScopeClaim { grants }, NOW_S + 3600, None, None, None).expect("sign")
+    common::grants_token(SECRET, grants, NOW_S + 3600)
 }
 
 struct Setup {

@@ -16,6 +16,16 @@ pub fn database_url() -> String {
     })
 }
 
+/// The shared test database over its Unix socket with `sslmode=prefer`: no TLS is offered there,
+/// so the connection falls back to plaintext (`ONCELOG_TEST_POSTGRES_SOCKET_DIR`, which
+/// `./scripts/test` sets beside the URL).
+pub fn plaintext_socket_url() -> String {
+    let socket_dir = std::env::var("ONCELOG_TEST_POSTGRES_SOCKET_DIR").expect("ONCELOG_TEST_POSTGRES_SOCKET_DIR (./scripts/test sets it)");
+    let url = database_url();
+    let port = url.split_once("://").and_then(|(_, r)| r.split_once('/')).and_then(|(h, _)| h.rsplit_once(':')).map(|(_, p)| p.to_owned()).expect("a port in the URL");
+    format!("postgres://oncelog@/postgres?host={socket_dir}&port={port}&sslmode=prefer")
+}
+
 pub fn scripts_postgres() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/postgres")
 }

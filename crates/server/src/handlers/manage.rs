@@ -69,12 +69,7 @@ pub(super) async fn delete<E: Engine>(st: &AppState<E>, path: &str, req: DeleteR
 /// one, would leave the path reserved while its owner believes it free. Other parameters are
 /// ignored, as on reads.
 pub(super) fn purge(query: Option<&str>) -> Result<bool, ApiError> {
-    let mut found = None;
-    for (_, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()).filter(|(k, _)| k == "purge") {
-        if found.replace(v).is_some() {
-            return Err(RequestError::RepeatedParam("purge").into());
-        }
-    }
+    let [found] = crate::request::params(query, ["purge"])?;
     match found.as_deref() {
         None => Ok(false),
         Some("true") => Ok(true),

@@ -48,6 +48,21 @@ impl TestServer {
     }
 }
 
+/// An `HS256` token signed with `secret`, valid until `exp` (Unix s), granting `(path, exact,
+/// ops)`: `exact` names one stream, else a prefix; `ops` comma-separated.
+pub fn grants_token(secret: &[u8], grants: &[(&str, bool, &str)], exp: i64) -> String {
+    use oncelog_server::auth::scope::{GrantClaim, ScopeClaim};
+    let grants = grants
+        .iter()
+        .map(|(p, exact, ops)| GrantClaim {
+            stream: exact.then(|| p.to_string()),
+            prefix: (!exact).then(|| p.to_string()),
+            ops: ops.split(',').map(str::to_owned).collect(),
+        })
+        .collect();
+    oncelog_server::auth::token::issue(secret, ScopeClaim { grants }, exp, None, None, None).expect("sign")
+}
+
 /// Spawns `n` SSE readers of `url` that must arrive over HTTP/2 and see `needle` within 5 s.
 pub fn h2_sse_readers(http: &reqwest::Client, url: &str, n: usize, needle: &'static str) -> Vec<tokio::task::JoinHandle<()>> {
     (0..n)
