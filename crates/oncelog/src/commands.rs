@@ -8,12 +8,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use oncelog_client::{
-    AppendOptions, Client, CreateOptions, FileEpochStore, Limit, LiveMode, OnTrimmed, ReadFrom, ReadOptions, RetryPolicy, StreamHandle,
+    AppendOptions, CreateOptions, FileEpochStore, Limit, LiveMode, OnTrimmed, ReadFrom, ReadOptions, RetryPolicy, StreamHandle,
     StreamOffset,
 };
 use serde_json::value::RawValue;
 
-use crate::output::Printer;
+pub use crate::conn::{Conn, ConnError};
+use crate::output::{PrintError, Printer};
 
 /// Why a client subcommand failed.
 #[derive(Debug, thiserror::Error)]
@@ -24,12 +25,9 @@ pub enum CliError {
     /// Reading stdin or writing stdout failed.
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
-    /// A `--header` without a colon.
-    #[error("header {0:?} is not \"Name: value\"")]
-    BadHeader(String),
-    /// The `--cacert` file could not be read.
-    #[error("--cacert {}: {source}", path.display())]
-    CaCert { path: PathBuf, source: std::io::Error },
+    /// The connection arguments could not be used.
+    #[error(transparent)]
+    Conn(#[from] ConnError),
     /// Stdin of a JSON stream is not a sequence of JSON values.
     #[error("stdin is not a sequence of JSON values: {0}")]
     NotJson(#[from] serde_json::Error),
@@ -39,9 +37,9 @@ pub enum CliError {
     /// `sub create` needs exactly one delivery.
     #[error("give exactly one of --webhook-url and --wake-stream")]
     OneDelivery,
-    /// A read's answer cannot be cut into messages (or, with `--offsets`, into offsets).
-    #[error("the server's answer cannot be printed: {0}")]
-    BadRead(&'static str),
+    /// Printing a read failed, or its answer cannot be cut into messages.
+    #[error(transparent)]
+    Print(#[from] PrintError),
     /// `oncelog ship` failed.
     #[cfg(unix)]
     #[error(transparent)]
@@ -53,7 +51,7 @@ pub fn exit(result: Result<(), CliError>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // A reader piped into `head` has nothing left to do.
-        Err(CliError::Io(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::ExitCode::SUCCESS,
+        Err(CliError::Io(e) | CliError::Print(PrintError::Io(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::ExitCode::SUCCESS,
         // A conditional append lost the race (`--if-match`'s 412 or `--expected-offset`'s 409):
         // scripts retry on this status. The message names the current tail.
         Err(e @ CliError::Client(oncelog_client::Error::PreconditionFailed { .. } | oncelog_client::Error::ExpectedOffsetConflict { .. })) => {
@@ -64,51 +62,6 @@ pub fn exit(result: Result<(), CliError>) -> std::process::ExitCode {
             eprintln!("oncelog: {e}");
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-/// Where the server is and how to authenticate; shared by every client subcommand.
-#[derive(clap::Args)]
-pub struct Conn {
-    /// Streams root URL: stream NAME lives at URL/NAME.
-    #[arg(long, env = "ONCELOG_URL", default_value = "http://127.0.0.1:4437/v1/stream")]
-    url: String,
-
-    /// Value of the Authorization header sent with every request, e.g. "Bearer TOKEN".
-    #[arg(long, env = "ONCELOG_AUTH", hide_env_values = true)]
-    auth: Option<String>,
-
-    /// Extra header for every request, as "Name: value" (repeatable).
-    #[arg(long = "header", short = 'H', value_name = "NAME: VALUE")]
-    headers: Vec<String>,
-
-    /// PEM file of a CA to trust for https, besides the system's roots (a private CA).
-    #[arg(long, env = "ONCELOG_CACERT")]
-    cacert: Option<PathBuf>,
-}
-
-impl Conn {
-    pub(crate) fn client(&self, retry: Option<RetryPolicy>) -> Result<Client, CliError> {
-        let mut b = Client::builder(&self.url);
-        if let Some(auth) = &self.auth {
-            b = b.default_header("authorization", auth)?;
-        }
-        for h in &self.headers {
-            let (name, value) = h.split_once(':').ok_or_else(|| CliError::BadHeader(h.clone()))?;
-            b = b.default_header(name.trim(), value.trim())?;
-        }
-        if let Some(r) = retry {
-            b = b.retry_policy(r);
-        }
-        if let Some(path) = &self.cacert {
-            let pem = std::fs::read(path).map_err(|source| CliError::CaCert { path: path.clone(), source })?;
-            b = b.ca_cert_pem(pem);
-        }
-        Ok(b.build()?)
-    }
-
-    fn stream(&self, name: &str) -> Result<StreamHandle, CliError> {
-        Ok(self.client(None)?.stream(name))
     }
 }
 

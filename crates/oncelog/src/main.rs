@@ -5,12 +5,14 @@
 //! `backup` copies a running log engine's data directory. Thin by design: all behaviour lives in
 //! the library crates.
 //!
-//! Modules: [`serve`] (the server subcommand), [`commands`] (the client subcommands), [`output`]
+//! Modules: [`serve`] (the server subcommand), [`conn`] (the connection arguments every client
+//! subcommand shares), [`commands`] (the client subcommands), [`output`]
 //! (how `read` and `tail` print), [`ship`] (`ship`: its state file, following the file), [`sub`]
 //! (`sub create | get | delete | list | link | unlink`), [`sink`] (`sink postgres`), [`token`]
 //! (`token issue`, `token sign-url`).
 
 mod commands;
+mod conn;
 mod logging;
 mod output;
 mod serve;
@@ -200,7 +202,7 @@ fn main() -> std::process::ExitCode {
         Command::Read(args) => return commands::exit(runtime.block_on(commands::read(args))),
         Command::Tail(args) => return commands::exit(runtime.block_on(commands::tail(args))),
         #[cfg(unix)]
-        Command::Ship(args) => return commands::exit(runtime.block_on(ship::ship(args))),
+        Command::Ship(args) => return commands::exit(runtime.block_on(ship::ship(args)).map_err(commands::CliError::from)),
         Command::Head(args) => return commands::exit(runtime.block_on(commands::head(args))),
         Command::Close(args) => return commands::exit(runtime.block_on(commands::close(args))),
         Command::Delete(args) => return commands::exit(runtime.block_on(commands::delete(args))),

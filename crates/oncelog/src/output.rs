@@ -17,7 +17,16 @@ use oncelog_client::{Chunk, StreamOffset};
 use oncelog_protocol::Offset;
 use serde_json::value::RawValue;
 
-use crate::commands::CliError;
+/// Why a read could not be printed.
+#[derive(Debug, thiserror::Error)]
+pub enum PrintError {
+    /// Writing stdout failed (a reader piped into `head` that is done: not an error).
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// A read's answer cannot be cut into messages (or, with `--offsets`, into offsets).
+    #[error("the server's answer cannot be printed: {0}")]
+    BadRead(&'static str),
+}
 
 /// Prints chunks as they arrive; keeps the start of a line a chunk cut in two (`--offsets` on a
 /// byte stream), so that each line is printed once, with the offset where it starts.
@@ -35,7 +44,7 @@ impl Printer {
     }
 
     /// Prints one chunk and flushes, so a live tail shows data as it arrives.
-    pub fn chunk(&mut self, out: &mut impl Write, chunk: &Chunk) -> Result<(), CliError> {
+    pub fn chunk(&mut self, out: &mut impl Write, chunk: &Chunk) -> Result<(), PrintError> {
         match (chunk.json, self.offsets) {
             (true, false) => {
                 for m in messages(&chunk.data)? {
@@ -64,7 +73,7 @@ impl Printer {
 
     /// Prints a byte stream's line that never got its newline (the read ended inside it), with
     /// a newline added so that the output stays one record per line.
-    pub fn finish(&mut self, out: &mut impl Write) -> Result<(), CliError> {
+    pub fn finish(&mut self, out: &mut impl Write) -> Result<(), PrintError> {
         if let Some((at, bytes)) = self.partial.take() {
             write!(out, "{at}\t")?;
             out.write_all(&bytes)?;
@@ -75,7 +84,7 @@ impl Printer {
     }
 
     /// `--offsets` on a byte stream: one record per line.
-    fn lines(&mut self, out: &mut impl Write, chunk: &Chunk) -> Result<(), CliError> {
+    fn lines(&mut self, out: &mut impl Write, chunk: &Chunk) -> Result<(), PrintError> {
         let start = start_of(chunk, chunk.data.len() as u64)?;
         // A jump (the reader restarted after a trim) ends the unfinished line where it was.
         if self.partial.as_ref().is_some_and(|(at, bytes)| at.0 + bytes.len() as u64 != start.0) {
@@ -104,21 +113,21 @@ impl Printer {
 }
 
 /// The raw text of each message of a JSON read (none in an empty chunk).
-fn messages(data: &[u8]) -> Result<Vec<&RawValue>, CliError> {
+fn messages(data: &[u8]) -> Result<Vec<&RawValue>, PrintError> {
     if data.is_empty() {
         return Ok(Vec::new());
     }
-    serde_json::from_slice(data).map_err(|_| CliError::BadRead("a JSON read that is not an array of messages"))
+    serde_json::from_slice(data).map_err(|_| PrintError::BadRead("a JSON read that is not an array of messages"))
 }
 
 /// Where `chunk` starts: its next offset minus the `stored` bytes it carries.
-fn start_of(chunk: &Chunk, stored: u64) -> Result<Offset, CliError> {
+fn start_of(chunk: &Chunk, stored: u64) -> Result<Offset, PrintError> {
     let end = to_position(&chunk.next_offset)?;
-    end.0.checked_sub(stored).map(Offset).ok_or(CliError::BadRead("a read carries more bytes than its offsets span"))
+    end.0.checked_sub(stored).map(Offset).ok_or(PrintError::BadRead("a read carries more bytes than its offsets span"))
 }
 
-fn to_position(token: &StreamOffset) -> Result<Offset, CliError> {
-    token.to_oncelog().ok_or(CliError::BadRead("--offsets needs Oncelog's offset tokens"))
+fn to_position(token: &StreamOffset) -> Result<Offset, PrintError> {
+    token.to_oncelog().ok_or(PrintError::BadRead("--offsets needs Oncelog's offset tokens"))
 }
 
 #[cfg(test)]
@@ -159,8 +168,8 @@ mod tests {
 
     #[test]
     fn offsets_that_do_not_add_up_are_refused() {
-        assert!(matches!(Printer::new(true).chunk(&mut Vec::new(), &chunk(b"[1,2]", 3, true)), Err(CliError::BadRead(_))));
+        assert!(matches!(Printer::new(true).chunk(&mut Vec::new(), &chunk(b"[1,2]", 3, true)), Err(PrintError::BadRead(_))));
         let foreign = Chunk { next_offset: StreamOffset::new("abc"), ..chunk(b"x", 1, false) };
-        assert!(matches!(Printer::new(true).chunk(&mut Vec::new(), &foreign), Err(CliError::BadRead(_))));
+        assert!(matches!(Printer::new(true).chunk(&mut Vec::new(), &foreign), Err(PrintError::BadRead(_))));
     }
 }

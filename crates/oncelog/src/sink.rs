@@ -8,7 +8,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use oncelog_sink::{Mode, OnRefused, OnTrimmed, PostgresSink, SinkOptions, Target, Worker};
 
-use crate::commands::Conn;
+use crate::conn::{Conn, ConnError};
 
 #[derive(clap::Subcommand)]
 pub enum SinkCommand {
@@ -128,7 +128,7 @@ pub enum SinkCliError {
     #[error(transparent)]
     Sink(#[from] oncelog_sink::SinkError),
     #[error(transparent)]
-    Cli(#[from] crate::commands::CliError),
+    Conn(#[from] ConnError),
     #[error("--metrics-addr {addr}: {source}")]
     Metrics { addr: SocketAddr, source: std::io::Error },
     #[error("cannot install the metrics recorder (one is installed already)")]

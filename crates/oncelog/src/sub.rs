@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use oncelog_client::SubscriptionConfig;
 
-use crate::commands::{CliError, Conn};
+use crate::commands::CliError;
+use crate::conn::Conn;
 
 #[derive(clap::Subcommand)]
 pub enum SubCommand {

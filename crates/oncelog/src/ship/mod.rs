@@ -29,7 +29,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use oncelog_client::{AppendOptions, RetryPolicy, StreamHandle};
 
-use crate::commands::{CliError, Conn};
+use crate::conn::{Conn, ConnError};
 use follow::{Follower, Limits, Step};
 use state::State;
 
@@ -73,9 +73,13 @@ pub enum ShipError {
     LineTooLong { path: PathBuf, max: usize },
     #[error("stream {0} is a JSON stream; `ship` appends lines of bytes (create the stream with a text content type)")]
     JsonStream(String),
+    #[error(transparent)]
+    Conn(#[from] ConnError),
+    #[error(transparent)]
+    Client(#[from] oncelog_client::Error),
 }
 
-pub async fn ship(a: ShipArgs) -> Result<(), CliError> {
+pub async fn ship(a: ShipArgs) -> Result<(), ShipError> {
     let state_path = a.state_file.clone().unwrap_or_else(|| state::sibling(&a.file, ".oncelog-ship"));
     let _lock = lock(&state_path)?;
     let mut st = State::load(&state_path, &a.stream)?;
@@ -85,7 +89,7 @@ pub async fn ship(a: ShipArgs) -> Result<(), CliError> {
     let stream = a.conn.client(Some(forever))?.stream(&a.stream);
     let content_type = stream.content_type().await?;
     if oncelog_protocol::content_type::is_json(&content_type) {
-        return Err(ShipError::JsonStream(a.stream).into());
+        return Err(ShipError::JsonStream(a.stream));
     }
     let send_batch = |st: &State, bytes: Vec<u8>| {
         let opts = AppendOptions { content_type: Some(content_type.clone()), idempotency_key: Some(st.key()), ..AppendOptions::default() };
@@ -126,7 +130,7 @@ pub async fn ship(a: ShipArgs) -> Result<(), CliError> {
 
 /// One batch, retried by the client until the server answers (a repeat of a batch that landed
 /// is answered from the first attempt).
-async fn send(stream: &StreamHandle, bytes: Bytes, opts: AppendOptions) -> Result<(), CliError> {
+async fn send(stream: &StreamHandle, bytes: Bytes, opts: AppendOptions) -> Result<(), ShipError> {
     let appended = stream.append(bytes, opts).await?;
     tracing::debug!(next_offset = %appended.next_offset, "batch stored");
     Ok(())
