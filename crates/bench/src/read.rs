@@ -1,5 +1,12 @@
 //! Catch-up read benchmark: write one stream of a given size with large appends, then let R
 //! readers each read it whole, concurrently, from offset -1 to the tail.
+//!
+//! Readers read as a user's client does: each response body is consumed as it streams in
+//! (bytes counted per piece, never collected into one buffer: a reader that buffers whole bodies
+//! measures its own copying, and penalises a server that answers in few large responses). Two
+//! kinds of reader (`--reader`): `keep-alive` reuses one connection for its requests, as the
+//! official clients do; `per-request` opens a new connection for every request, as `curl` in a
+//! shell loop does, so a server that needs many requests per stream pays for each.
 
 use std::time::{Duration, Instant};
 
@@ -23,6 +30,20 @@ pub struct ReadArgs {
     /// Abort (with an error) if writing plus reading takes longer than this, in seconds.
     #[arg(long, default_value_t = 120)]
     pub timeout: u64,
+    /// How each reader connects: `keep-alive` (one connection for all its requests),
+    /// `per-request` (a new connection for every request), or `both`, one pass each.
+    #[arg(long, value_enum, default_value_t = ReaderKind::KeepAlive)]
+    pub reader: ReaderKind,
+}
+
+/// How a reader connects (see the module docs).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReaderKind {
+    KeepAlive,
+    PerRequest,
+    /// Both, one after the other, on the same stream (the summary's `total_mb_per_s` is the
+    /// keep-alive pass, `per_request_mb_per_s` the other).
+    Both,
 }
 
 struct ReaderReport {
@@ -98,37 +119,27 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
     );
     drop(writer);
 
-    // Phase 2: R readers, started together, each reading everything.
-    let mut clients = Vec::with_capacity(args.readers);
-    for _ in 0..args.readers {
-        clients.push(common::client(request_timeout)?);
-    }
-    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(args.readers + 1));
-    let mut tasks = Vec::with_capacity(args.readers);
-    for client in clients {
-        let url = url.clone();
-        let barrier = barrier.clone();
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            read_all(client, url).await
-        }));
-    }
-    barrier.wait().await;
-    let read_start = Instant::now();
-    let mut reports = Vec::with_capacity(tasks.len());
-    for t in tasks {
-        reports.push(t.await.map_err(|e| format!("reader task failed: {e}"))??);
-    }
-    let wall = read_start.elapsed().as_secs_f64();
-
-    for (i, r) in reports.iter().enumerate() {
-        if r.bytes != written {
-            return Err(format!(
-                "reader {i} read {} B, expected {written} B",
-                r.bytes
-            ));
+    // Phase 2: R readers, started together, each reading everything; with `--reader both`,
+    // once keeping connections alive and then once with a connection per request.
+    let kinds = match args.reader {
+        ReaderKind::Both => vec![ReaderKind::KeepAlive, ReaderKind::PerRequest],
+        k => vec![k],
+    };
+    let mut phases = Vec::with_capacity(kinds.len());
+    for kind in kinds {
+        let (wall, reports) = read_phase(args.readers, kind, &url, request_timeout).await?;
+        for (i, r) in reports.iter().enumerate() {
+            if r.bytes != written {
+                return Err(format!("reader {i} ({kind:?}) read {} B, expected {written} B", r.bytes));
+            }
         }
+        phases.push((kind, wall, reports));
     }
+    let (_, wall, reports) = phases.remove(0);
+    let per_request = phases.pop().map(|(_, wall, reports)| {
+        let bytes: u64 = reports.iter().map(|r| r.bytes).sum();
+        (bytes as f64 / 1e6 / wall, reports.iter().map(|r| r.requests).sum::<u64>())
+    });
     let total_read: u64 = reports.iter().map(|r| r.bytes).sum();
     let aggregate = total_read as f64 / 1e6 / wall;
     let sum_of_rates: f64 = reports
@@ -156,6 +167,9 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
         );
     }
     println!("  total                 {:.0} MB/s ({total_read} B in {wall:.3} s wall; sum of per-reader rates {sum_of_rates:.0} MB/s)", aggregate);
+    if let Some((rate, requests)) = per_request {
+        println!("  a connection per request: {rate:.0} MB/s in all ({requests} requests)");
+    }
     let times_json = format!(
         "[{}]",
         times
@@ -171,6 +185,11 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
             ("size_bytes", written.to_string()),
             ("append_bytes", args.append_bytes.to_string()),
             ("readers", args.readers.to_string()),
+            ("reader", json_str(match args.reader { ReaderKind::KeepAlive => "keep-alive", ReaderKind::PerRequest => "per-request", ReaderKind::Both => "both" })),
+            ("requests", reports.iter().map(|r| r.requests).sum::<u64>().to_string()),
+            // `--reader both`: the second pass, a connection per request.
+            ("per_request_mb_per_s", per_request.map_or_else(|| "null".into(), |(r, _)| json_f64(r, 1))),
+            ("per_request_requests", per_request.map_or_else(|| "null".into(), |(_, n)| n.to_string())),
             ("write_s", json_f64(write_s, 3)),
             (
                 "write_mb_per_s",
@@ -192,7 +211,35 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
     Ok(())
 }
 
-/// Reads the stream from the start until the server says the tail is reached.
+/// `readers` readers of `url` of one kind, started together: the wall time and each one's report.
+async fn read_phase(readers: usize, kind: ReaderKind, url: &str, request_timeout: Duration) -> Result<(f64, Vec<ReaderReport>), String> {
+    let mut clients = Vec::with_capacity(readers);
+    for _ in 0..readers {
+        // No idle connection kept: every request connects anew.
+        let idle = if kind == ReaderKind::PerRequest { 0 } else { 1 };
+        clients.push(common::pooled_client(request_timeout, idle)?);
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(readers + 1));
+    let mut tasks = Vec::with_capacity(readers);
+    for client in clients {
+        let url = url.to_owned();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            read_all(client, url).await
+        }));
+    }
+    barrier.wait().await;
+    let read_start = Instant::now();
+    let mut reports = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        reports.push(t.await.map_err(|e| format!("reader task failed: {e}"))??);
+    }
+    Ok((read_start.elapsed().as_secs_f64(), reports))
+}
+
+/// Reads the stream from the start until the server says the tail is reached, each body counted
+/// piece by piece as it arrives.
 async fn read_all(client: reqwest::Client, url: String) -> Result<ReaderReport, String> {
     let start = Instant::now();
     let mut offset = String::from("-1");
@@ -221,15 +268,20 @@ async fn read_all(client: reqwest::Client, url: String) -> Result<ReaderReport, 
             .ok_or_else(|| format!("GET at offset {offset}: no Stream-Next-Offset"))?;
         let up_to_date =
             header("stream-up-to-date").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let body = resp
-            .bytes()
+        let mut resp = resp;
+        let mut body_len = 0u64;
+        while let Some(piece) = resp
+            .chunk()
             .await
-            .map_err(|e| format!("GET at offset {offset}: body: {e}"))?;
-        bytes += body.len() as u64;
+            .map_err(|e| format!("GET at offset {offset}: body: {e}"))?
+        {
+            body_len += piece.len() as u64;
+        }
+        bytes += body_len;
         if up_to_date {
             break;
         }
-        if body.is_empty() && next == offset {
+        if body_len == 0 && next == offset {
             return Err(format!(
                 "GET at offset {offset}: no progress and not up to date"
             ));
