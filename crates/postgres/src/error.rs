@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use oncelog_storage::StorageError;
-use tokio_postgres::error::SqlState;
+use tokio_postgres::error::{DbError, SqlState};
 
 /// Why [`crate::PgEngine::open`] failed.
 #[derive(Debug, thiserror::Error)]
@@ -52,12 +52,17 @@ impl From<RowError> for StorageError {
     }
 }
 
-/// Whether a failed connection attempt was refused for a reason that stays until someone changes
-/// the settings or the database: no such database (`3D000`), or invalid authorization
-/// (class `28`: no such role, a wrong password, no `pg_hba.conf` entry). Retrying those would
-/// only hide the cause behind "not reachable yet".
+/// Whether the database refused a session for a reason that stays until someone changes the
+/// settings or the database: no such database (`3D000`), or invalid authorization (class `28`:
+/// no such role, a wrong password, no `pg_hba.conf` entry). Retrying those would only hide the
+/// cause behind "not reachable yet": the engine's start and the sink's both give up at once.
+pub fn refuses_login(code: &SqlState) -> bool {
+    *code == SqlState::INVALID_CATALOG_NAME || code.code().starts_with("28")
+}
+
+/// [`refuses_login`] for a failed connection attempt.
 pub(crate) fn refused_for_good(e: &tokio_postgres::Error) -> bool {
-    e.code().is_some_and(|c| *c == SqlState::INVALID_CATALOG_NAME || c.code().starts_with("28"))
+    e.code().is_some_and(refuses_login)
 }
 
 /// Whether the database refused a transaction only because it ran into another one (a deadlock
@@ -106,20 +111,54 @@ pub(crate) fn pool(e: deadpool_postgres::PoolError) -> StorageError {
     StorageError::Unavailable(Arc::new(Unreachable(with_causes(&e))))
 }
 
-/// An error with the causes under it ("error connecting to server: Connection refused"): the
-/// driver's and the pool's top-level texts alone do not say what went wrong.
-pub(crate) fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let part = s.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
+/// Shows a driver or pool error with what is under it: for an error the database reported,
+/// its own words (`ERROR 22P05: unsupported Unicode escape sequence; detail: …`,
+/// `FATAL 3D000: database "x" does not exist`) instead of the driver's "db error"; for any other,
+/// each cause under it ("error connecting to server: Connection refused"), which the driver's
+/// and the pool's own texts leave out. The engine's reasons (503s, start-up errors) and the
+/// sink's say it alike.
+pub struct Described<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Described<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut said: Vec<String> = Vec::new();
+        let mut next = Some(self.0);
+        while let Some(e) = next {
+            if let Some(db) = e.downcast_ref::<tokio_postgres::Error>().and_then(|p| p.as_db_error()).or_else(|| e.downcast_ref::<DbError>()) {
+                said.push(database_says(db));
+                break;
+            }
+            // The pool's "Error occurred while creating a new object: …" adds nothing to the
+            // driver's error under it.
+            if let Some(deadpool_postgres::PoolError::Backend(inner)) = e.downcast_ref::<deadpool_postgres::PoolError>() {
+                next = Some(inner);
+                continue;
+            }
+            let text = e.to_string();
+            if !said.iter().any(|s| s.contains(&text)) {
+                said.push(text);
+            }
+            next = e.source();
         }
-        source = s.source();
+        f.write_str(&said.join(": "))
+    }
+}
+
+/// The database's report on one line: severity, SQLSTATE, message, detail and hint (not its
+/// context, which may quote the data).
+fn database_says(db: &DbError) -> String {
+    let mut text = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+    for (label, part) in [("detail", db.detail()), ("hint", db.hint())] {
+        if let Some(p) = part {
+            text.push_str(&format!("; {label}: {p}"));
+        }
     }
     text
+}
+
+/// [`Described`] as a string, for the reasons errors carry.
+pub(crate) fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    Described(e).to_string()
 }
 
 /// Why PostgreSQL cannot be used right now, as the 503's reason says it.

@@ -59,7 +59,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-pub use error::OpenError;
+pub use error::{refuses_login, Described, OpenError};
 pub use shared::MAX_VALUE_BYTES;
 use shared::{Counters, Shared};
 use ops::retry;

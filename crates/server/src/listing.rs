@@ -15,6 +15,7 @@
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
+use oncelog_storage::subs::reserved;
 use oncelog_storage::{Engine, Listed};
 use serde_json::{json, Value};
 
@@ -24,11 +25,6 @@ use crate::error::ApiError;
 use crate::reply;
 use crate::request::ListQuery;
 use crate::state::AppState;
-
-/// Paths under `__ds/` are the server's own routes: never streams a client can reach.
-fn reserved(path: &str) -> bool {
-    path == "__ds" || path.starts_with("__ds/")
-}
 
 /// One listed stream as the answer shows it (the fields `HEAD` shows as headers).
 fn entry(l: &Listed) -> Value {

@@ -2,14 +2,16 @@
 //! stopped or gave a claim back ([`SinkError`]), with the one distinction the worker acts on:
 //! [`SinkError::is_fatal`] (stop and say why) or not (give the claim back, try again later).
 //!
-//! Every driver and pool error is shown through [`Described`]: the driver's own text for an
+//! Every driver and pool error is shown through [`Described`] (the engine's, from
+//! `oncelog-postgres`): the driver's own text for an
 //! error the database reported is only "db error", so the database's words (severity, SQLSTATE,
 //! message, detail, hint) are shown instead, and the causes under a connection error with it.
 
 use std::fmt;
 
+use oncelog_postgres::Described;
 use oncelog_protocol::state::StateError;
-use tokio_postgres::error::{DbError, SqlState};
+use tokio_postgres::error::DbError;
 
 /// Why a [`crate::Sink`] could not apply a batch. The batch's transaction is rolled back, so
 /// nothing of it (and not its position) is in the target.
@@ -122,7 +124,7 @@ impl SinkError {
             // Nor does a target that refuses the sink's login: a missing database, a missing
             // role, a wrong password, no pg_hba.conf entry. A database that is away, starting
             // up or out of connections is waited for.
-            _ => self.database_says().is_some_and(refuses_login),
+            _ => self.database_says().is_some_and(|db| oncelog_postgres::refuses_login(db.code())),
         }
     }
 
@@ -146,57 +148,6 @@ impl SinkError {
             e => Err(e),
         }
     }
-}
-
-/// Whether the database refused the sink's session itself, which waiting cannot change: SQLSTATE
-/// class 28 (invalid authorization: no such role, a wrong password, refused by pg_hba.conf) or
-/// 3D000 (no such database).
-fn refuses_login(db: &DbError) -> bool {
-    let code = db.code();
-    code.code().starts_with("28") || *code == SqlState::INVALID_CATALOG_NAME
-}
-
-/// Shows a driver or pool error with what is under it: for an error the database reported,
-/// its own words (`ERROR 22P05: unsupported Unicode escape sequence; detail: …`) instead of
-/// the driver's "db error"; for any other, each cause under it ("error connecting to server:
-/// Connection refused"), which the driver's and the pool's own texts leave out.
-pub struct Described<'a>(pub &'a (dyn std::error::Error + 'static));
-
-impl fmt::Display for Described<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut said: Vec<String> = Vec::new();
-        let mut next = Some(self.0);
-        while let Some(e) = next {
-            if let Some(db) = e.downcast_ref::<tokio_postgres::Error>().and_then(|p| p.as_db_error()).or_else(|| e.downcast_ref::<DbError>()) {
-                said.push(database_says(db));
-                break;
-            }
-            // The pool's "Error occurred while creating a new object: …" adds nothing to the
-            // driver's error under it.
-            if let Some(deadpool_postgres::PoolError::Backend(inner)) = e.downcast_ref::<deadpool_postgres::PoolError>() {
-                next = Some(inner);
-                continue;
-            }
-            let text = e.to_string();
-            if !said.iter().any(|s| s.contains(&text)) {
-                said.push(text);
-            }
-            next = e.source();
-        }
-        f.write_str(&said.join(": "))
-    }
-}
-
-/// The database's report on one line: severity, SQLSTATE, message, detail and hint (not its
-/// context, which may quote the data).
-fn database_says(db: &DbError) -> String {
-    let mut text = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
-    for (label, part) in [("detail", db.detail()), ("hint", db.hint())] {
-        if let Some(p) = part {
-            text.push_str(&format!("; {label}: {p}"));
-        }
-    }
-    text
 }
 
 /// Why the target refused a message, without the stream and offset that name it elsewhere:

@@ -105,6 +105,10 @@ pub async fn ship(a: ShipArgs) -> Result<(), ShipError> {
     let limits = Limits { batch_bytes: a.batch_bytes.max(1), max_line_bytes: a.max_line_bytes.max(a.batch_bytes).max(1) };
     let mut follower = Follower::resume(a.file, st.cursor.clone())?;
     let poll = Duration::from_millis(a.poll_ms.max(1));
+    // The follower's reads and the state file's fsync run on this task, not `spawn_blocking`:
+    // it is the process's only task and `block_on` drives it on the main thread, while the HTTP
+    // connection's tasks run on the runtime's workers; and each step waits for the last anyway
+    // (a batch is saved, then sent, then saved again).
     loop {
         match follower.step(limits)? {
             Step::Lines(bytes) => {

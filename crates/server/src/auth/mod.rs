@@ -103,13 +103,6 @@ pub struct Access {
     pub scope: Option<std::sync::Arc<scope::Scope>>,
 }
 
-impl AuthError {
-    /// A credential refusal for `why`.
-    pub fn unauthenticated(why: Why) -> AuthError {
-        AuthError::Unauthenticated { why }
-    }
-}
-
 impl Access {
     /// Whether these credentials allow `op` on `path` (always, without access control). For a
     /// right that only the request's body reveals: a `POST` classified as a bodiless close

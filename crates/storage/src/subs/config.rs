@@ -8,9 +8,16 @@ use super::{glob, InvalidSub, SubConfig, SubKind, SubRecord, MAX_LEASE_TTL_MS, M
 /// Paths under this prefix are the server's own API, never linked.
 pub const RESERVED_PREFIX: &str = "__ds/";
 
+/// Whether `path` is the server's own (`__ds` and everything under it: the subscription API,
+/// the stream listing), which no client can reach as a stream. The one rule the router, the
+/// listing and linking all ask.
+pub fn reserved(path: &str) -> bool {
+    path == "__ds" || path.starts_with(RESERVED_PREFIX)
+}
+
 /// Whether a path may be linked at all.
 pub(super) fn linkable(path: &str) -> bool {
-    !path.is_empty() && !path.starts_with(RESERVED_PREFIX) && path != "__ds"
+    !path.is_empty() && !reserved(path)
 }
 
 impl SubConfig {

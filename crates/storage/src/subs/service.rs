@@ -30,7 +30,7 @@ use super::state::{Entry, Filter, Inner, PatternMemo};
 use super::{Ack, Cursor, Fence, InvalidSub, Link, SubConfig, SubError, SubRecord, SubView};
 use crate::engine::{AppendOutcome, AppendRequest, Engine};
 
-pub use super::config::{valid_id, RESERVED_PREFIX};
+pub use super::config::{reserved, valid_id, RESERVED_PREFIX};
 pub use super::dispatch::FULL_PASS_MS;
 pub use super::lease::DISPATCH_LEASE_MS;
 
