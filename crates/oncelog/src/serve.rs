@@ -35,9 +35,16 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_MAX_APPEND_BYTES", default_value_t = 16 << 20)]
     max_append_bytes: usize,
 
-    /// Soft cap on the bytes of one read response (one append is never split).
+    /// Soft cap on one read from storage: a JSON, long-poll or SSE response, or one piece of a
+    /// streamed catch-up response (one append is never split, except to cut a byte stream's
+    /// catch-up response at --catch-up-bytes).
     #[arg(long, env = "ONCELOG_MAX_READ_BYTES", default_value_t = 1 << 20)]
     max_read_bytes: usize,
+
+    /// Most one catch-up response of a byte stream carries (to the tail or this many bytes,
+    /// whichever comes first), streamed from storage --max-read-bytes at a time.
+    #[arg(long, env = "ONCELOG_CATCH_UP_BYTES", default_value_t = 64 << 20)]
+    catch_up_bytes: u64,
 
     /// How long one SSE response lasts before the server ends it (clients reconnect), in ms.
     #[arg(long, env = "ONCELOG_SSE_MAX_DURATION_MS", default_value_t = 60_000)]
@@ -284,6 +291,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         sse_max_duration: Duration::from_millis(args.sse_max_duration_ms),
         max_append_bytes: args.max_append_bytes,
         max_read_bytes: args.max_read_bytes,
+        catch_up_bytes: args.catch_up_bytes,
         sweep_interval: Duration::from_millis(args.sweep_interval_ms),
         shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
         healthz_path: args.healthz_path.clone(),

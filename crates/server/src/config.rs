@@ -18,6 +18,12 @@ pub struct ServerConfig {
     /// Soft cap on one read response (whole appends are never split, so one large append can
     /// exceed it).
     pub max_read_bytes: usize,
+    /// Most one catch-up response of a byte stream carries: such a response runs from the offset
+    /// asked to the tail or this many bytes further, whichever comes first, and is streamed from
+    /// storage `max_read_bytes` at a time (never held whole). A reader catching up on a long
+    /// stream then needs one request per this many bytes, not one per `max_read_bytes`. JSON
+    /// streams, long-poll and SSE reads keep `max_read_bytes`.
+    pub catch_up_bytes: u64,
     /// How often the sweeper looks for expired streams and applies retention policies. Expiry is
     /// also checked on every access, so this only bounds how long expired data occupies disk;
     /// retention is applied only by the sweeper.
@@ -103,6 +109,7 @@ impl Default for ServerConfig {
             sse_keepalive: Duration::from_secs(15),
             max_append_bytes: 16 << 20,
             max_read_bytes: 1 << 20,
+            catch_up_bytes: 64 << 20,
             sweep_interval: Duration::from_secs(5),
             shutdown_grace: Duration::from_secs(2),
             healthz_path: "/healthz".into(),
@@ -169,6 +176,9 @@ impl ServerConfig {
         }
         if self.max_read_bytes == 0 {
             return Err(ConfigError::Zero("max read bytes"));
+        }
+        if self.catch_up_bytes == 0 {
+            return Err(ConfigError::Zero("catch-up bytes"));
         }
         if let Some(p) = &self.metrics_streams {
             oncelog_storage::subs::glob::check(p)?;

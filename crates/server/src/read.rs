@@ -61,7 +61,14 @@ pub async fn get<E: Engine>(
         Live::CatchUp => {
             let chunk = aligned(st.engine.read(ReadRequest::new(path, from, st.config.max_read_bytes, now_ms)).await?)?;
             count_read(st, path, &chunk);
-            Ok(render_chunk(&chunk, from, q.offset == OffsetParam::Now, None, req_headers))
+            let is_now = q.offset == OffsetParam::Now;
+            Ok(match catch_up_end(st, &chunk, from) {
+                Some(end) => {
+                    let body = catch_up_body(st.clone(), path.to_owned(), chunk.data.clone(), chunk.next, end);
+                    render(&chunk.info, from, end, is_now, None, req_headers, Payload::Streamed(body, end.0 - from.0))
+                }
+                None => render_chunk(&chunk, from, is_now, None, req_headers),
+            })
         }
         Live::LongPoll => long_poll(st, path, &q, from, info, req_headers, access, own_connection).await,
         Live::Sse => {
@@ -159,14 +166,78 @@ fn count_read<E: Engine>(st: &AppState<E>, path: &str, chunk: &ReadChunk) {
     }
 }
 
+/// Where a catch-up response of a byte stream ends when its first read (`chunk`, up to
+/// `max_read_bytes`) did not reach the tail: at the tail as the read found it, or
+/// `catch_up_bytes` after `from`, whichever comes first. `None`: the chunk is the whole answer
+/// (a JSON stream, whose responses are whole messages rendered as one array, or the tail reached).
+///
+/// Any offset of a byte stream can start a read, so the end needs no append boundary; a response
+/// for an offset still always starts there, and its entity tag names its end, so caching by
+/// offset stays correct.
+fn catch_up_end<E: Engine>(st: &AppState<E>, chunk: &ReadChunk, from: Offset) -> Option<Offset> {
+    if content_type::is_json(&chunk.info.config.content_type) || chunk.up_to_date() {
+        return None;
+    }
+    let end = chunk.info.tail.0.min(from.0.saturating_add(st.config.catch_up_bytes));
+    (end > chunk.next.0).then_some(Offset(end))
+}
+
+/// The body of a catch-up response that runs past its first read: that read's bytes, then
+/// bounded reads of up to `max_read_bytes` each until `end`, one at a time as the client takes
+/// them (a reader that stops reading pins one piece, not the response). The bytes below the tail
+/// never change, so the pieces are the bytes the headers promised; a read that fails midway (the
+/// stream deleted or trimmed under the reader) ends the body short, and the client, holding a
+/// `Content-Length`, sees the response cut.
+fn catch_up_body<E: Engine>(st: AppState<E>, path: String, first: Bytes, after_first: Offset, end: Offset) -> Body {
+    let start = (st, path, Some(first), after_first);
+    let pieces = futures_util::stream::try_unfold(start, move |(st, path, first, at)| async move {
+        if let Some(b) = first {
+            return Ok(Some((b, (st, path, None, at))));
+        }
+        if at >= end {
+            return Ok(None);
+        }
+        let want = usize::try_from(end.0 - at.0).unwrap_or(usize::MAX).min(st.config.max_read_bytes);
+        let chunk = match st.engine.read(ReadRequest::new(&path, at, want, st.clock.now_ms()).bounded()).await {
+            Ok(c) if !c.data.is_empty() && c.next <= end => c,
+            Ok(_) => return Err(std::io::Error::other("a catch-up read found less than the response promised")),
+            Err(e) => {
+                tracing::debug!(stream = %path, at = at.0, error = %e, "catch-up response cut short");
+                return Err(std::io::Error::other(e));
+            }
+        };
+        count_read(&st, &path, &chunk);
+        let next = chunk.next;
+        Ok(Some((chunk.data, (st, path, None, next))))
+    });
+    Body::from_stream(pieces)
+}
+
+/// A response body and what is known of its size before it is sent.
+enum Payload {
+    /// Held whole.
+    Whole(Bytes),
+    /// Produced while it is sent; the `u64` is its exact length (sent as `Content-Length`).
+    Streamed(Body, u64),
+}
+
 /// A 200 carrying a chunk (possibly empty at the tail).
 fn render_chunk(chunk: &ReadChunk, from: Offset, is_now: bool, cursor: Option<u64>, req_headers: &HeaderMap) -> Response {
-    let info = &chunk.info;
-    let at_tail = chunk.up_to_date();
+    let body = if content_type::is_json(&chunk.info.config.content_type) {
+        Bytes::from(json::render_array(&chunk.data))
+    } else {
+        chunk.data.clone()
+    };
+    render(&chunk.info, from, chunk.next, is_now, cursor, req_headers, Payload::Whole(body))
+}
+
+/// A 200 carrying the bytes from `from` to `next` of the stream `info` describes (as read).
+fn render(info: &StreamInfo, from: Offset, next: Offset, is_now: bool, cursor: Option<u64>, req_headers: &HeaderMap, body: Payload) -> Response {
+    let at_tail = next >= info.tail;
     let eof = info.closed && at_tail;
     let mut pairs = vec![
         ("content-type", info.config.content_type.clone()),
-        (names::STREAM_NEXT_OFFSET, chunk.next.to_string()),
+        (names::STREAM_NEXT_OFFSET, next.to_string()),
     ];
     if at_tail {
         pairs.push((names::STREAM_UP_TO_DATE, "true".into()));
@@ -177,14 +248,14 @@ fn render_chunk(chunk: &ReadChunk, from: Offset, is_now: bool, cursor: Option<u6
     if let Some(c) = cursor {
         pairs.push((names::STREAM_CURSOR, c.to_string()));
     }
-    if is_now || chunk.data.is_empty() {
+    if is_now || next == from {
         pairs.push(("cache-control", "no-store".into()));
     } else {
         let private = req_headers.contains_key("authorization");
         pairs.push(("cache-control", if private { CACHEABLE_PRIVATE } else { CACHEABLE }.into()));
     }
     // Varies with the stream, the range and closure, so a 304 never hides new data or EOF.
-    let etag = (!is_now).then(|| format!("\"{}:{}:{}{}\"", info.id, from.0, chunk.next.0, if eof { ":c" } else { "" }));
+    let etag = (!is_now).then(|| format!("\"{}:{}:{}{}\"", info.id, from.0, next.0, if eof { ":c" } else { "" }));
     // If-Match on a read, per HTTP: `*`, or one of the tags must be this response's (strong).
     if let Some(cond) = req_headers.get("if-match").map(|v| v.to_str().unwrap_or("")) {
         let ok = cond.trim() == "*" || etag.as_ref().is_some_and(|e| cond.split(',').any(|t| t.trim() == e));
@@ -202,12 +273,14 @@ fn render_chunk(chunk: &ReadChunk, from: Offset, is_now: bool, cursor: Option<u6
             return respond(StatusCode::NOT_MODIFIED, pairs, Body::empty());
         }
     }
-    let body = if content_type::is_json(&info.config.content_type) {
-        Bytes::from(json::render_array(&chunk.data))
-    } else {
-        chunk.data.clone()
+    let body = match body {
+        Payload::Whole(b) => Body::from(b),
+        Payload::Streamed(b, len) => {
+            pairs.push(("content-length", len.to_string()));
+            b
+        }
     };
-    respond(StatusCode::OK, pairs, Body::from(body))
+    respond(StatusCode::OK, pairs, body)
 }
 
 /// A 204: nothing new (or EOF) at `tail`.
