@@ -8,6 +8,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+use oncelog_protocol::Offset;
+
 use crate::metrics;
 
 /// Which bound refused a reader (the `reason` label of the refusals' counter).
@@ -55,8 +58,41 @@ pub struct LiveSlots {
 struct Held {
     total: usize,
     on_own_connection: usize,
-    /// Readers per stream path; the sum is the total.
-    per_stream: HashMap<String, usize>,
+    /// Readers per stream path (the sum is the total), and what they share.
+    per_stream: HashMap<String, (usize, Arc<FrameCell>)>,
+}
+
+/// An SSE event (data and its control event, whole) framed by one reader of a stream, for the
+/// stream's other SSE readers: with many readers at the tail, each commit is read and framed
+/// once, and every other reader woken by it sends these bytes as they are. A reader uses it only
+/// where it would have framed the same bytes (see `read::SseState::shared_frame`).
+#[derive(Debug)]
+pub struct Framed {
+    /// The stream's id: a path deleted and created again is another stream.
+    pub id: u64,
+    /// The offsets the data event covers.
+    pub from: Offset,
+    pub next: Offset,
+    /// The control event's cursor.
+    pub cursor: u64,
+    /// What the control event says.
+    pub up_to_date: bool,
+    pub closed: bool,
+    pub bytes: Bytes,
+}
+
+/// The newest [`Framed`] event of one stream.
+#[derive(Debug, Default)]
+pub struct FrameCell(Mutex<Option<Arc<Framed>>>);
+
+impl FrameCell {
+    pub fn get(&self) -> Option<Arc<Framed>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    pub fn put(&self, framed: Framed) {
+        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(framed));
+    }
 }
 
 /// One reader's place; given back when dropped.
@@ -64,6 +100,8 @@ pub struct LiveSlot {
     slots: Arc<LiveSlots>,
     path: String,
     own_connection: bool,
+    /// Shared by the stream's live readers while any is left.
+    pub frames: Arc<FrameCell>,
     _gauge: metrics::LiveReader,
 }
 
@@ -79,7 +117,7 @@ impl LiveSlots {
     /// which it holds while it reads; an HTTP/2 reader shares its connection), or refuses it.
     pub fn acquire(self: &Arc<Self>, path: &str, mode: &'static str, own_connection: bool) -> Result<LiveSlot, TooManyReaders> {
         let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let here = held.per_stream.get(path).copied().unwrap_or(0);
+        let here = held.per_stream.get(path).map_or(0, |(n, _)| *n);
         let full = if held.total >= self.max_total {
             Some(Full::Total)
         } else if here >= self.max_per_stream {
@@ -98,8 +136,10 @@ impl LiveSlots {
         if own_connection {
             held.on_own_connection += 1;
         }
-        held.per_stream.insert(path.to_owned(), here + 1);
-        Ok(LiveSlot { slots: Arc::clone(self), path: path.to_owned(), own_connection, _gauge: metrics::LiveReader::open(mode) })
+        let entry = held.per_stream.entry(path.to_owned()).or_default();
+        entry.0 += 1;
+        let frames = Arc::clone(&entry.1);
+        Ok(LiveSlot { slots: Arc::clone(self), path: path.to_owned(), own_connection, frames, _gauge: metrics::LiveReader::open(mode) })
     }
 }
 
@@ -110,7 +150,7 @@ impl Drop for LiveSlot {
         if self.own_connection {
             held.on_own_connection = held.on_own_connection.saturating_sub(1);
         }
-        if let Some(n) = held.per_stream.get_mut(&self.path) {
+        if let Some((n, _)) = held.per_stream.get_mut(&self.path) {
             *n -= 1;
             if *n == 0 {
                 held.per_stream.remove(&self.path);

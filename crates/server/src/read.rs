@@ -14,7 +14,7 @@ use oncelog_storage::{Engine, ReadChunk, ReadRequest, StreamInfo, WaitOutcome};
 use crate::error::ApiError;
 use crate::reply::{self, respond};
 use crate::request::{Live, ReadQuery, RequestError};
-use crate::live::LiveSlot;
+use crate::live::{Framed, LiveSlot};
 use crate::auth::Access;
 use crate::state::AppState;
 
@@ -346,8 +346,9 @@ struct SseState<E> {
     /// The deadline is the credentials' expiry: the response ends with a control event saying so.
     ends_for_credentials: bool,
     done: bool,
-    /// This response's place among the live readers, until it ends.
-    _live: LiveSlot,
+    /// This response's place among the live readers, until it ends; and the events the stream's
+    /// readers share.
+    live: LiveSlot,
     /// The chunk read before the response began, sent first.
     first: Option<ReadChunk>,
     /// What the last wait saw when it woke: the next read may take the stream's state from it.
@@ -355,6 +356,16 @@ struct SseState<E> {
     /// The data event being sent, framed a piece at a time: a reader that stops reading holds
     /// one piece (and a share of the chunk) instead of a framed copy of the whole chunk.
     sending: Option<Sending>,
+}
+
+/// What a wait step of an SSE response leads to.
+enum Step {
+    /// Send this (a keep-alive comment).
+    Emit(Bytes),
+    /// Look at the stream again.
+    Again,
+    /// End the response.
+    End,
 }
 
 /// A data event on its way out, and the control event that follows it.
@@ -391,7 +402,7 @@ fn sse<E: Engine>(
         deadline: tokio::time::Instant::now() + lifetime,
         ends_for_credentials,
         done: false,
-        _live: live,
+        live,
         first,
         seen: None,
         sending: None,
@@ -435,8 +446,24 @@ impl<E: Engine> SseState<E> {
                 self.end_for_credentials(&mut out);
                 return Some(Bytes::from(out));
             }
+            let first = self.first.take();
+            if first.is_none() {
+                if let Some(bytes) = self.shared_frame() {
+                    return Some(bytes);
+                }
+                // Known to be at the tail of an open stream (the control said so): nothing to
+                // read until the wait says the stream moved; a wait returns at once if it did.
+                let at_tail = self.seen.as_ref().is_some_and(|s| self.offset >= s.tail && !s.closed);
+                if self.sent_control && at_tail {
+                    match self.wait_step().await {
+                        Step::Emit(bytes) => return Some(bytes),
+                        Step::Again => continue,
+                        Step::End => return None,
+                    }
+                }
+            }
             // One lookup per step: at the tail the read is empty and still reports closure.
-            let chunk = match self.first.take() {
+            let chunk = match first {
                 Some(chunk) => chunk,
                 None => match sse_read(&self.st, &self.path, self.offset, self.json, self.seen.take().as_ref(), self.st.clock.now_ms()).await {
                     Ok(chunk) => chunk,
@@ -458,15 +485,26 @@ impl<E: Engine> SseState<E> {
                 } else {
                     sse::DataEvent::new(chunk.data.clone(), self.encoding)
                 };
+                let from = self.offset;
                 self.offset = chunk.next;
+                let (up_to_date, closed) = (chunk.up_to_date(), chunk.info.closed && chunk.up_to_date());
+                if chunk.data.len() <= sse::PIECE_BYTES && !chunk.info.config.compaction {
+                    // One piece: framed whole with its control and left for the stream's other
+                    // readers, which a commit wakes together (`shared_frame`).
+                    let mut out = Vec::with_capacity(event.next_piece_len() + 160);
+                    let mut event = event;
+                    while event.next_into(&mut out) {}
+                    self.control(&mut out, up_to_date, closed);
+                    let bytes = Bytes::from(out);
+                    let (id, cursor) = (chunk.info.id, self.cursor);
+                    self.live.frames.put(Framed { id, from, next: chunk.next, cursor, up_to_date, closed, bytes: bytes.clone() });
+                    self.seen = Some(chunk.info);
+                    return Some(bytes);
+                }
                 // The next look may start from what this read saw (an engine may then skip
                 // looking the stream up again before it waits).
                 self.seen = Some(chunk.info.clone());
-                self.sending = Some(Sending {
-                    event,
-                    up_to_date: chunk.up_to_date(),
-                    closed: chunk.info.closed && chunk.up_to_date(),
-                });
+                self.sending = Some(Sending { event, up_to_date, closed });
                 continue;
             }
             if chunk.info.closed {
@@ -479,25 +517,55 @@ impl<E: Engine> SseState<E> {
                 self.control(&mut out, true, false);
                 return Some(Bytes::from(out));
             }
-            let remaining = self.deadline.saturating_duration_since(tokio::time::Instant::now());
-            if remaining == Duration::ZERO {
-                if self.ends_for_credentials {
-                    continue;
-                }
-                return None;
-            }
-            // A comment now and then: it keeps proxies from timing the response out, and the
-            // write is how a reader that went away is noticed (its place given back).
-            let slice = remaining.min(self.st.config.sse_keepalive);
-            match wait_live(&self.st, &self.path, self.offset, slice).await.ok()? {
-                WaitOutcome::TimedOut(_) => {
-                    if slice < remaining {
-                        return Some(Bytes::from_static(b": keep-alive\n\n"));
-                    }
-                }
-                WaitOutcome::Changed(info) => self.seen = Some(info),
+            match self.wait_step().await {
+                Step::Emit(bytes) => return Some(bytes),
+                Step::Again => continue,
+                Step::End => return None,
             }
         }
+    }
+
+    /// Waits for the stream to pass this reader's offset, for at most a keep-alive interval.
+    async fn wait_step(&mut self) -> Step {
+        let remaining = self.deadline.saturating_duration_since(tokio::time::Instant::now());
+        if remaining == Duration::ZERO {
+            return if self.ends_for_credentials { Step::Again } else { Step::End };
+        }
+        // A comment now and then: it keeps proxies from timing the response out, and the
+        // write is how a reader that went away is noticed (its place given back).
+        let slice = remaining.min(self.st.config.sse_keepalive);
+        match wait_live(&self.st, &self.path, self.offset, slice).await {
+            Err(_) => Step::End,
+            Ok(WaitOutcome::TimedOut(_)) if slice < remaining => Step::Emit(Bytes::from_static(b": keep-alive\n\n")),
+            Ok(WaitOutcome::TimedOut(_)) => Step::Again,
+            Ok(WaitOutcome::Changed(info)) => {
+                self.seen = Some(info);
+                Step::Again
+            }
+        }
+    }
+
+    /// The event another reader of this stream framed, when it is exactly what this reader would
+    /// frame now: woken by a wait that saw the stream (`seen`), the same stream, from this
+    /// reader's offset, with its cursor, not below the earliest offset (a trim since), and
+    /// saying up to date exactly when the tail seen is where it ends. The bytes below the tail
+    /// never change; a compacted stream's may, so its events are never shared.
+    fn shared_frame(&mut self) -> Option<Bytes> {
+        let seen = self.seen.as_ref()?;
+        let f = self.live.frames.get()?;
+        let same = f.id == seen.id && f.from == self.offset && f.cursor == self.cursor && !seen.config.compaction;
+        if !same || seen.earliest > self.offset || (f.next >= seen.tail) != f.up_to_date {
+            return None;
+        }
+        if let Some(series) = &self.st.stream_metrics {
+            series.read(&self.path, usize::try_from(f.next.0 - f.from.0).unwrap_or(usize::MAX));
+        }
+        // `seen` stays: its tail is at most this event's end (checked above), so the next step
+        // knows whether to read or wait.
+        self.offset = f.next;
+        self.sent_control = true;
+        self.done = f.closed;
+        Some(f.bytes.clone())
     }
 
     fn control(&mut self, out: &mut Vec<u8>, up_to_date: bool, closed: bool) {
