@@ -87,3 +87,50 @@ async fn a_json_stream_keeps_whole_message_responses() {
     // Each message is stored with its separator: 40,002 bytes of JSON and one more.
     assert_eq!(next, Offset(2 * 40_003).to_string());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_whose_stream_is_deleted_midway_is_cut_not_padded_or_hung() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = ServerConfig { max_read_bytes: 64 << 10, ..ServerConfig::default() };
+    let s = common::TestServer::start(config, None).await;
+    let http = Client::new();
+    let url = s.url("doomed");
+    let r = http.put(&url).header("content-type", "application/octet-stream").send().await.expect("put");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    // 32 MiB: more than the loopback socket buffers hold, so the response is still being read
+    // from storage when the stream goes.
+    for i in 0..32u8 {
+        let r = http.post(&url).header("content-type", "application/octet-stream").body(vec![i; 1 << 20]).send().await.expect("post");
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    }
+    let mut conn = tokio::net::TcpStream::connect(s.addr).await.expect("connect");
+    conn.write_all(b"GET /v1/stream/doomed?offset=-1 HTTP/1.1\r\nHost: t\r\n\r\n").await.expect("request");
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let head_end = loop {
+        let n = conn.read(&mut buf).await.expect("head");
+        assert!(n > 0, "closed before the head");
+        got.extend_from_slice(&buf[..n]);
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+    };
+    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert!(head.contains(&format!("content-length: {}\r\n", 32 << 20)), "{head}");
+    // The reader stops reading; the server fills the socket and waits. The stream goes.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(http.delete(&url).send().await.expect("delete").status(), StatusCode::NO_CONTENT);
+    let mut body = got.len() - head_end;
+    let read_rest = async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => body += n,
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), read_rest).await.expect("the connection is closed, not left hanging");
+    assert!(body < 32 << 20, "the body is cut short of its Content-Length: {body} bytes");
+    assert!(body > 0, "what was sent before the delete arrived");
+}
