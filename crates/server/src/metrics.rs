@@ -358,6 +358,14 @@ impl StreamSeries {
         });
     }
 
+    /// More bytes of a read already counted (the later pieces of a streamed catch-up response:
+    /// one answer is one read, whatever number of pieces it is sent in).
+    pub fn read_more(&self, path: &str, bytes: usize) {
+        self.with(path, |c| {
+            c.read_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        });
+    }
+
     fn render(&self, out: &mut String) {
         let Ok(slots) = self.slots.read() else { return };
         let mut paths: Vec<&str> = slots.keys().map(AsRef::as_ref).collect();

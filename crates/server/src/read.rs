@@ -206,7 +206,9 @@ fn catch_up_body<E: Engine>(st: AppState<E>, path: String, first: Bytes, after_f
                 return Err(std::io::Error::other(e));
             }
         };
-        count_read(&st, &path, &chunk);
+        if let Some(series) = &st.stream_metrics {
+            series.read_more(&path, chunk.data.len());
+        }
         let next = chunk.next;
         Ok(Some((chunk.data, (st, path, None, next))))
     });

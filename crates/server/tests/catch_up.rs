@@ -134,3 +134,22 @@ async fn a_response_whose_stream_is_deleted_midway_is_cut_not_padded_or_hung() {
     assert!(body < 32 << 20, "the body is cut short of its Content-Length: {body} bytes");
     assert!(body > 0, "what was sent before the delete arrived");
 }
+
+#[tokio::test]
+async fn a_streamed_response_counts_as_one_read_of_all_its_bytes() {
+    let config = ServerConfig { metrics_streams: Some("long".into()), ..config() };
+    let s = common::TestServer::start(config, None).await;
+    let http = Client::new();
+    let url = s.url("long");
+    ten_appends(&http, &url, "application/octet-stream").await;
+    let body = http.get(format!("{url}?offset=-1")).send().await.expect("get").bytes().await.expect("body");
+    assert_eq!(body.len(), 300_000);
+    let m = http.get(format!("{}/metrics", s.origin)).send().await.expect("scrape").text().await.expect("text");
+    let sample = |name: &str| {
+        let key = format!("{name}{{stream=\"long\"}} ");
+        m.lines().find_map(|l| l.strip_prefix(&key)).map(str::to_owned)
+    };
+    // Five pieces of 64 KiB after the first read: still one read, of 300,000 bytes.
+    assert_eq!(sample("oncelog_stream_reads_total").as_deref(), Some("1"), "{m}");
+    assert_eq!(sample("oncelog_stream_read_bytes_total").as_deref(), Some("300000"), "{m}");
+}
