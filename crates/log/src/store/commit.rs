@@ -198,9 +198,16 @@ impl Store {
     }
 
     /// Publishes a committed group to readers and answers every command in it.
+    ///
+    /// A stream's new state is stored when its effect comes (before the replies staged after it,
+    /// so an answered append is visible to any read that follows), but its waiting readers are
+    /// woken only after every reply of the group: a commit that wakes thousands of live readers
+    /// queues its writers' answers ahead of them, instead of behind them on the runtime, and a
+    /// stream with several appends in the group wakes its readers once.
     pub fn finish(&mut self, g: Group, failure: Option<StorageError>) {
         let segment = self.active_no;
         let live_now = super::view::live_clock();
+        let mut woken = Woken::default();
         for effect in g.effects {
             match effect {
                 Effect::Reply(f) => f(failure.clone()),
@@ -231,16 +238,22 @@ impl Store {
                         self.counters.hot_bytes.store(self.hot_bytes as u64, Ordering::Relaxed);
                     }
                 }
-                Effect::Publish { shared, tail, closed } => shared.state.modify(|p| {
-                    p.tail = tail;
-                    p.closed = closed;
-                }),
+                Effect::Publish { shared, tail, closed } => {
+                    shared.state.update(|p| {
+                        p.tail = tail;
+                        p.closed = closed;
+                    });
+                    woken.add(shared);
+                }
                 Effect::Insert { path, shared } => {
                     if let Ok(mut map) = self.view.streams.write() {
                         map.insert(path, shared);
                     }
                 }
-                Effect::SoftDelete { shared } => shared.state.modify(|p| p.soft_deleted = true),
+                Effect::SoftDelete { shared } => {
+                    shared.state.update(|p| p.soft_deleted = true);
+                    woken.add(shared);
+                }
                 Effect::Trim { shared, earliest } => {
                     shared.earliest.fetch_max(earliest, Ordering::AcqRel);
                 }
@@ -248,20 +261,23 @@ impl Store {
                     if let Some(path) = path {
                         self.unlist(&path, &shared);
                     }
-                    shared.state.modify(|p| p.deleted = true);
+                    shared.state.update(|p| p.deleted = true);
+                    woken.add(shared);
                 }
                 Effect::Detach { path, shared } => {
                     self.unlist(&path, &shared);
                     // Its waiters end as the path now answers (404); forks wait on their own
                     // state and read this one's index through their chains, which nothing here
                     // changes.
-                    shared.state.modify(|p| {
+                    shared.state.update(|p| {
                         p.soft_deleted = true;
                         p.deleted = true;
                     });
+                    woken.add(shared);
                 }
             }
         }
+        woken.wake();
     }
 
     /// Takes `shared` off `path` in the readers' map, unless the path already names another
@@ -307,4 +323,25 @@ pub(super) fn new_segment(fs: &dyn Fs, no: u64, bytes: u64, sync_dir: bool) -> R
         fs.sync_dir(format::LOG_DIR).map_err(|e| io_err("sync the log directory", e))?;
     }
     Ok(file)
+}
+
+/// The streams whose readers a group wakes, each once, after its replies.
+#[derive(Default)]
+struct Woken {
+    streams: Vec<Arc<Shared>>,
+    seen: std::collections::HashSet<*const Shared>,
+}
+
+impl Woken {
+    fn add(&mut self, shared: Arc<Shared>) {
+        if self.seen.insert(Arc::as_ptr(&shared)) {
+            self.streams.push(shared);
+        }
+    }
+
+    fn wake(self) {
+        for s in self.streams {
+            s.state.wake();
+        }
+    }
 }

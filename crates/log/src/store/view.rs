@@ -57,11 +57,16 @@ impl PublishedCell {
         Published { tail: Offset(w & TAIL_MASK), closed: w & CLOSED != 0, deleted: w & DELETED != 0, soft_deleted: w & SOFT_DELETED != 0 }
     }
 
-    /// Changes the state (writer only) and wakes every waiting reader.
-    pub(super) fn modify(&self, f: impl FnOnce(&mut Published)) {
+    /// Changes the state (writer only) without waking the waiting readers yet: a reader that
+    /// looks sees it at once; [`PublishedCell::wake`] wakes the waiters.
+    pub(super) fn update(&self, f: impl FnOnce(&mut Published)) {
         let mut p = self.get();
         f(&mut p);
         self.word.store(Self::pack(p), Ordering::Release);
+    }
+
+    /// Wakes every reader waiting for a change.
+    pub(super) fn wake(&self) {
         self.changed.notify_waiters();
     }
 
