@@ -81,6 +81,13 @@ pub struct Framed {
     pub bytes: Bytes,
 }
 
+impl Framed {
+    /// The stream bytes the event carries.
+    pub fn bytes_covered(&self) -> usize {
+        usize::try_from(self.next.0 - self.from.0).unwrap_or(usize::MAX)
+    }
+}
+
 /// The newest [`Framed`] event of one stream.
 #[derive(Debug, Default)]
 pub struct FrameCell(Mutex<Option<Arc<Framed>>>);

@@ -60,12 +60,12 @@ pub async fn get<E: Engine>(
     match q.live {
         Live::CatchUp => {
             let chunk = aligned(st.engine.read(ReadRequest::new(path, from, st.config.max_read_bytes, now_ms)).await?)?;
-            count_read(st, path, &chunk);
+            count_read(st, path, chunk.data.len());
             let is_now = q.offset == OffsetParam::Now;
             Ok(match catch_up_end(st, &chunk, from) {
                 Some(end) => {
                     let body = catch_up_body(st.clone(), path.to_owned(), chunk.data.clone(), chunk.next, end);
-                    render(&chunk.info, from, end, is_now, None, req_headers, Payload::Streamed(body, end.0 - from.0))
+                    render(&chunk.info, from, end, is_now, None, req_headers, Payload::Streamed(body))
                 }
                 None => render_chunk(&chunk, from, is_now, None, req_headers),
             })
@@ -160,9 +160,9 @@ fn cursor_for<E: Engine>(st: &AppState<E>, q: &ReadQuery) -> u64 {
 }
 
 /// Counts a read for `--metrics-streams` (nothing to do without it).
-fn count_read<E: Engine>(st: &AppState<E>, path: &str, chunk: &ReadChunk) {
+fn count_read<E: Engine>(st: &AppState<E>, path: &str, bytes: usize) {
     if let Some(series) = &st.stream_metrics {
-        series.read(path, chunk.data.len());
+        series.read(path, bytes);
     }
 }
 
@@ -219,8 +219,9 @@ fn catch_up_body<E: Engine>(st: AppState<E>, path: String, first: Bytes, after_f
 enum Payload {
     /// Held whole.
     Whole(Bytes),
-    /// Produced while it is sent; the `u64` is its exact length (sent as `Content-Length`).
-    Streamed(Body, u64),
+    /// Produced while it is sent; exactly the bytes from `from` to `next` (sent as
+    /// `Content-Length`).
+    Streamed(Body),
 }
 
 /// A 200 carrying a chunk (possibly empty at the tail).
@@ -277,8 +278,8 @@ fn render(info: &StreamInfo, from: Offset, next: Offset, is_now: bool, cursor: O
     }
     let body = match body {
         Payload::Whole(b) => Body::from(b),
-        Payload::Streamed(b, len) => {
-            pairs.push(("content-length", len.to_string()));
+        Payload::Streamed(b) => {
+            pairs.push(("content-length", (next.0 - from.0).to_string()));
             b
         }
     };
@@ -323,11 +324,11 @@ async fn long_poll<E: Engine>(
             WaitOutcome::Changed(i) | WaitOutcome::TimedOut(i) => return Ok(no_content(&i, cursor)),
         };
         let chunk = aligned(st.engine.read(ReadRequest::new(path, from, st.config.max_read_bytes, st.clock.now_ms()).after(&seen)).await?)?;
-        count_read(st, path, &chunk);
+        count_read(st, path, chunk.data.len());
         return Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers));
     }
     let chunk = aligned(st.engine.read(ReadRequest::new(path, from, st.config.max_read_bytes, st.clock.now_ms())).await?)?;
-    count_read(st, path, &chunk);
+    count_read(st, path, chunk.data.len());
     Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers))
 }
 
@@ -480,7 +481,7 @@ impl<E: Engine> SseState<E> {
                 },
             };
             if chunk.next > self.offset {
-                count_read(&self.st, &self.path, &chunk);
+                count_read(&self.st, &self.path, chunk.data.len());
                 let event = if self.json {
                     let inner = chunk.data.strip_suffix(b",").map_or(chunk.data.len(), <[u8]>::len);
                     sse::DataEvent::wrapped(chunk.data.slice(..inner), self.encoding, b"[", b"]")
@@ -559,9 +560,7 @@ impl<E: Engine> SseState<E> {
         if !same || seen.earliest > self.offset || (f.next >= seen.tail) != f.up_to_date {
             return None;
         }
-        if let Some(series) = &self.st.stream_metrics {
-            series.read(&self.path, usize::try_from(f.next.0 - f.from.0).unwrap_or(usize::MAX));
-        }
+        count_read(&self.st, &self.path, f.bytes_covered());
         // `seen` stays: its tail is at most this event's end (checked above), so the next step
         // knows whether to read or wait.
         self.offset = f.next;

@@ -327,20 +327,17 @@ pub(super) fn new_segment(fs: &dyn Fs, no: u64, bytes: u64, sync_dir: bool) -> R
 
 /// The streams whose readers a group wakes, each once, after its replies.
 #[derive(Default)]
-struct Woken {
-    streams: Vec<Arc<Shared>>,
-    seen: std::collections::HashSet<*const Shared>,
-}
+struct Woken(Vec<Arc<Shared>>);
 
 impl Woken {
     fn add(&mut self, shared: Arc<Shared>) {
-        if self.seen.insert(Arc::as_ptr(&shared)) {
-            self.streams.push(shared);
-        }
+        self.0.push(shared);
     }
 
-    fn wake(self) {
-        for s in self.streams {
+    fn wake(mut self) {
+        self.0.sort_unstable_by_key(Arc::as_ptr);
+        self.0.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        for s in self.0 {
             s.state.wake();
         }
     }
