@@ -330,6 +330,28 @@ pub fn read_manifest(path: &std::path::Path) -> Result<Vec<(String, String)>, St
     Ok(entries)
 }
 
+/// CPU time (user + system, every thread) a process has used so far, in seconds, from
+/// `/proc/PID/stat`: how the benchmarks charge a server for the work of one phase (read before
+/// and after it). `None` if the process is gone or the file cannot be parsed.
+pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let ticks = cpu_ticks_of_stat(&stat)?;
+    // SAFETY: sysconf only reads a configuration value.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (per_second > 0).then(|| ticks as f64 / per_second as f64)
+}
+
+/// utime + stime (fields 14 and 15) of a `/proc/PID/stat` line. The command name (field 2) is
+/// in parentheses and may hold spaces or parentheses itself, so fields are counted after the
+/// last `)`.
+fn cpu_ticks_of_stat(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
 /// Formats a map of error kinds as a JSON object.
 pub fn json_counts(kinds: &std::collections::BTreeMap<String, u64>) -> String {
     let body: Vec<String> = kinds
@@ -342,6 +364,17 @@ pub fn json_counts(kinds: &std::collections::BTreeMap<String, u64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_ticks_are_utime_plus_stime_after_the_command_name() {
+        // A command name with a space and a parenthesis; utime 1234, stime 56.
+        let line = "4242 (odd) name) S 1 4242 4242 0 -1 4194560 100 0 0 0 1234 56 0 0 20 0 9 0 77 \
+                    1000000 300 18446744073709551615";
+        assert_eq!(cpu_ticks_of_stat(line), Some(1290));
+        assert_eq!(cpu_ticks_of_stat("4242 (x) S 1 2"), None);
+        let own = process_cpu_seconds(std::process::id()).expect("own /proc/PID/stat");
+        assert!(own >= 0.0);
+    }
 
     #[test]
     fn only_loopback_urls_pass() {

@@ -34,6 +34,11 @@ pub struct ReadArgs {
     /// `per-request` (a new connection for every request), or `both`, one pass each.
     #[arg(long, value_enum, default_value_t = ReaderKind::KeepAlive)]
     pub reader: ReaderKind,
+    /// The server's process id (on this machine): the summary then gives the server's CPU time
+    /// per GB read in each reading pass (`cpu_ms_per_gb`, `per_request_cpu_ms_per_gb`), from
+    /// `/proc/PID/stat` before and after the pass; the write phase is not counted.
+    #[arg(long)]
+    pub server_pid: Option<u32>,
 }
 
 /// How a reader connects (see the module docs).
@@ -126,19 +131,32 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
         k => vec![k],
     };
     let mut phases = Vec::with_capacity(kinds.len());
+    let server_cpu = || args.server_pid.and_then(common::process_cpu_seconds);
     for kind in kinds {
+        let cpu_before = server_cpu();
         let (wall, reports) = read_phase(args.readers, kind, &url, request_timeout).await?;
+        let cpu_s = cpu_before.zip(server_cpu()).map(|(b, a)| a - b);
         for (i, r) in reports.iter().enumerate() {
             if r.bytes != written {
                 return Err(format!("reader {i} ({kind:?}) read {} B, expected {written} B", r.bytes));
             }
         }
-        phases.push((kind, wall, reports));
+        phases.push((kind, wall, reports, cpu_s));
     }
-    let (_, wall, reports) = phases.remove(0);
-    let per_request = phases.pop().map(|(_, wall, reports)| {
+    // Server CPU milliseconds per GB (10^9 bytes) the readers of a pass received.
+    let cpu_ms_per_gb = |cpu_s: Option<f64>, reports: &[ReaderReport]| {
         let bytes: u64 = reports.iter().map(|r| r.bytes).sum();
-        (bytes as f64 / 1e6 / wall, reports.iter().map(|r| r.requests).sum::<u64>())
+        cpu_s.filter(|_| bytes > 0).map(|s| s * 1e3 / (bytes as f64 / 1e9))
+    };
+    let (_, wall, reports, cpu_s) = phases.remove(0);
+    let cpu_keep_alive = cpu_ms_per_gb(cpu_s, &reports);
+    let per_request = phases.pop().map(|(_, wall, reports, cpu_s)| {
+        let bytes: u64 = reports.iter().map(|r| r.bytes).sum();
+        (
+            bytes as f64 / 1e6 / wall,
+            reports.iter().map(|r| r.requests).sum::<u64>(),
+            cpu_ms_per_gb(cpu_s, &reports),
+        )
     });
     let total_read: u64 = reports.iter().map(|r| r.bytes).sum();
     let aggregate = total_read as f64 / 1e6 / wall;
@@ -167,9 +185,16 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
         );
     }
     println!("  total                 {:.0} MB/s ({total_read} B in {wall:.3} s wall; sum of per-reader rates {sum_of_rates:.0} MB/s)", aggregate);
-    if let Some((rate, requests)) = per_request {
-        println!("  a connection per request: {rate:.0} MB/s in all ({requests} requests)");
+    if let Some(cpu) = cpu_keep_alive {
+        println!("  server CPU            {cpu:.0} ms per GB read");
     }
+    if let Some((rate, requests, cpu)) = per_request {
+        println!("  a connection per request: {rate:.0} MB/s in all ({requests} requests)");
+        if let Some(cpu) = cpu {
+            println!("  server CPU (a connection per request) {cpu:.0} ms per GB read");
+        }
+    }
+    let opt_f64 = |v: Option<f64>| v.map_or_else(|| "null".into(), |v| json_f64(v, 1));
     let times_json = format!(
         "[{}]",
         times
@@ -188,8 +213,11 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
             ("reader", json_str(match args.reader { ReaderKind::KeepAlive => "keep-alive", ReaderKind::PerRequest => "per-request", ReaderKind::Both => "both" })),
             ("requests", reports.iter().map(|r| r.requests).sum::<u64>().to_string()),
             // `--reader both`: the second pass, a connection per request.
-            ("per_request_mb_per_s", per_request.map_or_else(|| "null".into(), |(r, _)| json_f64(r, 1))),
-            ("per_request_requests", per_request.map_or_else(|| "null".into(), |(_, n)| n.to_string())),
+            ("per_request_mb_per_s", per_request.map_or_else(|| "null".into(), |(r, _, _)| json_f64(r, 1))),
+            ("per_request_requests", per_request.map_or_else(|| "null".into(), |(_, n, _)| n.to_string())),
+            // `--server-pid`: the server's CPU time per GB received, each pass.
+            ("cpu_ms_per_gb", opt_f64(cpu_keep_alive)),
+            ("per_request_cpu_ms_per_gb", opt_f64(per_request.and_then(|(_, _, c)| c))),
             ("write_s", json_f64(write_s, 3)),
             (
                 "write_mb_per_s",
