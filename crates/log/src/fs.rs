@@ -84,14 +84,30 @@ impl RealFs {
     }
 }
 
-struct RealFile(std::fs::File);
+/// In an `Arc` so a mapped range can name its file while a socket sends it
+/// ([`oncelog_storage::file_bytes`]).
+struct RealFile(Arc<std::fs::File>);
+
+/// A mapped range, registered while it lives. Field order matters: the registration is dropped
+/// before the memory is unmapped, so no address is ever registered after it could be reused.
+struct Mapped {
+    #[allow(dead_code)] // held for its drop
+    registration: oncelog_storage::file_bytes::Registration,
+    map: memmap2::Mmap,
+}
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        &self.map
+    }
+}
 
 impl File for RealFile {
     fn read_exact_at(&self, buf: &mut [u8], pos: u64) -> io::Result<()> {
-        std::os::unix::fs::FileExt::read_exact_at(&self.0, buf, pos)
+        std::os::unix::fs::FileExt::read_exact_at(&*self.0, buf, pos)
     }
     fn write_all_at(&self, buf: &[u8], pos: u64) -> io::Result<()> {
-        std::os::unix::fs::FileExt::write_all_at(&self.0, buf, pos)
+        std::os::unix::fs::FileExt::write_all_at(&*self.0, buf, pos)
     }
     fn sync_data(&self) -> io::Result<()> {
         self.0.sync_data()
@@ -108,10 +124,13 @@ impl File for RealFile {
         }
         // SAFETY: the mapping is read-only and the trait's contract (above) keeps the bytes it
         // exposes unchanged while it lives: the log maps only published records, which it never
-        // rewrites, and never shortens a segment outside recovery. `populate` faults the pages
-        // in here, on the blocking thread that reads, not later in the socket write.
-        let map = unsafe { memmap2::MmapOptions::new().offset(pos).len(len).populate().map(&self.0)? };
-        Ok(Some(Bytes::from_owner(map)))
+        // rewrites, and never shortens a segment outside recovery.
+        let map = unsafe { memmap2::MmapOptions::new().offset(pos).len(len).map(&*self.0)? };
+        // Pages are not faulted in here: a plain socket sends them with `sendfile(2)` without
+        // ever touching the mapping. Read-ahead is started so they are in the page cache by then.
+        let _ = map.advise(memmap2::Advice::WillNeed);
+        let registration = oncelog_storage::file_bytes::register(map.as_ptr(), len, self.0.clone(), pos);
+        Ok(Some(Bytes::from_owner(Mapped { registration, map })))
     }
     fn allocate(&self, len: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;
@@ -132,7 +151,7 @@ impl File for RealFile {
 impl Fs for RealFs {
     fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn File>> {
         let f = std::fs::OpenOptions::new().read(true).write(true).create(create).truncate(false).open(self.path(name))?;
-        Ok(Arc::new(RealFile(f)))
+        Ok(Arc::new(RealFile(Arc::new(f))))
     }
     fn exists(&self, name: &str) -> io::Result<bool> {
         self.path(name).try_exists()

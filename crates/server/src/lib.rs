@@ -30,6 +30,7 @@
 //! - [`rate`]: append and byte rate limits per writer.
 //! - [`reload`]: the periodic re-reading of key and certificate files.
 //! - [`subs`]: the subscription API under `/v1/stream/__ds/` and webhook delivery.
+//! - [`sendfile_io`]: the plain socket that sends mapped segment ranges with `sendfile(2)`.
 //! - [`signing`]: the webhook signing keys (rotated), the JWKS, claim and callback tokens.
 //! - [`state`]: [`AppState`], what every handler shares.
 //! - [`sweeper`]: the background task that deletes expired streams, applies retention, compacts
@@ -59,6 +60,7 @@ pub mod state;
 pub mod reload;
 mod reply;
 pub mod request;
+pub mod sendfile_io;
 pub mod signing;
 pub mod subs;
 pub mod sweeper;

@@ -31,6 +31,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use crate::deadline_io::DeadlineIo;
+use crate::sendfile_io::SendfileIo;
 
 /// Connection limits; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,7 +150,7 @@ pub async fn run(
                         Some(Protocol::Http2) => h2,
                         None => return,
                     };
-                    serve_io(&builder, TokioIo::new(DeadlineIo::new(stream, limits.write_timeout)), service, watcher).await;
+                    serve_io(&builder, TokioIo::new(DeadlineIo::new(SendfileIo::new(stream), limits.write_timeout)), service, watcher).await;
                 }
                 Some(acceptor) => {
                     let stream = DeadlineIo::new(stream, limits.write_timeout);

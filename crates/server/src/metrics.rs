@@ -18,6 +18,7 @@
 //! | `oncelog_live_readers` | gauge | `mode` | open long-poll and SSE reads |
 //! | `oncelog_http_requests_total` | counter | `method`, `status` | every answered stream request (common statuses by code, the rest `other`) |
 //! | `oncelog_connections_accepted_total` | counter | | TCP connections accepted |
+//! | `oncelog_sendfile_bytes_total` | counter | | catch-up body bytes sent with `sendfile(2)` from a segment file ([`crate::sendfile_io`]) |
 //! | `oncelog_streams` | gauge | | streams that exist |
 //! | `oncelog_producers` | gauge | | idempotent producers remembered |
 //! | `oncelog_subscriptions` | gauge | | subscriptions that exist |
@@ -150,6 +151,7 @@ fn describe() {
     describe_counter!("oncelog_live_readers_refused_total", "Live reads refused (503), by the bound that refused them: total, stream, connections.");
     describe_counter!("oncelog_http_requests_total", "Answered stream requests, by method and status.");
     describe_counter!("oncelog_connections_accepted_total", "TCP connections accepted.");
+    describe_counter!("oncelog_sendfile_bytes_total", "Catch-up body bytes sent with sendfile(2) straight from a segment file.");
     describe_gauge!("oncelog_streams", "Streams that exist.");
     describe_gauge!("oncelog_producers", "Idempotent producers remembered.");
     describe_gauge!("oncelog_subscriptions", "Subscriptions that exist.");

@@ -153,3 +153,31 @@ async fn a_streamed_response_counts_as_one_read_of_all_its_bytes() {
     assert_eq!(sample("oncelog_stream_reads_total").as_deref(), Some("1"), "{m}");
     assert_eq!(sample("oncelog_stream_read_bytes_total").as_deref(), Some("300000"), "{m}");
 }
+
+/// Appends of 300,000 bytes read back from their segment: each read of one such append is the
+/// segment's mapped range, sent with `sendfile(2)` on a plain connection. The bytes must be the
+/// stream's exactly, from every start: an append's start, inside one, across appends.
+#[tokio::test]
+async fn large_appends_sent_from_their_segment_are_the_stream_bytes() {
+    let config = ServerConfig { max_read_bytes: 300_000, catch_up_bytes: 1 << 30, ..ServerConfig::default() };
+    let s = common::TestServer::start(config, None).await;
+    let http = Client::new();
+    let url = s.url("big");
+    let r = http.put(&url).header("content-type", "application/octet-stream").send().await.expect("put");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let mut all = Vec::new();
+    for i in 0..6u32 {
+        let part: Vec<u8> = (0..300_000u32).map(|k| ((k * 7 + i * 13) % 251) as u8).collect();
+        let r = http.post(&url).header("content-type", "application/octet-stream").body(part.clone()).send().await.expect("post");
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+        all.extend_from_slice(&part);
+    }
+    for from in [0u64, 300_000, 123_457, 899_999, 1_799_999] {
+        let r = http.get(format!("{url}?offset={}", Offset(from))).send().await.expect("get");
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(header(&r, "stream-next-offset"), Some(Offset(1_800_000).to_string()));
+        let body = r.bytes().await.expect("body");
+        assert_eq!(body.len(), all.len() - from as usize, "from {from}");
+        assert!(body[..] == all[from as usize..], "the bytes from {from}");
+    }
+}

@@ -20,6 +20,8 @@
 //!   metadata map and changed by transactions ([`Engine::transact`]).
 //! - [`codec`]: the stored forms of stream metadata, producer state, idempotency key entries and
 //!   time marks, shared by both engines (each with a tag and a round-trip test).
+//! - [`file_bytes`]: bytes an engine returns that are a mapped file range, found again by the
+//!   HTTP layer so a plain socket sends them with `sendfile(2)`.
 //! - [`clock`]: time behind a trait, so expiry is testable with a manual clock.
 //! - `contract` (feature `contract`): the engine contract suite; every engine runs it through
 //!   `engine_contract_tests!`.
@@ -33,6 +35,7 @@ pub mod clock;
 pub mod codec;
 pub mod compaction;
 pub mod engine;
+pub mod file_bytes;
 pub mod machine;
 pub mod retention;
 pub mod rules;
