@@ -52,7 +52,7 @@ fn contents(store: &Store, path: &str) -> Vec<u8> {
     let view = store.view();
     let s = view.streams.read().expect("lock").get(path).cloned().expect("stream");
     let tail = s.state.get().tail.0;
-    crate::store::read::plan(&s, 0, tail, usize::MAX, false).and_then(|p| p.bytes(&view.segments)).expect("read").0.to_vec()
+    crate::store::read::plan(&s, 0, tail, usize::MAX, false).and_then(|p| p.bytes(&view.segments)).expect("read").0 .0.to_vec()
 }
 
 #[test]

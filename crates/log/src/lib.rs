@@ -74,6 +74,17 @@ pub struct LogEngine {
     inner: Arc<Inner>,
 }
 
+/// The segment files by number, as readers find them.
+type Segments = std::sync::RwLock<std::collections::BTreeMap<u64, Arc<dyn crate::fs::File>>>;
+
+/// What a read found before fetching a byte ([`LogEngine::find`]).
+enum Found {
+    /// The read starts at the tail: this is the whole answer.
+    AtTail(ReadChunk),
+    /// The stream as the read found it, its entry, and where the bytes are.
+    Planned(StreamInfo, Arc<Shared>, store::read::Plan),
+}
+
 struct Inner {
     view: Arc<View>,
     counters: Arc<store::Counters>,
@@ -85,31 +96,37 @@ struct Inner {
 
 impl LogEngine {
     /// A read of up to about `max_bytes` (exactly, when `bounded`: see [`ReadRequest::bounded`]).
-    async fn read_planned(&self, path: &str, from: Offset, max_bytes: usize, bounded: bool, now_ms: i64) -> Result<ReadChunk, LookupError> {
+    /// Where a read's bytes are, decided without I/O: the answer itself at the tail, else the
+    /// stream's state as the read found it and the plan.
+    fn find(&self, path: &str, from: Offset, max_bytes: usize, bounded: bool, now_ms: i64) -> Result<Found, LookupError> {
         let shared = self.lookup(path, now_ms)?;
         shared.touch(now_ms);
         let info = shared.info();
         if let Some(at_tail) = rules::read_start(&info, from)? {
             shared.mark_live();
-            return Ok(at_tail);
+            return Ok(Found::AtTail(at_tail));
         }
-        // The hot tail answers a live reader without touching a file; only a read that needs
-        // the disk leaves the async runtime. The plan is made once, either way.
         let plan = store::read::plan(&shared, from.0, info.tail.0, max_bytes, bounded)?;
-        let (data, next, aligned) = if plan.in_memory() {
-            plan.bytes(&self.inner.view.segments)?
+        Ok(Found::Planned(info, shared, plan))
+    }
+
+    /// Fetches a plan's bytes with `take`: at once when they are all in the hot tail, else off
+    /// the async runtime (only a read that needs the disk leaves it). A read that reached the
+    /// tail marks the stream read live.
+    async fn fetch<T: Send + 'static>(&self, info: &StreamInfo, shared: &Shared, plan: store::read::Plan, take: fn(store::read::Plan, &Segments) -> Result<(T, Offset), StorageError>) -> Result<(T, Offset), LookupError> {
+        let (out, next) = if plan.in_memory() {
+            take(plan, &self.inner.view.segments)?
         } else {
             let view = self.inner.view.clone();
-            tokio::task::spawn_blocking(move || plan.bytes(&view.segments))
+            tokio::task::spawn_blocking(move || take(plan, &view.segments))
                 .await
                 .map_err(|e| backend(LogError::Io { what: "read".into(), source: std::io::Error::other(e) }))??
         };
         if next >= info.tail {
             shared.mark_live();
         }
-        Ok(ReadChunk { info, data, next, aligned })
+        Ok((out, next))
     }
-
 
     /// Opens (or creates) the store, recovers it, and starts the writer thread.
     pub fn open(opts: LogOptions) -> Result<Self, StorageError> {
@@ -361,7 +378,24 @@ impl Engine for LogEngine {
     /// engine nothing); a bounded read reads only the part of an append it returns.
     async fn read(&self, req: ReadRequest<'_>) -> Result<ReadChunk, LookupError> {
         let max_bytes = if req.bounded { req.max_bytes.max(1) } else { req.max_bytes };
-        self.read_planned(req.path, req.from, max_bytes, req.bounded, req.now_ms).await
+        match self.find(req.path, req.from, max_bytes, req.bounded, req.now_ms)? {
+            Found::AtTail(chunk) => Ok(chunk),
+            Found::Planned(info, shared, plan) => {
+                let ((data, aligned), next) = self.fetch(&info, &shared, plan, store::read::Plan::bytes).await?;
+                Ok(ReadChunk { info, data, next, aligned })
+            }
+        }
+    }
+
+    async fn read_pieces(&self, req: ReadRequest<'_>) -> Result<ReadPieces, LookupError> {
+        let max_bytes = if req.bounded { req.max_bytes.max(1) } else { req.max_bytes };
+        match self.find(req.path, req.from, max_bytes, req.bounded, req.now_ms)? {
+            Found::AtTail(chunk) => Ok(ReadPieces { info: chunk.info, pieces: vec![chunk.data], next: chunk.next }),
+            Found::Planned(info, shared, plan) => {
+                let (pieces, next) = self.fetch(&info, &shared, plan, store::read::Plan::pieces).await?;
+                Ok(ReadPieces { info, pieces, next })
+            }
+        }
     }
 
     async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {

@@ -708,7 +708,7 @@ fn observe(store: &mut Store) -> Result<Observed, String> {
             out.insert(path.to_string(), Seen::Gone);
             continue;
         }
-        let (data, next, _) = crate::store::read::plan(&s, 0, p.tail.0, usize::MAX, false).and_then(|plan| plan.bytes(&view.segments)).map_err(|e| format!("read {path}: {e}"))?;
+        let ((data, _), next) = crate::store::read::plan(&s, 0, p.tail.0, usize::MAX, false).and_then(|plan| plan.bytes(&view.segments)).map_err(|e| format!("read {path}: {e}"))?;
         if next != p.tail {
             return Err(format!("{path}: read ended at {} below the tail {}", next.0, p.tail.0));
         }

@@ -75,6 +75,15 @@ fn every_shape_of_read_returns_the_stored_bytes() {
                     if bounded {
                         assert!(got <= max as u64, "a bounded read holds at most its limit");
                     }
+                    // The same read in pieces (runs of large appends mapped and sliced).
+                    let mut req = ReadRequest::new("a", Offset(from), max, 0);
+                    if bounded {
+                        req = req.bounded();
+                    }
+                    let pieces = e.read_pieces(req).await.expect("read pieces");
+                    let joined: Vec<u8> = pieces.pieces.iter().flat_map(|p| p.iter().copied()).collect();
+                    assert!(joined[..] == chunk.data[..], "pieces from {from} (max {max}, bounded {bounded})");
+                    assert_eq!(pieces.next, chunk.next);
                 }
             }
         }
@@ -100,6 +109,37 @@ fn a_mapping_lives_as_long_as_the_answer_that_holds_it() {
         let small = e.read(ReadRequest::new("a", Offset(10), 1000, 0).bounded()).await.expect("read");
         assert!(small.data[..] == big[10..1010]);
         assert_eq!(mappings_under(dir.path()), 0, "a small read leaves no mapping");
+        e.shutdown().await.expect("shutdown");
+    });
+}
+
+#[test]
+fn large_appends_are_handed_over_as_slices_of_one_mapping() {
+    oncelog_storage::contract::run(|| async {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e = engine(dir.path());
+        create(&e, create_req("a", "application/octet-stream")).await;
+        let mut all = Vec::new();
+        for i in 0..8 {
+            let data = payload(i, 40_000);
+            all.extend_from_slice(&data);
+            e.append(append("a", data)).await.expect("append");
+        }
+        let read = e.read_pieces(ReadRequest::new("a", Offset(0), 320_000, 0).bounded()).await.expect("read");
+        assert_eq!(read.pieces.len(), 8, "one piece per append, not one gathered buffer");
+        let joined: Vec<u8> = read.pieces.iter().flat_map(|p| p.iter().copied()).collect();
+        assert!(joined == all);
+        assert!(mappings_under(dir.path()) > 0, "the pieces are mapped segment memory");
+        drop(read);
+        assert_eq!(mappings_under(dir.path()), 0, "the mapping goes with the pieces");
+        // Small appends are gathered: one piece, nothing left mapped.
+        create(&e, create_req("small", "application/octet-stream")).await;
+        for i in 0..100 {
+            e.append(append("small", payload(i, 1_000))).await.expect("append");
+        }
+        let read = e.read_pieces(ReadRequest::new("small", Offset(0), 100_000, 0).bounded()).await.expect("read");
+        assert_eq!(read.pieces.len(), 1, "small appends gathered into one buffer");
+        assert_eq!(read.len(), 100_000);
         e.shutdown().await.expect("shutdown");
     });
 }

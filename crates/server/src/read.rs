@@ -6,6 +6,7 @@ use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use futures_util::TryStreamExt;
 use oncelog_protocol::headers::names;
 use oncelog_protocol::sse::{self, Control, DataEncoding};
 use oncelog_protocol::{content_type, cursor, json, Offset, OffsetParam};
@@ -190,16 +191,18 @@ fn catch_up_end<E: Engine>(st: &AppState<E>, chunk: &ReadChunk, from: Offset) ->
 /// `Content-Length`, sees the response cut.
 fn catch_up_body<E: Engine>(st: AppState<E>, path: String, first: Bytes, after_first: Offset, end: Offset) -> Body {
     let start = (st, path, Some(first), after_first);
-    let pieces = futures_util::stream::try_unfold(start, move |(st, path, first, at)| async move {
+    let reads = futures_util::stream::try_unfold(start, move |(st, path, first, at)| async move {
         if let Some(b) = first {
-            return Ok(Some((b, (st, path, None, at))));
+            return Ok(Some((vec![b], (st, path, None, at))));
         }
         if at >= end {
             return Ok(None);
         }
         let want = usize::try_from(end.0 - at.0).unwrap_or(usize::MAX).min(st.config.max_read_bytes);
-        let chunk = match st.engine.read(ReadRequest::new(&path, at, want, st.clock.now_ms()).bounded()).await {
-            Ok(c) if !c.data.is_empty() && c.next <= end => c,
+        // As pieces: an engine that holds the bytes apart (mapped segment ranges) hands them
+        // over without gathering them, and a plain socket sends them with `sendfile(2)`.
+        let read = match st.engine.read_pieces(ReadRequest::new(&path, at, want, st.clock.now_ms()).bounded()).await {
+            Ok(r) if !r.is_empty() && r.next <= end => r,
             Ok(_) => return Err(std::io::Error::other("a catch-up read found less than the response promised")),
             Err(e) => {
                 tracing::debug!(stream = %path, at = at.0, error = %e, "catch-up response cut short");
@@ -207,11 +210,12 @@ fn catch_up_body<E: Engine>(st: AppState<E>, path: String, first: Bytes, after_f
             }
         };
         if let Some(series) = &st.stream_metrics {
-            series.read_more(&path, chunk.data.len());
+            series.read_more(&path, read.len());
         }
-        let next = chunk.next;
-        Ok(Some((chunk.data, (st, path, None, next))))
+        let next = read.next;
+        Ok(Some((read.pieces, (st, path, None, next))))
     });
+    let pieces = reads.map_ok(|pieces| futures_util::stream::iter(pieces.into_iter().map(Ok::<_, std::io::Error>))).try_flatten();
     Body::from_stream(pieces)
 }
 

@@ -521,6 +521,27 @@ pub struct ReadChunk {
     pub aligned: bool,
 }
 
+/// A read's bytes as consecutive pieces ([`Engine::read_pieces`]).
+#[derive(Debug, Clone)]
+pub struct ReadPieces {
+    pub info: StreamInfo,
+    /// In order: their concatenation is what [`Engine::read`] would have returned.
+    pub pieces: Vec<Bytes>,
+    /// Offset after the last returned byte.
+    pub next: Offset,
+}
+
+impl ReadPieces {
+    /// How many bytes the pieces hold.
+    pub fn len(&self) -> usize {
+        self.pieces.iter().map(Bytes::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 impl ReadChunk {
     /// The chunk cut to at most `max_bytes` (at least one), possibly inside an append: what a
     /// bounded read ([`ReadRequest::bounded`]) answers.
@@ -667,6 +688,17 @@ pub trait Engine: Housekeeping {
     /// Reads from `req.from` up to about `req.max_bytes` (at least one whole append when data
     /// exists), or exactly at most that with `req.bounded`; see [`ReadRequest`].
     fn read(&self, req: ReadRequest<'_>) -> impl Future<Output = Result<ReadChunk, LookupError>> + Send;
+
+    /// [`Engine::read`] with its bytes as consecutive pieces, for a caller that sends them on as
+    /// they are (the rest of a catch-up body): an engine that holds them apart (the log engine's
+    /// mapped segment ranges, one per append) returns them without gathering them into one
+    /// buffer. The default is `read`'s bytes as one piece.
+    fn read_pieces(&self, req: ReadRequest<'_>) -> impl Future<Output = Result<ReadPieces, LookupError>> + Send {
+        async move {
+            let chunk = self.read(req).await?;
+            Ok(ReadPieces { info: chunk.info, pieces: vec![chunk.data], next: chunk.next })
+        }
+    }
 
     /// Waits until the tail passes `after` or the stream closes, at most `timeout`.
     fn wait(

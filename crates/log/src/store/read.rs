@@ -7,6 +7,7 @@ use std::sync::{Arc, RwLock};
 
 use bytes::{Bytes, BytesMut};
 use oncelog_protocol::Offset;
+use oncelog_storage::file_bytes;
 use oncelog_storage::machine::chain;
 use oncelog_storage::StorageError;
 
@@ -85,12 +86,61 @@ impl Plan {
         self.pieces.iter().all(|p| matches!(p, Piece::Mem(_)))
     }
 
-    /// The bytes: one shared piece as is, otherwise gathered into one buffer (files read here).
-    pub fn bytes(self, segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>) -> Result<(Bytes, Offset, bool), StorageError> {
+    /// The bytes and whether the read began where the engine minted an offset: one shared
+    /// piece as is, otherwise gathered into one buffer (files read here).
+    pub fn bytes(self, segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>) -> Result<((Bytes, bool), Offset), StorageError> {
         if let [Piece::Mem(b)] = self.pieces.as_slice() {
-            return Ok((b.clone(), self.next, self.aligned));
+            return Ok(((b.clone(), self.aligned), self.next));
         }
-        Ok((materialise(&self.pieces, self.total, segments)?, self.next, self.aligned))
+        Ok(((materialise(&self.pieces, self.total, segments)?, self.aligned), self.next))
+    }
+
+    /// The bytes as consecutive pieces, for a caller that sends them on as they are. When the
+    /// appends read from disk are large (on average [`file_bytes::LOOKUP_MIN`] or more), each
+    /// run of them in a segment is mapped once and sliced per append: no copy, and a plain
+    /// socket sends the slices with `sendfile(2)`. Smaller appends are gathered into one buffer
+    /// as by [`Plan::bytes`] (a system call per few KiB would cost more than the copy).
+    pub fn pieces(self, segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>) -> Result<(Vec<Bytes>, Offset), StorageError> {
+        let (disk_pieces, disk_bytes) = self.pieces.iter().fold((0usize, 0usize), |(n, b), p| match p {
+            Piece::Disk { len, .. } => (n + 1, b + len),
+            Piece::Mem(_) => (n, b),
+        });
+        if disk_pieces == 0 || disk_bytes / disk_pieces < file_bytes::LOOKUP_MIN {
+            let next = self.next;
+            let ((b, _), _) = self.bytes(segments)?;
+            return Ok((vec![b], next));
+        }
+        let mut out = Vec::with_capacity(self.pieces.len());
+        let pieces = &self.pieces;
+        let mut i = 0;
+        while i < pieces.len() {
+            match &pieces[i] {
+                Piece::Mem(b) => {
+                    out.push(b.clone());
+                    i += 1;
+                }
+                Piece::Disk { segment, pos, .. } => {
+                    let (j, end) = run_end(pieces, i, false);
+                    let span = (end - pos) as usize;
+                    match segment_file(segments, *segment)?.map_range(*pos, span).map_err(io)? {
+                        Some(map) => {
+                            for p in &pieces[i..j] {
+                                if let Piece::Disk { pos: p, len: l, .. } = p {
+                                    let off = (p - pos) as usize;
+                                    out.push(map.slice(off..off + l));
+                                }
+                            }
+                        }
+                        None => {
+                            let run_total = pieces[i..j].iter().map(|p| if let Piece::Disk { len, .. } = p { *len } else { 0 }).sum();
+                            out.push(materialise(&pieces[i..j], run_total, segments)?);
+                        }
+                    }
+                    i = j;
+                }
+            }
+        }
+        Ok((out, self.next))
     }
 }
 
@@ -108,15 +158,15 @@ fn segment_file(segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>, segment: u64) -
 }
 
 /// The end of the run of disk pieces from `pieces[i]`: pieces of the same segment, each
-/// starting at most [`COALESCE_GAP`] after the last ends; a piece of [`LARGE_PIECE`] or more
-/// runs alone. Returns the index after the run and the run's end.
-fn run_end(pieces: &[Piece], i: usize) -> (usize, u64) {
+/// starting at most [`COALESCE_GAP`] after the last ends; with `split_large`, a piece of
+/// [`LARGE_PIECE`] or more runs alone. Returns the index after the run and the run's end.
+fn run_end(pieces: &[Piece], i: usize, split_large: bool) -> (usize, u64) {
     let Piece::Disk { segment, pos, len } = &pieces[i] else { return (i + 1, 0) };
     let mut j = i + 1;
     let mut end = pos + *len as u64;
     while let Some(Piece::Disk { segment: s, pos: p, len: l }) = pieces.get(j) {
         let large = *len >= LARGE_PIECE || *l >= LARGE_PIECE;
-        if s != segment || *p < end || *p - end > COALESCE_GAP || large {
+        if s != segment || *p < end || *p - end > COALESCE_GAP || (split_large && large) {
             break;
         }
         end = p + *l as u64;
@@ -149,7 +199,7 @@ fn materialise(pieces: &[Piece], total: usize, segments: &RwLock<BTreeMap<u64, A
                 let file = segment_file(segments, *segment)?;
                 // A run of disk pieces in the same segment, each starting shortly after the last.
                 // Large pieces are read straight into the answer: one copy, not two.
-                let (j, end) = run_end(pieces, i);
+                let (j, end) = run_end(pieces, i, true);
                 if j == i + 1 {
                     let at = out.len();
                     out.resize(at + len, 0);

@@ -62,6 +62,40 @@ pub async fn bounded_reads_may_end_inside_an_append<H: Harness>() {
     }
 }
 
+/// `read_pieces` is `read` in pieces: concatenated, the same bytes and the same next offset,
+/// for large appends (which an engine may hand over apart) and small ones, from memory and
+/// (after a reopen) from storage.
+pub async fn read_pieces_are_the_read_in_order<H: Harness>() {
+    let mut h = H::open().await;
+    create(h.engine(), create_req("s", "application/octet-stream")).await;
+    let sizes = [40_000usize, 100, 70_000, 20_000, 20_000, 5, 150_000, 30_000];
+    let mut total = 0u64;
+    for (i, n) in sizes.iter().enumerate() {
+        let data: Vec<u8> = (0..*n).map(|k| ((k * 11 + i * 5) % 251) as u8).collect();
+        let req = AppendRequest::plain("s", "application/octet-stream", false, data.into(), 0);
+        append(h.engine(), req).await;
+        total += *n as u64;
+    }
+    for round in 0..2 {
+        let e = h.engine();
+        for from in [0, 1, 39_999, 40_000, 40_100, 110_100, total - 1] {
+            for (max, bounded) in [(1, true), (50_000, true), (100_000, false), (300_000, true), (1 << 20, false)] {
+                let req = || {
+                    let r = ReadRequest::new("s", Offset(from), max, 0);
+                    if bounded { r.bounded() } else { r }
+                };
+                let whole = e.read(req()).await.expect("read");
+                let pieces = e.read_pieces(req()).await.expect("read pieces");
+                let joined: Vec<u8> = pieces.pieces.iter().flat_map(|p| p.iter().copied()).collect();
+                assert!(joined == whole.data[..], "round {round}, from {from}, max {max}: same bytes");
+                assert_eq!(pieces.next, whole.next, "round {round}, from {from}, max {max}");
+                assert_eq!(pieces.len(), whole.data.len());
+            }
+        }
+        h.reopen().await;
+    }
+}
+
 pub async fn trims_move_the_earliest_offset_forward<H: Harness>() {
     let mut h = H::open().await;
     let e = h.engine();

@@ -119,6 +119,7 @@ macro_rules! __contract_all_cases {
             forks::purge_detaches_a_forked_source_from_its_path,
             lifecycle::reads_page_through_whole_appends,
             lifecycle::bounded_reads_may_end_inside_an_append,
+            lifecycle::read_pieces_are_the_read_in_order,
             lifecycle::trims_move_the_earliest_offset_forward,
             retention::retention_policies_are_configuration,
             retention::retention_drops_whole_old_appends_by_size_and_age,
