@@ -29,8 +29,9 @@ pub trait File: Send + Sync + 'static {
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// The `len` bytes at `pos` as shared memory, without copying them out of the page cache
     /// (the range memory-mapped, unmapped when the last `Bytes` of it drops), or `None` when this
-    /// file gives no such view (the simulated disk) or the range is too small to be worth a
-    /// mapping: the caller then reads with [`File::read_exact_at`]. Only for bytes that are never
+    /// file gives no such view (the simulated disk), the range is too small to be worth a
+    /// mapping, or no mapping can be made (the process is out of them): the caller then reads
+    /// with [`File::read_exact_at`]. Only for bytes that are never
     /// rewritten and a file that is never cut below them while they are held: the log maps only
     /// what it has published (durable, below the tail), and cuts a segment only in recovery,
     /// before any read.
@@ -125,7 +126,14 @@ impl File for RealFile {
         // SAFETY: the mapping is read-only and the trait's contract (above) keeps the bytes it
         // exposes unchanged while it lives: the log maps only published records, which it never
         // rewrites, and never shortens a segment outside recovery.
-        let map = unsafe { memmap2::MmapOptions::new().offset(pos).len(len).map(&*self.0)? };
+        let map = match unsafe { memmap2::MmapOptions::new().offset(pos).len(len).map(&*self.0) } {
+            Ok(map) => map,
+            // Out of mappings (`vm.max_map_count`) or address space: the caller reads instead.
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot map a segment range; reading it");
+                return Ok(None);
+            }
+        };
         // Pages are not faulted in here: a plain socket sends them with `sendfile(2)` without
         // ever touching the mapping. Read-ahead is started so they are in the page cache by then.
         let _ = map.advise(memmap2::Advice::WillNeed);
