@@ -26,6 +26,14 @@ fn append(path: &str, data: Vec<u8>) -> AppendRequest {
     AppendRequest::plain(path, "application/octet-stream", false, data.into(), 0)
 }
 
+/// A fresh engine in its own directory, with the byte stream "a" created.
+async fn with_stream_a() -> (tempfile::TempDir, LogEngine) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let e = engine(dir.path());
+    create(&e, create_req("a", "application/octet-stream")).await;
+    (dir, e)
+}
+
 /// Lines of this process's memory map that name a file under `dir`.
 fn mappings_under(dir: &std::path::Path) -> usize {
     let maps = std::fs::read_to_string("/proc/self/maps").expect("/proc/self/maps");
@@ -36,9 +44,7 @@ fn mappings_under(dir: &std::path::Path) -> usize {
 #[test]
 fn every_shape_of_read_returns_the_stored_bytes() {
     oncelog_storage::contract::run(|| async {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let e = engine(dir.path());
-        create(&e, create_req("a", "application/octet-stream")).await;
+        let (dir, e) = with_stream_a().await;
         create(&e, create_req("b", "application/octet-stream")).await;
         // Stream a: large and small appends; stream b's appends between them leave gaps of a
         // record header (small runs coalesce) or of more than 4 KiB (runs break).
@@ -94,9 +100,7 @@ fn every_shape_of_read_returns_the_stored_bytes() {
 #[test]
 fn a_mapping_lives_as_long_as_the_answer_that_holds_it() {
     oncelog_storage::contract::run(|| async {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let e = engine(dir.path());
-        create(&e, create_req("a", "application/octet-stream")).await;
+        let (dir, e) = with_stream_a().await;
         let big = payload(1, 300_000);
         e.append(append("a", big.clone())).await.expect("append");
         assert_eq!(mappings_under(dir.path()), 0, "nothing mapped before a read");
@@ -116,9 +120,7 @@ fn a_mapping_lives_as_long_as_the_answer_that_holds_it() {
 #[test]
 fn large_appends_are_handed_over_as_slices_of_one_mapping() {
     oncelog_storage::contract::run(|| async {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let e = engine(dir.path());
-        create(&e, create_req("a", "application/octet-stream")).await;
+        let (dir, e) = with_stream_a().await;
         let mut all = Vec::new();
         for i in 0..8 {
             let data = payload(i, 40_000);
