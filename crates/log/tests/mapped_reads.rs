@@ -44,7 +44,7 @@ fn mappings_under(dir: &std::path::Path) -> usize {
 #[test]
 fn every_shape_of_read_returns_the_stored_bytes() {
     oncelog_storage::contract::run(|| async {
-        let (dir, e) = with_stream_a().await;
+        let (_dir, e) = with_stream_a().await;
         create(&e, create_req("b", "application/octet-stream")).await;
         // Stream a: large and small appends; stream b's appends between them leave gaps of a
         // record header (small runs coalesce) or of more than 4 KiB (runs break).
