@@ -1,8 +1,9 @@
 //! A plain TCP socket that sends body bytes which are a mapped file range
 //! ([`oncelog_storage::file_bytes`]) with `sendfile(2)`: the kernel takes them from the page
 //! cache, so a catch-up response of segment data costs no copy through user memory. Everything
-//! else is written as usual. Only the plain HTTP path uses it (under TLS the bytes must be
-//! encrypted, and the socket sees only ciphertext).
+//! else is written as usual. Connections without TLS use it, HTTP/1 and h2c alike (a slice it finds
+//! is sent as the same bytes, whatever frames them); under TLS the bytes must be encrypted, and
+//! the socket sees only ciphertext.
 //!
 //! hyper writes a response as a list of slices (head, then body pieces); a write that meets a
 //! mapped slice first writes the slices before it, then `sendfile`s that one. Short writes are
