@@ -172,12 +172,17 @@ async fn large_appends_sent_from_their_segment_are_the_stream_bytes() {
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
         all.extend_from_slice(&part);
     }
-    for from in [0u64, 300_000, 123_457, 899_999, 1_799_999] {
-        let r = http.get(format!("{url}?offset={}", Offset(from))).send().await.expect("get");
-        assert_eq!(r.status(), StatusCode::OK);
-        assert_eq!(header(&r, "stream-next-offset"), Some(Offset(1_800_000).to_string()));
-        let body = r.bytes().await.expect("body");
-        assert_eq!(body.len(), all.len() - from as usize, "from {from}");
-        assert!(body[..] == all[from as usize..], "the bytes from {from}");
+    // Over HTTP/1 and over h2c (where the slices sent from the file are DATA frames' payloads).
+    let h2 = Client::builder().http2_prior_knowledge().build().expect("h2c client");
+    for client in [&h2, &http] {
+        for from in [0u64, 300_000, 123_457, 899_999, 1_799_999] {
+            let r = client.get(format!("{url}?offset={}", Offset(from))).send().await.expect("get");
+            assert_eq!(r.status(), StatusCode::OK);
+            assert_eq!(header(&r, "stream-next-offset"), Some(Offset(1_800_000).to_string()));
+            let version = r.version();
+            let body = r.bytes().await.expect("body");
+            assert_eq!(body.len(), all.len() - from as usize, "from {from} ({version:?})");
+            assert!(body[..] == all[from as usize..], "the bytes from {from} ({version:?})");
+        }
     }
 }
