@@ -92,8 +92,7 @@ struct RealFile(Arc<std::fs::File>);
 /// A mapped range, registered while it lives. Field order matters: the registration is dropped
 /// before the memory is unmapped, so no address is ever registered after it could be reused.
 struct Mapped {
-    #[allow(dead_code)] // held for its drop
-    registration: oncelog_storage::file_bytes::Registration,
+    _registration: oncelog_storage::file_bytes::Registration,
     map: memmap2::Mmap,
 }
 
@@ -138,7 +137,7 @@ impl File for RealFile {
         // ever touching the mapping. Read-ahead is started so they are in the page cache by then.
         let _ = map.advise(memmap2::Advice::WillNeed);
         let registration = oncelog_storage::file_bytes::register(map.as_ptr(), len, self.0.clone(), pos);
-        Ok(Some(Bytes::from_owner(Mapped { registration, map })))
+        Ok(Some(Bytes::from_owner(Mapped { _registration: registration, map })))
     }
     fn allocate(&self, len: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;

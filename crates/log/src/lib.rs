@@ -95,18 +95,20 @@ struct Inner {
 }
 
 impl LogEngine {
-    /// A read of up to about `max_bytes` (exactly, when `bounded`: see [`ReadRequest::bounded`]).
-    /// Where a read's bytes are, decided without I/O: the answer itself at the tail, else the
+    /// Where the bytes of a read of up to about `req.max_bytes` are (exactly, when bounded: see
+    /// [`ReadRequest::bounded`]), decided without I/O: the answer itself at the tail, else the
     /// stream's state as the read found it and the plan.
-    fn find(&self, path: &str, from: Offset, max_bytes: usize, bounded: bool, now_ms: i64) -> Result<Found, LookupError> {
-        let shared = self.lookup(path, now_ms)?;
+    fn find(&self, req: &ReadRequest<'_>) -> Result<Found, LookupError> {
+        let (from, now_ms) = (req.from, req.now_ms);
+        let max_bytes = if req.bounded { req.max_bytes.max(1) } else { req.max_bytes };
+        let shared = self.lookup(req.path, now_ms)?;
         shared.touch(now_ms);
         let info = shared.info();
         if let Some(at_tail) = rules::read_start(&info, from)? {
             shared.mark_live();
             return Ok(Found::AtTail(at_tail));
         }
-        let plan = store::read::plan(&shared, from.0, info.tail.0, max_bytes, bounded)?;
+        let plan = store::read::plan(&shared, from.0, info.tail.0, max_bytes, req.bounded)?;
         Ok(Found::Planned(info, shared, plan))
     }
 
@@ -377,8 +379,7 @@ impl Engine for LogEngine {
     /// Reads afresh from memory whether or not a wait woke the reader (`req.seen` saves this
     /// engine nothing); a bounded read reads only the part of an append it returns.
     async fn read(&self, req: ReadRequest<'_>) -> Result<ReadChunk, LookupError> {
-        let max_bytes = if req.bounded { req.max_bytes.max(1) } else { req.max_bytes };
-        match self.find(req.path, req.from, max_bytes, req.bounded, req.now_ms)? {
+        match self.find(&req)? {
             Found::AtTail(chunk) => Ok(chunk),
             Found::Planned(info, shared, plan) => {
                 let ((data, aligned), next) = self.fetch(&info, &shared, plan, store::read::Plan::bytes).await?;
@@ -388,9 +389,8 @@ impl Engine for LogEngine {
     }
 
     async fn read_pieces(&self, req: ReadRequest<'_>) -> Result<ReadPieces, LookupError> {
-        let max_bytes = if req.bounded { req.max_bytes.max(1) } else { req.max_bytes };
-        match self.find(req.path, req.from, max_bytes, req.bounded, req.now_ms)? {
-            Found::AtTail(chunk) => Ok(ReadPieces { info: chunk.info, pieces: vec![chunk.data], next: chunk.next }),
+        match self.find(&req)? {
+            Found::AtTail(chunk) => Ok(ReadPieces::from(chunk)),
             Found::Planned(info, shared, plan) => {
                 let (pieces, next) = self.fetch(&info, &shared, plan, store::read::Plan::pieces).await?;
                 Ok(ReadPieces { info, pieces, next })

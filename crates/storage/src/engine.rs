@@ -531,6 +531,13 @@ pub struct ReadPieces {
     pub next: Offset,
 }
 
+impl From<ReadChunk> for ReadPieces {
+    /// The chunk's bytes as one piece.
+    fn from(chunk: ReadChunk) -> ReadPieces {
+        ReadPieces { info: chunk.info, pieces: vec![chunk.data], next: chunk.next }
+    }
+}
+
 impl ReadPieces {
     /// How many bytes the pieces hold.
     pub fn len(&self) -> usize {
@@ -694,10 +701,7 @@ pub trait Engine: Housekeeping {
     /// mapped segment ranges, one per append) returns them without gathering them into one
     /// buffer. The default is `read`'s bytes as one piece.
     fn read_pieces(&self, req: ReadRequest<'_>) -> impl Future<Output = Result<ReadPieces, LookupError>> + Send {
-        async move {
-            let chunk = self.read(req).await?;
-            Ok(ReadPieces { info: chunk.info, pieces: vec![chunk.data], next: chunk.next })
-        }
+        async move { self.read(req).await.map(ReadPieces::from) }
     }
 
     /// Waits until the tail passes `after` or the stream closes, at most `timeout`.

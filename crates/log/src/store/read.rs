@@ -101,13 +101,9 @@ impl Plan {
     /// socket sends the slices with `sendfile(2)`. Smaller appends are gathered into one buffer
     /// as by [`Plan::bytes`] (a system call per few KiB would cost more than the copy).
     pub fn pieces(self, segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>) -> Result<(Vec<Bytes>, Offset), StorageError> {
-        let (disk_pieces, disk_bytes) = self.pieces.iter().fold((0usize, 0usize), |(n, b), p| match p {
-            Piece::Disk { len, .. } => (n + 1, b + len),
-            Piece::Mem(_) => (n, b),
-        });
-        if disk_pieces == 0 || disk_bytes / disk_pieces < file_bytes::LOOKUP_MIN {
-            let next = self.next;
-            let ((b, _), _) = self.bytes(segments)?;
+        let disk_pieces = self.pieces.iter().filter(|p| matches!(p, Piece::Disk { .. })).count();
+        if disk_pieces == 0 || disk_len(&self.pieces) / disk_pieces < file_bytes::LOOKUP_MIN {
+            let ((b, _), next) = self.bytes(segments)?;
             return Ok((vec![b], next));
         }
         let mut out = Vec::with_capacity(self.pieces.len());
@@ -131,10 +127,7 @@ impl Plan {
                                 }
                             }
                         }
-                        None => {
-                            let run_total = pieces[i..j].iter().map(|p| if let Piece::Disk { len, .. } = p { *len } else { 0 }).sum();
-                            out.push(materialise(&pieces[i..j], run_total, segments)?);
-                        }
+                        None => out.push(materialise(&pieces[i..j], disk_len(&pieces[i..j]), segments)?),
                     }
                     i = j;
                 }
@@ -146,6 +139,11 @@ impl Plan {
 
 fn io(e: std::io::Error) -> StorageError {
     backend(LogError::Io { what: "read from the log".into(), source: e })
+}
+
+/// The bytes the disk pieces among `pieces` hold.
+fn disk_len(pieces: &[Piece]) -> usize {
+    pieces.iter().map(|p| if let Piece::Disk { len, .. } = p { *len } else { 0 }).sum()
 }
 
 fn segment_file(segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>, segment: u64) -> Result<Arc<dyn File>, StorageError> {
