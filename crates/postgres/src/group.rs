@@ -140,7 +140,7 @@ impl Group {
         // Forks decide 404 or 410 for an expired stream: counted only for streams that can
         // expire (rarely in a group), after the rows are known.
         let expiring: Vec<i64> =
-            group.streams.values().filter(|g| g.st.meta.expiry != Expiry::Never).map(|g| i64_of(g.st.meta.id)).collect();
+            group.streams.values().filter(|g| g.st.meta.config.expiry != Expiry::Never).map(|g| i64_of(g.st.meta.id)).collect();
         if !expiring.is_empty() {
             let stmt = c.prepare_cached("SELECT source_id, count(*) FROM streams WHERE source_id = ANY($1) GROUP BY source_id").await?;
             let by_id: HashMap<u64, &str> = group.streams.iter().map(|(p, g)| (g.st.meta.id, p.as_str())).collect();
@@ -166,10 +166,10 @@ impl Group {
         let Some(g) = self.streams.get_mut(&req.path) else { return Err(AppendError::NotFound) };
         let meta = &g.st.meta;
         let last_access = shared.touches.at(meta.id).map_or(g.last_access_ms, |t| t.max(g.last_access_ms));
-        if !meta.soft_deleted && rules::expired(meta.expiry, last_access, req.now_ms) {
+        if !meta.soft_deleted && rules::expired(meta.config.expiry, last_access, req.now_ms) {
             return Err(if g.forks > 0 { AppendError::Gone } else { AppendError::NotFound });
         }
-        if req.stream_id.is_none_or(|id| id == meta.id) && matches!(meta.expiry, Expiry::Ttl(_)) && req.now_ms > g.last_access_ms {
+        if req.stream_id.is_none_or(|id| id == meta.id) && matches!(meta.config.expiry, Expiry::Ttl(_)) && req.now_ms > g.last_access_ms {
             // Any request that reaches the stream slides its TTL window.
             g.last_access_ms = req.now_ms;
             g.changed = true;

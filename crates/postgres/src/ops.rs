@@ -360,7 +360,7 @@ impl Shared {
             let mut c = self.client().await?;
             let tx = c.transaction().await?;
             let Some(s) = self.fetch(&tx, &path, Lock::SkipLocked).await? else { continue };
-            let graced = match s.meta.expiry {
+            let graced = match s.meta.config.expiry {
                 Expiry::Ttl(_) => now_ms - EXPIRY_GRACE_MS,
                 _ => now_ms,
             };
@@ -408,13 +408,13 @@ impl Shared {
             let mut c = self.client().await?;
             let tx = c.transaction().await?;
             let Some(s) = self.fetch(&tx, &path, Lock::SkipLocked).await? else { continue };
-            if s.meta.soft_deleted || s.meta.retention.is_none() {
+            if s.meta.soft_deleted || s.meta.config.retention.is_none() {
                 continue;
             }
             let own_start = s.meta.fork.map_or(0, |f| f.fork_point);
             // `floor` asks for the append boundary at or below one cut (tail - max bytes): read
             // it first. A fork's retention drops only its own appends.
-            let cut = s.meta.retention.max_bytes.and_then(|keep| s.tail.0.checked_sub(keep));
+            let cut = s.meta.config.retention.max_bytes.and_then(|keep| s.tail.0.checked_sub(keep));
             let boundary = match cut {
                 Some(cut) if cut >= own_start => {
                     let r = tx
@@ -430,7 +430,7 @@ impl Shared {
                 }
                 _ => s.meta.earliest,
             };
-            let Some(to) = retention::floor(&s.meta.retention, s.tail, s.meta.earliest, now_ms, &s.marks, |_| boundary) else { continue };
+            let Some(to) = retention::floor(&s.meta.config.retention, s.tail, s.meta.earliest, now_ms, &s.marks, |_| boundary) else { continue };
             let from = s.meta.earliest;
             let moved = matches!(self.apply_trim(&tx, s, to).await?, Ok(out) if out.earliest == to);
             tx.commit().await?;
@@ -493,7 +493,7 @@ impl Shared {
 
 /// Inserts a new stream's row.
 async fn insert_stream(tx: &Transaction<'_>, path: &str, m: &StreamMeta, tail: Offset, now_ms: i64, marks: &retention::TimeMarks) -> Result<(), Fail> {
-    let (kind, value) = expiry_columns(m.expiry);
+    let (kind, value) = expiry_columns(m.config.expiry);
     let stmt = tx
         .prepare_cached(
             "INSERT INTO streams (id, path, created_ms, content_type, expiry_kind, expiry_value, closed, stream_seq, soft_deleted, \
@@ -508,7 +508,7 @@ async fn insert_stream(tx: &Transaction<'_>, path: &str, m: &StreamMeta, tail: O
             &i64_of(m.id),
             &path,
             &m.created_ms,
-            &m.content_type,
+            &m.config.content_type,
             &kind,
             &value,
             &m.closed,
@@ -516,9 +516,9 @@ async fn insert_stream(tx: &Transaction<'_>, path: &str, m: &StreamMeta, tail: O
             &m.fork.map(|f| i64_of(f.fork_point)),
             &i64_of(m.earliest.0),
             &i64_of(tail.0),
-            &opt(m.retention.max_age_s),
-            &opt(m.retention.max_bytes),
-            &m.compaction,
+            &opt(m.config.retention.max_age_s),
+            &opt(m.config.retention.max_bytes),
+            &m.config.compaction,
             &now_ms,
             &row::encode_marks(marks),
         ],

@@ -54,7 +54,7 @@ impl Shared {
     }
 
     pub(crate) fn expired(&self, s: &Stream, now_ms: i64) -> bool {
-        !s.meta.soft_deleted && rules::expired(s.meta.expiry, self.last_access(s), now_ms)
+        !s.meta.soft_deleted && rules::expired(s.meta.config.expiry, self.last_access(s), now_ms)
     }
 
     /// How many streams fork stream `id`.
@@ -85,7 +85,7 @@ impl Shared {
 
     /// A read slides a TTL window (written later, in a batch).
     pub(crate) fn touch(&self, s: &Stream, now_ms: i64) {
-        if matches!(s.meta.expiry, Expiry::Ttl(_)) {
+        if matches!(s.meta.config.expiry, Expiry::Ttl(_)) {
             self.touches.touch(s.meta.id, now_ms);
         }
     }

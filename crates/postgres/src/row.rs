@@ -51,18 +51,19 @@ impl Stream {
             _ => None,
         };
         let opt = |v: Option<i64>, col| v.map(|v| u64_of(v, col)).transpose();
-        let meta = StreamMeta {
-            id: u64_of(r.get(0), "id")?,
-            created_ms: r.get(2),
+        let config = oncelog_storage::StreamConfig {
             content_type: r.get(3),
             expiry,
+            retention: RetentionPolicy { max_age_s: opt(r.get(13), "ret_max_age_s")?, max_bytes: opt(r.get(14), "ret_max_bytes")? },
+            compaction: r.get(15),
+        };
+        let meta = StreamMeta {
             closed: r.get(6),
             stream_seq: r.get(7),
             fork,
             soft_deleted: r.get(8),
             earliest: Offset(u64_of(r.get(11), "earliest")?),
-            retention: RetentionPolicy { max_age_s: opt(r.get(13), "ret_max_age_s")?, max_bytes: opt(r.get(14), "ret_max_bytes")? },
-            compaction: r.get(15),
+            ..StreamMeta::with_config(u64_of(r.get(0), "id")?, r.get(2), config)
         };
         let marks = match r.get::<_, Option<&[u8]>>(17) {
             Some(b) => decode_marks(b)?,

@@ -254,7 +254,7 @@ pub fn parse_producer(
 }
 
 /// The expiry a create request asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Expiry {
     #[default]
     Never,

@@ -15,7 +15,7 @@ use oncelog_protocol::digest::{BodyDigest, KeyId};
 use oncelog_protocol::Offset;
 
 /// Configuration fixed at creation; an idempotent re-create must match it exactly.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct StreamConfig {
     pub content_type: String,
     pub expiry: Expiry,
@@ -32,7 +32,8 @@ pub struct StreamInfo {
     /// Internal id, unique across the life of the store: a re-created path gets a new one, so
     /// ETags of a deleted stream never match its successor's.
     pub id: u64,
-    pub config: StreamConfig,
+    /// Shared with the stream's state: an answer holds the configuration, it does not copy it.
+    pub config: Arc<StreamConfig>,
     /// Offset after the last durable byte.
     pub tail: Offset,
     pub closed: bool,

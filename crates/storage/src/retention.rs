@@ -17,7 +17,7 @@ use oncelog_protocol::Offset;
 
 /// How much of a stream is kept. `None`: no limit. Fixed at creation (`Stream-Retention-Max-Age`,
 /// `Stream-Retention-Max-Bytes`, or the server's defaults); shown on `HEAD`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct RetentionPolicy {
     /// Data older than this many seconds is dropped.
     pub max_age_s: Option<u64>,

@@ -257,11 +257,11 @@ pub fn append<'a>(
     }
     // 6. Content type and framing, when there is a body.
     if !req.data.is_empty() {
-        let ok = req.content_type.as_deref().is_some_and(|ct| content_type::matches(ct, &meta.content_type));
+        let ok = req.content_type.as_deref().is_some_and(|ct| content_type::matches(ct, &meta.config.content_type));
         if !ok {
             return Err(AppendError::ContentTypeMismatch);
         }
-        if req.json_framed != content_type::is_json(&meta.content_type) {
+        if req.json_framed != content_type::is_json(&meta.config.content_type) {
             return Err(AppendError::FramingMismatch);
         }
     }
@@ -342,7 +342,7 @@ pub fn resolve_fork(
     } else {
         let append = append_at(at)?.ok_or(CreateError::SubOffsetOvershoot)?;
         let k = usize::try_from(f.sub_offset).map_err(|_| CreateError::SubOffsetOvershoot)?;
-        let bytes = if content_type::is_json(&src.content_type) {
+        let bytes = if content_type::is_json(&src.config.content_type) {
             // Stored JSON is one message per `value,`: count messages, not bytes.
             let lens: Vec<usize> = json::messages(&append).take(k).map(|m| m.len() + 1).collect();
             if lens.len() < k {
@@ -358,10 +358,10 @@ pub fn resolve_fork(
     };
     Ok(ResolvedFork {
         fork: ForkOf { source_id: src.id, fork_point: point },
-        content_type: src.content_type.clone(),
-        expiry: src.expiry,
+        content_type: src.config.content_type.clone(),
+        expiry: src.config.expiry,
         earliest: src.earliest,
-        compaction: src.compaction,
+        compaction: src.config.compaction,
     })
 }
 
@@ -410,18 +410,18 @@ pub fn create(
         if m.soft_deleted {
             return Err(CreateError::PathReserved);
         }
-        let mismatch = if !content_type::matches(&m.content_type, &content_type) {
-            Some(Mismatch::ContentType { existing: m.content_type.clone(), requested: content_type })
-        } else if m.expiry != expiry {
-            Some(Mismatch::Expiry { existing: m.expiry, requested: expiry })
+        let mismatch = if !content_type::matches(&m.config.content_type, &content_type) {
+            Some(Mismatch::ContentType { existing: m.config.content_type.clone(), requested: content_type })
+        } else if m.config.expiry != expiry {
+            Some(Mismatch::Expiry { existing: m.config.expiry, requested: expiry })
         } else if m.closed != req.closed {
             Some(Mismatch::Closed { existing: m.closed })
         } else if m.fork != fork_of {
             Some(Mismatch::Fork { existing: m.fork, requested: fork_of })
-        } else if m.compaction != compaction {
-            Some(Mismatch::Compaction { existing: m.compaction })
-        } else if !req.retention.matches(&m.retention) {
-            Some(Mismatch::Retention { existing: m.retention, requested: req.retention })
+        } else if m.config.compaction != compaction {
+            Some(Mismatch::Compaction { existing: m.config.compaction })
+        } else if !req.retention.matches(&m.config.retention) {
+            Some(Mismatch::Retention { existing: m.config.retention, requested: req.retention })
         } else {
             None
         };
@@ -435,18 +435,12 @@ pub fn create(
     }
     let start = fork_of.map_or(0, |f| f.fork_point);
     let tail = start.checked_add(req.initial.len() as u64).filter(|t| *t <= Offset::MAX.0).ok_or(CreateError::TooLarge)?;
+    let config = StreamConfig { content_type, expiry, retention: req.retention.policy, compaction };
     let meta = StreamMeta {
-        id: new_id,
-        created_ms: req.now_ms,
-        content_type,
-        expiry,
         closed: req.closed,
-        stream_seq: None,
         fork: fork_of,
-        soft_deleted: false,
         earliest: fork.map_or(Offset::ZERO, |f| f.earliest),
-        retention: req.retention.policy,
-        compaction,
+        ..StreamMeta::with_config(new_id, req.now_ms, config)
     };
     Ok(CreatePlan::Create { meta, tail: Offset(tail) })
 }
@@ -512,7 +506,7 @@ pub fn compact(meta: &StreamMeta, tail: Offset, req: &CompactRequest) -> Result<
     if req.stream_id.is_some_and(|id| id != meta.id) {
         return Err(CompactError::NotFound);
     }
-    if !meta.compaction {
+    if !meta.config.compaction {
         return Err(CompactError::NotCompactable);
     }
     if meta.closed {

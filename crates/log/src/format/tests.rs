@@ -16,18 +16,21 @@ fn meta() -> impl Strategy<Value = StreamMeta> {
         any::<bool>(),
         proptest::option::of(any::<u64>()),
     )
-        .prop_map(|(id, content_type, closed, stream_seq, fork, soft_deleted, max_age_s)| StreamMeta {
-            id,
-            created_ms: 7,
-            content_type,
-            expiry: Expiry::Ttl(60),
-            closed,
-            stream_seq,
-            fork: fork.map(|(source_id, fork_point)| ForkOf { source_id, fork_point }),
-            soft_deleted,
-            earliest: Offset(7),
-            retention: oncelog_storage::RetentionPolicy { max_age_s, max_bytes: None },
-            compaction: closed && soft_deleted,
+        .prop_map(|(id, content_type, closed, stream_seq, fork, soft_deleted, max_age_s)| {
+            let config = oncelog_storage::StreamConfig {
+                content_type,
+                expiry: Expiry::Ttl(60),
+                retention: oncelog_storage::RetentionPolicy { max_age_s, max_bytes: None },
+                compaction: closed && soft_deleted,
+            };
+            StreamMeta {
+                closed,
+                stream_seq,
+                fork: fork.map(|(source_id, fork_point)| ForkOf { source_id, fork_point }),
+                soft_deleted,
+                earliest: Offset(7),
+                ..StreamMeta::with_config(id, 7, config)
+            }
         })
 }
 
@@ -208,7 +211,8 @@ fn version_2_checkpoints_decode_without_time_marks() {
 /// loads, with the same keys and marks.
 #[test]
 fn version_4_checkpoints_with_inline_keys_and_marks_still_decode() {
-    let meta = StreamMeta { retention: oncelog_storage::RetentionPolicy { max_age_s: Some(60), max_bytes: None }, ..StreamMeta::new(4, 1, "text/plain") };
+    let mut meta = StreamMeta::new(4, 1, "text/plain");
+    std::sync::Arc::make_mut(&mut meta.config).retention = oncelog_storage::RetentionPolicy { max_age_s: Some(60), max_bytes: None };
     let key = (KeyId(0x0102_0304), KeyEntry { end: Offset(5), digest: BodyDigest(99), at_ms: 1_000 });
     let marks = vec![oncelog_storage::TimeMark { end: Offset(3), at_ms: 10 }, oncelog_storage::TimeMark { end: Offset(5), at_ms: 20 }];
     let m = oncelog_storage::codec::stream_meta::encode(&meta);

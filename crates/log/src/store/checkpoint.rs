@@ -17,8 +17,10 @@ impl Store {
     /// earliest offset, unless a fork still reads them (a fork pins what it references from its
     /// earliest offset on). The next checkpoint then no longer lists them, and segments nothing
     /// listed lives in are deleted after it: the space of trimmed data comes back. Called before
-    /// each checkpoint. Returns the number of entries dropped.
+    /// each checkpoint, with the configurations no stream holds any more. Returns the number of
+    /// entries dropped.
     pub fn prune_index(&mut self) -> usize {
+        self.configs.prune();
         // Each stream's floor: its own earliest offset, lowered by the forks that read it
         // (detached streams are read by forks only, and may be forks themselves).
         let all = || self.streams.values().chain(self.detached.values());
@@ -77,19 +79,18 @@ impl Store {
     /// Removes soft-deleted streams (detached ones included) no fork references any more
     /// (cannot normally happen: a fork's removal takes its source along in the same frame).
     pub fn collect_orphans(&mut self) {
-        let orphans: Vec<u64> = self
-            .streams
-            .values()
-            .chain(self.detached.values())
-            .filter(|w| w.st.meta.soft_deleted && w.shared.forks() == 0)
-            .map(|w| w.st.meta.id)
-            .collect();
-        if orphans.is_empty() {
+        let orphan = |w: &super::WStream| w.st.meta.soft_deleted && w.shared.forks() == 0;
+        let at_paths: Vec<std::sync::Arc<str>> = self.streams.iter().filter(|(_, w)| orphan(w)).map(|(p, _)| p.clone()).collect();
+        let detached: Vec<u64> = self.detached.values().filter(|w| orphan(w)).map(|w| w.st.meta.id).collect();
+        if at_paths.is_empty() && detached.is_empty() {
             return;
         }
         let mut g = Group::new();
-        for id in orphans {
-            self.remove_id(id, &mut g);
+        for path in at_paths {
+            self.remove(&path, &mut g);
+        }
+        for id in detached {
+            self.remove_detached(id, &mut g);
         }
         self.count_streams();
         let failure = self.commit(&mut g);

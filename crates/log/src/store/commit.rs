@@ -25,7 +25,7 @@ pub(super) enum Effect {
     /// New data of `shared` ends at `end` and starts at payload offset `at` (`hot`: its bytes).
     Data { shared: Arc<Shared>, end: u64, at: usize, hot: Bytes },
     Publish { shared: Arc<Shared>, tail: Offset, closed: bool },
-    Insert { path: Arc<str>, shared: Arc<Shared> },
+    Insert { shared: Arc<Shared> },
     /// `path`: `None` for a stream that was detached from its path (no longer in the view).
     Remove { path: Option<Arc<str>>, shared: Arc<Shared> },
     SoftDelete { shared: Arc<Shared> },
@@ -225,10 +225,7 @@ impl Store {
                         }
                         d.extents.push(Extent::new(end, segment, at as u64));
                         if keep_hot {
-                            if d.hot.capacity() == 0 {
-                                d.hot.reserve_exact(1);
-                            }
-                            d.hot.push_back((start, hot.clone()));
+                            d.hot.push(start, hot.clone());
                         }
                     }
                     if keep_hot {
@@ -245,9 +242,9 @@ impl Store {
                     });
                     woken.add(shared);
                 }
-                Effect::Insert { path, shared } => {
+                Effect::Insert { shared } => {
                     if let Ok(mut map) = self.view.streams.write() {
-                        map.insert(path, shared);
+                        map.insert(shared);
                     }
                 }
                 Effect::SoftDelete { shared } => {
@@ -297,9 +294,7 @@ impl Store {
             self.hot_bytes -= len;
             if let Some(shared) = weak.upgrade() {
                 if let Ok(mut d) = shared.data.write() {
-                    if d.hot.front().is_some_and(|(s, _)| *s == start) {
-                        d.hot.pop_front();
-                    }
+                    d.hot.pop_oldest(start);
                 }
             }
         }

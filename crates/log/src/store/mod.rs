@@ -16,6 +16,8 @@
 
 mod checkpoint;
 mod commit;
+mod configs;
+mod path_table;
 pub(crate) mod mutant;
 pub(crate) mod read;
 mod recovery;
@@ -44,6 +46,7 @@ pub(crate) use commit::Group;
 use commit::reply;
 pub(crate) use recovery::open;
 use stage::check_append_shape;
+use path_table::PathTable;
 pub(crate) use view::{Counters, Shared, View};
 
 /// A command for the writer.
@@ -73,6 +76,12 @@ struct WStream {
     st: StreamState,
     shared: Arc<Shared>,
 }
+impl path_table::Named for Box<WStream> {
+    fn path(&self) -> &Arc<str> {
+        &self.shared.path
+    }
+}
+
 /// The store and the group being staged, as the machine's [`machine::Appender`].
 struct Staging<'a> {
     store: &'a mut Store,
@@ -115,9 +124,13 @@ pub(crate) struct Store {
     view: Arc<View>,
     cfg: StoreConfig,
     /// Boxed: a map's empty slots then cost a pointer, not a whole stream's state.
-    streams: HashMap<Arc<str>, Box<WStream>>,
-    /// Path of every stream by id, to follow a fork to its source.
-    paths_by_id: HashMap<u64, Arc<str>>,
+    streams: PathTable<Box<WStream>>,
+    /// The path of each stream at a path that forks read (its fork count is above 0), by id:
+    /// a fork names its source by id. Only sources are here, so the many streams without forks
+    /// cost no entry (at a million streams a map entry each was about 50 bytes a stream).
+    source_paths: HashMap<u64, Arc<str>>,
+    /// Every stream's configuration, one allocation per distinct one.
+    configs: configs::Configs,
     /// Streams detached from their paths by a purging delete ([`rules::Removal::Detach`]): kept
     /// by id, for their forks only (no request names them), until their last fork goes.
     detached: HashMap<u64, Box<WStream>>,

@@ -64,8 +64,7 @@ pub(crate) fn plan(shared: &Arc<Shared>, from: u64, tail: u64, max_bytes: usize,
             if bounded {
                 hi = hi.min(lo + (max_bytes - total));
             }
-            let hot = d.hot.binary_search_by_key(&start, |(s, _)| *s).ok().map(|k| &d.hot[k].1);
-            match hot {
+            match d.hot.get(start) {
                 Some(b) => pieces.push(Piece::Mem(b.slice(lo..hi))),
                 None => pieces.push(Piece::Disk { segment: e.segment(), pos: e.pos() + lo as u64, len: hi - lo }),
             }

@@ -19,6 +19,7 @@ use crate::fs::Fs;
 use crate::error::{backend, corrupt, LogError};
 
 use super::commit::new_segment;
+use super::path_table::PathTable;
 use super::view::{new_shared, Counters, Shared, StreamData, View};
 use super::{io_err, Store, StoreConfig, WStream, RecoveryReport};
 
@@ -201,12 +202,14 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         }
     }
     let mut shared_by_id: HashMap<u64, Arc<Shared>> = HashMap::new();
-    let mut wstreams = HashMap::new();
-    let mut paths_by_id = HashMap::new();
+    let mut wstreams = PathTable::default();
+    let mut source_paths = HashMap::new();
+    let mut configs = super::configs::Configs::default();
     let mut detached = HashMap::new();
     let mut producers = 0usize;
     for id in order {
-        let Some(b) = streams.remove(&id) else { continue };
+        let Some(mut b) = streams.remove(&id) else { continue };
+        configs.intern(&mut b.st.meta.config);
         let chain = match b.st.meta.fork {
             None => Vec::new(),
             Some(f) => {
@@ -214,9 +217,12 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
                 fork_chain(&src.chain, src, f.fork_point)
             }
         };
-        let data = StreamData { start: b.start, extents: b.extents, hot: VecDeque::new() };
+        let data = StreamData { start: b.start, extents: b.extents, hot: Default::default() };
         let forks = fork_counts.get(&id).copied().unwrap_or(0);
-        let shared = new_shared(&b.st.meta, b.st.tail, chain, forks, now_ms, data);
+        // A detached stream is listed nowhere: its entry keeps no path.
+        let path: Arc<str> = Arc::from(b.path.as_deref().unwrap_or(""));
+        let listed = b.path.is_some();
+        let shared = new_shared(&b.st.meta, path, b.st.tail, chain, forks, now_ms, data);
         report.streams += 1;
         report.bytes += b.st.tail.0;
         report.closed_streams += usize::from(b.st.meta.closed);
@@ -224,20 +230,18 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         producers += b.st.producers.len();
         shared_by_id.insert(id, shared.clone());
         let w = Box::new(WStream { st: b.st, shared });
-        match b.path {
-            Some(path) => {
-                let path: Arc<str> = Arc::from(path);
-                paths_by_id.insert(id, path.clone());
-                wstreams.insert(path, w);
+        if listed {
+            if forks > 0 {
+                source_paths.insert(id, w.shared.path.clone());
             }
-            None => {
-                detached.insert(id, w);
-            }
+            wstreams.insert(w);
+        } else {
+            detached.insert(id, w);
         }
     }
     let view = Arc::new(View::default());
     if let Ok(mut m) = view.streams.write() {
-        *m = wstreams.iter().map(|(p, w)| (p.clone(), w.shared.clone())).collect();
+        *m = wstreams.values().map(|w| w.shared.clone()).collect();
     }
     if let Ok(mut s) = view.segments.write() {
         *s = segments;
@@ -250,7 +254,8 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         view,
         cfg,
         streams: wstreams,
-        paths_by_id,
+        source_paths,
+        configs,
         detached,
         next_id,
         active,

@@ -2,7 +2,6 @@
 //! forks, appends through the stream state machine (parking included), deletes, trims,
 //! compactions, transactions, the retention sweep and pruning.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -71,7 +70,7 @@ impl Store {
         let due: Vec<(Arc<str>, Offset, Offset)> = self
             .streams
             .iter()
-            .filter(|(_, w)| !w.st.meta.retention.is_none() && !w.st.meta.soft_deleted)
+            .filter(|(_, w)| !w.st.meta.config.retention.is_none() && !w.st.meta.soft_deleted)
             .filter_map(|(path, w)| {
                 let d = w.shared.data.read().ok()?;
                 let below = |x: Offset| {
@@ -82,7 +81,7 @@ impl Store {
                         n => d.extents[n - 1].end,
                     })
                 };
-                let to = retention::floor(&w.st.meta.retention, w.st.tail, w.st.meta.earliest, now_ms, &w.st.marks, below)?;
+                let to = retention::floor(&w.st.meta.config.retention, w.st.tail, w.st.meta.earliest, now_ms, &w.st.marks, below)?;
                 Some((path.clone(), w.st.meta.earliest, to))
             })
             .collect();
@@ -166,14 +165,15 @@ impl Store {
     /// Detaches a stream from its path (one Detach record): soft-deleted if it was not yet, out
     /// of the path map (a create of the path makes a new stream), and kept by id for its forks,
     /// which hold its index in their chains and read it as before. Its remains go with its last
-    /// fork ([`Store::remove_id`]).
+    /// fork ([`Store::remove_stream`]).
     fn detach(&mut self, path: &str, g: &mut Group) {
-        let Some((path, mut w)) = self.streams.remove_entry(path) else { return };
+        let Some(mut w) = self.streams.remove(path) else { return };
+        let path = w.shared.path.clone();
         let id = w.st.meta.id;
         g.record(&Record::Detach { id });
         let dropped = w.st.soft_delete();
         self.counters.producers.fetch_sub(dropped as u64, Ordering::Relaxed);
-        self.paths_by_id.remove(&id);
+        self.source_paths.remove(&id);
         g.effects.push(Effect::Detach { path, shared: w.shared.clone() });
         self.detached.insert(id, w);
     }
@@ -216,45 +216,54 @@ impl Store {
         Ok(TrimOutcome { earliest: w.st.meta.earliest, tail: w.st.tail })
     }
 
-    /// Removes the stream at `path` as [`Store::remove_id`] does.
+    /// Removes the stream at `path` as [`Store::remove_stream`] does.
     pub(super) fn remove(&mut self, path: &str, g: &mut Group) {
-        if let Some(id) = self.streams.get(path).map(|w| w.st.meta.id) {
-            self.remove_id(id, g);
+        if let Some(w) = self.streams.remove(path) {
+            self.remove_stream(Some(w.shared.path.clone()), w, g);
         }
     }
 
-    /// Removes stream `id` (at its path, or detached); a fork releases its source, and a
-    /// soft-deleted source (detached or not) whose last fork this was goes too, up the chain, in
-    /// the same frame.
-    pub(super) fn remove_id(&mut self, id: u64, g: &mut Group) {
-        let mut next = Some(id);
-        while let Some(id) = next.take() {
-            let Some((path, w)) = self.take_stream(id) else { return };
+    /// Removes a detached stream as [`Store::remove_stream`] does.
+    pub(super) fn remove_detached(&mut self, id: u64, g: &mut Group) {
+        if let Some(w) = self.detached.remove(&id) {
+            self.remove_stream(None, w, g);
+        }
+    }
+
+    /// Removes stream `w`, taken from `path` (`None`: it was detached); a fork releases its
+    /// source, and a soft-deleted source (detached or not) whose last fork this was goes too, up
+    /// the chain, in the same frame.
+    // The stream comes boxed as the maps keep it (not unboxed to be boxed again).
+    #[allow(clippy::boxed_local)]
+    fn remove_stream(&mut self, mut path: Option<Arc<str>>, mut w: Box<WStream>, g: &mut Group) {
+        loop {
+            let id = w.st.meta.id;
+            self.source_paths.remove(&id);
             g.record(&Record::Remove { id });
             self.counters.producers.fetch_sub(w.st.producers.len() as u64, Ordering::Relaxed);
             g.effects.push(Effect::Remove { path, shared: w.shared });
-            let Some(f) = w.st.meta.fork else { continue };
-            let Some(src) = self.stream_by_id(f.source_id) else { continue };
+            let Some(f) = w.st.meta.fork else { return };
+            // The source has a fork (this one), so it is in `source_paths` while at its path.
+            let src_path = self.source_paths.get(&f.source_id).cloned();
+            let src = match &src_path {
+                Some(p) => self.streams.get(p),
+                None => self.detached.get(&f.source_id),
+            };
+            let Some(src) = src else { return };
             let left = src.shared.forks.fetch_sub(1, Ordering::Relaxed).saturating_sub(1);
-            if rules::source_follows(&src.st.meta, left) {
-                next = Some(f.source_id);
+            let follows = rules::source_follows(&src.st.meta, left);
+            if left == 0 {
+                self.source_paths.remove(&f.source_id);
             }
-        }
-    }
-
-    /// Stream `id`, at its path or detached.
-    fn stream_by_id(&self, id: u64) -> Option<&WStream> {
-        match self.paths_by_id.get(&id) {
-            Some(path) => self.streams.get(path).map(|w| &**w),
-            None => self.detached.get(&id).map(|w| &**w),
-        }
-    }
-
-    /// Takes stream `id` out of the store, with its path (`None`: it was detached).
-    fn take_stream(&mut self, id: u64) -> Option<(Option<Arc<str>>, Box<WStream>)> {
-        match self.paths_by_id.remove(&id) {
-            Some(path) => self.streams.remove(&path).map(|w| (Some(path), w)),
-            None => self.detached.remove(&id).map(|w| (None, w)),
+            if !follows {
+                return;
+            }
+            let next = match src_path {
+                Some(p) => self.streams.remove(&p).map(|w| (Some(p), w)),
+                None => self.detached.remove(&f.source_id).map(|w| (None, w)),
+            };
+            let Some((p, next)) = next else { return };
+            (path, w) = (p, next);
         }
     }
 
@@ -279,10 +288,11 @@ impl Store {
             fork = Some((resolved, chain));
         }
         let existing = self.streams.get(req.path.as_str()).map(|w| (&w.st.meta, w.st.tail));
-        let (meta, tail) = match rules::create(existing, fork.as_ref().map(|f| &f.0), &req, self.next_id)? {
+        let (mut meta, tail) = match rules::create(existing, fork.as_ref().map(|f| &f.0), &req, self.next_id)? {
             CreatePlan::Existing(info) => return Ok(CreateOutcome::Existing(info)),
             CreatePlan::Create { meta, tail } => (meta, tail),
         };
+        self.configs.intern(&mut meta.config);
         let id = meta.id;
         self.next_id += 1;
         let at = g.record(&Record::Create { id, path: &req.path, meta: &meta, data: &req.initial });
@@ -291,13 +301,14 @@ impl Store {
             Some((_, chain)) => {
                 if let Some(src) = req.fork.as_ref().and_then(|f| self.streams.get(f.source.as_str())) {
                     src.shared.forks.fetch_add(1, Ordering::Relaxed);
+                    self.source_paths.insert(src.st.meta.id, src.shared.path.clone());
                 }
                 chain
             }
             None => Vec::new(),
         };
-        let data = StreamData { start, extents: Vec::new(), hot: VecDeque::new() };
-        let shared = new_shared(&meta, tail, chain, 0, req.now_ms, data);
+        let data = StreamData { start, extents: Vec::new(), hot: Default::default() };
+        let shared = new_shared(&meta, Arc::from(req.path.as_str()), tail, chain, 0, req.now_ms, data);
         let mut st = StreamState::new(meta, tail);
         // Replay notes the same from the record's creation time.
         st.created();
@@ -305,11 +316,9 @@ impl Store {
             g.effects.push(Effect::Data { shared: shared.clone(), end: tail.0, at, hot: req.initial.clone() });
         }
         let info = st.info();
-        let path: Arc<str> = Arc::from(req.path.as_str());
-        self.streams.insert(path.clone(), Box::new(WStream { st, shared: shared.clone() }));
-        self.paths_by_id.insert(id, path.clone());
+        self.streams.insert(Box::new(WStream { st, shared: shared.clone() }));
         self.count_streams();
-        g.effects.push(Effect::Insert { path, shared });
+        g.effects.push(Effect::Insert { shared });
         Ok(CreateOutcome::Created(info))
     }
 

@@ -1,7 +1,7 @@
 //! What readers share with the writer, per stream and store-wide: the published state (only
 //! durable effects reach it), the index of appends with the hot tail, and the counters.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
@@ -12,6 +12,7 @@ use oncelog_storage::machine::chain::Segment;
 use oncelog_storage::*;
 use tokio::sync::Notify;
 
+use super::path_table::{Named, PathTable};
 use crate::format::Extent;
 use crate::fs::File;
 
@@ -95,19 +96,55 @@ pub(crate) struct StreamData {
     pub start: u64,
     /// One per append, in offset order.
     pub extents: Vec<Extent>,
-    /// The newest appends' bytes (start offset, bytes), shared with every live reader: N readers
-    /// of a stream cost no storage read and no copy. Bounded by the store-wide hot budget.
-    pub hot: VecDeque<(u64, Bytes)>,
+    /// The newest appends' bytes, shared with every live reader: N readers of a stream cost no
+    /// storage read and no copy. Bounded by the store-wide hot budget.
+    pub hot: HotTail,
+}
+
+/// A stream's hot tail: (start offset, bytes) of its newest appends, oldest first. Absent until
+/// the stream is first read live: most of a million streams never are, and an empty deque in
+/// place cost each of them 32 bytes.
+// Boxed on purpose: the box is one pointer where the deque in place is four words.
+#[allow(clippy::box_collection)]
+#[derive(Default)]
+pub(crate) struct HotTail(Option<Box<VecDeque<(u64, Bytes)>>>);
+
+impl HotTail {
+    /// The bytes of the append that starts at `start`, when they are still here.
+    pub fn get(&self, start: u64) -> Option<&Bytes> {
+        let q = self.0.as_deref()?;
+        q.binary_search_by_key(&start, |(s, _)| *s).ok().map(|k| &q[k].1)
+    }
+
+    /// Keeps the bytes of the append that starts at `start` (after every append kept before).
+    pub fn push(&mut self, start: u64, bytes: Bytes) {
+        // Most streams hold few appends: room for exactly one at first.
+        self.0.get_or_insert_with(|| Box::new(VecDeque::with_capacity(1))).push_back((start, bytes));
+    }
+
+    /// Drops the oldest append when it is the one that starts at `start` (the store-wide budget
+    /// evicts in the order appends were kept).
+    pub fn pop_oldest(&mut self, start: u64) {
+        if let Some(q) = self.0.as_deref_mut() {
+            if q.front().is_some_and(|(s, _)| *s == start) {
+                q.pop_front();
+            }
+        }
+    }
 }
 
 /// Per-stream entry shared by readers.
 pub(crate) struct Shared {
     pub id: u64,
-    pub config: StreamConfig,
+    /// Where the stream is listed (its key in the path tables); a detached stream keeps the
+    /// path it had.
+    pub path: Arc<str>,
+    /// The same allocation as the writer's [`StreamMeta::config`].
+    pub config: Arc<StreamConfig>,
     /// For a fork: each ancestor's byte range it reads, oldest first
     /// ([`oncelog_storage::machine::chain`]). Holding the ancestors keeps their index alive
     /// exactly as long as a fork reads it.
-    pub chain: Vec<Segment<Arc<Shared>>>,
+    pub chain: Box<[Segment<Arc<Shared>>]>,
     /// Forks of this stream that still exist (a stream with forks is soft-deleted, not removed).
     pub forks: AtomicUsize,
     /// Tail and closure, published after each durable commit; live readers wait on it.
@@ -132,6 +169,12 @@ pub(crate) fn live_clock() -> u32 {
     static START: OnceLock<Instant> = OnceLock::new();
     let secs = START.get_or_init(Instant::now).elapsed().as_secs();
     u32::try_from(secs).unwrap_or(u32::MAX - 1) + 1
+}
+
+impl Named for Arc<Shared> {
+    fn path(&self) -> &Arc<str> {
+        &self.path
+    }
 }
 
 impl Shared {
@@ -173,7 +216,7 @@ impl Shared {
 /// checkpointer.
 #[derive(Default)]
 pub(crate) struct View {
-    pub streams: RwLock<HashMap<Arc<str>, Arc<Shared>>>,
+    pub streams: RwLock<PathTable<Arc<Shared>>>,
     /// Every segment file still on disk, open once (no descriptor per stream).
     pub segments: RwLock<std::collections::BTreeMap<u64, Arc<dyn File>>>,
 }
@@ -203,12 +246,13 @@ impl Counters {
     }
 }
 
-pub(super) fn new_shared(meta: &StreamMeta, tail: Offset, chain: Vec<Segment<Arc<Shared>>>, forks: usize, now_ms: i64, data: StreamData) -> Arc<Shared> {
+pub(super) fn new_shared(meta: &StreamMeta, path: Arc<str>, tail: Offset, chain: Vec<Segment<Arc<Shared>>>, forks: usize, now_ms: i64, data: StreamData) -> Arc<Shared> {
     let state = PublishedCell::new(Published { tail, closed: meta.closed, deleted: false, soft_deleted: meta.soft_deleted });
     Arc::new(Shared {
         id: meta.id,
+        path,
         config: meta.config(),
-        chain,
+        chain: chain.into_boxed_slice(),
         forks: AtomicUsize::new(forks),
         state,
         last_access_ms: AtomicI64::new(now_ms),

@@ -60,7 +60,7 @@ pub(super) async fn create<E: Engine>(
         // framing decision, as the source may change before the create is applied.
         let effective_ct = match (&h.content_type, &fork) {
             (Some(ct), _) => Some(ct.clone()),
-            (None, Some(f)) => st.engine.head(&f.source, now_ms).await.ok().map(|i| i.config.content_type),
+            (None, Some(f)) => st.engine.head(&f.source, now_ms).await.ok().map(|i| i.config.content_type.clone()),
             (None, None) => None,
         };
         let json_framed = effective_ct.as_deref().is_some_and(content_type::is_json) && !body.is_empty();

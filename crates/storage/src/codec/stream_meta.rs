@@ -29,10 +29,10 @@ const TAG_V3: u8 = 0x03;
 
 /// Encodes `meta` as a tagged record.
 pub fn encode(meta: &StreamMeta) -> Vec<u8> {
-    let mut e = Encoder(Vec::with_capacity(64 + meta.content_type.len()));
-    let tag = if meta.retention.is_none() && !meta.compaction { TAG_V2 } else { TAG_V3 };
-    e.u8(tag).u64(meta.id).i64(meta.created_ms).str(&meta.content_type);
-    match meta.expiry {
+    let mut e = Encoder(Vec::with_capacity(64 + meta.config.content_type.len()));
+    let tag = if meta.config.retention.is_none() && !meta.config.compaction { TAG_V2 } else { TAG_V3 };
+    e.u8(tag).u64(meta.id).i64(meta.created_ms).str(&meta.config.content_type);
+    match meta.config.expiry {
         Expiry::Never => e.u8(0),
         Expiry::Ttl(s) => e.u8(1).u64(s),
         Expiry::At(ms) => e.u8(2).i64(ms),
@@ -48,13 +48,13 @@ pub fn encode(meta: &StreamMeta) -> Vec<u8> {
     };
     e.u8(u8::from(meta.soft_deleted)).u64(meta.earliest.0);
     if tag == TAG_V3 {
-        for limit in [meta.retention.max_age_s, meta.retention.max_bytes] {
+        for limit in [meta.config.retention.max_age_s, meta.config.retention.max_bytes] {
             match limit {
                 None => e.u8(0),
                 Some(v) => e.u8(1).u64(v),
             };
         }
-        e.u8(u8::from(meta.compaction));
+        e.u8(u8::from(meta.config.compaction));
     }
     e.0
 }
@@ -89,7 +89,8 @@ pub fn decode(bytes: &[u8]) -> Result<StreamMeta, DecodeError> {
         compaction = if d.remaining() > 0 { d.bool()? } else { false };
     }
     d.finish()?;
-    Ok(StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest, retention, compaction })
+    let config = crate::engine::StreamConfig { content_type, expiry, retention, compaction };
+    Ok(StreamMeta { closed, stream_seq, fork, soft_deleted, earliest, ..StreamMeta::with_config(id, created_ms, config) })
 }
 
 #[cfg(test)]
@@ -113,17 +114,16 @@ mod tests {
         ) {
             let fork = fork.map(|(source_id, fork_point)| ForkOf { source_id, fork_point });
             let retention = crate::retention::RetentionPolicy { max_age_s, max_bytes };
-            let m = StreamMeta { id, created_ms, content_type, expiry, closed, stream_seq, fork, soft_deleted, earliest: Offset(earliest), retention, compaction };
+            let config = crate::engine::StreamConfig { content_type, expiry, retention, compaction };
+            let m = StreamMeta { closed, stream_seq, fork, soft_deleted, earliest: Offset(earliest), ..StreamMeta::with_config(id, created_ms, config) };
             prop_assert_eq!(decode(&encode(&m)), Ok(m));
         }
 
         #[test]
         fn tag_3_records_without_the_compaction_flag_decode(max_age_s in proptest::option::of(any::<u64>())) {
             let retention = crate::retention::RetentionPolicy { max_age_s, max_bytes: Some(9) };
-            let m = StreamMeta {
-                id: 3, created_ms: 1, content_type: "text/plain".into(), expiry: Expiry::Never, closed: false, stream_seq: None,
-                fork: None, soft_deleted: false, earliest: Offset(2), retention, compaction: false,
-            };
+            let config = crate::engine::StreamConfig { content_type: "text/plain".into(), expiry: Expiry::Never, retention, compaction: false };
+            let m = StreamMeta { earliest: Offset(2), ..StreamMeta::with_config(3, 1, config) };
             let mut bytes = encode(&m);
             prop_assert_eq!(bytes.pop(), Some(0));
             prop_assert_eq!(decode(&bytes), Ok(m));

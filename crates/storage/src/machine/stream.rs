@@ -118,7 +118,7 @@ impl StreamState {
             AppendPlan::Write(w) => w,
         };
         let outcome = w.outcome(self.meta.closed);
-        let effects = AppendEffects::of(&w, req, retention::marks_writes(&self.meta.retention));
+        let effects = AppendEffects::of(&w, req, retention::marks_writes(&self.meta.config.retention));
         let (marks, new_producer) = self.apply(&effects);
         Ok(Step::Write(Written { effects, marks, new_producer, outcome }))
     }
@@ -149,7 +149,7 @@ impl StreamState {
         }
         self.tail = e.new_tail;
         let marks = match e.write_time {
-            Some(at_ms) => retention::note_write(&mut self.marks, &self.meta.retention, self.tail, at_ms),
+            Some(at_ms) => retention::note_write(&mut self.marks, &self.meta.config.retention, self.tail, at_ms),
             None => MarkChange::None,
         };
         (marks, new_producer)
@@ -158,7 +158,7 @@ impl StreamState {
     /// Notes the initial data of a new stream (written at its creation time) in its marks.
     pub fn created(&mut self) -> MarkChange {
         if self.tail.0 > self.meta.fork.map_or(0, |f| f.fork_point) {
-            retention::note_write(&mut self.marks, &self.meta.retention, self.tail, self.meta.created_ms)
+            retention::note_write(&mut self.marks, &self.meta.config.retention, self.tail, self.meta.created_ms)
         } else {
             MarkChange::None
         }
@@ -223,7 +223,9 @@ mod tests {
     use oncelog_protocol::headers::ProducerHeaders;
 
     fn meta() -> StreamMeta {
-        StreamMeta { retention: crate::retention::RetentionPolicy { max_age_s: Some(3600), max_bytes: None }, ..StreamMeta::new(1, 0, "text/plain") }
+        let mut m = StreamMeta::new(1, 0, "text/plain");
+        std::sync::Arc::make_mut(&mut m.config).retention = crate::retention::RetentionPolicy { max_age_s: Some(3600), max_bytes: None };
+        m
     }
 
     fn req(producer: Option<(&str, u64)>, key: Option<u128>, now_ms: i64) -> AppendRequest {

@@ -270,7 +270,7 @@ fn create_req(ct: Option<&str>, expiry: Option<Expiry>, closed: bool) -> CreateR
 fn create_verdicts() {
     let plan = create(None, None, &create_req(None, None, false), 9).expect("create");
     let CreatePlan::Create { meta: m, tail } = plan else { panic!("expected a new stream") };
-    assert_eq!((m.id, m.content_type.as_str(), m.expiry, tail), (9, content_type::DEFAULT, Expiry::Never, Offset::ZERO));
+    assert_eq!((m.id, m.config.content_type.as_str(), m.config.expiry, tail), (9, content_type::DEFAULT, Expiry::Never, Offset::ZERO));
     // Identical re-create (parameters of the media type ignored) is 200; anything else 409.
     let existing = meta("text/plain");
     let same = create(Some((&existing, Offset(4))), None, &create_req(Some("text/plain;charset=utf-8"), None, false), 10);
@@ -327,7 +327,7 @@ fn fork_resolution_verdicts() {
     // A fork inherits type and expiry unless it names its own; a different type is refused.
     let mut req = create_req(None, None, false);
     let plan = create(None, Some(&r), &req, 7).expect("fork");
-    assert!(matches!(plan, CreatePlan::Create { ref meta, tail: Offset(20) } if meta.content_type == "application/json" && meta.fork == Some(r.fork)));
+    assert!(matches!(plan, CreatePlan::Create { ref meta, tail: Offset(20) } if meta.config.content_type == "application/json" && meta.fork == Some(r.fork)));
     req.content_type = Some("text/plain".into());
     assert!(matches!(create(None, Some(&r), &req, 7), Err(CreateError::ContentTypeMismatch)));
 }
@@ -357,12 +357,12 @@ fn delete_expiry_and_visibility_verdicts() {
     assert!(!source_follows(&m, 1));
     assert!(matches!(visible(m.soft_deleted, false, 1), Err(LookupError::Gone)));
     m.soft_deleted = false;
-    m.expiry = Expiry::Ttl(2);
-    assert!(!expired(m.expiry, 1_000, 2_999));
-    assert!(expired(m.expiry, 1_000, 3_000));
+    std::sync::Arc::make_mut(&mut m.config).expiry = Expiry::Ttl(2);
+    assert!(!expired(m.config.expiry, 1_000, 2_999));
+    assert!(expired(m.config.expiry, 1_000, 3_000));
     assert!(matches!(visible(m.soft_deleted, true, 0), Err(LookupError::NotFound)));
     assert!(matches!(visible(m.soft_deleted, true, 1), Err(LookupError::Gone)));
     assert!(visible(false, false, 3).is_ok());
-    m.expiry = Expiry::At(50);
-    assert!(!expired(m.expiry, 0, 49) && expired(m.expiry, 0, 50));
+    std::sync::Arc::make_mut(&mut m.config).expiry = Expiry::At(50);
+    assert!(!expired(m.config.expiry, 0, 49) && expired(m.config.expiry, 0, 50));
 }
