@@ -9,31 +9,43 @@ use std::sync::Arc;
 use oncelog_storage::StreamConfig;
 
 /// The configurations streams hold. A configuration no stream holds any more stays until the
-/// next [`Configs::prune`] (before each checkpoint), so the table is bounded by the number of
-/// streams plus the configurations of streams removed since the last checkpoint.
+/// next [`Configs::prune`]: before each checkpoint, and whenever the table has doubled since the
+/// last prune, so streams created and deleted with configurations of their own (a deadline
+/// each) cannot grow it between checkpoints: it holds at most about twice the configurations
+/// streams hold, plus [`PRUNE_FLOOR`].
 #[derive(Default)]
-pub(crate) struct Configs(HashSet<Arc<StreamConfig>>);
+pub(crate) struct Configs {
+    table: HashSet<Arc<StreamConfig>>,
+    /// The size at which an insert prunes first (0: [`PRUNE_FLOOR`]).
+    prune_at: usize,
+}
+
+/// Below this many configurations the table is pruned only before checkpoints.
+const PRUNE_FLOOR: usize = 1024;
 
 impl Configs {
     /// Makes `config` the table's allocation of an equal configuration, adding it when new.
     pub fn intern(&mut self, config: &mut Arc<StreamConfig>) {
-        match self.0.get(&**config) {
-            Some(same) => *config = same.clone(),
-            None => {
-                self.0.insert(config.clone());
-            }
+        if let Some(same) = self.table.get(&**config) {
+            *config = same.clone();
+            return;
         }
+        if self.table.len() >= self.prune_at.max(PRUNE_FLOOR) {
+            self.prune();
+        }
+        self.table.insert(config.clone());
     }
 
     /// Drops the configurations only the table holds. (A reader's answer that still holds one
     /// keeps it for this round: it goes at a later prune.)
     pub fn prune(&mut self) {
-        self.0.retain(|c| Arc::strong_count(c) > 1);
+        self.table.retain(|c| Arc::strong_count(c) > 1);
+        self.prune_at = self.table.len() * 2;
     }
 
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.0.len()
+        self.table.len()
     }
 }
 
@@ -62,5 +74,21 @@ mod tests {
         drop((a, b));
         t.prune();
         assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn configurations_of_removed_streams_do_not_pile_up_between_checkpoints() {
+        let mut t = Configs::default();
+        let mut held = Vec::new();
+        for i in 0..100_000u64 {
+            // A stream with a deadline of its own, created and removed; one in 100 stays.
+            let mut c = config("text/plain", Expiry::At(i as i64));
+            t.intern(&mut c);
+            if i % 100 == 0 {
+                held.push(c);
+            }
+        }
+        assert!(t.len() <= 2 * held.len() + PRUNE_FLOOR, "{} configurations kept for {} held", t.len(), held.len());
+        assert!(held.iter().all(|c| t.table.get(&**c).is_some_and(|x| Arc::ptr_eq(x, c))), "every held configuration stays the table's");
     }
 }
