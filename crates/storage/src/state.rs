@@ -79,13 +79,9 @@ impl StreamMeta {
         StreamMeta { id, created_ms, config: Arc::new(config), closed: false, stream_seq: None, fork: None, soft_deleted: false, earliest: Offset::ZERO }
     }
 
-    /// The configuration (shared, not copied).
-    pub fn config(&self) -> Arc<StreamConfig> {
-        self.config.clone()
-    }
 
     /// What readers see of this stream at `tail`.
     pub fn info(&self, tail: oncelog_protocol::Offset) -> crate::engine::StreamInfo {
-        crate::engine::StreamInfo { id: self.id, config: self.config(), tail, closed: self.closed, earliest: self.earliest }
+        crate::engine::StreamInfo { id: self.id, config: self.config.clone(), tail, closed: self.closed, earliest: self.earliest }
     }
 }

@@ -17,10 +17,8 @@ impl Store {
     /// earliest offset, unless a fork still reads them (a fork pins what it references from its
     /// earliest offset on). The next checkpoint then no longer lists them, and segments nothing
     /// listed lives in are deleted after it: the space of trimmed data comes back. Called before
-    /// each checkpoint, with the configurations no stream holds any more. Returns the number of
-    /// entries dropped.
+    /// each checkpoint. Returns the number of entries dropped.
     pub fn prune_index(&mut self) -> usize {
-        self.configs.prune();
         // Each stream's floor: its own earliest offset, lowered by the forks that read it
         // (detached streams are read by forks only, and may be forks themselves).
         let all = || self.streams.values().chain(self.detached.values());

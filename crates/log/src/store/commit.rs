@@ -26,12 +26,12 @@ pub(super) enum Effect {
     Data { shared: Arc<Shared>, end: u64, at: usize, hot: Bytes },
     Publish { shared: Arc<Shared>, tail: Offset, closed: bool },
     Insert { shared: Arc<Shared> },
-    /// `path`: `None` for a stream that was detached from its path (no longer in the view).
-    Remove { path: Option<Arc<str>>, shared: Arc<Shared> },
+    /// `listed`: still at its path in the view (not detached from it).
+    Remove { listed: bool, shared: Arc<Shared> },
     SoftDelete { shared: Arc<Shared> },
     /// The stream leaves its path (a purge): readers of the path find nothing from now on;
     /// forks keep reading it through their chains.
-    Detach { path: Arc<str>, shared: Arc<Shared> },
+    Detach { shared: Arc<Shared> },
     Trim { shared: Arc<Shared>, earliest: u64 },
     Reply(Box<dyn FnOnce(Option<StorageError>) + Send>),
 }
@@ -254,15 +254,15 @@ impl Store {
                 Effect::Trim { shared, earliest } => {
                     shared.earliest.fetch_max(earliest, Ordering::AcqRel);
                 }
-                Effect::Remove { path, shared } => {
-                    if let Some(path) = path {
-                        self.unlist(&path, &shared);
+                Effect::Remove { listed, shared } => {
+                    if listed {
+                        self.unlist(&shared);
                     }
                     shared.state.update(|p| p.deleted = true);
                     woken.add(shared);
                 }
-                Effect::Detach { path, shared } => {
-                    self.unlist(&path, &shared);
+                Effect::Detach { shared } => {
+                    self.unlist(&shared);
                     // Its waiters end as the path now answers (404); forks wait on their own
                     // state and read this one's index through their chains, which nothing here
                     // changes.
@@ -277,12 +277,12 @@ impl Store {
         woken.wake();
     }
 
-    /// Takes `shared` off `path` in the readers' map, unless the path already names another
+    /// Takes `shared` off its path in the readers' map, unless the path already names another
     /// stream (a create in the same group).
-    fn unlist(&self, path: &Arc<str>, shared: &Arc<Shared>) {
+    fn unlist(&self, shared: &Arc<Shared>) {
         if let Ok(mut map) = self.view.streams.write() {
-            if map.get(path).is_some_and(|s| Arc::ptr_eq(s, shared)) {
-                map.remove(path);
+            if map.get(&shared.path).is_some_and(|s| Arc::ptr_eq(s, shared)) {
+                map.remove(&shared.path);
             }
         }
     }

@@ -9,10 +9,9 @@ use std::sync::Arc;
 use oncelog_storage::StreamConfig;
 
 /// The configurations streams hold. A configuration no stream holds any more stays until the
-/// next [`Configs::prune`]: before each checkpoint, and whenever the table has doubled since the
-/// last prune, so streams created and deleted with configurations of their own (a deadline
-/// each) cannot grow it between checkpoints: it holds at most about twice the configurations
-/// streams hold, plus [`PRUNE_FLOOR`].
+/// table has doubled since its last prune (an insert then prunes first), so streams created and
+/// deleted with configurations of their own (a deadline each) cannot grow it: it holds at most
+/// about twice the configurations streams hold, plus [`PRUNE_FLOOR`].
 #[derive(Default)]
 pub(crate) struct Configs {
     table: HashSet<Arc<StreamConfig>>,
@@ -20,7 +19,7 @@ pub(crate) struct Configs {
     prune_at: usize,
 }
 
-/// Below this many configurations the table is pruned only before checkpoints.
+/// Below this many configurations the table is never pruned.
 const PRUNE_FLOOR: usize = 1024;
 
 impl Configs {
@@ -38,7 +37,7 @@ impl Configs {
 
     /// Drops the configurations only the table holds. (A reader's answer that still holds one
     /// keeps it for this round: it goes at a later prune.)
-    pub fn prune(&mut self) {
+    fn prune(&mut self) {
         self.table.retain(|c| Arc::strong_count(c) > 1);
         self.prune_at = self.table.len() * 2;
     }
@@ -77,7 +76,7 @@ mod tests {
     }
 
     #[test]
-    fn configurations_of_removed_streams_do_not_pile_up_between_checkpoints() {
+    fn configurations_of_removed_streams_do_not_pile_up() {
         let mut t = Configs::default();
         let mut held = Vec::new();
         for i in 0..100_000u64 {

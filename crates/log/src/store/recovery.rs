@@ -219,7 +219,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         };
         let data = StreamData { start: b.start, extents: b.extents, hot: Default::default() };
         let forks = fork_counts.get(&id).copied().unwrap_or(0);
-        // A detached stream is listed nowhere: its entry keeps no path.
+        // A detached stream is listed nowhere ([`Shared::path`]).
         let path: Arc<str> = Arc::from(b.path.as_deref().unwrap_or(""));
         let listed = b.path.is_some();
         let shared = new_shared(&b.st.meta, path, b.st.tail, chain, forks, now_ms, data);

@@ -168,13 +168,12 @@ impl Store {
     /// fork ([`Store::remove_stream`]).
     fn detach(&mut self, path: &str, g: &mut Group) {
         let Some(mut w) = self.streams.remove(path) else { return };
-        let path = w.shared.path.clone();
         let id = w.st.meta.id;
         g.record(&Record::Detach { id });
         let dropped = w.st.soft_delete();
         self.counters.producers.fetch_sub(dropped as u64, Ordering::Relaxed);
         self.source_paths.remove(&id);
-        g.effects.push(Effect::Detach { path, shared: w.shared.clone() });
+        g.effects.push(Effect::Detach { shared: w.shared.clone() });
         self.detached.insert(id, w);
     }
 
@@ -219,29 +218,29 @@ impl Store {
     /// Removes the stream at `path` as [`Store::remove_stream`] does.
     pub(super) fn remove(&mut self, path: &str, g: &mut Group) {
         if let Some(w) = self.streams.remove(path) {
-            self.remove_stream(Some(w.shared.path.clone()), w, g);
+            self.remove_stream(true, w, g);
         }
     }
 
     /// Removes a detached stream as [`Store::remove_stream`] does.
     pub(super) fn remove_detached(&mut self, id: u64, g: &mut Group) {
         if let Some(w) = self.detached.remove(&id) {
-            self.remove_stream(None, w, g);
+            self.remove_stream(false, w, g);
         }
     }
 
-    /// Removes stream `w`, taken from `path` (`None`: it was detached); a fork releases its
-    /// source, and a soft-deleted source (detached or not) whose last fork this was goes too, up
-    /// the chain, in the same frame.
+    /// Removes stream `w`, taken from its path (`listed`) or from the detached streams; a fork
+    /// releases its source, and a soft-deleted source (detached or not) whose last fork this
+    /// was goes too, up the chain, in the same frame.
     // The stream comes boxed as the maps keep it (not unboxed to be boxed again).
     #[allow(clippy::boxed_local)]
-    fn remove_stream(&mut self, mut path: Option<Arc<str>>, mut w: Box<WStream>, g: &mut Group) {
+    fn remove_stream(&mut self, mut listed: bool, mut w: Box<WStream>, g: &mut Group) {
         loop {
             let id = w.st.meta.id;
             self.source_paths.remove(&id);
             g.record(&Record::Remove { id });
             self.counters.producers.fetch_sub(w.st.producers.len() as u64, Ordering::Relaxed);
-            g.effects.push(Effect::Remove { path, shared: w.shared });
+            g.effects.push(Effect::Remove { listed, shared: w.shared });
             let Some(f) = w.st.meta.fork else { return };
             // The source has a fork (this one), so it is in `source_paths` while at its path.
             let src_path = self.source_paths.get(&f.source_id).cloned();
@@ -258,12 +257,12 @@ impl Store {
             if !follows {
                 return;
             }
-            let next = match src_path {
-                Some(p) => self.streams.remove(&p).map(|w| (Some(p), w)),
-                None => self.detached.remove(&f.source_id).map(|w| (None, w)),
+            let next = match &src_path {
+                Some(p) => self.streams.remove(p),
+                None => self.detached.remove(&f.source_id),
             };
-            let Some((p, next)) = next else { return };
-            (path, w) = (p, next);
+            let Some(next) = next else { return };
+            (listed, w) = (src_path.is_some(), next);
         }
     }
 

@@ -136,8 +136,9 @@ impl HotTail {
 /// Per-stream entry shared by readers.
 pub(crate) struct Shared {
     pub id: u64,
-    /// Where the stream is listed (its key in the path tables); a detached stream keeps the
-    /// path it had.
+    /// Where the stream is listed (its key in the path tables). A detached stream is listed
+    /// nowhere: it keeps the path it had, or none after a restart (checkpoints keep no path for
+    /// it); either way no table is searched for it by path.
     pub path: Arc<str>,
     /// The same allocation as the writer's [`StreamMeta::config`].
     pub config: Arc<StreamConfig>,
@@ -251,7 +252,7 @@ pub(super) fn new_shared(meta: &StreamMeta, path: Arc<str>, tail: Offset, chain:
     Arc::new(Shared {
         id: meta.id,
         path,
-        config: meta.config(),
+        config: meta.config.clone(),
         chain: chain.into_boxed_slice(),
         forks: AtomicUsize::new(forks),
         state,
