@@ -4,30 +4,28 @@
 /// The default when a create request carries no `Content-Type` (section 5.1 allows it).
 pub const DEFAULT: &str = "application/octet-stream";
 
-/// The media type without parameters, lower-cased: `Application/JSON; charset=utf-8` → `application/json`.
-pub fn essence(content_type: &str) -> String {
-    content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase()
+/// The media type without parameters, as written: `Application/JSON; charset=utf-8` →
+/// `Application/JSON`. Media types compare case-insensitively (RFC 9110 section 8.3.1), so
+/// callers compare with [`str::eq_ignore_ascii_case`]; nothing here allocates (it runs several
+/// times on every append).
+pub fn essence(content_type: &str) -> &str {
+    content_type.split(';').next().unwrap_or("").trim()
 }
 
 /// Whether two content types name the same media type (parameters such as charset are ignored).
 pub fn matches(a: &str, b: &str) -> bool {
-    essence(a) == essence(b)
+    essence(a).eq_ignore_ascii_case(essence(b))
 }
 
 /// `application/json` streams have message semantics (section 9.1).
 pub fn is_json(content_type: &str) -> bool {
-    essence(content_type) == "application/json"
+    essence(content_type).eq_ignore_ascii_case("application/json")
 }
 
 /// SSE carries `text/*` and JSON as UTF-8; everything else is base64-encoded (section 5.8).
 pub fn sse_is_text(content_type: &str) -> bool {
     let e = essence(content_type);
-    e.starts_with("text/") || e == "application/json"
+    e.get(..5).is_some_and(|t| t.eq_ignore_ascii_case("text/")) || e.eq_ignore_ascii_case("application/json")
 }
 
 /// A syntactically usable media type: `type/subtype` made of token characters.
@@ -56,5 +54,9 @@ mod tests {
         assert!(is_valid("application/vnd.api+json"));
         assert!(!is_valid("nonsense"));
         assert!(!is_valid("/json"));
+        assert!(sse_is_text("Text/Plain; charset=utf-8"));
+        assert!(is_json(" APPLICATION/json "));
+        assert!(!sse_is_text("tex"));
+        assert_eq!(essence("Application/JSON; charset=utf-8"), "Application/JSON");
     }
 }

@@ -30,6 +30,7 @@ use tower_service::Service;
 use crate::auth::{Access, Gate};
 use crate::error::ApiError;
 use crate::headers::{self, CorsOrigins};
+use crate::handlers::{Caller, STREAM_PREFIX};
 use crate::op::Kind;
 
 /// The client's address, in every request's extensions (for per-address limits).
@@ -44,23 +45,28 @@ pub struct FrontConfig {
     pub ops_paths: Vec<String>,
 }
 
+/// The stream operations (`/v1/stream/{path}`), called by the front service directly: see
+/// [`crate::handlers::stream`].
+pub type StreamRoute = Arc<dyn Fn(Request<Body>, Caller) -> Pin<Box<dyn Future<Output = Response> + Send>> + Send + Sync>;
+
 /// The router behind the front service, for one connection.
 #[derive(Clone)]
 pub struct Front {
     router: Router,
+    streams: StreamRoute,
     config: Arc<FrontConfig>,
     /// The connection's peer, when known (not in `app()` used alone).
     peer: Option<SocketAddr>,
 }
 
 impl Front {
-    pub fn new(router: Router, config: FrontConfig) -> Self {
-        Front { router, config: Arc::new(config), peer: None }
+    pub fn new(router: Router, streams: StreamRoute, config: FrontConfig) -> Self {
+        Front { router, streams, config: Arc::new(config), peer: None }
     }
 
     /// The same service for a connection from `peer`.
     pub fn for_peer(&self, peer: SocketAddr) -> Self {
-        Front { router: self.router.clone(), config: self.config.clone(), peer: Some(peer) }
+        Front { router: self.router.clone(), streams: self.streams.clone(), config: self.config.clone(), peer: Some(peer) }
     }
 }
 
@@ -150,40 +156,74 @@ where
             });
         }
         let method = req.method().clone();
-        let h2 = req.version() >= axum::http::Version::HTTP_2;
+        let version = req.version();
         // What the request is, decided once: access control and the handler both use it.
         let kind = Kind::of(&method, req.headers());
-        req.extensions_mut().insert(kind);
+        // Stream operations go to their handler directly; the rest (nothing but a 404 or a
+        // preflight outside the operational endpoints) through the router.
+        let direct = req.uri().path().strip_prefix(STREAM_PREFIX).is_some_and(|rest| !rest.is_empty());
+        if !direct || !config.gate.auth.is_open() {
+            // For the router's handlers and for authentication hooks, which read it from there.
+            req.extensions_mut().insert(kind);
+        }
         let admitted = if method == Method::OPTIONS {
-            Ok(req)
+            Ok((req, Access::default()))
         } else {
-            let (mut parts, body) = req.into_parts();
+            let (parts, body) = req.into_parts();
             match config.gate.auth.authorize(&parts, config.gate.clock.now_ms()) {
-                Ok(access) => {
-                    if access != Access::default() {
-                        parts.extensions.insert(access);
-                    }
-                    Ok(Request::from_parts(parts, body))
-                }
+                Ok(access) => Ok((Request::from_parts(parts, body), access)),
                 Err(e) => Err(ApiError::Auth(e).into_response()),
             }
         };
-        let fut = admitted.map(|req| self.router.call(req));
+        let fut = admitted.map(|(mut req, access)| {
+            if direct {
+                let caller = Caller::new(access, self.peer, kind, version);
+                (self.streams)(req, caller)
+            } else {
+                if access != Access::default() {
+                    req.extensions_mut().insert(access);
+                }
+                let fut = self.router.call(req);
+                Box::pin(async move { fut.await.unwrap_or_else(|never| match never {}) })
+            }
+        });
         Box::pin(async move {
             let mut resp = match fut {
-                Ok(fut) => fut.await.unwrap_or_else(|never| match never {}),
+                Ok(fut) => {
+                    let mut resp = fut.await;
+                    if direct {
+                        finish_route(&method, &mut resp);
+                    }
+                    resp
+                }
                 Err(refused) => refused,
             };
             crate::metrics::request(&method, resp.status());
             decorate(&mut resp, &config.cors, origin);
             close_if_unread(&mut resp, body_ended.as_deref());
-            if h2 {
+            if version >= axum::http::Version::HTTP_2 {
                 // Connection-specific headers have no place in HTTP/2 (RFC 9113 section 8.2.2):
                 // an answer that closes an HTTP/1 connection leaves an HTTP/2 one as it is.
                 resp.headers_mut().remove(axum::http::header::CONNECTION);
             }
             Ok(resp)
         })
+    }
+}
+
+/// What the router does to every answer of a route, done for the stream route called without
+/// it: a `Content-Length` where the body's size is known and none is set, and no body for `HEAD`
+/// (its length stays).
+fn finish_route(method: &Method, resp: &mut Response) {
+    use http_body::Body as _;
+    let h = resp.headers_mut();
+    if !h.contains_key(axum::http::header::CONTENT_LENGTH) {
+        if let Some(n) = resp.body().size_hint().exact() {
+            resp.headers_mut().insert(axum::http::header::CONTENT_LENGTH, HeaderValue::from(n));
+        }
+    }
+    if method == Method::HEAD {
+        *resp.body_mut() = Body::empty();
     }
 }
 

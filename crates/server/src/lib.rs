@@ -69,7 +69,7 @@ pub mod tls;
 use std::future::Future;
 use std::sync::atomic::Ordering;
 
-use axum::routing::{any, get};
+use axum::routing::get;
 use axum::Router;
 use oncelog_storage::{Engine, StorageError};
 
@@ -84,10 +84,9 @@ pub use oncelog_storage::clock::{Clock, ManualClock, SystemClock};
 /// `/v1/stream/{path}`, and a 404 with a reason for anything else.
 pub fn app<E: Engine>(state: AppState<E>) -> Result<front::Front, ConfigError> {
     state.config.validate()?;
-    let streams = Router::new()
-        .route("/v1/stream/{*path}", any(handlers::stream::<E>))
-        .fallback(handlers::no_route)
-        .with_state(state.clone());
+    let streams = Router::new().fallback(handlers::no_route).with_state(state.clone());
+    let route_state = state.clone();
+    let stream_route: front::StreamRoute = std::sync::Arc::new(move |req, caller| Box::pin(handlers::stream(route_state.clone(), req, caller)));
     let mut ops = Router::new()
         .route(&state.config.healthz_path, get(ops::healthz))
         .route(&state.config.readyz_path, get(ops::readyz::<E>));
@@ -101,7 +100,7 @@ pub fn app<E: Engine>(state: AppState<E>) -> Result<front::Front, ConfigError> {
         cors: state.config.cors_origins.clone(),
         ops_paths,
     };
-    Ok(front::Front::new(ops.with_state(state).merge(streams), config))
+    Ok(front::Front::new(ops.with_state(state).merge(streams), stream_route, config))
 }
 
 /// Why [`serve`] stopped with an error.

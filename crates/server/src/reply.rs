@@ -7,10 +7,38 @@ use axum::response::Response;
 use oncelog_protocol::headers::{format_rfc3339, names, Expiry};
 use oncelog_storage::StreamInfo;
 
-/// Builds a response from a status and header pairs; values are always valid header text.
-pub(crate) fn respond(status: StatusCode, pairs: Vec<(&'static str, String)>, body: Body) -> Response {
+/// Headers every answer gets on its way out (`Content-Length`, the CORS and browser-security
+/// headers, `Connection`): room kept for them when an answer is built, so that its header map
+/// is allocated once.
+const ADDED_ON_THE_WAY_OUT: usize = 7;
+
+/// An answer with room for `headers` headers of its own (and those added on the way out).
+pub(crate) fn with_headers(status: StatusCode, headers: usize, body: Body) -> Response {
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
+    *resp.headers_mut() = axum::http::HeaderMap::with_capacity(headers + ADDED_ON_THE_WAY_OUT);
+    resp
+}
+
+/// `v` as a header value, formatted without an intermediate `String` (one allocation: the
+/// value's own). For values that are always header text (numbers, offsets).
+pub(crate) fn value(v: impl std::fmt::Display) -> HeaderValue {
+    use std::io::Write as _;
+    let mut buf = [0u8; 64];
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    if write!(cursor, "{v}").is_ok() {
+        let n = usize::try_from(cursor.position()).unwrap_or(0);
+        if let Ok(value) = HeaderValue::from_bytes(&buf[..n]) {
+            return value;
+        }
+    }
+    // Longer than the buffer (or not header text, which callers never pass).
+    HeaderValue::from_str(&v.to_string()).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// Builds a response from a status and header pairs; values are always valid header text.
+pub(crate) fn respond(status: StatusCode, pairs: Vec<(&'static str, String)>, body: Body) -> Response {
+    let mut resp = with_headers(status, pairs.len(), body);
     let h = resp.headers_mut();
     for (name, value) in pairs {
         if let Ok(v) = HeaderValue::from_str(&value) {

@@ -39,6 +39,8 @@ pub enum RequestError {
     OffsetInsideMessage,
     #[error("stream path must not be empty")]
     EmptyPath,
+    #[error("stream path is not valid UTF-8 once percent-decoded")]
+    PathNotUtf8,
     #[error("stream path must be at most 4096 bytes")]
     PathTooLong,
     #[error("the request needs exactly one valid Host header (RFC 9112 section 3.2)")]

@@ -260,3 +260,31 @@ async fn a_request_with_two_hosts_a_bad_host_or_none_is_refused() {
         assert!(answer.contains(" 201 "), "{path}: {answer:?}");
     }
 }
+
+#[tokio::test]
+async fn a_stream_path_is_percent_decoded_once_and_must_be_utf8() {
+    let (s, http) = server().await;
+    // Not UTF-8 once decoded: 400 with the reason, for every method.
+    for method in [reqwest::Method::GET, reqwest::Method::PUT, reqwest::Method::POST] {
+        let (status, reason) = status_and_reason(http.request(method, s.url("%FF")).header("content-type", "text/plain").body("x")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{reason}");
+        assert!(reason.contains("UTF-8"), "{reason}");
+    }
+    // Nothing after the prefix is no route at all.
+    let (status, reason) = status_and_reason(http.get(format!("{}/v1/stream/", s.origin))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{reason}");
+    assert!(reason.contains("no such route"), "{reason}");
+    // `a%2Fb` names the stream `a/b`: created under one spelling, read under the other.
+    let r = http.put(s.url("a%2Fb")).header("content-type", "text/plain").send().await.expect("put");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let r = http.post(s.url("a/b")).header("content-type", "text/plain").body("hello").send().await.expect("post");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = http.get(format!("{}?offset=-1", s.url("a%2Fb"))).send().await.expect("get");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers().get("content-length").and_then(|v| v.to_str().ok()), Some("5"));
+    assert_eq!(r.text().await.expect("body"), "hello");
+    // HEAD answers with the stream's headers and a length, never a body.
+    let r = http.head(s.url("a/b")).send().await.expect("head");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers().get("content-length").and_then(|v| v.to_str().ok()), Some("0"));
+}

@@ -1,7 +1,7 @@
 //! `POST` of data: append and close. The operation already looked the stream up; the write is one engine call.
 
 use axum::body::Body;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 use oncelog_protocol::content_type;
@@ -121,13 +121,15 @@ pub(super) async fn append<E: Engine>(
     } else {
         StatusCode::NO_CONTENT
     };
-    let mut pairs = vec![(names::STREAM_NEXT_OFFSET, out.next_offset.to_string())];
+    let mut resp = reply::with_headers(status, 4, Body::empty());
+    let headers = resp.headers_mut();
+    headers.insert(names::STREAM_NEXT_OFFSET, reply::value(out.next_offset));
     if out.closed {
-        pairs.push((names::STREAM_CLOSED, "true".into()));
+        headers.insert(names::STREAM_CLOSED, HeaderValue::from_static("true"));
     }
     if let Some((epoch, seq)) = out.producer {
-        pairs.push((names::PRODUCER_EPOCH, epoch.to_string()));
-        pairs.push((names::PRODUCER_SEQ, seq.to_string()));
+        headers.insert(names::PRODUCER_EPOCH, reply::value(epoch));
+        headers.insert(names::PRODUCER_SEQ, reply::value(seq));
     }
-    Ok(reply::respond(status, pairs, Body::empty()))
+    Ok(resp)
 }

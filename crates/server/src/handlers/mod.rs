@@ -14,8 +14,7 @@ mod create;
 mod manage;
 
 use axum::body::Body;
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, Method, Uri};
+use axum::http::{HeaderMap, Method, Request, Uri};
 use axum::response::{IntoResponse, Response};
 use oncelog_storage::Engine;
 
@@ -26,17 +25,22 @@ use crate::request::{self, AppendHeaders, CreateHeaders, ReadQuery, RequestError
 use crate::{headers, read};
 use crate::state::AppState;
 
-/// Every request under `/v1/stream/`.
-pub async fn stream<E: Engine>(
-    State(st): State<AppState<E>>,
-    Path(path): Path<String>,
-    method: Method,
-    uri: Uri,
-    req_headers: HeaderMap,
-    caller: Caller,
-    body: Body,
-) -> Response {
-    dispatch(&st, &path, &method, &uri, &req_headers, caller, body).await.unwrap_or_else(IntoResponse::into_response)
+/// The route prefix of every stream operation.
+pub const STREAM_PREFIX: &str = "/v1/stream/";
+
+/// Every request under `/v1/stream/` with a path after it, called by the front service directly
+/// rather than through the router: one boxed future per request instead of the router's
+/// matching, its URL-parameter map and the copies its extractors make (the header map, the URI,
+/// the method) — about a tenth of the allocations of an append (docs/design/issue-33-plan.md,
+/// step 5). `raw_path` is the part after the prefix, not yet percent-decoded.
+pub async fn stream<E: Engine>(st: AppState<E>, req: Request<Body>, caller: Caller) -> Response {
+    let (parts, body) = req.into_parts();
+    let raw = parts.uri.path().strip_prefix(STREAM_PREFIX).unwrap_or_default();
+    let path = match percent_encoding::percent_decode_str(raw).decode_utf8() {
+        Ok(path) => path,
+        Err(_) => return ApiError::from(RequestError::PathNotUtf8).into_response(),
+    };
+    dispatch(&st, &path, &parts.method, &parts.uri, &parts.headers, caller, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
 async fn dispatch<E: Engine>(st: &AppState<E>, path: &str, method: &Method, uri: &Uri, h: &HeaderMap, caller: Caller, body: Body) -> Result<Response, ApiError> {
@@ -54,7 +58,7 @@ async fn dispatch<E: Engine>(st: &AppState<E>, path: &str, method: &Method, uri:
         }
         return Ok(crate::subs::route(st, method, uri, h, body, &caller.access).await?);
     }
-    let kind = caller.kind.unwrap_or_else(|| Kind::of(method, h));
+    let kind = caller.kind;
     // A write is framed for the stream as this node last saw it when the engine keeps that (a
     // `head` is a database round trip on PostgreSQL); the engine judges the write against the
     // stream as it is. A refusal the server makes itself is checked against a fresh `head`
@@ -116,22 +120,16 @@ async fn operation<E: Engine>(st: &AppState<E>, kind: Kind, path: &str, query: O
 pub struct Caller {
     access: crate::auth::Access,
     peer: Option<std::net::SocketAddr>,
-    kind: Option<Kind>,
+    kind: Kind,
     version: axum::http::Version,
 }
 
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Caller {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(parts: &mut axum::http::request::Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let access = parts.extensions.remove::<crate::auth::Access>().unwrap_or_default();
-        let peer = parts.extensions.get::<crate::front::PeerAddr>().map(|p| p.0);
-        let kind = parts.extensions.get::<Kind>().copied();
-        Ok(Caller { access, peer, kind, version: parts.version })
-    }
-}
-
 impl Caller {
+    /// What the front service learnt of a request before handing it over.
+    pub(crate) fn new(access: crate::auth::Access, peer: Option<std::net::SocketAddr>, kind: Kind, version: axum::http::Version) -> Self {
+        Caller { access, peer, kind, version }
+    }
+
     /// Whether the request holds its connection for as long as it is answered (HTTP/1: a live
     /// reader takes one of `--max-connections`; HTTP/2 requests share theirs).
     fn own_connection(&self) -> bool {

@@ -82,6 +82,11 @@ impl ParkingLot {
 
     /// Takes out the parked append of producer `producer` on `path` stamped `next`, if any.
     fn take(&mut self, path: &str, producer: &str, next: (u64, u64)) -> Option<Pending> {
+        // Asked after every accepted producer append; the lot is almost always empty, and the
+        // lookup below needs its key built (two allocations).
+        if self.waiting.is_empty() {
+            return None;
+        }
         let key = (path.to_owned(), producer.to_owned());
         let m = self.waiting.get_mut(&key)?;
         let p = m.remove(&next);
