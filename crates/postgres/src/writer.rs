@@ -149,9 +149,9 @@ impl Committer {
         for id in group.changed_ids() {
             self.shared.published(id);
         }
-        for (reply, result) in round.settle(&mut self.lot) {
+        round.settle(&mut self.lot, |reply, result| {
             let _ = reply.send(result);
-        }
+        });
     }
 
     /// One attempt: the requests of `batch` (taken out as they are decided) decided in `round`

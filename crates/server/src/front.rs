@@ -219,7 +219,8 @@ fn finish_route(method: &Method, resp: &mut Response) {
     let h = resp.headers_mut();
     if !h.contains_key(axum::http::header::CONTENT_LENGTH) {
         if let Some(n) = resp.body().size_hint().exact() {
-            resp.headers_mut().insert(axum::http::header::CONTENT_LENGTH, HeaderValue::from(n));
+            let n = if n == 0 { HeaderValue::from_static("0") } else { crate::reply::value(n) };
+            resp.headers_mut().insert(axum::http::header::CONTENT_LENGTH, n);
         }
     }
     if method == Method::HEAD {
@@ -231,8 +232,8 @@ fn finish_route(method: &Method, resp: &mut Response) {
 fn decorate(resp: &mut Response, cors: &CorsOrigins, origin: Option<HeaderValue>) {
     let h = resp.headers_mut();
     h.reserve(5);
-    h.insert("x-content-type-options", HeaderValue::from_static("nosniff"));
-    h.insert("cross-origin-resource-policy", HeaderValue::from_static("cross-origin"));
+    h.insert(headers::name::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    h.insert(headers::name::CROSS_ORIGIN_RESOURCE_POLICY, HeaderValue::from_static("cross-origin"));
     match cors {
         CorsOrigins::Any => {
             h.insert("access-control-allow-origin", HeaderValue::from_static("*"));

@@ -5,6 +5,20 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 /// Response headers a browser client must be allowed to read.
+/// Names of headers set on every append's answer, built once: a name given as `&str` is
+/// copied into a new allocation each time it is inserted (the `http` crate owns custom names).
+pub(crate) mod name {
+    use axum::http::HeaderName;
+    use oncelog_protocol::headers::names;
+
+    pub(crate) const STREAM_NEXT_OFFSET: HeaderName = HeaderName::from_static(names::STREAM_NEXT_OFFSET);
+    pub(crate) const STREAM_CLOSED: HeaderName = HeaderName::from_static(names::STREAM_CLOSED);
+    pub(crate) const PRODUCER_EPOCH: HeaderName = HeaderName::from_static(names::PRODUCER_EPOCH);
+    pub(crate) const PRODUCER_SEQ: HeaderName = HeaderName::from_static(names::PRODUCER_SEQ);
+    pub(crate) const X_CONTENT_TYPE_OPTIONS: HeaderName = HeaderName::from_static("x-content-type-options");
+    pub(crate) const CROSS_ORIGIN_RESOURCE_POLICY: HeaderName = HeaderName::from_static("cross-origin-resource-policy");
+}
+
 pub(crate) const EXPOSE: &str = "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, stream-ttl, \
 stream-expires-at, stream-sse-data-encoding, producer-epoch, producer-seq, producer-expected-seq, \
 producer-received-seq, producer-conflict, stream-earliest-offset, stream-retention-max-age, \

@@ -55,9 +55,7 @@ impl Store {
                 for a in accepted {
                     round.release(a, lot, now, &mut |r| store.append(r, g));
                 }
-                for (tx, r) in round.settle(lot) {
-                    g.effects.push(reply(tx, r));
-                }
+                round.settle(lot, |tx, r| g.effects.push(reply(tx, r)));
             });
         }
         Ok(TxnOutcome { appends })
@@ -107,15 +105,13 @@ impl Store {
 
     /// Decides appends in one round (see [`oncelog_storage::machine::parking`]) and stages their
     /// answers; `may_park`: early producer appends may wait (not once writes stopped).
-    pub(super) fn decide_round(&mut self, pending: Vec<Pending>, now: Instant, may_park: bool, g: &mut Group) {
+    pub(super) fn decide_round(&mut self, pending: impl IntoIterator<Item = Pending>, now: Instant, may_park: bool, g: &mut Group) {
         self.with_lot(|store, lot| {
             let mut round = Round::default();
             for p in pending {
                 round.decide(p, lot, now, may_park, &mut |r| store.append(r, g));
             }
-            for (tx, r) in round.settle(lot) {
-                g.effects.push(reply(tx, r));
-            }
+            round.settle(lot, |tx, r| g.effects.push(reply(tx, r)));
         });
     }
 
@@ -135,7 +131,7 @@ impl Store {
     pub(super) fn stage_append(&mut self, req: AppendRequest, tx: oneshot::Sender<Result<AppendOutcome, AppendError>>, g: &mut Group) {
         let now = Instant::now();
         let may_park = !self.poisoned;
-        self.decide_round(vec![Pending::new(req, tx, now)], now, may_park, g);
+        self.decide_round(std::iter::once(Pending::new(req, tx, now)), now, may_park, g);
     }
 
     pub(super) fn drop_if_expired(&mut self, path: &str, now_ms: i64, g: &mut Group) {

@@ -6,7 +6,6 @@ use axum::response::Response;
 use bytes::Bytes;
 use oncelog_protocol::content_type;
 use oncelog_protocol::digest::BodyDigest;
-use oncelog_protocol::headers::names;
 use oncelog_protocol::json::{self, EmptyArray};
 use oncelog_storage::{AppendError, AppendOutcome, AppendRequest, AppendStatus, Engine, StreamInfo};
 
@@ -15,6 +14,7 @@ use crate::auth::scope::Op;
 use crate::auth::AuthError;
 use crate::error::ApiError;
 use crate::request::{AppendHeaders, RequestError};
+use crate::headers::name;
 use crate::{metrics, reply};
 use crate::state::AppState;
 
@@ -123,13 +123,13 @@ pub(super) async fn append<E: Engine>(
     };
     let mut resp = reply::with_headers(status, 4, Body::empty());
     let headers = resp.headers_mut();
-    headers.insert(names::STREAM_NEXT_OFFSET, reply::value(out.next_offset));
+    headers.insert(name::STREAM_NEXT_OFFSET, reply::value(out.next_offset));
     if out.closed {
-        headers.insert(names::STREAM_CLOSED, HeaderValue::from_static("true"));
+        headers.insert(name::STREAM_CLOSED, HeaderValue::from_static("true"));
     }
     if let Some((epoch, seq)) = out.producer {
-        headers.insert(names::PRODUCER_EPOCH, reply::value(epoch));
-        headers.insert(names::PRODUCER_SEQ, reply::value(seq));
+        headers.insert(name::PRODUCER_EPOCH, reply::value(epoch));
+        headers.insert(name::PRODUCER_SEQ, reply::value(seq));
     }
     Ok(resp)
 }

@@ -174,20 +174,18 @@ impl Round {
     }
 
     /// The unit is durable (or its failure is answered to every reply by the caller): parks the
-    /// early appends and returns the answers to send.
-    pub fn settle(self, lot: &mut ParkingLot) -> Vec<(AppendReply, Result<AppendOutcome, AppendError>)> {
-        let mut answers = Vec::with_capacity(self.decided.len());
+    /// early appends and hands each answer to send to `answer`.
+    pub fn settle(self, lot: &mut ParkingLot, mut answer: impl FnMut(AppendReply, Result<AppendOutcome, AppendError>)) {
         for (p, verdict) in self.decided {
             match verdict {
-                Verdict::Answer(r) => answers.push((p.reply, r)),
+                Verdict::Answer(r) => answer(p.reply, r),
                 Verdict::Park(refusal) => {
                     if let Some(older) = lot.park(p) {
-                        answers.push((older.reply, Err(refusal)));
+                        answer(older.reply, Err(refusal));
                     }
                 }
             }
         }
-        answers
     }
 }
 
@@ -204,6 +202,12 @@ mod tests {
     }
 
     /// A toy engine: accepts seq n when n is next, else a gap.
+    fn settled(round: Round, lot: &mut ParkingLot) -> Vec<(AppendReply, Result<AppendOutcome, AppendError>)> {
+        let mut answers = Vec::new();
+        round.settle(lot, |reply, r| answers.push((reply, r)));
+        answers
+    }
+
     fn engine(next: &mut u64) -> impl FnMut(&AppendRequest) -> Result<AppendOutcome, AppendError> + '_ {
         move |r| {
             let seq = r.producer.as_ref().map_or(0, |p| p.seq);
@@ -227,7 +231,7 @@ mod tests {
             let (tx, rx) = oneshot::channel();
             let mut round = Round::default();
             round.decide(Pending::new(req(seq), tx, now), &mut lot, now, true, &mut engine(&mut next));
-            assert!(round.settle(&mut lot).is_empty(), "seq {seq} waits");
+            assert!(settled(round, &mut lot).is_empty(), "seq {seq} waits");
             answers.push(rx);
         }
         assert_eq!(counter.load(Ordering::Relaxed), 2);
@@ -235,7 +239,7 @@ mod tests {
         let (tx, rx0) = oneshot::channel();
         let mut round = Round::default();
         round.decide(Pending::new(req(0), tx, now), &mut lot, now, true, &mut engine(&mut next));
-        for (reply, r) in round.settle(&mut lot) {
+        for (reply, r) in settled(round, &mut lot) {
             let _ = reply.send(r);
         }
         assert!(lot.is_empty());
@@ -252,12 +256,12 @@ mod tests {
         let (tx, _rx) = oneshot::channel();
         let mut round = Round::default();
         round.decide(Pending::new(req(1), tx, now), &mut lot, now + PARK_TIMEOUT, true, &mut engine(&mut next));
-        let answers = round.settle(&mut lot);
+        let answers = settled(round, &mut lot);
         assert!(matches!(answers.as_slice(), [(_, Err(AppendError::ProducerSeqGap { .. }))]), "too late to wait");
         let (tx, _rx) = oneshot::channel();
         let mut round = Round::default();
         round.decide(Pending::new(req(1), tx, now), &mut lot, now, false, &mut engine(&mut next));
-        assert_eq!(round.settle(&mut lot).len(), 1, "no parking while writes are stopped");
+        assert_eq!(settled(round, &mut lot).len(), 1, "no parking while writes are stopped");
         // A parked one is due once its time is up; retry hands a round's appends back.
         let (tx, _rx) = oneshot::channel();
         let mut round = Round::default();

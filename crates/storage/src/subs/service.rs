@@ -357,6 +357,12 @@ impl<E: Engine> Subscriptions<E> {
         if self.published().is_some_and(|f| !f.iter().any(|f| f.may_wake(path, now_ms))) {
             return Ok(());
         }
+        // Boxed: every append's future holds this one, and the wake's state is kilobytes.
+        Box::pin(self.wake_on_write(path, now_ms)).await
+    }
+
+    /// [`Self::on_write`] when a subscription may be woken.
+    async fn wake_on_write(&self, path: &str, now_ms: i64) -> Result<(), SubError> {
         let mut inner = self.lock().await?;
         let mut todo = vec![path.to_owned()];
         let mut woken = BTreeSet::new();
