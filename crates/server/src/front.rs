@@ -1,7 +1,8 @@
 //! The one service in front of the router, run for every request: it adds the connection's
 //! peer address, asks the authentication hook (stream paths only), hands the resulting
 //! [`Access`] to the handlers, counts the answer in the request metrics, and puts the CORS and
-//! browser-security headers on every answer.
+//! browser-security headers on every answer. Stream operations go from here to their handler
+//! directly ([`StreamRoute`]); the router serves the rest.
 //!
 //! It also watches whether the request's body was read to its end. An answer given before that
 //! (a `404`, `401` or `429` decided from the headers) leaves unread bytes on an HTTP/1.1

@@ -80,8 +80,8 @@ pub use oncelog_storage::clock::{Clock, ManualClock, SystemClock};
 
 /// The service: [`front::Front`] (peer address, authentication hook for everything but the
 /// operational endpoints, request metrics, CORS and browser-security headers on every answer)
-/// in front of the router: the operational endpoints ([`ops`]), streams under
-/// `/v1/stream/{path}`, and a 404 with a reason for anything else.
+/// in front of the stream operations under `/v1/stream/{path}` (called directly) and of the
+/// router: the operational endpoints ([`ops`]) and a 404 with a reason for anything else.
 pub fn app<E: Engine>(state: AppState<E>) -> Result<front::Front, ConfigError> {
     state.config.validate()?;
     let streams = Router::new().fallback(handlers::no_route).with_state(state.clone());
