@@ -144,7 +144,12 @@ where
             close_if_unread(&mut resp, body_ended.as_deref());
             return Box::pin(async move { Ok(resp) });
         }
-        if let Some(peer) = self.peer {
+        // Stream operations go to their handler directly, with what this service learnt of them
+        // (`Caller`); the extensions carry it only for the router's handlers and for
+        // authentication hooks, which read it from there (each insert is two allocations).
+        let direct = req.uri().path().strip_prefix(STREAM_PREFIX).is_some_and(|rest| !rest.is_empty());
+        let via_extensions = !direct || !config.gate.auth.is_open();
+        if let Some(peer) = self.peer.filter(|_| via_extensions) {
             req.extensions_mut().insert(PeerAddr(peer));
         }
         if config.ops_paths.iter().any(|p| p == req.uri().path()) {
@@ -160,11 +165,7 @@ where
         let version = req.version();
         // What the request is, decided once: access control and the handler both use it.
         let kind = Kind::of(&method, req.headers());
-        // Stream operations go to their handler directly; the rest (nothing but a 404 or a
-        // preflight outside the operational endpoints) through the router.
-        let direct = req.uri().path().strip_prefix(STREAM_PREFIX).is_some_and(|rest| !rest.is_empty());
-        if !direct || !config.gate.auth.is_open() {
-            // For the router's handlers and for authentication hooks, which read it from there.
+        if via_extensions {
             req.extensions_mut().insert(kind);
         }
         let admitted = if method == Method::OPTIONS {
