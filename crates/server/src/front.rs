@@ -31,7 +31,7 @@ use tower_service::Service;
 use crate::auth::{Access, Gate};
 use crate::error::ApiError;
 use crate::headers::{self, CorsOrigins};
-use crate::handlers::{Caller, STREAM_PREFIX};
+use crate::handlers::Caller;
 use crate::op::Kind;
 
 /// The client's address, in every request's extensions (for per-address limits).
@@ -147,7 +147,7 @@ where
         // Stream operations go to their handler directly, with what this service learnt of them
         // (`Caller`); the extensions carry it only for the router's handlers and for
         // authentication hooks, which read it from there (each insert is two allocations).
-        let direct = req.uri().path().strip_prefix(STREAM_PREFIX).is_some_and(|rest| !rest.is_empty());
+        let direct = crate::request::raw_stream_path(req.uri().path()).is_some();
         let via_extensions = !direct || !config.gate.auth.is_open();
         if let Some(peer) = self.peer.filter(|_| via_extensions) {
             req.extensions_mut().insert(PeerAddr(peer));
@@ -218,8 +218,7 @@ where
 /// (its length stays).
 fn finish_route(method: &Method, resp: &mut Response) {
     use http_body::Body as _;
-    let h = resp.headers_mut();
-    if !h.contains_key(axum::http::header::CONTENT_LENGTH) {
+    if !resp.headers().contains_key(axum::http::header::CONTENT_LENGTH) {
         if let Some(n) = resp.body().size_hint().exact() {
             let n = if n == 0 { HeaderValue::from_static("0") } else { crate::reply::value(n) };
             resp.headers_mut().insert(axum::http::header::CONTENT_LENGTH, n);

@@ -4,7 +4,6 @@
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
-/// Response headers a browser client must be allowed to read.
 /// Names of headers set on every append's answer, built once: a name given as `&str` is
 /// copied into a new allocation each time it is inserted (the `http` crate owns custom names).
 pub(crate) mod name {
@@ -19,6 +18,7 @@ pub(crate) mod name {
     pub(crate) const CROSS_ORIGIN_RESOURCE_POLICY: HeaderName = HeaderName::from_static("cross-origin-resource-policy");
 }
 
+/// Response headers a browser client must be allowed to read.
 pub(crate) const EXPOSE: &str = "stream-next-offset, stream-cursor, stream-up-to-date, stream-closed, stream-ttl, \
 stream-expires-at, stream-sse-data-encoding, producer-epoch, producer-seq, producer-expected-seq, \
 producer-received-seq, producer-conflict, stream-earliest-offset, stream-retention-max-age, \

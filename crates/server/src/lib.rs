@@ -84,7 +84,7 @@ pub use oncelog_storage::clock::{Clock, ManualClock, SystemClock};
 /// router: the operational endpoints ([`ops`]) and a 404 with a reason for anything else.
 pub fn app<E: Engine>(state: AppState<E>) -> Result<front::Front, ConfigError> {
     state.config.validate()?;
-    let streams = Router::new().fallback(handlers::no_route).with_state(state.clone());
+    let fallback = Router::new().fallback(handlers::no_route).with_state(state.clone());
     let route_state = state.clone();
     let stream_route: front::StreamRoute = std::sync::Arc::new(move |req, caller| Box::pin(handlers::stream(route_state.clone(), req, caller)));
     let mut ops = Router::new()
@@ -100,7 +100,7 @@ pub fn app<E: Engine>(state: AppState<E>) -> Result<front::Front, ConfigError> {
         cors: state.config.cors_origins.clone(),
         ops_paths,
     };
-    Ok(front::Front::new(ops.with_state(state).merge(streams), stream_route, config))
+    Ok(front::Front::new(ops.with_state(state).merge(fallback), stream_route, config))
 }
 
 /// Why [`serve`] stopped with an error.

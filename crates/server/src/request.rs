@@ -51,6 +51,20 @@ pub enum RequestError {
     NotStateProtocol(#[from] oncelog_protocol::state::StateError),
 }
 
+/// The route prefix of every stream operation.
+pub const STREAM_PREFIX: &str = "/v1/stream/";
+
+/// The stream path of a request path, as sent (not percent-decoded): what follows
+/// [`STREAM_PREFIX`], when something does.
+pub fn raw_stream_path(uri_path: &str) -> Option<&str> {
+    uri_path.strip_prefix(STREAM_PREFIX).filter(|rest| !rest.is_empty())
+}
+
+/// A raw stream path percent-decoded, as every stream operation and access control read it.
+pub fn decode_stream_path(raw: &str) -> Result<std::borrow::Cow<'_, str>, RequestError> {
+    percent_encoding::percent_decode_str(raw).decode_utf8().map_err(|_| RequestError::PathNotUtf8)
+}
+
 /// The read mode of a GET.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Live {

@@ -79,7 +79,6 @@ impl StreamMeta {
         StreamMeta { id, created_ms, config: Arc::new(config), closed: false, stream_seq: None, fork: None, soft_deleted: false, earliest: Offset::ZERO }
     }
 
-
     /// What readers see of this stream at `tail`.
     pub fn info(&self, tail: oncelog_protocol::Offset) -> crate::engine::StreamInfo {
         crate::engine::StreamInfo { id: self.id, config: self.config.clone(), tail, closed: self.closed, earliest: self.earliest }

@@ -142,8 +142,8 @@ impl Scope {
 
 /// The stream path of a request URI under `/v1/stream/`, percent-decoded as the router does.
 pub fn stream_path(parts: &Parts) -> Option<String> {
-    let raw = parts.uri.path().strip_prefix("/v1/stream/")?;
-    percent_encoding::percent_decode_str(raw).decode_utf8().ok().map(|p| p.into_owned())
+    let raw = parts.uri.path().strip_prefix(crate::request::STREAM_PREFIX)?;
+    crate::request::decode_stream_path(raw).ok().map(std::borrow::Cow::into_owned)
 }
 
 /// Subscription routes whose credentials are checked by their handler rather than by grants:

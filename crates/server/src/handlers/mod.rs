@@ -25,20 +25,17 @@ use crate::request::{self, AppendHeaders, CreateHeaders, ReadQuery, RequestError
 use crate::{headers, read};
 use crate::state::AppState;
 
-/// The route prefix of every stream operation.
-pub const STREAM_PREFIX: &str = "/v1/stream/";
-
 /// Every request under `/v1/stream/` with a path after it, called by the front service directly
 /// rather than through the router: one boxed future per request instead of the router's
 /// matching, its URL-parameter map and the copies its extractors make (the header map, the URI,
 /// the method) — about a tenth of the allocations of an append (docs/design/issue-33-plan.md,
-/// step 5). `raw_path` is the part after the prefix, not yet percent-decoded.
+/// step 5). The front service calls it for a request with a [`request::raw_stream_path`].
 pub async fn stream<E: Engine>(st: AppState<E>, req: Request<Body>, caller: Caller) -> Response {
     let (parts, body) = req.into_parts();
-    let raw = parts.uri.path().strip_prefix(STREAM_PREFIX).unwrap_or_default();
-    let path = match percent_encoding::percent_decode_str(raw).decode_utf8() {
+    let raw = request::raw_stream_path(parts.uri.path()).unwrap_or_default();
+    let path = match request::decode_stream_path(raw) {
         Ok(path) => path,
-        Err(_) => return ApiError::from(RequestError::PathNotUtf8).into_response(),
+        Err(e) => return ApiError::from(e).into_response(),
     };
     dispatch(&st, &path, &parts.method, &parts.uri, &parts.headers, caller, body).await.unwrap_or_else(IntoResponse::into_response)
 }

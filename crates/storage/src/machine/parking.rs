@@ -201,13 +201,14 @@ mod tests {
         r
     }
 
-    /// A toy engine: accepts seq n when n is next, else a gap.
+    /// A round's answers, collected.
     fn settled(round: Round, lot: &mut ParkingLot) -> Vec<(AppendReply, Result<AppendOutcome, AppendError>)> {
         let mut answers = Vec::new();
         round.settle(lot, |reply, r| answers.push((reply, r)));
         answers
     }
 
+    /// A toy engine: accepts seq n when n is next, else a gap.
     fn engine(next: &mut u64) -> impl FnMut(&AppendRequest) -> Result<AppendOutcome, AppendError> + '_ {
         move |r| {
             let seq = r.producer.as_ref().map_or(0, |p| p.seq);
