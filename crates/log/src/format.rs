@@ -81,6 +81,9 @@ pub const MAX_FRAME: usize = 1 << 30;
 /// longer frame header would read as damage at recovery).
 pub const MAX_RECORD_BYTES: usize = MAX_FRAME / 2;
 
+// What the engines refuse ([`oncelog_storage::rules::shape::MAX_RECORD_BYTES`]) must fit a record.
+const _: () = assert!(oncelog_storage::rules::shape::MAX_RECORD_BYTES <= MAX_RECORD_BYTES);
+
 pub const CHECKPOINT: &str = "checkpoint";
 /// Locked while a server has the directory open.
 pub const LOCK: &str = "lock";

@@ -21,7 +21,7 @@ use tokio_postgres::Statement;
 
 use crate::error::{Fail, RowError};
 use crate::row::{self, i64_of, text_ok, Stream, COLS};
-use crate::shared::{Shared, MAX_VALUE_BYTES};
+use crate::shared::Shared;
 
 /// One stream of a group, as locked and changed so far.
 pub(crate) struct Staged {
@@ -45,17 +45,6 @@ pub(crate) struct Group {
     data: Vec<(i64, i64, Bytes)>,
     /// Producer rows this group creates (for the engine's counters).
     pub new_producers: u64,
-}
-
-/// Refusals that need no state: what this engine cannot store.
-pub(crate) fn storable(req: &AppendRequest) -> Result<(), AppendError> {
-    if req.producer.as_ref().is_some_and(|p| p.id.is_empty() || p.id.len() > 4096 || !text_ok(&p.id)) {
-        return Err(AppendError::ProducerIdTooLong);
-    }
-    if req.data.len() as u64 > MAX_VALUE_BYTES {
-        return Err(AppendError::TooLarge);
-    }
-    Ok(())
 }
 
 fn key_bytes(k: KeyId) -> [u8; 16] {
@@ -162,7 +151,7 @@ impl Group {
     /// The stream `req` names as writers see it now (expired: absent, or gone while forks read
     /// it; the sweep removes it), its TTL slid by the request.
     fn stream(&mut self, req: &AppendRequest, shared: &Shared) -> Result<&mut Staged, AppendError> {
-        storable(req)?;
+        rules::shape::append(req)?;
         let Some(g) = self.streams.get_mut(&req.path) else { return Err(AppendError::NotFound) };
         let meta = &g.st.meta;
         let last_access = shared.touches.at(meta.id).map_or(g.last_access_ms, |t| t.max(g.last_access_ms));

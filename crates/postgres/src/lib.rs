@@ -60,7 +60,6 @@ use tokio::task::JoinHandle;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use error::{refuses_login, Described, OpenError};
-pub use shared::MAX_VALUE_BYTES;
 use shared::{Counters, Shared};
 use ops::retry;
 use watch::{Touches, Watches};

@@ -23,7 +23,7 @@ use crate::group::Group;
 use crate::writer::Deciding;
 use crate::read::Lock;
 use crate::row::{self, expiry_columns, i64_of, text_ok, u64_of, Stream};
-use crate::shared::{lock_key, Effects, Shared, MAX_VALUE_BYTES};
+use crate::shared::{lock_key, Effects, Shared};
 
 
 /// How much later than its TTL says a stream is removed by the sweep: reads on other nodes
@@ -64,11 +64,8 @@ pub(crate) use retry;
 
 impl Shared {
     pub(crate) async fn create_once(&self, req: &CreateRequest) -> Result<Result<CreateOutcome, CreateError>, Fail> {
-        if req.path.is_empty() || req.path.len() > 64 << 10 || !text_ok(&req.path) {
-            return Ok(Err(CreateError::InvalidPath));
-        }
-        if req.initial.len() as u64 > MAX_VALUE_BYTES {
-            return Ok(Err(CreateError::TooLarge));
+        if let Err(e) = rules::shape::create(&req.path, req.initial.len()) {
+            return Ok(Err(e));
         }
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
@@ -249,8 +246,8 @@ impl Shared {
     }
 
     pub(crate) async fn compact_once(&self, req: &CompactRequest) -> Result<Result<TrimOutcome, CompactError>, Fail> {
-        if req.pieces.iter().any(|p| p.len() as u64 > MAX_VALUE_BYTES) {
-            return Ok(Err(CompactError::TooLarge));
+        if let Err(e) = rules::shape::compact(&req.pieces) {
+            return Ok(Err(e));
         }
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
@@ -282,11 +279,11 @@ impl Shared {
     }
 
     pub(crate) async fn transact_once(&self, txn: &TxnRequest) -> Result<Result<TxnOutcome, TxnError>, Fail> {
-        if let Err(e) = rules::txn_shape(txn, MAX_VALUE_BYTES as usize) {
+        if let Err(e) = rules::txn_shape(txn) {
             return Ok(Err(e));
         }
-        if let Some(index) = txn.appends.iter().position(|a| !text_ok(&a.path)) {
-            return Ok(Err(TxnError::Append { index, error: AppendError::NotFound }));
+        if let Some((index, error)) = txn.appends.iter().enumerate().find_map(|(i, a)| rules::shape::append(a).err().map(|e| (i, e))) {
+            return Ok(Err(TxnError::Append { index, error }));
         }
         let mut c = self.client().await?;
         let tx = c.transaction().await?;

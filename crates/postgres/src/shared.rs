@@ -15,10 +15,6 @@ use tokio::sync::mpsc;
 use crate::watch::{Touches, Watches};
 use crate::{error, flight, row};
 
-/// Largest append (or initial body, or metadata value) stored as one row: PostgreSQL's `bytea`
-/// holds up to 1 GiB, and one message of the wire protocol about as much.
-pub const MAX_VALUE_BYTES: u64 = 256 << 20;
-
 /// What every part of the engine uses.
 pub(crate) struct Shared {
     pub pool: Pool,

@@ -152,7 +152,7 @@ impl ApiError {
                     StatusCode::CONFLICT,
                     vec![h(names::PRODUCER_EXPECTED_SEQ, expected), h(names::PRODUCER_RECEIVED_SEQ, received)],
                 ),
-                AppendError::ProducerEpochSeq | AppendError::ProducerIdTooLong => (StatusCode::BAD_REQUEST, vec![]),
+                AppendError::ProducerEpochSeq | AppendError::InvalidProducerId => (StatusCode::BAD_REQUEST, vec![]),
                 AppendError::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
                 AppendError::OffsetOverflow => (StatusCode::INSUFFICIENT_STORAGE, vec![]),
                 AppendError::ProducerBodyMismatch { epoch, seq } => (

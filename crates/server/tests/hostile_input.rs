@@ -262,7 +262,7 @@ async fn a_request_with_two_hosts_a_bad_host_or_none_is_refused() {
 }
 
 #[tokio::test]
-async fn a_stream_path_is_percent_decoded_once_and_must_be_utf8() {
+async fn a_stream_path_is_percent_decoded_once_and_must_be_utf8_without_nul() {
     let (s, http) = server().await;
     // Not UTF-8 once decoded: 400 with the reason, for every method.
     for method in [reqwest::Method::GET, reqwest::Method::PUT, reqwest::Method::POST] {
@@ -270,6 +270,12 @@ async fn a_stream_path_is_percent_decoded_once_and_must_be_utf8() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "{reason}");
         assert!(reason.contains("UTF-8"), "{reason}");
     }
+    // A NUL character names no stream on any engine: not created, never found.
+    let (status, reason) = status_and_reason(http.put(s.url("a%00b")).header("content-type", "text/plain")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{reason}");
+    assert!(reason.contains("NUL"), "{reason}");
+    let (status, reason) = status_and_reason(http.post(s.url("a%00b")).header("content-type", "text/plain").body("x")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{reason}");
     // Nothing after the prefix is no route at all.
     let (status, reason) = status_and_reason(http.get(format!("{}/v1/stream/", s.origin))).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{reason}");

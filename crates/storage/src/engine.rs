@@ -162,7 +162,9 @@ pub enum CreateError {
     ForkOffsetBeyondTail,
     #[error("fork sub-offset is past the end of the append at the fork offset")]
     SubOffsetOvershoot,
-    #[error("stream path is empty or too long to store")]
+    /// The path is empty, longer than [`crate::rules::shape::MAX_PATH_BYTES`] or holds a NUL
+    /// character ([`crate::rules::shape::create`]).
+    #[error("stream path must be 1 to 4,096 bytes without NUL characters")]
     InvalidPath,
     #[error("initial body is too large to store as one record")]
     TooLarge,
@@ -280,8 +282,10 @@ pub enum AppendError {
     ProducerEpochSeq,
     #[error("stream offset space exhausted")]
     OffsetOverflow,
-    #[error("producer id is too long to store")]
-    ProducerIdTooLong,
+    /// The producer id is empty, longer than [`crate::rules::shape::MAX_PRODUCER_ID_BYTES`] or
+    /// holds a NUL character ([`crate::rules::shape::append`]).
+    #[error("producer id must be 1 to 1,024 bytes without NUL characters")]
+    InvalidProducerId,
     #[error("body is too large to store as one record")]
     TooLarge,
     #[error("an empty body is only allowed with Stream-Closed: true")]

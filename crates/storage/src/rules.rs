@@ -8,7 +8,8 @@
 //! transaction). No function here does I/O or reads a clock: time comes in as `now_ms`, data an
 //! engine must look up (the append a fork sub-offset points into) comes in through a closure.
 //!
-//! Precedence of an append's checks, in order (the first that applies answers):
+//! Precedence of an append's checks, in order (the first that applies answers), after its shape
+//! (path, producer id, size: [`shape`], the same limits on every engine):
 //! 1. the stream incarnation ([`AppendError::StreamChanged`]) and soft deletion (`Gone`);
 //! 2. the idempotency key (combined with producer headers: `IdempotencyKeyWithProducer`): a key
 //!    seen within the window is a duplicate answered with its append's end offset, or
@@ -36,6 +37,8 @@ use oncelog_protocol::{content_type, json, Offset};
 
 use crate::engine::*;
 use crate::state::{ForkOf, IdempotencyKeys, KeyEntry, StreamMeta};
+
+pub mod shape;
 
 /// How long an append that arrived ahead of its producer's next sequence number waits for its
 /// predecessors before it gets its gap answer. Pipelined requests over several connections
@@ -553,10 +556,11 @@ mod tests;
 // Transactions
 // ---------------------------------------------------------------------------------------------
 
-/// The checks of a transaction that need no state: key and value sizes (`max_value`: the
-/// engine's record limit), at most one append per stream.
-pub fn txn_shape(txn: &TxnRequest, max_value: usize) -> Result<(), TxnError> {
-    let too_large = txn.meta.iter().any(|w| w.key.len() > MAX_META_KEY_BYTES || w.value.as_ref().is_some_and(|v| v.len() > max_value));
+/// The checks of a transaction that need no state: key and value sizes (a value fits one
+/// record, [`shape::MAX_RECORD_BYTES`]), at most one append per stream. Each append's own shape
+/// is checked with its state ([`shape::append`], by the engine's `check`).
+pub fn txn_shape(txn: &TxnRequest) -> Result<(), TxnError> {
+    let too_large = txn.meta.iter().any(|w| w.key.len() > MAX_META_KEY_BYTES || w.value.as_ref().is_some_and(|v| v.len() > shape::MAX_RECORD_BYTES));
     if too_large || txn.expect.iter().any(|(k, _)| k.len() > MAX_META_KEY_BYTES) {
         return Err(TxnError::TooLarge);
     }

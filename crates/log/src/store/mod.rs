@@ -45,7 +45,6 @@ pub(crate) use checkpoint::write_checkpoint;
 pub(crate) use commit::Group;
 use commit::reply;
 pub(crate) use recovery::open;
-use stage::check_append_shape;
 use path_table::PathTable;
 pub(crate) use view::{Counters, Shared, View};
 
@@ -94,7 +93,7 @@ impl machine::Appender for Staging<'_> {
     }
 
     fn check(&mut self, req: &AppendRequest) -> Result<(), AppendError> {
-        check_append_shape(req)?;
+        rules::shape::append(req)?;
         let w = self.store.streams.get(req.path.as_str()).ok_or(AppendError::NotFound)?;
         w.st.check(req, &self.store.cfg.retention)
     }

@@ -27,7 +27,7 @@ impl Store {
     /// appends and Meta records into this group's one frame; parked successors of its producer
     /// appends are released behind them.
     pub(super) fn transact(&mut self, txn: TxnRequest, g: &mut Group) -> Result<TxnOutcome, TxnError> {
-        rules::txn_shape(&txn, crate::format::MAX_RECORD_BYTES)?;
+        rules::txn_shape(&txn)?;
         for a in &txn.appends {
             self.drop_if_expired(&a.path, a.now_ms, g);
         }
@@ -177,9 +177,7 @@ impl Store {
     /// [`rules::compact`] decides: Append records and a Trim record in this group's one frame,
     /// so a power cut keeps all of it or none.
     pub(super) fn compact(&mut self, req: CompactRequest, g: &mut Group) -> Result<TrimOutcome, CompactError> {
-        if req.pieces.iter().any(|p| p.len() > crate::format::MAX_RECORD_BYTES) {
-            return Err(CompactError::TooLarge);
-        }
+        rules::shape::compact(&req.pieces)?;
         let w = self.streams.get_mut(req.path.as_str()).ok_or(CompactError::NotFound)?;
         let ends = rules::compact(&w.st.meta, w.st.tail, &req)?;
         // (A compaction stream has no retention policy, so its appends carry no write time.)
@@ -263,12 +261,7 @@ impl Store {
     }
 
     pub(super) fn create(&mut self, req: CreateRequest, g: &mut Group) -> Result<CreateOutcome, CreateError> {
-        if req.path.is_empty() || req.path.len() > oncelog_protocol::headers::MAX_PATH_BYTES {
-            return Err(CreateError::InvalidPath);
-        }
-        if req.initial.len() > crate::format::MAX_RECORD_BYTES {
-            return Err(CreateError::TooLarge);
-        }
+        rules::shape::create(&req.path, req.initial.len())?;
         self.drop_if_expired(&req.path, req.now_ms, g);
         let mut fork = None;
         if let Some(f) = &req.fork {
@@ -319,7 +312,7 @@ impl Store {
 
     /// Decides one append by the stream state machine and stages it as one record.
     pub(super) fn append(&mut self, req: &AppendRequest, g: &mut Group) -> Result<AppendOutcome, AppendError> {
-        check_append_shape(req)?;
+        rules::shape::append(req)?;
         self.drop_if_expired(&req.path, req.now_ms, g);
         let Some(w) = self.streams.get_mut(req.path.as_str()) else { return Err(AppendError::NotFound) };
         if req.stream_id.is_none_or(|id| id == w.st.meta.id) {
@@ -377,15 +370,4 @@ impl Store {
         self.prune_writers(self.latest_ms)
     }
 
-}
-
-/// What an append must be before any state is consulted: a storable producer id and body.
-pub(super) fn check_append_shape(req: &AppendRequest) -> Result<(), AppendError> {
-    if req.producer.as_ref().is_some_and(|p| p.id.is_empty() || p.id.len() > oncelog_protocol::headers::MAX_PRODUCER_ID_BYTES) {
-        return Err(AppendError::ProducerIdTooLong);
-    }
-    if req.data.len() > crate::format::MAX_RECORD_BYTES {
-        return Err(AppendError::TooLarge);
-    }
-    Ok(())
 }

@@ -97,6 +97,7 @@ macro_rules! __contract_all_cases {
         $($callback)+! {
             $($prefix)*
             writes::create_verdicts,
+            writes::shape_limits_are_the_same_on_every_engine,
             writes::append_precedence,
             writes::conditional_appends,
             writes::a_producer_retry_with_another_body_is_refused,

@@ -35,6 +35,39 @@ pub async fn create_verdicts<H: Harness>() {
     assert!(matches!(e.head("nope", 0).await, Err(LookupError::NotFound)));
 }
 
+/// The shape limits ([`crate::rules::shape`]) answer the same on every engine, called directly
+/// (no header parser in front): names at the limit are taken, one byte over, empty or holding a
+/// NUL character are refused with the same error, bodies over one record too; a transaction's
+/// append is held to the same shape.
+pub async fn shape_limits_are_the_same_on_every_engine<H: Harness>() {
+    use crate::rules::shape::{MAX_PATH_BYTES, MAX_PRODUCER_ID_BYTES, MAX_RECORD_BYTES};
+    let h = H::open().await;
+    let e = h.engine();
+    let longest = "p".repeat(MAX_PATH_BYTES);
+    create(e, create_req(&longest, "text/plain")).await;
+    for bad in ["".to_owned(), "p".repeat(MAX_PATH_BYTES + 1), "a\0b".to_owned()] {
+        let r = e.create(create_req(&bad, "text/plain")).await;
+        assert!(matches!(r, Err(CreateError::InvalidPath)), "create of a {}-byte path: {r:?}", bad.len());
+        let r = e.append(append_req(&bad, "x")).await;
+        assert!(matches!(r, Err(AppendError::NotFound)), "append to a {}-byte path: {r:?}", bad.len());
+    }
+    let big = Bytes::from(vec![b'x'; MAX_RECORD_BYTES + 1]);
+    let r = e.create(CreateRequest { initial: big.clone(), ..create_req("big", "text/plain") }).await;
+    assert!(matches!(r, Err(CreateError::TooLarge)), "{r:?}");
+    let id = "i".repeat(MAX_PRODUCER_ID_BYTES);
+    assert_eq!(append(e, produce(&longest, "a", &id, 0, 0)).await.status, AppendStatus::Appended);
+    for bad in ["".to_owned(), "i".repeat(MAX_PRODUCER_ID_BYTES + 1), "p\0".to_owned()] {
+        let r = e.append(produce(&longest, "b", &bad, 0, 0)).await;
+        assert!(matches!(r, Err(AppendError::InvalidProducerId)), "a {}-byte producer id: {r:?}", bad.len());
+        let txn = TxnRequest { appends: vec![produce(&longest, "b", &bad, 0, 0)], ..Default::default() };
+        let r = e.transact(txn).await;
+        assert!(matches!(r, Err(TxnError::Append { index: 0, error: AppendError::InvalidProducerId })), "{r:?}");
+    }
+    let r = e.append(AppendRequest { data: big, ..append_req(&longest, "") }).await;
+    assert!(matches!(r, Err(AppendError::TooLarge)), "{r:?}");
+    assert_eq!(read_all(e, &longest, 1 << 20).await, "a");
+}
+
 pub async fn append_precedence<H: Harness>() {
     let h = H::open().await;
     let e = h.engine();
