@@ -19,14 +19,15 @@ use base64::Engine as _;
 use bytes::Bytes;
 use oncelog_protocol::content_type;
 use oncelog_protocol::headers::ProducerHeaders;
-use oncelog_protocol::json::{self, EmptyArray};
 use oncelog_storage::subs::{AckRequest, AckVia, Fence, PutVerdict, SubError, SubKind};
 use oncelog_storage::{AppendRequest, Engine};
 use serde_json::{json, Value};
 
 use crate::auth::scope::Op;
 use crate::auth::AuthError;
+use crate::handlers::append::{stored_body, Stored};
 use crate::op::{Fenced, NoCall, SubCall};
+use crate::request::RequestError;
 use crate::reply;
 use crate::state::AppState;
 
@@ -280,27 +281,29 @@ async fn outputs<E: Engine>(st: &AppState<E>, body: &serde_json::Map<String, Val
             Some(Value::String(s)) => s.clone(),
             Some(_) => return Err(bad("content_type must be a string")),
         };
-        let json_framed = content_type::is_json(&ct) && content_type::is_json(&info.config.content_type);
-        let data = match (a.get("data"), a.get("data_base64").and_then(Value::as_str)) {
-            (Some(v), None) if json_framed => json::encode_body(v.to_string().as_bytes(), EmptyArray::Rejected).map_err(|_| bad("data is not appendable JSON (an empty array appends nothing)"))?.into(),
+        let json = content_type::is_json(&ct) && content_type::is_json(&info.config.content_type);
+        // The body as a `POST` would carry it, then framed as a `POST`'s is.
+        let body = match (a.get("data"), a.get("data_base64").and_then(Value::as_str)) {
+            (Some(v), None) if json => Bytes::from(v.to_string()),
             (Some(Value::String(s)), None) => Bytes::from(s.clone()),
-            (None, Some(b64)) if !json_framed => {
+            (None, Some(b64)) if !json => {
                 Bytes::from(base64::engine::general_purpose::STANDARD.decode(b64).map_err(|_| bad("data_base64 is not base64"))?)
             }
             _ => return Err(bad("data (JSON for JSON streams, else a string) or data_base64 (byte streams) is required")),
         };
+        let Stored { json_framed, data, body_digest } = stored_body(&info, Some(&ct), &body, true).map_err(|e| match e {
+            RequestError::NotStateProtocol(_) => bad("this stream takes State Protocol messages only"),
+            _ => bad("data is not appendable JSON (an empty array appends nothing)"),
+        })?;
         if data.is_empty() {
             return Err(bad("an output must carry data"));
-        }
-        if info.config.compaction {
-            oncelog_protocol::state::validate(&data).map_err(|_| bad("this stream takes State Protocol messages only"))?;
         }
         out.push(AppendRequest {
             path: stream.to_owned(),
             stream_id: Some(info.id),
             json_framed,
             content_type: Some(ct),
-            body_digest: Some(oncelog_protocol::digest::BodyDigest::of(&data)),
+            body_digest,
             data,
             close: a.get("close").and_then(Value::as_bool).unwrap_or(false),
             stream_seq: None,
