@@ -123,7 +123,7 @@ const STATE: &str = "c0";
 fn data_for(path: &str, counter: u64) -> Vec<u8> {
     if path == STATE {
         let key = counter % 4;
-        if counter % 5 == 0 {
+        if counter.is_multiple_of(5) {
             format!(r#"{{"type":"t","key":"k{key}","headers":{{"operation":"delete"}}}},"#).into_bytes()
         } else {
             format!(r#"{{"type":"t","key":"k{key}","value":{counter},"headers":{{"operation":"upsert"}}}},"#).into_bytes()
@@ -320,7 +320,7 @@ impl Model {
             Op::Retain => {
                 for s in self.streams.values_mut().filter(|s| !s.soft_deleted && !s.policy.is_none()) {
                     let below = |x: oncelog_protocol::Offset| {
-                        oncelog_protocol::Offset(s.bounds.iter().copied().filter(|b| *b <= x.0).last().unwrap_or(0))
+                        oncelog_protocol::Offset(s.bounds.iter().copied().rfind(|b| *b <= x.0).unwrap_or(0))
                     };
                     let tail = oncelog_protocol::Offset(s.data.len() as u64);
                     if let Some(to) = retention::floor(&s.policy, tail, oncelog_protocol::Offset(s.earliest), self.now, &s.marks, below) {

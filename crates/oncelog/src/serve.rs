@@ -445,7 +445,10 @@ fn raise_fd_limit() -> Option<u64> {
             }
         }
     }
-    Some(lim.rlim_cur as u64)
+    // `rlim_t` is `u64` on Linux, not on every target libc knows.
+    #[allow(clippy::unnecessary_cast)]
+    let limit = lim.rlim_cur as u64;
+    Some(limit)
 }
 
 /// Whether `--storage` names a PostgreSQL database.

@@ -4,7 +4,7 @@
 //! - no acknowledged commit is lost (the cursor is at least where the commit acked),
 //! - the cursor and the generation never move back,
 //! - outputs and acks agree: the output holds exactly the input messages below the cursor,
-//! and at the end every input is in the output exactly once, in order.
+//!   and at the end every input is in the output exactly once, in order.
 //!
 //! The worker resends an unanswered commit unchanged (a duplicate if it was applied).
 

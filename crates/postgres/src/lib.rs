@@ -359,12 +359,12 @@ async fn background(shared: Arc<Shared>) {
             Ok(()) => shared.note_success(),
             Err(f) => shared.note_unreachable(&StorageError::from(f)),
         }
-        if ticks % (COUNT_EVERY.as_millis() / TOUCH_FLUSH.as_millis()) as u64 == 0 {
+        if ticks.is_multiple_of((COUNT_EVERY.as_millis() / TOUCH_FLUSH.as_millis()) as u64) {
             if let Err(f) = shared.count().await {
                 tracing::debug!(error = %StorageError::from(f), "counting streams failed; retried later");
             }
         }
-        if ticks % (GC_EVERY.as_millis() / TOUCH_FLUSH.as_millis()) as u64 == 0 {
+        if ticks.is_multiple_of((GC_EVERY.as_millis() / TOUCH_FLUSH.as_millis()) as u64) {
             loop {
                 match shared.gc().await {
                     Ok(0) => break,

@@ -305,6 +305,7 @@ fn no_content(info: &StreamInfo, cursor: u64) -> Response {
     respond(StatusCode::NO_CONTENT, pairs, Body::empty())
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn long_poll<E: Engine>(
     st: &AppState<E>,
     path: &str,
@@ -382,6 +383,7 @@ struct Sending {
     closed: bool,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn sse<E: Engine>(
     st: &AppState<E>,
     path: &str,

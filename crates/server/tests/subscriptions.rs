@@ -300,7 +300,7 @@ async fn the_signing_key_rotates_and_the_old_one_stays_published_for_a_while() {
     let first = v["webhook"]["signing"]["kid"].as_str().expect("kid").to_owned();
     let kids = |jwks: &Value| jwks["keys"].as_array().map(|ks| ks.iter().filter_map(|k| k["kid"].as_str().map(str::to_owned)).collect::<Vec<_>>()).unwrap_or_default();
     let jwks_url = s.url("__ds/jwks.json");
-    assert_eq!(kids(&json_of(http.get(&jwks_url).send().await.expect("jwks")).await.1), [first.clone()]);
+    assert_eq!(kids(&json_of(http.get(&jwks_url).send().await.expect("jwks")).await.1), std::slice::from_ref(&first));
 
     // Older than the maximum age: the next dispatcher pass (at most a second) rotates.
     clock.advance_ms(7_200_001);

@@ -188,7 +188,7 @@ mod tests {
     #[test]
     fn the_byte_limit_keeps_at_least_max_bytes_and_cuts_at_an_append_boundary() {
         let bounds = [0u64, 10, 25, 40, 60];
-        let below = |x: Offset| Offset(*bounds.iter().filter(|b| **b <= x.0).last().unwrap_or(&0));
+        let below = |x: Offset| Offset(*bounds.iter().rfind(|b| **b <= x.0).unwrap_or(&0));
         let p = RetentionPolicy { max_age_s: None, max_bytes: Some(30) };
         // tail 60, keep 30: cut at 30 rounds down to 25 (35 bytes kept).
         assert_eq!(floor(&p, Offset(60), Offset::ZERO, 0, &[], below), Some(Offset(25)));

@@ -61,7 +61,7 @@ fn stalls(name: &str, generation: u64) -> bool {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (name, generation).hash(&mut h);
-    h.finish() % 16 == 0
+    h.finish().is_multiple_of(16)
 }
 
 async fn work(ctx: &Ctx, name: &str, node: usize, claim: oncelog_client::Claim) {
