@@ -88,9 +88,7 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
         return Err("--producers, --streams, --in-flight and --duration must be positive".into());
     }
     let tag = common::run_tag();
-    let streams: Vec<String> = (0..args.streams)
-        .map(|i| format!("bench-s1-{tag}-{i}"))
-        .collect();
+    let streams: Vec<String> = (0..args.streams).map(|i| format!("bench-s1-{tag}-{i}")).collect();
     let timeout = Duration::from_secs(args.request_timeout.max(1));
 
     let setup = common::client(timeout)?;
@@ -99,8 +97,16 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
         common::create_stream(&setup, &target.stream_url(&wake), "application/json").await?;
         for i in 0..args.subscriptions {
             let url = target.stream_url(&format!("__ds/subscriptions/bench-{tag}-{i}"));
-            let cfg = format!(r#"{{"type":"pull-wake","pattern":"bench-s1-{tag}-*","wake_stream":"{wake}","lease_ttl_ms":30000}}"#);
-            let r = setup.put(&url).header("content-type", "application/json").body(cfg).send().await.map_err(|e| format!("PUT {url}: {e}"))?;
+            let cfg = format!(
+                r#"{{"type":"pull-wake","pattern":"bench-s1-{tag}-*","wake_stream":"{wake}","lease_ttl_ms":30000}}"#
+            );
+            let r = setup
+                .put(&url)
+                .header("content-type", "application/json")
+                .body(cfg)
+                .send()
+                .await
+                .map_err(|e| format!("PUT {url}: {e}"))?;
             if r.status().as_u16() != 201 {
                 return Err(format!("PUT {url}: {}", r.status()));
             }
@@ -111,11 +117,7 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
     }
     drop(setup);
 
-    let body = Bytes::from(
-        (0..args.body_bytes)
-            .map(|i| b'a' + (i % 26) as u8)
-            .collect::<Vec<u8>>(),
-    );
+    let body = Bytes::from((0..args.body_bytes).map(|i| b'a' + (i % 26) as u8).collect::<Vec<u8>>());
     let acked_live = Arc::new(AtomicU64::new(0));
     // Largest latency (µs) seen since the last progress line.
     let max_live = Arc::new(AtomicU64::new(0));
@@ -138,10 +140,7 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
     for p in 0..args.producers {
         let urls = Arc::new(target.stream_urls(&streams[p % streams.len()]));
         let producer_id = Arc::new(format!("bench-{tag}-p{p}"));
-        let seqs = Arc::new(ProducerSeq {
-            next: AtomicU64::new(0),
-            done: tokio::sync::watch::Sender::new(0),
-        });
+        let seqs = Arc::new(ProducerSeq { next: AtomicU64::new(0), done: tokio::sync::watch::Sender::new(0) });
         for _ in 0..args.in_flight {
             let lane = Lane {
                 client: common::client(timeout)?,
@@ -152,13 +151,8 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
                 pipelined: args.in_flight > 1,
             };
             let body = body.clone();
-            let live = Live {
-                acked: acked_live.clone(),
-                max_us: max_live.clone(),
-            };
-            tasks.push(tokio::spawn(async move {
-                lane.run(body, measure_from, stop_at, live).await
-            }));
+            let live = Live { acked: acked_live.clone(), max_us: max_live.clone() };
+            tasks.push(tokio::spawn(async move { lane.run(body, measure_from, stop_at, live).await }));
         }
     }
 
@@ -176,19 +170,10 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
                 let now = acked_live.load(Ordering::Relaxed);
                 let t = start.elapsed().as_secs_f64();
                 // Label the second that just ended by where it started.
-                let began = Instant::now()
-                    .checked_sub(Duration::from_secs(1))
-                    .unwrap_or(start);
-                let phase = if began < measure_from {
-                    "warm-up"
-                } else {
-                    "measure"
-                };
+                let began = Instant::now().checked_sub(Duration::from_secs(1)).unwrap_or(start);
+                let phase = if began < measure_from { "warm-up" } else { "measure" };
                 let max_ms = max_live.swap(0, Ordering::Relaxed) as f64 / 1000.0;
-                eprintln!(
-                    "  t={t:5.1}s {phase} {:>7} acks/s  max latency {max_ms:7.1} ms",
-                    now - last
-                );
+                eprintln!("  t={t:5.1}s {phase} {:>7} acks/s  max latency {max_ms:7.1} ms", now - last);
                 last = now;
                 if Instant::now() >= stop_at {
                     break;
@@ -228,26 +213,18 @@ pub async fn run(args: AppendArgs) -> Result<(), String> {
     // Every acknowledgement since the streams were created, warm-up included: the denominator
     // for the server's CPU time per append, which is sampled around the whole run.
     let acked_total = acked_live.load(Ordering::Relaxed);
-    let requests_per_append = if acked > 0 {
-        requests as f64 / acked as f64
-    } else {
-        f64::NAN
-    };
+    let requests_per_append = if acked > 0 { requests as f64 / acked as f64 } else { f64::NAN };
 
-    println!(
-        "S1 append results ({} s measured after {} s warm-up)",
-        args.duration, args.warmup
-    );
-    println!(
-        "  producers/streams     {}/{} ({} in flight per producer)",
-        args.producers, args.streams, args.in_flight
-    );
+    println!("S1 append results ({} s measured after {} s warm-up)", args.duration, args.warmup);
+    println!("  producers/streams     {}/{} ({} in flight per producer)", args.producers, args.streams, args.in_flight);
     println!(
         "  acknowledged appends  {acked} ({rate:.0}/s, {:.2} MB/s of payload)",
         rate * args.body_bytes as f64 / 1e6
     );
     println!("  duplicates (204)      {duplicates}");
-    println!("  conflicts (409)       {conflicts} ({requests} requests, {requests_per_append:.2} per acknowledged append)");
+    println!(
+        "  conflicts (409)       {conflicts} ({requests} requests, {requests_per_append:.2} per acknowledged append)"
+    );
     println!("  errors                {errors}");
     for (k, v) in &kinds {
         println!("    {k}: {v}");
@@ -306,13 +283,7 @@ impl Lane {
     /// A failed request (transport error, timeout or unexpected status) is retried with the
     /// same sequence number. With one lane this is the plain closed loop: 0, 1, 2, ... one at
     /// a time.
-    async fn run(
-        self,
-        body: Bytes,
-        measure_from: Instant,
-        stop_at: Instant,
-        live: Live,
-    ) -> ProducerReport {
+    async fn run(self, body: Bytes, measure_from: Instant, stop_at: Instant, live: Live) -> ProducerReport {
         let mut rep = ProducerReport::default();
         let mut done_rx = self.seqs.done.subscribe();
         'next_seq: while Instant::now() < stop_at {

@@ -14,24 +14,14 @@ pub const SUMMARY_PREFIX: &str = "oncelog-bench-summary ";
 pub fn loopback_base(url: &str) -> Result<String, String> {
     let parsed = reqwest::Url::parse(url).map_err(|e| format!("invalid --url {url:?}: {e}"))?;
     if parsed.scheme() != "http" {
-        return Err(format!(
-            "--url must use http:// (got {:?})",
-            parsed.scheme()
-        ));
+        return Err(format!("--url must use http:// (got {:?})", parsed.scheme()));
     }
-    let host = parsed
-        .host_str()
-        .ok_or_else(|| format!("--url {url:?} has no host"))?;
+    let host = parsed.host_str().ok_or_else(|| format!("--url {url:?} has no host"))?;
     let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let is_loopback = bare.eq_ignore_ascii_case("localhost")
-        || bare
-            .parse::<IpAddr>()
-            .map(|ip| ip.is_loopback())
-            .unwrap_or(false);
+    let is_loopback =
+        bare.eq_ignore_ascii_case("localhost") || bare.parse::<IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false);
     if !is_loopback {
-        return Err(format!(
-            "--url must point at a loopback address (127.0.0.0/8, ::1, localhost); got {host:?}"
-        ));
+        return Err(format!("--url must point at a loopback address (127.0.0.0/8, ::1, localhost); got {host:?}"));
     }
     Ok(url.trim_end_matches('/').to_string())
 }
@@ -45,10 +35,7 @@ pub fn client(request_timeout: Duration) -> Result<reqwest::Client, String> {
 /// An HTTP/1.1 client keeping up to `max_idle` idle keep-alive connections. Concurrent requests
 /// through it each get their own connection (HTTP/1.1 has no multiplexing), so one such client
 /// can serve many readers without building one client (and TLS setup) per reader.
-pub fn pooled_client(
-    request_timeout: Duration,
-    max_idle: usize,
-) -> Result<reqwest::Client, String> {
+pub fn pooled_client(request_timeout: Duration, max_idle: usize) -> Result<reqwest::Client, String> {
     reqwest::Client::builder()
         .http1_only()
         .pool_max_idle_per_host(max_idle)
@@ -79,10 +66,7 @@ pub fn encode_query_value(v: &str) -> String {
 /// Run-unique suffix for stream and producer names, so repeated runs against one server never
 /// collide with earlier data.
 pub fn run_tag() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     format!("{}-{}", std::process::id(), nanos % 1_000_000_000_000)
 }
 
@@ -108,11 +92,8 @@ impl LatencySummary {
             let rank = (p * n as f64).ceil() as usize;
             f64::from(samples[rank.clamp(1, n) - 1]) / 1000.0
         };
-        let mean_ms = if n == 0 {
-            0.0
-        } else {
-            samples.iter().map(|&s| u64::from(s)).sum::<u64>() as f64 / n as f64 / 1000.0
-        };
+        let mean_ms =
+            if n == 0 { 0.0 } else { samples.iter().map(|&s| u64::from(s)).sum::<u64>() as f64 / n as f64 / 1000.0 };
         LatencySummary {
             count: n,
             p50_ms: pick(0.50),
@@ -196,16 +177,9 @@ impl TargetArgs {
         let base = loopback_base(url)?;
         let prefix = self.prefix.trim_matches('/');
         if prefix.contains(['?', '#', ' ']) {
-            return Err(format!(
-                "--prefix {:?} must be a plain path (no '?', '#' or spaces)",
-                self.prefix
-            ));
+            return Err(format!("--prefix {:?} must be a plain path (no '?', '#' or spaces)", self.prefix));
         }
-        Ok(if prefix.is_empty() {
-            base
-        } else {
-            format!("{base}/{prefix}")
-        })
+        Ok(if prefix.is_empty() { base } else { format!("{base}/{prefix}") })
     }
 }
 
@@ -228,11 +202,7 @@ impl Target {
 
 /// Creates a stream (PUT) with `content_type`. 201 (created) and 200 (already there, same
 /// config) both count as ready. Returns the `Stream-Next-Offset` of the answer, if any.
-pub async fn create_stream(
-    client: &reqwest::Client,
-    url: &str,
-    content_type: &str,
-) -> Result<Option<String>, String> {
+pub async fn create_stream(client: &reqwest::Client, url: &str, content_type: &str) -> Result<Option<String>, String> {
     let resp = client
         .put(url)
         .header("content-type", content_type)
@@ -245,31 +215,19 @@ pub async fn create_stream(
     if status.as_u16() == 201 || status.as_u16() == 200 {
         Ok(next)
     } else {
-        Err(format!(
-            "PUT {url}: unexpected status {status}: {}",
-            String::from_utf8_lossy(&body)
-        ))
+        Err(format!("PUT {url}: unexpected status {status}: {}", String::from_utf8_lossy(&body)))
     }
 }
 
 /// HEAD of a stream: the status and the `Stream-Next-Offset` (the tail), if the answer has one.
-pub async fn head_tail(
-    client: &reqwest::Client,
-    url: &str,
-) -> Result<(u16, Option<String>), reqwest::Error> {
+pub async fn head_tail(client: &reqwest::Client, url: &str) -> Result<(u16, Option<String>), reqwest::Error> {
     let resp = client.head(url).send().await?;
-    Ok((
-        resp.status().as_u16(),
-        header_str(&resp, "stream-next-offset"),
-    ))
+    Ok((resp.status().as_u16(), header_str(&resp, "stream-next-offset")))
 }
 
 /// A response header as an owned string (None if absent or not visible ASCII).
 pub fn header_str(resp: &reqwest::Response, name: &str) -> Option<String> {
-    resp.headers()
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
+    resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
 }
 
 /// Short classification of a transport error, used as a key when counting errors.
@@ -308,20 +266,15 @@ pub fn write_manifest(path: &std::path::Path, entries: &[(String, String)]) -> R
 }
 
 pub fn read_manifest(path: &std::path::Path) -> Result<Vec<(String, String)>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read manifest {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read manifest {}: {e}", path.display()))?;
     let mut entries = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let (name, tail) = line.split_once('\t').ok_or_else(|| {
-            format!(
-                "manifest {} line {}: expected NAME<TAB>TAIL",
-                path.display(),
-                i + 1
-            )
-        })?;
+        let (name, tail) = line
+            .split_once('\t')
+            .ok_or_else(|| format!("manifest {} line {}: expected NAME<TAB>TAIL", path.display(), i + 1))?;
         entries.push((name.to_string(), tail.to_string()));
     }
     if entries.is_empty() {
@@ -354,10 +307,7 @@ fn cpu_ticks_of_stat(stat: &str) -> Option<u64> {
 
 /// Formats a map of error kinds as a JSON object.
 pub fn json_counts(kinds: &std::collections::BTreeMap<String, u64>) -> String {
-    let body: Vec<String> = kinds
-        .iter()
-        .map(|(k, v)| format!("{}:{v}", json_str(k)))
-        .collect();
+    let body: Vec<String> = kinds.iter().map(|(k, v)| format!("{}:{v}", json_str(k))).collect();
     format!("{{{}}}", body.join(","))
 }
 
@@ -385,10 +335,7 @@ mod tests {
         assert!(loopback_base("http://10.0.0.1:4437").is_err());
         assert!(loopback_base("http://example.com").is_err());
         assert!(loopback_base("https://127.0.0.1").is_err());
-        assert_eq!(
-            loopback_base("http://127.0.0.1:9/").unwrap(),
-            "http://127.0.0.1:9"
-        );
+        assert_eq!(loopback_base("http://127.0.0.1:9/").unwrap(), "http://127.0.0.1:9");
     }
 
     #[test]
@@ -406,21 +353,10 @@ mod tests {
     #[test]
     fn targets_join_prefix() {
         let t = |url: &str, prefix: &str| {
-            TargetArgs {
-                url: url.into(),
-                prefix: prefix.into(),
-            }
-            .resolve()
-            .map(|t| t.stream_url("s"))
+            TargetArgs { url: url.into(), prefix: prefix.into() }.resolve().map(|t| t.stream_url("s"))
         };
-        assert_eq!(
-            t("http://127.0.0.1:1", "/v1/stream").unwrap(),
-            "http://127.0.0.1:1/v1/stream/s"
-        );
-        assert_eq!(
-            t("http://127.0.0.1:1/", "v1/stream/").unwrap(),
-            "http://127.0.0.1:1/v1/stream/s"
-        );
+        assert_eq!(t("http://127.0.0.1:1", "/v1/stream").unwrap(), "http://127.0.0.1:1/v1/stream/s");
+        assert_eq!(t("http://127.0.0.1:1/", "v1/stream/").unwrap(), "http://127.0.0.1:1/v1/stream/s");
         assert_eq!(t("http://127.0.0.1:1", "").unwrap(), "http://127.0.0.1:1/s");
         assert!(t("http://127.0.0.1:1", "/a?b").is_err());
         assert!(t("http://10.1.1.1:1", "").is_err());
@@ -429,10 +365,7 @@ mod tests {
     #[test]
     fn manifest_round_trip() {
         let dir = std::env::temp_dir().join(format!("oncelog-bench-test-{}", run_tag()));
-        let entries = vec![
-            ("a".to_string(), "0_1".to_string()),
-            ("b".into(), "0_2".into()),
-        ];
+        let entries = vec![("a".to_string(), "0_1".to_string()), ("b".into(), "0_2".into())];
         write_manifest(&dir, &entries).unwrap();
         assert_eq!(read_manifest(&dir).unwrap(), entries);
         let _ = std::fs::remove_file(&dir);

@@ -38,10 +38,7 @@ pub async fn run(args: FillArgs) -> Result<(), String> {
     let limit = Duration::from_secs(args.timeout.max(1));
     match tokio::time::timeout(limit, run_inner(&args, &target)).await {
         Ok(r) => r,
-        Err(_) => Err(format!(
-            "fill aborted: not finished after {} s",
-            args.timeout
-        )),
+        Err(_) => Err(format!("fill aborted: not finished after {} s", args.timeout)),
     }
 }
 
@@ -49,21 +46,12 @@ async fn run_inner(args: &FillArgs, target: &common::Target) -> Result<(), Strin
     let tag = common::run_tag();
     let total = args.size_mb * 1_000_000;
     let per_stream = total / args.streams as u64;
-    let chunk = Bytes::from(
-        (0..args.append_bytes)
-            .map(|i| (i % 251) as u8)
-            .collect::<Vec<u8>>(),
-    );
+    let chunk = Bytes::from((0..args.append_bytes).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
     let setup = common::client(Duration::from_secs(30))?;
     let mut names = Vec::with_capacity(args.streams);
     for i in 0..args.streams {
         let name = format!("bench-fill-{tag}-{i}");
-        common::create_stream(
-            &setup,
-            &target.stream_url(&name),
-            "application/octet-stream",
-        )
-        .await?;
+        common::create_stream(&setup, &target.stream_url(&name), "application/octet-stream").await?;
         names.push(name);
     }
     eprintln!(
@@ -81,9 +69,7 @@ async fn run_inner(args: &FillArgs, target: &common::Target) -> Result<(), Strin
         let url = target.stream_url(name);
         let producer = format!("{name}-writer");
         let chunk = chunk.clone();
-        tasks.push(tokio::spawn(async move {
-            write_stream(client, url, producer, chunk, per_stream).await
-        }));
+        tasks.push(tokio::spawn(async move { write_stream(client, url, producer, chunk, per_stream).await }));
     }
     let mut appends = 0u64;
     for t in tasks {
@@ -153,10 +139,7 @@ async fn write_stream(
                 let text = resp.bytes().await.unwrap_or_default();
                 match status {
                     200 | 204 => Ok(()),
-                    other => Err(format!(
-                        "status {other}: {}",
-                        String::from_utf8_lossy(&text)
-                    )),
+                    other => Err(format!("status {other}: {}", String::from_utf8_lossy(&text))),
                 }
             }
             Err(e) => Err(error_kind(&e)),

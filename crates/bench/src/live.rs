@@ -121,11 +121,7 @@ pub async fn run(args: LiveArgs, mode: Mode) -> Result<(), String> {
     };
     drop(setup);
 
-    let rate_text = if args.rate == 0 {
-        "closed-loop".to_string()
-    } else {
-        format!("{}/s", args.rate)
-    };
+    let rate_text = if args.rate == 0 { "closed-loop".to_string() } else { format!("{}/s", args.rate) };
     eprintln!(
         "{}: {} readers, writer {rate_text} messages of ~{} B for {} s (warm-up {} s), writer {url}, readers {reader_url}",
         mode.name(),
@@ -159,24 +155,15 @@ pub async fn run(args: LiveArgs, mode: Mode) -> Result<(), String> {
     // Wait (bounded) until every reader follows the stream.
     let connect_started = Instant::now();
     let connect_deadline = connect_started + Duration::from_secs(args.connect_timeout);
-    while shared.connected.load(Ordering::Relaxed) < args.readers as u64
-        && Instant::now() < connect_deadline
-    {
+    while shared.connected.load(Ordering::Relaxed) < args.readers as u64 && Instant::now() < connect_deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let connected = shared.connected.load(Ordering::Relaxed);
-    eprintln!(
-        "  {connected}/{} readers connected in {:.2} s",
-        args.readers,
-        connect_started.elapsed().as_secs_f64()
-    );
+    eprintln!("  {connected}/{} readers connected in {:.2} s", args.readers, connect_started.elapsed().as_secs_f64());
     // Let the live requests that follow the first answer reach the server.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    shared.measure_from_us.store(
-        common::now_micros() + args.warmup * 1_000_000,
-        Ordering::Relaxed,
-    );
+    shared.measure_from_us.store(common::now_micros() + args.warmup * 1_000_000, Ordering::Relaxed);
     let w = write_loop(
         common::client(Duration::from_secs(10))?,
         url.clone(),
@@ -205,8 +192,7 @@ pub async fn run(args: LiveArgs, mode: Mode) -> Result<(), String> {
     stopper.abort();
 
     let mut latencies = Vec::new();
-    let (mut complete, mut missing, mut anomalies, mut requests, mut errors) =
-        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut complete, mut missing, mut anomalies, mut requests, mut errors) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut kinds: BTreeMap<String, u64> = BTreeMap::new();
     let mut fewest = w.acked;
     for r in reports {
@@ -228,11 +214,7 @@ pub async fn run(args: LiveArgs, mode: Mode) -> Result<(), String> {
     let wlat = LatencySummary::from_micros(w.latencies_us);
     let writer_rate = w.acked as f64 / w.elapsed.as_secs_f64().max(1e-9);
     let expected = w.acked * args.readers as u64;
-    let delivered_fraction = if expected == 0 {
-        f64::NAN
-    } else {
-        (expected - missing) as f64 / expected as f64
-    };
+    let delivered_fraction = if expected == 0 { f64::NAN } else { (expected - missing) as f64 / expected as f64 };
 
     println!(
         "Live {} results ({} readers, {} s writing, warm-up {} s)",
@@ -451,11 +433,8 @@ impl SseParser {
             start = end + 1;
             if line.is_empty() {
                 if self.has_data {
-                    let event = if self.event.is_empty() {
-                        "message".to_string()
-                    } else {
-                        std::mem::take(&mut self.event)
-                    };
+                    let event =
+                        if self.event.is_empty() { "message".to_string() } else { std::mem::take(&mut self.event) };
                     out.push((event, std::mem::take(&mut self.data)));
                 }
                 self.event.clear();
@@ -501,9 +480,7 @@ impl Progress {
                 self.rep.received += 1;
                 self.next_seq += 1;
                 if t >= measure_from_us {
-                    self.rep
-                        .latencies_us
-                        .push(u32::try_from(now_us.saturating_sub(t)).unwrap_or(u32::MAX));
+                    self.rep.latencies_us.push(u32::try_from(now_us.saturating_sub(t)).unwrap_or(u32::MAX));
                 }
             } else if s < self.next_seq {
                 self.rep.anomalies += 1;
@@ -524,12 +501,7 @@ impl Progress {
 
 impl Reader {
     async fn run(mut self, offset: String) -> ReaderReport {
-        let mut p = Progress {
-            offset,
-            cursor: None,
-            next_seq: 0,
-            rep: ReaderReport::default(),
-        };
+        let mut p = Progress { offset, cursor: None, next_seq: 0, rep: ReaderReport::default() };
         if self.mode == Mode::LongPoll {
             // A long-poll request is only answered when data arrives; a catch-up read first
             // shows that this reader is there.
@@ -575,11 +547,7 @@ impl Reader {
     }
 
     fn request_url(&self, p: &Progress, live: Option<&str>) -> String {
-        let mut url = format!(
-            "{}?offset={}",
-            self.url,
-            common::encode_query_value(&p.offset)
-        );
+        let mut url = format!("{}?offset={}", self.url, common::encode_query_value(&p.offset));
         if let Some(live) = live {
             url.push_str("&live=");
             url.push_str(live);
@@ -697,31 +665,17 @@ mod tests {
         let mut out = Vec::new();
         p.push(b"event: data\ndata:[{\"s\":0,", &mut out);
         assert!(out.is_empty());
-        p.push(
-            b"\"t\":5}]\r\n\r\n: keep-alive\n\nevent: control\n",
-            &mut out,
-        );
-        p.push(
-            b"data:{\"streamNextOffset\":\"0_9\",\"upToDate\":true}\n\n",
-            &mut out,
-        );
+        p.push(b"\"t\":5}]\r\n\r\n: keep-alive\n\nevent: control\n", &mut out);
+        p.push(b"data:{\"streamNextOffset\":\"0_9\",\"upToDate\":true}\n\n", &mut out);
         assert_eq!(out.len(), 2);
         assert_eq!(out[0].0, "data");
         assert_eq!(parse_stamps(&out[0].1), vec![(0, 5)]);
-        assert_eq!(
-            string_field(&out[1].1, "streamNextOffset").as_deref(),
-            Some("0_9")
-        );
+        assert_eq!(string_field(&out[1].1, "streamNextOffset").as_deref(), Some("0_9"));
     }
 
     #[test]
     fn progress_counts_gaps_and_duplicates() {
-        let mut p = Progress {
-            offset: String::new(),
-            cursor: None,
-            next_seq: 0,
-            rep: ReaderReport::default(),
-        };
+        let mut p = Progress { offset: String::new(), cursor: None, next_seq: 0, rep: ReaderReport::default() };
         p.deliver(&message(0, 100, 0), 150, 0);
         p.deliver(&message(0, 100, 0), 150, 0);
         p.deliver(&message(2, 100, 0), 300, 200);

@@ -28,11 +28,7 @@ mod streams;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "oncelog-bench",
-    version,
-    about = "Load generator for Oncelog (loopback only)"
-)]
+#[command(name = "oncelog-bench", version, about = "Load generator for Oncelog (loopback only)")]
 struct Cli {
     /// Tokio worker threads for the generator (0 = one per CPU).
     #[arg(long, global = true, default_value_t = 0)]

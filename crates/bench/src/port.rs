@@ -5,12 +5,8 @@
 use std::net::TcpListener;
 
 pub fn run() -> Result<(), String> {
-    let listener =
-        TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot bind 127.0.0.1:0: {e}"))?;
-    let port = listener
-        .local_addr()
-        .map_err(|e| format!("cannot read the bound address: {e}"))?
-        .port();
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot bind 127.0.0.1:0: {e}"))?;
+    let port = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?.port();
     // The port is free again once the listener is dropped; the caller binds it right away.
     drop(listener);
     println!("{port}");

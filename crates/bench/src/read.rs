@@ -65,10 +65,7 @@ pub async fn run(args: ReadArgs) -> Result<(), String> {
     let limit = Duration::from_secs(args.timeout.max(1));
     match tokio::time::timeout(limit, run_inner(&args, &target)).await {
         Ok(r) => r,
-        Err(_) => Err(format!(
-            "read benchmark aborted: not finished after {} s",
-            args.timeout
-        )),
+        Err(_) => Err(format!("read benchmark aborted: not finished after {} s", args.timeout)),
     }
 }
 
@@ -81,11 +78,7 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
     // Phase 1: write the stream with one idempotent producer, one large append at a time.
     let writer = common::client(request_timeout)?;
     common::create_stream(&writer, &url, "application/octet-stream").await?;
-    let chunk = Bytes::from(
-        (0..args.append_bytes)
-            .map(|i| (i % 251) as u8)
-            .collect::<Vec<u8>>(),
-    );
+    let chunk = Bytes::from((0..args.append_bytes).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
     eprintln!(
         "read: writing {} MB to {stream} in appends of {} B (server fsync setting applies)",
         args.size_mb, args.append_bytes
@@ -94,8 +87,7 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
     let mut written: u64 = 0;
     let mut seq: u64 = 0;
     while written < total {
-        let n = usize::try_from((total - written).min(args.append_bytes as u64))
-            .unwrap_or(args.append_bytes);
+        let n = usize::try_from((total - written).min(args.append_bytes as u64)).unwrap_or(args.append_bytes);
         let resp = writer
             .post(&url)
             .header("content-type", "application/octet-stream")
@@ -109,19 +101,13 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
         let status = resp.status();
         let text = resp.bytes().await.unwrap_or_default();
         if status.as_u16() != 200 {
-            return Err(format!(
-                "append seq {seq}: status {status}: {}",
-                String::from_utf8_lossy(&text)
-            ));
+            return Err(format!("append seq {seq}: status {status}: {}", String::from_utf8_lossy(&text)));
         }
         written += n as u64;
         seq += 1;
     }
     let write_s = write_start.elapsed().as_secs_f64();
-    eprintln!(
-        "  wrote {written} B in {seq} appends, {write_s:.2} s ({:.0} MB/s)",
-        written as f64 / 1e6 / write_s
-    );
+    eprintln!("  wrote {written} B in {seq} appends, {write_s:.2} s ({:.0} MB/s)", written as f64 / 1e6 / write_s);
     drop(writer);
 
     // Phase 2: R readers, started together, each reading everything; with `--reader both`,
@@ -152,24 +138,14 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
     let cpu_keep_alive = cpu_ms_per_gb(cpu_s, &reports);
     let per_request = phases.pop().map(|(_, wall, reports, cpu_s)| {
         let bytes: u64 = reports.iter().map(|r| r.bytes).sum();
-        (
-            bytes as f64 / 1e6 / wall,
-            reports.iter().map(|r| r.requests).sum::<u64>(),
-            cpu_ms_per_gb(cpu_s, &reports),
-        )
+        (bytes as f64 / 1e6 / wall, reports.iter().map(|r| r.requests).sum::<u64>(), cpu_ms_per_gb(cpu_s, &reports))
     });
     let total_read: u64 = reports.iter().map(|r| r.bytes).sum();
     let aggregate = total_read as f64 / 1e6 / wall;
-    let sum_of_rates: f64 = reports
-        .iter()
-        .map(|r| r.bytes as f64 / 1e6 / r.elapsed.as_secs_f64())
-        .sum();
+    let sum_of_rates: f64 = reports.iter().map(|r| r.bytes as f64 / 1e6 / r.elapsed.as_secs_f64()).sum();
     let times: Vec<f64> = reports.iter().map(|r| r.elapsed.as_secs_f64()).collect();
 
-    println!(
-        "Catch-up read results ({} MB stream, {} readers)",
-        args.size_mb, args.readers
-    );
+    println!("Catch-up read results ({} MB stream, {} readers)", args.size_mb, args.readers);
     println!(
         "  write phase           {:.2} s ({:.0} MB/s, {seq} appends of {} B)",
         write_s,
@@ -195,14 +171,7 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
         }
     }
     let opt_f64 = |v: Option<f64>| v.map_or_else(|| "null".into(), |v| json_f64(v, 1));
-    let times_json = format!(
-        "[{}]",
-        times
-            .iter()
-            .map(|t| json_f64(*t, 3))
-            .collect::<Vec<_>>()
-            .join(",")
-    );
+    let times_json = format!("[{}]", times.iter().map(|t| json_f64(*t, 3)).collect::<Vec<_>>().join(","));
     println!(
         "{}",
         common::summary_line(&[
@@ -210,7 +179,14 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
             ("size_bytes", written.to_string()),
             ("append_bytes", args.append_bytes.to_string()),
             ("readers", args.readers.to_string()),
-            ("reader", json_str(match args.reader { ReaderKind::KeepAlive => "keep-alive", ReaderKind::PerRequest => "per-request", ReaderKind::Both => "both" })),
+            (
+                "reader",
+                json_str(match args.reader {
+                    ReaderKind::KeepAlive => "keep-alive",
+                    ReaderKind::PerRequest => "per-request",
+                    ReaderKind::Both => "both",
+                })
+            ),
             ("requests", reports.iter().map(|r| r.requests).sum::<u64>().to_string()),
             // `--reader both`: the second pass, a connection per request.
             ("per_request_mb_per_s", per_request.map_or_else(|| "null".into(), |(r, _, _)| json_f64(r, 1))),
@@ -219,17 +195,19 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
             ("cpu_ms_per_gb", opt_f64(cpu_keep_alive)),
             ("per_request_cpu_ms_per_gb", opt_f64(per_request.and_then(|(_, _, c)| c))),
             ("write_s", json_f64(write_s, 3)),
-            (
-                "write_mb_per_s",
-                json_f64(written as f64 / 1e6 / write_s, 1)
-            ),
+            ("write_mb_per_s", json_f64(written as f64 / 1e6 / write_s, 1)),
             ("wall_s", json_f64(wall, 3)),
             ("total_mb_per_s", json_f64(aggregate, 1)),
             // What one response carries on average: servers differ in how much a catch-up
             // read returns, which sets the number of round trips a reader makes.
             (
                 "mean_response_kb",
-                json_f64(reports.iter().map(|r| r.bytes).sum::<u64>() as f64 / 1024.0 / reports.iter().map(|r| r.requests.max(1)).sum::<u64>() as f64, 1)
+                json_f64(
+                    reports.iter().map(|r| r.bytes).sum::<u64>() as f64
+                        / 1024.0
+                        / reports.iter().map(|r| r.requests.max(1)).sum::<u64>() as f64,
+                    1
+                )
             ),
             ("sum_reader_mb_per_s", json_f64(sum_of_rates, 1)),
             ("reader_s", times_json),
@@ -240,7 +218,12 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
 }
 
 /// `readers` readers of `url` of one kind, started together: the wall time and each one's report.
-async fn read_phase(readers: usize, kind: ReaderKind, url: &str, request_timeout: Duration) -> Result<(f64, Vec<ReaderReport>), String> {
+async fn read_phase(
+    readers: usize,
+    kind: ReaderKind,
+    url: &str,
+    request_timeout: Duration,
+) -> Result<(f64, Vec<ReaderReport>), String> {
     let mut clients = Vec::with_capacity(readers);
     for _ in 0..readers {
         // No idle connection kept: every request connects anew.
@@ -274,10 +257,7 @@ async fn read_all(client: reqwest::Client, url: String) -> Result<ReaderReport, 
     let (mut bytes, mut requests) = (0u64, 0u64);
     loop {
         let resp = client
-            .get(format!(
-                "{url}?offset={}",
-                common::encode_query_value(&offset)
-            ))
+            .get(format!("{url}?offset={}", common::encode_query_value(&offset)))
             .send()
             .await
             .map_err(|e| format!("GET at offset {offset}: {e}"))?;
@@ -286,23 +266,13 @@ async fn read_all(client: reqwest::Client, url: String) -> Result<ReaderReport, 
         if status.as_u16() != 200 {
             return Err(format!("GET at offset {offset}: status {status}"));
         }
-        let header = |name: &str| {
-            resp.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        };
-        let next = header("stream-next-offset")
-            .ok_or_else(|| format!("GET at offset {offset}: no Stream-Next-Offset"))?;
-        let up_to_date =
-            header("stream-up-to-date").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let next =
+            header("stream-next-offset").ok_or_else(|| format!("GET at offset {offset}: no Stream-Next-Offset"))?;
+        let up_to_date = header("stream-up-to-date").is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let mut resp = resp;
         let mut body_len = 0u64;
-        while let Some(piece) = resp
-            .chunk()
-            .await
-            .map_err(|e| format!("GET at offset {offset}: body: {e}"))?
-        {
+        while let Some(piece) = resp.chunk().await.map_err(|e| format!("GET at offset {offset}: body: {e}"))? {
             body_len += piece.len() as u64;
         }
         bytes += body_len;
@@ -310,15 +280,9 @@ async fn read_all(client: reqwest::Client, url: String) -> Result<ReaderReport, 
             break;
         }
         if body_len == 0 && next == offset {
-            return Err(format!(
-                "GET at offset {offset}: no progress and not up to date"
-            ));
+            return Err(format!("GET at offset {offset}: no progress and not up to date"));
         }
         offset = next;
     }
-    Ok(ReaderReport {
-        bytes,
-        requests,
-        elapsed: start.elapsed(),
-    })
+    Ok(ReaderReport { bytes, requests, elapsed: start.elapsed() })
 }

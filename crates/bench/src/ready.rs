@@ -76,10 +76,8 @@ pub async fn run(args: ReadyArgs) -> Result<(), String> {
                 if status == 200 {
                     let since_wrong = *wrong_since.get_or_insert(now);
                     if now.duration_since(since_wrong) >= grace {
-                        mismatches.push(format!(
-                            "{name}: tail {} instead of {tail}",
-                            got.as_deref().unwrap_or("(none)")
-                        ));
+                        mismatches
+                            .push(format!("{name}: tail {} instead of {tail}", got.as_deref().unwrap_or("(none)")));
                         break;
                     }
                 }
@@ -99,10 +97,7 @@ pub async fn run(args: ReadyArgs) -> Result<(), String> {
         mismatches.len(),
         missing
     );
-    println!(
-        "  first answer          {}",
-        first_ms.map_or("never".to_string(), |ms| format!("{ms:.0} ms"))
-    );
+    println!("  first answer          {}", first_ms.map_or("never".to_string(), |ms| format!("{ms:.0} ms")));
     println!("  all streams back      {ready_ms:.0} ms ({polls} polls)");
     for m in &mismatches {
         println!("    {m}");
@@ -113,10 +108,7 @@ pub async fn run(args: ReadyArgs) -> Result<(), String> {
             ("bench", json_str("ready")),
             ("streams", entries.len().to_string()),
             ("ready", ready.to_string()),
-            (
-                "first_answer_ms",
-                first_ms.map_or("null".into(), |ms| json_f64(ms, 1))
-            ),
+            ("first_answer_ms", first_ms.map_or("null".into(), |ms| json_f64(ms, 1))),
             ("ready_ms", json_f64(ready_ms, 1)),
             ("mismatches", mismatches.len().to_string()),
             ("missing", missing.to_string()),
@@ -126,10 +118,6 @@ pub async fn run(args: ReadyArgs) -> Result<(), String> {
     if ready {
         Ok(())
     } else {
-        Err(format!(
-            "{} streams with another tail, {} not answering",
-            mismatches.len(),
-            missing
-        ))
+        Err(format!("{} streams with another tail, {} not answering", mismatches.len(), missing))
     }
 }

@@ -75,11 +75,7 @@ pub async fn run(args: StreamsArgs) -> Result<(), String> {
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let now = finished.load(Ordering::Relaxed);
-                eprintln!(
-                    "  t={:5.1}s {:>7} streams/s ({now} done)",
-                    start.elapsed().as_secs_f64(),
-                    now - last
-                );
+                eprintln!("  t={:5.1}s {:>7} streams/s ({now} done)", start.elapsed().as_secs_f64(), now - last);
                 last = now;
             }
         })
@@ -88,14 +84,8 @@ pub async fn run(args: StreamsArgs) -> Result<(), String> {
     let mut tasks = Vec::with_capacity(args.concurrency);
     for _ in 0..args.concurrency {
         let client = common::client(Duration::from_secs(30))?;
-        let (target, next, finished, body, tag, sample_at) = (
-            target.clone(),
-            next.clone(),
-            finished.clone(),
-            body.clone(),
-            tag.clone(),
-            sample_at.clone(),
-        );
+        let (target, next, finished, body, tag, sample_at) =
+            (target.clone(), next.clone(), finished.clone(), body.clone(), tag.clone(), sample_at.clone());
         let count = args.count;
         tasks.push(tokio::spawn(async move {
             let mut rep = WorkerReport::default();
@@ -107,13 +97,9 @@ pub async fn run(args: StreamsArgs) -> Result<(), String> {
                 let name = format!("bench-many-{tag}-{i}");
                 let url = target.stream_url(&name);
                 let began = Instant::now();
-                if let Err(kind) =
-                    common::create_stream(&client, &url, "application/octet-stream").await
-                {
+                if let Err(kind) = common::create_stream(&client, &url, "application/octet-stream").await {
                     rep.create_errors += 1;
-                    *rep.error_kinds
-                        .entry(short_kind("create", &kind))
-                        .or_default() += 1;
+                    *rep.error_kinds.entry(short_kind("create", &kind)).or_default() += 1;
                     continue;
                 }
                 match append(&client, &url, body.clone()).await {
@@ -127,9 +113,7 @@ pub async fn run(args: StreamsArgs) -> Result<(), String> {
                     }
                     Err(kind) => {
                         rep.append_errors += 1;
-                        *rep.error_kinds
-                            .entry(format!("append: {kind}"))
-                            .or_default() += 1;
+                        *rep.error_kinds.entry(format!("append: {kind}")).or_default() += 1;
                     }
                 }
             }
@@ -163,29 +147,20 @@ pub async fn run(args: StreamsArgs) -> Result<(), String> {
     let lat = LatencySummary::from_micros(latencies);
 
     if let Some(path) = &args.manifest {
-        let entries: Vec<(String, String)> = sample
-            .iter()
-            .map(|(_, n, t)| (n.clone(), t.clone()))
-            .collect();
+        let entries: Vec<(String, String)> = sample.iter().map(|(_, n, t)| (n.clone(), t.clone())).collect();
         if entries.is_empty() {
             return Err("no sample stream was created; no manifest written".into());
         }
         common::write_manifest(path, &entries)?;
     }
 
-    println!(
-        "Many-streams results ({} streams asked, {} connections)",
-        args.count, args.concurrency
-    );
+    println!("Many-streams results ({} streams asked, {} connections)", args.count, args.concurrency);
     println!("  created + appended    {done} of {attempted} attempted in {elapsed:.2} s ({rate:.0} streams/s)");
     println!("  errors                {create_errors} creates, {append_errors} appends");
     for (k, v) in &kinds {
         println!("    {k}: {v}");
     }
-    println!(
-        "  create+append ms      p50 {:.2}  p99 {:.2}  max {:.2}",
-        lat.p50_ms, lat.p99_ms, lat.max_ms
-    );
+    println!("  create+append ms      p50 {:.2}  p99 {:.2}  max {:.2}", lat.p50_ms, lat.p99_ms, lat.max_ms);
     println!(
         "{}",
         common::summary_line(&[

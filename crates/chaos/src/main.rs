@@ -41,7 +41,14 @@ fn main() -> ExitCode {
         EngineKind::Log => oncelog_chaos::run::Engine::Log,
         EngineKind::Postgres => oncelog_chaos::run::Engine::Postgres,
     };
-    let plan = oncelog_chaos::run::Plan { seed: args.seed, duration: Duration::from_secs(args.seconds), engine, bin: args.bin, pg_script: args.pg_script, out: args.out };
+    let plan = oncelog_chaos::run::Plan {
+        seed: args.seed,
+        duration: Duration::from_secs(args.seconds),
+        engine,
+        bin: args.bin,
+        pg_script: args.pg_script,
+        out: args.out,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -56,9 +56,18 @@ pub fn timeline_svg(ops: &[Op], faults: &[Fault]) -> String {
             f.kind
         ));
     }
-    for (values, (name, color)) in series.iter().zip([("ok", "#1a7f37"), ("refused", "#9a6700"), ("unknown", "#cf222e")]) {
-        let points: Vec<String> = values.iter().enumerate().map(|(i, v)| format!("{:.1},{:.1}", x(i as f64 * 1000.0 + 500.0), y(*v as f64))).collect();
-        s.push_str(&format!("<polyline class=\"{name}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\n", points.join(" ")));
+    for (values, (name, color)) in
+        series.iter().zip([("ok", "#1a7f37"), ("refused", "#9a6700"), ("unknown", "#cf222e")])
+    {
+        let points: Vec<String> = values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| format!("{:.1},{:.1}", x(i as f64 * 1000.0 + 500.0), y(*v as f64)))
+            .collect();
+        s.push_str(&format!(
+            "<polyline class=\"{name}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+            points.join(" ")
+        ));
     }
     s.push_str(&format!(
         "<line x1=\"{PAD}\" y1=\"{b}\" x2=\"{r}\" y2=\"{b}\" stroke=\"black\"/>\n<text x=\"{PAD}\" y=\"{t}\">operations per second (max {top}): ok (green), refused (amber), unknown (red); SIGKILL shaded red, full disk blue, pause grey; {secs} s</text>\n</svg>\n",
@@ -76,14 +85,28 @@ mod tests {
     use crate::history::OpKind;
 
     fn op(completed_ms: u64, outcome: Outcome) -> Op {
-        Op { id: completed_ms, process: "p".into(), invoked_ms: completed_ms, completed_ms, outcome, kind: OpKind::Read { stream: "s".into(), from: 0, bytes: String::new() } }
+        Op {
+            id: completed_ms,
+            process: "p".into(),
+            invoked_ms: completed_ms,
+            completed_ms,
+            outcome,
+            kind: OpKind::Read { stream: "s".into(), from: 0, bytes: String::new() },
+        }
     }
 
     #[test]
     fn the_timeline_shades_each_fault_and_counts_each_second() {
-        let ops = vec![op(100, Outcome::Ok), op(900, Outcome::Ok), op(1500, Outcome::Unknown), op(2500, Outcome::Failed)];
+        let ops =
+            vec![op(100, Outcome::Ok), op(900, Outcome::Ok), op(1500, Outcome::Unknown), op(2500, Outcome::Failed)];
         assert_eq!(per_second(&ops, 2500), [vec![2, 0, 0], vec![0, 0, 1], vec![0, 1, 0]]);
-        let svg = timeline_svg(&ops, &[Fault { from_ms: 1000, to_ms: 1200, kind: "SIGKILL" }, Fault { from_ms: 2000, to_ms: 2100, kind: "disk full" }]);
+        let svg = timeline_svg(
+            &ops,
+            &[
+                Fault { from_ms: 1000, to_ms: 1200, kind: "SIGKILL" },
+                Fault { from_ms: 2000, to_ms: 2100, kind: "disk full" },
+            ],
+        );
         assert_eq!(svg.matches("class=\"fault\"").count(), 2);
         assert_eq!(svg.matches("<polyline").count(), 3);
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));

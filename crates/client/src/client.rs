@@ -232,8 +232,10 @@ impl Client {
 impl ClientBuilder {
     /// Adds a header sent on every request.
     pub fn default_header(mut self, name: &str, value: &str) -> Result<Self, Error> {
-        let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| Error::invalid(format!("invalid header name {name:?}")))?;
-        let value = HeaderValue::from_str(value).map_err(|_| Error::invalid(format!("invalid value for header {name}")))?;
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| Error::invalid(format!("invalid header name {name:?}")))?;
+        let value =
+            HeaderValue::from_str(value).map_err(|_| Error::invalid(format!("invalid value for header {name}")))?;
         self.default_headers.insert(name, value);
         Ok(self)
     }
@@ -326,7 +328,8 @@ impl ClientBuilder {
             .pool_max_idle_per_host(self.pool_max_idle_per_host)
             .tcp_nodelay(true);
         for pem in &self.ca_certs {
-            let certs = reqwest::Certificate::from_pem_bundle(pem).map_err(|e| Error::invalid(format!("CA certificate: {e}")))?;
+            let certs = reqwest::Certificate::from_pem_bundle(pem)
+                .map_err(|e| Error::invalid(format!("CA certificate: {e}")))?;
             if certs.is_empty() {
                 return Err(Error::invalid("CA certificate: no certificate in the PEM data"));
             }

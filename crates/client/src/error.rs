@@ -290,7 +290,9 @@ impl Error {
     pub(crate) fn not_retry_safe(self) -> Error {
         match self {
             Error::Transport { source, .. } => Error::Transport { source, retry_safe: false },
-            Error::Status { status, message, retry_after, .. } => Error::Status { status, message, retry_after, retry_safe: false },
+            Error::Status { status, message, retry_after, .. } => {
+                Error::Status { status, message, retry_after, retry_safe: false }
+            }
             e => e,
         }
     }

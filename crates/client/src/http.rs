@@ -36,7 +36,8 @@ impl Request {
 
     /// Adds a header whose name and value are known to be valid.
     pub(crate) fn header(&mut self, name: &'static str, value: &str) -> Result<(), Error> {
-        let v = HeaderValue::from_str(value).map_err(|_| Error::invalid(format!("invalid value for header {name}: {value:?}")))?;
+        let v = HeaderValue::from_str(value)
+            .map_err(|_| Error::invalid(format!("invalid value for header {name}: {value:?}")))?;
         self.headers.insert(HeaderName::from_static(name), v);
         Ok(())
     }
@@ -99,22 +100,26 @@ pub(crate) async fn error_from_response(resp: reqwest::Response, op: Op, idempot
         }
         412 => {
             return match next_offset(&headers) {
-                Ok(current) => Error::PreconditionFailed { current, closed: closed_flag(header_str(&headers, names::STREAM_CLOSED)) },
+                Ok(current) => Error::PreconditionFailed {
+                    current,
+                    closed: closed_flag(header_str(&headers, names::STREAM_CLOSED)),
+                },
                 Err(e) => e,
             };
         }
         _ => {}
     }
     if status == 409 && header_str(&headers, names::PRODUCER_CONFLICT) == Some("body-mismatch") {
-        if let (Some(epoch), Some(seq)) = (header_u64(&headers, names::PRODUCER_EPOCH), header_u64(&headers, names::PRODUCER_SEQ)) {
+        if let (Some(epoch), Some(seq)) =
+            (header_u64(&headers, names::PRODUCER_EPOCH), header_u64(&headers, names::PRODUCER_SEQ))
+        {
             return Error::BodyMismatch { epoch, seq };
         }
     }
     if status == 409 {
-        if let (Some(expected), Some(received)) = (
-            header_u64(&headers, names::PRODUCER_EXPECTED_SEQ),
-            header_u64(&headers, names::PRODUCER_RECEIVED_SEQ),
-        ) {
+        if let (Some(expected), Some(received)) =
+            (header_u64(&headers, names::PRODUCER_EXPECTED_SEQ), header_u64(&headers, names::PRODUCER_RECEIVED_SEQ))
+        {
             return Error::SequenceGap { expected, received };
         }
     }

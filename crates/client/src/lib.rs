@@ -127,10 +127,14 @@ pub mod webhook;
 pub use client::{Client, ClientBuilder};
 pub use error::Error;
 pub use key::new_idempotency_key;
+pub use list::{ListedStream, StreamPage};
 pub use offset::{ReadFrom, StreamOffset};
 pub use producer::{Ack, EpochStore, FileEpochStore, Producer, ProducerBuilder, ProducerStats, Receipt};
 pub use read::{Chunk, ChunkStream, JsonBatch, LiveMode, OnTrimmed, ReadOptions, ReadStatus};
 pub use retry::RetryPolicy;
-pub use subscription::{Claim, Commit, Committed, LinkInfo, NoClaim, SubscriptionConfig, SubscriptionInfo, SubscriptionKind, Subscriptions};
-pub use list::{ListedStream, StreamPage};
-pub use stream::{AppendOptions, Appended, CreateOptions, Created, DeleteOptions, Limit, StreamHandle, StreamInfo, Trimmed};
+pub use stream::{
+    AppendOptions, Appended, CreateOptions, Created, DeleteOptions, Limit, StreamHandle, StreamInfo, Trimmed,
+};
+pub use subscription::{
+    Claim, Commit, Committed, LinkInfo, NoClaim, SubscriptionConfig, SubscriptionInfo, SubscriptionKind, Subscriptions,
+};

@@ -76,7 +76,12 @@ impl Client {
     /// read: at most `limit` (1 to [`MAX_PAGE_SIZE`]) after the path `after` (the previous
     /// page's [`StreamPage::next`]; `None` for the first page). Retried like any idempotent
     /// request. A server without the listing answers [`Error::NotFound`].
-    pub async fn list_streams_page(&self, prefix: &str, after: Option<&str>, limit: usize) -> Result<StreamPage, Error> {
+    pub async fn list_streams_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<StreamPage, Error> {
         if !(1..=MAX_PAGE_SIZE).contains(&limit) {
             return Err(Error::invalid(format!("a listing page holds 1 to {MAX_PAGE_SIZE} streams, not {limit}")));
         }
@@ -86,12 +91,15 @@ impl Client {
             return Err(error_from_response(resp, Op::Other, true).await);
         }
         let body = resp.bytes().await.map_err(|e| Error::transport(e, true))?;
-        let wire: WirePage = serde_json::from_slice(&body).map_err(|e| Error::InvalidResponse(format!("stream listing: {e}")))?;
+        let wire: WirePage =
+            serde_json::from_slice(&body).map_err(|e| Error::InvalidResponse(format!("stream listing: {e}")))?;
         // A cursor that does not move past `after` would make a caller that follows it loop
         // forever.
         if let (Some(next), Some(after)) = (&wire.next, after) {
             if next.as_str() <= after {
-                return Err(Error::InvalidResponse(format!("stream listing: next cursor {next:?} does not move past {after:?}")));
+                return Err(Error::InvalidResponse(format!(
+                    "stream listing: next cursor {next:?} does not move past {after:?}"
+                )));
             }
         }
         let streams = wire
@@ -118,7 +126,11 @@ impl Client {
     }
 
     /// [`Client::list_streams`] with pages of `page_size` (1 to [`MAX_PAGE_SIZE`]).
-    pub fn list_streams_in_pages(&self, prefix: &str, page_size: usize) -> impl Stream<Item = Result<ListedStream, Error>> + Send + 'static {
+    pub fn list_streams_in_pages(
+        &self,
+        prefix: &str,
+        page_size: usize,
+    ) -> impl Stream<Item = Result<ListedStream, Error>> + Send + 'static {
         // The state between pages: `None` once the last page was fetched.
         let start = Some((self.clone(), prefix.to_owned(), None::<String>));
         futures_util::stream::try_unfold(start, move |state| async move {

@@ -194,7 +194,12 @@ impl ChunkStream {
     pub fn json<T: DeserializeOwned + Send + 'static>(self) -> impl Stream<Item = Result<JsonBatch<T>, Error>> + Send {
         self.map(|r| {
             let c = r?;
-            Ok(JsonBatch { items: c.json_items()?, next_offset: c.next_offset, up_to_date: c.up_to_date, closed: c.closed })
+            Ok(JsonBatch {
+                items: c.json_items()?,
+                next_offset: c.next_offset,
+                up_to_date: c.up_to_date,
+                closed: c.closed,
+            })
         })
     }
 
@@ -376,7 +381,8 @@ impl Reader {
                 }
                 let data = if self.json && is_empty_json_array(&body) { Bytes::new() } else { body };
                 self.backoff.reset();
-                let up_to_date = header_str(&h, names::STREAM_UP_TO_DATE).is_some_and(|v| v.eq_ignore_ascii_case("true"));
+                let up_to_date =
+                    header_str(&h, names::STREAM_UP_TO_DATE).is_some_and(|v| v.eq_ignore_ascii_case("true"));
                 let closed = closed_flag(header_str(&h, names::STREAM_CLOSED));
                 let cursor = header_str(&h, names::STREAM_CURSOR).map(str::to_owned);
                 Ok(self.advance(data, next_offset(&h)?, up_to_date, closed, cursor))
@@ -400,7 +406,14 @@ impl Reader {
     }
 
     /// Records a response's position and decides what the caller sees.
-    fn advance(&mut self, data: Bytes, next: StreamOffset, up_to_date: bool, closed: bool, cursor: Option<String>) -> Option<Chunk> {
+    fn advance(
+        &mut self,
+        data: Bytes,
+        next: StreamOffset,
+        up_to_date: bool,
+        closed: bool,
+        cursor: Option<String>,
+    ) -> Option<Chunk> {
         // A server that answers "nothing here" without saying "up to date" would make a catch-up
         // reader spin; no progress at all means the reader is at the tail.
         let no_progress = data.is_empty() && matches!(&self.from, ReadFrom::Offset(o) if *o == next);
@@ -441,16 +454,15 @@ impl Reader {
             let Some(conn) = self.sse.as_mut() else { return Ok(None) };
             match conn.parser.next_event()? {
                 Some(ev) if ev.event == "data" => {
-                    let payload = if conn.base64 {
-                        let text: String = ev.data.chars().filter(|c| *c != '\n' && *c != '\r').collect();
-                        Bytes::from(
-                            base64::engine::general_purpose::STANDARD
-                                .decode(text.as_bytes())
-                                .map_err(|e| Error::InvalidResponse(format!("SSE data event is not valid base64: {e}")))?,
-                        )
-                    } else {
-                        Bytes::from(ev.data)
-                    };
+                    let payload =
+                        if conn.base64 {
+                            let text: String = ev.data.chars().filter(|c| *c != '\n' && *c != '\r').collect();
+                            Bytes::from(base64::engine::general_purpose::STANDARD.decode(text.as_bytes()).map_err(
+                                |e| Error::InvalidResponse(format!("SSE data event is not valid base64: {e}")),
+                            )?)
+                        } else {
+                            Bytes::from(ev.data)
+                        };
                     if self.json {
                         validate_json_array(&payload)?;
                     }
@@ -521,7 +533,13 @@ impl Reader {
         }
         self.set_last_status(200);
         let base64 = header_str(h, names::STREAM_SSE_DATA_ENCODING).is_some_and(|v| v.eq_ignore_ascii_case("base64"));
-        Ok(SseConn { body: Box::pin(resp.bytes_stream()), parser: SseParser::default(), base64, pending: Vec::new(), got_control: false })
+        Ok(SseConn {
+            body: Box::pin(resp.bytes_stream()),
+            parser: SseParser::default(),
+            base64,
+            pending: Vec::new(),
+            got_control: false,
+        })
     }
 }
 
@@ -577,10 +595,17 @@ mod tests {
         assert_eq!(r.url(Some("long-poll")).query(), Some("live=long-poll&offset=now"));
         let chunk = r.advance(Bytes::from_static(b"x"), StreamOffset::new("0_5"), true, false, Some("42".into()));
         assert!(chunk.is_some_and(|c| c.cursor.as_deref() == Some("42")));
-        assert_eq!(r.url(Some("long-poll")).query(), Some("cursor=42&live=long-poll&offset=0_5"), "keys in lexicographic order");
+        assert_eq!(
+            r.url(Some("long-poll")).query(),
+            Some("cursor=42&live=long-poll&offset=0_5"),
+            "keys in lexicographic order"
+        );
         assert_eq!(r.url(None).query(), Some("offset=0_5"), "catch-up reads carry no cursor");
         // A 204 without a cursor (closed streams may omit it) keeps the last one.
-        assert!(r.advance(Bytes::new(), StreamOffset::new("0_5"), true, false, None).is_none(), "still at the tail: not reported twice");
+        assert!(
+            r.advance(Bytes::new(), StreamOffset::new("0_5"), true, false, None).is_none(),
+            "still at the tail: not reported twice"
+        );
         assert_eq!(r.cursor.as_deref(), Some("42"));
     }
 
@@ -604,7 +629,11 @@ mod tests {
         assert!(validate_json_array(b"[1, {\"a\":").is_err());
         assert!(validate_json_array(b"{}").is_err());
         assert!(is_empty_json_array(b" [ ] "));
-        let joined = join_json_arrays(vec![Bytes::from_static(b"[1,2]"), Bytes::from_static(b"[]"), Bytes::from_static(b"\n[\n3\n]")]);
+        let joined = join_json_arrays(vec![
+            Bytes::from_static(b"[1,2]"),
+            Bytes::from_static(b"[]"),
+            Bytes::from_static(b"\n[\n3\n]"),
+        ]);
         assert_eq!(&joined[..], b"[1,2,3]");
         assert!(join_json_arrays(vec![Bytes::from_static(b"[]")]).is_empty());
     }

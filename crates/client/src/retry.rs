@@ -42,10 +42,7 @@ impl Jitter for SystemJitter {
             x ^= x << 17;
             x
         };
-        let prev = self
-            .state
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| Some(step(x)))
-            .unwrap_or(1);
+        let prev = self.state.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| Some(step(x))).unwrap_or(1);
         (step(prev) >> 11) as f64 / (1u64 << 53) as f64
     }
 }
@@ -232,12 +229,19 @@ mod tests {
         let policy = RetryPolicy::default().with_max_attempts(Some(3)).expect("valid");
         let mut b = Backoff::new(policy, Arc::new(FixedJitter(0.0)));
         assert_eq!(b.next_delay(None), Some(Duration::from_millis(50)));
-        assert_eq!(b.next_delay(Some(Duration::from_secs(1))), Some(Duration::from_secs(1)), "Retry-After wins when longer");
+        assert_eq!(
+            b.next_delay(Some(Duration::from_secs(1))),
+            Some(Duration::from_secs(1)),
+            "Retry-After wins when longer"
+        );
         assert_eq!(b.next_delay(None), None, "three attempts made");
         b.reset();
         assert_eq!(b.attempts(), 1);
 
-        let policy = RetryPolicy::default().with_max_attempts(None).expect("valid").with_max_elapsed(Some(Duration::from_secs(1)));
+        let policy = RetryPolicy::default()
+            .with_max_attempts(None)
+            .expect("valid")
+            .with_max_elapsed(Some(Duration::from_secs(1)));
         let mut b = Backoff::new(policy, Arc::new(FixedJitter(0.0)));
         tokio::time::advance(Duration::from_millis(990)).await;
         assert_eq!(b.next_delay(None), None, "the next delay would overrun max_elapsed");

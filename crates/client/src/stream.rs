@@ -380,7 +380,11 @@ impl StreamHandle {
                 Error::Status { status, .. } => status_means_not_processed(*status),
                 _ => true,
             };
-            if auto_key.is_some() && (maybe_processed || !unprocessed) { e.not_retry_safe() } else { e }
+            if auto_key.is_some() && (maybe_processed || !unprocessed) {
+                e.not_retry_safe()
+            } else {
+                e
+            }
         };
         let resp = sent.map_err(finish)?;
         if !matches!(resp.status().as_u16(), 200 | 204) {
@@ -501,12 +505,16 @@ impl StreamHandle {
         }
         let h = resp.headers();
         let info = StreamInfo {
-            content_type: header_str(h, CONTENT_TYPE.as_str()).unwrap_or(oncelog_protocol::content_type::DEFAULT).to_owned(),
+            content_type: header_str(h, CONTENT_TYPE.as_str())
+                .unwrap_or(oncelog_protocol::content_type::DEFAULT)
+                .to_owned(),
             next_offset: next_offset(h)?,
             closed: closed_flag(header_str(h, names::STREAM_CLOSED)),
             ttl_seconds: header_u64(h, names::STREAM_TTL),
             expires_at: header_str(h, names::STREAM_EXPIRES_AT).map(str::to_owned),
-            earliest_offset: header_str(h, names::STREAM_EARLIEST_OFFSET).filter(|v| !v.is_empty()).map(StreamOffset::new),
+            earliest_offset: header_str(h, names::STREAM_EARLIEST_OFFSET)
+                .filter(|v| !v.is_empty())
+                .map(StreamOffset::new),
             retention_max_age_seconds: header_u64(h, names::STREAM_RETENTION_MAX_AGE),
             retention_max_bytes: header_u64(h, names::STREAM_RETENTION_MAX_BYTES),
             state_compaction: header_str(h, names::STREAM_COMPACTION).is_some_and(|v| v.eq_ignore_ascii_case("state")),

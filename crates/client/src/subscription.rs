@@ -49,7 +49,14 @@ pub struct SubscriptionConfig {
 
 impl SubscriptionConfig {
     pub fn pull_wake(wake_stream: impl Into<String>) -> Self {
-        SubscriptionConfig { kind: SubscriptionKind::PullWake { wake_stream: wake_stream.into() }, pattern: None, streams: Vec::new(), lease_ttl: None, description: None, outputs: Vec::new() }
+        SubscriptionConfig {
+            kind: SubscriptionKind::PullWake { wake_stream: wake_stream.into() },
+            pattern: None,
+            streams: Vec::new(),
+            lease_ttl: None,
+            description: None,
+            outputs: Vec::new(),
+        }
     }
 
     pub fn webhook(url: impl Into<String>) -> Self {
@@ -127,7 +134,14 @@ impl SubscriptionInfo {
     fn parse(raw: Value) -> Result<Self, Error> {
         let s = |k: &str| raw.get(k).and_then(Value::as_str).unwrap_or_default().to_owned();
         let streams = serde_json::from_value(raw.get("streams").cloned().unwrap_or(Value::Array(Vec::new())))?;
-        Ok(SubscriptionInfo { id: s("id"), kind: s("type"), status: s("status"), generation: raw.get("generation").and_then(Value::as_u64).unwrap_or(0), streams, raw })
+        Ok(SubscriptionInfo {
+            id: s("id"),
+            kind: s("type"),
+            status: s("status"),
+            generation: raw.get("generation").and_then(Value::as_u64).unwrap_or(0),
+            streams,
+            raw,
+        })
     }
 
     /// The link of `path`, if any.
@@ -166,7 +180,8 @@ async fn sub_error(resp: reqwest::Response) -> Error {
     let bytes = resp.bytes().await.unwrap_or_default();
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let e = &body["error"];
-    let text = || String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).lines().next().unwrap_or("").trim().to_owned();
+    let text =
+        || String::from_utf8_lossy(&bytes[..bytes.len().min(512)]).lines().next().unwrap_or("").trim().to_owned();
     let code = match e["code"].as_str() {
         Some(c) => c.to_owned(),
         None => match status {
@@ -197,7 +212,14 @@ impl Subscriptions {
         url
     }
 
-    async fn call(&self, method: Method, segments: &[&str], body: Option<Value>, token: Option<&str>, idempotent: bool) -> Result<reqwest::Response, Error> {
+    async fn call(
+        &self,
+        method: Method,
+        segments: &[&str],
+        body: Option<Value>,
+        token: Option<&str>,
+        idempotent: bool,
+    ) -> Result<reqwest::Response, Error> {
         let mut req = Request::new(method, self.url(segments), idempotent, Some(self.client.request_timeout()));
         if let Some(b) = body {
             req.header("content-type", "application/json")?;
@@ -228,7 +250,9 @@ impl Subscriptions {
     }
 
     pub async fn get(&self, id: &str) -> Result<SubscriptionInfo, Error> {
-        SubscriptionInfo::parse(Self::json(self.call(Method::GET, &["subscriptions", id], None, None, true).await?).await?)
+        SubscriptionInfo::parse(
+            Self::json(self.call(Method::GET, &["subscriptions", id], None, None, true).await?).await?,
+        )
     }
 
     pub async fn delete(&self, id: &str) -> Result<(), Error> {
@@ -243,7 +267,9 @@ impl Subscriptions {
 
     /// Links more streams by name (at their current tails).
     pub async fn add_streams(&self, id: &str, paths: &[&str]) -> Result<(), Error> {
-        self.call(Method::POST, &["subscriptions", id, "streams"], Some(json!({ "streams": paths })), None, true).await.map(drop)
+        self.call(Method::POST, &["subscriptions", id, "streams"], Some(json!({ "streams": paths })), None, true)
+            .await
+            .map(drop)
     }
 
     pub async fn remove_stream(&self, id: &str, path: &str) -> Result<(), Error> {
@@ -253,9 +279,14 @@ impl Subscriptions {
     /// Claims the current wake of a pull-wake subscription for `worker`.
     pub async fn claim(&self, id: &str, worker: &str) -> Result<Result<Claim, NoClaim>, Error> {
         // Safe to repeat: the holder claiming again gets the same wake back.
-        match self.call(Method::POST, &["subscriptions", id, "claim"], Some(json!({ "worker": worker })), None, true).await {
+        match self
+            .call(Method::POST, &["subscriptions", id, "claim"], Some(json!({ "worker": worker })), None, true)
+            .await
+        {
             Ok(resp) => Ok(Ok(Claim::parse(self.clone(), id, Self::json(resp).await?)?)),
-            Err(Error::Subscription { code, holder, .. }) if code == "ALREADY_CLAIMED" => Ok(Err(NoClaim::Claimed { holder: holder.unwrap_or_default() })),
+            Err(Error::Subscription { code, holder, .. }) if code == "ALREADY_CLAIMED" => {
+                Ok(Err(NoClaim::Claimed { holder: holder.unwrap_or_default() }))
+            }
             Err(Error::Subscription { code, .. }) if code == "NO_PENDING_WORK" => Ok(Err(NoClaim::NoPendingWork)),
             Err(e) => Err(e),
         }
@@ -263,7 +294,14 @@ impl Subscriptions {
 
     /// Claims work, waiting up to `timeout` for some: retries whenever the wake stream moves (a
     /// long-poll on it) and at least every `lease_poll` (a lease that ran out writes no event).
-    pub async fn wait_for_claim(&self, id: &str, worker: &str, wake_stream: &str, lease_poll: Duration, timeout: Duration) -> Result<Option<Claim>, Error> {
+    pub async fn wait_for_claim(
+        &self,
+        id: &str,
+        worker: &str,
+        wake_stream: &str,
+        lease_poll: Duration,
+        timeout: Duration,
+    ) -> Result<Option<Claim>, Error> {
         let deadline = tokio::time::Instant::now() + timeout;
         let wake = self.client.stream(wake_stream);
         let mut from = wake.head().await?.next_offset;
@@ -321,7 +359,11 @@ pub struct Committed {
 
 impl std::fmt::Debug for Claim {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Claim").field("subscription", &self.subscription).field("generation", &self.generation).field("streams", &self.streams).finish()
+        f.debug_struct("Claim")
+            .field("subscription", &self.subscription)
+            .field("generation", &self.generation)
+            .field("streams", &self.streams)
+            .finish()
     }
 }
 
@@ -351,7 +393,16 @@ impl Claim {
     /// Acknowledges progress (a claim's `…/ack`, a webhook's `…/callback`). Without `done` it is
     /// a heartbeat that extends the lease; with it the wake ends.
     pub async fn ack(&self, acks: &[(&str, &StreamOffset)], done: bool) -> Result<Committed, Error> {
-        let resp = self.subs.call(Method::POST, &["subscriptions", &self.subscription, self.via], Some(self.fenced_body(acks, done)), Some(&self.token), false).await?;
+        let resp = self
+            .subs
+            .call(
+                Method::POST,
+                &["subscriptions", &self.subscription, self.via],
+                Some(self.fenced_body(acks, done)),
+                Some(&self.token),
+                false,
+            )
+            .await?;
         let v = Subscriptions::json(resp).await?;
         Ok(Committed { next_wake: v["next_wake"].as_bool().unwrap_or(false), duplicate: false, appends: Vec::new() })
     }
@@ -359,7 +410,10 @@ impl Claim {
     /// Gives the wake up unfinished; its work is offered again at once.
     pub async fn release(&self) -> Result<(), Error> {
         let body = json!({ "wake_id": self.wake_id, "generation": self.generation });
-        self.subs.call(Method::POST, &["subscriptions", &self.subscription, "release"], Some(body), Some(&self.token), false).await.map(drop)
+        self.subs
+            .call(Method::POST, &["subscriptions", &self.subscription, "release"], Some(body), Some(&self.token), false)
+            .await
+            .map(drop)
     }
 
     /// Starts a transactional commit: outputs and acks that happen together or not at all.
@@ -444,8 +498,21 @@ impl Commit<'_> {
         let v = Subscriptions::json(resp).await?;
         let appends = v["appends"]
             .as_array()
-            .map(|a| a.iter().map(|x| (x["stream"].as_str().unwrap_or("").to_owned(), StreamOffset::new(x["next_offset"].as_str().unwrap_or("")))).collect())
+            .map(|a| {
+                a.iter()
+                    .map(|x| {
+                        (
+                            x["stream"].as_str().unwrap_or("").to_owned(),
+                            StreamOffset::new(x["next_offset"].as_str().unwrap_or("")),
+                        )
+                    })
+                    .collect()
+            })
             .unwrap_or_default();
-        Ok(Committed { next_wake: v["next_wake"].as_bool().unwrap_or(false), duplicate: v["duplicate"].as_bool().unwrap_or(false), appends })
+        Ok(Committed {
+            next_wake: v["next_wake"].as_bool().unwrap_or(false),
+            duplicate: v["duplicate"].as_bool().unwrap_or(false),
+            appends,
+        })
     }
 }

@@ -88,7 +88,9 @@ impl WebhookKeys {
 /// suite and the reference use 300 s).
 pub fn verify(keys: &WebhookKeys, header: &str, body: &[u8], now_s: i64, tolerance_s: i64) -> Result<(), WebhookError> {
     let field = |name: &str| header.split(',').find_map(|f| f.trim().strip_prefix(name));
-    let (Some(t), Some(kid), Some(sig)) = (field("t="), field("kid="), field("ed25519=")) else { return Err(WebhookError::Malformed) };
+    let (Some(t), Some(kid), Some(sig)) = (field("t="), field("kid="), field("ed25519=")) else {
+        return Err(WebhookError::Malformed);
+    };
     let t: i64 = t.parse().map_err(|_| WebhookError::Malformed)?;
     if (now_s - t).abs() > tolerance_s {
         return Err(WebhookError::Stale);
@@ -105,7 +107,10 @@ impl Subscriptions {
     /// The wake a (verified) webhook delivery carries, as a [`Claim`]: acks go to its callback.
     pub fn claim_from_webhook(&self, body: &[u8]) -> Result<Claim, Error> {
         let v: Value = serde_json::from_slice(body)?;
-        let id = v["subscription_id"].as_str().ok_or_else(|| Error::InvalidResponse("webhook lacks subscription_id".into()))?.to_owned();
+        let id = v["subscription_id"]
+            .as_str()
+            .ok_or_else(|| Error::InvalidResponse("webhook lacks subscription_id".into()))?
+            .to_owned();
         Claim::parse(self.clone(), &id, v)
     }
 }

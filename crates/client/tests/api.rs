@@ -173,19 +173,23 @@ struct Event {
 async fn json_streams_give_typed_messages_in_every_mode() {
     let (_srv, s) = stream_on_a_server("json/events", "application/json").await;
     let p = s.producer("typed").linger(Duration::from_millis(2)).start().await.expect("producer");
-    let events: Vec<Event> = (0..50).map(|id| Event { id, kind: if id % 2 == 0 { "even".into() } else { "odd".into() } }).collect();
+    let events: Vec<Event> =
+        (0..50).map(|id| Event { id, kind: if id % 2 == 0 { "even".into() } else { "odd".into() } }).collect();
     for e in &events {
         p.append_json(e).await.expect("append");
     }
     p.close_stream(None).await.expect("close");
     assert!(p.stats().batches < 50, "values were batched into arrays: {:?}", p.stats());
     for live in [LiveMode::CatchUp, LiveMode::LongPoll, LiveMode::Sse] {
-        let got: Vec<Event> = tokio::time::timeout(LIMIT, s.read(ReadOptions::new(ReadFrom::Beginning, live)).messages::<Event>().collect::<Vec<_>>())
-            .await
-            .expect("bounded")
-            .into_iter()
-            .collect::<Result<_, _>>()
-            .expect("messages");
+        let got: Vec<Event> = tokio::time::timeout(
+            LIMIT,
+            s.read(ReadOptions::new(ReadFrom::Beginning, live)).messages::<Event>().collect::<Vec<_>>(),
+        )
+        .await
+        .expect("bounded")
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("messages");
         assert_eq!(got, events, "{live:?}");
     }
 }
@@ -244,12 +248,15 @@ async fn reads_stop_with_typed_errors_on_permanent_failures() {
     let srv = TestServer::start().await;
     let client = Client::new(&srv.base).expect("client");
     for live in [LiveMode::CatchUp, LiveMode::LongPoll, LiveMode::Sse] {
-        let err = collect(client.stream("nope").read(ReadOptions::new(ReadFrom::Now, live))).await.expect_err("missing");
+        let err =
+            collect(client.stream("nope").read(ReadOptions::new(ReadFrom::Now, live))).await.expect_err("missing");
         assert!(matches!(err, Error::NotFound { .. }), "{live:?}: {err:?}");
     }
     let s = client.stream("bad/offset");
     s.create(CreateOptions::content_type("text/plain")).await.expect("create");
-    let err = collect(s.read(ReadOptions::new(StreamOffset::new("not-an-offset"), LiveMode::CatchUp))).await.expect_err("bad offset");
+    let err = collect(s.read(ReadOptions::new(StreamOffset::new("not-an-offset"), LiveMode::CatchUp)))
+        .await
+        .expect_err("bad offset");
     assert!(matches!(err, Error::BadRequest { .. }), "{err:?}");
 }
 
@@ -318,8 +325,14 @@ async fn a_plain_append_is_retried_with_one_key_boundedly_and_never_without_a_ke
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = closed.local_addr().expect("addr").port();
     drop(closed);
-    let nowhere = Client::builder(format!("http://127.0.0.1:{port}/v1/stream")).retry_policy(policy).build().expect("client");
-    let err = nowhere.stream("s").with_content_type("text/plain").append("data", AppendOptions::default()).await.expect_err("refused");
+    let nowhere =
+        Client::builder(format!("http://127.0.0.1:{port}/v1/stream")).retry_policy(policy).build().expect("client");
+    let err = nowhere
+        .stream("s")
+        .with_content_type("text/plain")
+        .append("data", AppendOptions::default())
+        .await
+        .expect_err("refused");
     assert!(err.is_retry_safe(), "connect failures only: {err:?}");
 
     // Idempotent operations are retried.
@@ -332,7 +345,12 @@ async fn a_plain_append_is_retried_with_one_key_boundedly_and_never_without_a_ke
     seen.store(0, Ordering::SeqCst);
     let p = s
         .producer("p")
-        .retry_policy(RetryPolicy::new(Duration::from_millis(5), Duration::from_millis(20), 2.0).expect("p").with_max_attempts(Some(3)).expect("p"))
+        .retry_policy(
+            RetryPolicy::new(Duration::from_millis(5), Duration::from_millis(20), 2.0)
+                .expect("p")
+                .with_max_attempts(Some(3))
+                .expect("p"),
+        )
         .start()
         .await
         .expect("producer");
@@ -362,7 +380,10 @@ async fn append_if_writes_at_the_tail_it_saw_or_returns_the_current_one() {
 async fn an_append_with_an_expected_offset_lands_only_at_that_tail() {
     let (_srv, s) = stream_on_a_server("expect", "text/plain").await;
     let start = s.head().await.expect("head").next_offset;
-    let at = |o: &oncelog_client::StreamOffset| AppendOptions { expected_offset: Some(o.clone()), ..AppendOptions::default() };
+    let at = |o: &oncelog_client::StreamOffset| AppendOptions {
+        expected_offset: Some(o.clone()),
+        ..AppendOptions::default()
+    };
     let after = s.append("mine", at(&start)).await.expect("append at the tail").next_offset;
     match s.append("theirs", at(&start)).await {
         Err(e @ Error::ExpectedOffsetConflict { .. }) => {
@@ -422,7 +443,10 @@ async fn trims_retention_and_readers_whose_position_was_dropped() {
     assert_eq!(text(&got), "cccc");
     assert_eq!(reader.status().trim_restarts, 1);
     // Beyond the tail is refused.
-    assert!(matches!(s.trim(&StreamOffset::new("9999999999999999_9999999999999999")).await, Err(Error::BadRequest { .. })));
+    assert!(matches!(
+        s.trim(&StreamOffset::new("9999999999999999_9999999999999999")).await,
+        Err(Error::BadRequest { .. })
+    ));
 
     // Retention asked for at creation is shown by HEAD.
     let r = s.client().stream("kept");
@@ -441,9 +465,12 @@ async fn list_streams_follows_the_pages_to_the_last_and_lists_each_stream_once()
     let srv = TestServer::start().await;
     let calls = Arc::new(AtomicUsize::new(0));
     let c2 = calls.clone();
-    let client = Client::builder(&srv.base).header_provider(move |_| {
-        c2.fetch_add(1, Ordering::SeqCst);
-    }).build().expect("client");
+    let client = Client::builder(&srv.base)
+        .header_provider(move |_| {
+            c2.fetch_add(1, Ordering::SeqCst);
+        })
+        .build()
+        .expect("client");
     // `p/1 &x=y` sorts between `p/1` and `p/2` and becomes a cursor: it must survive the query.
     let paths = ["p/0", "p/1", "p/1 &x=y", "p/2", "p/3", "p/4", "p/5"];
     for p in paths.iter().rev().chain(["q/0", "pq"].iter()) {
@@ -453,9 +480,23 @@ async fn list_streams_follows_the_pages_to_the_last_and_lists_each_stream_once()
     client.stream("p/4").close().await.expect("close");
 
     let before = calls.load(Ordering::SeqCst);
-    let listed: Vec<_> = client.list_streams_in_pages("p/", 2).collect::<Vec<_>>().await.into_iter().collect::<Result<_, _>>().expect("list");
-    assert_eq!(listed.iter().map(|l| l.path.as_str()).collect::<Vec<_>>(), paths, "in path order, each once, prefix `p/` only");
-    assert_eq!(calls.load(Ordering::SeqCst) - before, 4, "7 streams in pages of 2: four requests, the last page ends the listing");
+    let listed: Vec<_> = client
+        .list_streams_in_pages("p/", 2)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .expect("list");
+    assert_eq!(
+        listed.iter().map(|l| l.path.as_str()).collect::<Vec<_>>(),
+        paths,
+        "in path order, each once, prefix `p/` only"
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst) - before,
+        4,
+        "7 streams in pages of 2: four requests, the last page ends the listing"
+    );
     let p3 = &listed[4];
     assert_eq!((p3.content_type.as_str(), &p3.next_offset, p3.closed), ("text/plain", &tail, false));
     assert!(listed[5].closed, "p/4 is closed");
@@ -469,7 +510,8 @@ async fn list_streams_follows_the_pages_to_the_last_and_lists_each_stream_once()
     assert_eq!((last.streams.len(), last.next), (1, None));
     // Every stream in one page of 1000 (the default), and page sizes the server would refuse
     // are refused before anything is sent.
-    let all: Vec<_> = client.list_streams("").collect::<Vec<_>>().await.into_iter().collect::<Result<_, _>>().expect("list");
+    let all: Vec<_> =
+        client.list_streams("").collect::<Vec<_>>().await.into_iter().collect::<Result<_, _>>().expect("list");
     assert_eq!(all.len(), 9);
     for bad in [0, 1001] {
         let err = client.list_streams_page("", None, bad).await.expect_err("bad page size");
@@ -482,7 +524,9 @@ async fn a_purge_frees_the_path_a_fork_keeps_reserved() {
     let srv = TestServer::start().await;
     let client = Client::new(&srv.base).expect("client");
     let src = client.stream("purge/src");
-    src.create(CreateOptions { body: Bytes::from("old"), ..CreateOptions::content_type("text/plain") }).await.expect("create");
+    src.create(CreateOptions { body: Bytes::from("old"), ..CreateOptions::content_type("text/plain") })
+        .await
+        .expect("create");
     let mut fork = CreateOptions::default();
     fork.headers.insert("stream-forked-from", "/v1/stream/purge/src".parse().expect("value"));
     client.stream("purge/fork").create(fork).await.expect("fork");
@@ -493,6 +537,8 @@ async fn a_purge_frees_the_path_a_fork_keeps_reserved() {
     // A purge frees it; the fork reads on.
     src.delete_with(oncelog_client::DeleteOptions { purge: true, ..Default::default() }).await.expect("purge");
     assert!(src.create(CreateOptions::content_type("text/plain")).await.expect("create again").created);
-    let forked = collect(client.stream("purge/fork").read(ReadOptions::new(ReadFrom::Beginning, LiveMode::CatchUp))).await.expect("read fork");
+    let forked = collect(client.stream("purge/fork").read(ReadOptions::new(ReadFrom::Beginning, LiveMode::CatchUp)))
+        .await
+        .expect("read fork");
     assert_eq!(text(&forked), "old");
 }

@@ -103,7 +103,11 @@ impl Proxy {
         Proxy::start_with(upstream, Arc::new(move |n| script.get(n).copied().unwrap_or_default()), true).await
     }
 
-    async fn start_with(upstream: SocketAddr, plan_of: Arc<dyn Fn(usize) -> FaultPlan + Send + Sync>, record: bool) -> Proxy {
+    async fn start_with(
+        upstream: SocketAddr,
+        plan_of: Arc<dyn Fn(usize) -> FaultPlan + Send + Sync>,
+        record: bool,
+    ) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let addr = listener.local_addr().expect("proxy addr");
         let counts = Arc::new(FaultCounts::default());
@@ -211,7 +215,11 @@ async fn pump(
             }
             if roll < plan.drop_response + plan.reset + plan.bad_gateway {
                 counts.bad_gateways.fetch_add(1, Ordering::Relaxed);
-                let _ = to.write_all(b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 11\r\nconnection: close\r\n\r\nbad gateway").await;
+                let _ = to
+                    .write_all(
+                        b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 11\r\nconnection: close\r\n\r\nbad gateway",
+                    )
+                    .await;
                 let _ = to.flush().await;
                 return End::Drop;
             }
@@ -280,7 +288,9 @@ fn message(producer: usize, n: usize) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exactly_once_through_a_faulty_network() {
-    let (_server, proxy, proxied, direct) = chaos(STREAM, FaultPlan { drop_request: 15, drop_response: 40, reset: 15, delay: 40, ..FaultPlan::default() }).await;
+    let (_server, proxy, proxied, direct) =
+        chaos(STREAM, FaultPlan { drop_request: 15, drop_response: 40, reset: 15, delay: 40, ..FaultPlan::default() })
+            .await;
     let started = Instant::now();
 
     // A live reader through the proxy, from the beginning, until EOF.
@@ -349,9 +359,11 @@ async fn exactly_once_through_a_faulty_network() {
         next_expected[p] = n + 1;
     }
     let duplicates: usize = seen.values().map(|c| c - 1).sum();
-    let lost = (0..PRODUCERS).flat_map(|p| (0..per_producer).map(move |n| (p, n))).filter(|k| !seen.contains_key(k)).count();
+    let lost =
+        (0..PRODUCERS).flat_map(|p| (0..per_producer).map(move |n| (p, n))).filter(|k| !seen.contains_key(k)).count();
 
-    let read_back = tokio::time::timeout(Duration::from_secs(30), reader).await.expect("reader ended at EOF").expect("reader task");
+    let read_back =
+        tokio::time::timeout(Duration::from_secs(30), reader).await.expect("reader ended at EOF").expect("reader task");
     let c = &proxy.counts;
     let total = |f: fn(&oncelog_client::ProducerStats) -> u64| stats.iter().map(f).sum::<u64>();
     println!(
@@ -380,7 +392,10 @@ async fn exactly_once_through_a_faulty_network() {
     assert_eq!(duplicates, 0, "a message was written twice");
     assert_eq!(lost, 0, "a message was lost");
     assert_eq!(out_of_order, 0, "a producer's messages are out of order");
-    assert!(c.dropped_responses.load(Ordering::Relaxed) > 0 && c.resets.load(Ordering::Relaxed) > 0, "faults were injected");
+    assert!(
+        c.dropped_responses.load(Ordering::Relaxed) > 0 && c.resets.load(Ordering::Relaxed) > 0,
+        "faults were injected"
+    );
     assert!(total(|s| s.duplicates) > 0, "some retries hit requests the server had already stored");
     assert_eq!(read_back, stored, "the SSE reader saw exactly the stream");
 }
@@ -394,18 +409,22 @@ async fn keyed_writers_append_exactly_once_through_a_faulty_network() {
     const WRITERS: usize = 4;
     const PER_WRITER: usize = 250;
     const KEYED: &str = "chaos/keyed";
-    let (_server, proxy, proxied, direct) = chaos(KEYED, FaultPlan { drop_request: 15, drop_response: 60, reset: 15, delay: 40, ..FaultPlan::default() }).await;
+    let (_server, proxy, proxied, direct) =
+        chaos(KEYED, FaultPlan { drop_request: 15, drop_response: 60, reset: 15, delay: 40, ..FaultPlan::default() })
+            .await;
     let mut tasks = Vec::new();
     for w in 0..WRITERS {
         let stream = proxied.stream(KEYED).with_content_type("text/plain");
         tasks.push(tokio::spawn(async move {
             for n in 0..PER_WRITER {
                 let key = oncelog_client::new_idempotency_key();
-                let opts = || oncelog_client::AppendOptions { idempotency_key: Some(key.clone()), ..Default::default() };
+                let opts =
+                    || oncelog_client::AppendOptions { idempotency_key: Some(key.clone()), ..Default::default() };
                 let body = message(w, n);
                 // The same request twice at once; both must succeed, one of them as the repeat.
                 let (a, b) = tokio::join!(stream.append(body.clone(), opts()), stream.append(body.clone(), opts()));
-                let (a, b) = (a.expect("keyed appends are retried until acknowledged"), b.expect("and so is the repeat"));
+                let (a, b) =
+                    (a.expect("keyed appends are retried until acknowledged"), b.expect("and so is the repeat"));
                 assert_eq!(a.next_offset, b.next_offset, "both answers name the one append");
             }
         }));
@@ -471,7 +490,9 @@ async fn scripted(
         .expect("policy")
         .with_max_attempts(Some(5))
         .expect("policy");
-    let proxied = build(Client::builder(format!("http://{}/v1/stream", proxy.addr)).retry_policy(policy)).build().expect("client");
+    let proxied = build(Client::builder(format!("http://{}/v1/stream", proxy.addr)).retry_policy(policy))
+        .build()
+        .expect("client");
     let direct = Client::new(&server.base).expect("client").stream(stream);
     direct.create(CreateOptions::content_type("text/plain")).await.expect("create");
     // The content type is known: no HEAD goes through the proxy before the append.
@@ -508,7 +529,11 @@ async fn a_plain_append_whose_answer_was_lost_is_retried_with_the_same_key_and_s
         let key = posts[0].key.clone().unwrap_or_else(|| panic!("{name}: an automatic key"));
         assert!(key.len() == 32 && key.bytes().all(|b| b.is_ascii_hexdigit()), "{name}: 128 bits as hex: {key}");
         assert_eq!(posts[1].key.as_deref(), Some(key.as_str()), "{name}: the retry carries the same key");
-        assert_eq!(appended.next_offset, direct.head().await.expect("head").next_offset, "{name}: the answer names the append");
+        assert_eq!(
+            appended.next_offset,
+            direct.head().await.expect("head").next_offset,
+            "{name}: the answer names the append"
+        );
 
         // The next append is another one: another key.
         s.append("twice\n", AppendOptions::default()).await.expect("second append");
@@ -537,16 +562,23 @@ async fn with_the_opt_out_a_plain_append_is_not_retried_once_the_server_may_have
             let posts = proxy.posts();
             assert_eq!(posts.len(), 1, "{name}: sent once: {posts:?}");
             assert_eq!(posts[0].key, None, "{name}: no key");
-            assert_eq!(read_all(&direct).await, "maybe\n", "{name}: the server had stored it (a blind retry would store it again)");
+            assert_eq!(
+                read_all(&direct).await,
+                "maybe\n",
+                "{name}: the server had stored it (a blind retry would store it again)"
+            );
         }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_callers_own_key_is_kept_on_every_attempt() {
-    for (name, auto, by_header) in [("option", true, false), ("header", true, true), ("option, automatic keys off", false, false)] {
+    for (name, auto, by_header) in
+        [("option", true, false), ("header", true, true), ("option, automatic keys off", false, false)]
+    {
         let key = format!("caller-key-{name}").replace([' ', ','], "-");
-        let (_server, proxy, s, direct) = scripted("keys/caller", vec![lost_answer()], |b| b.auto_idempotency_key(auto)).await;
+        let (_server, proxy, s, direct) =
+            scripted("keys/caller", vec![lost_answer()], |b| b.auto_idempotency_key(auto)).await;
         let mut opts = AppendOptions::default();
         if by_header {
             opts.headers.insert("idempotency-key", key.parse().expect("header value"));
@@ -557,7 +589,10 @@ async fn a_callers_own_key_is_kept_on_every_attempt() {
         assert_eq!(read_all(&direct).await, "mine\n", "{name}: stored once");
         let posts = proxy.posts();
         assert_eq!(posts.len(), 2, "{name}: {posts:?}");
-        assert!(posts.iter().all(|p| p.key.as_deref() == Some(key.as_str())), "{name}: the caller's key every time: {posts:?}");
+        assert!(
+            posts.iter().all(|p| p.key.as_deref() == Some(key.as_str())),
+            "{name}: the caller's key every time: {posts:?}"
+        );
     }
 }
 
@@ -566,7 +601,9 @@ async fn a_key_mismatch_and_other_client_errors_are_never_retried() {
     let (_server, proxy, s, direct) = scripted("keys/4xx", vec![], |b| b).await;
     let keyed = |body: &'static str| {
         let s = s.clone();
-        async move { s.append(body, AppendOptions { idempotency_key: Some("k-1".into()), ..AppendOptions::default() }).await }
+        async move {
+            s.append(body, AppendOptions { idempotency_key: Some("k-1".into()), ..AppendOptions::default() }).await
+        }
     };
     keyed("a").await.expect("first use of the key");
     let err = keyed("b").await.expect_err("the key with another body");
@@ -578,7 +615,9 @@ async fn a_key_mismatch_and_other_client_errors_are_never_retried() {
     assert!(matches!(err, Error::BadRequest { .. }), "{err:?}");
     assert_eq!(proxy.posts().len(), 3, "400 is not retried");
 
-    let err = s.append("d", AppendOptions { content_type: Some("application/json".into()), ..AppendOptions::default() }).await;
+    let err = s
+        .append("d", AppendOptions { content_type: Some("application/json".into()), ..AppendOptions::default() })
+        .await;
     assert!(matches!(err, Err(Error::Conflict { .. })), "{err:?}");
     assert_eq!(proxy.posts().len(), 4, "409 is not retried");
 

@@ -134,8 +134,16 @@ async fn every_input_reaches_the_output_exactly_once_while_workers_are_killed() 
         let want: Vec<u64> = (0..MESSAGES).filter(|n| n % 2 == i as u64).collect();
         let got = seen.get(path).cloned().unwrap_or_default();
         let first_difference = got.iter().zip(&want).position(|(a, b)| a != b);
-        assert!(got == want, "{path}: {} messages out for {} in (every one once, in order); first difference at {first_difference:?}", got.len(), want.len());
+        assert!(
+            got == want,
+            "{path}: {} messages out for {} in (every one once, in order); first difference at {first_difference:?}",
+            got.len(),
+            want.len()
+        );
     }
     assert_eq!(out.len() as u64, MESSAGES);
-    eprintln!("{MESSAGES} messages, {kills} workers killed, {freezes} frozen past their lease, {} output messages", out.len());
+    eprintln!(
+        "{MESSAGES} messages, {kills} workers killed, {freezes} frozen past their lease, {} output messages",
+        out.len()
+    );
 }

@@ -21,7 +21,14 @@ async fn a_rate_limited_producer_still_writes_everything_exactly_once() {
     let http = reqwest::Client::new();
     let mut limited = None;
     for _ in 0..40 {
-        let r = http.post(format!("{}/limited", srv.base)).header("content-type", "text/plain").body("").header("stream-closed", "false").send().await.expect("post");
+        let r = http
+            .post(format!("{}/limited", srv.base))
+            .header("content-type", "text/plain")
+            .body("")
+            .header("stream-closed", "false")
+            .send()
+            .await
+            .expect("post");
         if r.status() == reqwest::StatusCode::TOO_MANY_REQUESTS {
             limited = Some(r.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_owned));
             break;
@@ -68,15 +75,24 @@ async fn a_producer_over_its_tokens_limit_writes_everything_exactly_once_and_oth
     let secret = b"client-test-secret-of-some-length";
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("secret"), secret).expect("secret");
-    let auth = TokenAuth::load(TokenConfig { secret_file: Some(dir.path().join("secret")), ..TokenConfig::default() }).expect("keys");
-    let srv = TestServer::start_with_auth(ServerConfig { append_rate_limit: 20, ..ServerConfig::default() }, Some(auth)).await;
+    let auth = TokenAuth::load(TokenConfig { secret_file: Some(dir.path().join("secret")), ..TokenConfig::default() })
+        .expect("keys");
+    let srv =
+        TestServer::start_with_auth(ServerConfig { append_rate_limit: 20, ..ServerConfig::default() }, Some(auth))
+            .await;
     let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() as i64;
     let token = |sub: &str| {
-        let claim = ScopeClaim { grants: vec![GrantClaim { stream: None, prefix: Some(String::new()), ops: vec!["all".into()] }] };
+        let claim = ScopeClaim {
+            grants: vec![GrantClaim { stream: None, prefix: Some(String::new()), ops: vec!["all".into()] }],
+        };
         issue(secret, claim, now_s + 600, None, None, Some(sub.into())).expect("sign")
     };
     let (busy, other) = (token("busy"), token("other"));
-    let client = Client::builder(&srv.base).default_header("authorization", &format!("Bearer {busy}")).expect("header").build().expect("client");
+    let client = Client::builder(&srv.base)
+        .default_header("authorization", &format!("Bearer {busy}"))
+        .expect("header")
+        .build()
+        .expect("client");
     let s = client.stream("per-token");
     s.create(CreateOptions::content_type("text/plain")).await.expect("create");
 
@@ -84,12 +100,24 @@ async fn a_producer_over_its_tokens_limit_writes_everything_exactly_once_and_oth
     // Meanwhile the other token's plain appends to its own stream are all accepted.
     let http = reqwest::Client::new();
     let others = async {
-        http.put(format!("{}/per-token-other", srv.base)).bearer_auth(&other).header("content-type", "text/plain").send().await.expect("put");
+        http.put(format!("{}/per-token-other", srv.base))
+            .bearer_auth(&other)
+            .header("content-type", "text/plain")
+            .send()
+            .await
+            .expect("put");
         // Once the producer has spent its token's allowance, a burst from the same address.
         tokio::time::sleep(Duration::from_millis(300)).await;
         let mut statuses = Vec::new();
         for _ in 0..10 {
-            let r = http.post(format!("{}/per-token-other", srv.base)).bearer_auth(&other).header("content-type", "text/plain").body("o").send().await.expect("post");
+            let r = http
+                .post(format!("{}/per-token-other", srv.base))
+                .bearer_auth(&other)
+                .header("content-type", "text/plain")
+                .body("o")
+                .send()
+                .await
+                .expect("post");
             statuses.push(r.status());
         }
         statuses

@@ -48,7 +48,10 @@ async fn a_webhook_receiver_verifies_and_commits_through_the_callback() {
         client.stream(p).create(CreateOptions::content_type("application/json")).await.expect("create");
     }
     let subs = client.subscriptions();
-    let (created, _) = subs.put("hook", &SubscriptionConfig::webhook(&hook).pattern("in/*").lease_ttl(Duration::from_secs(10))).await.expect("put");
+    let (created, _) = subs
+        .put("hook", &SubscriptionConfig::webhook(&hook).pattern("in/*").lease_ttl(Duration::from_secs(10)))
+        .await
+        .expect("put");
     assert!(created);
     client.stream("in/a").append(r#"{"n":1}"#, AppendOptions::default()).await.expect("append");
     let mut delivery = None;
@@ -61,7 +64,8 @@ async fn a_webhook_receiver_verifies_and_commits_through_the_callback() {
     }
     let (sig, body) = delivery.expect("a delivery within 5 s");
     let keys = WebhookKeys::fetch(&client).await.expect("jwks");
-    let now_s = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let now_s =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     verify(&keys, &sig, &body, now_s, 300).expect("the delivery verifies");
     let mut tampered = body.clone();
     tampered.push(b' ');
@@ -72,10 +76,19 @@ async fn a_webhook_receiver_verifies_and_commits_through_the_callback() {
     let claim = subs.claim_from_webhook(&body).expect("wake");
     let link = claim.streams[0].clone();
     assert_eq!((link.path.as_str(), link.has_pending), ("in/a", true));
-    let done = claim.commit().append_json("out", json!({ "seen": 1 })).ack("in/a", &link.tail_offset).send(true).await.expect("commit");
+    let done = claim
+        .commit()
+        .append_json("out", json!({ "seen": 1 }))
+        .ack("in/a", &link.tail_offset)
+        .send(true)
+        .await
+        .expect("commit");
     assert!(!done.duplicate);
     assert_eq!(read_json(&client, "out").await, vec![json!({ "seen": 1 })]);
-    assert_eq!(subs.get("hook").await.expect("get").link("in/a").map(|l| l.acked_offset.clone()), Some(link.tail_offset.clone()));
+    assert_eq!(
+        subs.get("hook").await.expect("get").link("in/a").map(|l| l.acked_offset.clone()),
+        Some(link.tail_offset.clone())
+    );
     // The callback token is spent with the wake.
     let again = claim.ack(&[], true).await.expect_err("fenced");
     assert!(again.is_fenced(), "{again}");
@@ -89,12 +102,20 @@ async fn a_pull_worker_waits_heartbeats_and_commits_and_its_zombie_is_fenced() {
         client.stream(p).create(CreateOptions::content_type("application/json")).await.expect("create");
     }
     let subs = client.subscriptions();
-    subs.put("jobs", &SubscriptionConfig::pull_wake("wake").pattern("jobs/*").lease_ttl(Duration::from_millis(2_000))).await.expect("put");
+    subs.put("jobs", &SubscriptionConfig::pull_wake("wake").pattern("jobs/*").lease_ttl(Duration::from_millis(2_000)))
+        .await
+        .expect("put");
 
     // Nothing to do yet: the wait ends empty-handed; an append during a wait is picked up.
-    assert!(subs.wait_for_claim("jobs", "w1", "wake", Duration::from_millis(100), Duration::from_millis(300)).await.expect("wait").is_none());
+    assert!(subs
+        .wait_for_claim("jobs", "w1", "wake", Duration::from_millis(100), Duration::from_millis(300))
+        .await
+        .expect("wait")
+        .is_none());
     let (c2, s2) = (client.clone(), subs.clone());
-    let waiter = tokio::spawn(async move { s2.wait_for_claim("jobs", "w1", "wake", Duration::from_millis(500), Duration::from_secs(5)).await });
+    let waiter = tokio::spawn(async move {
+        s2.wait_for_claim("jobs", "w1", "wake", Duration::from_millis(500), Duration::from_secs(5)).await
+    });
     tokio::time::sleep(Duration::from_millis(100)).await;
     c2.stream("jobs/a").append(r#"{"job":1}"#, AppendOptions::default()).await.expect("append");
     let a = waiter.await.expect("task").expect("wait").expect("a claim");
@@ -111,7 +132,13 @@ async fn a_pull_worker_waits_heartbeats_and_commits_and_its_zombie_is_fenced() {
     tokio::time::sleep(Duration::from_millis(2_200)).await;
     let b = subs.claim("jobs", "w2").await.expect("claim").expect("w2 gets the work");
     assert_eq!(b.generation, 2);
-    let zombie = a.commit().append_json("done", json!({ "by": "w1" })).ack("jobs/a", &tail).send(true).await.expect_err("fenced");
+    let zombie = a
+        .commit()
+        .append_json("done", json!({ "by": "w1" }))
+        .ack("jobs/a", &tail)
+        .send(true)
+        .await
+        .expect_err("fenced");
     assert!(zombie.is_fenced(), "{zombie}");
     assert!(a.ack(&[("jobs/a", &tail)], true).await.expect_err("fenced").is_fenced());
     let commit = b.commit().append_json("done", json!({ "by": "w2" })).ack("jobs/a", &tail);

@@ -22,8 +22,8 @@ use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use crate::format::{self, Checkpoint, CHECKPOINT, LOG_DIR};
 use crate::error::LogError;
+use crate::format::{self, Checkpoint, CHECKPOINT, LOG_DIR};
 
 /// How many times a backup starts over because the server deleted a segment under it.
 const ATTEMPTS: usize = 10;
@@ -85,7 +85,8 @@ fn attempt(src: &Path, dst: &Path) -> Result<Option<BackupReport>, LogError> {
     let (first, referenced) = match &checkpoint {
         Some(bytes) => {
             let cp = Checkpoint::decode(bytes, 0).map_err(|e| LogError::Corrupt(format!("checkpoint: {e}")))?;
-            let referenced: BTreeSet<u64> = cp.streams.iter().flat_map(|s| s.extents.iter().map(|e| e.segment())).collect();
+            let referenced: BTreeSet<u64> =
+                cp.streams.iter().flat_map(|s| s.extents.iter().map(|e| e.segment())).collect();
             (cp.segment, referenced)
         }
         None => (0, BTreeSet::new()),

@@ -46,4 +46,3 @@ pub(crate) fn backend(e: LogError) -> StorageError {
 pub(crate) fn corrupt(why: String) -> StorageError {
     backend(LogError::Corrupt(why))
 }
-

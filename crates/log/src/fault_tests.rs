@@ -8,13 +8,20 @@ use oncelog_storage::*;
 use tokio::sync::oneshot;
 
 use crate::format;
+use crate::options::Durability;
 use crate::sim::SimFs;
 use crate::store::mutant::Mutant;
 use crate::store::{self, Command, Group, Store, StoreConfig};
-use crate::options::Durability;
 
 fn config() -> StoreConfig {
-    StoreConfig { durability: Durability::Fsync, segment_bytes: 4096, hot_bytes: 0, mutant: Mutant::None, failpoints: Default::default(), retention: Default::default() }
+    StoreConfig {
+        durability: Durability::Fsync,
+        segment_bytes: 4096,
+        hot_bytes: 0,
+        mutant: Mutant::None,
+        failpoints: Default::default(),
+        retention: Default::default(),
+    }
 }
 
 fn open(fs: &SimFs) -> Result<Store, StorageError> {
@@ -52,7 +59,12 @@ fn contents(store: &Store, path: &str) -> Vec<u8> {
     let view = store.view();
     let s = view.streams.read().expect("lock").get(path).cloned().expect("stream");
     let tail = s.state.get().tail.0;
-    crate::store::read::plan(&s, 0, tail, usize::MAX, false).and_then(|p| p.bytes(&view.segments)).expect("read").0 .0.to_vec()
+    crate::store::read::plan(&s, 0, tail, usize::MAX, false)
+        .and_then(|p| p.bytes(&view.segments))
+        .expect("read")
+        .0
+         .0
+        .to_vec()
 }
 
 #[test]
@@ -92,7 +104,10 @@ fn a_torn_tail_is_cut_and_everything_acknowledged_stays() {
     drop(store);
     let name = format::segment_name(1);
     let mut bytes = fs.contents(&name).expect("segment");
-    assert!(bytes.len() > good + 44 && bytes[good..].iter().all(|b| *b == 0), "the segment's space is allocated, as zeros");
+    assert!(
+        bytes.len() > good + 44 && bytes[good..].iter().all(|b| *b == 0),
+        "the segment's space is allocated, as zeros"
+    );
     // A frame torn where the next one was being written, in the allocated space.
     bytes[good..good + 4].copy_from_slice(&format::FRAME_MAGIC.to_le_bytes());
     bytes[good + 4..good + 44].copy_from_slice(&[0xEE; 40]);
@@ -139,7 +154,10 @@ fn a_checkpoint_gives_back_the_segments_of_deleted_streams_and_recovery_starts_t
     let removed = store::write_checkpoint(&fs, store.view(), &store.snapshot()).expect("checkpoint");
     let segments_after = fs_segments(&fs);
     assert_eq!(removed, segments_before.len() - segments_after.len());
-    assert!(removed >= segments_before.len() - 2, "only the segment of `kept` and the active one stay: {segments_after:?}");
+    assert!(
+        removed >= segments_before.len() - 2,
+        "only the segment of `kept` and the active one stay: {segments_after:?}"
+    );
     drop(store);
     let (mut store, report) = store::open(Arc::new(fs.clone()), config(), 0).expect("reopen");
     assert!(report.from_checkpoint);

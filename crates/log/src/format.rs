@@ -179,7 +179,12 @@ pub struct ProducerEffect<S> {
 /// One record, as written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record<'a> {
-    Create { id: u64, path: &'a str, meta: &'a StreamMeta, data: &'a [u8] },
+    Create {
+        id: u64,
+        path: &'a str,
+        meta: &'a StreamMeta,
+        data: &'a [u8],
+    },
     Append {
         id: u64,
         new_tail: u64,
@@ -191,18 +196,36 @@ pub enum Record<'a> {
         time: Option<i64>,
         data: &'a [u8],
     },
-    SoftDelete { id: u64 },
-    Remove { id: u64 },
-    Trim { id: u64, earliest: u64 },
-    Meta { key: &'a [u8], value: Option<&'a [u8]> },
-    Detach { id: u64 },
+    SoftDelete {
+        id: u64,
+    },
+    Remove {
+        id: u64,
+    },
+    Trim {
+        id: u64,
+        earliest: u64,
+    },
+    Meta {
+        key: &'a [u8],
+        value: Option<&'a [u8]>,
+    },
+    Detach {
+        id: u64,
+    },
 }
 
 /// One record, as read back: data is located (offset of its first byte in the payload and its
 /// length), not copied.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Replayed {
-    Create { id: u64, path: String, meta: StreamMeta, data_at: usize, data_len: u64 },
+    Create {
+        id: u64,
+        path: String,
+        meta: StreamMeta,
+        data_at: usize,
+        data_len: u64,
+    },
     Append {
         id: u64,
         new_tail: u64,
@@ -214,11 +237,23 @@ pub enum Replayed {
         data_at: usize,
         data_len: u64,
     },
-    SoftDelete { id: u64 },
-    Remove { id: u64 },
-    Trim { id: u64, earliest: u64 },
-    Meta { key: Vec<u8>, value: Option<Vec<u8>> },
-    Detach { id: u64 },
+    SoftDelete {
+        id: u64,
+    },
+    Remove {
+        id: u64,
+    },
+    Trim {
+        id: u64,
+        earliest: u64,
+    },
+    Meta {
+        key: Vec<u8>,
+        value: Option<Vec<u8>>,
+    },
+    Detach {
+        id: u64,
+    },
 }
 
 /// Appends `rec` to a frame payload; returns where its data starts within `out`.
@@ -336,7 +371,12 @@ pub fn decode_payload(payload: &[u8]) -> Result<Vec<Replayed>, DecodeError> {
                 }
                 let stream_seq = if flags & 2 != 0 { Some(var_string(&mut d)?) } else { None };
                 let mut producer = if flags & 4 != 0 {
-                    Some(ProducerEffect { id: var_string(&mut d)?, epoch: d.varint()?, seq: d.varint()?, details: None })
+                    Some(ProducerEffect {
+                        id: var_string(&mut d)?,
+                        epoch: d.varint()?,
+                        seq: d.varint()?,
+                        details: None,
+                    })
                 } else {
                     None
                 };
@@ -361,7 +401,17 @@ pub fn decode_payload(payload: &[u8]) -> Result<Vec<Replayed>, DecodeError> {
                 let data_len = d.varint()?;
                 let data_at = at_data(&d);
                 d.take(usize::try_from(data_len).map_err(|_| DecodeError::Truncated)?)?;
-                Replayed::Append { id, new_tail, close: flags & 1 != 0, stream_seq, producer, key, time, data_at, data_len }
+                Replayed::Append {
+                    id,
+                    new_tail,
+                    close: flags & 1 != 0,
+                    stream_seq,
+                    producer,
+                    key,
+                    time,
+                    data_at,
+                    data_len,
+                }
             }
             TAG_SOFT_DELETE => Replayed::SoftDelete { id: d.varint()? },
             TAG_REMOVE => Replayed::Remove { id: d.varint()? },

@@ -157,7 +157,8 @@ impl File for RealFile {
 
 impl Fs for RealFs {
     fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn File>> {
-        let f = std::fs::OpenOptions::new().read(true).write(true).create(create).truncate(false).open(self.path(name))?;
+        let f =
+            std::fs::OpenOptions::new().read(true).write(true).create(create).truncate(false).open(self.path(name))?;
         Ok(Arc::new(RealFile(Arc::new(f))))
     }
     fn exists(&self, name: &str) -> io::Result<bool> {
@@ -187,7 +188,8 @@ impl Fs for RealFs {
         std::fs::File::open(self.path(dir))?.sync_all()
     }
     fn lock(&self, name: &str) -> io::Result<Box<dyn std::any::Any + Send + Sync>> {
-        let f = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(self.path(name))?;
+        let f =
+            std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(self.path(name))?;
         f.try_lock().map_err(|e| match e {
             std::fs::TryLockError::WouldBlock => io::Error::from(io::ErrorKind::WouldBlock),
             std::fs::TryLockError::Error(e) => e,

@@ -33,16 +33,16 @@
 
 pub mod backup;
 mod error;
+#[cfg(test)]
+mod fault_tests;
 pub mod format;
 pub mod fs;
 mod options;
 #[cfg(test)]
-mod sim;
-mod store;
-#[cfg(test)]
 mod power_loss;
 #[cfg(test)]
-mod fault_tests;
+mod sim;
+mod store;
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -54,8 +54,8 @@ use oncelog_protocol::Offset;
 use oncelog_storage::*;
 use tokio::sync::oneshot;
 
-pub use error::LogError;
 use error::backend;
+pub use error::LogError;
 pub use format::MAX_RECORD_BYTES;
 #[cfg(any(test, feature = "failpoints"))]
 pub use options::Failpoints;
@@ -115,7 +115,13 @@ impl LogEngine {
     /// Fetches a plan's bytes with `take`: at once when they are all in the hot tail, else off
     /// the async runtime (only a read that needs the disk leaves it). A read that reached the
     /// tail marks the stream read live.
-    async fn fetch<T: Send + 'static>(&self, info: &StreamInfo, shared: &Shared, plan: store::read::Plan, take: fn(store::read::Plan, &Segments) -> Result<(T, Offset), StorageError>) -> Result<(T, Offset), LookupError> {
+    async fn fetch<T: Send + 'static>(
+        &self,
+        info: &StreamInfo,
+        shared: &Shared,
+        plan: store::read::Plan,
+        take: fn(store::read::Plan, &Segments) -> Result<(T, Offset), StorageError>,
+    ) -> Result<(T, Offset), LookupError> {
         let (out, next) = if plan.in_memory() {
             take(plan, &self.inner.view.segments)?
         } else {
@@ -159,7 +165,13 @@ impl LogEngine {
             .spawn(move || run_writer(store, rx, fs, checkpoint_bytes, reclaim_interval))
             .map_err(|e| backend(LogError::Io { what: "start the writer thread".into(), source: e }))?;
         Ok(Self {
-            inner: Arc::new(Inner { view, counters, tx: Mutex::new(Some(tx)), writer: Mutex::new(Some(handle)), report }),
+            inner: Arc::new(Inner {
+                view,
+                counters,
+                tx: Mutex::new(Some(tx)),
+                writer: Mutex::new(Some(handle)),
+                report,
+            }),
         })
     }
 
@@ -193,14 +205,21 @@ impl LogEngine {
 const RECLAIM_RETRY: Duration = Duration::from_millis(20);
 
 /// The writer thread: one group per loop, a checkpoint handed to its own thread now and then.
-fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>, checkpoint_bytes: u64, reclaim_interval: Duration) {
+fn run_writer(
+    mut store: Store,
+    rx: mpsc::Receiver<Command>,
+    fs: Arc<dyn fs::Fs>,
+    checkpoint_bytes: u64,
+    reclaim_interval: Duration,
+) {
     let mut last_checkpoint = Instant::now();
     store.collect_orphans();
     let checkpointer = Checkpointer::start(fs, store.view().clone(), store.counters().clone());
     loop {
         // Wake for a parked append's deadline, and for a trim's checkpoint when it is due (a
         // little later again while the checkpointer is still busy with the last one).
-        let reclaim_at = store.reclaim_wanted.then(|| (last_checkpoint + reclaim_interval).max(Instant::now() + RECLAIM_RETRY));
+        let reclaim_at =
+            store.reclaim_wanted.then(|| (last_checkpoint + reclaim_interval).max(Instant::now() + RECLAIM_RETRY));
         let first = match [store.next_park_deadline(), reclaim_at].into_iter().flatten().min() {
             None => match rx.recv() {
                 Ok(cmd) => Some(cmd),
@@ -230,7 +249,8 @@ fn run_writer(mut store: Store, rx: mpsc::Receiver<Command>, fs: Arc<dyn fs::Fs>
             oncelog_storage::machine::record_group_commit(count, committing.elapsed());
         }
         store.finish(g, failure);
-        let due = store.since_checkpoint >= checkpoint_bytes || (store.reclaim_wanted && last_checkpoint.elapsed() >= reclaim_interval);
+        let due = store.since_checkpoint >= checkpoint_bytes
+            || (store.reclaim_wanted && last_checkpoint.elapsed() >= reclaim_interval);
         if due && !store.counters().failed() && checkpointer.idle() {
             store.since_checkpoint = 0;
             store.reclaim_wanted = false;
@@ -314,7 +334,10 @@ impl Housekeeping for LogEngine {
     async fn expire(&self, now_ms: i64) -> Result<usize, StorageError> {
         let expired: Vec<String> = {
             let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
-            map.iter().filter(|(_, s)| !s.state.get().soft_deleted && s.expired(now_ms)).map(|(p, _)| p.to_string()).collect()
+            map.iter()
+                .filter(|(_, s)| !s.state.get().soft_deleted && s.expired(now_ms))
+                .map(|(p, _)| p.to_string())
+                .collect()
         };
         if expired.is_empty() {
             return Ok(0);
@@ -398,7 +421,13 @@ impl Engine for LogEngine {
         }
     }
 
-    async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {
+    async fn wait(
+        &self,
+        path: &str,
+        after: Offset,
+        timeout: Duration,
+        now_ms: i64,
+    ) -> Result<WaitOutcome, LookupError> {
         let shared = self.lookup(path, now_ms)?;
         shared.touch(now_ms);
         shared.mark_live();
@@ -434,7 +463,10 @@ impl Engine for LogEngine {
         let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
         let mut out: Vec<Listed> = map
             .iter()
-            .filter(|(p, s)| p.starts_with(prefix) && rules::visible(s.state.get().soft_deleted, s.expired(now_ms), s.forks()).is_ok())
+            .filter(|(p, s)| {
+                p.starts_with(prefix)
+                    && rules::visible(s.state.get().soft_deleted, s.expired(now_ms), s.forks()).is_ok()
+            })
             .map(|(p, s)| Listed { path: p.to_string(), info: s.info() })
             .collect();
         out.sort_unstable_by(|a, b| a.path.cmp(&b.path));
@@ -447,7 +479,9 @@ impl Engine for LogEngine {
         if let Some(h) = handle {
             tokio::task::spawn_blocking(move || h.join())
                 .await
-                .map_err(|e| backend(LogError::Io { what: "stop the writer".into(), source: std::io::Error::other(e) }))?
+                .map_err(|e| {
+                    backend(LogError::Io { what: "stop the writer".into(), source: std::io::Error::other(e) })
+                })?
                 .map_err(|_| StorageError::Poisoned)?;
         }
         Ok(())

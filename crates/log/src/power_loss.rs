@@ -46,34 +46,69 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::oneshot;
 
+use crate::options::Durability;
 use crate::sim::SimFs;
 use crate::store::mutant::Mutant;
 use crate::store::{self, Command, Group, Store, StoreConfig};
-use crate::options::Durability;
 
 /// The content type of the contract suite's request builders.
 const CT: &str = "text/plain";
 
 #[derive(Debug, Clone)]
 enum Op {
-    Create { path: String },
-    Fork { path: String, source: String, at: u64 },
-    Append { path: String, data: Vec<u8> },
-    Produce { path: String, producer: String, epoch: u64, seq: u64, data: Vec<u8>, close: bool },
+    Create {
+        path: String,
+    },
+    Fork {
+        path: String,
+        source: String,
+        at: u64,
+    },
+    Append {
+        path: String,
+        data: Vec<u8>,
+    },
+    Produce {
+        path: String,
+        producer: String,
+        epoch: u64,
+        seq: u64,
+        data: Vec<u8>,
+        close: bool,
+    },
     /// An append with an idempotency key (a fresh one: repeats come as retries).
-    Keyed { path: String, key: String, data: Vec<u8> },
-    Trim { path: String, to: u64 },
+    Keyed {
+        path: String,
+        key: String,
+        data: Vec<u8>,
+    },
+    Trim {
+        path: String,
+        to: u64,
+    },
     /// A plain append with `If-Match: at`; `holds` when `at` is the tail it will meet (else it is
     /// refused and changes nothing).
-    Conditional { path: String, data: Vec<u8>, at: u64, holds: bool },
+    Conditional {
+        path: String,
+        data: Vec<u8>,
+        at: u64,
+        holds: bool,
+    },
     /// `purge`: `DELETE …?purge=true`: a source that forks read (live or already soft-deleted)
     /// is detached from its path, which is free at once.
-    Delete { path: String, purge: bool },
+    Delete {
+        path: String,
+        purge: bool,
+    },
     /// The retention sweep, at the group's time.
     Retain,
     /// A compaction of a State Protocol stream: `pieces` (stored JSON) appended at the tail `at`,
     /// which becomes the earliest offset.
-    Compact { path: String, at: u64, pieces: Vec<Vec<u8>> },
+    Compact {
+        path: String,
+        at: u64,
+        pieces: Vec<Vec<u8>>,
+    },
     /// A transaction ([`Engine::transact`]): metadata writes (`None` deletes the key) and two
     /// appends, a plain one to `plain` and one to `produced` as producer [`TXN_PRODUCER`]
     /// (`epoch`, `seq`), all or nothing. `expect` guards it (the key must hold that value, `None`:
@@ -94,7 +129,15 @@ enum Op {
 impl Op {
     fn path(&self) -> &str {
         match self {
-            Op::Create { path } | Op::Fork { path, .. } | Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Trim { path, .. } | Op::Conditional { path, .. } | Op::Delete { path, .. } | Op::Compact { path, .. } => path,
+            Op::Create { path }
+            | Op::Fork { path, .. }
+            | Op::Append { path, .. }
+            | Op::Produce { path, .. }
+            | Op::Keyed { path, .. }
+            | Op::Trim { path, .. }
+            | Op::Conditional { path, .. }
+            | Op::Delete { path, .. }
+            | Op::Compact { path, .. } => path,
             Op::Retain | Op::Txn { .. } => "",
         }
     }
@@ -126,7 +169,8 @@ fn data_for(path: &str, counter: u64) -> Vec<u8> {
         if counter.is_multiple_of(5) {
             format!(r#"{{"type":"t","key":"k{key}","headers":{{"operation":"delete"}}}},"#).into_bytes()
         } else {
-            format!(r#"{{"type":"t","key":"k{key}","value":{counter},"headers":{{"operation":"upsert"}}}},"#).into_bytes()
+            format!(r#"{{"type":"t","key":"k{key}","value":{counter},"headers":{{"operation":"upsert"}}}},"#)
+                .into_bytes()
         }
     } else {
         format!("<{counter}>").into_bytes()
@@ -216,7 +260,9 @@ impl Model {
     /// What the transaction `op` meets in this state: its appends' answers, or the message of the
     /// error that refuses all of it.
     fn decide_txn(&self, op: &Op) -> Result<TxnAnswer, String> {
-        let Op::Txn { expect, plain, plain_data, produced, epoch, seq, .. } = op else { unreachable!("not a transaction") };
+        let Op::Txn { expect, plain, plain_data, produced, epoch, seq, .. } = op else {
+            unreachable!("not a transaction")
+        };
         if let Some((key, want)) = expect {
             if self.meta.get(key) != want.as_ref() {
                 return Err(TxnError::Conflict { key: key.clone().into_bytes() }.to_string());
@@ -230,7 +276,9 @@ impl Model {
         };
         let a = match stream(plain) {
             Err(e) => return refused(0, e),
-            Ok(s) if s.closed => return refused(0, AppendError::Closed { tail: oncelog_protocol::Offset(s.data.len() as u64) }),
+            Ok(s) if s.closed => {
+                return refused(0, AppendError::Closed { tail: oncelog_protocol::Offset(s.data.len() as u64) })
+            }
             Ok(s) => s,
         };
         let plain_end = (a.data.len() + plain_data.len()) as u64;
@@ -242,8 +290,19 @@ impl Model {
         // The producer verdict (see `oncelog_protocol::producer::validate`), then the closure.
         let accept = match b.producers.get(TXN_PRODUCER) {
             None if *seq == 0 => true,
-            None => return refused(1, if b.closed { AppendError::Closed { tail: oncelog_protocol::Offset(tail) } } else { AppendError::ProducerSeqGap { expected: 0, received: *seq } }),
-            Some((current, ..)) if epoch < current => return refused(1, AppendError::ProducerFenced { current_epoch: *current }),
+            None => {
+                return refused(
+                    1,
+                    if b.closed {
+                        AppendError::Closed { tail: oncelog_protocol::Offset(tail) }
+                    } else {
+                        AppendError::ProducerSeqGap { expected: 0, received: *seq }
+                    },
+                )
+            }
+            Some((current, ..)) if epoch < current => {
+                return refused(1, AppendError::ProducerFenced { current_epoch: *current })
+            }
             Some((current, ..)) if epoch > current => {
                 if *seq != 0 {
                     return refused(1, AppendError::ProducerEpochSeq);
@@ -256,7 +315,14 @@ impl Model {
             Some((_, next, ..)) if seq == next => true,
             Some((_, next, ..)) if seq < next => panic!("generated: an older seq of {TXN_PRODUCER} on {produced}"),
             Some((_, next, ..)) => {
-                return refused(1, if b.closed { AppendError::Closed { tail: oncelog_protocol::Offset(tail) } } else { AppendError::ProducerSeqGap { expected: *next, received: *seq } })
+                return refused(
+                    1,
+                    if b.closed {
+                        AppendError::Closed { tail: oncelog_protocol::Offset(tail) }
+                    } else {
+                        AppendError::ProducerSeqGap { expected: *next, received: *seq }
+                    },
+                )
             }
         };
         if accept && b.closed {
@@ -269,7 +335,11 @@ impl Model {
     /// The transaction's answer as [`status`] writes it.
     fn txn_status(&self, op: &Op) -> String {
         match self.decide_txn(op) {
-            Ok(answers) => answers.iter().map(|(written, end)| format!("{}@{end}", if *written { "Appended" } else { "Duplicate" })).collect::<Vec<_>>().join(","),
+            Ok(answers) => answers
+                .iter()
+                .map(|(written, end)| format!("{}@{end}", if *written { "Appended" } else { "Duplicate" }))
+                .collect::<Vec<_>>()
+                .join(","),
             Err(e) => e,
         }
     }
@@ -288,7 +358,8 @@ impl Model {
                 if written {
                     let s = self.streams.get_mut(produced).expect("decided");
                     s.push(produced_data, self.now);
-                    s.producers.insert(TXN_PRODUCER.to_owned(), (*epoch, seq + 1, s.data.len() as u64, produced_data.clone()));
+                    s.producers
+                        .insert(TXN_PRODUCER.to_owned(), (*epoch, seq + 1, s.data.len() as u64, produced_data.clone()));
                 }
             }
             Op::Create { path } => {
@@ -304,7 +375,10 @@ impl Model {
             Op::Fork { path, source, at } => {
                 let data = self.streams[source].data[..*at as usize].to_vec();
                 let earliest = self.streams[source].earliest;
-                self.streams.insert(path.clone(), MStream { data, fork_of: Some(source.clone()), earliest, ..Default::default() });
+                self.streams.insert(
+                    path.clone(),
+                    MStream { data, fork_of: Some(source.clone()), earliest, ..Default::default() },
+                );
             }
             Op::Append { path, data } | Op::Conditional { path, data, holds: true, .. } => {
                 self.streams.get_mut(path).expect("generated valid").push(data, self.now)
@@ -323,7 +397,14 @@ impl Model {
                         oncelog_protocol::Offset(s.bounds.iter().copied().rfind(|b| *b <= x.0).unwrap_or(0))
                     };
                     let tail = oncelog_protocol::Offset(s.data.len() as u64);
-                    if let Some(to) = retention::floor(&s.policy, tail, oncelog_protocol::Offset(s.earliest), self.now, &s.marks, below) {
+                    if let Some(to) = retention::floor(
+                        &s.policy,
+                        tail,
+                        oncelog_protocol::Offset(s.earliest),
+                        self.now,
+                        &s.marks,
+                        below,
+                    ) {
                         s.trim_to(to.0);
                     }
                 }
@@ -334,7 +415,9 @@ impl Model {
                 s.keys.insert(key.clone(), (s.data.len() as u64, data.clone()));
             }
             Op::Delete { path, purge } => {
-                let forked = |m: &Model, src: &str| m.streams.values().chain(m.detached.values()).any(|s| s.fork_of.as_deref() == Some(src));
+                let forked = |m: &Model, src: &str| {
+                    m.streams.values().chain(m.detached.values()).any(|s| s.fork_of.as_deref() == Some(src))
+                };
                 if forked(self, path) {
                     let s = self.streams.get_mut(path).expect("generated valid");
                     s.soft_deleted = true;
@@ -344,7 +427,12 @@ impl Model {
                         let s = self.streams.remove(path).expect("generated valid");
                         let name = format!("#{}", self.next_detached);
                         self.next_detached += 1;
-                        for f in self.streams.values_mut().chain(self.detached.values_mut()).filter(|f| f.fork_of.as_deref() == Some(path)) {
+                        for f in self
+                            .streams
+                            .values_mut()
+                            .chain(self.detached.values_mut())
+                            .filter(|f| f.fork_of.as_deref() == Some(path))
+                        {
                             f.fork_of = Some(name.clone());
                         }
                         self.detached.insert(name, s);
@@ -370,7 +458,16 @@ impl Model {
         let streams = self
             .streams
             .iter()
-            .map(|(p, s)| (p.clone(), if s.soft_deleted { Seen::Gone } else { Seen::Live { data: s.data.clone(), closed: s.closed, earliest: s.earliest } }))
+            .map(|(p, s)| {
+                (
+                    p.clone(),
+                    if s.soft_deleted {
+                        Seen::Gone
+                    } else {
+                        Seen::Live { data: s.data.clone(), closed: s.closed, earliest: s.earliest }
+                    },
+                )
+            })
             .collect();
         Observed { streams, meta: self.meta.clone(), detached: self.detached.len() }
     }
@@ -408,7 +505,8 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
         } else if roll < 20 {
             let path = format!("f{}", rng.random_range(0..4));
             // (Not of the JSON stream: a fork point there must be a message boundary.)
-            let sources: Vec<&String> = existing.iter().filter(|p| !model.streams[*p].soft_deleted && p.as_str() != STATE).collect();
+            let sources: Vec<&String> =
+                existing.iter().filter(|p| !model.streams[*p].soft_deleted && p.as_str() != STATE).collect();
             if model.streams.contains_key(&path) || structural.contains(&path) || sources.is_empty() {
                 continue;
             }
@@ -438,7 +536,12 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
             // (Not the JSON stream: its trims must fall between messages.)
             let candidates: Vec<&String> = existing
                 .iter()
-                .filter(|p| lengths.contains_key(*p) && !structural.contains(p) && !model.streams[*p].soft_deleted && p.as_str() != STATE)
+                .filter(|p| {
+                    lengths.contains_key(*p)
+                        && !structural.contains(p)
+                        && !model.streams[*p].soft_deleted
+                        && p.as_str() != STATE
+                })
                 .collect();
             if candidates.is_empty() {
                 continue;
@@ -456,7 +559,11 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
             let mut folded = oncelog_protocol::state::Materialized::default();
             folded.fold(&st.data[st.earliest as usize..]).expect("generated State Protocol data");
             let at = st.data.len() as u64;
-            Op::Compact { path: STATE.to_owned(), at, pieces: oncelog_protocol::state::snapshot(&folded, oncelog_protocol::Offset(at)) }
+            Op::Compact {
+                path: STATE.to_owned(),
+                at,
+                pieces: oncelog_protocol::state::snapshot(&folded, oncelog_protocol::Offset(at)),
+            }
         } else if roll < 85 {
             let path = writable[rng.random_range(0..writable.len())].clone();
             let producer = ["a", "b"][rng.random_range(0..2)].to_owned();
@@ -474,15 +581,21 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
         } else {
             // A third are purges, which may also take a soft-deleted stream (the owner's case).
             let purge = rng.random_range(0..3) == 0;
-            let candidates: Vec<&String> =
-                existing.iter().filter(|p| (purge || !model.streams[*p].soft_deleted) && !ops.iter().any(|o: &Op| o.touches(p))).collect();
+            let candidates: Vec<&String> = existing
+                .iter()
+                .filter(|p| (purge || !model.streams[*p].soft_deleted) && !ops.iter().any(|o: &Op| o.touches(p)))
+                .collect();
             if candidates.is_empty() {
                 continue;
             }
             Op::Delete { path: candidates[rng.random_range(0..candidates.len())].clone(), purge }
         };
         let mut op = op;
-        if let Op::Append { path, data } | Op::Produce { path, data, .. } | Op::Keyed { path, data, .. } | Op::Conditional { path, data, .. } = &mut op {
+        if let Op::Append { path, data }
+        | Op::Produce { path, data, .. }
+        | Op::Keyed { path, data, .. }
+        | Op::Conditional { path, data, .. } = &mut op
+        {
             *data = data_for(path, *counter);
         }
         match &op {
@@ -505,7 +618,14 @@ fn gen_group(rng: &mut StdRng, model: &mut Model, counter: &mut u64) -> Vec<Op> 
 /// [`TXN_PRODUCER`] (starting in epoch 0, 1 or 2, now and then bumping it). About one in four is refused: a guard that
 /// fails, a plain append to a closed stream (when there is one), a producer seq gap, or a stale
 /// producer epoch (a gap before the producer has bumped its epoch). `None` when there is no room.
-fn gen_txn(rng: &mut StdRng, model: &Model, counter: &mut u64, existing: &[String], writable: &[String], ops: &[Op]) -> Option<Op> {
+fn gen_txn(
+    rng: &mut StdRng,
+    model: &Model,
+    counter: &mut u64,
+    existing: &[String],
+    writable: &[String],
+    ops: &[Op],
+) -> Option<Op> {
     // One transaction per producer path and group: a retry then meets its own seq as the last.
     let taken = |p: &String| ops.iter().any(|o| matches!(o, Op::Txn { produced, .. } if produced == p));
     let producible: Vec<&String> = writable.iter().filter(|p| !taken(p)).collect();
@@ -516,8 +636,10 @@ fn gen_txn(rng: &mut StdRng, model: &Model, counter: &mut u64, existing: &[Strin
     // 0: a guard that fails; 1: a plain append to a closed stream; 2: a seq gap; 3: a stale epoch
     // (a gap while the producer is unknown or in epoch 0); else it commits.
     let refusal = rng.random_range(0..16);
-    let closed: Vec<&String> = existing.iter().filter(|p| model.streams[*p].closed && !model.streams[*p].soft_deleted).collect();
-    let plains: Vec<&String> = if refusal == 1 && !closed.is_empty() { closed } else { writable.iter().filter(|p| **p != produced).collect() };
+    let closed: Vec<&String> =
+        existing.iter().filter(|p| model.streams[*p].closed && !model.streams[*p].soft_deleted).collect();
+    let plains: Vec<&String> =
+        if refusal == 1 && !closed.is_empty() { closed } else { writable.iter().filter(|p| **p != produced).collect() };
     if plains.is_empty() {
         return None;
     }
@@ -543,7 +665,11 @@ fn gen_txn(rng: &mut StdRng, model: &Model, counter: &mut u64, existing: &[Strin
         // ("v0" is never written.)
         Some((key.to_owned(), if model.meta.contains_key(key) { None } else { Some("v0".to_owned()) }))
     } else if rng.random_range(0..2) == 0 {
-        let key = if rng.random_range(0..2) == 0 { meta[0].0.clone() } else { META_KEYS[rng.random_range(0..META_KEYS.len())].to_owned() };
+        let key = if rng.random_range(0..2) == 0 {
+            meta[0].0.clone()
+        } else {
+            META_KEYS[rng.random_range(0..META_KEYS.len())].to_owned()
+        };
         let value = model.meta.get(&key).cloned();
         Some((key, value))
     } else {
@@ -569,20 +695,33 @@ enum Pending {
 
 /// The request of an append-like operation.
 fn append_request(op: &Op, now_ms: i64) -> AppendRequest {
-    let (Op::Append { path, data } | Op::Produce { path, data, .. } | Op::Keyed { path, data, .. } | Op::Conditional { path, data, .. }) = op else {
+    let (Op::Append { path, data }
+    | Op::Produce { path, data, .. }
+    | Op::Keyed { path, data, .. }
+    | Op::Conditional { path, data, .. }) = op
+    else {
         unreachable!("not an append: {op:?}")
     };
     // Generated data is ASCII (`<n>`).
     let text = String::from_utf8_lossy(data);
     let req = match op {
-        Op::Produce { producer, epoch, seq, close, .. } => AppendRequest { close: *close, ..produce(path, &text, producer, *epoch, *seq) },
+        Op::Produce { producer, epoch, seq, close, .. } => {
+            AppendRequest { close: *close, ..produce(path, &text, producer, *epoch, *seq) }
+        }
         Op::Keyed { key, .. } => keyed(path, &text, key),
-        Op::Conditional { at, .. } => AppendRequest { if_match: Some(vec![oncelog_protocol::Offset(*at)]), ..append_req(path, &text) },
+        Op::Conditional { at, .. } => {
+            AppendRequest { if_match: Some(vec![oncelog_protocol::Offset(*at)]), ..append_req(path, &text) }
+        }
         _ => append_req(path, &text),
     };
     let req = if data.first() == Some(&b'{') {
         // Already in stored JSON form (see `data_for`).
-        AppendRequest { json_framed: true, content_type: Some("application/json".into()), data: bytes::Bytes::from(data.clone()), ..req }
+        AppendRequest {
+            json_framed: true,
+            content_type: Some("application/json".into()),
+            data: bytes::Bytes::from(data.clone()),
+            ..req
+        }
     } else {
         req
     };
@@ -616,7 +755,14 @@ fn command(op: &Op, now_ms: i64) -> (Command, Pending) {
                 appends: vec![
                     append_request(&Op::Append { path: plain.clone(), data: plain_data.clone() }, now_ms),
                     append_request(
-                        &Op::Produce { path: produced.clone(), producer: TXN_PRODUCER.to_owned(), epoch: *epoch, seq: *seq, data: produced_data.clone(), close: false },
+                        &Op::Produce {
+                            path: produced.clone(),
+                            producer: TXN_PRODUCER.to_owned(),
+                            epoch: *epoch,
+                            seq: *seq,
+                            data: produced_data.clone(),
+                            close: false,
+                        },
                         now_ms,
                     ),
                 ],
@@ -627,11 +773,22 @@ fn command(op: &Op, now_ms: i64) -> (Command, Pending) {
         }
         Op::Trim { path, to } => {
             let (tx, rx) = oneshot::channel();
-            (Command::Trim { path: path.clone(), to: oncelog_protocol::Offset(*to), now_ms: 0, reply: tx }, Pending::Trim(rx))
+            (
+                Command::Trim { path: path.clone(), to: oncelog_protocol::Offset(*to), now_ms: 0, reply: tx },
+                Pending::Trim(rx),
+            )
         }
         Op::Delete { path, purge } => {
             let (tx, rx) = oneshot::channel();
-            (Command::Delete { path: path.clone(), req: DeleteRequest { if_tail: None, purge: *purge }, now_ms: 0, reply: tx }, Pending::Delete(rx))
+            (
+                Command::Delete {
+                    path: path.clone(),
+                    req: DeleteRequest { if_tail: None, purge: *purge },
+                    now_ms: 0,
+                    reply: tx,
+                },
+                Pending::Delete(rx),
+            )
         }
         Op::Retain => {
             let (tx, rx) = oneshot::channel();
@@ -672,14 +829,25 @@ fn run_group(store: &mut Store, ops: &[Op], now_ms: i64) -> Result<Vec<Pending>,
 /// message...).
 fn status(p: Pending) -> String {
     let r = match p {
-        Pending::Create(mut rx) => rx.try_recv().map(|r| r.map(|o| format!("{o:?}").split('(').next().unwrap_or("").to_owned()).map_err(|e| e.to_string())),
-        Pending::Append(mut rx) => rx.try_recv().map(|r| r.map(|o| format!("{:?}@{}", o.status, o.next_offset.0)).map_err(|e| e.to_string())),
+        Pending::Create(mut rx) => rx
+            .try_recv()
+            .map(|r| r.map(|o| format!("{o:?}").split('(').next().unwrap_or("").to_owned()).map_err(|e| e.to_string())),
+        Pending::Append(mut rx) => {
+            rx.try_recv().map(|r| r.map(|o| format!("{:?}@{}", o.status, o.next_offset.0)).map_err(|e| e.to_string()))
+        }
         Pending::Delete(mut rx) => rx.try_recv().map(|r| r.map(|()| "Deleted".to_owned()).map_err(|e| e.to_string())),
-        Pending::Trim(mut rx) => rx.try_recv().map(|r| r.map(|t| format!("Trimmed@{}", t.earliest.0)).map_err(|e| e.to_string())),
+        Pending::Trim(mut rx) => {
+            rx.try_recv().map(|r| r.map(|t| format!("Trimmed@{}", t.earliest.0)).map_err(|e| e.to_string()))
+        }
         Pending::Retain(mut rx) => rx.try_recv().map(|r| r.map(|_| "Retained".to_owned()).map_err(|e| e.to_string())),
-        Pending::Compact(mut rx) => rx.try_recv().map(|r| r.map(|t| format!("Compacted@{}", t.earliest.0)).map_err(|e| e.to_string())),
+        Pending::Compact(mut rx) => {
+            rx.try_recv().map(|r| r.map(|t| format!("Compacted@{}", t.earliest.0)).map_err(|e| e.to_string()))
+        }
         Pending::Txn(mut rx) => rx.try_recv().map(|r| {
-            r.map(|o| o.appends.iter().map(|a| format!("{:?}@{}", a.status, a.next_offset.0)).collect::<Vec<_>>().join(",")).map_err(|e| e.to_string())
+            r.map(|o| {
+                o.appends.iter().map(|a| format!("{:?}@{}", a.status, a.next_offset.0)).collect::<Vec<_>>().join(",")
+            })
+            .map_err(|e| e.to_string())
         }),
     };
     match r {
@@ -697,7 +865,10 @@ fn observe(store: &mut Store) -> Result<Observed, String> {
     let failure = store.commit(&mut g);
     store.finish(g, failure);
     let scanned = rx.try_recv().map_err(|_| "meta_scan: no answer")?.map_err(|e| format!("meta_scan: {e}"))?;
-    let meta = scanned.into_iter().map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), String::from_utf8_lossy(&v).into_owned())).collect();
+    let meta = scanned
+        .into_iter()
+        .map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), String::from_utf8_lossy(&v).into_owned()))
+        .collect();
     let view = store.view();
     let streams: Vec<(Arc<str>, Arc<store::Shared>)> =
         view.streams.read().map_err(|_| "lock")?.iter().map(|(p, s)| (p.clone(), s.clone())).collect();
@@ -708,7 +879,9 @@ fn observe(store: &mut Store) -> Result<Observed, String> {
             out.insert(path.to_string(), Seen::Gone);
             continue;
         }
-        let ((data, _), next) = crate::store::read::plan(&s, 0, p.tail.0, usize::MAX, false).and_then(|plan| plan.bytes(&view.segments)).map_err(|e| format!("read {path}: {e}"))?;
+        let ((data, _), next) = crate::store::read::plan(&s, 0, p.tail.0, usize::MAX, false)
+            .and_then(|plan| plan.bytes(&view.segments))
+            .map_err(|e| format!("read {path}: {e}"))?;
         if next != p.tail {
             return Err(format!("{path}: read ended at {} below the tail {}", next.0, p.tail.0));
         }
@@ -728,7 +901,14 @@ fn op_key(op: &Op) -> (String, String, u64, u64) {
 }
 
 fn config(mutant: Mutant) -> StoreConfig {
-    StoreConfig { durability: Durability::Fsync, segment_bytes: 1024, hot_bytes: 256, mutant, failpoints: Default::default(), retention: Default::default() }
+    StoreConfig {
+        durability: Durability::Fsync,
+        segment_bytes: 1024,
+        hot_bytes: 256,
+        mutant,
+        failpoints: Default::default(),
+        retention: Default::default(),
+    }
 }
 
 /// One schedule: `groups` groups of random operations with power cuts; `Err` describes the
@@ -736,7 +916,11 @@ fn config(mutant: Mutant) -> StoreConfig {
 fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(seed);
     let fs = SimFs::new();
-    let open = |fs: &SimFs| store::open(Arc::new(fs.clone()), config(mutant), 0).map(|(s, _)| s).map_err(|e| format!("recovery failed: {e}"));
+    let open = |fs: &SimFs| {
+        store::open(Arc::new(fs.clone()), config(mutant), 0)
+            .map(|(s, _)| s)
+            .map_err(|e| format!("recovery failed: {e}"))
+    };
     let mut store = open(&fs)?;
     let mut model = Model::default();
     let mut counter = 0;
@@ -760,10 +944,15 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                     let want = match op {
                         Op::Txn { .. } => txn_want.unwrap_or_default(),
                         Op::Create { .. } | Op::Fork { .. } => "Created".to_owned(),
-                        Op::Append { path, .. } | Op::Produce { path, .. } | Op::Keyed { path, .. } | Op::Conditional { path, holds: true, .. } => {
+                        Op::Append { path, .. }
+                        | Op::Produce { path, .. }
+                        | Op::Keyed { path, .. }
+                        | Op::Conditional { path, holds: true, .. } => {
                             format!("Appended@{}", check.streams[path].data.len())
                         }
-                        Op::Conditional { holds: false, .. } => AppendError::PreconditionFailed { tail: Default::default(), closed: false }.to_string(),
+                        Op::Conditional { holds: false, .. } => {
+                            AppendError::PreconditionFailed { tail: Default::default(), closed: false }.to_string()
+                        }
                         Op::Trim { path, .. } => format!("Trimmed@{}", check.streams[path].earliest),
                         Op::Delete { .. } => "Deleted".into(),
                         Op::Retain => "Retained".into(),
@@ -829,7 +1018,11 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
             if let Op::Produce { path, producer, epoch, .. } = op {
                 // A later epoch of the same producer in the group fences this one's retry.
                 let bumped = ops[i..].iter().any(|o| matches!(o, Op::Produce { path: p, producer: q, epoch: e, .. } if p == path && q == producer && e > epoch));
-                let answer = if bumped { "producer epoch is stale".to_owned() } else { format!("Duplicate@{}", replay.streams[path].data.len()) };
+                let answer = if bumped {
+                    "producer epoch is stale".to_owned()
+                } else {
+                    format!("Duplicate@{}", replay.streams[path].data.len())
+                };
                 ends.insert(op_key(op), answer);
             }
             if let Op::Keyed { path, .. } = op {
@@ -840,11 +1033,16 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
         // (Neither are conditional ones: a retry after a lost answer meets a moved tail.)
         // Nor is the retention sweep a request anyone retries: the next sweep is its own.
         // A compaction is made again from a new fold, never retried as it was.
-        let retry: Vec<Op> = ops.iter().filter(|o| !matches!(o, Op::Append { .. } | Op::Conditional { .. } | Op::Retain | Op::Compact { .. })).cloned().collect();
+        let retry: Vec<Op> = ops
+            .iter()
+            .filter(|o| !matches!(o, Op::Append { .. } | Op::Conditional { .. } | Op::Retain | Op::Compact { .. }))
+            .cloned()
+            .collect();
         let mut expect = if acked { model.clone() } else { before.clone() };
         let mut cur = if acked { model.clone() } else { before.clone() };
         for op in &retry {
-            let answers = run_group(&mut store, std::slice::from_ref(op), t).map_err(|e| format!("step {step}: retry failed: {e}"))?;
+            let answers = run_group(&mut store, std::slice::from_ref(op), t)
+                .map_err(|e| format!("step {step}: retry failed: {e}"))?;
             let got = status(answers.into_iter().next().ok_or("no answer")?);
             let ok = match op {
                 Op::Produce { .. } | Op::Keyed { .. } if acked => Some(&got) == ends.get(&op_key(op)),
@@ -868,10 +1066,13 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                         (false, _, _) => got == "Created",
                         (true, _, _) if source_purged => got == "fork source not found",
                         (true, true, _) => got == "fork source has been deleted",
-                        (true, false, _) if source_trimmed => got == "the fork offset was trimmed from the source; it now starts at Stream-Earliest-Offset",
+                        (true, false, _) if source_trimmed => got
+                            == "the fork offset was trimmed from the source; it now starts at Stream-Earliest-Offset",
                         (true, false, false) => got == "Existing",
                         // The refusal names what differs: the closure.
-                        (true, false, true) => got == "stream exists with a different configuration: it is closed, the request says open",
+                        (true, false, true) => {
+                            got == "stream exists with a different configuration: it is closed, the request says open"
+                        }
                     }
                 }
                 Op::Trim { path, .. } => {
@@ -885,7 +1086,11 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                     if !acked {
                         cur.apply(op);
                     }
-                    if acked { got.contains("not found") || got.contains("deleted") } else { got == "Deleted" }
+                    if acked {
+                        got.contains("not found") || got.contains("deleted")
+                    } else {
+                        got == "Deleted"
+                    }
                 }
                 Op::Txn { .. } => {
                     // Decided afresh against what is there now: after its group survived, a retry
@@ -901,7 +1106,10 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                 Op::Append { .. } | Op::Conditional { .. } | Op::Retain | Op::Compact { .. } => true,
             };
             if !ok {
-                return Err(format!("step {step}: retry of {op:?} after recovery ({}) answered {got}", if acked { "its group survived" } else { "its group was lost" }));
+                return Err(format!(
+                    "step {step}: retry of {op:?} after recovery ({}) answered {got}",
+                    if acked { "its group survived" } else { "its group was lost" }
+                ));
             }
         }
         if !acked {
@@ -911,7 +1119,10 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
         }
         let seen = observe(&mut store)?;
         if seen != expect.seen() {
-            return Err(format!("step {step}: after retries the store differs from the model\n  seen: {seen:?}\n  want: {:?}", expect.seen()));
+            return Err(format!(
+                "step {step}: after retries the store differs from the model\n  seen: {seen:?}\n  want: {:?}",
+                expect.seen()
+            ));
         }
         // The last acknowledged append of every producer is still known, with its offset.
         for (path, s) in &expect.streams {
@@ -919,31 +1130,54 @@ fn schedule(seed: u64, groups: usize, mutant: Mutant) -> Result<(), String> {
                 continue;
             }
             for (producer, (epoch, next, end, data)) in &s.producers {
-                let op = Op::Produce { path: path.clone(), producer: producer.clone(), epoch: *epoch, seq: next - 1, data: data.clone(), close: false };
-                let answers = run_group(&mut store, std::slice::from_ref(&op), t).map_err(|e| format!("step {step}: retry failed: {e}"))?;
+                let op = Op::Produce {
+                    path: path.clone(),
+                    producer: producer.clone(),
+                    epoch: *epoch,
+                    seq: next - 1,
+                    data: data.clone(),
+                    close: false,
+                };
+                let answers = run_group(&mut store, std::slice::from_ref(&op), t)
+                    .map_err(|e| format!("step {step}: retry failed: {e}"))?;
                 let got = status(answers.into_iter().next().ok_or("no answer")?);
                 if got != format!("Duplicate@{end}") {
                     return Err(format!("step {step}: {producer} on {path}: retry of its last append answered {got}, expected Duplicate@{end}"));
                 }
                 // Its body's digest survived too: the same seq with other bytes is refused (on an
                 // open stream; on a closed one every duplicate is a duplicate).
-                let changed = Op::Produce { path: path.clone(), producer: producer.clone(), epoch: *epoch, seq: next - 1, data: [data.as_slice(), b"!"].concat(), close: false };
-                let answers = run_group(&mut store, std::slice::from_ref(&changed), t).map_err(|e| format!("step {step}: retry failed: {e}"))?;
+                let changed = Op::Produce {
+                    path: path.clone(),
+                    producer: producer.clone(),
+                    epoch: *epoch,
+                    seq: next - 1,
+                    data: [data.as_slice(), b"!"].concat(),
+                    close: false,
+                };
+                let answers = run_group(&mut store, std::slice::from_ref(&changed), t)
+                    .map_err(|e| format!("step {step}: retry failed: {e}"))?;
                 let got = status(answers.into_iter().next().ok_or("no answer")?);
-                let expected = if s.closed { got == format!("Duplicate@{end}") } else { got.contains("different body") };
+                let expected =
+                    if s.closed { got == format!("Duplicate@{end}") } else { got.contains("different body") };
                 if !expected {
-                    return Err(format!("step {step}: {producer} on {path}: its last seq with another body answered {got}"));
+                    return Err(format!(
+                        "step {step}: {producer} on {path}: its last seq with another body answered {got}"
+                    ));
                 }
             }
             // Every idempotency key is still known, with its append's offset and body.
             for (key, (end, data)) in &s.keys {
                 let repeat = Op::Keyed { path: path.clone(), key: key.clone(), data: data.clone() };
-                let changed = Op::Keyed { path: path.clone(), key: key.clone(), data: [data.as_slice(), b"!"].concat() };
+                let changed =
+                    Op::Keyed { path: path.clone(), key: key.clone(), data: [data.as_slice(), b"!"].concat() };
                 for (op, want) in [(repeat, format!("Duplicate@{end}")), (changed, "different body".to_owned())] {
-                    let answers = run_group(&mut store, std::slice::from_ref(&op), t).map_err(|e| format!("step {step}: retry failed: {e}"))?;
+                    let answers = run_group(&mut store, std::slice::from_ref(&op), t)
+                        .map_err(|e| format!("step {step}: retry failed: {e}"))?;
                     let got = status(answers.into_iter().next().ok_or("no answer")?);
                     if !got.contains(&want) {
-                        return Err(format!("step {step}: key {key} on {path}: {op:?} answered {got}, expected {want}"));
+                        return Err(format!(
+                            "step {step}: key {key} on {path}: {op:?} answered {got}, expected {want}"
+                        ));
                     }
                 }
             }
@@ -965,7 +1199,9 @@ fn thousands_of_schedules_keep_every_acknowledged_write_exactly_once() {
 
 #[test]
 fn the_simulation_catches_broken_guarantees() {
-    for mutant in [Mutant::SkipSync, Mutant::SkipDirSync, Mutant::SplitProducer, Mutant::CompactInTwoFrames, Mutant::SplitTxn] {
+    for mutant in
+        [Mutant::SkipSync, Mutant::SkipDirSync, Mutant::SplitProducer, Mutant::CompactInTwoFrames, Mutant::SplitTxn]
+    {
         let caught = (0..2000).find_map(|seed| schedule(seed, 40, mutant).err().map(|e| (seed, e)));
         let (seed, why) = caught.unwrap_or_else(|| panic!("{mutant:?} went unnoticed in 2000 schedules"));
         eprintln!("{mutant:?} caught by seed {seed}: {}", why.lines().next().unwrap_or(""));

@@ -196,7 +196,8 @@ impl File for SimFile {
         self.with(|d, ino| {
             let i = inode(d, ino)?;
             let start = usize::try_from(pos).map_err(|_| io::Error::from(io::ErrorKind::UnexpectedEof))?;
-            let src = i.data.get(start..start + buf.len()).ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
+            let src =
+                i.data.get(start..start + buf.len()).ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
             buf.copy_from_slice(src);
             Ok(())
         })
@@ -301,7 +302,8 @@ impl Fs for SimFs {
     fn sync_dir(&self, dir: &str) -> io::Result<()> {
         let mut d = self.disk();
         d.op(None)?;
-        let current: Vec<(String, u64)> = d.names.iter().filter(|(n, _)| parent(n) == dir).map(|(n, i)| (n.clone(), *i)).collect();
+        let current: Vec<(String, u64)> =
+            d.names.iter().filter(|(n, _)| parent(n) == dir).map(|(n, i)| (n.clone(), *i)).collect();
         d.durable_names.retain(|n, _| parent(n) != dir);
         d.durable_names.extend(current);
         Ok(())

@@ -51,7 +51,9 @@ fn backups_taken_under_load_open_as_a_prefix_holding_every_earlier_acknowledgeme
                         .iter()
                         .map(|&seq| {
                             let engine = engine.clone();
-                            tokio::spawn(async move { engine.append(produce(STREAMS[k], &record(seq), &format!("p{k}"), 0, seq as u64)).await })
+                            tokio::spawn(async move {
+                                engine.append(produce(STREAMS[k], &record(seq), &format!("p{k}"), 0, seq as u64)).await
+                            })
                         })
                         .collect();
                     for send in sends {
@@ -86,7 +88,11 @@ fn backups_taken_under_load_open_as_a_prefix_holding_every_earlier_acknowledgeme
             for (k, s) in STREAMS.iter().enumerate() {
                 let got = read_all(&copy, s, 1 << 20).await;
                 assert!(full[k].starts_with(&got), "{}: stream {s} is not a prefix of the original", dst.display());
-                assert!(got.len() >= before[k] * record(0).len(), "{}: stream {s} lost acknowledged appends", dst.display());
+                assert!(
+                    got.len() >= before[k] * record(0).len(),
+                    "{}: stream {s} lost acknowledged appends",
+                    dst.display()
+                );
                 // The copy's producer state matches its data: a retry of the last append it holds
                 // is a duplicate at its end, and the next sequence number is new data.
                 let held = got.len() / record(0).len();
@@ -94,7 +100,12 @@ fn backups_taken_under_load_open_as_a_prefix_holding_every_earlier_acknowledgeme
                 let p = format!("p{k}");
                 if held > 0 {
                     let dup = copy.append(produce(s, &record(held - 1), &p, 0, held as u64 - 1)).await.expect("retry");
-                    assert_eq!((dup.status, dup.next_offset.0), (AppendStatus::Duplicate, got.len() as u64), "{}: {s}", dst.display());
+                    assert_eq!(
+                        (dup.status, dup.next_offset.0),
+                        (AppendStatus::Duplicate, got.len() as u64),
+                        "{}: {s}",
+                        dst.display()
+                    );
                 }
                 let next = copy.append(produce(s, &record(held), &p, 0, held as u64)).await.expect("next");
                 assert_eq!(next.status, AppendStatus::Appended, "{}: {s}", dst.display());

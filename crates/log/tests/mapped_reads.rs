@@ -73,7 +73,11 @@ fn every_shape_of_read_returns_the_stored_bytes() {
                     let chunk = e.read(req).await.expect("read");
                     let got = chunk.data.len() as u64;
                     assert!(got > 0, "a read below the tail returns bytes (from {from}, max {max})");
-                    assert_eq!(chunk.next, Offset(from + got), "next offset (from {from}, max {max}, bounded {bounded})");
+                    assert_eq!(
+                        chunk.next,
+                        Offset(from + got),
+                        "next offset (from {from}, max {max}, bounded {bounded})"
+                    );
                     assert!(
                         chunk.data[..] == expected[from as usize..(from + got) as usize],
                         "bytes from {from}, {got} of them (max {max}, bounded {bounded})"

@@ -91,6 +91,7 @@ fn a_stream_with_one_append_holds_at_most_512_bytes() {
 
 #[test]
 fn size_classes_are_mimallocs() {
-    let classes: Vec<usize> = [1, 8, 9, 64, 65, 80, 81, 128, 129, 160, 161, 248, 264, 300, 600].map(size_class).to_vec();
+    let classes: Vec<usize> =
+        [1, 8, 9, 64, 65, 80, 81, 128, 129, 160, 161, 248, 264, 300, 600].map(size_class).to_vec();
     assert_eq!(classes, [8, 8, 16, 64, 80, 80, 96, 128, 160, 160, 192, 256, 320, 320, 640]);
 }

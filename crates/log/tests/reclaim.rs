@@ -27,7 +27,11 @@ async fn fill(e: &LogEngine, path: &str, n: usize) -> Offset {
     let mut tail = Offset::ZERO;
     for i in 0..n {
         let data = format!("{:0width$}", i, width = PIECE);
-        tail = e.append(AppendRequest { content_type: Some("text/plain".into()), ..append_req(path, &data) }).await.expect("append").next_offset;
+        tail = e
+            .append(AppendRequest { content_type: Some("text/plain".into()), ..append_req(path, &data) })
+            .await
+            .expect("append")
+            .next_offset;
     }
     tail
 }
@@ -63,7 +67,10 @@ fn a_trim_gives_space_back_but_not_what_a_fork_reads() {
         e.shutdown().await.expect("shutdown");
         drop(e);
         let e = LogEngine::open(opts(dir.path())).expect("reopen");
-        assert_eq!(e.read(ReadRequest::new("f", Offset::ZERO, 1 << 20, 0)).await.expect("the fork still reads its range").data, early);
+        assert_eq!(
+            e.read(ReadRequest::new("f", Offset::ZERO, 1 << 20, 0)).await.expect("the fork still reads its range").data,
+            early
+        );
         assert!(e.read(ReadRequest::new("src", Offset::ZERO, 1, 0)).await.is_err(), "the source itself is trimmed");
     });
 }
@@ -94,7 +101,11 @@ fn a_gigabyte_trimmed_to_its_last_10_mb_leaves_under_100_mb_while_appends_contin
         let chunk = bytes::Bytes::from(vec![b'x'; 1 << 20]);
         let mut tail = Offset::ZERO;
         for _ in 0..1024 {
-            let req = AppendRequest { content_type: Some("application/octet-stream".into()), data: chunk.clone(), ..append_req("big", "") };
+            let req = AppendRequest {
+                content_type: Some("application/octet-stream".into()),
+                data: chunk.clone(),
+                ..append_req("big", "")
+            };
             tail = e.append(req).await.expect("append").next_offset;
         }
         let written = dir_bytes(dir.path());

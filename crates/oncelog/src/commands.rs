@@ -8,8 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use oncelog_client::{
-    AppendOptions, CreateOptions, FileEpochStore, Limit, LiveMode, OnTrimmed, ReadFrom, ReadOptions, RetryPolicy, StreamHandle,
-    StreamOffset,
+    AppendOptions, CreateOptions, FileEpochStore, Limit, LiveMode, OnTrimmed, ReadFrom, ReadOptions, RetryPolicy,
+    StreamHandle, StreamOffset,
 };
 use serde_json::value::RawValue;
 
@@ -51,10 +51,16 @@ pub fn exit(result: Result<(), CliError>) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         // A reader piped into `head` has nothing left to do.
-        Err(CliError::Io(e) | CliError::Print(PrintError::Io(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::ExitCode::SUCCESS,
+        Err(CliError::Io(e) | CliError::Print(PrintError::Io(e))) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            std::process::ExitCode::SUCCESS
+        }
         // A conditional append lost the race (`--if-match`'s 412 or `--expected-offset`'s 409):
         // scripts retry on this status. The message names the current tail.
-        Err(e @ CliError::Client(oncelog_client::Error::PreconditionFailed { .. } | oncelog_client::Error::ExpectedOffsetConflict { .. })) => {
+        Err(
+            e @ CliError::Client(
+                oncelog_client::Error::PreconditionFailed { .. } | oncelog_client::Error::ExpectedOffsetConflict { .. },
+            ),
+        ) => {
             eprintln!("oncelog: {e}");
             std::process::ExitCode::from(3)
         }
@@ -421,12 +427,17 @@ async fn append_once(s: &oncelog_client::StreamHandle, once: Once<'_>, close: bo
 pub async fn append(a: AppendArgs) -> Result<(), CliError> {
     let s = a.conn.stream(&a.stream)?;
     if a.if_match.is_some() || a.expected_offset.is_some() || a.idempotency_key.is_some() {
-        let once = Once { if_match: a.if_match.as_deref(), expected_offset: a.expected_offset.as_deref(), key: a.idempotency_key.as_deref() };
+        let once = Once {
+            if_match: a.if_match.as_deref(),
+            expected_offset: a.expected_offset.as_deref(),
+            key: a.idempotency_key.as_deref(),
+        };
         return append_once(&s, once, a.close).await;
     }
     let content_type = s.content_type().await?;
     let id = a.producer_id.unwrap_or_else(|| {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         format!("oncelog-cli-{}-{nanos}", std::process::id())
     });
     let mut b = s
@@ -550,7 +561,8 @@ pub async fn close(a: CloseArgs) -> Result<(), CliError> {
     let offset = match a.data {
         None => s.close().await?,
         Some(data) => {
-            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+            let nanos =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
             let producer = s.producer(format!("oncelog-close-{}-{nanos}", std::process::id())).start().await?;
             producer.close_stream(Some(Bytes::from(data))).await?
         }
@@ -577,7 +589,14 @@ pub async fn ls(a: LsArgs) -> Result<(), CliError> {
         let l = l?;
         let mut out = stdout.lock();
         if a.long {
-            writeln!(out, "{}\t{}\t{}\t{}", l.path, l.content_type, l.next_offset, if l.closed { "closed" } else { "open" })?;
+            writeln!(
+                out,
+                "{}\t{}\t{}\t{}",
+                l.path,
+                l.content_type,
+                l.next_offset,
+                if l.closed { "closed" } else { "open" }
+            )?;
         } else {
             writeln!(out, "{}", l.path)?;
         }

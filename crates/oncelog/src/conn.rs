@@ -63,4 +63,3 @@ impl Conn {
         Ok(self.client(None)?.stream(name))
     }
 }
-

@@ -144,7 +144,11 @@ fn main() -> std::process::ExitCode {
     // (tests/stalled_readers.rs). Reads mostly come from the page cache and are CPU-bound, so a
     // few per core keep the disk busy and the memory flat.
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().max_blocking_threads((8 * cores).max(16)).build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .max_blocking_threads((8 * cores).max(16))
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the async runtime");
@@ -202,7 +206,9 @@ fn main() -> std::process::ExitCode {
         Command::Read(args) => return commands::exit(runtime.block_on(commands::read(args))),
         Command::Tail(args) => return commands::exit(runtime.block_on(commands::tail(args))),
         #[cfg(unix)]
-        Command::Ship(args) => return commands::exit(runtime.block_on(ship::ship(args)).map_err(commands::CliError::from)),
+        Command::Ship(args) => {
+            return commands::exit(runtime.block_on(ship::ship(args)).map_err(commands::CliError::from))
+        }
         Command::Head(args) => return commands::exit(runtime.block_on(commands::head(args))),
         Command::Close(args) => return commands::exit(runtime.block_on(commands::close(args))),
         Command::Delete(args) => return commands::exit(runtime.block_on(commands::delete(args))),

@@ -136,7 +136,14 @@ mod tests {
     use bytes::Bytes;
 
     fn chunk(data: &'static [u8], next: u64, json: bool) -> Chunk {
-        Chunk { data: Bytes::from_static(data), next_offset: Offset(next).into(), up_to_date: true, closed: false, cursor: None, json }
+        Chunk {
+            data: Bytes::from_static(data),
+            next_offset: Offset(next).into(),
+            up_to_date: true,
+            closed: false,
+            cursor: None,
+            json,
+        }
     }
 
     fn print(offsets: bool, chunks: &[Chunk]) -> String {
@@ -168,7 +175,10 @@ mod tests {
 
     #[test]
     fn offsets_that_do_not_add_up_are_refused() {
-        assert!(matches!(Printer::new(true).chunk(&mut Vec::new(), &chunk(b"[1,2]", 3, true)), Err(PrintError::BadRead(_))));
+        assert!(matches!(
+            Printer::new(true).chunk(&mut Vec::new(), &chunk(b"[1,2]", 3, true)),
+            Err(PrintError::BadRead(_))
+        ));
         let foreign = Chunk { next_offset: StreamOffset::new("abc"), ..chunk(b"x", 1, false) };
         assert!(matches!(Printer::new(true).chunk(&mut Vec::new(), &foreign), Err(PrintError::BadRead(_))));
     }

@@ -460,7 +460,9 @@ fn is_postgres_url(s: &str) -> bool {
 fn redacted(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
     match rest.split_once('@') {
-        Some((user, host)) if user.contains(':') => format!("{scheme}://{}:***@{host}", user.split(':').next().unwrap_or("")),
+        Some((user, host)) if user.contains(':') => {
+            format!("{scheme}://{}:***@{host}", user.split(':').next().unwrap_or(""))
+        }
         _ => url.to_owned(),
     }
 }
@@ -488,7 +490,10 @@ async fn open_postgres(args: &ServeArgs, url: &str) -> Result<PgEngine, Box<dyn 
     Ok(engine)
 }
 
-async fn run<E: oncelog_storage::Engine>(state: AppState<E>, addr: SocketAddr) -> Result<(), Box<dyn std::error::Error>> {
+async fn run<E: oncelog_storage::Engine>(
+    state: AppState<E>,
+    addr: SocketAddr,
+) -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     // Before the address line goes out: a SIGTERM sent as soon as it is read must find the

@@ -215,7 +215,10 @@ fn default_worker(host: &str, subscription: &str, dir: &std::path::Path) -> (Str
     for slot in 1..=SLOTS {
         let name = if slot == 1 { base.clone() } else { format!("{base}-{slot}") };
         // File names keep to characters that are safe anywhere.
-        let file: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' }).collect();
+        let file: String = name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') { c } else { '_' })
+            .collect();
         let path = dir.join(format!("oncelog-sink-{file}.lock"));
         let opened = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path);
         let f = match opened {
@@ -240,7 +243,8 @@ fn default_worker(host: &str, subscription: &str, dir: &std::path::Path) -> (Str
 /// Installs a Prometheus recorder and serves it at `addr` (`/metrics`).
 async fn serve_metrics(addr: SocketAddr) -> Result<(), SinkCliError> {
     let handle = recorder().ok_or(SinkCliError::Recorder)?;
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| SinkCliError::Metrics { addr, source })?;
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|source| SinkCliError::Metrics { addr, source })?;
     let bound = listener.local_addr().map_err(|source| SinkCliError::Metrics { addr, source })?;
     let app = axum::Router::new().route("/metrics", axum::routing::get(move || std::future::ready(handle.render())));
     tokio::spawn(async move {
@@ -255,7 +259,10 @@ async fn serve_metrics(addr: SocketAddr) -> Result<(), SinkCliError> {
 /// As the server's recorder: latency histograms with the same buckets.
 fn recorder() -> Option<PrometheusHandle> {
     let buckets = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
-    let recorder = PrometheusBuilder::new().set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &buckets).ok()?.build_recorder();
+    let recorder = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &buckets)
+        .ok()?
+        .build_recorder();
     let handle = recorder.handle();
     metrics::set_global_recorder(recorder).ok()?;
     oncelog_sink::metrics::describe();

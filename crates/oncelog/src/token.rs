@@ -91,7 +91,8 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (n, unit) = text.split_at(split);
-    let n: u64 = n.parse().map_err(|_| format!("{text:?}: expected a number of bytes, optionally followed by K, M, G or T"))?;
+    let n: u64 =
+        n.parse().map_err(|_| format!("{text:?}: expected a number of bytes, optionally followed by K, M, G or T"))?;
     let shift = match unit.trim().to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
         "" => 0,
         "K" => 10,

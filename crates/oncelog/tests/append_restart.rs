@@ -79,7 +79,8 @@ async fn gate_proxy(upstream: SocketAddr, gate: Arc<Gate>) -> SocketAddr {
                     if n == 0 {
                         break;
                     }
-                    let is_post = [&b"POST "[..], b"HEAD ", b"GET ", b"PUT ", b"DELETE "].iter().any(|m| buf[..n].starts_with(m));
+                    let is_post =
+                        [&b"POST "[..], b"HEAD ", b"GET ", b"PUT ", b"DELETE "].iter().any(|m| buf[..n].starts_with(m));
                     if g.hold.load(Ordering::SeqCst) {
                         if is_post {
                             g.held.fetch_add(1, Ordering::SeqCst);
@@ -111,7 +112,10 @@ async fn gate_proxy(upstream: SocketAddr, gate: Arc<Gate>) -> SocketAddr {
                         break;
                     }
                     if buf[..n].starts_with(b"HTTP/1.1 ") {
-                        let status = std::str::from_utf8(&buf[9..12.min(n)]).ok().and_then(|s| s.parse::<u16>().ok()).unwrap_or(0);
+                        let status = std::str::from_utf8(&buf[9..12.min(n)])
+                            .ok()
+                            .and_then(|s| s.parse::<u16>().ok())
+                            .unwrap_or(0);
                         if g.after_release.load(Ordering::SeqCst) {
                             g.late.lock().expect("lock").push(status);
                         } else {
@@ -159,10 +163,21 @@ fn a_killed_producer_restarts_with_a_bumped_epoch_and_its_zombie_is_fenced() {
     let epoch_file = h.dir.path().join("writer.epoch");
     let args = |url: String| {
         let mut c = bin();
-        c.args(["append", STREAM, "--producer-id", "writer", "--linger-ms", "1", "--batch-items", "20", "--max-in-flight", "5"])
-            .arg("--epoch-file")
-            .arg(&epoch_file)
-            .args(["--url", &url]);
+        c.args([
+            "append",
+            STREAM,
+            "--producer-id",
+            "writer",
+            "--linger-ms",
+            "1",
+            "--batch-items",
+            "20",
+            "--max-in-flight",
+            "5",
+        ])
+        .arg("--epoch-file")
+        .arg(&epoch_file)
+        .args(["--url", &url]);
         c
     };
 
@@ -182,7 +197,12 @@ fn a_killed_producer_restarts_with_a_bumped_epoch_and_its_zombie_is_fenced() {
         }
     });
     let tail_bytes = |h: &Harness| {
-        h.rt.block_on(h.client().stream(STREAM).head()).expect("head").next_offset.to_oncelog().expect("oncelog offset").get()
+        h.rt.block_on(h.client().stream(STREAM).head())
+            .expect("head")
+            .next_offset
+            .to_oncelog()
+            .expect("oncelog offset")
+            .get()
     };
     wait_until("session 1 stored some messages", || tail_bytes(&h) >= 200 * 8);
 

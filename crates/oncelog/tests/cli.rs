@@ -104,7 +104,10 @@ fn json_values_go_through_append_and_read_byte_for_byte() {
     let cmd = |args: &[&str]| against(&h, args);
     assert!(run(cmd(&["create", "exact", "--json"]), b"", LIMIT).ok);
     // Through the producer (values separated by any whitespace), then as one keyed append.
-    let input = format!("{}\n{}  {}\t{}\n\n{}{}\n", EXACT_JSON[0], EXACT_JSON[1], EXACT_JSON[2], EXACT_JSON[3], EXACT_JSON[4], EXACT_JSON[5]);
+    let input = format!(
+        "{}\n{}  {}\t{}\n\n{}{}\n",
+        EXACT_JSON[0], EXACT_JSON[1], EXACT_JSON[2], EXACT_JSON[3], EXACT_JSON[4], EXACT_JSON[5]
+    );
     let out = run(cmd(&["append", "exact", "--linger-ms", "1"]), input.as_bytes(), LIMIT);
     assert!(out.ok, "{}", out.stderr);
     let out = run(cmd(&["append", "exact", "--idempotency-key", "k1"]), input.as_bytes(), LIMIT);
@@ -127,7 +130,8 @@ fn json_values_go_through_append_and_read_byte_for_byte() {
     }
     assert!(rest.is_empty(), "{rest}");
     // A message's offset is where it starts: its text and one `,` take the offset space.
-    let position = |token: &str| token.split_once('_').and_then(|(_, p)| p.parse::<usize>().ok()).expect("an Oncelog offset");
+    let position =
+        |token: &str| token.split_once('_').and_then(|(_, p)| p.parse::<usize>().ok()).expect("an Oncelog offset");
     let mut at = 0;
     for (record, v) in records.iter().zip(EXACT_JSON.iter().chain(EXACT_JSON.iter())) {
         assert_eq!(position(record), at, "{v}");
@@ -183,7 +187,11 @@ fn a_byte_stream_with_tabs_cr_and_invalid_utf8_round_trips() {
 struct RequireToken;
 
 impl oncelog_server::Authorize for RequireToken {
-    fn authorize(&self, req: &axum::http::request::Parts, _now_ms: i64) -> Result<oncelog_server::Access, oncelog_server::AuthError> {
+    fn authorize(
+        &self,
+        req: &axum::http::request::Parts,
+        _now_ms: i64,
+    ) -> Result<oncelog_server::Access, oncelog_server::AuthError> {
         match req.headers.get("authorization").and_then(|v| v.to_str().ok()) {
             Some("Bearer s3cret") => Ok(oncelog_server::Access::default()),
             _ => Err(oncelog_server::AuthError::Unauthenticated { why: oncelog_server::auth::Why::BadSignature }),
@@ -210,7 +218,11 @@ fn the_auth_header_comes_from_a_flag_or_the_environment() {
     c.args(["sub", "list", "--url", &h.base, "--auth", "Bearer wrong"]);
     let out = run(c, b"", LIMIT);
     assert!(!out.ok, "{}", out.stderr);
-    assert!(out.stderr.contains("401 UNAUTHORIZED") && out.stderr.contains("the token's signature does not verify"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("401 UNAUTHORIZED") && out.stderr.contains("the token's signature does not verify"),
+        "{}",
+        out.stderr
+    );
     let mut c = bin();
     c.args(["create", "private", "--url", &h.base, "--auth", "Bearer s3cret"]);
     assert!(run(c, b"", LIMIT).ok);
@@ -334,7 +346,10 @@ fn trim_drops_the_start_and_readers_fail_or_restart_from_the_earliest_offset() {
     assert!(out.ok, "{}", out.stderr);
     assert_eq!(out.stdout.trim(), first, "prints the earliest offset");
     let head = run(cmd(&["head", "log"]), b"", LIMIT).stdout;
-    assert!(head.contains(&format!("earliest-offset: {first}")) && head.contains("retention-max-age: 604800"), "{head}");
+    assert!(
+        head.contains(&format!("earliest-offset: {first}")) && head.contains("retention-max-age: 604800"),
+        "{head}"
+    );
     // From the beginning (-1): what is left. From a dropped offset: an error, or a restart.
     assert_eq!(run(cmd(&["read", "log"]), b"", LIMIT).stdout, "new\n");
     let zero = "0000000000000000_0000000000000000";
@@ -356,7 +371,12 @@ fn compact_replaces_a_state_streams_history_with_its_snapshot() {
     assert!(run(cmd(&["head", "todos"]), b"", LIMIT).stdout.contains("compaction: state"));
     // Many changes to two entities, one of them deleted at the end: the snapshot is smaller.
     let mut changes: String = (0..20)
-        .map(|i| format!("{{\"type\":\"todo\",\"key\":\"{}\",\"value\":\"v{i}\",\"headers\":{{\"operation\":\"upsert\"}}}}\n", if i % 2 == 0 { "a" } else { "b" }))
+        .map(|i| {
+            format!(
+                "{{\"type\":\"todo\",\"key\":\"{}\",\"value\":\"v{i}\",\"headers\":{{\"operation\":\"upsert\"}}}}\n",
+                if i % 2 == 0 { "a" } else { "b" }
+            )
+        })
         .collect();
     changes.push_str(r#"{"type":"todo","key":"a","headers":{"operation":"delete"}}"#);
     changes.push('\n');
@@ -370,7 +390,10 @@ fn compact_replaces_a_state_streams_history_with_its_snapshot() {
     let read = run(cmd(&["read", "todos"]), b"", LIMIT).stdout;
     let lines: Vec<&str> = read.lines().collect();
     assert_eq!(lines.len(), 4, "reset, snapshot-start, one insert, snapshot-end: {read}");
-    assert!(lines[0].contains("\"reset\"") && lines[1].contains("snapshot-start") && lines[3].contains("snapshot-end"), "{read}");
+    assert!(
+        lines[0].contains("\"reset\"") && lines[1].contains("snapshot-start") && lines[3].contains("snapshot-end"),
+        "{read}"
+    );
     assert!(lines[2].contains("\"key\":\"b\"") && lines[2].contains("\"v19\""), "{read}");
 }
 
@@ -417,7 +440,8 @@ fn ls_prints_the_streams_a_token_may_read_in_path_order_across_pages() {
     let secrets = tempfile::tempdir().expect("tempdir");
     let secret = secrets.path().join("secret");
     std::fs::write(&secret, "a-long-random-secret\n").expect("secret");
-    let auth = TokenAuth::load(TokenConfig { secret_file: Some(secret.clone()), ..TokenConfig::default() }).expect("keys");
+    let auth =
+        TokenAuth::load(TokenConfig { secret_file: Some(secret.clone()), ..TokenConfig::default() }).expect("keys");
     let h = Harness::start_with(auth);
     let secret = secret.to_str().expect("utf-8 path").to_owned();
     let mint = |prefix: &str, ops: &str| {
@@ -442,7 +466,11 @@ fn ls_prints_the_streams_a_token_may_read_in_path_order_across_pages() {
     // others.
     let many: Vec<String> = (0..1001).map(|i| format!("many/{i:04}")).collect();
     h.rt.block_on(async {
-        let client = oncelog_client::Client::builder(&h.base).default_header("authorization", &admin).expect("header").build().expect("client");
+        let client = oncelog_client::Client::builder(&h.base)
+            .default_header("authorization", &admin)
+            .expect("header")
+            .build()
+            .expect("client");
         for p in many.iter().rev().map(String::as_str).chain(["b/1", "a/2", "a/1", "ab"]) {
             client.stream(p).create(oncelog_client::CreateOptions::content_type("text/plain")).await.expect("create");
         }
@@ -454,7 +482,13 @@ fn ls_prints_the_streams_a_token_may_read_in_path_order_across_pages() {
     assert!(out.ok, "{}", out.stderr);
     let lines: Vec<&str> = out.stdout.lines().collect();
     // Compared whole, reported short (a failure would print 1,001 paths twice).
-    assert!(lines == many, "every stream once, in order, across two pages: {} lines, {:?} .. {:?}", lines.len(), lines.first(), lines.last());
+    assert!(
+        lines == many,
+        "every stream once, in order, across two pages: {} lines, {:?} .. {:?}",
+        lines.len(),
+        lines.first(),
+        lines.last()
+    );
     let out = ls(Some(&admin), &[]);
     assert_eq!(out.stdout.lines().take(4).collect::<Vec<_>>(), ["a/1", "a/2", "ab", "b/1"]);
     assert_eq!(out.stdout.lines().count(), 1005);

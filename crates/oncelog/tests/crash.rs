@@ -74,11 +74,8 @@ impl ServerProcess {
     /// Spawns a child; the receiver yields its stdout's first line (or nothing if it died first).
     fn spawn(&mut self) -> (Child, mpsc::Receiver<String>) {
         self.starts += 1;
-        let mut log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .expect("open the server log file");
+        let mut log =
+            OpenOptions::new().create(true).append(true).open(&self.log_path).expect("open the server log file");
         writeln!(log, "===== test: start #{} =====", self.starts).expect("write to the server log");
         let mut child = Command::new(env!("CARGO_BIN_EXE_oncelog"))
             .arg("serve")
@@ -143,10 +140,8 @@ impl ServerProcess {
     /// SIGTERM, then wait (bounded) for the graceful exit.
     fn terminate(&mut self) -> ExitStatus {
         let pid = self.pid();
-        let sent = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .expect("run kill(1) to send SIGTERM");
+        let sent =
+            Command::new("kill").args(["-TERM", &pid.to_string()]).status().expect("run kill(1) to send SIGTERM");
         assert!(sent.success(), "kill -TERM {pid} failed: {sent}");
         let mut child = self.child.take().expect("server is running");
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -171,7 +166,12 @@ impl ServerProcess {
         std::thread::sleep(after);
         child.kill().expect("send SIGKILL to the starting server");
         let status = child.wait().expect("reap the killed starting server");
-        assert_eq!(status.signal(), Some(9), "starting server exited on its own: {status}; log:\n{}", self.log_tail(40));
+        assert_eq!(
+            status.signal(),
+            Some(9),
+            "starting server exited on its own: {status}; log:\n{}",
+            self.log_tail(40)
+        );
     }
 
     fn log_tail(&self, lines: usize) -> String {
@@ -416,11 +416,8 @@ async fn read_whole_stream(client: &Client, base: &str) -> Vec<u8> {
     let mut data = Vec::new();
     let mut offset = "-1".to_owned();
     for _ in 0..100_000 {
-        let resp = client
-            .get(format!("{base}/v1/stream/{STREAM}?offset={offset}"))
-            .send()
-            .await
-            .expect("read the stream");
+        let resp =
+            client.get(format!("{base}/v1/stream/{STREAM}?offset={offset}")).send().await.expect("read the stream");
         assert_eq!(resp.status(), StatusCode::OK, "read at offset {offset}");
         let next = resp
             .headers()
@@ -471,7 +468,11 @@ fn verify_stream(data: &[u8], started: u64, acks: &BTreeMap<u64, Ack>) {
     let missing: Vec<_> = (0..started).filter(|s| !count.contains_key(s)).collect();
     assert!(missing.is_empty(), "seqs started but absent from the stream: {missing:?}");
     if let Some(pos) = seqs.iter().enumerate().position(|(i, &s)| s != i as u64) {
-        panic!("stream out of order at record #{pos}: seq {} (around: {:?})", seqs[pos], &seqs[pos.saturating_sub(3)..]);
+        panic!(
+            "stream out of order at record #{pos}: seq {} (around: {:?})",
+            seqs[pos],
+            &seqs[pos.saturating_sub(3)..]
+        );
     }
     assert_eq!(seqs.len() as u64, started);
     let expected: Vec<u8> = (0..started).flat_map(record).collect();
@@ -529,15 +530,9 @@ async fn create_stream(client: &Client, base: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn acknowledged_appends_survive_sigkill_exactly_once() {
     let test_start = Instant::now();
-    let seed = std::env::var("ONCELOG_CRASH_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("clock after 1970")
-                .as_nanos() as u64
-        });
+    let seed = std::env::var("ONCELOG_CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock after 1970").as_nanos() as u64
+    });
     let mut rng = Rng(seed | 1);
 
     let dir = tempfile::tempdir().expect("create a temp dir");
@@ -684,7 +679,10 @@ async fn acknowledged_appends_survive_sigkill_exactly_once() {
         s.server_errors_5xx.load(Ordering::Relaxed),
         acks.values().filter(|a| a.attempts > 1).count()
     );
-    println!("verified: seqs 0..{started} each exactly once, in order, byte-exact; elapsed {:.1} s", test_start.elapsed().as_secs_f64());
+    println!(
+        "verified: seqs 0..{started} each exactly once, in order, byte-exact; elapsed {:.1} s",
+        test_start.elapsed().as_secs_f64()
+    );
 
     assert!(sigkills >= 20, "at least 20 SIGKILL rounds, got {sigkills}");
     assert!(saturated > 0, "at least one SIGKILL must hit a full pipeline");

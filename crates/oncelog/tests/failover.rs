@@ -54,7 +54,9 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::load::{check_stream, close_stream, create_stream, parse_record, producer, read_all, readyz, tail, Load, Route, Tally};
+use common::load::{
+    check_stream, close_stream, create_stream, parse_record, producer, read_all, readyz, tail, Load, Route, Tally,
+};
 use common::pg::{schema, Cluster, Node};
 use oncelog_client::LiveMode;
 use reqwest::StatusCode;
@@ -192,7 +194,12 @@ struct InFlight {
 
 /// Waits for a COMMIT carrying appends at `moment` and kills the primary then; returns what
 /// it caught (or why nothing) and when the primary was gone.
-fn kill_primary_at(moment: Moment, primary: &Cluster, standby: &Cluster, schema: &str) -> (Result<InFlight, String>, Instant, usize) {
+fn kill_primary_at(
+    moment: Moment,
+    primary: &Cluster,
+    standby: &Cluster,
+    schema: &str,
+) -> (Result<InFlight, String>, Instant, usize) {
     let call = |sync_rep: bool| format!("SELECT public.failover_commit({sync_rep}, '{schema}.data', '10 s')");
     let mut tries = 0;
     let caught = match moment {
@@ -229,7 +236,10 @@ fn kill_primary_at(moment: Moment, primary: &Cluster, standby: &Cluster, schema:
     let (caught, gone) = caught;
     let in_flight = caught.and_then(|text| {
         let (xid, recs) = text.split_once(' ').ok_or_else(|| format!("no COMMIT carrying appends seen: {text}"))?;
-        let appends = recs.split_terminator(';').map(|r| parse_record(r).ok_or_else(|| format!("not a record: {r:?}"))).collect::<Result<_, _>>()?;
+        let appends = recs
+            .split_terminator(';')
+            .map(|r| parse_record(r).ok_or_else(|| format!("not a record: {r:?}")))
+            .collect::<Result<_, _>>()?;
         Ok(InFlight { xid: xid.to_owned(), appends })
     });
     (in_flight, gone, tries)
@@ -277,7 +287,11 @@ fn failover(moment: Moment) {
     let mut setup = vec!["CREATE EXTENSION pageinspect", FAILOVER_COMMIT];
     if moment == Moment::BeforeFlush {
         // After the copy: the standby, once promoted, commits without the delay.
-        setup.extend(["ALTER SYSTEM SET commit_delay = 100000", "ALTER SYSTEM SET commit_siblings = 0", "SELECT pg_reload_conf()"]);
+        setup.extend([
+            "ALTER SYSTEM SET commit_delay = 100000",
+            "ALTER SYSTEM SET commit_siblings = 0",
+            "SELECT pg_reload_conf()",
+        ]);
     }
     primary.sql(&setup).expect("setting up the primary");
     let url = format!(
@@ -296,18 +310,25 @@ fn failover(moment: Moment) {
     let (tally, failover, readers, whole, whole_b) = rt.block_on(async {
         create_stream(&urls[0], STREAM).await;
         let give_up = Instant::now() + GIVE_UP;
-        let load = Load { stream: STREAM.into(), urls: Arc::new(urls.clone()), route: Route::Sticky, in_flight: IN_FLIGHT, give_up };
+        let load = Load {
+            stream: STREAM.into(),
+            urls: Arc::new(urls.clone()),
+            route: Route::Sticky,
+            in_flight: IN_FLIGHT,
+            give_up,
+        };
         let tally = Arc::new(Mutex::new(Tally::default()));
         let never = Arc::new(AtomicBool::new(false));
         // Live readers on both nodes, from the beginning, until the stream is closed.
-        let readers: Vec<_> = [(0, LiveMode::Sse), (0, LiveMode::LongPoll), (1, LiveMode::Sse), (1, LiveMode::LongPoll)]
-            .into_iter()
-            .map(|(node, mode)| {
-                let sink = Arc::new(Mutex::new(Vec::new()));
-                let task = tokio::spawn(tail(urls[node].clone(), STREAM.into(), mode, sink.clone()));
-                (format!("{mode:?} via node {}", ["A", "B"][node]), sink, task)
-            })
-            .collect();
+        let readers: Vec<_> =
+            [(0, LiveMode::Sse), (0, LiveMode::LongPoll), (1, LiveMode::Sse), (1, LiveMode::LongPoll)]
+                .into_iter()
+                .map(|(node, mode)| {
+                    let sink = Arc::new(Mutex::new(Vec::new()));
+                    let task = tokio::spawn(tail(urls[node].clone(), STREAM.into(), mode, sink.clone()));
+                    (format!("{mode:?} via node {}", ["A", "B"][node]), sink, task)
+                })
+                .collect();
         let producers: Vec<_> = (0..PRODUCERS)
             .map(|i| tokio::spawn(producer(i, load.clone(), Some(PER_PRODUCER), never.clone(), tally.clone())))
             .collect();
@@ -326,12 +347,17 @@ fn failover(moment: Moment) {
                 f.in_flight_at_crash = issued - acked;
                 break;
             }
-            assert!(waiting.elapsed() < Duration::from_secs(60), "the load did not reach {CRASH_AT} acknowledged appends within 60 s ({acked})");
+            assert!(
+                waiting.elapsed() < Duration::from_secs(60),
+                "the load did not reach {CRASH_AT} acknowledged appends within 60 s ({acked})"
+            );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let (primary2, standby2, schema2) = (primary.clone(), standby.clone(), schema.clone());
         let (caught, crashed, tries) =
-            tokio::task::spawn_blocking(move || kill_primary_at(moment, &primary2, &standby2, &schema2)).await.expect("kill the primary");
+            tokio::task::spawn_blocking(move || kill_primary_at(moment, &primary2, &standby2, &schema2))
+                .await
+                .expect("kill the primary");
         (f.caught, f.tries) = (Some(caught), tries);
         f.outage_readyz = vec![None; urls.len()];
         while crashed.elapsed() < OUTAGE {
@@ -411,7 +437,13 @@ fn failover(moment: Moment) {
                 .iter()
                 .map(|k| {
                     let status = tally.acked.get(k).map_or("none".into(), |a| a.status.to_string());
-                    format!("p{}-{}: {}{}", k.0, k.1, if tally.uncertain.contains(k) { "503/no answer, then " } else { "" }, status)
+                    format!(
+                        "p{}-{}: {}{}",
+                        k.0,
+                        k.1,
+                        if tally.uncertain.contains(k) { "503/no answer, then " } else { "" },
+                        status
+                    )
                 })
                 .collect()
         })
@@ -448,9 +480,16 @@ fn failover(moment: Moment) {
     // Exactly once first: it says the most about a wrong answer.
     let records = check_stream(&whole, &tally);
     assert!(whole == whole_b, "the nodes serve different streams: A {} bytes, B {} bytes", whole.len(), whole_b.len());
-    assert!(tally.wrong.is_empty(), "answers that must not happen ({}): {:?}", tally.wrong.len(), &tally.wrong[..tally.wrong.len().min(10)]);
-    let unacked: Vec<(usize, u64)> =
-        (0..PRODUCERS).flat_map(|i| (0..PER_PRODUCER).map(move |s| (i, s))).filter(|k| !tally.acked.contains_key(k)).collect();
+    assert!(
+        tally.wrong.is_empty(),
+        "answers that must not happen ({}): {:?}",
+        tally.wrong.len(),
+        &tally.wrong[..tally.wrong.len().min(10)]
+    );
+    let unacked: Vec<(usize, u64)> = (0..PRODUCERS)
+        .flat_map(|i| (0..PER_PRODUCER).map(move |s| (i, s)))
+        .filter(|k| !tally.acked.contains_key(k))
+        .collect();
     assert!(
         unacked.is_empty(),
         "{} of {TOTAL} appends never acknowledged within {GIVE_UP:?} (e.g. {:?}): the nodes did not serve the producers after the failover",
@@ -482,12 +521,18 @@ fn failover(moment: Moment) {
             whole.len(),
             bytes.iter().zip(whole.iter()).position(|(x, y)| x != y).unwrap_or(whole.len())
         );
-        assert!(outcome.is_ok() && bytes.len() == whole.len(), "reader {name} did not read to the end ({} of {} bytes): {outcome:?}", bytes.len(), whole.len());
+        assert!(
+            outcome.is_ok() && bytes.len() == whole.len(),
+            "reader {name} did not read to the end ({} of {} bytes): {outcome:?}",
+            bytes.len(),
+            whole.len()
+        );
     }
     // The COMMIT in flight: never answered 2xx before its outcome was known, and its retries
     // answered as its fate says. (The stream was checked above: a record answered 204 is in it
     // from before, one answered 200 was written by that answer, each exactly once.)
-    let caught = caught.unwrap_or_else(|e| panic!("test setup: the kill caught no COMMIT carrying appends ({moment:?}): {e}"));
+    let caught =
+        caught.unwrap_or_else(|e| panic!("test setup: the kill caught no COMMIT carrying appends ({moment:?}): {e}"));
     for k in &caught.appends {
         assert!(
             tally.uncertain.contains(k),
@@ -533,7 +578,10 @@ impl Drop for LogsOnFailure<'_> {
             let text = n.log_text();
             // Without the 503s every retry during the outage logs.
             let lines: Vec<&str> = text.lines().filter(|l| !l.contains("status=503")).collect();
-            eprintln!("--- node {name}'s log, last lines but 503s ---\n{}", lines[lines.len().saturating_sub(20)..].join("\n"));
+            eprintln!(
+                "--- node {name}'s log, last lines but 503s ---\n{}",
+                lines[lines.len().saturating_sub(20)..].join("\n")
+            );
         }
     }
 }

@@ -52,7 +52,11 @@ impl Serve {
         });
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("the address line");
-        let url = line.trim().strip_prefix("oncelog listening on ").unwrap_or_else(|| panic!("unexpected line {line:?}")).to_owned();
+        let url = line
+            .trim()
+            .strip_prefix("oncelog listening on ")
+            .unwrap_or_else(|| panic!("unexpected line {line:?}"))
+            .to_owned();
         Serve { child, base: format!("{url}/v1/stream"), stderr, reader: Some(reader) }
     }
 
@@ -78,7 +82,8 @@ impl Serve {
 
     /// SIGTERM, then everything it wrote on stderr.
     fn stop(mut self) -> Vec<String> {
-        let status = std::process::Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().expect("kill");
+        let status =
+            std::process::Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().expect("kill");
         assert!(status.success());
         let exit = self.child.wait().expect("wait");
         assert!(exit.success(), "{exit:?}");
@@ -125,12 +130,26 @@ fn number(v: &Value, key: &str) -> u64 {
 fn serve_and_backup_log_json_lines_with_sizes_and_durations() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let args = ["--log-format", "json", "--sweep-interval-ms", "100", "--compaction-min-bytes", "1K", "--retention-max-bytes", "1K"];
+    let args = [
+        "--log-format",
+        "json",
+        "--sweep-interval-ms",
+        "100",
+        "--compaction-min-bytes",
+        "1K",
+        "--retention-max-bytes",
+        "1K",
+    ];
     let server = Serve::start(&data, &args, &[]);
     // A State Protocol stream past the compaction threshold: 40 changes to two entities.
     server.client(&["create", "todos", "--json", "--compaction", "state"], b"");
     let changes: String = (0..40)
-        .map(|i| format!("{{\"type\":\"todo\",\"key\":\"{}\",\"value\":\"v{i}\",\"headers\":{{\"operation\":\"upsert\"}}}}\n", i % 2))
+        .map(|i| {
+            format!(
+                "{{\"type\":\"todo\",\"key\":\"{}\",\"value\":\"v{i}\",\"headers\":{{\"operation\":\"upsert\"}}}}\n",
+                i % 2
+            )
+        })
         .collect();
     server.client(&["append", "todos"], changes.as_bytes());
     // A stream with the default retention (keep 1 KiB): three appends of 1000 bytes (one line
@@ -149,7 +168,11 @@ fn serve_and_backup_log_json_lines_with_sizes_and_durations() {
         number(recovered, key);
     }
     let compacted = event(&events, "compacted");
-    assert_eq!((compacted["stream"].as_str(), compacted["trigger"].as_str()), (Some("todos"), Some("background")), "{compacted}");
+    assert_eq!(
+        (compacted["stream"].as_str(), compacted["trigger"].as_str()),
+        (Some("todos"), Some("background")),
+        "{compacted}"
+    );
     assert!(number(compacted, "history_bytes") > number(compacted, "snapshot_bytes"), "{compacted}");
     assert_eq!(number(compacted, "entities"), 2, "{compacted}");
     number(compacted, "elapsed_ms");
@@ -160,10 +183,19 @@ fn serve_and_backup_log_json_lines_with_sizes_and_durations() {
     number(retained, "elapsed_ms");
     event(&events, "all writes synced; bye");
     // One line per recovery: the engine's own report is debug, not a second info line.
-    assert_eq!(events.iter().filter(|v| v["message"].as_str().is_some_and(|m| m.contains("recovered"))).count(), 1, "{events:#?}");
+    assert_eq!(
+        events.iter().filter(|v| v["message"].as_str().is_some_and(|m| m.contains("recovered"))).count(),
+        1,
+        "{events:#?}"
+    );
 
     let mut backup = bin();
-    backup.env_remove("RUST_LOG").args(["backup", "--log-format", "json", "--data-dir"]).arg(&data).arg("--to").arg(dir.path().join("copy"));
+    backup
+        .env_remove("RUST_LOG")
+        .args(["backup", "--log-format", "json", "--data-dir"])
+        .arg(&data)
+        .arg("--to")
+        .arg(dir.path().join("copy"));
     let out = run(backup, b"", LIMIT);
     assert!(out.ok && out.stdout.starts_with("backed up"), "{} {}", out.stdout, out.stderr);
     let events = json_lines(&out.stderr.lines().map(str::to_owned).collect::<Vec<_>>());
@@ -175,7 +207,9 @@ fn serve_and_backup_log_json_lines_with_sizes_and_durations() {
 #[test]
 fn log_level_hides_what_is_below_it_and_rust_log_wins() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let info_lines = |lines: &[String]| lines.iter().filter(|l| l.contains(" INFO ") || l.contains("\"INFO\"")).cloned().collect::<Vec<_>>();
+    let info_lines = |lines: &[String]| {
+        lines.iter().filter(|l| l.contains(" INFO ") || l.contains("\"INFO\"")).cloned().collect::<Vec<_>>()
+    };
     // Default: info, as text (not JSON).
     let lines = Serve::start(&dir.path().join("a"), &[], &[]).stop();
     assert!(lines.iter().any(|l| l.contains(" INFO ") && l.contains("recovered")), "{lines:#?}");
@@ -213,7 +247,11 @@ fn postgres_logs_its_schema_version_and_migrations_at_start() {
     // A new schema: every migration applied, each timed, then one line with the versions.
     let events = json_lines(&Serve::start(dir.path(), &args, &[]).stop());
     let ready = event(&events, "PostgreSQL schema ready");
-    assert_eq!((number(ready, "found_version"), number(ready, "migrations_applied")), (0, number(ready, "version")), "{ready}");
+    assert_eq!(
+        (number(ready, "found_version"), number(ready, "migrations_applied")),
+        (0, number(ready, "version")),
+        "{ready}"
+    );
     number(ready, "elapsed_ms");
     let migrations: Vec<&Value> = events.iter().filter(|v| v["message"] == "applied PostgreSQL migration").collect();
     assert_eq!(migrations.len() as u64, number(ready, "version"));
@@ -222,6 +260,10 @@ fn postgres_logs_its_schema_version_and_migrations_at_start() {
     // Started again: found at the current version, nothing applied.
     let events = json_lines(&Serve::start(dir.path(), &args, &[]).stop());
     let ready = event(&events, "PostgreSQL schema ready");
-    assert_eq!((number(ready, "found_version"), number(ready, "migrations_applied")), (number(ready, "version"), 0), "{ready}");
+    assert_eq!(
+        (number(ready, "found_version"), number(ready, "migrations_applied")),
+        (number(ready, "version"), 0),
+        "{ready}"
+    );
     assert!(events.iter().all(|v| v["message"] != "applied PostgreSQL migration"));
 }

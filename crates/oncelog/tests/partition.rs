@@ -101,7 +101,9 @@ async fn send(run: Arc<Run>, http: reqwest::Client, i: usize, seq: u64) {
                     Some(offset) => {
                         run.tallies[s].lock().expect("tally").acked.entry((i, seq)).or_insert(Ack { status, offset });
                     }
-                    None => run.wrong.lock().expect("wrong").push(format!("p{i} seq {seq}: {status} without an offset")),
+                    None => {
+                        run.wrong.lock().expect("wrong").push(format!("p{i} seq {seq}: {status} without an offset"))
+                    }
                 }
                 return;
             }
@@ -111,11 +113,17 @@ async fn send(run: Arc<Run>, http: reqwest::Client, i: usize, seq: u64) {
             Ok(r) => {
                 let status = r.status();
                 let body = r.text().await.unwrap_or_default();
-                run.wrong.lock().expect("wrong").push(format!("p{i} seq {seq} via node {node}: {status} {}", body.trim()));
+                run.wrong
+                    .lock()
+                    .expect("wrong")
+                    .push(format!("p{i} seq {seq} via node {node}: {status} {}", body.trim()));
                 Duration::from_millis(200)
             }
             Err(e) => {
-                run.wrong.lock().expect("wrong").push(format!("p{i} seq {seq} via node {node}: no answer after {took:?}: {e}"));
+                run.wrong
+                    .lock()
+                    .expect("wrong")
+                    .push(format!("p{i} seq {seq} via node {node}: no answer after {took:?}: {e}"));
                 Duration::from_millis(200)
             }
         };
@@ -207,7 +215,12 @@ fn a_node_cut_off_from_the_database_does_not_stall_the_others() {
     let (cut, healed, b_unready, a_was_unready, a_ready_after) = rt.block_on(async {
         let http = reqwest::Client::new();
         for s in 0..STREAMS {
-            let r = http.put(format!("{}/v1/stream/{}", run.nodes[1], stream(s))).header("content-type", "text/plain").send().await.expect("create");
+            let r = http
+                .put(format!("{}/v1/stream/{}", run.nodes[1], stream(s)))
+                .header("content-type", "text/plain")
+                .send()
+                .await
+                .expect("create");
             assert!(r.status().is_success(), "create: {}", r.status());
         }
         let stop = Arc::new(AtomicBool::new(false));
@@ -264,13 +277,21 @@ fn a_node_cut_off_from_the_database_does_not_stall_the_others() {
         a_during.len(),
         statuses(&a_during),
     );
-    assert!(b_unready.is_empty(), "node B's /readyz was not 200 while A was cut off: {:?}", &b_unready[..b_unready.len().min(5)]);
+    assert!(
+        b_unready.is_empty(),
+        "node B's /readyz was not 200 while A was cut off: {:?}",
+        &b_unready[..b_unready.len().min(5)]
+    );
     assert!(b_during.len() > 100, "node B kept appending while A was cut off ({} requests)", b_during.len());
-    assert!(b_slowest <= B_MAX_WAIT, "a request to node B waited {b_slowest:?} while A was cut off (at most {B_MAX_WAIT:?})");
+    assert!(
+        b_slowest <= B_MAX_WAIT,
+        "a request to node B waited {b_slowest:?} while A was cut off (at most {B_MAX_WAIT:?})"
+    );
     assert!(a_slowest <= A_MAX_ANSWER, "node A took {a_slowest:?} to answer while cut off (at most {A_MAX_ANSWER:?})");
     assert!(a_during.iter().any(|a| a.status == Some(503)), "node A answered 503 while cut off");
     assert!(a_was_unready, "node A's /readyz said 503 while it could not reach the database");
-    let after = a_ready_after.unwrap_or_else(|| panic!("node A not ready within {:?} of the heal; log:\n{}", AFTER_HEAL, a.log_text()));
+    let after = a_ready_after
+        .unwrap_or_else(|| panic!("node A not ready within {:?} of the heal; log:\n{}", AFTER_HEAL, a.log_text()));
     assert!(after <= A_READY_WITHIN, "node A ready {after:?} after the heal (at most {A_READY_WITHIN:?})");
     drop(attempts);
 

@@ -76,7 +76,13 @@ impl Shipper {
     fn start(&mut self) {
         assert!(self.child.is_none(), "already running");
         let err = OpenOptions::new().create(true).append(true).open(&self.log).expect("stderr log");
-        let child = bin().args(&self.cmd).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::from(err)).spawn().expect("spawn oncelog ship");
+        let child = bin()
+            .args(&self.cmd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("spawn oncelog ship");
         self.child = Some(child);
     }
 
@@ -124,18 +130,38 @@ fn wait_for(h: &Harness, expected: &[u8], shipper: &Shipper, started: Instant) {
         if got == expected {
             return;
         }
-        assert!(expected.starts_with(&got), "the stream is not a prefix of the lines written:\n{}\n{}", describe(&got, expected), shipper.stderr());
-        assert!(started.elapsed() < DEADLINE, "the stream did not catch up ({} of {} bytes):\n{}", got.len(), expected.len(), shipper.stderr());
+        assert!(
+            expected.starts_with(&got),
+            "the stream is not a prefix of the lines written:\n{}\n{}",
+            describe(&got, expected),
+            shipper.stderr()
+        );
+        assert!(
+            started.elapsed() < DEADLINE,
+            "the stream did not catch up ({} of {} bytes):\n{}",
+            got.len(),
+            expected.len(),
+            shipper.stderr()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
 
 /// Which line numbers are doubled, missing or out of order.
 fn describe(got: &[u8], expected: &[u8]) -> String {
-    let numbers = |b: &[u8]| -> Vec<String> { String::from_utf8_lossy(b).lines().map(|l| l.split('\t').next().unwrap_or("").to_owned()).collect() };
+    let numbers = |b: &[u8]| -> Vec<String> {
+        String::from_utf8_lossy(b).lines().map(|l| l.split('\t').next().unwrap_or("").to_owned()).collect()
+    };
     let (g, e) = (numbers(got), numbers(expected));
     let first_diff = g.iter().zip(e.iter()).position(|(a, b)| a != b);
-    format!("{} lines in the stream, {} written; first difference at line {:?}: {:?} instead of {:?}", g.len(), e.len(), first_diff, first_diff.map(|i| &g[i]), first_diff.map(|i| &e[i]))
+    format!(
+        "{} lines in the stream, {} written; first difference at line {:?}: {:?} instead of {:?}",
+        g.len(),
+        e.len(),
+        first_diff,
+        first_diff.map(|i| &g[i]),
+        first_diff.map(|i| &e[i])
+    )
 }
 
 fn rename(dir: &Path, from: &str, to: &str) {
@@ -165,7 +191,18 @@ fn every_line_is_shipped_once_across_rotations_and_sigkills() {
     eprintln!("seed {seed} (SHIP_SEED={seed} replays the kill moments)");
     let mut rng = Rng(seed);
     let mut shipper = Shipper {
-        cmd: ["ship".into(), log.clone().into_os_string(), STREAM.into(), "--url".into(), h.base.clone().into(), "--state-file".into(), h.dir.path().join("ship.state").into_os_string(), "--poll-ms".into(), "20".into()].into(),
+        cmd: [
+            "ship".into(),
+            log.clone().into_os_string(),
+            STREAM.into(),
+            "--url".into(),
+            h.base.clone().into(),
+            "--state-file".into(),
+            h.dir.path().join("ship.state").into_os_string(),
+            "--poll-ms".into(),
+            "20".into(),
+        ]
+        .into(),
         log: h.dir.path().join("ship.stderr"),
         child: None,
         kills: 0,
@@ -231,7 +268,12 @@ fn every_line_is_shipped_once_across_rotations_and_sigkills() {
     shipper.kill();
     let got = stream_bytes(&h);
     assert!(got == written, "{}\n{}", describe(&got, &written), shipper.stderr());
-    eprintln!("{LINES} lines, {} bytes, {} SIGKILLs, {:.1} s", written.len(), shipper.kills, started.elapsed().as_secs_f64());
+    eprintln!(
+        "{LINES} lines, {} bytes, {} SIGKILLs, {:.1} s",
+        written.len(),
+        shipper.kills,
+        started.elapsed().as_secs_f64()
+    );
     // The scenarios happened as planned: the stopped rotation was finished from the old file,
     // both truncations were noticed.
     let notes = shipper.stderr();
@@ -253,7 +295,12 @@ fn one_shipper_per_state_file_one_stream_per_state_file_and_no_json_streams() {
         c.args(["ship".as_ref(), log.as_os_str(), stream.as_ref(), "--url".as_ref(), h.base.as_ref()]);
         c
     };
-    let mut first = Shipper { cmd: ship(STREAM).get_args().map(ToOwned::to_owned).collect(), log: h.dir.path().join("first.stderr"), child: None, kills: 0 };
+    let mut first = Shipper {
+        cmd: ship(STREAM).get_args().map(ToOwned::to_owned).collect(),
+        log: h.dir.path().join("first.stderr"),
+        child: None,
+        kills: 0,
+    };
     first.start();
     wait_for(&h, b"one\n", &first, Instant::now());
     // The default state file is FILE.oncelog-ship; a second shipper on it is refused.

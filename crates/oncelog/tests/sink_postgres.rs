@@ -39,7 +39,18 @@ fn sink(h: &Harness, pattern: &str, schema: &str, extra: &[&str], log: &std::pat
         }
     }
     common::bin()
-        .args(["sink", "postgres", "--url", &h.base, "--pattern", pattern, "--target", &database_url(), "--schema", schema])
+        .args([
+            "sink",
+            "postgres",
+            "--url",
+            &h.base,
+            "--pattern",
+            pattern,
+            "--target",
+            &database_url(),
+            "--schema",
+            schema,
+        ])
         .args(&defaults)
         .args(extra)
         .env("NO_COLOR", "1")
@@ -53,7 +64,10 @@ fn sink(h: &Harness, pattern: &str, schema: &str, extra: &[&str], log: &std::pat
 }
 
 fn signal(child: &Child, signal: &str) {
-    let status = std::process::Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).status().expect("kill");
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .expect("kill");
     assert!(status.success(), "kill -{signal}");
 }
 
@@ -63,7 +77,11 @@ fn signal(child: &Child, signal: &str) {
 async fn wait_subscription(client: &Client, id: &str, log: &std::path::Path) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while client.subscriptions().get(id).await.is_err() {
-        assert!(std::time::Instant::now() < deadline, "the sink made no subscription:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sink made no subscription:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -125,7 +143,11 @@ fn state_json_and_byte_streams_land_in_their_tables_across_a_compaction() {
     h.rt.block_on(async {
         let state = CreateOptions { state_compaction: true, ..CreateOptions::content_type("application/json") };
         client.stream("app/state").create(state).await.expect("create state");
-        client.stream("app/events").create(CreateOptions::content_type("application/json")).await.expect("create events");
+        client
+            .stream("app/events")
+            .create(CreateOptions::content_type("application/json"))
+            .await
+            .expect("create events");
         client.stream("app/raw").create(CreateOptions::content_type("text/plain")).await.expect("create raw");
     });
     let port = free_port();
@@ -165,7 +187,10 @@ fn state_json_and_byte_streams_land_in_their_tables_across_a_compaction() {
         compacted
     });
     let drained = h.rt.block_on(wait_applied(&client, &url, &schema, &names, Duration::from_secs(90)));
-    assert!(compacted.earliest.to_oncelog().is_some_and(|o| o.0 > 0), "the compaction moved the earliest offset: {compacted:?}");
+    assert!(
+        compacted.earliest.to_oncelog().is_some_and(|o| o.0 > 0),
+        "the compaction moved the earliest offset: {compacted:?}"
+    );
 
     h.rt.block_on(async {
         // State: the rows are what a reader from offset=-1 folds (the compaction's fold).
@@ -227,7 +252,8 @@ fn trimmed_history_stops_the_sink_unless_it_is_told_to_skip_and_count() {
     let earliest = h.rt.block_on(async {
         let s = client.stream("t/plain");
         s.create(CreateOptions::content_type("application/json")).await.expect("create");
-        let tail = s.append(r#"[{"a":1},{"a":2},{"a":3}]"#, AppendOptions::default()).await.expect("append").next_offset;
+        let tail =
+            s.append(r#"[{"a":1},{"a":2},{"a":3}]"#, AppendOptions::default()).await.expect("append").next_offset;
         s.trim(&tail).await.expect("trim").earliest
     });
     let mut child = sink(&h, "t/*", &schema, &[], &log);
@@ -247,9 +273,13 @@ fn trimmed_history_stops_the_sink_unless_it_is_told_to_skip_and_count() {
     let _ = child.kill();
     let _ = child.wait();
     h.rt.block_on(async {
-        let lost = query(&url, &format!("SELECT lost_bytes FROM {schema}.positions WHERE stream = 't/plain'")).await.expect("positions");
+        let lost = query(&url, &format!("SELECT lost_bytes FROM {schema}.positions WHERE stream = 't/plain'"))
+            .await
+            .expect("positions");
         assert_eq!(lost[0][0], earliest.to_oncelog().expect("offset").0.to_string(), "the skipped bytes are counted");
-        let rows = query(&url, &format!("SELECT value::text FROM {schema}.messages WHERE stream = 't/plain'")).await.expect("rows");
+        let rows = query(&url, &format!("SELECT value::text FROM {schema}.messages WHERE stream = 't/plain'"))
+            .await
+            .expect("rows");
         assert_eq!(rows, vec![vec![r#"{"a": 4}"#.to_owned()]]);
     });
 }
@@ -272,16 +302,30 @@ fn a_value_the_target_refuses_stops_the_sink_with_nothing_of_its_batch_applied()
     assert_eq!(out, Some(1), "the sink exits with status 1:\n{text}");
     // `{"ok":1},` takes 9 bytes: the refused message starts at 9. The database's own words, not
     // the driver's "db error".
-    assert!(text.contains("r/x: the target refused the message at offset 9"), "the stream and the offset are named:\n{text}");
-    assert!(text.contains("ERROR 22P05: unsupported Unicode escape sequence"), "the database's reason is shown:\n{text}");
+    assert!(
+        text.contains("r/x: the target refused the message at offset 9"),
+        "the stream and the offset are named:\n{text}"
+    );
+    assert!(
+        text.contains("ERROR 22P05: unsupported Unicode escape sequence"),
+        "the database's reason is shown:\n{text}"
+    );
     assert!(!text.contains("db error"), "no bare driver text:\n{text}");
-    let rows = h.rt.block_on(query(&database_url(), &format!("SELECT count(*) FROM {schema}.messages"))).expect("count");
+    let rows =
+        h.rt.block_on(query(&database_url(), &format!("SELECT count(*) FROM {schema}.messages"))).expect("count");
     assert_eq!(rows, vec![vec!["0".to_owned()]], "nothing of the refused batch is in the target");
 }
 
 /// Rows of `stream` in `schema`'s messages table, as (offset, value) text.
 async fn message_rows(url: &str, schema: &str, stream: &str) -> Vec<Vec<String>> {
-    query(url, &format!("SELECT stream_offset, value::text FROM {schema}.messages WHERE stream = '{stream}' ORDER BY stream_offset")).await.expect("message rows")
+    query(
+        url,
+        &format!(
+            "SELECT stream_offset, value::text FROM {schema}.messages WHERE stream = '{stream}' ORDER BY stream_offset"
+        ),
+    )
+    .await
+    .expect("message rows")
 }
 
 /// `stream`'s (position, set_aside_reason) once it is set aside; panics with the log after 30 s.
@@ -292,7 +336,11 @@ async fn wait_set_aside(url: &str, schema: &str, stream: &str, log: &std::path::
         if let Some(r) = query(url, &sql).await.ok().and_then(|rows| rows.into_iter().next()) {
             return (r[0].clone(), r[1].clone());
         }
-        assert!(std::time::Instant::now() < deadline, "{stream} was not set aside:\n{}", std::fs::read_to_string(log).unwrap_or_default());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{stream} was not set aside:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -311,12 +359,19 @@ fn with_skip_stream_a_refused_stream_is_set_aside_and_the_others_go_on() {
         }
     });
     let port = free_port();
-    let mut child = sink(&h, "a/*", &schema, &["--on-refused", "skip-stream", "--metrics-addr", &format!("127.0.0.1:{port}")], &log);
+    let mut child = sink(
+        &h,
+        "a/*",
+        &schema,
+        &["--on-refused", "skip-stream", "--metrics-addr", &format!("127.0.0.1:{port}")],
+        &log,
+    );
     let append = |path: &'static str, body: &'static str| {
         let client = client.clone();
         async move { client.stream(path).append(body, AppendOptions::default()).await.expect("append") }
     };
-    let set_aside_log = |log: &std::path::Path| std::fs::read_to_string(log).unwrap_or_default().matches("stream set aside").count();
+    let set_aside_log =
+        |log: &std::path::Path| std::fs::read_to_string(log).unwrap_or_default().matches("stream set aside").count();
     h.rt.block_on(async {
         wait_subscription(&client, &id, &log).await;
         // Applied before the refusal: 8 bytes each in stored form.
@@ -327,7 +382,10 @@ fn with_skip_stream_a_refused_stream_is_set_aside_and_the_others_go_on() {
         append("a/bad", r#"[{"n":3},{"bad":"\u0000"},{"n":4}]"#).await;
         let (position, reason) = wait_set_aside(&url, &schema, "a/bad", &log).await;
         assert_eq!(position, "16", "set aside where the refused batch starts");
-        assert!(reason.starts_with("the message at offset 24: ERROR 22P05: unsupported Unicode escape sequence"), "the message and the database's reason are kept: {reason}");
+        assert!(
+            reason.starts_with("the message at offset 24: ERROR 22P05: unsupported Unicode escape sequence"),
+            "the message and the database's reason are kept: {reason}"
+        );
         // The set-aside stream gets more data, the other one too: only the other one is applied,
         // and the set-aside one is neither retried nor woken for again and again.
         append("a/bad", r#"{"n":5}"#).await;
@@ -338,17 +396,35 @@ fn with_skip_stream_a_refused_stream_is_set_aside_and_the_others_go_on() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         let later = client.subscriptions().get(&id).await.expect("subscription").generation;
         assert_eq!(woken, later, "woken again and again for a set-aside stream");
-        assert_eq!(set_aside_log(&log), 1, "set aside once, logged once:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
-        let values = |rows: Vec<Vec<String>>| rows.into_iter().map(|r| format!("{} {}", r[0], r[1])).collect::<Vec<_>>();
+        assert_eq!(
+            set_aside_log(&log),
+            1,
+            "set aside once, logged once:\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+        let values =
+            |rows: Vec<Vec<String>>| rows.into_iter().map(|r| format!("{} {}", r[0], r[1])).collect::<Vec<_>>();
         assert_eq!(values(message_rows(&url, &schema, "a/bad").await), ["0 {\"n\": 1}", "8 {\"n\": 2}"]);
         assert_eq!(values(message_rows(&url, &schema, "a/good").await), ["0 {\"g\": 1}", "8 {\"g\": 2}"]);
-        let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await.expect("scrape").text().await.expect("metrics text");
+        let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+            .await
+            .expect("scrape")
+            .text()
+            .await
+            .expect("metrics text");
         assert!(metrics.contains("oncelog_sink_streams_set_aside_total{stream=\"a/bad\"} 1"), "counted:\n{metrics}");
 
         // Resuming as SINKS.md says: clear the reason; the stream's next append wakes the sink,
         // which reads it from its position again (and, the cause being still there, sets it
         // aside again at the same message).
-        query(&url, &format!("UPDATE {schema}.positions SET set_aside_reason = NULL, set_aside_at = NULL WHERE stream = 'a/bad'")).await.expect("resume");
+        query(
+            &url,
+            &format!(
+                "UPDATE {schema}.positions SET set_aside_reason = NULL, set_aside_at = NULL WHERE stream = 'a/bad'"
+            ),
+        )
+        .await
+        .expect("resume");
         append("a/bad", r#"{"n":6}"#).await;
         let (position, _) = wait_set_aside(&url, &schema, "a/bad", &log).await;
         assert_eq!(position, "16");
@@ -359,7 +435,11 @@ fn with_skip_stream_a_refused_stream_is_set_aside_and_the_others_go_on() {
         }
         assert_eq!(set_aside_log(&log), 2, "picked up again after the reason was cleared");
     });
-    assert!(matches!(child.try_wait(), Ok(None)), "the sink goes on:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
+    assert!(
+        matches!(child.try_wait(), Ok(None)),
+        "the sink goes on:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
 }
 
 #[test]
@@ -377,9 +457,19 @@ fn a_position_ahead_of_the_cursor_moves_the_cursor_instead_of_waking_again_and_a
         // While the sink is frozen: data arrives, and the target already holds it, as if a
         // worker had committed it and died before its ack.
         signal(&child, "STOP");
-        let tail = client.stream("l/x").append(r#"[{"a":1},{"a":2}]"#, AppendOptions::default()).await.expect("append").next_offset;
+        let tail = client
+            .stream("l/x")
+            .append(r#"[{"a":1},{"a":2}]"#, AppendOptions::default())
+            .await
+            .expect("append")
+            .next_offset;
         let pos = tail.to_oncelog().expect("offset").0;
-        query(&url, &format!("INSERT INTO {schema}.positions (stream, next_offset, position) VALUES ('l/x', '{tail}', {pos})")).await.expect("position");
+        query(
+            &url,
+            &format!("INSERT INTO {schema}.positions (stream, next_offset, position) VALUES ('l/x', '{tail}', {pos})"),
+        )
+        .await
+        .expect("position");
         signal(&child, "CONT");
         tokio::time::sleep(Duration::from_secs(3)).await;
         tail
@@ -388,7 +478,11 @@ fn a_position_ahead_of_the_cursor_moves_the_cursor_instead_of_waking_again_and_a
     let mut child = child;
     let _ = child.kill();
     let _ = child.wait();
-    assert_eq!(info.link("l/x").map(|l| l.acked_offset.clone()), Some(tail), "the cursor moved to the target's position");
+    assert_eq!(
+        info.link("l/x").map(|l| l.acked_offset.clone()),
+        Some(tail),
+        "the cursor moved to the target's position"
+    );
     assert!(info.generation <= 3, "woken {} times for work that was done", info.generation);
     let rows = h.rt.block_on(query(&url, &format!("SELECT count(*) FROM {schema}.messages"))).expect("count");
     assert_eq!(rows, vec![vec!["0".to_owned()]], "nothing applied again");
@@ -414,7 +508,9 @@ fn sigterm_gives_the_claim_back_with_its_batch_rolled_back() {
         let (mut db, conn) = cfg.connect(tls).await.expect("connect");
         tokio::spawn(conn);
         let held = db.transaction().await.expect("begin");
-        held.execute(&format!("SELECT 1 FROM {schema}.positions WHERE stream = 'g/x' FOR UPDATE"), &[]).await.expect("lock");
+        held.execute(&format!("SELECT 1 FROM {schema}.positions WHERE stream = 'g/x' FOR UPDATE"), &[])
+            .await
+            .expect("lock");
         client.stream("g/x").append(r#"{"m":2}"#, AppendOptions::default()).await.expect("append");
         while claims(&log_a) < 2 {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -426,7 +522,11 @@ fn sigterm_gives_the_claim_back_with_its_batch_rolled_back() {
         b = Some(sink(&h, "g/*", &schema, &["--lease-ttl", "30s", "--worker", "b"], &log_b));
         let started = std::time::Instant::now();
         while claims(&log_b) < 1 {
-            assert!(started.elapsed() < Duration::from_secs(10), "the claim was not given back:\n{}", std::fs::read_to_string(&log_a).unwrap_or_default());
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the claim was not given back:\n{}",
+                std::fs::read_to_string(&log_a).unwrap_or_default()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         held.rollback().await.expect("rollback");
@@ -436,6 +536,8 @@ fn sigterm_gives_the_claim_back_with_its_batch_rolled_back() {
         let _ = b.kill();
         let _ = b.wait();
     }
-    let rows = h.rt.block_on(query(&url, &format!("SELECT value::text FROM {schema}.messages ORDER BY stream_offset"))).expect("rows");
+    let rows =
+        h.rt.block_on(query(&url, &format!("SELECT value::text FROM {schema}.messages ORDER BY stream_offset")))
+            .expect("rows");
     assert_eq!(rows, vec![vec![r#"{"m": 1}"#.to_owned()], vec![r#"{"m": 2}"#.to_owned()]], "each message once");
 }

@@ -72,7 +72,14 @@ async fn append(client: &Client, path: &str, body: String) {
 
 /// The messages rows of `stream`: (stream_offset, value) as text.
 async fn messages(url: &str, schema: &str, stream: &str) -> Vec<String> {
-    let rows = query(url, &format!("SELECT stream_offset, value::text FROM {schema}.messages WHERE stream = '{stream}' ORDER BY stream_offset")).await.expect("messages");
+    let rows = query(
+        url,
+        &format!(
+            "SELECT stream_offset, value::text FROM {schema}.messages WHERE stream = '{stream}' ORDER BY stream_offset"
+        ),
+    )
+    .await
+    .expect("messages");
     rows.into_iter().map(|r| format!("{} {}", r[0], r[1])).collect()
 }
 
@@ -96,13 +103,27 @@ fn streams_written_before_the_sink_starts_are_applied_without_another_append() {
         append(&client, "b/json", json!([{ "n": 1 }, { "n": 2 }]).to_string()).await;
         append(&client, "b/json", json!({ "n": 3 }).to_string()).await;
         append(&client, "b/raw", "one\ntwo\n".to_owned()).await;
-        append(&client, "b/state", json!({ "type": "u", "key": "a", "value": 1, "headers": { "operation": "insert" } }).to_string()).await;
+        append(
+            &client,
+            "b/state",
+            json!({ "type": "u", "key": "a", "value": 1, "headers": { "operation": "insert" } }).to_string(),
+        )
+        .await;
     });
     let mut child = sink(&h, "b/*", &url, &schema, &["--worker", "w"], &log);
     // Nothing is appended once the sink runs: what the streams held is applied all the same.
-    h.rt.block_on(wait_applied(&client, &url, &schema, &paths(&["b/json", "b/raw", "b/state"]), Duration::from_secs(20)));
+    h.rt.block_on(wait_applied(
+        &client,
+        &url,
+        &schema,
+        &paths(&["b/json", "b/raw", "b/state"]),
+        Duration::from_secs(20),
+    ));
     let caught = text(&log);
-    assert!(caught.contains("catching up on what the streams held at start") && caught.contains("streams=3"), "the start says what it catches up:\n{caught}");
+    assert!(
+        caught.contains("catching up on what the streams held at start") && caught.contains("streams=3"),
+        "the start says what it catches up:\n{caught}"
+    );
     h.rt.block_on(async {
         assert_eq!(messages(&url, &schema, "b/json").await, ["0 {\"n\": 1}", "8 {\"n\": 2}", "16 {\"n\": 3}"]);
         let chunks = query(&url, &format!("SELECT stream_offset, next_offset, convert_from(data, 'UTF8') FROM {schema}.chunks WHERE stream = 'b/raw'")).await.expect("chunks");
@@ -180,7 +201,8 @@ fn mode_state_materialises_a_plain_json_stream_of_state_changes() {
         append(&client, "m/changes", json!([change("insert", "k1", 1), change("insert", "k2", 2)]).to_string()).await;
         append(&client, "m/raw", "not json\n".to_owned()).await;
     });
-    let _child = sink(&h, "m/*", &url, &schema, &["--worker", "w", "--mode", "state", "--on-refused", "skip-stream"], &log);
+    let _child =
+        sink(&h, "m/*", &url, &schema, &["--worker", "w", "--mode", "state", "--on-refused", "skip-stream"], &log);
     let rows = |url: String, schema: String| async move {
         query(&url, &format!("SELECT key, value::text, stream_offset, extract(epoch FROM updated_at)::text FROM {schema}.state WHERE stream = 'm/changes' ORDER BY key"))
             .await
@@ -189,18 +211,26 @@ fn mode_state_materialises_a_plain_json_stream_of_state_changes() {
     h.rt.block_on(async {
         wait_applied(&client, &url, &schema, &paths(&["m/changes"]), Duration::from_secs(20)).await;
         let before = rows(url.clone(), schema.clone()).await;
-        assert_eq!(before.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect::<Vec<_>>(), [("k1", "{\"v\": 1}"), ("k2", "{\"v\": 2}")]);
+        assert_eq!(
+            before.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect::<Vec<_>>(),
+            [("k1", "{\"v\": 1}"), ("k2", "{\"v\": 2}")]
+        );
         assert!(before.iter().all(|r| !r[3].is_empty()), "updated_at is set on insert: {before:?}");
         assert_eq!(messages(&url, &schema, "m/changes").await, Vec::<String>::new(), "not in messages");
         // The byte stream is set aside, with the reason, and the JSON one goes on.
-        let aside = query(&url, &format!("SELECT set_aside_reason FROM {schema}.positions WHERE stream = 'm/raw'")).await.expect("positions");
+        let aside = query(&url, &format!("SELECT set_aside_reason FROM {schema}.positions WHERE stream = 'm/raw'"))
+            .await
+            .expect("positions");
         assert_eq!(aside, vec![vec!["--mode state applies JSON streams only; this one is text/plain".to_owned()]]);
 
         tokio::time::sleep(Duration::from_millis(20)).await;
         append(&client, "m/changes", json!([change("update", "k1", 3), change("insert", "k3", 4)]).to_string()).await;
         wait_applied(&client, &url, &schema, &paths(&["m/changes"]), Duration::from_secs(20)).await;
         let after = rows(url.clone(), schema.clone()).await;
-        assert_eq!(after.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect::<Vec<_>>(), [("k1", "{\"v\": 3}"), ("k2", "{\"v\": 2}"), ("k3", "{\"v\": 4}")]);
+        assert_eq!(
+            after.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect::<Vec<_>>(),
+            [("k1", "{\"v\": 3}"), ("k2", "{\"v\": 2}"), ("k3", "{\"v\": 4}")]
+        );
         let epoch = |r: &Vec<String>| r[3].parse::<f64>().expect("epoch");
         assert!(epoch(&after[0]) > epoch(&before[0]), "updated_at moves on update: {before:?} {after:?}");
         assert_eq!(after[1][3], before[1][3], "and only then");
@@ -236,7 +266,8 @@ fn mode_chunks_and_mode_messages_force_their_tables() {
     drop(child);
     // Messages: a State Protocol stream's changes are rows of their own.
     let msgs = common::pg::schema("sinkstart", "msgs");
-    let _child = sink(&h, "c/*", &url, &msgs, &["--worker", "w", "--mode", "messages"], &h.dir.path().join("messages.log"));
+    let _child =
+        sink(&h, "c/*", &url, &msgs, &["--worker", "w", "--mode", "messages"], &h.dir.path().join("messages.log"));
     h.rt.block_on(async {
         wait_applied(&client, &url, &msgs, &streams, Duration::from_secs(20)).await;
         assert_eq!(messages(&url, &msgs, "c/json").await, ["0 {\"a\": 1}", "8 {\"a\": 2}"]);
@@ -274,7 +305,9 @@ fn a_sink_restarted_without_worker_takes_its_claim_back_at_once_and_a_waiting_on
         let (mut db, conn) = cfg.connect(tls).await.expect("connect");
         tokio::spawn(conn);
         let held = db.transaction().await.expect("begin");
-        held.execute(&format!("SELECT 1 FROM {schema}.positions WHERE stream = 'r/x' FOR UPDATE"), &[]).await.expect("lock");
+        held.execute(&format!("SELECT 1 FROM {schema}.positions WHERE stream = 'r/x' FOR UPDATE"), &[])
+            .await
+            .expect("lock");
         let before = claims(&log_a);
         append(&client, "r/x", json!({ "m": 2 }).to_string()).await;
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -338,12 +371,19 @@ fn refusing_server() -> u16 {
                     break;
                 }
                 // SSLRequest / GSSENCRequest: no.
-                if body.len() == 4 && matches!(u32::from_be_bytes([body[0], body[1], body[2], body[3]]), 80877103 | 80877104) {
+                if body.len() == 4
+                    && matches!(u32::from_be_bytes([body[0], body[1], body[2], body[3]]), 80877103 | 80877104)
+                {
                     let _ = conn.write_all(b"N");
                     continue;
                 }
                 let mut fields = Vec::new();
-                for (tag, value) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', "28P01"), (b'M', "password authentication failed for user \"app\"")] {
+                for (tag, value) in [
+                    (b'S', "FATAL"),
+                    (b'V', "FATAL"),
+                    (b'C', "28P01"),
+                    (b'M', "password authentication failed for user \"app\""),
+                ] {
                     fields.push(tag);
                     fields.extend_from_slice(value.as_bytes());
                     fields.push(0);
@@ -367,9 +407,21 @@ fn a_target_that_refuses_the_login_stops_the_sink_naming_why_and_one_that_is_awa
     let refusing = refusing_server();
     let closed = common::pg::free_port();
     let cases = [
-        ("database", login_as(&url, "oncelog", "sink_no_such_database"), vec!["FATAL 3D000", "database \"sink_no_such_database\" does not exist"]),
-        ("role", login_as(&url, "sink_no_such_role", "postgres"), vec!["FATAL 28000", "role \"sink_no_such_role\" does not exist"]),
-        ("password", format!("postgres://app:wrong@127.0.0.1:{refusing}/shop?sslmode=disable"), vec!["FATAL 28P01", "password authentication failed for user \"app\""]),
+        (
+            "database",
+            login_as(&url, "oncelog", "sink_no_such_database"),
+            vec!["FATAL 3D000", "database \"sink_no_such_database\" does not exist"],
+        ),
+        (
+            "role",
+            login_as(&url, "sink_no_such_role", "postgres"),
+            vec!["FATAL 28000", "role \"sink_no_such_role\" does not exist"],
+        ),
+        (
+            "password",
+            format!("postgres://app:wrong@127.0.0.1:{refusing}/shop?sslmode=disable"),
+            vec!["FATAL 28P01", "password authentication failed for user \"app\""],
+        ),
     ];
     for (what, target, words) in cases {
         let log = h.dir.path().join(format!("{what}.log"));
@@ -386,7 +438,14 @@ fn a_target_that_refuses_the_login_stops_the_sink_naming_why_and_one_that_is_awa
     }
     // Away (nothing listens): the sink waits, saying why on every line.
     let log = h.dir.path().join("away.log");
-    let mut child = sink(&h, "e/*", &format!("postgres://app@127.0.0.1:{closed}/shop?sslmode=disable"), "sinkstart_away", &["--worker", "w"], &log);
+    let mut child = sink(
+        &h,
+        "e/*",
+        &format!("postgres://app@127.0.0.1:{closed}/shop?sslmode=disable"),
+        "sinkstart_away",
+        &["--worker", "w"],
+        &log,
+    );
     std::thread::sleep(Duration::from_secs(3));
     assert!(matches!(child.try_wait(), Ok(None)), "the sink waits for a target that is away:\n{}", text(&log));
     let out = text(&log);
@@ -413,10 +472,13 @@ fn the_documented_grants_are_all_a_sink_s_token_needs_and_each_is_needed() {
     let secret = b"a-long-random-secret-for-the-sink-test".to_vec();
     let secret_file = tempfile::NamedTempFile::new().expect("secret file");
     std::fs::write(secret_file.path(), &secret).expect("secret");
-    let auth = TokenAuth::load(TokenConfig { secret_file: Some(secret_file.path().to_owned()), ..TokenConfig::default() }).expect("keys");
+    let auth =
+        TokenAuth::load(TokenConfig { secret_file: Some(secret_file.path().to_owned()), ..TokenConfig::default() })
+            .expect("keys");
     let h = Harness::start_with(auth);
     let url = database_url();
-    let expires = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64) + 3600;
+    let expires =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64) + 3600;
     let token = |grants: &[(bool, String, Vec<&'static str>)]| {
         let grants = grants
             .iter()
@@ -428,7 +490,11 @@ fn the_documented_grants_are_all_a_sink_s_token_needs_and_each_is_needed() {
             .collect();
         format!("Bearer {}", issue(&secret, ScopeClaim { grants }, expires, None, None, None).expect("token"))
     };
-    let admin = Client::builder(&h.base).default_header("authorization", &token(&[(false, String::new(), vec!["all"])])).expect("header").build().expect("client");
+    let admin = Client::builder(&h.base)
+        .default_header("authorization", &token(&[(false, String::new(), vec!["all"])]))
+        .expect("header")
+        .build()
+        .expect("client");
     h.rt.block_on(async {
         create(&admin, "o/x", "application/json").await;
         append(&admin, "o/x", json!({ "before": 1 }).to_string()).await;
@@ -441,7 +507,8 @@ fn the_documented_grants_are_all_a_sink_s_token_needs_and_each_is_needed() {
             let mut less = all.clone();
             less[i].2.retain(|o| o != op);
             let log = h.dir.path().join(format!("less-{i}-{op}.log"));
-            let mut child = sink(&h, "o/*", &url, "sinkstart_grants_less", &["--worker", "w", "--auth", &token(&less)], &log);
+            let mut child =
+                sink(&h, "o/*", &url, "sinkstart_grants_less", &["--worker", "w", "--auth", &token(&less)], &log);
             let code = wait_exit(&mut child, Duration::from_secs(10));
             assert_eq!(code, Some(1), "without {op} on {path} the sink goes on:\n{}", text(&log));
             assert!(text(&log).contains("403"), "without {op} on {path}:\n{}", text(&log));
@@ -451,7 +518,14 @@ fn the_documented_grants_are_all_a_sink_s_token_needs_and_each_is_needed() {
     // All of them: the sink applies what the stream held and what comes after.
     let schema = common::pg::schema("sinkstart", "grants");
     let log = h.dir.path().join("sink.log");
-    let _child = sink(&h, "o/*", &url, &schema, &["--worker", "w", "--auth", &token(&sink_grants("o/", &format!("sink-{schema}")))], &log);
+    let _child = sink(
+        &h,
+        "o/*",
+        &url,
+        &schema,
+        &["--worker", "w", "--auth", &token(&sink_grants("o/", &format!("sink-{schema}")))],
+        &log,
+    );
     h.rt.block_on(async {
         wait_applied(&admin, &url, &schema, &paths(&["o/x"]), Duration::from_secs(20)).await;
         append(&admin, "o/x", json!({ "after": 2 }).to_string()).await;

@@ -42,7 +42,13 @@ impl Sink for Totals {
         Ok(())
     }
 
-    async fn apply(&self, tx: &Transaction<'_>, stream: &StreamRef, batch: &Batch<'_>, _next: &StreamOffset) -> Result<u64, ApplyError> {
+    async fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        stream: &StreamRef,
+        batch: &Batch<'_>,
+        _next: &StreamOffset,
+    ) -> Result<u64, ApplyError> {
         let Batch::Messages(messages) = batch else { return Ok(0) };
         tokio::time::sleep(self.delay).await;
         let mut n = 0i64;
@@ -52,7 +58,11 @@ impl Sink for Totals {
         }
         let count = messages.len() as i64;
         tx.execute("INSERT INTO totals VALUES ($1, 0, 0) ON CONFLICT DO NOTHING", &[&stream.path]).await?;
-        tx.execute("UPDATE totals SET sum = sum + $2, messages = messages + $3 WHERE stream = $1", &[&stream.path, &n, &count]).await?;
+        tx.execute(
+            "UPDATE totals SET sum = sum + $2, messages = messages + $3 WHERE stream = $1",
+            &[&stream.path, &n, &count],
+        )
+        .await?;
         Ok(messages.len() as u64)
     }
 }
@@ -64,22 +74,40 @@ fn totals_sink_child() {
     let Ok(settings) = std::env::var("ONCELOG_SINK_CHILD") else { return };
     let parts: Vec<&str> = settings.split('\t').collect();
     let [base, target, schema, worker, lease_ms, delay_ms] = parts[..] else { panic!("bad settings {settings:?}") };
-    tracing_subscriber::fmt().with_env_filter("oncelog_sink=debug").with_ansi(false).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter("oncelog_sink=debug")
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .init();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let client = oncelog_client::Client::new(base).expect("client");
     let target = Target::new(target, schema, Duration::from_secs(10)).expect("target");
     let mut opts = SinkOptions::new(format!("totals-{schema}"), "totals/*", format!("wake-{schema}"), worker);
     opts.lease_ttl = Duration::from_millis(lease_ms.parse().expect("lease"));
-    let err = rt.block_on(Worker::new(client, target, Totals { delay: Duration::from_millis(delay_ms.parse().expect("delay")) }, opts).run());
+    let err = rt.block_on(
+        Worker::new(client, target, Totals { delay: Duration::from_millis(delay_ms.parse().expect("delay")) }, opts)
+            .run(),
+    );
     eprintln!("sink child stopped: {err:?}");
     std::process::exit(1);
 }
 
-fn spawn_child(base: &str, target: &str, schema: &str, worker: &str, lease_ms: u64, delay_ms: u64, log: &Path) -> Reaped {
+fn spawn_child(
+    base: &str,
+    target: &str,
+    schema: &str,
+    worker: &str,
+    lease_ms: u64,
+    delay_ms: u64,
+    log: &Path,
+) -> Reaped {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("child log");
     Command::new(std::env::current_exe().expect("test binary"))
         .args(["totals_sink_child", "--exact", "--nocapture", "--test-threads", "1"])
-        .env("ONCELOG_SINK_CHILD", [base, target, schema, worker, &lease_ms.to_string(), &delay_ms.to_string()].join("\t"))
+        .env(
+            "ONCELOG_SINK_CHILD",
+            [base, target, schema, worker, &lease_ms.to_string(), &delay_ms.to_string()].join("\t"),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -96,8 +124,11 @@ fn signal(child: &Child, signal: &str) {
 
 /// Every stream's (messages, sum) in the target against what the writers sent.
 async fn check_totals(url: &str, schema: &str, sent: &[(String, u64, u64)]) {
-    let rows = sink_support::query(url, &format!("SELECT stream, messages, sum FROM {schema}.totals ORDER BY stream")).await.expect("totals");
-    let got: Vec<(String, u64, u64)> = rows.iter().map(|r| (r[0].clone(), r[1].parse().unwrap_or(0), r[2].parse().unwrap_or(0))).collect();
+    let rows = sink_support::query(url, &format!("SELECT stream, messages, sum FROM {schema}.totals ORDER BY stream"))
+        .await
+        .expect("totals");
+    let got: Vec<(String, u64, u64)> =
+        rows.iter().map(|r| (r[0].clone(), r[1].parse().unwrap_or(0), r[2].parse().unwrap_or(0))).collect();
     let mut want = sent.to_vec();
     want.sort();
     let wrong: Vec<String> = got
@@ -106,7 +137,10 @@ async fn check_totals(url: &str, schema: &str, sent: &[(String, u64, u64)]) {
         .filter(|(g, w)| g != w)
         .map(|(g, w)| format!("{}: {} messages applied, {} sent (sum {} vs {})", g.0, g.1, w.1, g.2, w.2))
         .collect();
-    assert!(got.len() == want.len() && wrong.is_empty(), "totals differ from what was sent: {wrong:?} (all: {got:?} vs {want:?})");
+    assert!(
+        got.len() == want.len() && wrong.is_empty(),
+        "totals differ from what was sent: {wrong:?} (all: {got:?} vs {want:?})"
+    );
 }
 
 fn streams(prefix: &str, n: usize) -> Vec<String> {
@@ -160,7 +194,8 @@ fn last_claim(logs: &[(&str, &Path)]) -> Option<(u64, String)> {
     for (name, log) in logs {
         let text = std::fs::read_to_string(log).unwrap_or_default();
         for line in text.lines().filter(|l| l.contains(" claimed ")) {
-            let g = line.split("generation=").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|g| g.parse().ok());
+            let g =
+                line.split("generation=").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|g| g.parse().ok());
             if let Some(g) = g {
                 if best.as_ref().is_none_or(|(b, _)| g > *b) {
                     best = Some((g, name.to_string()));
@@ -186,7 +221,10 @@ fn a_paused_worker_whose_claim_passed_on_applies_nothing_twice() {
     });
     let writers = h.rt.block_on(async { Writers::start(&client, &names, Duration::from_millis(2)) });
     let (log_a, log_b) = (h.dir.path().join("a.log"), h.dir.path().join("b.log"));
-    let mut workers = [spawn_child(&h.base, &url, &schema, "a", 1_000, 20, &log_a), spawn_child(&h.base, &url, &schema, "b", 1_000, 20, &log_b)];
+    let mut workers = [
+        spawn_child(&h.base, &url, &schema, "a", 1_000, 20, &log_a),
+        spawn_child(&h.base, &url, &schema, "b", 1_000, 20, &log_b),
+    ];
     let logs = [("a", log_a.as_path()), ("b", log_b.as_path())];
     let mut takeovers = 0;
     for _ in 0..4 {
@@ -218,9 +256,26 @@ fn a_paused_worker_whose_claim_passed_on_applies_nothing_twice() {
         let _ = w.wait();
     }
     h.rt.block_on(check_totals(&url, &schema, &sent));
-    let claims = |p: &Path| std::fs::read_to_string(p).unwrap_or_default().lines().filter(|l| l.contains("claim")).map(|l| l.chars().take(140).collect::<String>()).collect::<Vec<_>>().join("\n");
-    assert!(takeovers >= 3, "the other worker took over in only {takeovers} of 4 freezes\na:\n{}\nb:\n{}", claims(&log_a), claims(&log_b));
-    let text = format!("{}{}", std::fs::read_to_string(&log_a).unwrap_or_default(), std::fs::read_to_string(&log_b).unwrap_or_default());
+    let claims = |p: &Path| {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("claim"))
+            .map(|l| l.chars().take(140).collect::<String>())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(
+        takeovers >= 3,
+        "the other worker took over in only {takeovers} of 4 freezes\na:\n{}\nb:\n{}",
+        claims(&log_a),
+        claims(&log_b)
+    );
+    let text = format!(
+        "{}{}",
+        std::fs::read_to_string(&log_a).unwrap_or_default(),
+        std::fs::read_to_string(&log_b).unwrap_or_default()
+    );
     let (fenced, moved) = (text.matches("passed to another worker").count(), text.matches("position moved").count());
     eprintln!("{takeovers} takeovers, {fenced} zombies fenced at their ack, {moved} batches refused by the compare-and-set; drained in {drained:?}; {:?} in all", started.elapsed());
 }

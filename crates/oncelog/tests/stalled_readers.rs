@@ -84,7 +84,10 @@ async fn two_hundred_sse_readers_that_never_read_keep_rss_bounded_while_a_normal
         stream.append(m.clone(), Default::default()).await.expect("append");
         expected.extend_from_slice(&m);
     }
-    let got = tokio::time::timeout(Duration::from_secs(120), normal).await.expect("normal reader timed out").expect("reader task");
+    let got = tokio::time::timeout(Duration::from_secs(120), normal)
+        .await
+        .expect("normal reader timed out")
+        .expect("reader task");
     assert!(got == expected, "the normal reader got {} bytes, not the {} appended", got.len(), expected.len());
 
     // Whatever the stalled readers pin is pinned by now; sample for a moment.
@@ -97,13 +100,21 @@ async fn two_hundred_sse_readers_that_never_read_keep_rss_bounded_while_a_normal
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let growth = peak.saturating_sub(before);
-    eprintln!("RSS before {} MiB, peak {} MiB, growth {} MiB, threads {threads}", before >> 20, peak >> 20, growth >> 20);
+    eprintln!(
+        "RSS before {} MiB, peak {} MiB, growth {} MiB, threads {threads}",
+        before >> 20,
+        peak >> 20,
+        growth >> 20
+    );
     assert!(
         growth < RSS_GROWTH_BOUND,
         "{STALLED_READERS} stalled readers grew the server's RSS by {} MiB (bound {} MiB)",
         growth >> 20,
         RSS_GROWTH_BOUND >> 20
     );
-    assert!(threads <= THREAD_BOUND, "the server ran {threads} threads (bound {THREAD_BOUND}): disk reads are not pooled");
+    assert!(
+        threads <= THREAD_BOUND,
+        "the server ran {threads} threads (bound {THREAD_BOUND}): disk reads are not pooled"
+    );
     drop(stalled);
 }

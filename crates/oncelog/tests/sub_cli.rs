@@ -18,7 +18,19 @@ fn sub_create_is_idempotent_refuses_another_config_and_get_list_delete_show_it()
     };
     assert!(run(cmd(&["create", "wake", "--json"]), b"", LIMIT).ok);
     assert!(run(cmd(&["create", "jobs/a"]), b"", LIMIT).ok);
-    let create = ["sub", "create", "workers", "--pattern", "jobs/*", "--wake-stream", "wake", "--lease-ttl", "30s", "--description", "the job workers"];
+    let create = [
+        "sub",
+        "create",
+        "workers",
+        "--pattern",
+        "jobs/*",
+        "--wake-stream",
+        "wake",
+        "--lease-ttl",
+        "30s",
+        "--description",
+        "the job workers",
+    ];
 
     let out = run(cmd(&create), b"", LIMIT);
     assert!(out.ok, "{}", out.stderr);
@@ -44,7 +56,8 @@ fn sub_create_is_idempotent_refuses_another_config_and_get_list_delete_show_it()
     let out = run(cmd(&["sub", "get", "workers"]), b"", LIMIT);
     assert!(out.ok, "{}", out.stderr);
     let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("get prints JSON");
-    let linked: Vec<&str> = v["streams"].as_array().expect("streams").iter().filter_map(|l| l["path"].as_str()).collect();
+    let linked: Vec<&str> =
+        v["streams"].as_array().expect("streams").iter().filter_map(|l| l["path"].as_str()).collect();
     assert_eq!(linked, ["jobs/a"], "{}", out.stdout);
 
     // Explicit links, by name.

@@ -58,7 +58,14 @@ impl Node {
     }
 }
 
-async fn send(http: &Client, method: reqwest::Method, url: &str, token: Option<&str>, body: Option<String>, ct: &str) -> Result<(StatusCode, reqwest::header::HeaderMap, String), reqwest::Error> {
+async fn send(
+    http: &Client,
+    method: reqwest::Method,
+    url: &str,
+    token: Option<&str>,
+    body: Option<String>,
+    ct: &str,
+) -> Result<(StatusCode, reqwest::header::HeaderMap, String), reqwest::Error> {
     let mut r = http.request(method, url).timeout(Duration::from_secs(10));
     if let Some(t) = token {
         r = r.bearer_auth(t);
@@ -79,7 +86,8 @@ fn offset(n: u64) -> String {
 /// The JSON messages of `path`, each with the offset after it. Every append here is one
 /// message written compactly, so its stored form is its text plus one `,`.
 async fn messages(http: &Client, node: &Node, path: &str) -> Vec<(Value, String)> {
-    let (status, _, body) = send(http, reqwest::Method::GET, &format!("{}?offset=-1", node.url(path)), None, None, "").await.expect("read");
+    let (status, _, body) =
+        send(http, reqwest::Method::GET, &format!("{}?offset=-1", node.url(path)), None, None, "").await.expect("read");
     assert_eq!(status, StatusCode::OK, "{body}");
     let items: Vec<Value> = serde_json::from_str(&body).expect("JSON array");
     let mut end = 0u64;
@@ -94,10 +102,15 @@ async fn messages(http: &Client, node: &Node, path: &str) -> Vec<(Value, String)
 
 /// Cursor and generation as the server reports them.
 async fn state(http: &Client, node: &Node) -> (String, u64) {
-    let (status, _, body) = send(http, reqwest::Method::GET, &node.url("__ds/subscriptions/pipe"), None, None, "").await.expect("get");
+    let (status, _, body) =
+        send(http, reqwest::Method::GET, &node.url("__ds/subscriptions/pipe"), None, None, "").await.expect("get");
     assert_eq!(status, StatusCode::OK, "{body}");
     let v: Value = serde_json::from_str(&body).expect("json");
-    let acked = v["streams"].as_array().and_then(|s| s.iter().find(|l| l["path"] == "in/a")).map(|l| l["acked_offset"].as_str().unwrap_or("").to_owned()).unwrap_or_default();
+    let acked = v["streams"]
+        .as_array()
+        .and_then(|s| s.iter().find(|l| l["path"] == "in/a"))
+        .map(|l| l["acked_offset"].as_str().unwrap_or("").to_owned())
+        .unwrap_or_default();
     (acked, v["generation"].as_u64().unwrap_or(0))
 }
 
@@ -106,7 +119,11 @@ fn done_before(inputs: &[(Value, String)], cursor: &str) -> usize {
     if cursor == offset(0) {
         return 0;
     }
-    inputs.iter().position(|(_, end)| end == cursor).map(|i| i + 1).unwrap_or_else(|| panic!("cursor {cursor} is not a message boundary"))
+    inputs
+        .iter()
+        .position(|(_, end)| end == cursor)
+        .map(|i| i + 1)
+        .unwrap_or_else(|| panic!("cursor {cursor} is not a message boundary"))
 }
 
 /// Outputs and acks agree: the output is exactly the inputs below the cursor, in order.
@@ -140,11 +157,22 @@ async fn subscription_state_survives_kill_9_during_wakes_claims_and_commits() {
     node.up();
     let http = Client::new();
     for p in ["wake", "in/a", "out"] {
-        let (s, _, b) = send(&http, reqwest::Method::PUT, &node.url(p), None, Some(String::new()), "application/json").await.expect("create");
+        let (s, _, b) = send(&http, reqwest::Method::PUT, &node.url(p), None, Some(String::new()), "application/json")
+            .await
+            .expect("create");
         assert_eq!(s, StatusCode::CREATED, "{b}");
     }
     let cfg = json!({ "type": "pull-wake", "pattern": "in/*", "wake_stream": "wake", "lease_ttl_ms": 5000 });
-    let (s, _, b) = send(&http, reqwest::Method::PUT, &node.url("__ds/subscriptions/pipe"), None, Some(cfg.to_string()), "application/json").await.expect("put");
+    let (s, _, b) = send(
+        &http,
+        reqwest::Method::PUT,
+        &node.url("__ds/subscriptions/pipe"),
+        None,
+        Some(cfg.to_string()),
+        "application/json",
+    )
+    .await
+    .expect("put");
     assert_eq!(s, StatusCode::CREATED, "{b}");
 
     let mut rng = Lcg(0xC0FFEE);
@@ -164,13 +192,29 @@ async fn subscription_state_survives_kill_9_during_wakes_claims_and_commits() {
         let fut = {
             let http = http.clone();
             let url = |p: &str| node.url(p);
-            let (input_url, claim_url, commit_url, sub_url) = (url("in/a"), url("__ds/subscriptions/pipe/claim"), url("__ds/subscriptions/pipe/commit"), url("__ds/subscriptions/pipe"));
+            let (input_url, claim_url, commit_url, sub_url) = (
+                url("in/a"),
+                url("__ds/subscriptions/pipe/claim"),
+                url("__ds/subscriptions/pipe/commit"),
+                url("__ds/subscriptions/pipe"),
+            );
             let claim = claim.clone();
             let pending = pending.clone();
             let n = next_input;
             tokio::spawn(async move {
                 if let (Some((token, _, _)), Some((body, _))) = (&claim, &pending) {
-                    return ("commit", send(&http, reqwest::Method::POST, &commit_url, Some(token), Some(body.clone()), "application/json").await);
+                    return (
+                        "commit",
+                        send(
+                            &http,
+                            reqwest::Method::POST,
+                            &commit_url,
+                            Some(token),
+                            Some(body.clone()),
+                            "application/json",
+                        )
+                        .await,
+                    );
                 }
                 if action == 0 || (claim.is_none() && action == 1) {
                     let body = json!({ "n": n }).to_string();
@@ -183,13 +227,27 @@ async fn subscription_state_survives_kill_9_during_wakes_claims_and_commits() {
                         .body(body)
                         .send()
                         .await;
-                    return ("append", match r {
-                        Ok(resp) => Ok((resp.status(), resp.headers().clone(), String::new())),
-                        Err(e) => Err(e),
-                    });
+                    return (
+                        "append",
+                        match r {
+                            Ok(resp) => Ok((resp.status(), resp.headers().clone(), String::new())),
+                            Err(e) => Err(e),
+                        },
+                    );
                 }
                 if claim.is_none() {
-                    return ("claim", send(&http, reqwest::Method::POST, &claim_url, None, Some(json!({ "worker": "w" }).to_string()), "application/json").await);
+                    return (
+                        "claim",
+                        send(
+                            &http,
+                            reqwest::Method::POST,
+                            &claim_url,
+                            None,
+                            Some(json!({ "worker": "w" }).to_string()),
+                            "application/json",
+                        )
+                        .await,
+                    );
                 }
                 ("read", send(&http, reqwest::Method::GET, &sub_url, None, None, "").await)
             })
@@ -204,7 +262,11 @@ async fn subscription_state_survives_kill_9_during_wakes_claims_and_commits() {
             ("append", Ok((status, _, _))) if status.is_success() => next_input += 1,
             ("claim", Ok((StatusCode::OK, _, body))) => {
                 let v: Value = serde_json::from_str(&body).expect("claim JSON");
-                claim = Some((v["token"].as_str().expect("token").to_owned(), v["wake_id"].as_str().expect("wake id").to_owned(), v["generation"].as_u64().expect("generation")));
+                claim = Some((
+                    v["token"].as_str().expect("token").to_owned(),
+                    v["wake_id"].as_str().expect("wake id").to_owned(),
+                    v["generation"].as_u64().expect("generation"),
+                ));
             }
             ("commit", Ok((StatusCode::OK, _, body))) => {
                 commits_acked += 1;
@@ -238,7 +300,10 @@ async fn subscription_state_survives_kill_9_during_wakes_claims_and_commits() {
         check_agreement(&http, &node, &cursor).await;
         (last_cursor, last_generation) = (cursor, generation);
     }
-    assert!(kills >= 20 && commits_acked >= 5, "the run killed the server ({kills} times) between commits ({commits_acked})");
+    assert!(
+        kills >= 20 && commits_acked >= 5,
+        "the run killed the server ({kills} times) between commits ({commits_acked})"
+    );
 
     // Drain without kills: claim and commit until everything is out.
     for _ in 0..50 {
@@ -248,19 +313,43 @@ async fn subscription_state_survives_kill_9_during_wakes_claims_and_commits() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let (s, _, body) = send(&http, reqwest::Method::POST, &node.url("__ds/subscriptions/pipe/claim"), None, Some(json!({ "worker": "w" }).to_string()), "application/json").await.expect("claim");
+        let (s, _, body) = send(
+            &http,
+            reqwest::Method::POST,
+            &node.url("__ds/subscriptions/pipe/claim"),
+            None,
+            Some(json!({ "worker": "w" }).to_string()),
+            "application/json",
+        )
+        .await
+        .expect("claim");
         if s != StatusCode::OK {
             // The earlier claim's lease has to run out first.
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         }
         let v: Value = serde_json::from_str(&body).expect("claim");
-        let Some((body, _)) = commit_body(&inputs, &cursor, v["wake_id"].as_str().unwrap_or(""), v["generation"].as_u64().unwrap_or(0)) else { break };
-        let (s, _, b) = send(&http, reqwest::Method::POST, &node.url("__ds/subscriptions/pipe/commit"), v["token"].as_str(), Some(body), "application/json").await.expect("commit");
+        let Some((body, _)) =
+            commit_body(&inputs, &cursor, v["wake_id"].as_str().unwrap_or(""), v["generation"].as_u64().unwrap_or(0))
+        else {
+            break;
+        };
+        let (s, _, b) = send(
+            &http,
+            reqwest::Method::POST,
+            &node.url("__ds/subscriptions/pipe/commit"),
+            v["token"].as_str(),
+            Some(body),
+            "application/json",
+        )
+        .await
+        .expect("commit");
         assert_eq!(s, StatusCode::OK, "{b}");
     }
-    let outputs: Vec<u64> = messages(&http, &node, "out").await.iter().map(|(v, _)| v["message"]["n"].as_u64().expect("n")).collect();
-    let inputs: Vec<u64> = messages(&http, &node, "in/a").await.iter().map(|(v, _)| v["n"].as_u64().expect("n")).collect();
+    let outputs: Vec<u64> =
+        messages(&http, &node, "out").await.iter().map(|(v, _)| v["message"]["n"].as_u64().expect("n")).collect();
+    let inputs: Vec<u64> =
+        messages(&http, &node, "in/a").await.iter().map(|(v, _)| v["n"].as_u64().expect("n")).collect();
     assert_eq!(inputs, (0..next_input).collect::<Vec<_>>(), "every acknowledged input, once");
     assert_eq!(outputs, inputs, "every input in the output exactly once, in order");
     eprintln!("{} inputs, {kills} kills, {commits_built} commits built, {commits_acked} acknowledged ({duplicates} as duplicates of an applied one), {fenced} fenced", inputs.len());

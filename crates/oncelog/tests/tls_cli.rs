@@ -28,8 +28,10 @@ fn the_cli_speaks_https_to_a_tls_server_with_a_private_ca() {
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("key")).expect("ca");
     let key = KeyPair::generate().expect("key");
-    let cert = CertificateParams::new(vec!["localhost".to_string()]).expect("params").signed_by(&key, &ca).expect("cert");
-    let (ca_file, cert_file, key_file) = (dir.path().join("ca.pem"), dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let cert =
+        CertificateParams::new(vec!["localhost".to_string()]).expect("params").signed_by(&key, &ca).expect("cert");
+    let (ca_file, cert_file, key_file) =
+        (dir.path().join("ca.pem"), dir.path().join("cert.pem"), dir.path().join("key.pem"));
     std::fs::write(&ca_file, ca.pem()).expect("ca");
     std::fs::write(&cert_file, cert.pem()).expect("cert");
     std::fs::write(&key_file, key.serialize_pem()).expect("key");
@@ -48,7 +50,11 @@ fn the_cli_speaks_https_to_a_tls_server_with_a_private_ca() {
     let mut server = Server(serve.spawn().expect("start oncelog serve"));
     let mut line = String::new();
     BufReader::new(server.0.stdout.take().expect("stdout")).read_line(&mut line).expect("first line");
-    let addr = line.trim().strip_prefix("oncelog listening on https://").unwrap_or_else(|| panic!("unexpected: {line:?}")).to_owned();
+    let addr = line
+        .trim()
+        .strip_prefix("oncelog listening on https://")
+        .unwrap_or_else(|| panic!("unexpected: {line:?}"))
+        .to_owned();
     let port = addr.rsplit(':').next().expect("port");
     let url = format!("https://localhost:{port}/v1/stream");
 

@@ -14,12 +14,24 @@ fn issued_tokens_and_signed_urls_work_within_their_grants_only() {
     let secrets = tempfile::tempdir().expect("tempdir");
     let secret = secrets.path().join("secret");
     std::fs::write(&secret, "a-long-random-secret\n").expect("secret");
-    let auth = TokenAuth::load(TokenConfig { secret_file: Some(secret.clone()), ..TokenConfig::default() }).expect("keys");
+    let auth =
+        TokenAuth::load(TokenConfig { secret_file: Some(secret.clone()), ..TokenConfig::default() }).expect("keys");
     let h = Harness::start_with(auth);
     let secret = secret.to_str().expect("utf-8 path").to_owned();
 
     let mut issue = bin();
-    issue.args(["token", "issue", "--secret-file", &secret, "--prefix", "chats/", "--ops", "read,append,create", "--expires-in", "1h"]);
+    issue.args([
+        "token",
+        "issue",
+        "--secret-file",
+        &secret,
+        "--prefix",
+        "chats/",
+        "--ops",
+        "read,append,create",
+        "--expires-in",
+        "1h",
+    ]);
     let out = run(issue, b"", LIMIT);
     assert!(out.ok, "{}", out.stderr);
     let bearer = format!("Bearer {}", out.stdout.trim());
@@ -38,7 +50,15 @@ fn issued_tokens_and_signed_urls_work_within_their_grants_only() {
     assert!(!out.ok && out.stderr.contains("403"), "{}", out.stderr);
 
     let mut sign = bin();
-    sign.args(["token", "sign-url", "--secret-file", &secret, &format!("{}/chats/1?offset=-1", h.base), "--expires-in", "10m"]);
+    sign.args([
+        "token",
+        "sign-url",
+        "--secret-file",
+        &secret,
+        &format!("{}/chats/1?offset=-1", h.base),
+        "--expires-in",
+        "10m",
+    ]);
     let out = run(sign, b"", LIMIT);
     assert!(out.ok, "{}", out.stderr);
     let url = out.stdout.trim().to_owned();

@@ -54,7 +54,8 @@ where
 {
     create_stream(&urls[0], STREAM).await;
     let give_up = Instant::now() + run + Duration::from_secs(90);
-    let load = Load { stream: STREAM.into(), urls: Arc::new(urls), route: Route::Alternate, in_flight: IN_FLIGHT, give_up };
+    let load =
+        Load { stream: STREAM.into(), urls: Arc::new(urls), route: Route::Alternate, in_flight: IN_FLIGHT, give_up };
     let tally = Arc::new(Mutex::new(Tally::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let readers: Vec<_> = [LiveMode::Sse, LiveMode::Sse, LiveMode::Sse, LiveMode::LongPoll, LiveMode::LongPoll]
@@ -83,7 +84,11 @@ where
     let whole = read_all(&reader_base, STREAM).await;
     let records = check_stream(&whole, &tally);
     for (k, (sink, r)) in readers.into_iter().enumerate() {
-        tokio::time::timeout(Duration::from_secs(60), r).await.expect("reader ends at EOF").expect("reader").expect("reader error");
+        tokio::time::timeout(Duration::from_secs(60), r)
+            .await
+            .expect("reader ends at EOF")
+            .expect("reader")
+            .expect("reader error");
         let got = sink.lock().expect("sink").clone();
         assert!(got == whole, "reader {k} saw {} bytes, the stream holds {}", got.len(), whole.len());
     }
@@ -202,9 +207,11 @@ fn a_database_crash_mid_run_loses_and_duplicates_nothing() {
         tally.unavailable
     );
     assert_eq!(outage, vec![Some(StatusCode::SERVICE_UNAVAILABLE); 2], "both nodes report the outage on /readyz");
-    assert!(recovered.is_some_and(|t| t < Duration::from_secs(10)), "both nodes ready again without a restart: {recovered:?}");
+    assert!(
+        recovered.is_some_and(|t| t < Duration::from_secs(10)),
+        "both nodes ready again without a restart: {recovered:?}"
+    );
     assert!(tally.unavailable > 0, "the outage was seen as 503s");
     assert!(tally.acked.len() > 100, "the load ran ({} acknowledged)", tally.acked.len());
     drop((a, b));
 }
-

@@ -32,7 +32,10 @@ async fn keys_and_body_digests_are_recognised_after_a_kill_and_restart() {
     let (keyed_end, produced_end) = {
         let server = Server::start(&data, &[]);
         let url = format!("{}/v1/stream/s", server.url);
-        assert_eq!(http.put(&url).header("content-type", "text/plain").send().await.expect("put").status(), StatusCode::CREATED);
+        assert_eq!(
+            http.put(&url).header("content-type", "text/plain").send().await.expect("put").status(),
+            StatusCode::CREATED
+        );
         let keyed = post(&http, &url, &key, "keyed").await;
         assert_eq!(keyed.status(), StatusCode::OK);
         let produced = post(&http, &url, &producer, "produced").await;

@@ -96,7 +96,12 @@ pub(crate) async fn listener(shared: Arc<Shared>, cfg: tokio_postgres::Config, t
     }
 }
 
-async fn listen_once(shared: &Shared, cfg: &tokio_postgres::Config, tls: &MakeRustlsConnect, channel: &str) -> Result<(), tokio_postgres::Error> {
+async fn listen_once(
+    shared: &Shared,
+    cfg: &tokio_postgres::Config,
+    tls: &MakeRustlsConnect,
+    channel: &str,
+) -> Result<(), tokio_postgres::Error> {
     let (client, mut conn) = cfg.connect(tls.clone()).await?;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let driver = tokio::spawn(async move {
@@ -153,7 +158,11 @@ async fn listen_once(shared: &Shared, cfg: &tokio_postgres::Config, tls: &MakeRu
 
 /// Wakes the waiters of every watched stream whose tail, closure or existence changed since the
 /// last poll (or that this poll sees for the first time).
-async fn poll_watched(shared: &Shared, client: &tokio_postgres::Client, seen: &mut HashMap<u64, (i64, bool)>) -> Result<(), tokio_postgres::Error> {
+async fn poll_watched(
+    shared: &Shared,
+    client: &tokio_postgres::Client,
+    seen: &mut HashMap<u64, (i64, bool)>,
+) -> Result<(), tokio_postgres::Error> {
     let watched = shared.watches.watched();
     if watched.is_empty() {
         seen.clear();

@@ -91,7 +91,11 @@ pub fn split(url: &str) -> Result<(String, TlsParams), ConnInfoError> {
 
 /// [`split`] with the environment given (tests).
 pub fn split_with(url: &str, env: impl Fn(&str) -> Option<String>) -> Result<(String, TlsParams), ConnInfoError> {
-    let (rest, mut found) = if url.starts_with("postgres://") || url.starts_with("postgresql://") { split_url(url)? } else { split_key_value(url)? };
+    let (rest, mut found) = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        split_url(url)?
+    } else {
+        split_key_value(url)?
+    };
     for (key, var) in TLS_KEYS.iter().zip(["PGSSLMODE", "PGSSLROOTCERT", "PGSSLCERT", "PGSSLKEY"]) {
         if !found.iter().any(|(k, _)| k == key) {
             if let Some(v) = env(var) {
@@ -215,7 +219,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(rest, "postgres://u@h1:5432,h2:5433/db?target_session_attrs=read-write&application_name=a");
-        assert_eq!(tls, TlsParams { mode: SslMode::VerifyFull, roots: Roots::File("/tmp/ca x.crt".into()), client: None });
+        assert_eq!(
+            tls,
+            TlsParams { mode: SslMode::VerifyFull, roots: Roots::File("/tmp/ca x.crt".into()), client: None }
+        );
         let (rest, tls) = split_with("postgresql://u@h/db?sslmode=disable", no_env).unwrap();
         assert_eq!(rest, "postgresql://u@h/db");
         assert_eq!(tls.mode, SslMode::Disable);
@@ -224,13 +231,20 @@ mod tests {
 
     #[test]
     fn key_value_form_with_quotes() {
-        let (rest, tls) =
-            split_with(r"host=h  sslmode=require sslrootcert='/a b\'c' user=u sslcert=/c.pem sslkey = /k.pem dbname=d", no_env).unwrap();
+        let (rest, tls) = split_with(
+            r"host=h  sslmode=require sslrootcert='/a b\'c' user=u sslcert=/c.pem sslkey = /k.pem dbname=d",
+            no_env,
+        )
+        .unwrap();
         assert_eq!(rest, "host=h user=u dbname=d");
         // require with a root file checks the chain, as libpq does.
         assert_eq!(
             tls,
-            TlsParams { mode: SslMode::VerifyCa, roots: Roots::File("/a b'c".into()), client: Some(("/c.pem".into(), "/k.pem".into())) }
+            TlsParams {
+                mode: SslMode::VerifyCa,
+                roots: Roots::File("/a b'c".into()),
+                client: Some(("/c.pem".into(), "/k.pem".into()))
+            }
         );
         assert_eq!(split_with("host=h sslrootcert='x", no_env), Err(ConnInfoError::Unclosed));
     }
@@ -249,7 +263,10 @@ mod tests {
             "PGSSLROOTCERT" => Some("system".to_owned()),
             _ => None,
         };
-        assert_eq!(split_with("postgres://h/db", env).unwrap().1, TlsParams { mode: SslMode::VerifyFull, roots: Roots::System, client: None });
+        assert_eq!(
+            split_with("postgres://h/db", env).unwrap().1,
+            TlsParams { mode: SslMode::VerifyFull, roots: Roots::System, client: None }
+        );
         assert_eq!(split_with("postgres://h/db?sslmode=disable", env).unwrap().1.mode, SslMode::Disable);
     }
 }

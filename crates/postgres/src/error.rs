@@ -68,7 +68,8 @@ pub(crate) fn refused_for_good(e: &tokio_postgres::Error) -> bool {
 /// Whether the database refused a transaction only because it ran into another one (a deadlock
 /// or a serialisation failure): nothing was committed and running it again is safe.
 pub(crate) fn retryable(e: &tokio_postgres::Error) -> bool {
-    matches!(e.code(), Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE) || busy(e)
+    matches!(e.code(), Some(c) if *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE)
+        || busy(e)
 }
 
 /// A lock or statement timeout: the database is reachable but the work waited too long (rows
@@ -124,13 +125,18 @@ impl std::fmt::Display for Described<'_> {
         let mut said: Vec<String> = Vec::new();
         let mut next = Some(self.0);
         while let Some(e) = next {
-            if let Some(db) = e.downcast_ref::<tokio_postgres::Error>().and_then(|p| p.as_db_error()).or_else(|| e.downcast_ref::<DbError>()) {
+            if let Some(db) = e
+                .downcast_ref::<tokio_postgres::Error>()
+                .and_then(|p| p.as_db_error())
+                .or_else(|| e.downcast_ref::<DbError>())
+            {
                 said.push(database_says(db));
                 break;
             }
             // The pool's "Error occurred while creating a new object: …" adds nothing to the
             // driver's error under it.
-            if let Some(deadpool_postgres::PoolError::Backend(inner)) = e.downcast_ref::<deadpool_postgres::PoolError>() {
+            if let Some(deadpool_postgres::PoolError::Backend(inner)) = e.downcast_ref::<deadpool_postgres::PoolError>()
+            {
                 next = Some(inner);
                 continue;
             }

@@ -46,7 +46,11 @@ impl<K, V: Clone> Flights<K, V> {
 
 impl<K: Hash + Eq + Clone + Send + 'static, V: Clone + Send + Sync + 'static> Flights<K, V> {
     /// The answer of the read in flight for `key`, or of a new one made by `start`.
-    pub async fn run(&self, key: K, start: impl FnOnce() -> BoxFuture<'static, Result<V, StorageError>>) -> Result<V, StorageError> {
+    pub async fn run(
+        &self,
+        key: K,
+        start: impl FnOnce() -> BoxFuture<'static, Result<V, StorageError>>,
+    ) -> Result<V, StorageError> {
         let fut = {
             let mut map = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
             if self.keep > 0 && map.len() >= self.keep && !map.contains_key(&key) {

@@ -10,13 +10,13 @@
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
+use deadpool_postgres::GenericClient;
 use oncelog_protocol::digest::KeyId;
+use oncelog_protocol::headers::Expiry;
 use oncelog_storage::codec::{key_entry, producer::ProducerRecord};
 use oncelog_storage::machine::{Step, StreamState};
 use oncelog_storage::rules::{self, Retention};
 use oncelog_storage::*;
-use oncelog_protocol::headers::Expiry;
-use deadpool_postgres::GenericClient;
 use tokio_postgres::Statement;
 
 use crate::error::{Fail, RowError};
@@ -72,8 +72,9 @@ impl Group {
             }
         }
         // Built once: every group's first statement.
-        static LOCK_ROWS: std::sync::LazyLock<String> =
-            std::sync::LazyLock::new(|| format!("SELECT {COLS} FROM streams WHERE path = ANY($1) ORDER BY id FOR UPDATE"));
+        static LOCK_ROWS: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            format!("SELECT {COLS} FROM streams WHERE path = ANY($1) ORDER BY id FOR UPDATE")
+        });
         // Prepared (once per connection) before anything is sent, so that nothing slips
         // between the statements below.
         let lock_stmt = c.prepare_cached(&LOCK_ROWS).await?;
@@ -98,7 +99,8 @@ impl Group {
             Ok::<_, tokio_postgres::Error>(())
         };
         type P<'a> = &'a (dyn tokio_postgres::types::ToSql + Sync);
-        let (l_params, p_params, k_params): ([P; 1], [P; 2], [P; 2]) = ([&paths], [&p_paths, &p_names], [&k_paths, &k_keys]);
+        let (l_params, p_params, k_params): ([P; 1], [P; 2], [P; 2]) =
+            ([&paths], [&p_paths, &p_names], [&k_paths, &k_keys]);
         let lock = c.query(&lock_stmt, &l_params);
         let producers = query_if(c, p_stmt.as_ref(), &p_params);
         let keys = query_if(c, k_stmt.as_ref(), &k_params);
@@ -109,7 +111,14 @@ impl Group {
             // Locked by path, so every row has one (a detached row has none and is never here).
             let Some(path) = path else { continue };
             let st = StreamState { marks, ..StreamState::new(meta, tail) };
-            let staged = Staged { st, last_access_ms, forks: 0, changed: false, dirty_producers: HashSet::new(), dirty_keys: Vec::new() };
+            let staged = Staged {
+                st,
+                last_access_ms,
+                forks: 0,
+                changed: false,
+                dirty_producers: HashSet::new(),
+                dirty_keys: Vec::new(),
+            };
             group.streams.insert(path, staged);
         }
         for r in &producers {
@@ -128,10 +137,16 @@ impl Group {
         }
         // Forks decide 404 or 410 for an expired stream: counted only for streams that can
         // expire (rarely in a group), after the rows are known.
-        let expiring: Vec<i64> =
-            group.streams.values().filter(|g| g.st.meta.config.expiry != Expiry::Never).map(|g| i64_of(g.st.meta.id)).collect();
+        let expiring: Vec<i64> = group
+            .streams
+            .values()
+            .filter(|g| g.st.meta.config.expiry != Expiry::Never)
+            .map(|g| i64_of(g.st.meta.id))
+            .collect();
         if !expiring.is_empty() {
-            let stmt = c.prepare_cached("SELECT source_id, count(*) FROM streams WHERE source_id = ANY($1) GROUP BY source_id").await?;
+            let stmt = c
+                .prepare_cached("SELECT source_id, count(*) FROM streams WHERE source_id = ANY($1) GROUP BY source_id")
+                .await?;
             let by_id: HashMap<u64, &str> = group.streams.iter().map(|(p, g)| (g.st.meta.id, p.as_str())).collect();
             let mut fork_rows = Vec::new();
             for r in c.query(&stmt, &[&expiring]).await? {
@@ -158,7 +173,10 @@ impl Group {
         if !meta.soft_deleted && rules::expired(meta.config.expiry, last_access, req.now_ms) {
             return Err(if g.forks > 0 { AppendError::Gone } else { AppendError::NotFound });
         }
-        if req.stream_id.is_none_or(|id| id == meta.id) && matches!(meta.config.expiry, Expiry::Ttl(_)) && req.now_ms > g.last_access_ms {
+        if req.stream_id.is_none_or(|id| id == meta.id)
+            && matches!(meta.config.expiry, Expiry::Ttl(_))
+            && req.now_ms > g.last_access_ms
+        {
             // Any request that reaches the stream slides its TTL window.
             g.last_access_ms = req.now_ms;
             g.changed = true;
@@ -175,13 +193,23 @@ impl Group {
 
     /// Decides one append against the group's state so far (the stream state machine) and
     /// stages what it accepted.
-    pub fn decide(&mut self, req: &AppendRequest, shared: &Shared, retention: &Retention) -> Result<AppendOutcome, AppendError> {
+    pub fn decide(
+        &mut self,
+        req: &AppendRequest,
+        shared: &Shared,
+        retention: &Retention,
+    ) -> Result<AppendOutcome, AppendError> {
         let verdict = self.stage(req, shared, retention);
         shared.seen.judged(&req.path, verdict.as_ref().err());
         verdict
     }
 
-    fn stage(&mut self, req: &AppendRequest, shared: &Shared, retention: &Retention) -> Result<AppendOutcome, AppendError> {
+    fn stage(
+        &mut self,
+        req: &AppendRequest,
+        shared: &Shared,
+        retention: &Retention,
+    ) -> Result<AppendOutcome, AppendError> {
         let g = self.stream(req, shared)?;
         let w = match g.st.append(req, retention)? {
             Step::Answer(outcome) => return Ok(outcome),
@@ -264,8 +292,10 @@ impl Group {
                  WHERE s.id = u.id",
             )
             .await?;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 17] =
-            [&d_ids, &d_ends, &d_bytes, &p_ids, &p_names, &p_states, &k_ids, &k_keys, &k_entries, &s_ids, &s_tails, &s_closed, &s_seqs, &s_access, &s_marks, &p_active, &k_at];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 17] = [
+            &d_ids, &d_ends, &d_bytes, &p_ids, &p_names, &p_states, &k_ids, &k_keys, &k_entries, &s_ids, &s_tails,
+            &s_closed, &s_seqs, &s_access, &s_marks, &p_active, &k_at,
+        ];
         let write = c.execute(&stmt, &params);
         let commit = async {
             if commit {

@@ -60,11 +60,10 @@ use tokio::task::JoinHandle;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use error::{refuses_login, Described, OpenError};
-use shared::{Counters, Shared};
 use ops::retry;
+use shared::{Counters, Shared};
 use watch::{Touches, Watches};
 use writer::{Cmd, Committer};
-
 
 /// How this engine connects and behaves.
 #[derive(Debug, Clone)]
@@ -133,7 +132,8 @@ impl PgEngine {
         client.batch_execute("SET statement_timeout = 0").await?;
         durability_check(&client, opts.accept_commit_loss).await?;
         schema::migrate(&mut client, &opts.schema).await?;
-        let counts = client.query_one("SELECT (SELECT count(*) FROM streams), (SELECT count(*) FROM producers)", &[]).await?;
+        let counts =
+            client.query_one("SELECT (SELECT count(*) FROM streams), (SELECT count(*) FROM producers)", &[]).await?;
         drop(client);
         let listen_cfg = cfg.clone();
         let pool = session_pool(cfg, tls.clone(), opts.pool_size.max(2))?;
@@ -150,7 +150,11 @@ impl PgEngine {
             touches: Touches::default(),
             chains: Mutex::new(HashMap::new()),
             seen: Default::default(),
-            stats: Counters { streams: AtomicI64::new(counts.get(0)), producers: AtomicI64::new(counts.get(1)), parked: Arc::default() },
+            stats: Counters {
+                streams: AtomicI64::new(counts.get(0)),
+                producers: AtomicI64::new(counts.get(1)),
+                parked: Arc::default(),
+            },
             unavailable: Mutex::new(None),
             degraded: AtomicBool::new(false),
             listen_down: Mutex::new(None),
@@ -217,7 +221,10 @@ pub fn driver_config(url: &str) -> Result<(tokio_postgres::Config, MakeRustlsCon
 /// Under `sslmode=prefer` (libpq's default) a server that offers no TLS gets a plaintext
 /// connection without a word: says so, as a warning, when `client`'s session is not encrypted.
 /// Other modes either insist on TLS (`require` and above: no fallback) or ask for none.
-pub async fn warn_if_plaintext(client: &tokio_postgres::Client, cfg: &tokio_postgres::Config) -> Result<(), tokio_postgres::Error> {
+pub async fn warn_if_plaintext(
+    client: &tokio_postgres::Client,
+    cfg: &tokio_postgres::Config,
+) -> Result<(), tokio_postgres::Error> {
     if cfg.get_ssl_mode() != tokio_postgres::config::SslMode::Prefer {
         return Ok(());
     }
@@ -254,13 +261,19 @@ async fn durability_check(client: &tokio_postgres::Client, accept_loss: bool) ->
 /// sink's: `url` as [`driver_config`] takes it, `schema` (checked: a plain identifier, never
 /// quoted) first on the search path and then `also`, the [`session_bounds`] of
 /// `request_timeout`, and this side's own watch on a dead path.
-pub fn session_config(url: &str, schema: &str, also: &[&str], request_timeout: Duration) -> Result<(tokio_postgres::Config, MakeRustlsConnect), OpenError> {
+pub fn session_config(
+    url: &str,
+    schema: &str,
+    also: &[&str],
+    request_timeout: Duration,
+) -> Result<(tokio_postgres::Config, MakeRustlsConnect), OpenError> {
     if !schema::valid_schema(schema) {
         return Err(OpenError::Schema(schema.to_owned()));
     }
     let (mut cfg, tls) = driver_config(url)?;
     let path = std::iter::once(schema).chain(also.iter().copied()).collect::<Vec<_>>().join(",");
-    let options = format!("{} -c search_path={path} {}", cfg.get_options().unwrap_or(""), session_bounds(request_timeout));
+    let options =
+        format!("{} -c search_path={path} {}", cfg.get_options().unwrap_or(""), session_bounds(request_timeout));
     cfg.options(options.trim());
     cfg.connect_timeout(Duration::from_secs(5));
     // This side notices a dead path too: unacknowledged data for 3 s, or 3 unanswered
@@ -305,7 +318,11 @@ pub fn session_bounds(request_timeout: Duration) -> String {
     )
 }
 
-async fn connect(cfg: &tokio_postgres::Config, tls: &MakeRustlsConnect, within: Duration) -> Result<tokio_postgres::Client, OpenError> {
+async fn connect(
+    cfg: &tokio_postgres::Config,
+    tls: &MakeRustlsConnect,
+    within: Duration,
+) -> Result<tokio_postgres::Client, OpenError> {
     let started = tokio::time::Instant::now();
     loop {
         match cfg.connect(tls.clone()).await {
@@ -466,7 +483,13 @@ impl Engine for PgEngine {
         Ok(if req.bounded { chunk.cut_to(max_bytes) } else { chunk })
     }
 
-    async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<WaitOutcome, LookupError> {
+    async fn wait(
+        &self,
+        path: &str,
+        after: Offset,
+        timeout: Duration,
+        now_ms: i64,
+    ) -> Result<WaitOutcome, LookupError> {
         // Not bounded as a whole (a wait lasts as long as asked); each row read in it is.
         retry!(@unbounded self.shared(), self.shared().wait(path, after, timeout, now_ms))
     }
@@ -507,11 +530,13 @@ impl Engine for PgEngine {
         for rx in stopped {
             let _ = rx.await;
         }
-        let tasks: Vec<JoinHandle<()>> = std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        let tasks: Vec<JoinHandle<()>> =
+            std::mem::take(&mut *self.inner.tasks.lock().unwrap_or_else(|p| p.into_inner()));
         for t in tasks {
             t.abort();
         }
-        let committers: Vec<JoinHandle<()>> = std::mem::take(&mut *self.inner.committer_tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        let committers: Vec<JoinHandle<()>> =
+            std::mem::take(&mut *self.inner.committer_tasks.lock().unwrap_or_else(|p| p.into_inner()));
         for t in committers {
             let _ = t.await;
         }
@@ -535,7 +560,11 @@ impl Engine for PgEngine {
     fn stats(&self) -> EngineStats {
         let get = |a: &AtomicI64| u64::try_from(a.load(Ordering::Relaxed)).unwrap_or(0);
         let stats = &self.shared().stats;
-        EngineStats { streams: get(&stats.streams), producers: get(&stats.producers), parked_appends: stats.parked.load(Ordering::Relaxed) }
+        EngineStats {
+            streams: get(&stats.streams),
+            producers: get(&stats.producers),
+            parked_appends: stats.parked.load(Ordering::Relaxed),
+        }
     }
 
     fn shared(&self) -> bool {

@@ -20,11 +20,10 @@ use oncelog_storage::*;
 
 use crate::error::Fail;
 use crate::group::Group;
-use crate::writer::Deciding;
 use crate::read::Lock;
 use crate::row::{self, expiry_columns, i64_of, text_ok, u64_of, Stream};
 use crate::shared::{lock_key, Effects, Shared};
-
+use crate::writer::Deciding;
 
 /// How much later than its TTL says a stream is removed by the sweep: reads on other nodes
 /// reach the database in batches (`maint::TOUCH_FLUSH`), so a stream read there a moment ago
@@ -71,11 +70,16 @@ impl Shared {
         let tx = c.transaction().await?;
         let mut fx = Effects::default();
         // Two creates of one path (on any nodes) take turns: the second sees the first's row.
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key(&self.schema, b"path", req.path.as_bytes())]).await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key(&self.schema, b"path", req.path.as_bytes())])
+            .await?;
         let existing = self.fetch_unexpired(&tx, &req.path, req.now_ms, &mut fx).await?;
         let mut fork = None;
         if let Some(f) = &req.fork {
-            let src = if text_ok(&f.source) { self.fetch_unexpired(&tx, &f.source, req.now_ms, &mut fx).await? } else { None };
+            let src = if text_ok(&f.source) {
+                self.fetch_unexpired(&tx, &f.source, req.now_ms, &mut fx).await?
+            } else {
+                None
+            };
             // The append a sub-offset counts into, read before the rules ask for it.
             let mut append_at = None;
             if let Some(s) = src.as_ref().filter(|_| f.sub_offset > 0) {
@@ -95,7 +99,8 @@ impl Shared {
             }
         }
         let new_id: i64 = tx.query_one("SELECT nextval('stream_ids')", &[]).await?.get(0);
-        let plan = rules::create(existing.as_ref().map(|s| (&s.meta, s.tail)), fork.as_ref(), req, u64_of(new_id, "id")?);
+        let plan =
+            rules::create(existing.as_ref().map(|s| (&s.meta, s.tail)), fork.as_ref(), req, u64_of(new_id, "id")?);
         let (meta, tail) = match plan {
             Err(e) => {
                 tx.commit().await?;
@@ -124,7 +129,13 @@ impl Shared {
 
     /// The row at `path`, locked; an expired stream is first removed (or soft-deleted while
     /// forks read it) in this transaction, as the log engine does before a create.
-    async fn fetch_unexpired(&self, tx: &Transaction<'_>, path: &str, now_ms: i64, fx: &mut Effects) -> Result<Option<Stream>, Fail> {
+    async fn fetch_unexpired(
+        &self,
+        tx: &Transaction<'_>,
+        path: &str,
+        now_ms: i64,
+        fx: &mut Effects,
+    ) -> Result<Option<Stream>, Fail> {
         let Some(s) = self.fetch(tx, path, Lock::Update).await? else { return Ok(None) };
         if !self.expired(&s, now_ms) {
             return Ok(Some(s));
@@ -143,7 +154,13 @@ impl Shared {
 
     /// Persists what [`rules::delete`] decided for the locked row `s`; the verdict is handed
     /// back (an error: nothing was written).
-    async fn apply_removal(&self, tx: &Transaction<'_>, s: Stream, verdict: Result<Removal, LookupError>, fx: &mut Effects) -> Result<Result<(), LookupError>, Fail> {
+    async fn apply_removal(
+        &self,
+        tx: &Transaction<'_>,
+        s: Stream,
+        verdict: Result<Removal, LookupError>,
+        fx: &mut Effects,
+    ) -> Result<Result<(), LookupError>, Fail> {
         match verdict {
             Ok(Removal::Remove) => self.remove(tx, s, fx).await?,
             Ok(Removal::SoftDelete) => self.soft_delete(tx, &s, false, fx).await?,
@@ -158,7 +175,11 @@ impl Shared {
     /// statement, so the path is free exactly when the row is kept for the forks alone.
     async fn soft_delete(&self, tx: &Transaction<'_>, s: &Stream, detach: bool, fx: &mut Effects) -> Result<(), Fail> {
         let id = i64_of(s.meta.id);
-        let sql = if detach { "UPDATE streams SET soft_deleted = true, path = NULL WHERE id = $1" } else { "UPDATE streams SET soft_deleted = true WHERE id = $1" };
+        let sql = if detach {
+            "UPDATE streams SET soft_deleted = true, path = NULL WHERE id = $1"
+        } else {
+            "UPDATE streams SET soft_deleted = true WHERE id = $1"
+        };
         tx.execute(sql, &[&id]).await?;
         fx.producers -= tx.execute("DELETE FROM producers WHERE stream_id = $1", &[&id]).await? as i64;
         tx.execute("DELETE FROM idem_keys WHERE stream_id = $1", &[&id]).await?;
@@ -190,7 +211,12 @@ impl Shared {
         Ok(())
     }
 
-    pub(crate) async fn delete_once(&self, path: &str, req: &DeleteRequest, now_ms: i64) -> Result<Result<(), LookupError>, Fail> {
+    pub(crate) async fn delete_once(
+        &self,
+        path: &str,
+        req: &DeleteRequest,
+        now_ms: i64,
+    ) -> Result<Result<(), LookupError>, Fail> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let mut fx = Effects::default();
@@ -210,7 +236,12 @@ impl Shared {
         Ok(result)
     }
 
-    pub(crate) async fn trim_once(&self, path: &str, to: Offset, now_ms: i64) -> Result<Result<TrimOutcome, TrimError>, Fail> {
+    pub(crate) async fn trim_once(
+        &self,
+        path: &str,
+        to: Offset,
+        now_ms: i64,
+    ) -> Result<Result<TrimOutcome, TrimError>, Fail> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         let s = match self.fetch(&tx, path, Lock::Update).await? {
@@ -227,7 +258,12 @@ impl Shared {
 
     /// Moves a locked stream's earliest offset as the stream state machine's trim decides
     /// (dropping its time marks below it), and queues the data below it for `gc`.
-    async fn apply_trim(&self, tx: &Transaction<'_>, s: Stream, to: Offset) -> Result<Result<TrimOutcome, TrimError>, Fail> {
+    async fn apply_trim(
+        &self,
+        tx: &Transaction<'_>,
+        s: Stream,
+        to: Offset,
+    ) -> Result<Result<TrimOutcome, TrimError>, Fail> {
         let mut st = StreamState { marks: s.marks, ..StreamState::new(s.meta, s.tail) };
         let earliest = match st.trim(to) {
             Err(e) => return Ok(Err(e)),
@@ -236,7 +272,8 @@ impl Shared {
         };
         let id = i64_of(st.meta.id);
         let marks = row::encode_marks(&st.marks);
-        tx.execute("UPDATE streams SET earliest = $2, marks = $3 WHERE id = $1", &[&id, &i64_of(earliest.0), &marks]).await?;
+        tx.execute("UPDATE streams SET earliest = $2, marks = $3 WHERE id = $1", &[&id, &i64_of(earliest.0), &marks])
+            .await?;
         tx.execute(
             "INSERT INTO gc (stream_id, floor) VALUES ($1, $2) ON CONFLICT (stream_id) DO UPDATE SET floor = greatest(gc.floor, excluded.floor)",
             &[&id, &i64_of(earliest.0)],
@@ -263,8 +300,11 @@ impl Shared {
         let ends_i: Vec<i64> = ends.iter().map(|e| i64_of(e.0)).collect();
         let pieces: Vec<&[u8]> = req.pieces.iter().map(|p| &p[..]).collect();
         let ids = vec![id; ends.len()];
-        tx.execute("INSERT INTO data (stream_id, end_off, bytes) SELECT * FROM unnest($1::int8[], $2::int8[], $3::bytea[])", &[&ids, &ends_i, &pieces])
-            .await?;
+        tx.execute(
+            "INSERT INTO data (stream_id, end_off, bytes) SELECT * FROM unnest($1::int8[], $2::int8[], $3::bytea[])",
+            &[&ids, &ends_i, &pieces],
+        )
+        .await?;
         if let Some(last) = ends.last() {
             s.tail = *last;
         }
@@ -282,14 +322,17 @@ impl Shared {
         if let Err(e) = rules::txn_shape(txn) {
             return Ok(Err(e));
         }
-        if let Some((index, error)) = txn.appends.iter().enumerate().find_map(|(i, a)| rules::shape::append(a).err().map(|e| (i, e))) {
+        if let Some((index, error)) =
+            txn.appends.iter().enumerate().find_map(|(i, a)| rules::shape::append(a).err().map(|e| (i, e)))
+        {
             return Ok(Err(TxnError::Append { index, error }));
         }
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         // A `FOR UPDATE` on an absent key locks nothing, so keys are locked by name: two
         // transactions guarding one key (present or not) take turns. Sorted: one lock order.
-        let mut keys: Vec<&[u8]> = txn.expect.iter().map(|(k, _)| &k[..]).chain(txn.meta.iter().map(|w| &w.key[..])).collect();
+        let mut keys: Vec<&[u8]> =
+            txn.expect.iter().map(|(k, _)| &k[..]).chain(txn.meta.iter().map(|w| &w.key[..])).collect();
         keys.sort_unstable();
         keys.dedup();
         for k in &keys {
@@ -307,10 +350,12 @@ impl Shared {
         }
         let reqs: Vec<&AppendRequest> = txn.appends.iter().collect();
         let mut group = Group::load(&tx, &reqs, false).await?;
-        let outcomes = match machine::transact(txn, &mut Deciding { group: &mut group, shared: self, retention: &self.retention }) {
-            Ok(outcomes) => outcomes,
-            Err(e) => return Ok(Err(e)),
-        };
+        let outcomes =
+            match machine::transact(txn, &mut Deciding { group: &mut group, shared: self, retention: &self.retention })
+            {
+                Ok(outcomes) => outcomes,
+                Err(e) => return Ok(Err(e)),
+            };
         // The last write of a key wins (one statement cannot upsert a key twice).
         let mut writes: BTreeMap<&[u8], Option<&[u8]>> = BTreeMap::new();
         for w in &txn.meta {
@@ -427,7 +472,11 @@ impl Shared {
                 }
                 _ => s.meta.earliest,
             };
-            let Some(to) = retention::floor(&s.meta.config.retention, s.tail, s.meta.earliest, now_ms, &s.marks, |_| boundary) else { continue };
+            let Some(to) =
+                retention::floor(&s.meta.config.retention, s.tail, s.meta.earliest, now_ms, &s.marks, |_| boundary)
+            else {
+                continue;
+            };
             let from = s.meta.earliest;
             let moved = matches!(self.apply_trim(&tx, s, to).await?, Ok(out) if out.earliest == to);
             tx.commit().await?;
@@ -445,7 +494,8 @@ impl Shared {
     pub(crate) async fn gc(&self) -> Result<usize, Fail> {
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        let rows = tx.query("SELECT stream_id, floor FROM gc ORDER BY stream_id LIMIT 16 FOR UPDATE SKIP LOCKED", &[]).await?;
+        let rows =
+            tx.query("SELECT stream_id, floor FROM gc ORDER BY stream_id LIMIT 16 FOR UPDATE SKIP LOCKED", &[]).await?;
         let mut removed = 0;
         for r in &rows {
             let (id, floor): (i64, Option<i64>) = (r.get(0), r.get(1));
@@ -457,7 +507,9 @@ impl Shared {
                     tx.execute("SELECT 1 FROM streams WHERE id = $1 FOR UPDATE", &[&id]).await?;
                     let forks = self.forks(&tx, u64_of(id, "stream_id")?).await?;
                     if forks == 0 {
-                        removed += tx.execute("DELETE FROM data WHERE stream_id = $1 AND end_off <= $2", &[&id, &floor]).await?;
+                        removed += tx
+                            .execute("DELETE FROM data WHERE stream_id = $1 AND end_off <= $2", &[&id, &floor])
+                            .await?;
                     }
                 }
             }
@@ -489,7 +541,14 @@ impl Shared {
 }
 
 /// Inserts a new stream's row.
-async fn insert_stream(tx: &Transaction<'_>, path: &str, m: &StreamMeta, tail: Offset, now_ms: i64, marks: &retention::TimeMarks) -> Result<(), Fail> {
+async fn insert_stream(
+    tx: &Transaction<'_>,
+    path: &str,
+    m: &StreamMeta,
+    tail: Offset,
+    now_ms: i64,
+    marks: &retention::TimeMarks,
+) -> Result<(), Fail> {
     let (kind, value) = expiry_columns(m.config.expiry);
     let stmt = tx
         .prepare_cached(
@@ -529,7 +588,9 @@ async fn insert_stream(tx: &Transaction<'_>, path: &str, m: &StreamMeta, tail: O
 async fn delete_in_batches(c: &deadpool_postgres::Client, table: &str, column: &str, before: i64) -> Result<u64, Fail> {
     const BATCH: i64 = 10_000;
     let stmt = c
-        .prepare_cached(&format!("DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE {column} <= $1 LIMIT $2))"))
+        .prepare_cached(&format!(
+            "DELETE FROM {table} WHERE ctid = ANY(ARRAY(SELECT ctid FROM {table} WHERE {column} <= $1 LIMIT $2))"
+        ))
         .await?;
     let mut deleted = 0;
     loop {

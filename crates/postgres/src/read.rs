@@ -5,6 +5,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use deadpool_postgres::GenericClient;
 use futures_util::FutureExt;
 use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::Offset;
@@ -12,7 +13,6 @@ use oncelog_storage::machine::chain::{self, fork_chain, Segment};
 use oncelog_storage::rules;
 use oncelog_storage::*;
 use tokio::time::Instant;
-use deadpool_postgres::GenericClient;
 
 use crate::error::{Fail, RowError};
 use crate::row::{i64_of, text_ok, u64_of, Stream, COLS};
@@ -65,14 +65,24 @@ impl Shared {
     }
 
     /// The stream at `path` as a reader sees it at `now_ms` ([`rules::visible`]).
-    pub(crate) async fn visible(&self, c: &deadpool_postgres::Client, path: &str, now_ms: i64) -> Result<Result<Stream, LookupError>, Fail> {
+    pub(crate) async fn visible(
+        &self,
+        c: &deadpool_postgres::Client,
+        path: &str,
+        now_ms: i64,
+    ) -> Result<Result<Stream, LookupError>, Fail> {
         let found = self.fetch(c, path, Lock::None).await?;
         self.judge(found, now_ms, Some(c)).await
     }
 
     /// How a reader sees the row `found` at `now_ms`: its forks are counted (one more query, on
     /// `c` or a pooled connection) only when it has expired, where they decide 404 or 410.
-    async fn judge(&self, found: Option<Stream>, now_ms: i64, c: Option<&deadpool_postgres::Client>) -> Result<Result<Stream, LookupError>, Fail> {
+    async fn judge(
+        &self,
+        found: Option<Stream>,
+        now_ms: i64,
+        c: Option<&deadpool_postgres::Client>,
+    ) -> Result<Result<Stream, LookupError>, Fail> {
         let Some(s) = found else { return Ok(Err(LookupError::NotFound)) };
         let expired = self.expired(&s, now_ms);
         let forks = match (expired, c) {
@@ -153,7 +163,11 @@ impl Shared {
         tail: Offset,
         max_bytes: usize,
     ) -> Result<Result<(Bytes, Offset, bool), Gap>, Fail> {
-        let stmt = c.prepare_cached("SELECT end_off, bytes FROM data WHERE stream_id = $1 AND end_off > $2 ORDER BY end_off LIMIT $3").await?;
+        let stmt = c
+            .prepare_cached(
+                "SELECT end_off, bytes FROM data WHERE stream_id = $1 AND end_off > $2 ORDER BY end_off LIMIT $3",
+            )
+            .await?;
         let mut out = BytesMut::new();
         let mut pos = from.0;
         let mut aligned = chain::at_boundary(chain, from.0);
@@ -197,9 +211,20 @@ impl Shared {
 
     /// The append of stream `id` (through `chain`) that starts exactly at `at`, cut at the
     /// segment boundary it lies in: what a fork sub-offset counts into.
-    pub(crate) async fn append_at(&self, c: &impl GenericClient, chain: &[Segment<u64>], id: u64, at: u64, tail: u64) -> Result<Option<Bytes>, Fail> {
+    pub(crate) async fn append_at(
+        &self,
+        c: &impl GenericClient,
+        chain: &[Segment<u64>],
+        id: u64,
+        at: u64,
+        tail: u64,
+    ) -> Result<Option<Bytes>, Fail> {
         let Some(part) = chain::part_at(chain, &id, at, tail) else { return Ok(None) };
-        let stmt = c.prepare_cached("SELECT end_off, bytes FROM data WHERE stream_id = $1 AND end_off > $2 ORDER BY end_off LIMIT 1").await?;
+        let stmt = c
+            .prepare_cached(
+                "SELECT end_off, bytes FROM data WHERE stream_id = $1 AND end_off > $2 ORDER BY end_off LIMIT 1",
+            )
+            .await?;
         let Some(r) = c.query_opt(&stmt, &[&i64_of(*part.source), &i64_of(at)]).await? else { return Ok(None) };
         let end = u64_of(r.get(0), "end_off")?;
         let v: &[u8] = r.get(1);
@@ -240,7 +265,13 @@ impl Shared {
         self.judge(found, now_ms, None).await
     }
 
-    pub(crate) async fn read(&self, path: &str, from: Offset, max_bytes: usize, now_ms: i64) -> Result<Result<ReadChunk, LookupError>, Fail> {
+    pub(crate) async fn read(
+        &self,
+        path: &str,
+        from: Offset,
+        max_bytes: usize,
+        now_ms: i64,
+    ) -> Result<Result<ReadChunk, LookupError>, Fail> {
         // One connection for the row and (when not known yet) the fork chain; the data comes
         // through a shared read, on a connection of its own.
         let c = self.client().await?;
@@ -263,7 +294,14 @@ impl Shared {
     /// A woken reader's read ([`oncelog_storage::Engine::read_woken`]): the stream as its wait
     /// saw it (after the wake-up), so no row read; a stream whose chain this node does not know
     /// yet is read afresh.
-    pub(crate) async fn read_woken(&self, path: &str, from: Offset, max_bytes: usize, seen: &StreamInfo, now_ms: i64) -> Result<Result<ReadChunk, LookupError>, Fail> {
+    pub(crate) async fn read_woken(
+        &self,
+        path: &str,
+        from: Offset,
+        max_bytes: usize,
+        seen: &StreamInfo,
+        now_ms: i64,
+    ) -> Result<Result<ReadChunk, LookupError>, Fail> {
         let Some(chain) = self.cached_chain(seen.id) else { return self.read(path, from, max_bytes, now_ms).await };
         if matches!(seen.config.expiry, Expiry::Ttl(_)) {
             self.touches.touch(seen.id, now_ms);
@@ -276,7 +314,14 @@ impl Shared {
     }
 
     /// The data of a read, shared with every reader asking for the same range now (`flight`).
-    async fn read_shared(&self, path: &str, info: StreamInfo, chain: Arc<Vec<Segment<u64>>>, from: Offset, max_bytes: usize) -> Result<Result<ReadChunk, LookupError>, Fail> {
+    async fn read_shared(
+        &self,
+        path: &str,
+        info: StreamInfo,
+        chain: Arc<Vec<Segment<u64>>>,
+        from: Offset,
+        max_bytes: usize,
+    ) -> Result<Result<ReadChunk, LookupError>, Fail> {
         let key = (info.id, from.0, info.tail.0, max_bytes);
         let (me, id, tail) = (self.me(), info.id, info.tail);
         let scanned = self
@@ -305,7 +350,13 @@ impl Shared {
         }
     }
 
-    pub(crate) async fn wait(&self, path: &str, after: Offset, timeout: Duration, now_ms: i64) -> Result<Result<WaitOutcome, LookupError>, Fail> {
+    pub(crate) async fn wait(
+        &self,
+        path: &str,
+        after: Offset,
+        timeout: Duration,
+        now_ms: i64,
+    ) -> Result<Result<WaitOutcome, LookupError>, Fail> {
         let deadline = Instant::now() + timeout;
         let first = match self.within(self.visible_fresh(path, now_ms)).await? {
             Ok(s) => s,
@@ -348,11 +399,19 @@ impl Shared {
         let c = self.client().await?;
         let rows = match successor(prefix) {
             Some(end) => {
-                let stmt = c.prepare_cached(&format!("SELECT {COLS} FROM streams WHERE path >= $1 AND path < $2 AND NOT soft_deleted ORDER BY path")).await?;
+                let stmt = c
+                    .prepare_cached(&format!(
+                        "SELECT {COLS} FROM streams WHERE path >= $1 AND path < $2 AND NOT soft_deleted ORDER BY path"
+                    ))
+                    .await?;
                 c.query(&stmt, &[&prefix, &end]).await?
             }
             None => {
-                let stmt = c.prepare_cached(&format!("SELECT {COLS} FROM streams WHERE path >= $1 AND NOT soft_deleted ORDER BY path")).await?;
+                let stmt = c
+                    .prepare_cached(&format!(
+                        "SELECT {COLS} FROM streams WHERE path >= $1 AND NOT soft_deleted ORDER BY path"
+                    ))
+                    .await?;
                 c.query(&stmt, &[&prefix]).await?
             }
         };

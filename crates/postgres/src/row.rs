@@ -47,14 +47,20 @@ impl Stream {
             _ => return Err(RowError::Range("expiry_kind")),
         };
         let fork = match (r.get::<_, Option<i64>>(9), r.get::<_, Option<i64>>(10)) {
-            (Some(s), Some(p)) => Some(oncelog_storage::ForkOf { source_id: u64_of(s, "source_id")?, fork_point: u64_of(p, "fork_point")? }),
+            (Some(s), Some(p)) => Some(oncelog_storage::ForkOf {
+                source_id: u64_of(s, "source_id")?,
+                fork_point: u64_of(p, "fork_point")?,
+            }),
             _ => None,
         };
         let opt = |v: Option<i64>, col| v.map(|v| u64_of(v, col)).transpose();
         let config = oncelog_storage::StreamConfig {
             content_type: r.get(3),
             expiry,
-            retention: RetentionPolicy { max_age_s: opt(r.get(13), "ret_max_age_s")?, max_bytes: opt(r.get(14), "ret_max_bytes")? },
+            retention: RetentionPolicy {
+                max_age_s: opt(r.get(13), "ret_max_age_s")?,
+                max_bytes: opt(r.get(14), "ret_max_bytes")?,
+            },
             compaction: r.get(15),
         };
         let meta = StreamMeta {
@@ -103,7 +109,8 @@ mod tests {
 
     #[test]
     fn marks_round_trip() {
-        let marks = vec![TimeMark { end: Offset(10), at_ms: -5 }, TimeMark { end: Offset(Offset::MAX.0), at_ms: i64::MAX }];
+        let marks =
+            vec![TimeMark { end: Offset(10), at_ms: -5 }, TimeMark { end: Offset(Offset::MAX.0), at_ms: i64::MAX }];
         let bytes = encode_marks(&marks).expect("non-empty");
         assert_eq!(decode_marks(&bytes).expect("decode"), marks);
         assert!(encode_marks(&[]).is_none());

@@ -47,7 +47,8 @@ async fn migrate_locked(client: &mut Client, schema: &str) -> Result<(), OpenErr
              CREATE TABLE IF NOT EXISTS {schema}.oncelog_schema (version int PRIMARY KEY, applied_ms bigint NOT NULL, by_binary text NOT NULL);"
         ))
         .await?;
-    let found: i32 = client.query_one(&format!("SELECT coalesce(max(version), 0) FROM {schema}.oncelog_schema"), &[]).await?.get(0);
+    let found: i32 =
+        client.query_one(&format!("SELECT coalesce(max(version), 0) FROM {schema}.oncelog_schema"), &[]).await?.get(0);
     if found > SCHEMA_VERSION {
         return Err(OpenError::NewerSchema { schema: schema.to_owned(), found, known: SCHEMA_VERSION });
     }
@@ -70,7 +71,14 @@ async fn migrate_locked(client: &mut Client, schema: &str) -> Result<(), OpenErr
     }
     // One line per start and node, migrated or not: which version the schema was found at and
     // is at now, what the operator checks before and after an upgrade.
-    tracing::info!(schema, found_version = found, version = SCHEMA_VERSION, migrations_applied = applied, elapsed_ms = millis(started), "PostgreSQL schema ready");
+    tracing::info!(
+        schema,
+        found_version = found,
+        version = SCHEMA_VERSION,
+        migrations_applied = applied,
+        elapsed_ms = millis(started),
+        "PostgreSQL schema ready"
+    );
     Ok(())
 }
 

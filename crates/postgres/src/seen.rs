@@ -61,7 +61,13 @@ mod tests {
             retention: Default::default(),
             compaction: false,
         };
-        StreamInfo { id, config: config.into(), tail: oncelog_protocol::Offset(0), closed: false, earliest: oncelog_protocol::Offset(0) }
+        StreamInfo {
+            id,
+            config: config.into(),
+            tail: oncelog_protocol::Offset(0),
+            closed: false,
+            earliest: oncelog_protocol::Offset(0),
+        }
     }
 
     #[test]

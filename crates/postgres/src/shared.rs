@@ -139,7 +139,9 @@ impl Shared {
     /// The database cannot be used (the probe failed): unready, with the reason.
     pub(crate) fn note_unreachable(&self, e: &StorageError) {
         let reason = match e {
-            StorageError::Unavailable(cause) if cause.downcast_ref::<error::Unreachable>().is_some() => cause.to_string(),
+            StorageError::Unavailable(cause) if cause.downcast_ref::<error::Unreachable>().is_some() => {
+                cause.to_string()
+            }
             other => format!("PostgreSQL unreachable: {other}"),
         };
         *self.unavailable.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
@@ -150,7 +152,10 @@ impl Shared {
     /// dropped where it stands — perhaps mid-transaction, perhaps mid-COMMIT — and the answer is
     /// [`StorageError::Unavailable`] (503). The connection it held went back to the pool with
     /// its state unknown, so every idle connection is dropped and made anew.
-    pub(crate) async fn within<T>(&self, work: impl std::future::Future<Output = Result<T, error::Fail>>) -> Result<T, error::Fail> {
+    pub(crate) async fn within<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, error::Fail>>,
+    ) -> Result<T, error::Fail> {
         match tokio::time::timeout(self.deadline, work).await {
             Ok(r) => r,
             Err(_) => Err(self.stalled()),
@@ -169,4 +174,3 @@ impl Shared {
         }
     }
 }
-

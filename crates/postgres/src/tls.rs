@@ -46,14 +46,18 @@ pub fn connector(params: &TlsParams) -> Result<MakeRustlsConnect, TlsSetupError>
             let certs = CertificateDer::pem_file_iter(cert)
                 .and_then(|it| it.collect::<Result<Vec<_>, _>>())
                 .map_err(|e| TlsSetupError::CertFile { path: cert.display().to_string(), cause: e.to_string() })?;
-            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsSetupError::KeyFile { path: key.display().to_string(), cause: e.to_string() })?;
+            let key = PrivateKeyDer::from_pem_file(key)
+                .map_err(|e| TlsSetupError::KeyFile { path: key.display().to_string(), cause: e.to_string() })?;
             builder.with_client_auth_cert(certs, key)?
         }
     };
     Ok(MakeRustlsConnect::new(config))
 }
 
-fn webpki(params: &TlsParams, provider: Arc<rustls::crypto::CryptoProvider>) -> Result<Arc<WebPkiServerVerifier>, TlsSetupError> {
+fn webpki(
+    params: &TlsParams,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<WebPkiServerVerifier>, TlsSetupError> {
     let mut roots = RootCertStore::empty();
     match &params.roots {
         Roots::File(path) => {
@@ -87,15 +91,32 @@ fn webpki(params: &TlsParams, provider: Arc<rustls::crypto::CryptoProvider>) -> 
 struct Unchecked(Arc<rustls::crypto::CryptoProvider>);
 
 impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(&self, _: &CertificateDer<'_>, _: &[CertificateDer<'_>], _: &ServerName<'_>, _: &[u8], _: UnixTime) -> Result<ServerCertVerified, rustls::Error> {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
     }
 
-    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
     }
 
@@ -120,18 +141,28 @@ impl ServerCertVerifier for ChainOnly {
     ) -> Result<ServerCertVerified, rustls::Error> {
         match self.0.verify_server_cert(end_entity, intermediates, name, ocsp, now) {
             // Name checks come after the chain is verified, so this error means the chain is good.
-            Err(rustls::Error::InvalidCertificate(CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. })) => {
-                Ok(ServerCertVerified::assertion())
-            }
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) => Ok(ServerCertVerified::assertion()),
             other => other,
         }
     }
 
-    fn verify_tls12_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         self.0.verify_tls12_signature(message, cert, dss)
     }
 
-    fn verify_tls13_signature(&self, message: &[u8], cert: &CertificateDer<'_>, dss: &DigitallySignedStruct) -> Result<HandshakeSignatureValid, rustls::Error> {
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
         self.0.verify_tls13_signature(message, cert, dss)
     }
 
@@ -148,7 +179,11 @@ pub fn refusal(e: &tokio_postgres::Error) -> Option<String> {
         if let Some(r) = s.downcast_ref::<rustls::Error>() {
             return Some(describe(r));
         }
-        if let Some(r) = s.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()).and_then(|i| i.downcast_ref::<rustls::Error>()) {
+        if let Some(r) = s
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|i| i.downcast_ref::<rustls::Error>())
+        {
             return Some(describe(r));
         }
         // The driver's words (a source of its "error performing TLS handshake") when the server

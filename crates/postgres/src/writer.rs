@@ -39,7 +39,11 @@ const MAX_GROUP_BYTES: usize = 16 << 20;
 // Appends are nearly every command: boxing the large variant would add an allocation to each.
 #[allow(clippy::large_enum_variant)]
 pub(crate) enum Cmd {
-    Append { req: AppendRequest, reply: AppendReply, arrival: Instant },
+    Append {
+        req: AppendRequest,
+        reply: AppendReply,
+        arrival: Instant,
+    },
     /// Finish what is queued, answer parked requests, then stop.
     Stop(oneshot::Sender<()>),
 }

@@ -14,7 +14,13 @@ fn with_commit(level: &str) -> String {
 }
 
 async fn open(level: &str, accept: bool) -> Result<PgEngine, oncelog_postgres::OpenError> {
-    let opts = PgOptions { schema: common::fresh_schema(), pool_size: 2, committers: 1, accept_commit_loss: accept, ..PgOptions::new(with_commit(level)) };
+    let opts = PgOptions {
+        schema: common::fresh_schema(),
+        pool_size: 2,
+        committers: 1,
+        accept_commit_loss: accept,
+        ..PgOptions::new(with_commit(level))
+    };
     PgEngine::open(opts).await
 }
 
@@ -23,7 +29,10 @@ async fn commits_below_on_are_refused_unless_the_loss_is_accepted() {
     for level in ["off", "local", "remote_write"] {
         let err = open(level, false).await.err().unwrap_or_else(|| panic!("synchronous_commit={level} was accepted"));
         let text = err.to_string();
-        assert!(text.contains(&format!("synchronous_commit={level}")) && text.contains("--pg-accept-commit-loss"), "{text}");
+        assert!(
+            text.contains(&format!("synchronous_commit={level}")) && text.contains("--pg-accept-commit-loss"),
+            "{text}"
+        );
         let engine = open(level, true).await.unwrap_or_else(|e| panic!("accepted {level}: {e}"));
         engine.shutdown().await.expect("shutdown");
     }

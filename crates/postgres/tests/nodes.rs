@@ -26,11 +26,19 @@ fn nodes_starting_at_once_migrate_a_schema_once() {
     contract::run(|| async {
         let schema = common::fresh_schema();
         let opens = (0..4).map(|_| PgEngine::open(common::options(&schema)));
-        let engines: Vec<PgEngine> = futures_util::future::join_all(opens).await.into_iter().map(|r| r.expect("open")).collect();
+        let engines: Vec<PgEngine> =
+            futures_util::future::join_all(opens).await.into_iter().map(|r| r.expect("open")).collect();
         let client = common::session().await;
-        let rows = client.query(&format!("SELECT version FROM {schema}.oncelog_schema ORDER BY version"), &[]).await.expect("versions");
+        let rows = client
+            .query(&format!("SELECT version FROM {schema}.oncelog_schema ORDER BY version"), &[])
+            .await
+            .expect("versions");
         let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
-        assert_eq!(versions, (1..=oncelog_postgres::schema::SCHEMA_VERSION).collect::<Vec<_>>(), "each migration applied once");
+        assert_eq!(
+            versions,
+            (1..=oncelog_postgres::schema::SCHEMA_VERSION).collect::<Vec<_>>(),
+            "each migration applied once"
+        );
         // And every engine works on it.
         contract::create(&engines[0], create_req("s", "text/plain")).await;
         for e in &engines {
@@ -61,7 +69,8 @@ fn a_commit_on_one_node_is_announced_to_the_others() {
         channel.truncate(63);
         client.batch_execute(&format!("LISTEN {channel}")).await.expect("listen");
         contract::append(&e[0], append_req("s", "abc")).await;
-        let payload = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("a notification").expect("payload");
+        let payload =
+            tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("a notification").expect("payload");
         let ids: Vec<&str> = payload.split(' ').skip(1).collect();
         assert_eq!(ids, vec![format!("{:x}", info.id)], "{payload}");
     });
@@ -102,7 +111,11 @@ fn pipelined_producer_requests_spread_over_nodes_wait_for_their_predecessors() {
                 e[0].append(produce("s", "a", "p", 0, base)).await
             });
             let (later, earlier) = (later.expect("no spurious gap"), earlier.expect("append"));
-            assert_eq!((earlier.status, later.status), (AppendStatus::Appended, AppendStatus::Appended), "round {round}");
+            assert_eq!(
+                (earlier.status, later.status),
+                (AppendStatus::Appended, AppendStatus::Appended),
+                "round {round}"
+            );
             assert!(later.next_offset > earlier.next_offset, "applied in sequence order");
         }
         assert_eq!(contract::read_all(&e[0], "s", 64).await, "ab".repeat(5));
@@ -159,7 +172,11 @@ fn counts_include_every_nodes_changes_after_a_refresh() {
         contract::create(&e[0], create_req("b", "text/plain")).await;
         contract::append(&e[0], produce("a", "x", "p", 0, 0)).await;
         contract::create(&e[1], create_req("c", "text/plain")).await;
-        assert_eq!(e[1].stats(), EngineStats { streams: 1, producers: 0, parked_appends: 0 }, "B counts only what it did until it refreshes");
+        assert_eq!(
+            e[1].stats(),
+            EngineStats { streams: 1, producers: 0, parked_appends: 0 },
+            "B counts only what it did until it refreshes"
+        );
         e[1].refresh_stats().await.expect("refresh");
         assert_eq!(e[1].stats(), EngineStats { streams: 3, producers: 1, parked_appends: 0 });
     });

@@ -41,7 +41,8 @@ async fn keys_past_their_window_and_idle_producers_are_deleted() {
     for batch in 0..(KEYED / 200) {
         let appends = (0..200).map(|i| {
             let n = batch * 200 + i;
-            let mut req = AppendRequest::plain("k", "text/plain", false, Bytes::from_static(b"x"), (n / 1_000) as i64 * 1_000);
+            let mut req =
+                AppendRequest::plain("k", "text/plain", false, Bytes::from_static(b"x"), (n / 1_000) as i64 * 1_000);
             req.idempotency_key = Some(KeyId(u128::from(n) + 1));
             e.append(req)
         });

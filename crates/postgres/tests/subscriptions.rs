@@ -132,7 +132,13 @@ fn a_zombie_stays_fenced_on_every_node() {
         // A's worker, its clock behind (by it the lease still runs), acks and releases with its
         // old fence through either node: fenced.
         for (name, node) in [("A", &a), ("B", &b)] {
-            let ack = AckRequest { fence: fence(&old), acks: vec![Ack { stream: "jobs/a".into(), offset: end }], done: true, via: AckVia::Ack, outputs: vec![] };
+            let ack = AckRequest {
+                fence: fence(&old),
+                acks: vec![Ack { stream: "jobs/a".into(), offset: end }],
+                done: true,
+                via: AckVia::Ack,
+                outputs: vec![],
+            };
             let r = node.ack("p", ack, 1_500).await;
             assert!(matches!(r, Err(SubError::Fenced)), "ack via {name}: {r:?}");
             let r = node.release("p", &fence(&old), 1_500).await;
@@ -140,7 +146,13 @@ fn a_zombie_stays_fenced_on_every_node() {
         }
         assert_eq!(b.get("p", 2_100).await.expect("get"), before, "fenced requests change nothing");
         // The current holder finishes through A.
-        let ack = AckRequest { fence: fence(&new), acks: vec![Ack { stream: "jobs/a".into(), offset: end }], done: true, via: AckVia::Ack, outputs: vec![] };
+        let ack = AckRequest {
+            fence: fence(&new),
+            acks: vec![Ack { stream: "jobs/a".into(), offset: end }],
+            done: true,
+            via: AckVia::Ack,
+            outputs: vec![],
+        };
         assert!(!a.ack("p", ack, 2_200).await.expect("the holder's done").next_wake);
         let links = b.get("p", 2_300).await.expect("get").links;
         assert_eq!(links.iter().map(|l| (l.path.as_str(), l.acked)).collect::<Vec<_>>(), [("jobs/a", end)]);
@@ -183,7 +195,10 @@ fn two_nodes_storing_one_secret_at_once_keep_the_same() {
         // Several rounds: the two must overlap for the race to be there at all.
         for round in 0..20 {
             let name = format!("token-{round}");
-            let (x, y) = tokio::join!(a.key_or_insert(&name, Bytes::from_static(b"from A"), 0), b.key_or_insert(&name, Bytes::from_static(b"from B"), 0));
+            let (x, y) = tokio::join!(
+                a.key_or_insert(&name, Bytes::from_static(b"from A"), 0),
+                b.key_or_insert(&name, Bytes::from_static(b"from B"), 0)
+            );
             let (x, y) = (x.expect("on A"), y.expect("on B"));
             assert_eq!(x, y, "round {round}: both nodes answer the secret stored first");
             assert_eq!(a.keys().await.expect("keys").get(&name), Some(&x));

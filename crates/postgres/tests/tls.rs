@@ -34,7 +34,14 @@ fn url(host: &str, port: u16, mode: &str, ca: &std::path::Path) -> String {
 
 async fn open(url: String) -> Result<PgEngine, OpenError> {
     let schema = common::fresh_schema();
-    PgEngine::open(PgOptions { schema, pool_size: 2, committers: 1, connect_timeout: Duration::from_secs(20), ..PgOptions::new(url) }).await
+    PgEngine::open(PgOptions {
+        schema,
+        pool_size: 2,
+        committers: 1,
+        connect_timeout: Duration::from_secs(20),
+        ..PgOptions::new(url)
+    })
+    .await
 }
 
 /// Opening must fail at once (not after `connect_timeout`), with `want` in its reason.
@@ -45,7 +52,11 @@ async fn refused(url: String, want: &str) {
         Err(e) => e.to_string(),
     };
     assert!(err.contains(want), "{url}: expected {want:?} in {err:?}");
-    assert!(started.elapsed() < Duration::from_secs(10), "{url}: a TLS refusal is not retried ({:?})", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{url}: a TLS refusal is not retried ({:?})",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]
@@ -57,7 +68,8 @@ async fn verify_full_connects_and_the_session_is_encrypted() {
     let (cfg, tls) = oncelog_postgres::driver_config(&url("localhost", port, "verify-full", &ca)).expect("url");
     let (client, conn) = cfg.connect(tls).await.expect("connect");
     tokio::spawn(conn);
-    let ssl: bool = client.query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[]).await.expect("query").get(0);
+    let ssl: bool =
+        client.query_one("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()", &[]).await.expect("query").get(0);
     assert!(ssl, "the session is not encrypted");
 }
 
@@ -109,9 +121,14 @@ async fn a_server_without_tls_is_refused_when_tls_is_required() {
 #[tokio::test]
 async fn unusable_tls_settings_are_refused_before_connecting() {
     let (port, _) = cluster();
-    refused(url("localhost", port, "verify-full", std::path::Path::new("/nonexistent/ca.crt")), "sslrootcert /nonexistent/ca.crt").await;
+    refused(
+        url("localhost", port, "verify-full", std::path::Path::new("/nonexistent/ca.crt")),
+        "sslrootcert /nonexistent/ca.crt",
+    )
+    .await;
     refused(format!("postgres://oncelog@127.0.0.1:{port}/postgres?sslmode=verify-everything"), "is not one of").await;
-    refused(format!("postgres://oncelog@127.0.0.1:{port}/postgres?sslcert=/c.pem"), "sslcert and sslkey go together").await;
+    refused(format!("postgres://oncelog@127.0.0.1:{port}/postgres?sslcert=/c.pem"), "sslcert and sslkey go together")
+        .await;
 }
 
 /// `sslcert` / `sslkey`: where the server requires a client certificate (`hostssl … cert`, for
@@ -147,25 +164,58 @@ async fn a_client_certificate_authenticates_where_the_server_requires_one() {
 
     // A key and a certificate for the role, signed by the cluster's CA (as an operator would).
     let dir = tempfile::tempdir().expect("tempdir");
-    let (key, csr, cert) = (dir.path().join("client.key"), dir.path().join("client.csr"), dir.path().join("client.crt"));
+    let (key, csr, cert) =
+        (dir.path().join("client.key"), dir.path().join("client.csr"), dir.path().join("client.crt"));
     let openssl = |args: &[&std::ffi::OsStr]| {
-        let out = std::process::Command::new("openssl").args(args).output().expect("openssl (scripts/postgres needs it too)");
+        let out =
+            std::process::Command::new("openssl").args(args).output().expect("openssl (scripts/postgres needs it too)");
         assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     };
     let s = |v: &str| std::ffi::OsString::from(v);
     openssl(&[
-        &s("req"), &s("-new"), &s("-newkey"), &s("ec"), &s("-pkeyopt"), &s("ec_paramgen_curve:prime256v1"), &s("-nodes"),
-        &s(&format!("-subj=/CN={role}")), &s("-keyout"), key.as_os_str(), &s("-out"), csr.as_os_str(),
+        &s("req"),
+        &s("-new"),
+        &s("-newkey"),
+        &s("ec"),
+        &s("-pkeyopt"),
+        &s("ec_paramgen_curve:prime256v1"),
+        &s("-nodes"),
+        &s(&format!("-subj=/CN={role}")),
+        &s("-keyout"),
+        key.as_os_str(),
+        &s("-out"),
+        csr.as_os_str(),
     ]);
     // An X.509 v3 certificate for client authentication (rustls takes no v1 certificate).
     let ext = dir.path().join("client.ext");
-    std::fs::write(&ext, "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n").expect("ext");
+    std::fs::write(
+        &ext,
+        "basicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n",
+    )
+    .expect("ext");
     openssl(&[
-        &s("x509"), &s("-req"), &s("-in"), csr.as_os_str(), &s("-CA"), ca.as_os_str(), &s("-CAkey"), tls_dir.join("ca.key").as_os_str(),
-        &s("-set_serial"), &s("1"), &s("-days"), &s("1"), &s("-extfile"), ext.as_os_str(), &s("-out"), cert.as_os_str(),
+        &s("x509"),
+        &s("-req"),
+        &s("-in"),
+        csr.as_os_str(),
+        &s("-CA"),
+        ca.as_os_str(),
+        &s("-CAkey"),
+        tls_dir.join("ca.key").as_os_str(),
+        &s("-set_serial"),
+        &s("1"),
+        &s("-days"),
+        &s("1"),
+        &s("-extfile"),
+        ext.as_os_str(),
+        &s("-out"),
+        cert.as_os_str(),
     ]);
 
-    let base = format!("postgres://{role}@localhost:{port}/postgres?hostaddr=127.0.0.1&sslmode=verify-full&sslrootcert={}", ca.display());
+    let base = format!(
+        "postgres://{role}@localhost:{port}/postgres?hostaddr=127.0.0.1&sslmode=verify-full&sslrootcert={}",
+        ca.display()
+    );
     let with_cert = format!("{base}&sslcert={}&sslkey={}", cert.display(), key.display());
     let (cfg, tls) = oncelog_postgres::driver_config(&with_cert).expect("url");
     let (client, conn) = cfg.connect(tls).await.expect("the certificate is accepted");
@@ -185,10 +235,21 @@ fn the_test_clusters_certificates_are_valid_from_before_they_were_made() {
     let dir = ca.parent().expect("the CA file's directory");
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
     for file in [ca.clone(), dir.join("server.crt")] {
-        let out = std::process::Command::new("openssl").args(["x509", "-noout", "-startdate", "-in"]).arg(&file).output().expect("openssl");
+        let out = std::process::Command::new("openssl")
+            .args(["x509", "-noout", "-startdate", "-in"])
+            .arg(&file)
+            .output()
+            .expect("openssl");
         let start = String::from_utf8_lossy(&out.stdout).trim().trim_start_matches("notBefore=").to_owned();
         let secs = std::process::Command::new("date").args(["-u", "-d", &start, "+%s"]).output().expect("date");
-        let since: u64 = String::from_utf8_lossy(&secs.stdout).trim().parse().unwrap_or_else(|_| panic!("notBefore of {}: {start:?}", file.display()));
-        assert!(since + 3_600 <= now, "{} is valid only from {start}: a node whose clock runs an hour behind would refuse it", file.display());
+        let since: u64 = String::from_utf8_lossy(&secs.stdout)
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("notBefore of {}: {start:?}", file.display()));
+        assert!(
+            since + 3_600 <= now,
+            "{} is valid only from {start}: a node whose clock runs an hour behind would refuse it",
+            file.display()
+        );
     }
 }

@@ -32,10 +32,7 @@ pub fn sse_is_text(content_type: &str) -> bool {
 pub fn is_valid(content_type: &str) -> bool {
     let e = essence(content_type);
     let mut parts = e.splitn(2, '/');
-    let is_token = |s: &str| {
-        !s.is_empty()
-            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$&^_.+-".contains(&b))
-    };
+    let is_token = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$&^_.+-".contains(&b));
     matches!((parts.next(), parts.next()), (Some(t), Some(s)) if is_token(t) && is_token(s))
 }
 

@@ -161,9 +161,8 @@ pub fn closed_flag(value: Option<&str>) -> bool {
 
 /// A strict non-negative decimal: `0`, or digits without a leading zero, sign, point or exponent.
 fn parse_strict_decimal(value: &str) -> Option<u64> {
-    let ok_shape = !value.is_empty()
-        && value.bytes().all(|b| b.is_ascii_digit())
-        && (value == "0" || !value.starts_with('0'));
+    let ok_shape =
+        !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) && (value == "0" || !value.starts_with('0'));
     if ok_shape {
         value.parse::<u64>().ok()
     } else {
@@ -293,7 +292,10 @@ mod tests {
 
     #[test]
     fn idempotency_keys_are_visible_ascii_bare_or_quoted() {
-        assert_eq!(parse_idempotency_key("0190f5a2-7c1e-7d3a-9f00-2b5c1d2e3f40"), Ok("0190f5a2-7c1e-7d3a-9f00-2b5c1d2e3f40"));
+        assert_eq!(
+            parse_idempotency_key("0190f5a2-7c1e-7d3a-9f00-2b5c1d2e3f40"),
+            Ok("0190f5a2-7c1e-7d3a-9f00-2b5c1d2e3f40")
+        );
         assert_eq!(parse_idempotency_key("\"abc\""), Ok("abc"));
         let long = "k".repeat(MAX_IDEMPOTENCY_KEY_CHARS);
         assert_eq!(parse_idempotency_key(&long), Ok(long.as_str()));

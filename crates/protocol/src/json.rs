@@ -195,7 +195,10 @@ mod tests {
         assert!(encode_body(nested(64).as_bytes(), EmptyArray::Allowed).is_ok());
         assert!(encode_body(format!("[{}]", nested(64)).as_bytes(), EmptyArray::Allowed).is_ok());
         assert_eq!(encode_body(format!("[{}]", nested(65)).as_bytes(), EmptyArray::Allowed), Err(JsonError::TooDeep));
-        assert_eq!(encode_body(format!("{{\"a\":{}}}", nested(200)).as_bytes(), EmptyArray::Allowed), Err(JsonError::TooDeep));
+        assert_eq!(
+            encode_body(format!("{{\"a\":{}}}", nested(200)).as_bytes(), EmptyArray::Allowed),
+            Err(JsonError::TooDeep)
+        );
         let in_string = format!("\"{}\\\"{}\"", "[".repeat(300), "{".repeat(300));
         assert!(encode_body(in_string.as_bytes(), EmptyArray::Allowed).is_ok());
         // What is accepted can be read back by a default serde_json reader.
@@ -223,10 +226,22 @@ mod tests {
 
     #[test]
     fn lone_surrogate_escapes_are_refused() {
-        for bad in [r#""\ud800""#, r#""\udc00""#, r#""\ud800x""#, r#""\ud800\n""#, r#""\ud800\u0041""#, r#""\ud800\ud800""#, r#"{"\udbff": 1}"#, r#"[1, {"v": "a\uDFFFb"}]"#, r#""\uZZZZ""#] {
+        for bad in [
+            r#""\ud800""#,
+            r#""\udc00""#,
+            r#""\ud800x""#,
+            r#""\ud800\n""#,
+            r#""\ud800\u0041""#,
+            r#""\ud800\ud800""#,
+            r#"{"\udbff": 1}"#,
+            r#"[1, {"v": "a\uDFFFb"}]"#,
+            r#""\uZZZZ""#,
+        ] {
             assert_eq!(encode_body(bad.as_bytes(), EmptyArray::Rejected), Err(JsonError::Invalid), "{bad}");
         }
-        for good in [r#""\ud83d\ude00""#, r#""\uD83D\uDE00 and \u00e9""#, r#"{"k\u0041": "\\ud800"}"#, r#""\"\ud800\udc00\"""#] {
+        for good in
+            [r#""\ud83d\ude00""#, r#""\uD83D\uDE00 and \u00e9""#, r#"{"k\u0041": "\\ud800"}"#, r#""\"\ud800\udc00\"""#]
+        {
             let stored = encode_body(good.as_bytes(), EmptyArray::Rejected).expect(good);
             // Whatever is accepted reads back as text.
             assert!(serde_json::from_slice::<serde_json::Value>(&render_array(&stored)).is_ok(), "{good}");

@@ -85,11 +85,18 @@ mod tests {
         assert_eq!(OffsetParam::parse(None), Ok(OffsetParam::Start));
         assert_eq!(OffsetParam::parse(Some("-1")), Ok(OffsetParam::Start));
         assert_eq!(OffsetParam::parse(Some("now")), Ok(OffsetParam::Now));
-        assert_eq!(
-            OffsetParam::parse(Some("0000000000000000_0000000000000042")),
-            Ok(OffsetParam::At(Offset(42)))
-        );
-        for bad in ["", "-2", "abc", "42", "0000000000000000_000000000000004,", "0000000000000000_+000000000000042", "0000000000000001_0000000000000042", "0000000000000000_00000000000000042", "-1\n"] {
+        assert_eq!(OffsetParam::parse(Some("0000000000000000_0000000000000042")), Ok(OffsetParam::At(Offset(42))));
+        for bad in [
+            "",
+            "-2",
+            "abc",
+            "42",
+            "0000000000000000_000000000000004,",
+            "0000000000000000_+000000000000042",
+            "0000000000000001_0000000000000042",
+            "0000000000000000_00000000000000042",
+            "-1\n",
+        ] {
             assert_eq!(OffsetParam::parse(Some(bad)), Err(OffsetError::Malformed), "{bad:?}");
         }
     }

@@ -64,11 +64,7 @@ pub enum Verdict {
 /// producer on this stream).
 pub fn validate(state: Option<&ProducerState>, epoch: u64, seq: u64) -> Verdict {
     let Some(state) = state else {
-        return if seq == 0 {
-            Verdict::Accept
-        } else {
-            Verdict::Gap { expected: 0, received: seq }
-        };
+        return if seq == 0 { Verdict::Accept } else { Verdict::Gap { expected: 0, received: seq } };
     };
     if epoch < state.epoch {
         return Verdict::Fenced { current_epoch: state.epoch };
@@ -87,7 +83,13 @@ pub fn validate(state: Option<&ProducerState>, epoch: u64, seq: u64) -> Verdict 
 
 impl ProducerState {
     /// The state after `(epoch, seq)` was accepted at `at_ms`, with `receipt`.
-    pub fn accepted(state: Option<&ProducerState>, epoch: u64, seq: u64, receipt: Receipt, at_ms: i64) -> ProducerState {
+    pub fn accepted(
+        state: Option<&ProducerState>,
+        epoch: u64,
+        seq: u64,
+        receipt: Receipt,
+        at_ms: i64,
+    ) -> ProducerState {
         let mut next = state.cloned().unwrap_or_else(|| ProducerState::new(epoch));
         next.accept(epoch, seq, receipt, at_ms);
         next
@@ -95,7 +97,12 @@ impl ProducerState {
 
     /// A producer seen for the first time, before its first accepted request.
     pub fn new(epoch: u64) -> ProducerState {
-        ProducerState { epoch, last_seq: 0, receipts: VecDeque::with_capacity(RECEIPT_WINDOW), last_active_ms: i64::MIN }
+        ProducerState {
+            epoch,
+            last_seq: 0,
+            receipts: VecDeque::with_capacity(RECEIPT_WINDOW),
+            last_active_ms: i64::MIN,
+        }
     }
 
     /// Records in place that `(epoch, seq)` was accepted at `at_ms` (the same as
@@ -199,7 +206,9 @@ mod tests {
             let max_seq = in_epoch.iter().map(|a| a.1).max().unwrap_or(0);
             if seq <= max_seq {
                 let recent = in_epoch.iter().rev().take(RECEIPT_WINDOW).find(|a| a.1 == seq);
-                return Verdict::Duplicate { receipt: recent.map(|a| Receipt { end: a.2, digest: BodyDigest(a.2 .0) }) };
+                return Verdict::Duplicate {
+                    receipt: recent.map(|a| Receipt { end: a.2, digest: BodyDigest(a.2 .0) }),
+                };
             }
             if seq == max_seq + 1 {
                 Verdict::Accept

@@ -57,7 +57,17 @@ impl DataEvent {
 
     /// An event whose data is `open`, `payload`, `close` (these two must hold no line break).
     pub fn wrapped(payload: Bytes, encoding: DataEncoding, open: &'static [u8], close: &'static [u8]) -> DataEvent {
-        DataEvent { payload, pos: 0, encoding, open, close, at_line_start: true, started: false, finished: false, piece_bytes: PIECE_BYTES }
+        DataEvent {
+            payload,
+            pos: 0,
+            encoding,
+            open,
+            close,
+            at_line_start: true,
+            started: false,
+            finished: false,
+            piece_bytes: PIECE_BYTES,
+        }
     }
 
     /// Where the next piece of text may end: at most [`PIECE_BYTES`] on, moved back to the start
@@ -258,8 +268,15 @@ mod tests {
         out
     }
 
-    fn pieces(payload: &[u8], encoding: DataEncoding, open: &'static str, close: &'static str, piece_bytes: usize) -> Vec<Bytes> {
-        let mut event = DataEvent::wrapped(Bytes::copy_from_slice(payload), encoding, open.as_bytes(), close.as_bytes());
+    fn pieces(
+        payload: &[u8],
+        encoding: DataEncoding,
+        open: &'static str,
+        close: &'static str,
+        piece_bytes: usize,
+    ) -> Vec<Bytes> {
+        let mut event =
+            DataEvent::wrapped(Bytes::copy_from_slice(payload), encoding, open.as_bytes(), close.as_bytes());
         event.piece_bytes = piece_bytes;
         event.collect()
     }
@@ -351,13 +368,19 @@ mod tests {
     #[test]
     fn control_fields() {
         let mut out = Vec::new();
-        control_event(&mut out, &Control { next_offset: Offset(5), cursor: Some(9), up_to_date: true, closed: false, end_reason: None });
+        control_event(
+            &mut out,
+            &Control { next_offset: Offset(5), cursor: Some(9), up_to_date: true, closed: false, end_reason: None },
+        );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "event: control\ndata:{\"streamCursor\":\"9\",\"streamNextOffset\":\"0000000000000000_0000000000000005\",\"upToDate\":true}\nid:0000000000000000_0000000000000005\n\n"
         );
         let mut out = Vec::new();
-        control_event(&mut out, &Control { next_offset: Offset(5), cursor: None, up_to_date: false, closed: true, end_reason: None });
+        control_event(
+            &mut out,
+            &Control { next_offset: Offset(5), cursor: None, up_to_date: false, closed: true, end_reason: None },
+        );
         let s = String::from_utf8(out).unwrap();
         assert!(s.contains("\"streamClosed\":true") && s.contains("\"upToDate\":true") && !s.contains("Cursor"));
     }

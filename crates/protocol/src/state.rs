@@ -36,8 +36,13 @@ pub enum StateError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Change<'a> {
     /// Sets the entity to `value` (insert, update, upsert).
-    Set { entity: Entity<'a>, value: &'a str },
-    Delete { entity: Entity<'a> },
+    Set {
+        entity: Entity<'a>,
+        value: &'a str,
+    },
+    Delete {
+        entity: Entity<'a>,
+    },
     /// `reset`: clears every entity.
     Reset,
     /// `snapshot-start` / `snapshot-end`: no effect.
@@ -162,7 +167,11 @@ impl Materialized {
 
 impl<'a> Entities<'a> for Materialized {
     fn set(&mut self, entity: Entity<'a>, value: &'a str) {
-        let live = Live { type_json: entity.type_json.to_owned(), key_json: entity.key_json.to_owned(), value_json: value.to_owned() };
+        let live = Live {
+            type_json: entity.type_json.to_owned(),
+            key_json: entity.key_json.to_owned(),
+            value_json: value.to_owned(),
+        };
         self.entities.insert((entity.type_name, entity.key), live);
     }
 
@@ -239,7 +248,10 @@ mod tests {
 
     #[test]
     fn messages_are_changes_controls_or_refused() {
-        assert!(matches!(parse(change("insert", "user", "1", Some("{\"n\":1}")).as_bytes()), Ok(Change::Set { value: "{\"n\":1}", .. })));
+        assert!(matches!(
+            parse(change("insert", "user", "1", Some("{\"n\":1}")).as_bytes()),
+            Ok(Change::Set { value: "{\"n\":1}", .. })
+        ));
         assert!(matches!(parse(change("delete", "user", "1", None).as_bytes()), Ok(Change::Delete { .. })));
         assert_eq!(parse(br#"{"headers":{"control":"reset"}}"#), Ok(Change::Reset));
         assert_eq!(parse(br#"{"headers":{"control":"snapshot-end","offset":"x"}}"#), Ok(Change::Hint));
@@ -248,8 +260,14 @@ mod tests {
         assert_eq!(parse(br#"{"type":"u","key":"1"}"#), Err(StateError::NoOperation));
         assert_eq!(parse(br#"{"headers":{"operation":"explode"},"type":"u","key":"1"}"#), Err(StateError::NoOperation));
         assert_eq!(parse(br#"{"headers":{"operation":"insert"},"type":"u"}"#), Err(StateError::NoEntity));
-        assert_eq!(parse(br#"{"headers":{"operation":"insert"},"type":"u","key":1,"value":2}"#), Err(StateError::NoEntity));
-        assert_eq!(parse(br#"{"headers":{"operation":"update"},"type":"u","key":"1"}"#), Err(StateError::NoValue("update")));
+        assert_eq!(
+            parse(br#"{"headers":{"operation":"insert"},"type":"u","key":1,"value":2}"#),
+            Err(StateError::NoEntity)
+        );
+        assert_eq!(
+            parse(br#"{"headers":{"operation":"update"},"type":"u","key":"1"}"#),
+            Err(StateError::NoValue("update"))
+        );
     }
 
     #[test]
@@ -306,7 +324,11 @@ mod tests {
 
     fn op() -> impl Strategy<Value = String> {
         let key = "[a-d]";
-        let value = prop_oneof![Just("1".to_owned()), Just("{\"x\":[true,null]}".to_owned()), "[a-z]{0,6}".prop_map(|s| format!("\"{s}\""))];
+        let value = prop_oneof![
+            Just("1".to_owned()),
+            Just("{\"x\":[true,null]}".to_owned()),
+            "[a-z]{0,6}".prop_map(|s| format!("\"{s}\""))
+        ];
         prop_oneof![
             4 => (prop_oneof![Just("insert"), Just("update"), Just("upsert")], "[tu]", key, value).prop_map(|(op, t, k, v)| change(op, &t, &k, Some(&v))),
             2 => ("[tu]", key).prop_map(|(t, k)| change("delete", &t, &k, None)),

@@ -34,10 +34,7 @@ pub struct BodyLimits {
 /// `limits.total` in all.
 pub(crate) async fn read(body: Body, req_headers: &HeaderMap, limits: BodyLimits) -> Result<Bytes, BodyError> {
     let limit = limits.max_bytes;
-    let declared = req_headers
-        .get("content-length")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let declared = req_headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BodyError::TooLarge { limit });
     }

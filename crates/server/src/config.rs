@@ -97,7 +97,11 @@ pub struct ServerConfig {
 impl ServerConfig {
     /// What a request body may be: its size and how long it may take.
     pub fn body_limits(&self) -> crate::body::BodyLimits {
-        crate::body::BodyLimits { max_bytes: self.max_append_bytes, pause: self.body_read_timeout, total: self.body_total_timeout }
+        crate::body::BodyLimits {
+            max_bytes: self.max_append_bytes,
+            pause: self.body_read_timeout,
+            total: self.body_total_timeout,
+        }
     }
 }
 
@@ -156,10 +160,17 @@ pub enum ConfigError {
 impl ServerConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let mut seen: Vec<&str> = Vec::new();
-        let ops = [("healthz", Some(&self.healthz_path)), ("readyz", Some(&self.readyz_path)), ("metrics", self.metrics_path.as_ref())];
+        let ops = [
+            ("healthz", Some(&self.healthz_path)),
+            ("readyz", Some(&self.readyz_path)),
+            ("metrics", self.metrics_path.as_ref()),
+        ];
         for (name, path) in ops {
             let Some(path) = path else { continue };
-            let ok = path.starts_with('/') && path.len() > 1 && !path.starts_with("/v1/stream") && !path.contains(['{', '}', '*']);
+            let ok = path.starts_with('/')
+                && path.len() > 1
+                && !path.starts_with("/v1/stream")
+                && !path.contains(['{', '}', '*']);
             if !ok {
                 return Err(ConfigError::OpsPath { name, path: path.clone() });
             }
@@ -198,7 +209,11 @@ impl ServerConfig {
         if self.webhook_key_max_age.is_zero() {
             return Err(ConfigError::Zero("webhook key max age"));
         }
-        if self.header_read_timeout.is_zero() || self.body_read_timeout.is_zero() || self.body_total_timeout.is_zero() || self.write_timeout.is_zero() {
+        if self.header_read_timeout.is_zero()
+            || self.body_read_timeout.is_zero()
+            || self.body_total_timeout.is_zero()
+            || self.write_timeout.is_zero()
+        {
             return Err(ConfigError::Zero("read timeout"));
         }
         Ok(())
@@ -224,7 +239,11 @@ mod tests {
 
     #[test]
     fn the_metrics_streams_pattern_and_cap_are_checked() {
-        let with = |pattern: &str, max: usize| ServerConfig { metrics_streams: Some(pattern.into()), metrics_streams_max: max, ..ServerConfig::default() };
+        let with = |pattern: &str, max: usize| ServerConfig {
+            metrics_streams: Some(pattern.into()),
+            metrics_streams_max: max,
+            ..ServerConfig::default()
+        };
         assert_eq!(with("orders/**", 100).validate(), Ok(()));
         assert!(matches!(with("a/**/b/**/c/**/d/**/e/**", 100).validate(), Err(ConfigError::MetricsStreams(_))));
         assert_eq!(with("orders/*", 0).validate(), Err(ConfigError::Zero("metrics streams max")));

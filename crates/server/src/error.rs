@@ -10,8 +10,8 @@ use crate::body::BodyError;
 use crate::live::TooManyReaders;
 use crate::rate::RateLimited;
 use crate::request::RequestError;
-use crate::subs::error::SubApiError;
 use crate::signing::TokenError;
+use crate::subs::error::SubApiError;
 use crate::subs::wire::WireError;
 use oncelog_storage::subs::SubError;
 
@@ -69,7 +69,9 @@ impl From<SubApiError> for ApiError {
 
 fn storage_status(e: &StorageError) -> StatusCode {
     match e {
-        StorageError::Poisoned | StorageError::ShuttingDown | StorageError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        StorageError::Poisoned | StorageError::ShuttingDown | StorageError::Unavailable(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         StorageError::Backend(_) | StorageError::Corrupt(_) => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -104,16 +106,19 @@ impl ApiError {
             ApiError::BadRequest(_) => (StatusCode::BAD_REQUEST, vec![]),
             ApiError::Body(BodyError::TooLarge { .. }) => (StatusCode::PAYLOAD_TOO_LARGE, vec![]),
             ApiError::Body(BodyError::Read) => (StatusCode::BAD_REQUEST, vec![]),
-            ApiError::Body(BodyError::Stalled | BodyError::TooSlow) => (StatusCode::REQUEST_TIMEOUT, vec![h("connection", "close")]),
+            ApiError::Body(BodyError::Stalled | BodyError::TooSlow) => {
+                (StatusCode::REQUEST_TIMEOUT, vec![h("connection", "close")])
+            }
             ApiError::NoRoute => (StatusCode::NOT_FOUND, vec![]),
             // The refused reader's connection is closed (HTTP/1), so its place serves someone else
             // at once: a flood of readers waits in the client's retry, not in the listener.
             ApiError::TooManyReaders(_) => (StatusCode::SERVICE_UNAVAILABLE, vec![h("connection", "close")]),
-            ApiError::RateLimited(RateLimited { retry_after_s }) => (StatusCode::TOO_MANY_REQUESTS, vec![h("retry-after", retry_after_s)]),
-            ApiError::MethodNotAllowed => (
-                StatusCode::METHOD_NOT_ALLOWED,
-                vec![h("allow", "GET, HEAD, PUT, POST, DELETE, OPTIONS")],
-            ),
+            ApiError::RateLimited(RateLimited { retry_after_s }) => {
+                (StatusCode::TOO_MANY_REQUESTS, vec![h("retry-after", retry_after_s)])
+            }
+            ApiError::MethodNotAllowed => {
+                (StatusCode::METHOD_NOT_ALLOWED, vec![h("allow", "GET, HEAD, PUT, POST, DELETE, OPTIONS")])
+            }
             ApiError::Create(e) => match e {
                 CreateError::ConfigMismatch(_)
                 | CreateError::PathReserved
@@ -134,16 +139,15 @@ impl ApiError {
             ApiError::Append(e) => match e {
                 AppendError::NotFound => (StatusCode::NOT_FOUND, vec![]),
                 AppendError::Gone => (StatusCode::GONE, vec![]),
-                AppendError::Closed { tail } => (
-                    StatusCode::CONFLICT,
-                    vec![h(names::STREAM_CLOSED, "true"), h(names::STREAM_NEXT_OFFSET, tail)],
-                ),
+                AppendError::Closed { tail } => {
+                    (StatusCode::CONFLICT, vec![h(names::STREAM_CLOSED, "true"), h(names::STREAM_NEXT_OFFSET, tail)])
+                }
                 AppendError::StreamSeqRegression { tail } | AppendError::ExpectedOffsetConflict { tail } => {
                     (StatusCode::CONFLICT, vec![h(names::STREAM_NEXT_OFFSET, tail)])
                 }
-                AppendError::ContentTypeMismatch
-                | AppendError::StreamChanged
-                | AppendError::FramingMismatch => (StatusCode::CONFLICT, vec![]),
+                AppendError::ContentTypeMismatch | AppendError::StreamChanged | AppendError::FramingMismatch => {
+                    (StatusCode::CONFLICT, vec![])
+                }
                 AppendError::Empty => (StatusCode::BAD_REQUEST, vec![]),
                 AppendError::ProducerFenced { current_epoch } => {
                     (StatusCode::FORBIDDEN, vec![h(names::PRODUCER_EPOCH, current_epoch)])
@@ -157,7 +161,11 @@ impl ApiError {
                 AppendError::OffsetOverflow => (StatusCode::INSUFFICIENT_STORAGE, vec![]),
                 AppendError::ProducerBodyMismatch { epoch, seq } => (
                     StatusCode::CONFLICT,
-                    vec![h(names::PRODUCER_CONFLICT, "body-mismatch"), h(names::PRODUCER_EPOCH, epoch), h(names::PRODUCER_SEQ, seq)],
+                    vec![
+                        h(names::PRODUCER_CONFLICT, "body-mismatch"),
+                        h(names::PRODUCER_EPOCH, epoch),
+                        h(names::PRODUCER_SEQ, seq),
+                    ],
                 ),
                 AppendError::IdempotencyKeyMismatch => (StatusCode::UNPROCESSABLE_ENTITY, vec![]),
                 AppendError::IdempotencyKeyWithProducer => (StatusCode::BAD_REQUEST, vec![]),
@@ -165,9 +173,13 @@ impl ApiError {
                 AppendError::Storage(e) => (storage_status(e), vec![]),
             },
             ApiError::Auth(e) => match e {
-                AuthError::Unauthenticated { why } => (StatusCode::UNAUTHORIZED, vec![challenge(why.code(), &why.to_string())]),
+                AuthError::Unauthenticated { why } => {
+                    (StatusCode::UNAUTHORIZED, vec![challenge(why.code(), &why.to_string())])
+                }
                 AuthError::Signature(_) => (StatusCode::UNAUTHORIZED, vec![]),
-                AuthError::Forbidden { .. } => (StatusCode::FORBIDDEN, vec![challenge("insufficient_scope", &e.to_string())]),
+                AuthError::Forbidden { .. } => {
+                    (StatusCode::FORBIDDEN, vec![challenge("insufficient_scope", &e.to_string())])
+                }
                 AuthError::Hidden => (StatusCode::NOT_FOUND, vec![]),
             },
             ApiError::PreconditionNoStream | ApiError::PreconditionEtag => (StatusCode::PRECONDITION_FAILED, vec![]),
@@ -214,7 +226,9 @@ fn sub_status(e: &SubApiError) -> (StatusCode, &'static str, serde_json::Value) 
                 (StatusCode::CONFLICT, "ALREADY_CLAIMED", json!({ "current_holder": holder, "generation": generation }))
             }
             SubError::NoPendingWork => (StatusCode::CONFLICT, "NO_PENDING_WORK", none),
-            SubError::InvalidOffset { stream, .. } => (StatusCode::CONFLICT, "INVALID_OFFSET", json!({ "stream": stream })),
+            SubError::InvalidOffset { stream, .. } => {
+                (StatusCode::CONFLICT, "INVALID_OFFSET", json!({ "stream": stream }))
+            }
             SubError::Append { index, stream, error } => {
                 let (status, _) = ApiError::Append(error.clone()).status_and_headers();
                 (status, "APPEND_REFUSED", json!({ "index": index, "stream": stream }))
@@ -223,7 +237,9 @@ fn sub_status(e: &SubApiError) -> (StatusCode, &'static str, serde_json::Value) 
             SubError::Conflict => (StatusCode::SERVICE_UNAVAILABLE, "CONFLICT", none),
             SubError::Storage(s) => (storage_status(s), "STORAGE_ERROR", none),
         },
-        SubApiError::Wire(WireError::Offset { stream }) => (StatusCode::CONFLICT, "INVALID_OFFSET", json!({ "stream": stream })),
+        SubApiError::Wire(WireError::Offset { stream }) => {
+            (StatusCode::CONFLICT, "INVALID_OFFSET", json!({ "stream": stream }))
+        }
         SubApiError::Wire(_) | SubApiError::Output { .. } => (StatusCode::BAD_REQUEST, "INVALID_REQUEST", none),
         SubApiError::OutputLookup { index, stream, source } => {
             let (status, _) = ApiError::Lookup(source.clone()).status_and_headers();
@@ -234,7 +250,9 @@ fn sub_status(e: &SubApiError) -> (StatusCode, &'static str, serde_json::Value) 
         SubApiError::Token(TokenError::Expired) => (StatusCode::UNAUTHORIZED, "TOKEN_EXPIRED", none),
         SubApiError::NoRoute => (StatusCode::NOT_FOUND, "SUBSCRIPTION_NOT_FOUND", none),
         SubApiError::Method => (StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", none),
-        SubApiError::OutputNotAllowed { index, stream } => (StatusCode::FORBIDDEN, "OUTPUT_NOT_ALLOWED", json!({ "index": index, "stream": stream })),
+        SubApiError::OutputNotAllowed { index, stream } => {
+            (StatusCode::FORBIDDEN, "OUTPUT_NOT_ALLOWED", json!({ "index": index, "stream": stream }))
+        }
         // Answered as any request's (see `From<SubApiError> for ApiError`); these codes only
         // name them should one be rendered here.
         SubApiError::Auth(e) => (ApiError::Auth(e.clone()).status_and_headers().0, "UNAUTHORIZED", none),
@@ -263,7 +281,9 @@ impl IntoResponse for ApiError {
             if let (Some(m), serde_json::Value::Object(x)) = (err.as_object_mut(), extra) {
                 m.extend(x);
             }
-            let mut resp = (status, [("content-type", "application/json")], serde_json::json!({ "error": err }).to_string()).into_response();
+            let mut resp =
+                (status, [("content-type", "application/json")], serde_json::json!({ "error": err }).to_string())
+                    .into_response();
             if status == StatusCode::SERVICE_UNAVAILABLE {
                 resp.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
             }
@@ -307,9 +327,15 @@ mod tests {
         let resp = ApiError::Storage(StorageError::Unavailable(cause)).into_response();
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(resp.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
-        let append = ApiError::Append(AppendError::Storage(StorageError::Unavailable(std::sync::Arc::new(std::io::Error::other("x"))))).into_response();
+        let append = ApiError::Append(AppendError::Storage(StorageError::Unavailable(std::sync::Arc::new(
+            std::io::Error::other("x"),
+        ))))
+        .into_response();
         assert_eq!(append.status(), StatusCode::SERVICE_UNAVAILABLE);
-        let text = ApiError::Storage(StorageError::Unavailable(std::sync::Arc::new(std::io::Error::other("connection to the database lost")))).to_string();
+        let text = ApiError::Storage(StorageError::Unavailable(std::sync::Arc::new(std::io::Error::other(
+            "connection to the database lost",
+        ))))
+        .to_string();
         assert!(text.contains("connection to the database lost"), "{text}");
     }
 }

@@ -23,15 +23,15 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
+use axum::http::{HeaderValue, Method, Request};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use axum::http::{HeaderValue, Method, Request};
 use tower_service::Service;
 
 use crate::auth::{Access, Gate};
 use crate::error::ApiError;
-use crate::headers::{self, CorsOrigins};
 use crate::handlers::Caller;
+use crate::headers::{self, CorsOrigins};
 use crate::op::Kind;
 
 /// The client's address, in every request's extensions (for per-address limits).
@@ -48,7 +48,8 @@ pub struct FrontConfig {
 
 /// The stream operations (`/v1/stream/{path}`), called by the front service directly: see
 /// [`crate::handlers::stream`].
-pub type StreamRoute = Arc<dyn Fn(Request<Body>, Caller) -> Pin<Box<dyn Future<Output = Response> + Send>> + Send + Sync>;
+pub type StreamRoute =
+    Arc<dyn Fn(Request<Body>, Caller) -> Pin<Box<dyn Future<Output = Response> + Send>> + Send + Sync>;
 
 /// The router behind the front service, for one connection.
 #[derive(Clone)]
@@ -67,7 +68,12 @@ impl Front {
 
     /// The same service for a connection from `peer`.
     pub fn for_peer(&self, peer: SocketAddr) -> Self {
-        Front { router: self.router.clone(), streams: self.streams.clone(), config: self.config.clone(), peer: Some(peer) }
+        Front {
+            router: self.router.clone(),
+            streams: self.streams.clone(),
+            config: self.config.clone(),
+            peer: Some(peer),
+        }
     }
 }
 
@@ -81,7 +87,10 @@ impl<B: http_body::Body + Unpin> http_body::Body for Watched<B> {
     type Data = B::Data;
     type Error = B::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
             self.ended.store(true, Ordering::Relaxed);

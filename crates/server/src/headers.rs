@@ -1,6 +1,5 @@
 //! Headers every response carries, and the CORS preflight.
 
-
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
@@ -47,7 +46,9 @@ impl CorsOrigins {
         if text.trim() == "*" {
             return CorsOrigins::Any;
         }
-        CorsOrigins::List(text.split(',').map(|o| o.trim().trim_end_matches('/').to_owned()).filter(|o| !o.is_empty()).collect())
+        CorsOrigins::List(
+            text.split(',').map(|o| o.trim().trim_end_matches('/').to_owned()).filter(|o| !o.is_empty()).collect(),
+        )
     }
 }
 

@@ -56,12 +56,12 @@ pub mod op;
 pub mod ops;
 pub mod rate;
 pub mod read;
-pub mod state;
 pub mod reload;
 mod reply;
 pub mod request;
 pub mod sendfile_io;
 pub mod signing;
+pub mod state;
 pub mod subs;
 pub mod sweeper;
 pub mod tls;
@@ -74,9 +74,9 @@ use axum::Router;
 use oncelog_storage::{Engine, StorageError};
 
 pub use auth::{Access, AllowAll, AuthError, Authorize};
-pub use state::{AppState, Shared};
 pub use config::{ConfigError, ServerConfig};
 pub use oncelog_storage::clock::{Clock, ManualClock, SystemClock};
+pub use state::{AppState, Shared};
 
 /// The service: [`front::Front`] (peer address, authentication hook for everything but the
 /// operational endpoints, request metrics, CORS and browser-security headers on every answer)
@@ -86,7 +86,8 @@ pub fn app<E: Engine>(state: AppState<E>) -> Result<front::Front, ConfigError> {
     state.config.validate()?;
     let fallback = Router::new().fallback(handlers::no_route).with_state(state.clone());
     let route_state = state.clone();
-    let stream_route: front::StreamRoute = std::sync::Arc::new(move |req, caller| Box::pin(handlers::stream(route_state.clone(), req, caller)));
+    let stream_route: front::StreamRoute =
+        std::sync::Arc::new(move |req, caller| Box::pin(handlers::stream(route_state.clone(), req, caller)));
     let mut ops = Router::new()
         .route(&state.config.healthz_path, get(ops::healthz))
         .route(&state.config.readyz_path, get(ops::readyz::<E>));

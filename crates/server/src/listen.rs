@@ -46,7 +46,6 @@ pub struct Limits {
     pub h2_ping_timeout: Duration,
 }
 
-
 /// How long to pause accepting after an accept error (such as running out of file descriptors),
 /// so the loop does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
@@ -111,7 +110,10 @@ pub async fn run(
         .max_buf_size(HTTP1_BUFFER_BYTES);
     let mut h2 = Builder::new(TokioExecutor::new()).http2_only();
     // Pings find HTTP/2 peers that vanished without closing (their streams are then dropped).
-    h2.http2().timer(TokioTimer::new()).keep_alive_interval(limits.h2_ping_interval).keep_alive_timeout(limits.h2_ping_timeout);
+    h2.http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(limits.h2_ping_interval)
+        .keep_alive_timeout(limits.h2_ping_timeout);
     let (h1, h2) = (Arc::new(h1), Arc::new(h2));
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
@@ -150,11 +152,19 @@ pub async fn run(
                         Some(Protocol::Http2) => h2,
                         None => return,
                     };
-                    serve_io(&builder, TokioIo::new(DeadlineIo::new(SendfileIo::new(stream), limits.write_timeout)), service, watcher).await;
+                    serve_io(
+                        &builder,
+                        TokioIo::new(DeadlineIo::new(SendfileIo::new(stream), limits.write_timeout)),
+                        service,
+                        watcher,
+                    )
+                    .await;
                 }
                 Some(acceptor) => {
                     let stream = DeadlineIo::new(stream, limits.write_timeout);
-                    let Ok(Ok(tls)) = tokio::time::timeout_at(first_bytes_by, acceptor.accept(stream)).await else { return };
+                    let Ok(Ok(tls)) = tokio::time::timeout_at(first_bytes_by, acceptor.accept(stream)).await else {
+                        return;
+                    };
                     let builder = if tls.get_ref().1.alpn_protocol() == Some(b"h2") { h2 } else { h1 };
                     serve_io(&builder, TokioIo::new(tls), service, watcher).await;
                 }
@@ -167,8 +177,12 @@ pub async fn run(
 }
 
 /// Serves one connection until it ends or the graceful shutdown it is watched by closes it.
-async fn serve_io<I>(builder: &Builder<TokioExecutor>, io: I, service: TowerToHyperService<Front>, watcher: hyper_util::server::graceful::Watcher)
-where
+async fn serve_io<I>(
+    builder: &Builder<TokioExecutor>,
+    io: I,
+    service: TowerToHyperService<Front>,
+    watcher: hyper_util::server::graceful::Watcher,
+) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let conn = builder.serve_connection(io, service);

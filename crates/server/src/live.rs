@@ -122,7 +122,12 @@ impl LiveSlots {
 
     /// Takes a place for a `mode` reader of `path` (`own_connection`: on an HTTP/1 connection,
     /// which it holds while it reads; an HTTP/2 reader shares its connection), or refuses it.
-    pub fn acquire(self: &Arc<Self>, path: &str, mode: &'static str, own_connection: bool) -> Result<LiveSlot, TooManyReaders> {
+    pub fn acquire(
+        self: &Arc<Self>,
+        path: &str,
+        mode: &'static str,
+        own_connection: bool,
+    ) -> Result<LiveSlot, TooManyReaders> {
         let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let here = held.per_stream.get(path).map_or(0, |(n, _)| *n);
         let full = if held.total >= self.max_total {
@@ -146,7 +151,13 @@ impl LiveSlots {
         let entry = held.per_stream.entry(path.to_owned()).or_default();
         entry.0 += 1;
         let frames = Arc::clone(&entry.1);
-        Ok(LiveSlot { slots: Arc::clone(self), path: path.to_owned(), own_connection, frames, _gauge: metrics::LiveReader::open(mode) })
+        Ok(LiveSlot {
+            slots: Arc::clone(self),
+            path: path.to_owned(),
+            own_connection,
+            frames,
+            _gauge: metrics::LiveReader::open(mode),
+        })
     }
 }
 
@@ -187,7 +198,8 @@ mod tests {
         // 32 connections: 2 reserved, 30 for live readers on HTTP/1.
         let slots = LiveSlots::new(1000, 1000, 32);
         assert_eq!(connection_reserve(32), 2);
-        let held: Vec<LiveSlot> = (0..30).map(|i| slots.acquire("s", "sse", true).unwrap_or_else(|e| panic!("{i}: {e}"))).collect();
+        let held: Vec<LiveSlot> =
+            (0..30).map(|i| slots.acquire("s", "sse", true).unwrap_or_else(|e| panic!("{i}: {e}"))).collect();
         assert_eq!(slots.acquire("s", "sse", true).err(), Some(TooManyReaders(Full::Connections)));
         // HTTP/2 readers share their connection: not bounded by it.
         let _h2 = slots.acquire("s", "sse", false).expect("an HTTP/2 reader");

@@ -67,8 +67,10 @@ const OUTCOMES: [&str; 6] = ["new", "duplicate", "fenced", "gap", "closed", "rej
 /// Methods with their own label; everything else is `other`.
 const METHODS: [&str; 7] = ["GET", "HEAD", "PUT", "POST", "DELETE", "OPTIONS", "other"];
 /// Statuses with their own label; everything else is `other`.
-const STATUSES: [&str; 17] =
-    ["200", "201", "204", "304", "400", "401", "403", "404", "405", "408", "409", "410", "413", "429", "500", "503", "other"];
+const STATUSES: [&str; 17] = [
+    "200", "201", "204", "304", "400", "401", "403", "404", "405", "408", "409", "410", "413", "429", "500", "503",
+    "other",
+];
 
 /// Metric handles registered once: recording on the request path is then an atomic add, not a
 /// registry lookup with label allocation.
@@ -92,7 +94,11 @@ fn register() -> Handles {
         commit_to_ack: metrics::histogram!("oncelog_commit_to_ack_seconds"),
         requests: METHODS
             .iter()
-            .flat_map(|m| STATUSES.iter().map(move |s| metrics::counter!("oncelog_http_requests_total", "method" => *m, "status" => *s)))
+            .flat_map(|m| {
+                STATUSES
+                    .iter()
+                    .map(move |s| metrics::counter!("oncelog_http_requests_total", "method" => *m, "status" => *s))
+            })
             .collect(),
     }
 }
@@ -104,7 +110,9 @@ pub fn install() -> Option<PrometheusHandle> {
         .get_or_init(|| {
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
-                .and_then(|b| b.set_buckets_for_metric(Matcher::Full("oncelog_group_commit_commands".into()), COUNT_BUCKETS))
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full("oncelog_group_commit_commands".into()), COUNT_BUCKETS)
+                })
                 .ok()?;
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
@@ -139,24 +147,45 @@ fn upkeep(handle: PrometheusHandle) {
 /// table at the top of this module says the same).
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
-    describe_counter!("oncelog_appends_total", "Append requests that reached the engine, by outcome: new, duplicate, fenced, gap, closed, rejected.");
+    describe_counter!(
+        "oncelog_appends_total",
+        "Append requests that reached the engine, by outcome: new, duplicate, fenced, gap, closed, rejected."
+    );
     describe_counter!("oncelog_append_bytes_total", "Body bytes of those append requests, by outcome.");
-    describe_histogram!("oncelog_commit_to_ack_seconds", "Seconds from handing an append to the engine to its durable answer.");
+    describe_histogram!(
+        "oncelog_commit_to_ack_seconds",
+        "Seconds from handing an append to the engine to its durable answer."
+    );
     describe_counter!("oncelog_parked_appends_total", "Producer appends that waited for their predecessors.");
     describe_histogram!("oncelog_group_commit_commands", "Commands per group commit.");
-    describe_histogram!("oncelog_group_commit_seconds", "Seconds of one group commit: write and sync (log engine) or decide, write and COMMIT (PostgreSQL).");
+    describe_histogram!(
+        "oncelog_group_commit_seconds",
+        "Seconds of one group commit: write and sync (log engine) or decide, write and COMMIT (PostgreSQL)."
+    );
     describe_histogram!("oncelog_fsync_seconds", "Seconds of the sync of one group (log engine).");
     describe_histogram!("oncelog_checkpoint_seconds", "Seconds writing one checkpoint (log engine).");
     describe_gauge!("oncelog_live_readers", "Open live reads, by mode: long-poll, sse.");
-    describe_counter!("oncelog_live_readers_refused_total", "Live reads refused (503), by the bound that refused them: total, stream, connections.");
+    describe_counter!(
+        "oncelog_live_readers_refused_total",
+        "Live reads refused (503), by the bound that refused them: total, stream, connections."
+    );
     describe_counter!("oncelog_http_requests_total", "Answered stream requests, by method and status.");
     describe_counter!("oncelog_connections_accepted_total", "TCP connections accepted.");
-    describe_counter!("oncelog_sendfile_bytes_total", "Catch-up body bytes sent with sendfile(2) straight from a segment file.");
+    describe_counter!(
+        "oncelog_sendfile_bytes_total",
+        "Catch-up body bytes sent with sendfile(2) straight from a segment file."
+    );
     describe_gauge!("oncelog_streams", "Streams that exist.");
     describe_gauge!("oncelog_producers", "Idempotent producers remembered.");
     describe_gauge!("oncelog_subscriptions", "Subscriptions that exist.");
-    describe_counter!("oncelog_subscription_calls_total", "Subscription claim, ack, callback, release and commit requests, by outcome: ok, duplicate, fenced, refused.");
-    describe_counter!("oncelog_webhook_deliveries_total", "Webhook deliveries, by outcome: ok, failed (retried later).");
+    describe_counter!(
+        "oncelog_subscription_calls_total",
+        "Subscription claim, ack, callback, release and commit requests, by outcome: ok, duplicate, fenced, refused."
+    );
+    describe_counter!(
+        "oncelog_webhook_deliveries_total",
+        "Webhook deliveries, by outcome: ok, failed (retried later)."
+    );
     describe_gauge!("process_resident_memory_bytes", "Resident memory of the server process in bytes.");
 }
 
@@ -251,8 +280,22 @@ pub fn render(handle: &PrometheusHandle, scrape: Scrape<'_>) -> String {
     let mut out = handle.render();
     if !scrape.lags.is_empty() {
         let ids = |l: &SubLag| l.id.clone();
-        family(&mut out, "oncelog_subscription_lag_bytes", "gauge", "Bytes a subscription has not acknowledged: over its linked streams, tail minus acknowledged offset.", "subscription", scrape.lags.iter().map(|l| (ids(l), l.bytes)));
-        family(&mut out, "oncelog_subscription_pending_streams", "gauge", "Linked streams of a subscription with unacknowledged data.", "subscription", scrape.lags.iter().map(|l| (ids(l), l.pending_streams as u64)));
+        family(
+            &mut out,
+            "oncelog_subscription_lag_bytes",
+            "gauge",
+            "Bytes a subscription has not acknowledged: over its linked streams, tail minus acknowledged offset.",
+            "subscription",
+            scrape.lags.iter().map(|l| (ids(l), l.bytes)),
+        );
+        family(
+            &mut out,
+            "oncelog_subscription_pending_streams",
+            "gauge",
+            "Linked streams of a subscription with unacknowledged data.",
+            "subscription",
+            scrape.lags.iter().map(|l| (ids(l), l.pending_streams as u64)),
+        );
     }
     if let Some(series) = scrape.streams {
         series.render(&mut out);
@@ -262,7 +305,14 @@ pub fn render(handle: &PrometheusHandle, scrape: Scrape<'_>) -> String {
 
 /// Writes one family of samples with a single label, in the exporter's layout (a blank line
 /// after each family).
-fn family(out: &mut String, name: &str, kind: &str, help: &str, label: &str, samples: impl Iterator<Item = (String, u64)>) {
+fn family(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    label: &str,
+    samples: impl Iterator<Item = (String, u64)>,
+) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
     for (value, n) in samples {
@@ -313,7 +363,12 @@ pub struct StreamSeries {
 impl StreamSeries {
     /// `pattern` as [`glob::check`] accepts it (the configuration was validated).
     pub fn new(pattern: &str, max: usize) -> Result<Self, glob::PatternError> {
-        Ok(StreamSeries { pattern: glob::check(pattern)?, max, slots: RwLock::default(), overflow: StreamCounters::default() })
+        Ok(StreamSeries {
+            pattern: glob::check(pattern)?,
+            max,
+            slots: RwLock::default(),
+            overflow: StreamCounters::default(),
+        })
     }
 
     /// Runs `f` on `path`'s counters: its own, the overflow's, or none when the pattern does not
@@ -376,17 +431,27 @@ impl StreamSeries {
         let families: [(&str, &str, Pick); 4] = [
             ("oncelog_stream_appends_total", "New appends to a stream named by --metrics-streams.", |c| &c.appends),
             ("oncelog_stream_append_bytes_total", "Body bytes of those appends.", |c| &c.append_bytes),
-            ("oncelog_stream_reads_total", "Reads of a stream named by --metrics-streams: catch-up and long-poll answers, SSE data events.", |c| &c.reads),
+            (
+                "oncelog_stream_reads_total",
+                "Reads of a stream named by --metrics-streams: catch-up and long-poll answers, SSE data events.",
+                |c| &c.reads,
+            ),
             ("oncelog_stream_read_bytes_total", "Stored bytes those reads carried.", |c| &c.read_bytes),
         ];
         for (name, help, pick) in families {
             if paths.is_empty() {
                 continue;
             }
-            let samples = paths.iter().filter_map(|p| slots.get(*p).map(|c| ((*p).to_owned(), pick(c).load(Ordering::Relaxed))));
+            let samples =
+                paths.iter().filter_map(|p| slots.get(*p).map(|c| ((*p).to_owned(), pick(c).load(Ordering::Relaxed))));
             family(out, name, "counter", help, "stream", samples);
         }
-        let overflow = [("appends", &self.overflow.appends), ("append_bytes", &self.overflow.append_bytes), ("reads", &self.overflow.reads), ("read_bytes", &self.overflow.read_bytes)];
+        let overflow = [
+            ("appends", &self.overflow.appends),
+            ("append_bytes", &self.overflow.append_bytes),
+            ("reads", &self.overflow.reads),
+            ("read_bytes", &self.overflow.read_bytes),
+        ];
         family(
             out,
             "oncelog_stream_overflow_total",

@@ -25,7 +25,9 @@ pub enum Kind {
     /// `PUT` with `Stream-Forked-From`.
     Fork,
     /// `POST` with a body (`closes`: it also closes the stream).
-    Append { closes: bool },
+    Append {
+        closes: bool,
+    },
     /// `POST` with `Stream-Closed: true` and a body declared empty.
     Close,
     /// `POST` with `Stream-Trim-To`.
@@ -51,7 +53,8 @@ impl Kind {
             Method::POST => {
                 let closes = closed_flag(headers.get(names::STREAM_CLOSED).and_then(|v| v.to_str().ok()));
                 let length = headers.get("content-length");
-                let declared_empty = length.is_some_and(|v| v.as_bytes() == b"0") || (length.is_none() && !headers.contains_key("transfer-encoding"));
+                let declared_empty = length.is_some_and(|v| v.as_bytes() == b"0")
+                    || (length.is_none() && !headers.contains_key("transfer-encoding"));
                 if closes && declared_empty {
                     Kind::Close
                 } else {
@@ -70,18 +73,38 @@ impl Kind {
 /// stream is `404` whatever else is wrong with the request).
 #[derive(Debug)]
 pub enum Operation {
-    Read { info: StreamInfo, query: ReadQuery },
+    Read {
+        info: StreamInfo,
+        query: ReadQuery,
+    },
     /// `If-Match` compared with the stream's tail.
-    Head { info: StreamInfo, if_match: Option<Option<Vec<Offset>>> },
+    Head {
+        info: StreamInfo,
+        if_match: Option<Option<Vec<Offset>>>,
+    },
     Create(CreateHeaders),
     Fork(CreateHeaders),
-    Append { info: StreamInfo, headers: AppendHeaders },
-    Close { info: StreamInfo, headers: AppendHeaders },
-    Trim { info: StreamInfo, to: Offset },
-    Compact { info: StreamInfo },
+    Append {
+        info: StreamInfo,
+        headers: AppendHeaders,
+    },
+    Close {
+        info: StreamInfo,
+        headers: AppendHeaders,
+    },
+    Trim {
+        info: StreamInfo,
+        to: Offset,
+    },
+    Compact {
+        info: StreamInfo,
+    },
     /// `If-Match`: only if the tail is one of these; `purge` (`?purge=true`): a source that
     /// forks read is detached from its path instead of keeping it reserved.
-    Delete { if_tail: Option<Vec<Offset>>, purge: bool },
+    Delete {
+        if_tail: Option<Vec<Offset>>,
+        purge: bool,
+    },
     Preflight,
 }
 
@@ -101,10 +124,16 @@ pub enum SubCall {
     /// `POST subscriptions/{id}/streams`.
     AddStreams(String),
     /// `DELETE subscriptions/{id}/streams/{path}`.
-    RemoveStream { id: String, path: String },
+    RemoveStream {
+        id: String,
+        path: String,
+    },
     Claim(String),
     /// Callback, ack, release and commit: the subscription token is the credential.
-    Fenced { id: String, call: Fenced },
+    Fenced {
+        id: String,
+        call: Fenced,
+    },
 }
 
 /// The calls fenced by a subscription token and a generation.
@@ -163,12 +192,20 @@ impl SubCall {
                 _ => Err(NoCall::Method),
             },
             (&Method::POST, ["subscriptions", id, "streams"], _) => Ok(SubCall::AddStreams(segment(id))),
-            (&Method::DELETE, ["subscriptions", id, "streams", path], _) => Ok(SubCall::RemoveStream { id: segment(id), path: segment(path) }),
+            (&Method::DELETE, ["subscriptions", id, "streams", path], _) => {
+                Ok(SubCall::RemoveStream { id: segment(id), path: segment(path) })
+            }
             (&Method::POST, ["subscriptions", id, "claim"], _) => Ok(SubCall::Claim(segment(id))),
             (&Method::POST, ["subscriptions", id, _], Some(call)) => Ok(SubCall::Fenced { id: segment(id), call }),
-            (_, ["streams"] | ["jwks.json"] | ["subscriptions"] | ["subscriptions", _, "streams" | "claim" | "callback" | "ack" | "release" | "commit"] | ["subscriptions", _, "streams", _], _) => {
-                Err(NoCall::Method)
-            }
+            (
+                _,
+                ["streams"]
+                | ["jwks.json"]
+                | ["subscriptions"]
+                | ["subscriptions", _, "streams" | "claim" | "callback" | "ack" | "release" | "commit"]
+                | ["subscriptions", _, "streams", _],
+                _,
+            ) => Err(NoCall::Method),
             _ => Err(NoCall::Route),
         }
     }
@@ -179,7 +216,10 @@ mod tests {
     use super::*;
 
     fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        pairs.iter().map(|(k, v)| (axum::http::HeaderName::from_static(k), axum::http::HeaderValue::from_static(v))).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (axum::http::HeaderName::from_static(k), axum::http::HeaderValue::from_static(v)))
+            .collect()
     }
 
     #[test]
@@ -190,7 +230,10 @@ mod tests {
         assert_eq!(Kind::of(&Method::POST, &headers(&[("stream-trim-to", "0")])), Kind::Trim);
         assert_eq!(Kind::of(&Method::POST, &headers(&[("stream-compact", "true")])), Kind::Compact);
         assert_eq!(Kind::of(&Method::POST, &headers(&[("stream-closed", "true")])), Kind::Close);
-        assert_eq!(Kind::of(&Method::POST, &headers(&[("stream-closed", "true"), ("content-length", "3")])), Kind::Append { closes: true });
+        assert_eq!(
+            Kind::of(&Method::POST, &headers(&[("stream-closed", "true"), ("content-length", "3")])),
+            Kind::Append { closes: true }
+        );
         assert_eq!(Kind::of(&Method::POST, &headers(&[("content-length", "3")])), Kind::Append { closes: false });
         assert_eq!(Kind::of(&Method::PATCH, &none), Kind::NotAllowed);
     }
@@ -203,8 +246,14 @@ mod tests {
         assert_eq!(p(Method::POST, "/v1/stream/__ds/streams"), Err(NoCall::Method));
         // A stream named `streams` inside one encoded segment is no route of its own.
         assert_eq!(p(Method::GET, "/v1/stream/__ds%2Fstreams"), Err(NoCall::Route));
-        assert_eq!(p(Method::DELETE, "/v1/stream/__ds/subscriptions/s/streams/manual%2Fb"), Ok(SubCall::RemoveStream { id: "s".into(), path: "manual/b".into() }));
-        assert_eq!(p(Method::POST, "/v1/stream/__ds/subscriptions/s/commit"), Ok(SubCall::Fenced { id: "s".into(), call: Fenced::Commit }));
+        assert_eq!(
+            p(Method::DELETE, "/v1/stream/__ds/subscriptions/s/streams/manual%2Fb"),
+            Ok(SubCall::RemoveStream { id: "s".into(), path: "manual/b".into() })
+        );
+        assert_eq!(
+            p(Method::POST, "/v1/stream/__ds/subscriptions/s/commit"),
+            Ok(SubCall::Fenced { id: "s".into(), call: Fenced::Commit })
+        );
         assert_eq!(p(Method::GET, "/v1/stream/__ds/subscriptions/s/ack"), Err(NoCall::Method));
         assert_eq!(p(Method::PATCH, "/v1/stream/__ds/subscriptions/s"), Err(NoCall::Method));
         assert_eq!(p(Method::GET, "/v1/stream/__ds/nothing/here"), Err(NoCall::Route));

@@ -43,6 +43,12 @@ pub async fn metrics<E: Engine>(State(st): State<AppState<E>>) -> Response {
             Vec::new()
         }
     };
-    let scrape = metrics::Scrape { stats: st.engine.stats(), subscriptions: st.subs.count(), lags: &lags, streams: st.stream_metrics.as_deref() };
-    (StatusCode::OK, [("content-type", "text/plain; version=0.0.4; charset=utf-8")], metrics::render(handle, scrape)).into_response()
+    let scrape = metrics::Scrape {
+        stats: st.engine.stats(),
+        subscriptions: st.subs.count(),
+        lags: &lags,
+        streams: st.stream_metrics.as_deref(),
+    };
+    (StatusCode::OK, [("content-type", "text/plain; version=0.0.4; charset=utf-8")], metrics::render(handle, scrape))
+        .into_response()
 }

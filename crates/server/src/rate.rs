@@ -54,7 +54,9 @@ impl RateLimits {
 
     /// `n` body bytes by `who`.
     pub fn bytes(&self, who: &str, n: usize) -> Result<(), RateLimited> {
-        let (Some(l), Some(n)) = (&self.bytes, NonZeroU32::new(u32::try_from(n).unwrap_or(u32::MAX))) else { return Ok(()) };
+        let (Some(l), Some(n)) = (&self.bytes, NonZeroU32::new(u32::try_from(n).unwrap_or(u32::MAX))) else {
+            return Ok(());
+        };
         match l.check_key_n(&who.to_owned(), n) {
             Ok(Ok(())) => Ok(()),
             Ok(Err(not_until)) => Err(retry_after(not_until.wait_time_from(self.clock.now()))),

@@ -12,11 +12,11 @@ use oncelog_protocol::sse::{self, Control, DataEncoding};
 use oncelog_protocol::{content_type, cursor, json, Offset, OffsetParam};
 use oncelog_storage::{Engine, ReadChunk, ReadRequest, StreamInfo, WaitOutcome};
 
+use crate::auth::Access;
 use crate::error::ApiError;
+use crate::live::{Framed, LiveSlot};
 use crate::reply::{self, respond};
 use crate::request::{Live, ReadQuery, RequestError};
-use crate::live::{Framed, LiveSlot};
-use crate::auth::Access;
 use crate::state::AppState;
 
 /// How often a waiting live reader renews its stream's sliding TTL.
@@ -33,7 +33,9 @@ pub fn head(info: StreamInfo, if_match: Option<Option<Vec<Offset>>>) -> Result<R
     // The stream's entity tag for preconditions is its tail, as for conditional appends.
     if let Some(Some(tails)) = if_match {
         if !tails.contains(&info.tail) {
-            return Err(oncelog_storage::LookupError::PreconditionFailed { tail: info.tail, closed: info.closed }.into());
+            return Err(
+                oncelog_storage::LookupError::PreconditionFailed { tail: info.tail, closed: info.closed }.into()
+            );
         }
     }
     let mut h = reply::meta_headers(&info);
@@ -76,7 +78,9 @@ pub async fn get<E: Engine>(
             // The first read happens before the 200 goes out, so a bad offset is still a 400;
             // the response then starts with that chunk instead of reading it again.
             let first = if from < info.tail {
-                Some(aligned(sse_read(st, path, from, content_type::is_json(&info.config.content_type), None, now_ms).await?)?)
+                Some(aligned(
+                    sse_read(st, path, from, content_type::is_json(&info.config.content_type), None, now_ms).await?,
+                )?)
             } else {
                 None
             };
@@ -144,7 +148,12 @@ fn credentials_left<E: Engine>(st: &AppState<E>, access: &Access) -> Option<Dura
 /// Waits for the tail to pass `after` (or closure) for at most `timeout`, in slices: each slice
 /// is an access that renews the sliding TTL, so a stream with a live reader does not expire
 /// while it waits (section 5.1).
-async fn wait_live<E: Engine>(st: &AppState<E>, path: &str, after: Offset, timeout: Duration) -> Result<WaitOutcome, ApiError> {
+async fn wait_live<E: Engine>(
+    st: &AppState<E>,
+    path: &str,
+    after: Offset,
+    timeout: Duration,
+) -> Result<WaitOutcome, ApiError> {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -215,7 +224,9 @@ fn catch_up_body<E: Engine>(st: AppState<E>, path: String, first: Bytes, after_f
         let next = read.next;
         Ok(Some((read.pieces, (st, path, None, next))))
     });
-    let pieces = reads.map_ok(|pieces| futures_util::stream::iter(pieces.into_iter().map(Ok::<_, std::io::Error>))).try_flatten();
+    let pieces = reads
+        .map_ok(|pieces| futures_util::stream::iter(pieces.into_iter().map(Ok::<_, std::io::Error>)))
+        .try_flatten();
     Body::from_stream(pieces)
 }
 
@@ -229,7 +240,13 @@ enum Payload {
 }
 
 /// A 200 carrying a chunk (possibly empty at the tail).
-fn render_chunk(chunk: &ReadChunk, from: Offset, is_now: bool, cursor: Option<u64>, req_headers: &HeaderMap) -> Response {
+fn render_chunk(
+    chunk: &ReadChunk,
+    from: Offset,
+    is_now: bool,
+    cursor: Option<u64>,
+    req_headers: &HeaderMap,
+) -> Response {
     let body = if content_type::is_json(&chunk.info.config.content_type) {
         Bytes::from(json::render_array(&chunk.data))
     } else {
@@ -239,13 +256,19 @@ fn render_chunk(chunk: &ReadChunk, from: Offset, is_now: bool, cursor: Option<u6
 }
 
 /// A 200 carrying the bytes from `from` to `next` of the stream `info` describes (as read).
-fn render(info: &StreamInfo, from: Offset, next: Offset, is_now: bool, cursor: Option<u64>, req_headers: &HeaderMap, body: Payload) -> Response {
+fn render(
+    info: &StreamInfo,
+    from: Offset,
+    next: Offset,
+    is_now: bool,
+    cursor: Option<u64>,
+    req_headers: &HeaderMap,
+    body: Payload,
+) -> Response {
     let at_tail = next >= info.tail;
     let eof = info.closed && at_tail;
-    let mut pairs = vec![
-        ("content-type", info.config.content_type.clone()),
-        (names::STREAM_NEXT_OFFSET, next.to_string()),
-    ];
+    let mut pairs =
+        vec![("content-type", info.config.content_type.clone()), (names::STREAM_NEXT_OFFSET, next.to_string())];
     if at_tail {
         pairs.push((names::STREAM_UP_TO_DATE, "true".into()));
     }
@@ -318,7 +341,8 @@ async fn long_poll<E: Engine>(
 ) -> Result<Response, ApiError> {
     let cursor = cursor_for(st, q);
     // A long-poll never outlives the credentials it was allowed with.
-    let timeout = credentials_left(st, access).map_or(st.config.long_poll_timeout, |left| left.min(st.config.long_poll_timeout));
+    let timeout =
+        credentials_left(st, access).map_or(st.config.long_poll_timeout, |left| left.min(st.config.long_poll_timeout));
     if from >= info.tail {
         if info.closed {
             return Ok(no_content(&info, cursor));
@@ -328,11 +352,16 @@ async fn long_poll<E: Engine>(
             WaitOutcome::Changed(i) if i.tail > from => i,
             WaitOutcome::Changed(i) | WaitOutcome::TimedOut(i) => return Ok(no_content(&i, cursor)),
         };
-        let chunk = aligned(st.engine.read(ReadRequest::new(path, from, st.config.max_read_bytes, st.clock.now_ms()).after(&seen)).await?)?;
+        let chunk = aligned(
+            st.engine
+                .read(ReadRequest::new(path, from, st.config.max_read_bytes, st.clock.now_ms()).after(&seen))
+                .await?,
+        )?;
         count_read(st, path, chunk.data.len());
         return Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers));
     }
-    let chunk = aligned(st.engine.read(ReadRequest::new(path, from, st.config.max_read_bytes, st.clock.now_ms())).await?)?;
+    let chunk =
+        aligned(st.engine.read(ReadRequest::new(path, from, st.config.max_read_bytes, st.clock.now_ms())).await?)?;
     count_read(st, path, chunk.data.len());
     Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers))
 }
@@ -420,10 +449,7 @@ fn sse<E: Engine>(
         let bytes = s.next_event().await?;
         Some((Ok::<Bytes, std::convert::Infallible>(bytes), s))
     });
-    let mut pairs = vec![
-        ("content-type", "text/event-stream".to_owned()),
-        ("cache-control", "no-cache".to_owned()),
-    ];
+    let mut pairs = vec![("content-type", "text/event-stream".to_owned()), ("cache-control", "no-cache".to_owned())];
     if !text {
         pairs.push((names::STREAM_SSE_DATA_ENCODING, "base64".into()));
     }
@@ -474,7 +500,16 @@ impl<E: Engine> SseState<E> {
             // One lookup per step: at the tail the read is empty and still reports closure.
             let chunk = match first {
                 Some(chunk) => chunk,
-                None => match sse_read(&self.st, &self.path, self.offset, self.json, self.seen.take().as_ref(), self.st.clock.now_ms()).await {
+                None => match sse_read(
+                    &self.st,
+                    &self.path,
+                    self.offset,
+                    self.json,
+                    self.seen.take().as_ref(),
+                    self.st.clock.now_ms(),
+                )
+                .await
+                {
                     Ok(chunk) => chunk,
                     // A trim overtook this reader: say so; its reconnect gets the 410 and the
                     // stream's earliest offset.
@@ -506,7 +541,15 @@ impl<E: Engine> SseState<E> {
                     self.control(&mut out, up_to_date, closed);
                     let bytes = Bytes::from(out);
                     let (id, cursor) = (chunk.info.id, self.cursor);
-                    self.live.frames.put(Framed { id, from, next: chunk.next, cursor, up_to_date, closed, bytes: bytes.clone() });
+                    self.live.frames.put(Framed {
+                        id,
+                        from,
+                        next: chunk.next,
+                        cursor,
+                        up_to_date,
+                        closed,
+                        bytes: bytes.clone(),
+                    });
                     self.seen = Some(chunk.info);
                     return Some(bytes);
                 }
@@ -600,7 +643,13 @@ impl<E: Engine> SseState<E> {
         self.done = true;
         sse::control_event(
             out,
-            &Control { next_offset: self.offset, cursor: None, up_to_date: false, closed: false, end_reason: Some(reason) },
+            &Control {
+                next_offset: self.offset,
+                cursor: None,
+                up_to_date: false,
+                closed: false,
+                end_reason: Some(reason),
+            },
         );
     }
 }

@@ -12,7 +12,11 @@ pub fn modified(path: &Path) -> Option<SystemTime> {
 
 /// Calls `reload` every `every` for the life of the runtime; `reload` says whether anything
 /// changed, and on an error the previous contents stay in force.
-pub fn every<E: Display>(every: Duration, what: &'static str, reload: impl Fn() -> Result<bool, E> + Send + 'static) -> tokio::task::JoinHandle<()> {
+pub fn every<E: Display>(
+    every: Duration,
+    what: &'static str,
+    reload: impl Fn() -> Result<bool, E> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         loop {

@@ -77,7 +77,9 @@ pub(crate) fn meta_headers(info: &StreamInfo) -> Vec<(&'static str, String)> {
         v.push((names::STREAM_COMPACTION, "state".into()));
     }
     let r = info.config.retention;
-    for (name, limit) in [(names::STREAM_RETENTION_MAX_AGE, r.max_age_s), (names::STREAM_RETENTION_MAX_BYTES, r.max_bytes)] {
+    for (name, limit) in
+        [(names::STREAM_RETENTION_MAX_AGE, r.max_age_s), (names::STREAM_RETENTION_MAX_BYTES, r.max_bytes)]
+    {
         if let Some(n) = limit {
             v.push((name, n.to_string()));
         }

@@ -76,7 +76,10 @@ pub enum Live {
 /// The values of the query parameters `names` in the raw query string `raw` (percent-decoded),
 /// each at most once: a parameter sent twice is refused rather than one of its values taken.
 /// Other parameters are ignored (a signed URL's `expires` and `sig` among them).
-pub fn params<const N: usize>(raw: Option<&str>, names: [&'static str; N]) -> Result<[Option<String>; N], RequestError> {
+pub fn params<const N: usize>(
+    raw: Option<&str>,
+    names: [&'static str; N],
+) -> Result<[Option<String>; N], RequestError> {
     let mut found: [Option<String>; N] = std::array::from_fn(|_| None);
     for (k, v) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
         let Some(i) = names.iter().position(|n| *n == k) else { continue };
@@ -187,7 +190,8 @@ pub fn check_host(version: axum::http::Version, h: &HeaderMap) -> Result<(), Req
         None if version == axum::http::Version::HTTP_11 => Err(RequestError::BadHost),
         None => Ok(()),
         Some(v) => {
-            let valid = axum::http::uri::Authority::try_from(v.as_bytes()).is_ok_and(|a| !a.as_str().is_empty() && !a.as_str().contains('@'));
+            let valid = axum::http::uri::Authority::try_from(v.as_bytes())
+                .is_ok_and(|a| !a.as_str().is_empty() && !a.as_str().contains('@'));
             if valid {
                 Ok(())
             } else {
@@ -271,7 +275,8 @@ pub(crate) fn fork_source(value: &str, host: Option<&str>) -> Result<String, Req
         None => value,
     };
     let path = without_origin.strip_prefix("/v1/stream/").unwrap_or(without_origin).trim_start_matches('/');
-    let decoded = percent_encoding::percent_decode_str(path).decode_utf8().map_err(|_| HeaderError::InvalidForkSource)?;
+    let decoded =
+        percent_encoding::percent_decode_str(path).decode_utf8().map_err(|_| HeaderError::InvalidForkSource)?;
     if decoded.is_empty() || decoded.len() > headers::MAX_PATH_BYTES {
         return Err(HeaderError::InvalidForkSource.into());
     }
@@ -290,7 +295,9 @@ impl CreateHeaders {
         let offset = header(h, names::STREAM_FORK_OFFSET)?;
         let sub_offset = header(h, names::STREAM_FORK_SUB_OFFSET)?;
         let fork = match source {
-            None if offset.is_some() || sub_offset.is_some() => return Err(HeaderError::ForkHeadersWithoutSource.into()),
+            None if offset.is_some() || sub_offset.is_some() => {
+                return Err(HeaderError::ForkHeadersWithoutSource.into())
+            }
             None => None,
             Some(source) => {
                 let sub_offset = sub_offset.map(headers::parse_sub_offset).transpose()?.unwrap_or(0);
@@ -376,7 +383,9 @@ impl AppendHeaders {
             producer,
             if_match: if_match(h)?.flatten(),
             idempotency_key,
-            expected_offset: header(h, names::STREAM_EXPECTED_OFFSET)?.map(|v| oncelog_protocol::Offset::parse(v.trim())).transpose()?,
+            expected_offset: header(h, names::STREAM_EXPECTED_OFFSET)?
+                .map(|v| oncelog_protocol::Offset::parse(v.trim()))
+                .transpose()?,
         })
     }
 }
@@ -404,17 +413,40 @@ mod tests {
         assert_eq!((q.offset, q.live, q.cursor.as_deref()), (OffsetParam::Now, Live::Sse, Some("7")));
         let q = ReadQuery::parse(Some("offset=0000000000000000_0000000000000003")).unwrap();
         assert_eq!(q.offset, OffsetParam::At(Offset(3)));
-        for bad in ["offset=", "offset=a&offset=b", "offset=0,1", "offset=0%201", "live=long-poll", "live=sse", "offset=-1&live=bogus", "offset=-1%0A", "offset=now%00"] {
+        for bad in [
+            "offset=",
+            "offset=a&offset=b",
+            "offset=0,1",
+            "offset=0%201",
+            "live=long-poll",
+            "live=sse",
+            "offset=-1&live=bogus",
+            "offset=-1%0A",
+            "offset=now%00",
+        ] {
             assert!(ReadQuery::parse(Some(bad)).is_err(), "{bad}");
         }
     }
 
     #[test]
     fn list_query_rules() {
-        assert_eq!(ListQuery::parse(None).unwrap(), ListQuery { prefix: String::new(), after: None, limit: LIST_DEFAULT_LIMIT });
+        assert_eq!(
+            ListQuery::parse(None).unwrap(),
+            ListQuery { prefix: String::new(), after: None, limit: LIST_DEFAULT_LIMIT }
+        );
         let q = ListQuery::parse(Some("prefix=a%2Fb%20&after=a%2Fb%20c&limit=1000&sig=x")).unwrap();
         assert_eq!(q, ListQuery { prefix: "a/b ".into(), after: Some("a/b c".into()), limit: 1000 });
-        for bad in ["limit=0", "limit=1001", "limit=", "limit=+5", "limit=5.0", "limit=99999999999999999999999", "prefix=a&prefix=b", "after=a&after=b", "limit=1&limit=2"] {
+        for bad in [
+            "limit=0",
+            "limit=1001",
+            "limit=",
+            "limit=+5",
+            "limit=5.0",
+            "limit=99999999999999999999999",
+            "prefix=a&prefix=b",
+            "after=a&after=b",
+            "limit=1&limit=2",
+        ] {
             assert!(ListQuery::parse(Some(bad)).is_err(), "{bad}");
         }
     }

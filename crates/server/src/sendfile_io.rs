@@ -69,7 +69,11 @@ impl AsyncWrite for SendfileIo {
         Pin::new(&mut self.0).poll_write(cx, buf)
     }
 
-    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         match bufs.iter().enumerate().find_map(|(i, b)| file_bytes::lookup(b).map(|s| (i, s))) {
             None => Pin::new(&mut self.0).poll_write_vectored(cx, bufs),
             Some((0, span)) => self.poll_send_file(cx, &span, bufs[0].len()),

@@ -78,12 +78,17 @@ struct Payload {
 
 fn random32() -> Result<[u8; 32], SubError> {
     let mut b = [0u8; 32];
-    getrandom::getrandom(&mut b).map_err(|e| SubError::Storage(StorageError::Backend(Arc::new(std::io::Error::other(e.to_string())))))?;
+    getrandom::getrandom(&mut b)
+        .map_err(|e| SubError::Storage(StorageError::Backend(Arc::new(std::io::Error::other(e.to_string())))))?;
     Ok(b)
 }
 
 fn as32(v: &Bytes) -> Result<[u8; 32], SubError> {
-    v.as_ref().try_into().map_err(|_| SubError::Storage(StorageError::Corrupt(Arc::new(std::io::Error::other("stored subscription key is not 32 bytes")))))
+    v.as_ref().try_into().map_err(|_| {
+        SubError::Storage(StorageError::Corrupt(Arc::new(std::io::Error::other(
+            "stored subscription key is not 32 bytes",
+        ))))
+    })
 }
 
 fn webhook_key_name(created_ms: i64) -> String {
@@ -112,18 +117,28 @@ impl KeyRing {
     /// Rotates the signing key once the newest is older than `max_age_ms`, and forgets keys
     /// replaced more than [`RETIRED_KEY_GRACE_MS`] ago. Only when the keys are in use (loaded).
     /// Returns whether anything changed.
-    pub async fn rotate_if_due<E: Engine>(&self, subs: &Subscriptions<E>, now_ms: i64, max_age_ms: i64) -> Result<bool, SubError> {
+    pub async fn rotate_if_due<E: Engine>(
+        &self,
+        subs: &Subscriptions<E>,
+        now_ms: i64,
+        max_age_ms: i64,
+    ) -> Result<bool, SubError> {
         let mut state = self.state.lock().await;
         let Some(keys) = state.as_ref() else { return Ok(false) };
         let newest = keys.webhook.last().map_or(i64::MIN, |k| k.created_ms);
-        let expired: Vec<String> =
-            keys.webhook.windows(2).filter(|w| now_ms >= w[1].created_ms.saturating_add(RETIRED_KEY_GRACE_MS)).map(|w| webhook_key_name(w[0].created_ms)).collect();
+        let expired: Vec<String> = keys
+            .webhook
+            .windows(2)
+            .filter(|w| now_ms >= w[1].created_ms.saturating_add(RETIRED_KEY_GRACE_MS))
+            .map(|w| webhook_key_name(w[0].created_ms))
+            .collect();
         let due = now_ms >= newest.saturating_add(max_age_ms);
         if !due && expired.is_empty() {
             return Ok(false);
         }
         if due {
-            subs.key_or_insert(&webhook_key_name(now_ms.max(newest + 1)), Bytes::copy_from_slice(&random32()?), now_ms).await?;
+            subs.key_or_insert(&webhook_key_name(now_ms.max(newest + 1)), Bytes::copy_from_slice(&random32()?), now_ms)
+                .await?;
         }
         if !expired.is_empty() {
             subs.remove_keys(&expired, now_ms).await?;
@@ -154,7 +169,9 @@ impl KeyRing {
 impl Keys {
     fn from_stored(stored: &std::collections::BTreeMap<String, Bytes>, token_key: [u8; 32]) -> Result<Keys, SubError> {
         let mut webhook = Vec::new();
-        for (name, seed) in stored.range(WEBHOOK_KEY_PREFIX.to_owned()..).take_while(|(n, _)| n.starts_with(WEBHOOK_KEY_PREFIX)) {
+        for (name, seed) in
+            stored.range(WEBHOOK_KEY_PREFIX.to_owned()..).take_while(|(n, _)| n.starts_with(WEBHOOK_KEY_PREFIX))
+        {
             let created_ms = name[WEBHOOK_KEY_PREFIX.len()..].parse().unwrap_or(0);
             webhook.push(WebhookKey::new(as32(seed)?, created_ms));
         }
@@ -195,7 +212,8 @@ impl Keys {
 
     fn mac(&self, payload_b64: &str) -> Hmac<Sha256> {
         // HMAC takes keys of any length; 32 bytes is always accepted.
-        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.token_key).unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
+        let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&self.token_key)
+            .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
         mac.update(payload_b64.as_bytes());
         mac
     }
@@ -212,7 +230,8 @@ impl Keys {
         let (p, tag) = token.split_once('.').ok_or(TokenError::Invalid)?;
         let tag = B64.decode(tag).map_err(|_| TokenError::Invalid)?;
         self.mac(p).verify_slice(&tag).map_err(|_| TokenError::Invalid)?;
-        let payload: Payload = serde_json::from_slice(&B64.decode(p).map_err(|_| TokenError::Invalid)?).map_err(|_| TokenError::Invalid)?;
+        let payload: Payload = serde_json::from_slice(&B64.decode(p).map_err(|_| TokenError::Invalid)?)
+            .map_err(|_| TokenError::Invalid)?;
         if now_ms >= payload.exp {
             return Err(TokenError::Expired);
         }
@@ -234,7 +253,10 @@ mod tests {
     use super::*;
 
     fn ring(seeds: &[u8], token: u8) -> Keys {
-        Keys { webhook: seeds.iter().map(|s| WebhookKey::new([*s; 32], i64::from(*s))).collect(), token_key: [token; 32] }
+        Keys {
+            webhook: seeds.iter().map(|s| WebhookKey::new([*s; 32], i64::from(*s))).collect(),
+            token_key: [token; 32],
+        }
     }
 
     #[test]

@@ -119,4 +119,3 @@ impl<E: Engine> AppState<E> {
         Self(Arc::new(Shared { auth, ..self.0.parts() }))
     }
 }
-

@@ -35,7 +35,9 @@ pub async fn run<E: Engine>(state: AppState<E>) {
         if pruned_at.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
             pruned_at = Some(tokio::time::Instant::now());
             match state.engine.prune(state.clock.now_ms()).await {
-                Ok(p) if p.producers + p.keys > 0 => tracing::debug!(producers = p.producers, keys = p.keys, "idle writer state pruned"),
+                Ok(p) if p.producers + p.keys > 0 => {
+                    tracing::debug!(producers = p.producers, keys = p.keys, "idle writer state pruned")
+                }
                 Ok(_) => {}
                 Err(StorageError::ShuttingDown) => return,
                 Err(e) => tracing::warn!(error = %e, "pruning writer state failed"),
@@ -52,7 +54,12 @@ pub async fn run<E: Engine>(state: AppState<E>) {
             Ok(done) if done.streams == 0 => {}
             // Once per pass that dropped something (not per stream): what an operator looks for
             // when disk space came back or a reader got a 410.
-            Ok(done) => tracing::info!(streams = done.streams, bytes_dropped = done.bytes, elapsed_ms = millis(started), "retention pass"),
+            Ok(done) => tracing::info!(
+                streams = done.streams,
+                bytes_dropped = done.bytes,
+                elapsed_ms = millis(started),
+                "retention pass"
+            ),
             Err(StorageError::ShuttingDown) => return,
             Err(e) => tracing::warn!(error = %e, "retention sweep failed"),
         }
@@ -100,7 +107,11 @@ async fn compact_grown<E: Engine>(state: &AppState<E>, compacted_at: &mut HashMa
 /// reads a whole history, holds its state in memory and sends every reader behind the tail a
 /// 410. Refusals the caller answers (no such stream, closed, not made for compaction) are
 /// debug; other failures a warning.
-pub(crate) async fn compact<E: Engine>(state: &AppState<E>, path: &str, trigger: &'static str) -> Result<Compacted, CompactError> {
+pub(crate) async fn compact<E: Engine>(
+    state: &AppState<E>,
+    path: &str,
+    trigger: &'static str,
+) -> Result<Compacted, CompactError> {
     let started = std::time::Instant::now();
     let r = oncelog_storage::compaction::compact(state.engine.as_ref(), path, state.clock.now_ms()).await;
     let elapsed_ms = millis(started);
@@ -125,7 +136,9 @@ pub(crate) async fn compact<E: Engine>(state: &AppState<E>, path: &str, trigger:
             "compaction not written: the snapshot would not be smaller than the history"
         ),
         Err(CompactError::Storage(StorageError::ShuttingDown)) => {}
-        Err(e @ (CompactError::NotFound | CompactError::Gone | CompactError::Closed | CompactError::NotCompactable)) => {
+        Err(
+            e @ (CompactError::NotFound | CompactError::Gone | CompactError::Closed | CompactError::NotCompactable),
+        ) => {
             tracing::debug!(stream = path, trigger, error = %e, "compaction refused");
         }
         Err(e) => tracing::warn!(stream = path, trigger, error = %e, elapsed_ms, "compaction failed"),

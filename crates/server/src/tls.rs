@@ -39,7 +39,8 @@ fn load(files: &TlsFiles) -> Result<Arc<CertifiedKey>, TlsError> {
     if certs.is_empty() {
         return Err(TlsError::Cert { path: files.cert.clone(), reason: "no certificate in the file".into() });
     }
-    let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| TlsError::Key { path: files.key.clone(), reason: e.to_string() })?;
+    let key = PrivateKeyDer::from_pem_file(&files.key)
+        .map_err(|e| TlsError::Key { path: files.key.clone(), reason: e.to_string() })?;
     let signing = default_provider().key_provider.load_private_key(key).map_err(TlsError::Pair)?;
     let ck = CertifiedKey::new(certs, signing);
     ck.keys_match().map_err(TlsError::Pair)?;

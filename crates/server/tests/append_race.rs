@@ -43,7 +43,8 @@ async fn a_stream_replaced_while_the_body_is_in_flight_never_gets_unframed_json(
     let r = http.post(s.url("r")).header("content-type", "application/json").body("[2]").send().await.expect("post");
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
     let text = http.get(s.url("r")).send().await.expect("get").text().await.expect("text");
-    let parsed: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("stream holds invalid JSON {text:?}: {e}"));
+    let parsed: serde_json::Value =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("stream holds invalid JSON {text:?}: {e}"));
     let expected = if status == "204" { serde_json::json!([{"a": 1}, 2]) } else { serde_json::json!([2]) };
     assert_eq!(parsed, expected);
     // Re-decided against the new stream, the append lands framed.

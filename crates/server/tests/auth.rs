@@ -56,7 +56,14 @@ fn admin() -> String {
 }
 
 impl Setup {
-    async fn send(&self, method: Method, path: &str, bearer: Option<&str>, headers: &[(&str, &str)], body: &str) -> reqwest::Response {
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        bearer: Option<&str>,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> reqwest::Response {
         let mut rb = self.http.request(method, self.s.url(path));
         if let Some(t) = bearer {
             rb = rb.bearer_auth(t);
@@ -91,12 +98,60 @@ struct Operation {
 fn operations() -> Vec<Operation> {
     let text: &'static [(&str, &str)] = &[("content-type", "text/plain")];
     vec![
-        Operation { name: "read", method: Method::GET, headers: &[], body: "", op: "read", ok: StatusCode::OK, exists: true },
-        Operation { name: "head", method: Method::HEAD, headers: &[], body: "", op: "read", ok: StatusCode::OK, exists: true },
-        Operation { name: "append", method: Method::POST, headers: text, body: "x", op: "append", ok: StatusCode::NO_CONTENT, exists: true },
-        Operation { name: "create", method: Method::PUT, headers: text, body: "", op: "create", ok: StatusCode::CREATED, exists: false },
-        Operation { name: "close", method: Method::POST, headers: &[("stream-closed", "true")], body: "", op: "close", ok: StatusCode::NO_CONTENT, exists: true },
-        Operation { name: "delete", method: Method::DELETE, headers: &[], body: "", op: "delete", ok: StatusCode::NO_CONTENT, exists: true },
+        Operation {
+            name: "read",
+            method: Method::GET,
+            headers: &[],
+            body: "",
+            op: "read",
+            ok: StatusCode::OK,
+            exists: true,
+        },
+        Operation {
+            name: "head",
+            method: Method::HEAD,
+            headers: &[],
+            body: "",
+            op: "read",
+            ok: StatusCode::OK,
+            exists: true,
+        },
+        Operation {
+            name: "append",
+            method: Method::POST,
+            headers: text,
+            body: "x",
+            op: "append",
+            ok: StatusCode::NO_CONTENT,
+            exists: true,
+        },
+        Operation {
+            name: "create",
+            method: Method::PUT,
+            headers: text,
+            body: "",
+            op: "create",
+            ok: StatusCode::CREATED,
+            exists: false,
+        },
+        Operation {
+            name: "close",
+            method: Method::POST,
+            headers: &[("stream-closed", "true")],
+            body: "",
+            op: "close",
+            ok: StatusCode::NO_CONTENT,
+            exists: true,
+        },
+        Operation {
+            name: "delete",
+            method: Method::DELETE,
+            headers: &[],
+            body: "",
+            op: "delete",
+            ok: StatusCode::NO_CONTENT,
+            exists: true,
+        },
     ]
 }
 
@@ -111,11 +166,23 @@ async fn every_operation_against_every_kind_of_credential() {
         let other_op = if o.op == "read" { "append" } else { "read" };
         let cases: Vec<(&str, Option<String>, StatusCode)> = vec![
             ("no token", None, StatusCode::UNAUTHORIZED),
-            ("bad signature", Some(token(b"another-secret", &[("", false, "all")], NOW_S + 60)), StatusCode::UNAUTHORIZED),
+            (
+                "bad signature",
+                Some(token(b"another-secret", &[("", false, "all")], NOW_S + 60)),
+                StatusCode::UNAUTHORIZED,
+            ),
             ("expired", Some(token(SECRET, &[("", false, "all")], NOW_S - 3600)), StatusCode::UNAUTHORIZED),
             ("garbage", Some("not.a.jwt".into()), StatusCode::UNAUTHORIZED),
-            ("out-of-scope path", Some(token(SECRET, &[("elsewhere/", false, "all")], NOW_S + 60)), StatusCode::FORBIDDEN),
-            ("missing operation", Some(token(SECRET, &[("room/", false, other_op)], NOW_S + 60)), StatusCode::FORBIDDEN),
+            (
+                "out-of-scope path",
+                Some(token(SECRET, &[("elsewhere/", false, "all")], NOW_S + 60)),
+                StatusCode::FORBIDDEN,
+            ),
+            (
+                "missing operation",
+                Some(token(SECRET, &[("room/", false, other_op)], NOW_S + 60)),
+                StatusCode::FORBIDDEN,
+            ),
             ("good", Some(token(SECRET, &[(path.as_str(), true, o.op)], NOW_S + 60)), o.ok),
         ];
         for (what, bearer, want) in cases {
@@ -190,8 +257,16 @@ async fn signed_urls_grant_reads_of_one_stream_until_they_expire() {
     // Tampered path, tampered expiry, used for a write, then expired.
     t.make("other").await;
     assert_eq!(code(get("other", format!("expires={exp}&sig={sig}")).await.expect("get")).await, "SIGNATURE_INVALID");
-    assert_eq!(code(get("chat", format!("expires={}&sig={sig}", exp + 1)).await.expect("get")).await, "SIGNATURE_INVALID");
-    let write = t.http.post(format!("{}/chat?expires={exp}&sig={sig}", t.s.base)).header("content-type", "text/plain").body("x").send();
+    assert_eq!(
+        code(get("chat", format!("expires={}&sig={sig}", exp + 1)).await.expect("get")).await,
+        "SIGNATURE_INVALID"
+    );
+    let write = t
+        .http
+        .post(format!("{}/chat?expires={exp}&sig={sig}", t.s.base))
+        .header("content-type", "text/plain")
+        .body("x")
+        .send();
     assert_eq!(code(write.await.expect("post")).await, "SIGNATURE_INVALID");
     t.clock.advance_ms(61_000);
     assert_eq!(code(get("chat", format!("expires={exp}&sig={sig}")).await.expect("get")).await, "SIGNATURE_EXPIRED");
@@ -222,15 +297,24 @@ async fn identity_provider_tokens_verify_against_a_reloadable_jwks() {
     let t = setup(false, Some(&serde_json::json!({ "keys": [jwk1] }).to_string())).await;
     t.make("s").await;
     assert_eq!(t.send(Method::GET, "s", Some(&idp_token(&key1, "k1")), &[], "").await.status(), StatusCode::OK);
-    assert_eq!(t.send(Method::GET, "s", Some(&idp_token(&key2, "k2")), &[], "").await.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        t.send(Method::GET, "s", Some(&idp_token(&key2, "k2")), &[], "").await.status(),
+        StatusCode::UNAUTHORIZED
+    );
     // A token signed by key 2 but naming key 1 fails too.
-    assert_eq!(t.send(Method::GET, "s", Some(&idp_token(&key2, "k1")), &[], "").await.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        t.send(Method::GET, "s", Some(&idp_token(&key2, "k1")), &[], "").await.status(),
+        StatusCode::UNAUTHORIZED
+    );
     // Rotate: the file now holds key 2 only.
     tokio::time::sleep(Duration::from_millis(20)).await;
     std::fs::write(t.dir.path().join("jwks.json"), serde_json::json!({ "keys": [jwk2] }).to_string()).expect("rotate");
     assert!(t.auth.reload().expect("reload"), "the change is noticed");
     assert_eq!(t.send(Method::GET, "s", Some(&idp_token(&key2, "k2")), &[], "").await.status(), StatusCode::OK);
-    assert_eq!(t.send(Method::GET, "s", Some(&idp_token(&key1, "k1")), &[], "").await.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        t.send(Method::GET, "s", Some(&idp_token(&key1, "k1")), &[], "").await.status(),
+        StatusCode::UNAUTHORIZED
+    );
     // A broken file keeps the keys in force.
     std::fs::write(t.dir.path().join("jwks.json"), "{ not json").expect("break");
     assert!(t.auth.reload().is_err());
@@ -241,18 +325,22 @@ async fn identity_provider_tokens_verify_against_a_reloadable_jwks() {
 async fn append_rate_limits_are_per_token() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("secret"), SECRET).expect("secret");
-    let auth = TokenAuth::load(TokenConfig { secret_file: Some(dir.path().join("secret")), ..TokenConfig::default() }).expect("keys");
+    let auth = TokenAuth::load(TokenConfig { secret_file: Some(dir.path().join("secret")), ..TokenConfig::default() })
+        .expect("keys");
     let clock = Arc::new(ManualClock::new(NOW_S * 1000));
     let config = ServerConfig { append_rate_limit: 5, ..ServerConfig::default() };
     let s = common::TestServer::start_with_auth(config, Some(clock), Some(auth)).await;
     let http = reqwest::Client::new();
     let named = |sub: &str| {
-        let claim = ScopeClaim { grants: vec![GrantClaim { stream: None, prefix: Some(String::new()), ops: vec!["all".into()] }] };
+        let claim = ScopeClaim {
+            grants: vec![GrantClaim { stream: None, prefix: Some(String::new()), ops: vec!["all".into()] }],
+        };
         issue(SECRET, claim, NOW_S + 600, None, None, Some(sub.into())).expect("sign")
     };
     let (alice, bob) = (named("alice"), named("bob"));
     http.put(s.url("r")).bearer_auth(&alice).header("content-type", "text/plain").send().await.expect("put");
-    let post = |token: &str| http.post(s.url("r")).bearer_auth(token).header("content-type", "text/plain").body("x").send();
+    let post =
+        |token: &str| http.post(s.url("r")).bearer_auth(token).header("content-type", "text/plain").body("x").send();
     let mut alice_limited = false;
     for _ in 0..20 {
         let r = post(&alice).await.expect("post");
@@ -277,15 +365,29 @@ async fn subscriptions_follow_only_what_their_creator_may_read_and_tokens_bypass
     assert!(r.status().is_success());
     // Managing subscriptions: create/read on __ds/subscriptions/...; following: read on what
     // is followed; wake events: append on the wake stream.
-    let manager = token(SECRET, &[("__ds/subscriptions/", false, "create,read,delete,append"), ("jobs/", false, "read"), ("wake", true, "append")], NOW_S + 3600);
-    let put = |pattern: &str, wake: &str| format!(r#"{{"type":"pull-wake","pattern":"{pattern}","wake_stream":"{wake}","lease_ttl_ms":5000}}"#);
+    let manager = token(
+        SECRET,
+        &[
+            ("__ds/subscriptions/", false, "create,read,delete,append"),
+            ("jobs/", false, "read"),
+            ("wake", true, "append"),
+        ],
+        NOW_S + 3600,
+    );
+    let put = |pattern: &str, wake: &str| {
+        format!(r#"{{"type":"pull-wake","pattern":"{pattern}","wake_stream":"{wake}","lease_ttl_ms":5000}}"#)
+    };
     let json = [("content-type", "application/json")];
     for (path, body, want) in [
         ("__ds/subscriptions/ok", put("jobs/*", "wake"), StatusCode::CREATED),
         ("__ds/subscriptions/peek", put("secret/*", "wake"), StatusCode::FORBIDDEN),
         ("__ds/subscriptions/all", put("**", "wake"), StatusCode::FORBIDDEN),
         ("__ds/subscriptions/spray", put("jobs/*", "jobs/a"), StatusCode::FORBIDDEN),
-        ("__ds/subscriptions/named", r#"{"type":"pull-wake","streams":["secret/x"],"wake_stream":"wake"}"#.to_owned(), StatusCode::FORBIDDEN),
+        (
+            "__ds/subscriptions/named",
+            r#"{"type":"pull-wake","streams":["secret/x"],"wake_stream":"wake"}"#.to_owned(),
+            StatusCode::FORBIDDEN,
+        ),
     ] {
         let r = st.send(Method::PUT, path, Some(&manager), &json, &body).await;
         assert_eq!(r.status(), want, "{path}");
@@ -301,7 +403,9 @@ async fn subscriptions_follow_only_what_their_creator_may_read_and_tokens_bypass
             assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{method} x%2F{call}");
         }
     }
-    let r = st.send(Method::POST, "__ds/subscriptions/ok/streams", Some(&manager), &json, r#"{"streams":["secret/x"]}"#).await;
+    let r = st
+        .send(Method::POST, "__ds/subscriptions/ok/streams", Some(&manager), &json, r#"{"streams":["secret/x"]}"#)
+        .await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     // The claim token (not a JWT) is what ack and release check; the JWT gate lets them through.
     st.send(Method::POST, "jobs/a", Some(&admin()), &[("content-type", "text/plain")], "work").await;
@@ -313,10 +417,24 @@ async fn subscriptions_follow_only_what_their_creator_may_read_and_tokens_bypass
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
     // Commits write only under the subscription's `outputs`, which its creator must be allowed
     // to append under: not granted → 403 at creation; outside them → 403 OUTPUT_NOT_ALLOWED.
-    let with_outputs = |outputs: &str| format!(r#"{{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake","lease_ttl_ms":5000,"outputs":[{outputs}]}}"#);
-    let r = st.send(Method::PUT, "__ds/subscriptions/greedy", Some(&manager), &json, &with_outputs(r#""secret/""#)).await;
+    let with_outputs = |outputs: &str| {
+        format!(
+            r#"{{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake","lease_ttl_ms":5000,"outputs":[{outputs}]}}"#
+        )
+    };
+    let r =
+        st.send(Method::PUT, "__ds/subscriptions/greedy", Some(&manager), &json, &with_outputs(r#""secret/""#)).await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
-    let writer = token(SECRET, &[("__ds/subscriptions/", false, "create,read,append"), ("jobs/", false, "read"), ("wake", true, "append"), ("out/", false, "append")], NOW_S + 3600);
+    let writer = token(
+        SECRET,
+        &[
+            ("__ds/subscriptions/", false, "create,read,append"),
+            ("jobs/", false, "read"),
+            ("wake", true, "append"),
+            ("out/", false, "append"),
+        ],
+        NOW_S + 3600,
+    );
     let r = st.send(Method::PUT, "__ds/subscriptions/tx", Some(&writer), &json, &with_outputs(r#""out/""#)).await;
     assert_eq!(r.status(), StatusCode::CREATED);
     for p in ["out/a", "secret/y"] {
@@ -331,9 +449,12 @@ async fn subscriptions_follow_only_what_their_creator_may_read_and_tokens_bypass
         serde_json::json!({ "wake_id": claim["wake_id"], "generation": claim["generation"], "done": false,
             "appends": [{ "stream": stream, "producer": { "id": "sub:tx", "epoch": 1, "seq": 0 }, "data": { "n": 1 } }] }).to_string()
     };
-    let r = st.send(Method::POST, "__ds/subscriptions/tx/commit", claim["token"].as_str(), &json, &commit("secret/y")).await;
+    let r = st
+        .send(Method::POST, "__ds/subscriptions/tx/commit", claim["token"].as_str(), &json, &commit("secret/y"))
+        .await;
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
-    let r = st.send(Method::POST, "__ds/subscriptions/tx/commit", claim["token"].as_str(), &json, &commit("out/a")).await;
+    let r =
+        st.send(Method::POST, "__ds/subscriptions/tx/commit", claim["token"].as_str(), &json, &commit("out/a")).await;
     assert_eq!(r.status(), StatusCode::OK);
 }
 
@@ -346,7 +467,11 @@ fn raw_token(header: jsonwebtoken::Header, claims: serde_json::Value) -> String 
 async fn tokens_follow_rfc_7519_for_audiences_and_times_and_refuse_unknown_critical_headers() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("secret"), SECRET).expect("secret");
-    let config = TokenConfig { secret_file: Some(dir.path().join("secret")), audience: Some("oncelog".into()), ..TokenConfig::default() };
+    let config = TokenConfig {
+        secret_file: Some(dir.path().join("secret")),
+        audience: Some("oncelog".into()),
+        ..TokenConfig::default()
+    };
     let auth = TokenAuth::load(config).expect("keys");
     let clock = Arc::new(ManualClock::new(NOW_S * 1000));
     let s = common::TestServer::start_with_auth(ServerConfig::default(), Some(clock.clone()), Some(auth)).await;
@@ -354,15 +479,35 @@ async fn tokens_follow_rfc_7519_for_audiences_and_times_and_refuse_unknown_criti
     let grants = serde_json::json!({ "grants": [ { "prefix": "", "ops": ["all"] } ] });
     let hs256 = || jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
     let get = |token: String| http.get(s.url("t")).bearer_auth(token).send();
-    let put = http.put(s.url("t")).bearer_auth(raw_token(hs256(), serde_json::json!({ "aud": "oncelog", "exp": NOW_S + 60, "oncelog": grants })));
+    let put = http
+        .put(s.url("t"))
+        .bearer_auth(raw_token(hs256(), serde_json::json!({ "aud": "oncelog", "exp": NOW_S + 60, "oncelog": grants })));
     assert_eq!(put.header("content-type", "text/plain").send().await.expect("put").status(), StatusCode::CREATED);
     for (what, aud, exp, want) in [
-        ("aud as an array holding ours", serde_json::json!(["other", "oncelog"]), serde_json::json!(NOW_S + 60), StatusCode::OK),
-        ("aud as an array without ours", serde_json::json!(["other"]), serde_json::json!(NOW_S + 60), StatusCode::UNAUTHORIZED),
+        (
+            "aud as an array holding ours",
+            serde_json::json!(["other", "oncelog"]),
+            serde_json::json!(NOW_S + 60),
+            StatusCode::OK,
+        ),
+        (
+            "aud as an array without ours",
+            serde_json::json!(["other"]),
+            serde_json::json!(NOW_S + 60),
+            StatusCode::UNAUTHORIZED,
+        ),
         ("fractional exp", serde_json::json!("oncelog"), serde_json::json!(NOW_S as f64 + 60.25), StatusCode::OK),
-        ("fractional exp, past with its leeway", serde_json::json!("oncelog"), serde_json::json!((NOW_S - 31) as f64 + 0.5), StatusCode::UNAUTHORIZED),
+        (
+            "fractional exp, past with its leeway",
+            serde_json::json!("oncelog"),
+            serde_json::json!((NOW_S - 31) as f64 + 0.5),
+            StatusCode::UNAUTHORIZED,
+        ),
     ] {
-        let token = raw_token(hs256(), serde_json::json!({ "aud": aud, "exp": exp, "nbf": NOW_S as f64 - 0.5, "oncelog": grants }));
+        let token = raw_token(
+            hs256(),
+            serde_json::json!({ "aud": aud, "exp": exp, "nbf": NOW_S as f64 - 0.5, "oncelog": grants }),
+        );
         assert_eq!(get(token).await.expect("get").status(), want, "{what}");
     }
     // A critical header extension this server does not implement: refused, as RFC 7515 says.
@@ -395,13 +540,18 @@ async fn with_hiding_on_subscription_calls_and_commits_do_not_reveal_what_exists
     assert!(st.send(Method::PUT, "wake", Some(&admin()), &json, "").await.status().is_success());
     assert!(st.send(Method::PUT, "out/a", Some(&admin()), &json, "").await.status().is_success());
     let cfg = r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake","lease_ttl_ms":5000,"outputs":["out/"]}"#;
-    assert_eq!(st.send(Method::PUT, "__ds/subscriptions/real", Some(&admin()), &json, cfg).await.status(), StatusCode::CREATED);
+    assert_eq!(
+        st.send(Method::PUT, "__ds/subscriptions/real", Some(&admin()), &json, cfg).await.status(),
+        StatusCode::CREATED
+    );
     // A bogus token against an existing and a missing subscription: the same answer.
     let body = r#"{"wake_id":"w","generation":1}"#;
     for op in ["ack", "commit", "release", "callback"] {
         let mut answers = Vec::new();
         for id in ["real", "missing"] {
-            let r = st.send(Method::POST, &format!("__ds/subscriptions/{id}/{op}"), Some("bogus.token.here"), &json, body).await;
+            let r = st
+                .send(Method::POST, &format!("__ds/subscriptions/{id}/{op}"), Some("bogus.token.here"), &json, body)
+                .await;
             answers.push((r.status(), r.text().await.expect("text")));
         }
         assert_eq!(answers[0], answers[1], "{op}");
@@ -419,13 +569,16 @@ async fn with_hiding_on_subscription_calls_and_commits_do_not_reveal_what_exists
     };
     let mut answers = Vec::new();
     for stream in ["secret/x", "secret/none"] {
-        let r = st.send(Method::POST, "__ds/subscriptions/real/commit", claim["token"].as_str(), &json, &commit(stream)).await;
+        let r = st
+            .send(Method::POST, "__ds/subscriptions/real/commit", claim["token"].as_str(), &json, &commit(stream))
+            .await;
         let (status, text) = (r.status(), r.text().await.expect("text"));
         answers.push((status, text.replace(stream, "STREAM")));
     }
     assert_eq!(answers[0], answers[1]);
     assert_eq!(answers[0].0, StatusCode::NOT_FOUND);
-    let r = st.send(Method::POST, "__ds/subscriptions/real/commit", claim["token"].as_str(), &json, &commit("out/a")).await;
+    let r =
+        st.send(Method::POST, "__ds/subscriptions/real/commit", claim["token"].as_str(), &json, &commit("out/a")).await;
     assert_eq!(r.status(), StatusCode::OK);
 }
 
@@ -437,25 +590,57 @@ async fn with_hiding_on_subscription_calls_and_commits_do_not_reveal_what_exists
 async fn refusals_carry_their_reason_in_the_body_and_the_challenge() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("secret"), SECRET).expect("secret");
-    let config = TokenConfig { secret_file: Some(dir.path().join("secret")), audience: Some("oncelog".into()), ..TokenConfig::default() };
+    let config = TokenConfig {
+        secret_file: Some(dir.path().join("secret")),
+        audience: Some("oncelog".into()),
+        ..TokenConfig::default()
+    };
     let auth = TokenAuth::load(config).expect("keys");
     let clock = Arc::new(ManualClock::new(NOW_S * 1000));
     let s = common::TestServer::start_with_auth(ServerConfig::default(), Some(clock), Some(auth)).await;
     let http = reqwest::Client::new();
-    let claims = |aud: &str, exp: i64, nbf: i64, ops: &str| {
-        serde_json::json!({ "aud": aud, "exp": exp, "nbf": nbf, "oncelog": { "grants": [ { "prefix": "r/", "ops": [ops] } ] } })
-    };
+    let claims = |aud: &str, exp: i64, nbf: i64, ops: &str| serde_json::json!({ "aud": aud, "exp": exp, "nbf": nbf, "oncelog": { "grants": [ { "prefix": "r/", "ops": [ops] } ] } });
     let hs256 = || jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
     let admin = raw_token(hs256(), claims("oncelog", NOW_S + 60, NOW_S - 1, "all"));
-    let put = http.put(s.url("r/t")).bearer_auth(&admin).header("content-type", "text/plain").send().await.expect("put");
+    let put =
+        http.put(s.url("r/t")).bearer_auth(&admin).header("content-type", "text/plain").send().await.expect("put");
     assert_eq!(put.status(), StatusCode::CREATED);
-    let bad_signature = jsonwebtoken::encode(&hs256(), &claims("oncelog", NOW_S + 60, NOW_S - 1, "all"), &jsonwebtoken::EncodingKey::from_secret(b"another")).expect("sign");
+    let bad_signature = jsonwebtoken::encode(
+        &hs256(),
+        &claims("oncelog", NOW_S + 60, NOW_S - 1, "all"),
+        &jsonwebtoken::EncodingKey::from_secret(b"another"),
+    )
+    .expect("sign");
     let cases: Vec<(&str, Option<String>, StatusCode, &str, &str)> = vec![
-        ("expired", Some(raw_token(hs256(), claims("oncelog", NOW_S - 3600, NOW_S - 7200, "all"))), StatusCode::UNAUTHORIZED, "invalid_token", "the token expired at Fri, 15 Jan 2027 07:00:00 GMT"),
-        ("not yet valid", Some(raw_token(hs256(), claims("oncelog", NOW_S + 7200, NOW_S + 3600, "all"))), StatusCode::UNAUTHORIZED, "invalid_token", "not valid before Fri, 15 Jan 2027 09:00:00 GMT"),
-        ("wrong audience", Some(raw_token(hs256(), claims("elsewhere", NOW_S + 60, NOW_S - 1, "all"))), StatusCode::UNAUTHORIZED, "invalid_token", "audience"),
+        (
+            "expired",
+            Some(raw_token(hs256(), claims("oncelog", NOW_S - 3600, NOW_S - 7200, "all"))),
+            StatusCode::UNAUTHORIZED,
+            "invalid_token",
+            "the token expired at Fri, 15 Jan 2027 07:00:00 GMT",
+        ),
+        (
+            "not yet valid",
+            Some(raw_token(hs256(), claims("oncelog", NOW_S + 7200, NOW_S + 3600, "all"))),
+            StatusCode::UNAUTHORIZED,
+            "invalid_token",
+            "not valid before Fri, 15 Jan 2027 09:00:00 GMT",
+        ),
+        (
+            "wrong audience",
+            Some(raw_token(hs256(), claims("elsewhere", NOW_S + 60, NOW_S - 1, "all"))),
+            StatusCode::UNAUTHORIZED,
+            "invalid_token",
+            "audience",
+        ),
         ("bad signature", Some(bad_signature), StatusCode::UNAUTHORIZED, "invalid_token", "signature does not verify"),
-        ("no grant", Some(raw_token(hs256(), claims("oncelog", NOW_S + 60, NOW_S - 1, "read"))), StatusCode::FORBIDDEN, "insufficient_scope", "the token does not grant append on r/t"),
+        (
+            "no grant",
+            Some(raw_token(hs256(), claims("oncelog", NOW_S + 60, NOW_S - 1, "read"))),
+            StatusCode::FORBIDDEN,
+            "insufficient_scope",
+            "the token does not grant append on r/t",
+        ),
     ];
     for (what, token, status, code, reason) in cases {
         let mut rb = http.post(s.url("r/t")).header("content-type", "text/plain").body("x");
@@ -465,12 +650,17 @@ async fn refusals_carry_their_reason_in_the_body_and_the_challenge() {
         let r = rb.send().await.expect("post");
         assert_eq!(r.status(), status, "{what}");
         let challenge = r.headers().get("www-authenticate").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-        assert!(challenge.starts_with(&format!("Bearer error=\"{code}\", error_description=\"")), "{what}: {challenge}");
+        assert!(
+            challenge.starts_with(&format!("Bearer error=\"{code}\", error_description=\"")),
+            "{what}: {challenge}"
+        );
         assert!(challenge.contains(reason), "{what}: {challenge}");
         let body = r.text().await.expect("body");
         assert!(body.contains(reason), "{what}: {body}");
     }
-    for (what, authorization, reason) in [("not bearer", Some("Token abc"), "not `Bearer <token>`"), ("no credentials", None, "no credentials")] {
+    for (what, authorization, reason) in
+        [("not bearer", Some("Token abc"), "not `Bearer <token>`"), ("no credentials", None, "no credentials")]
+    {
         let mut rb = http.get(s.url("r/t"));
         if let Some(a) = authorization {
             rb = rb.header("authorization", a);
@@ -478,12 +668,23 @@ async fn refusals_carry_their_reason_in_the_body_and_the_challenge() {
         let r = rb.send().await.expect("get");
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{what}");
         let challenge = r.headers().get("www-authenticate").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
-        assert!(challenge.starts_with("Bearer error=\"invalid_request\", error_description=\"") && challenge.contains(reason), "{what}: {challenge}");
+        assert!(
+            challenge.starts_with("Bearer error=\"invalid_request\", error_description=\"")
+                && challenge.contains(reason),
+            "{what}: {challenge}"
+        );
     }
     // A stream path that no header may carry as it is (a quote, non-ASCII) is percent-encoded
     // in the challenge and shown as it is in the body.
     let reader = raw_token(hs256(), claims("oncelog", NOW_S + 60, NOW_S - 1, "read"));
-    let r = http.post(s.url("r/%22caf%C3%A9")).bearer_auth(reader).header("content-type", "text/plain").body("x").send().await.expect("post");
+    let r = http
+        .post(s.url("r/%22caf%C3%A9"))
+        .bearer_auth(reader)
+        .header("content-type", "text/plain")
+        .body("x")
+        .send()
+        .await
+        .expect("post");
     assert_eq!(r.status(), StatusCode::FORBIDDEN);
     let challenge = r.headers().get("www-authenticate").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     assert!(challenge.ends_with("append on r/%22caf%C3%A9\""), "{challenge}");

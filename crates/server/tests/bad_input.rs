@@ -10,28 +10,90 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
 const HEADERS: &[&str] = &[
-    "content-type", "stream-ttl", "stream-expires-at", "stream-closed", "stream-seq", "producer-id",
-    "producer-epoch", "producer-seq", "stream-forked-from", "stream-fork-offset", "stream-fork-sub-offset",
+    "content-type",
+    "stream-ttl",
+    "stream-expires-at",
+    "stream-closed",
+    "stream-seq",
+    "producer-id",
+    "producer-epoch",
+    "producer-seq",
+    "stream-forked-from",
+    "stream-fork-offset",
+    "stream-fork-sub-offset",
     "if-none-match",
 ];
 const VALUES: &[&str] = &[
-    "", "0", "1", "-1", "05", "true", "TRUE", "yes", "application/json", "text/plain", "application/octet-stream",
-    "application/json; charset=utf-8", "nonsense", "9007199254740991", "9007199254740992", "1e3",
-    "0000000000000000_0000000000000000", "0000000000000000_0000000000000003", "9999999999999999_9999999999999999",
-    "/v1/stream/a", "a", "b/c", "2030-01-01T00:00:00Z", "yesterday", "[]", "*", "\"1:0:0\"",
+    "",
+    "0",
+    "1",
+    "-1",
+    "05",
+    "true",
+    "TRUE",
+    "yes",
+    "application/json",
+    "text/plain",
+    "application/octet-stream",
+    "application/json; charset=utf-8",
+    "nonsense",
+    "9007199254740991",
+    "9007199254740992",
+    "1e3",
+    "0000000000000000_0000000000000000",
+    "0000000000000000_0000000000000003",
+    "9999999999999999_9999999999999999",
+    "/v1/stream/a",
+    "a",
+    "b/c",
+    "2030-01-01T00:00:00Z",
+    "yesterday",
+    "[]",
+    "*",
+    "\"1:0:0\"",
 ];
 /// Weighted towards existing streams, so requests reach the engine.
 const PATHS: &[&str] = &[
-    "a", "a", "a", "a", "b", "b/c", "__ds/x", "x%2Fy", "..", "%00", "%C3%A9", "a%20b", "",
+    "a",
+    "a",
+    "a",
+    "a",
+    "b",
+    "b/c",
+    "__ds/x",
+    "x%2Fy",
+    "..",
+    "%00",
+    "%C3%A9",
+    "a%20b",
+    "",
     // The subscription API.
-    "__ds/subscriptions/s", "__ds/subscriptions/s", "__ds/subscriptions/s/claim", "__ds/subscriptions/s/ack",
-    "__ds/subscriptions/s/commit", "__ds/subscriptions/s/release", "__ds/subscriptions/s/streams",
-    "__ds/subscriptions/s/streams/a", "__ds/subscriptions", "__ds/jwks.json", "__ds/subscriptions/%2F",
+    "__ds/subscriptions/s",
+    "__ds/subscriptions/s",
+    "__ds/subscriptions/s/claim",
+    "__ds/subscriptions/s/ack",
+    "__ds/subscriptions/s/commit",
+    "__ds/subscriptions/s/release",
+    "__ds/subscriptions/s/streams",
+    "__ds/subscriptions/s/streams/a",
+    "__ds/subscriptions",
+    "__ds/jwks.json",
+    "__ds/subscriptions/%2F",
 ];
 const QUERIES: &[&str] = &[
-    "", "offset=-1", "offset=now", "offset=", "offset=-1&offset=-1", "live=sse&offset=-1", "live=long-poll&offset=now",
-    "live=long-poll", "live=bogus&offset=-1", "offset=0000000000000000_0000000000000002", "offset=abc",
-    "offset=0000000000000000_9999999999999999", "cursor=99999999999&offset=-1&live=long-poll",
+    "",
+    "offset=-1",
+    "offset=now",
+    "offset=",
+    "offset=-1&offset=-1",
+    "live=sse&offset=-1",
+    "live=long-poll&offset=now",
+    "live=long-poll",
+    "live=bogus&offset=-1",
+    "offset=0000000000000000_0000000000000002",
+    "offset=abc",
+    "offset=0000000000000000_9999999999999999",
+    "cursor=99999999999&offset=-1&live=long-poll",
 ];
 const BODIES: &[&[u8]] = &[
     b"", b"x", b"[]", b"[1,2]", b"{", b"\"s\"", b"[[1]]", b"null", b"{\"a\":\"[,]\"}", &[0xff, 0, 0xfe],
@@ -64,10 +126,8 @@ fn values() -> Vec<&'static str> {
 fn request() -> impl Strategy<Value = Req> {
     let numbers = proptest::sample::select(&["0", "1", "2", "-1", "9007199254740992"][..]);
     let huge = *values().last().expect("the huge value");
-    let producer = proptest::option::weighted(
-        0.5,
-        (proptest::sample::select(vec!["p", "q", "", huge]), numbers.clone(), numbers),
-    );
+    let producer =
+        proptest::option::weighted(0.5, (proptest::sample::select(vec!["p", "q", "", huge]), numbers.clone(), numbers));
     let content_type = proptest::option::weighted(
         0.8,
         proptest::sample::select(&["text/plain", "text/plain", "application/json", "application/octet-stream"][..]),
@@ -83,7 +143,8 @@ fn request() -> impl Strategy<Value = Req> {
     )
         .prop_map(|(method, path, query, mut headers, ct, producer, body)| {
             // The coherent headers replace random ones of the same name.
-            let replaced = |k: &str| (ct.is_some() && k == "content-type") || (producer.is_some() && k.starts_with("producer-"));
+            let replaced =
+                |k: &str| (ct.is_some() && k == "content-type") || (producer.is_some() && k.starts_with("producer-"));
             headers.retain(|(k, _)| !replaced(k));
             if let Some(ct) = ct {
                 headers.push(("content-type", ct));

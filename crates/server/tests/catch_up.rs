@@ -76,7 +76,13 @@ async fn a_json_stream_keeps_whole_message_responses() {
     assert_eq!(r.status(), StatusCode::CREATED);
     let message = format!("\"{}\"", "m".repeat(40_000));
     for _ in 0..4 {
-        let r = http.post(&url).header("content-type", "application/json").body(message.clone()).send().await.expect("post");
+        let r = http
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(message.clone())
+            .send()
+            .await
+            .expect("post");
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
     }
     // Whole messages up to max_read_bytes (64 KiB): two of about 40 KB, rendered as one array.
@@ -100,7 +106,13 @@ async fn a_response_whose_stream_is_deleted_midway_is_cut_not_padded_or_hung() {
     // 32 MiB: more than the loopback socket buffers hold, so the response is still being read
     // from storage when the stream goes.
     for i in 0..32u8 {
-        let r = http.post(&url).header("content-type", "application/octet-stream").body(vec![i; 1 << 20]).send().await.expect("post");
+        let r = http
+            .post(&url)
+            .header("content-type", "application/octet-stream")
+            .body(vec![i; 1 << 20])
+            .send()
+            .await
+            .expect("post");
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
     }
     let mut conn = tokio::net::TcpStream::connect(s.addr).await.expect("connect");
@@ -130,7 +142,9 @@ async fn a_response_whose_stream_is_deleted_midway_is_cut_not_padded_or_hung() {
             }
         }
     };
-    tokio::time::timeout(std::time::Duration::from_secs(10), read_rest).await.expect("the connection is closed, not left hanging");
+    tokio::time::timeout(std::time::Duration::from_secs(10), read_rest)
+        .await
+        .expect("the connection is closed, not left hanging");
     assert!(body < 32 << 20, "the body is cut short of its Content-Length: {body} bytes");
     assert!(body > 0, "what was sent before the delete arrived");
 }
@@ -168,7 +182,13 @@ async fn large_appends_sent_from_their_segment_are_the_stream_bytes() {
     let mut all = Vec::new();
     for i in 0..6u32 {
         let part: Vec<u8> = (0..300_000u32).map(|k| ((k * 7 + i * 13) % 251) as u8).collect();
-        let r = http.post(&url).header("content-type", "application/octet-stream").body(part.clone()).send().await.expect("post");
+        let r = http
+            .post(&url)
+            .header("content-type", "application/octet-stream")
+            .body(part.clone())
+            .send()
+            .await
+            .expect("post");
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
         all.extend_from_slice(&part);
     }

@@ -22,13 +22,15 @@ const SECRET: &[u8] = b"close-grant-test-secret";
 const NOW_S: i64 = 1_800_000_000;
 
 fn token(ops: &str) -> String {
-    let grants = vec![GrantClaim { stream: None, prefix: Some("c/".into()), ops: ops.split(',').map(str::to_owned).collect() }];
+    let grants =
+        vec![GrantClaim { stream: None, prefix: Some("c/".into()), ops: ops.split(',').map(str::to_owned).collect() }];
     issue(SECRET, ScopeClaim { grants }, NOW_S + 3600, None, None, None).expect("sign")
 }
 
 async fn server(dir: &tempfile::TempDir, tls: Option<TlsFiles>) -> common::TestServer {
     std::fs::write(dir.path().join("secret"), SECRET).expect("secret");
-    let auth = TokenAuth::load(TokenConfig { secret_file: Some(dir.path().join("secret")), ..TokenConfig::default() }).expect("keys");
+    let auth = TokenAuth::load(TokenConfig { secret_file: Some(dir.path().join("secret")), ..TokenConfig::default() })
+        .expect("keys");
     let clock = Arc::new(ManualClock::new(NOW_S * 1000));
     let config = ServerConfig { tls, ..ServerConfig::default() };
     common::TestServer::start_with_auth(config, Some(clock), Some(auth)).await
@@ -44,7 +46,10 @@ where
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    let mut req = axum::http::Request::builder().method("POST").uri(format!("https://{authority}/v1/stream/{path}")).header("authorization", format!("Bearer {bearer}"));
+    let mut req = axum::http::Request::builder()
+        .method("POST")
+        .uri(format!("https://{authority}/v1/stream/{path}"))
+        .header("authorization", format!("Bearer {bearer}"));
     for (k, v) in extra {
         req = req.header(*k, *v);
     }
@@ -74,7 +79,13 @@ async fn contents(s: &common::TestServer, path: &str) -> String {
 
 async fn create(s: &common::TestServer, path: &str) {
     let http = reqwest::Client::builder().http1_only().build().expect("client");
-    let r = http.put(s.url(path)).bearer_auth(token("all")).header("content-type", "text/plain").send().await.expect("create");
+    let r = http
+        .put(s.url(path))
+        .bearer_auth(token("all"))
+        .header("content-type", "text/plain")
+        .send()
+        .await
+        .expect("create");
     assert_eq!(r.status(), 201, "create {path}");
 }
 
@@ -94,12 +105,23 @@ async fn over_h2c_a_close_only_token_closes_but_cannot_append() {
     assert_eq!(h2_post(plain(s.addr).await, &authority, "c/x", &token("close"), &[CLOSE, TEXT], b"").await, 204);
     // A token that may append and close does both.
     create(&s, "c/y").await;
-    assert_eq!(h2_post(plain(s.addr).await, &authority, "c/y", &token("append,close"), &[CLOSE, TEXT], b"DATA;").await, 204);
+    assert_eq!(
+        h2_post(plain(s.addr).await, &authority, "c/y", &token("append,close"), &[CLOSE, TEXT], b"DATA;").await,
+        204
+    );
     assert_eq!(contents(&s, "c/y").await, "DATA;");
     // Over HTTP/1.1 the same request has a length, so it is an append from the start: 403.
     create(&s, "c/z").await;
     let http = reqwest::Client::builder().http1_only().build().expect("client");
-    let r = http.post(s.url("c/z")).bearer_auth(token("close")).header(CLOSE.0, CLOSE.1).header(TEXT.0, TEXT.1).body("INJECTED;").send().await.expect("post");
+    let r = http
+        .post(s.url("c/z"))
+        .bearer_auth(token("close"))
+        .header(CLOSE.0, CLOSE.1)
+        .header(TEXT.0, TEXT.1)
+        .body("INJECTED;")
+        .send()
+        .await
+        .expect("post");
     assert_eq!(r.status(), 403, "HTTP/1.1 with a body");
     assert_eq!(contents(&s, "c/z").await, "");
 }
@@ -126,18 +148,27 @@ async fn over_tls_h2_a_close_only_token_cannot_append() {
             .with_no_client_auth();
         config.alpn_protocols = vec![b"h2".to_vec()];
         let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, plain(s.addr).await).await.expect("tls");
+        let tls =
+            tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, plain(s.addr).await).await.expect("tls");
         assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]), "HTTP/2 negotiated");
         tls
     };
-    let http = reqwest::Client::builder().add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("ca")).build().expect("client");
+    let http = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("ca"))
+        .build()
+        .expect("client");
     let base = format!("https://{authority}/v1/stream");
-    let r = http.put(format!("{base}/c/x")).bearer_auth(token("all")).header(TEXT.0, TEXT.1).send().await.expect("create");
+    let r =
+        http.put(format!("{base}/c/x")).bearer_auth(token("all")).header(TEXT.0, TEXT.1).send().await.expect("create");
     assert_eq!(r.status(), 201);
     assert_eq!(h2_post(connect().await, &authority, "c/x", &token("close"), &[CLOSE, TEXT], b"INJECTED;").await, 403);
     let read = http.get(format!("{base}/c/x?offset=-1")).bearer_auth(token("all")).send().await.expect("read");
     assert_eq!(read.text().await.expect("text"), "", "nothing was appended");
-    assert_eq!(h2_post(connect().await, &authority, "c/x", &token("close"), &[CLOSE, TEXT], b"").await, 204, "a real close");
+    assert_eq!(
+        h2_post(connect().await, &authority, "c/x", &token("close"), &[CLOSE, TEXT], b"").await,
+        204,
+        "a real close"
+    );
 }
 
 /// A CA and a `localhost` certificate it signed, as PEM: (ca, cert, key).
@@ -147,6 +178,7 @@ fn pki() -> (String, String, String) {
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key")).expect("ca");
     let key = KeyPair::generate().expect("key");
-    let cert = CertificateParams::new(vec!["localhost".to_string()]).expect("params").signed_by(&key, &ca).expect("cert");
+    let cert =
+        CertificateParams::new(vec!["localhost".to_string()]).expect("params").signed_by(&key, &ca).expect("cert");
     (ca.pem(), cert.pem(), key.serialize_pem())
 }

@@ -22,7 +22,13 @@ fn tail(r: &reqwest::Response) -> String {
 }
 
 async fn post(http: &Client, url: &str, if_match: &str, body: &'static str) -> reqwest::Response {
-    http.post(url).header("content-type", "text/plain").header("if-match", if_match).body(body).send().await.expect("post")
+    http.post(url)
+        .header("content-type", "text/plain")
+        .header("if-match", if_match)
+        .body(body)
+        .send()
+        .await
+        .expect("post")
 }
 
 #[tokio::test]
@@ -52,7 +58,13 @@ async fn an_append_at_the_named_tail_is_written_and_elsewhere_is_412_with_the_ta
         assert!(r.text().await.expect("body").contains("If-Match"), "{bad}");
     }
     // A closed stream: a stale condition is 412 and says closed.
-    let r = http.post(&url).header("stream-closed", "true").header("if-match", Offset(4).to_string()).send().await.expect("close");
+    let r = http
+        .post(&url)
+        .header("stream-closed", "true")
+        .header("if-match", Offset(4).to_string())
+        .send()
+        .await
+        .expect("close");
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
     let r = post(&http, &url, &zero, "x").await;
     assert_eq!(r.status(), StatusCode::PRECONDITION_FAILED);
@@ -113,7 +125,9 @@ async fn racing_conditional_writers_have_exactly_one_winner_per_round() {
                     .expect("post");
                 match r.status() {
                     StatusCode::NO_CONTENT => wins.push((round, seen, record)),
-                    StatusCode::PRECONDITION_FAILED => assert_ne!(tail(&r), seen, "a 412 names a tail other than the one read"),
+                    StatusCode::PRECONDITION_FAILED => {
+                        assert_ne!(tail(&r), seen, "a 412 names a tail other than the one read")
+                    }
                     other => panic!("unexpected {other}"),
                 }
                 // Everyone has answered before the next round reads the tail.
@@ -132,7 +146,11 @@ async fn racing_conditional_writers_have_exactly_one_winner_per_round() {
     let body = http.get(url.as_str()).send().await.expect("get").text().await.expect("text");
     let mut expected = String::new();
     for (_, seen, record) in &wins {
-        assert_eq!(Offset::parse(seen).expect("offset").0, expected.len() as u64, "each record lands where its writer read the tail");
+        assert_eq!(
+            Offset::parse(seen).expect("offset").0,
+            expected.len() as u64,
+            "each record lands where its writer read the tail"
+        );
         expected.push_str(record);
     }
     assert_eq!(body, expected);
@@ -161,11 +179,17 @@ async fn if_match_on_head_put_delete_and_get() {
     let r = http.get(&url).send().await.expect("get");
     let etag = r.headers().get("etag").and_then(|v| v.to_str().ok()).expect("etag").to_owned();
     assert_eq!(http.get(&url).header("if-match", &etag).send().await.expect("get").status(), StatusCode::OK);
-    assert_eq!(http.get(&url).header("if-match", "\"other\"").send().await.expect("get").status(), StatusCode::PRECONDITION_FAILED);
+    assert_eq!(
+        http.get(&url).header("if-match", "\"other\"").send().await.expect("get").status(),
+        StatusCode::PRECONDITION_FAILED
+    );
     // DELETE: only at the named tail.
     let r = http.delete(&url).header("if-match", at(1)).send().await.expect("delete");
     assert_eq!((r.status(), tail(&r)), (StatusCode::PRECONDITION_FAILED, at(3)));
-    assert_eq!(http.delete(&url).header("if-match", at(3)).send().await.expect("delete").status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        http.delete(&url).header("if-match", at(3)).send().await.expect("delete").status(),
+        StatusCode::NO_CONTENT
+    );
     assert_eq!(http.head(&url).send().await.expect("head").status(), StatusCode::NOT_FOUND);
 }
 
@@ -177,7 +201,9 @@ async fn if_match_on_head_put_delete_and_get() {
 async fn stream_expected_offset_appends_only_at_that_tail_and_409s_with_it() {
     let (s, http) = server().await;
     let url = s.url("s");
-    let expecting = |at: &str, body: &'static str| http.post(&url).header("content-type", "text/plain").header("stream-expected-offset", at.to_owned()).body(body);
+    let expecting = |at: &str, body: &'static str| {
+        http.post(&url).header("content-type", "text/plain").header("stream-expected-offset", at.to_owned()).body(body)
+    };
     let zero = Offset(0).to_string();
     let r = expecting(&zero, "ab").send().await.expect("post");
     assert_eq!((r.status(), tail(&r)), (StatusCode::NO_CONTENT, Offset(2).to_string()));
@@ -194,7 +220,9 @@ async fn stream_expected_offset_appends_only_at_that_tail_and_409s_with_it() {
     assert_eq!((r.status(), tail(&r)), (StatusCode::CONFLICT, four.clone()));
     assert!(r.text().await.expect("text").starts_with("Sequence conflict"));
     // A producer retry of an append that landed is a duplicate whatever it expected.
-    let produce = |at: &str| expecting(at, "gh").header("producer-id", "p").header("producer-epoch", "0").header("producer-seq", "0");
+    let produce = |at: &str| {
+        expecting(at, "gh").header("producer-id", "p").header("producer-epoch", "0").header("producer-seq", "0")
+    };
     let r = produce(&four).send().await.expect("post");
     assert_eq!(r.status(), StatusCode::OK);
     let six = tail(&r);
@@ -220,6 +248,7 @@ async fn stream_expected_offset_appends_only_at_that_tail_and_409s_with_it() {
         .send()
         .await
         .expect("preflight");
-    let allowed = pre.headers().get("access-control-allow-headers").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let allowed =
+        pre.headers().get("access-control-allow-headers").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
     assert!(allowed.split(", ").any(|h| h == "stream-expected-offset"), "{allowed}");
 }

@@ -36,9 +36,11 @@ async fn a_client_that_half_closes_after_its_request_still_gets_the_answer() {
     let s = common::TestServer::start(config(), None).await;
     put(&s, "h").await;
     let mut conn = TcpStream::connect(s.addr).await.expect("connect");
-    conn.write_all(b"POST /v1/stream/h HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello")
-        .await
-        .expect("write");
+    conn.write_all(
+        b"POST /v1/stream/h HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello",
+    )
+    .await
+    .expect("write");
     conn.shutdown().await.expect("half-close");
     let (answer, _) = read_to_close(&mut conn, Duration::from_secs(5)).await;
     assert!(answer.starts_with("HTTP/1.1 204"), "answer: {answer:?}");
@@ -97,9 +99,11 @@ async fn a_stalled_body_is_answered_408() {
     let s = common::TestServer::start(config(), None).await;
     put(&s, "b").await;
     let mut conn = TcpStream::connect(s.addr).await.expect("connect");
-    conn.write_all(b"POST /v1/stream/b HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\nabc")
-        .await
-        .expect("write");
+    conn.write_all(
+        b"POST /v1/stream/b HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\nabc",
+    )
+    .await
+    .expect("write");
     let (answer, closed) = read_to_close(&mut conn, Duration::from_secs(3)).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "answer: {answer:?}");
     assert!(closed);
@@ -115,7 +119,11 @@ async fn a_dripped_body_is_answered_408_at_the_total_deadline() {
     let s = common::TestServer::start(config, None).await;
     put(&s, "d").await;
     let mut conn = TcpStream::connect(s.addr).await.expect("connect");
-    conn.write_all(b"POST /v1/stream/d HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\n").await.expect("write");
+    conn.write_all(
+        b"POST /v1/stream/d HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\n",
+    )
+    .await
+    .expect("write");
     let started = Instant::now();
     let (mut rd, mut wr) = conn.into_split();
     // A byte every 200 ms (the pause limit is 500 ms), for up to 10 s.
@@ -207,12 +215,19 @@ async fn live_readers_are_bounded_per_stream_and_answered_503_beyond() {
 
 #[tokio::test]
 async fn a_reader_that_stops_reading_is_disconnected_after_the_write_timeout() {
-    let s = common::TestServer::start(ServerConfig { write_timeout: Duration::from_millis(500), ..config() }, None).await;
+    let s =
+        common::TestServer::start(ServerConfig { write_timeout: Duration::from_millis(500), ..config() }, None).await;
     put(&s, "big").await;
     let http = reqwest::Client::new();
     let chunk = vec![b'x'; 4 << 20];
     for _ in 0..4 {
-        let r = http.post(s.url("big")).header("content-type", "text/plain").body(chunk.clone()).send().await.expect("post");
+        let r = http
+            .post(s.url("big"))
+            .header("content-type", "text/plain")
+            .body(chunk.clone())
+            .send()
+            .await
+            .expect("post");
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
     }
     // A reader that asks for 16 MiB over SSE and never reads.
@@ -282,7 +297,8 @@ async fn an_answer_before_the_body_was_read_says_connection_close() {
     let s = common::TestServer::start(config(), None).await;
     put(&s, "k").await;
     let mut conn = TcpStream::connect(s.addr).await.expect("connect");
-    let head = "POST /v1/stream/missing HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 1000000\r\n\r\n";
+    let head =
+        "POST /v1/stream/missing HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 1000000\r\n\r\n";
     conn.write_all(head.as_bytes()).await.expect("write");
     conn.write_all(&[b'x'; 4096]).await.expect("write");
     let (answer, closed) = read_to_close(&mut conn, Duration::from_secs(5)).await;
@@ -298,7 +314,9 @@ async fn an_answer_before_the_body_was_read_says_connection_close() {
     let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await.expect("answer").expect("read");
     let answer = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
     assert!(answer.starts_with("http/1.1 204") && !answer.contains("connection: close"), "answer: {answer:?}");
-    conn.write_all(b"GET /v1/stream/k HTTP/1.1\r\nHost: t\r\n\r\n").await.expect("second request on the same connection");
+    conn.write_all(b"GET /v1/stream/k HTTP/1.1\r\nHost: t\r\n\r\n")
+        .await
+        .expect("second request on the same connection");
     let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await.expect("answer").expect("read");
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
 }

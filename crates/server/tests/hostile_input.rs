@@ -34,9 +34,15 @@ async fn a_protocol_header_sent_twice_is_refused() {
     let (status, reason) = status_and_reason(post().header("producer-epoch", "5").header("producer-epoch", "0")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{reason}");
     assert!(reason.contains("producer-epoch") && reason.contains("at most once"), "{reason}");
-    let twice_type = http.post(s.url("t")).header("content-type", "text/plain").header("content-type", "text/plain").body("x");
+    let twice_type =
+        http.post(s.url("t")).header("content-type", "text/plain").header("content-type", "text/plain").body("x");
     assert_eq!(status_and_reason(twice_type).await.0, StatusCode::BAD_REQUEST);
-    let twice_seq = http.post(s.url("t")).header("content-type", "text/plain").header("stream-seq", "a").header("stream-seq", "b").body("x");
+    let twice_seq = http
+        .post(s.url("t"))
+        .header("content-type", "text/plain")
+        .header("stream-seq", "a")
+        .header("stream-seq", "b")
+        .body("x");
     assert_eq!(status_and_reason(twice_seq).await.0, StatusCode::BAD_REQUEST);
     // Nothing was written by any of them; a single header works.
     assert_eq!(status_and_reason(post().header("producer-epoch", "0")).await.0, StatusCode::OK);
@@ -52,7 +58,10 @@ async fn a_malformed_content_type_on_append_is_400_not_a_mismatch() {
         assert!(reason.contains("Content-Type"), "{reason}");
     }
     // A well-formed but different type is still the 409 of a mismatch.
-    assert_eq!(status_and_reason(http.post(s.url("t")).header("content-type", "text/html").body("x")).await.0, StatusCode::CONFLICT);
+    assert_eq!(
+        status_and_reason(http.post(s.url("t")).header("content-type", "text/html").body("x")).await.0,
+        StatusCode::CONFLICT
+    );
 }
 
 #[tokio::test]
@@ -96,7 +105,13 @@ async fn an_empty_body_with_a_stream_closed_value_other_than_true_says_so() {
 #[tokio::test]
 async fn a_made_up_offset_inside_a_json_message_is_refused() {
     let (s, http) = server().await;
-    let r = http.post(s.url("j")).header("content-type", "application/json").body("[{\"k\":1},2]").send().await.expect("post");
+    let r = http
+        .post(s.url("j"))
+        .header("content-type", "application/json")
+        .body("[{\"k\":1},2]")
+        .send()
+        .await
+        .expect("post");
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
     let off = |n: u64| format!("0000000000000000_{n:016}");
     for live in ["", "&live=long-poll", "&live=sse"] {
@@ -125,9 +140,15 @@ async fn json_with_a_lone_surrogate_escape_is_refused_everywhere() {
         assert_eq!(status, StatusCode::BAD_REQUEST, "create {body}");
     }
     // A pair is text, and so is an escaped backslash before `ud800`.
-    assert_eq!(status_and_reason(json(http.post(s.url("j"))).body(r#"{"v":"\ud83d\ude00 \\ud800"}"#)).await.0, StatusCode::NO_CONTENT);
+    assert_eq!(
+        status_and_reason(json(http.post(s.url("j"))).body(r#"{"v":"\ud83d\ude00 \\ud800"}"#)).await.0,
+        StatusCode::NO_CONTENT
+    );
     let text = http.get(s.url("j")).send().await.expect("get").text().await.expect("text");
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&text).expect("json"), serde_json::json!([{ "v": "\u{1F600} \\ud800" }]));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&text).expect("json"),
+        serde_json::json!([{ "v": "\u{1F600} \\ud800" }])
+    );
     // Inside a State Protocol value on a stream made for compaction.
     let r = json(http.put(s.url("state"))).header("stream-compaction", "state").send().await.expect("put");
     assert_eq!(r.status(), StatusCode::CREATED);
@@ -142,7 +163,17 @@ async fn json_with_a_lone_surrogate_escape_is_refused_everywhere() {
     let cfg = r#"{"type":"pull-wake","pattern":"in/*","wake_stream":"wake","lease_ttl_ms":5000}"#;
     assert_eq!(json(http.put(&sub)).body(cfg).send().await.expect("put").status(), StatusCode::CREATED);
     json(http.post(s.url("in/a"))).body("1").send().await.expect("append");
-    let claim: serde_json::Value = serde_json::from_str(&json(http.post(format!("{sub}/claim"))).body(r#"{"worker":"w"}"#).send().await.expect("claim").text().await.expect("text")).expect("json");
+    let claim: serde_json::Value = serde_json::from_str(
+        &json(http.post(format!("{sub}/claim")))
+            .body(r#"{"worker":"w"}"#)
+            .send()
+            .await
+            .expect("claim")
+            .text()
+            .await
+            .expect("text"),
+    )
+    .expect("json");
     let token = claim["token"].as_str().expect("token");
     let commit = |data: &str| {
         format!(
@@ -150,10 +181,16 @@ async fn json_with_a_lone_surrogate_escape_is_refused_everywhere() {
             claim["wake_id"], claim["generation"]
         )
     };
-    let (status, reason) = status_and_reason(json(http.post(format!("{sub}/commit"))).bearer_auth(token).body(commit(r#"{"v":"\ud800"}"#))).await;
+    let (status, reason) = status_and_reason(
+        json(http.post(format!("{sub}/commit"))).bearer_auth(token).body(commit(r#"{"v":"\ud800"}"#)),
+    )
+    .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{reason}");
     assert_eq!(http.get(s.url("out")).send().await.expect("get").text().await.expect("text"), "[]");
-    let (status, reason) = status_and_reason(json(http.post(format!("{sub}/commit"))).bearer_auth(token).body(commit(r#"{"v":"\ud800\udc00"}"#))).await;
+    let (status, reason) = status_and_reason(
+        json(http.post(format!("{sub}/commit"))).bearer_auth(token).body(commit(r#"{"v":"\ud800\udc00"}"#)),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{reason}");
 }
 
@@ -164,7 +201,11 @@ async fn subscription_patterns_are_bounded_and_cheap_to_match() {
     let (s, http) = server().await;
     let json = |r: reqwest::RequestBuilder| r.header("content-type", "application/json");
     assert!(json(http.put(s.url("wake"))).send().await.expect("put").status().is_success());
-    let put = |id: &str, pattern: String| json(http.put(s.url(&format!("__ds/subscriptions/{id}")))).body(format!(r#"{{"type":"pull-wake","pattern":"{pattern}","wake_stream":"wake"}}"#)).send();
+    let put = |id: &str, pattern: String| {
+        json(http.put(s.url(&format!("__ds/subscriptions/{id}"))))
+            .body(format!(r#"{{"type":"pull-wake","pattern":"{pattern}","wake_stream":"wake"}}"#))
+            .send()
+    };
     for (id, pattern) in [
         ("stars", "a/**/b/**/c/**/d/**/e/**".to_owned()),
         ("long", "x".repeat(1025)),
@@ -184,7 +225,10 @@ async fn subscription_patterns_are_bounded_and_cheap_to_match() {
     let deep = |end: &str| format!("e/{}{end}", "x/".repeat(300));
     for end in ["c", "b"] {
         assert!(json(http.put(s.url(&deep(end)))).send().await.expect("put").status().is_success());
-        assert_eq!(json(http.post(s.url(&deep(end)))).body("1").send().await.expect("post").status(), StatusCode::NO_CONTENT);
+        assert_eq!(
+            json(http.post(s.url(&deep(end)))).body("1").send().await.expect("post").status(),
+            StatusCode::NO_CONTENT
+        );
     }
     let r = http.get(s.url("__ds/subscriptions/deep")).send().await.expect("get");
     assert_eq!(r.status(), StatusCode::OK);
@@ -255,7 +299,11 @@ async fn a_request_with_two_hosts_a_bad_host_or_none_is_refused() {
         assert_eq!(head.status(), StatusCode::NOT_FOUND, "{what}: nothing was created");
     }
     // One valid host (with a port, or an IPv6 literal), and HTTP/1.0 without one, are served.
-    for (path, hosts, version) in [("ok1", "Host: a.example:8080\r\n", "HTTP/1.1"), ("ok2", "Host: [::1]:80\r\n", "HTTP/1.1"), ("ok3", "", "HTTP/1.0")] {
+    for (path, hosts, version) in [
+        ("ok1", "Host: a.example:8080\r\n", "HTTP/1.1"),
+        ("ok2", "Host: [::1]:80\r\n", "HTTP/1.1"),
+        ("ok3", "", "HTTP/1.0"),
+    ] {
         let answer = send(put(path, hosts, version)).await;
         assert!(answer.contains(" 201 "), "{path}: {answer:?}");
     }
@@ -266,7 +314,8 @@ async fn a_stream_path_is_percent_decoded_once_and_must_be_utf8_without_nul() {
     let (s, http) = server().await;
     // Not UTF-8 once decoded: 400 with the reason, for every method.
     for method in [reqwest::Method::GET, reqwest::Method::PUT, reqwest::Method::POST] {
-        let (status, reason) = status_and_reason(http.request(method, s.url("%FF")).header("content-type", "text/plain").body("x")).await;
+        let (status, reason) =
+            status_and_reason(http.request(method, s.url("%FF")).header("content-type", "text/plain").body("x")).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{reason}");
         assert!(reason.contains("UTF-8"), "{reason}");
     }
@@ -274,7 +323,8 @@ async fn a_stream_path_is_percent_decoded_once_and_must_be_utf8_without_nul() {
     let (status, reason) = status_and_reason(http.put(s.url("a%00b")).header("content-type", "text/plain")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{reason}");
     assert!(reason.contains("NUL"), "{reason}");
-    let (status, reason) = status_and_reason(http.post(s.url("a%00b")).header("content-type", "text/plain").body("x")).await;
+    let (status, reason) =
+        status_and_reason(http.post(s.url("a%00b")).header("content-type", "text/plain").body("x")).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{reason}");
     // Nothing after the prefix is no route at all.
     let (status, reason) = status_and_reason(http.get(format!("{}/v1/stream/", s.origin))).await;

@@ -105,7 +105,8 @@ async fn malformed_input_gets_400_with_a_one_line_reason() {
     // Invalid JSON on a JSON stream, and an empty array append.
     s.http.put(s.url("j")).header("content-type", "application/json").send().await.expect("put");
     for body in ["{nope", "[]"] {
-        let r = s.http.post(s.url("j")).header("content-type", "application/json").body(body).send().await.expect("post");
+        let r =
+            s.http.post(s.url("j")).header("content-type", "application/json").body(body).send().await.expect("post");
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{body}");
     }
 }
@@ -130,7 +131,11 @@ async fn ttl_slides_on_reads_but_not_on_head() {
     s.clock.advance_ms(6_000);
     assert_eq!(s.http.head(s.url("t")).send().await.expect("head").status(), StatusCode::OK);
     s.clock.advance_ms(6_000);
-    assert_eq!(s.http.head(s.url("t")).send().await.expect("head").status(), StatusCode::NOT_FOUND, "HEAD did not slide it");
+    assert_eq!(
+        s.http.head(s.url("t")).send().await.expect("head").status(),
+        StatusCode::NOT_FOUND,
+        "HEAD did not slide it"
+    );
 
     s.put("u", &[("stream-ttl", "10")]).await;
     s.clock.advance_ms(6_000);

@@ -6,7 +6,13 @@ use oncelog_server::ServerConfig;
 use reqwest::{Client, StatusCode};
 
 async fn post(http: &Client, url: &str, key: &str, body: &'static str) -> reqwest::Response {
-    http.post(url).header("content-type", "text/plain").header("idempotency-key", key).body(body).send().await.expect("post")
+    http.post(url)
+        .header("content-type", "text/plain")
+        .header("idempotency-key", key)
+        .body(body)
+        .send()
+        .await
+        .expect("post")
 }
 
 fn next_offset(r: &reqwest::Response) -> String {
@@ -17,7 +23,10 @@ fn next_offset(r: &reqwest::Response) -> String {
 async fn a_repeated_key_is_answered_from_the_first_append_and_other_bytes_are_422() {
     let s = common::TestServer::start(ServerConfig::default(), None).await;
     let http = Client::new();
-    assert_eq!(http.put(s.url("s")).header("content-type", "text/plain").send().await.expect("put").status(), StatusCode::CREATED);
+    assert_eq!(
+        http.put(s.url("s")).header("content-type", "text/plain").send().await.expect("put").status(),
+        StatusCode::CREATED
+    );
     let url = s.url("s");
     let first = post(&http, &url, "order-17", "paid").await;
     assert_eq!(first.status(), StatusCode::OK, "new keyed data is 200, like a producer's");

@@ -47,7 +47,12 @@ async fn start(hide_forbidden: Option<bool>) -> Server {
     let mut state = AppState::new(engine, ServerConfig::default()).with_clock(Arc::new(ManualClock::new(NOW_S * 1000)));
     if let Some(hide) = hide_forbidden {
         std::fs::write(dir.path().join("secret"), SECRET).expect("secret");
-        let auth = TokenAuth::load(TokenConfig { secret_file: Some(dir.path().join("secret")), hide_forbidden: hide, ..TokenConfig::default() }).expect("keys");
+        let auth = TokenAuth::load(TokenConfig {
+            secret_file: Some(dir.path().join("secret")),
+            hide_forbidden: hide,
+            ..TokenConfig::default()
+        })
+        .expect("keys");
         state = state.with_auth(auth as Arc<dyn Authorize>);
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -62,7 +67,13 @@ fn token(grants: &[(&str, bool, &str)]) -> String {
 }
 
 impl Server {
-    async fn send(&self, method: Method, path_and_query: &str, bearer: Option<&str>, headers: &[(&str, &str)]) -> reqwest::Response {
+    async fn send(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        bearer: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> reqwest::Response {
         let mut rb = self.http.request(method, format!("{}/{path_and_query}", self.base));
         if let Some(t) = bearer {
             rb = rb.bearer_auth(t);
@@ -93,7 +104,12 @@ impl Server {
     /// The paths of one page, and its `next`.
     async fn paths(&self, query: &str, bearer: Option<&str>) -> (Vec<String>, Option<String>) {
         let v = self.page(query, bearer).await;
-        let paths = v["streams"].as_array().expect("streams").iter().map(|s| s["path"].as_str().expect("path").to_owned()).collect();
+        let paths = v["streams"]
+            .as_array()
+            .expect("streams")
+            .iter()
+            .map(|s| s["path"].as_str().expect("path").to_owned())
+            .collect();
         (paths, v["next"].as_str().map(str::to_owned))
     }
 
@@ -119,7 +135,9 @@ impl Server {
 }
 
 fn enc(s: &str) -> String {
-    s.bytes().map(|b| if b.is_ascii_alphanumeric() || b == b'_' { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
+    s.bytes()
+        .map(|b| if b.is_ascii_alphanumeric() || b == b'_' { (b as char).to_string() } else { format!("%{b:02X}") })
+        .collect()
 }
 
 fn strings(v: &[&str]) -> Vec<String> {
@@ -133,7 +151,14 @@ async fn the_listing_pages_through_a_prefix_in_path_order_and_never_shows_reserv
         s.create(p, None, false).await;
     }
     s.create("a/closed", None, true).await;
-    let appended = s.http.post(format!("{}/a/2", s.base)).header("content-type", "text/plain").body("hello").send().await.expect("append");
+    let appended = s
+        .http
+        .post(format!("{}/a/2", s.base))
+        .header("content-type", "text/plain")
+        .body("hello")
+        .send()
+        .await
+        .expect("append");
     assert_eq!(appended.status(), StatusCode::NO_CONTENT);
     let tail = appended.headers().get("stream-next-offset").and_then(|v| v.to_str().ok()).expect("tail").to_owned();
     s.create("gone", None, false).await;
@@ -172,7 +197,9 @@ async fn the_listing_pages_through_a_prefix_in_path_order_and_never_shows_reserv
     // Limit bounds: 1 to 1000; beyond, malformed or repeated parameters are 400 with a reason.
     assert_eq!(s.paths("?limit=1000", None).await.0.len(), 11);
     assert_eq!(s.paths("?limit=1", None).await, (strings(&["__dsx"]), Some("__dsx".into())));
-    for bad in ["?limit=1001", "?limit=0", "?limit=-1", "?limit=ten", "?limit=", "?prefix=a&prefix=b", "?after=a&after=b"] {
+    for bad in
+        ["?limit=1001", "?limit=0", "?limit=-1", "?limit=ten", "?limit=", "?prefix=a&prefix=b", "?after=a&after=b"]
+    {
         let r = s.send(Method::GET, &format!("__ds/streams{bad}"), None, &[]).await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
         let reason = r.text().await.expect("body");
@@ -195,7 +222,10 @@ async fn with_access_control_a_token_lists_only_the_streams_it_may_read() {
         // No credentials, or bad ones: 401, as for any stream request.
         let r = s.send(Method::GET, "__ds/streams", None, &[]).await;
         assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "hide {hide}");
-        assert_eq!(s.send(Method::GET, "__ds/streams", Some("not-a-token"), &[]).await.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(
+            s.send(Method::GET, "__ds/streams", Some("not-a-token"), &[]).await.status(),
+            StatusCode::UNAUTHORIZED
+        );
 
         // `read` on the prefix `a/`: the listing needs no grant of its own, and shows `a/…` only
         // (not `ab`, which starts with `a` but not with `a/`).
@@ -218,6 +248,9 @@ async fn with_access_control_a_token_lists_only_the_streams_it_may_read() {
         // Every stream for a token that may read every path, reserved ones still hidden.
         assert_eq!(s.paths("", Some(&admin)).await.0, strings(&["__dsx", "a/1", "a/2", "ab", "b/1", "b/2", "c"]));
         // A bad limit is refused for any valid token.
-        assert_eq!(s.send(Method::GET, "__ds/streams?limit=5000", Some(&reader), &[]).await.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            s.send(Method::GET, "__ds/streams?limit=5000", Some(&reader), &[]).await.status(),
+            StatusCode::BAD_REQUEST
+        );
     }
 }

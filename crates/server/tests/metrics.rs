@@ -39,7 +39,10 @@ async fn counters_move_by_exactly_the_appends_made() {
     let post = |body: &'static str, producer: Option<(u64, u64)>| {
         let mut rb = http.post(s.url("m")).header("content-type", "text/plain").body(body);
         if let Some((epoch, seq)) = producer {
-            rb = rb.header("producer-id", "p").header("producer-epoch", epoch.to_string()).header("producer-seq", seq.to_string());
+            rb = rb
+                .header("producer-id", "p")
+                .header("producer-epoch", epoch.to_string())
+                .header("producer-seq", seq.to_string());
         }
         async move { rb.send().await.expect("post").status().as_u16() }
     };
@@ -47,7 +50,7 @@ async fn counters_move_by_exactly_the_appends_made() {
     assert_eq!(post("bb", Some((0, 1))).await, 200); // new, 2 bytes
     assert_eq!(post("bb", Some((0, 1))).await, 204); // duplicate, 2 bytes
     assert_eq!(post("ccc", Some((0, 1000))).await, 409); // gap (too far ahead to wait), 3 bytes
-    // seq 3 overtakes seq 2: it waits (parked) and then lands.
+                                                         // seq 3 overtakes seq 2: it waits (parked) and then lands.
     let (late, early) = tokio::join!(post("dddd", Some((0, 3))), async {
         tokio::time::sleep(Duration::from_millis(50)).await;
         post("eeeee", Some((0, 2))).await
@@ -106,13 +109,22 @@ async fn counters_move_by_exactly_the_appends_made() {
         http.put(s.url(p)).header("content-type", "application/json").send().await.expect("put");
     }
     let cfg = r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake"}"#;
-    http.put(s.url("__ds/subscriptions/m")).header("content-type", "application/json").body(cfg).send().await.expect("sub");
+    http.put(s.url("__ds/subscriptions/m"))
+        .header("content-type", "application/json")
+        .body(cfg)
+        .send()
+        .await
+        .expect("sub");
     http.post(s.url("jobs/a")).header("content-type", "application/json").body("1").send().await.expect("append");
     let claim = http.post(s.url("__ds/subscriptions/m/claim")).body(r#"{"worker":"w"}"#).send().await.expect("claim");
     let claim: serde_json::Value = serde_json::from_slice(&claim.bytes().await.expect("body")).expect("json");
     let ack = |generation: u64| {
-        let body = serde_json::json!({ "wake_id": claim["wake_id"], "generation": generation, "done": true }).to_string();
-        http.post(s.url("__ds/subscriptions/m/ack")).bearer_auth(claim["token"].as_str().unwrap_or("")).body(body).send()
+        let body =
+            serde_json::json!({ "wake_id": claim["wake_id"], "generation": generation, "done": true }).to_string();
+        http.post(s.url("__ds/subscriptions/m/ack"))
+            .bearer_auth(claim["token"].as_str().unwrap_or(""))
+            .body(body)
+            .send()
     };
     assert_eq!(ack(7).await.expect("stale ack").status().as_u16(), 409);
     assert_eq!(ack(1).await.expect("ack").status().as_u16(), 200);
@@ -126,7 +138,14 @@ async fn counters_move_by_exactly_the_appends_made() {
 
 /// The metric families of a scrape: the names on `# TYPE` lines and on `# HELP` lines.
 fn families(scrape: &str) -> (BTreeSet<String>, BTreeSet<String>) {
-    let names = |prefix: &str| scrape.lines().filter_map(|l| l.strip_prefix(prefix)).filter_map(|l| l.split(' ').next()).map(str::to_owned).collect();
+    let names = |prefix: &str| {
+        scrape
+            .lines()
+            .filter_map(|l| l.strip_prefix(prefix))
+            .filter_map(|l| l.split(' ').next())
+            .map(str::to_owned)
+            .collect()
+    };
     (names("# TYPE "), names("# HELP "))
 }
 
@@ -168,7 +187,13 @@ async fn every_metric_has_help_lag_follows_acks_and_the_dashboard_queries_docume
     http.get(s.url("dash/a") + "?offset=-1").send().await.expect("read");
     let sse = http.get(s.url("dash/a") + "?offset=-1&live=sse").send().await.expect("sse");
     let cfg = r#"{"type":"pull-wake","pattern":"jobs/*","wake_stream":"wake"}"#;
-    let r = http.put(s.url("__ds/subscriptions/lagging")).header("content-type", "application/json").body(cfg).send().await.expect("sub");
+    let r = http
+        .put(s.url("__ds/subscriptions/lagging"))
+        .header("content-type", "application/json")
+        .body(cfg)
+        .send()
+        .await
+        .expect("sub");
     assert!(r.status().is_success(), "{}", r.status());
     let tail = post(&http, s.url("jobs/a"), "hello").await;
 
@@ -177,7 +202,13 @@ async fn every_metric_has_help_lag_follows_acks_and_the_dashboard_queries_docume
     let (types, helps) = families(&pending);
     let missing: Vec<&String> = types.difference(&helps).collect();
     assert!(missing.is_empty(), "# TYPE without # HELP: {missing:?}\n{pending}");
-    for name in ["oncelog_appends_total", "oncelog_commit_to_ack_seconds", "oncelog_live_readers", "oncelog_subscription_lag_bytes", "oncelog_stream_appends_total"] {
+    for name in [
+        "oncelog_appends_total",
+        "oncelog_commit_to_ack_seconds",
+        "oncelog_live_readers",
+        "oncelog_subscription_lag_bytes",
+        "oncelog_stream_appends_total",
+    ] {
         assert!(types.contains(name), "{name} in the scrape:\n{pending}");
     }
     let documented = readme_metrics();
@@ -187,10 +218,17 @@ async fn every_metric_has_help_lag_follows_acks_and_the_dashboard_queries_docume
     // The lag: 5 bytes in one stream, until the subscription acknowledges them.
     assert_eq!(sample(&pending, "oncelog_subscription_lag_bytes{subscription=\"lagging\"}"), 5.0, "{pending}");
     assert_eq!(sample(&pending, "oncelog_subscription_pending_streams{subscription=\"lagging\"}"), 1.0, "{pending}");
-    let claim = http.post(s.url("__ds/subscriptions/lagging/claim")).body(r#"{"worker":"w"}"#).send().await.expect("claim");
+    let claim =
+        http.post(s.url("__ds/subscriptions/lagging/claim")).body(r#"{"worker":"w"}"#).send().await.expect("claim");
     let claim: Value = serde_json::from_slice(&claim.bytes().await.expect("body")).expect("json");
     let ack = json!({ "wake_id": claim["wake_id"], "generation": claim["generation"], "acks": [{ "stream": "jobs/a", "offset": tail }], "done": true });
-    let r = http.post(s.url("__ds/subscriptions/lagging/ack")).bearer_auth(claim["token"].as_str().unwrap_or("")).body(ack.to_string()).send().await.expect("ack");
+    let r = http
+        .post(s.url("__ds/subscriptions/lagging/ack"))
+        .bearer_auth(claim["token"].as_str().unwrap_or(""))
+        .body(ack.to_string())
+        .send()
+        .await
+        .expect("ack");
     assert_eq!(r.status().as_u16(), 200);
     let acked = scrape(&http, &s).await;
     assert!(acked.contains("oncelog_subscription_lag_bytes{subscription=\"lagging\"} 0\n"), "{acked}");
@@ -200,7 +238,8 @@ async fn every_metric_has_help_lag_follows_acks_and_the_dashboard_queries_docume
     assert!(!scrape(&http, &s).await.contains("subscription=\"lagging\""));
 
     // The dashboard is JSON, and every metric it queries is one the README documents.
-    let dashboard = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/grafana/oncelog.json")).expect("dashboard");
+    let dashboard = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/grafana/oncelog.json"))
+        .expect("dashboard");
     let dashboard: Value = serde_json::from_str(&dashboard).expect("docs/grafana/oncelog.json is JSON");
     let mut queried = BTreeSet::new();
     for panel in dashboard["panels"].as_array().expect("panels") {
@@ -208,7 +247,9 @@ async fn every_metric_has_help_lag_follows_acks_and_the_dashboard_queries_docume
             let expr = target["expr"].as_str().expect("expr");
             for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
                 if word.starts_with("oncelog_") || word.starts_with("process_") {
-                    let family = ["_bucket", "_sum", "_count"].iter().fold(word, |w, suffix| w.strip_suffix(suffix).unwrap_or(w));
+                    let family = ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .fold(word, |w, suffix| w.strip_suffix(suffix).unwrap_or(w));
                     queried.insert(family.to_owned());
                 }
             }
@@ -216,7 +257,16 @@ async fn every_metric_has_help_lag_follows_acks_and_the_dashboard_queries_docume
     }
     let unknown: Vec<&String> = queried.difference(&documented).collect();
     assert!(unknown.is_empty(), "the dashboard queries metrics the README does not list: {unknown:?}");
-    for name in ["oncelog_appends_total", "oncelog_commit_to_ack_seconds", "oncelog_fsync_seconds", "oncelog_live_readers", "oncelog_connections_accepted_total", "oncelog_subscription_lag_bytes", "oncelog_stream_appends_total", "process_resident_memory_bytes"] {
+    for name in [
+        "oncelog_appends_total",
+        "oncelog_commit_to_ack_seconds",
+        "oncelog_fsync_seconds",
+        "oncelog_live_readers",
+        "oncelog_connections_accepted_total",
+        "oncelog_subscription_lag_bytes",
+        "oncelog_stream_appends_total",
+        "process_resident_memory_bytes",
+    ] {
         assert!(queried.contains(name), "the dashboard shows {name}");
     }
 }
@@ -224,7 +274,8 @@ async fn every_metric_has_help_lag_follows_acks_and_the_dashboard_queries_docume
 #[tokio::test]
 async fn per_stream_counters_only_for_matching_streams_and_up_to_the_cap() {
     let _serial = SERIAL.lock().await;
-    let config = ServerConfig { metrics_streams: Some("per/*".into()), metrics_streams_max: 2, ..ServerConfig::default() };
+    let config =
+        ServerConfig { metrics_streams: Some("per/*".into()), metrics_streams_max: 2, ..ServerConfig::default() };
     let s = common::TestServer::start(config, None).await;
     let http = reqwest::Client::new();
     for p in ["per/a", "per/b", "per/c", "other/x", "per/deep/x"] {
@@ -232,7 +283,16 @@ async fn per_stream_counters_only_for_matching_streams_and_up_to_the_cap() {
     }
     // per/a: three new appends and a producer's retry (not new data).
     for (seq, body) in [(0, "1"), (1, "1"), (2, "1"), (2, "1")] {
-        let r = http.post(s.url("per/a")).header("content-type", "text/plain").header("producer-id", "p").header("producer-epoch", "0").header("producer-seq", seq.to_string()).body(body).send().await.expect("post");
+        let r = http
+            .post(s.url("per/a"))
+            .header("content-type", "text/plain")
+            .header("producer-id", "p")
+            .header("producer-epoch", "0")
+            .header("producer-seq", seq.to_string())
+            .body(body)
+            .send()
+            .await
+            .expect("post");
         assert!(r.status().is_success());
     }
     post(&http, s.url("per/b"), "22").await;
@@ -247,22 +307,46 @@ async fn per_stream_counters_only_for_matching_streams_and_up_to_the_cap() {
     let mut sse = http.get(s.url("per/b") + "?offset=-1&live=sse").send().await.expect("sse");
     let mut seen = String::new();
     while !seen.contains("22") {
-        let chunk = tokio::time::timeout(Duration::from_secs(5), sse.chunk()).await.expect("an SSE event in time").expect("chunk").expect("more");
+        let chunk = tokio::time::timeout(Duration::from_secs(5), sse.chunk())
+            .await
+            .expect("an SSE event in time")
+            .expect("chunk")
+            .expect("more");
         seen.push_str(&String::from_utf8_lossy(&chunk));
     }
     drop(sse);
 
     let m = scrape(&http, &s).await;
     let series = |name: &str, stream: &str| sample(&m, &format!("{name}{{stream=\"{stream}\"}}"));
-    assert_eq!((series("oncelog_stream_appends_total", "per/a"), series("oncelog_stream_append_bytes_total", "per/a")), (3.0, 3.0), "{m}");
-    assert_eq!((series("oncelog_stream_appends_total", "per/b"), series("oncelog_stream_append_bytes_total", "per/b")), (1.0, 2.0), "{m}");
-    assert_eq!((series("oncelog_stream_reads_total", "per/a"), series("oncelog_stream_read_bytes_total", "per/a")), (1.0, 3.0), "{m}");
-    assert_eq!((series("oncelog_stream_reads_total", "per/b"), series("oncelog_stream_read_bytes_total", "per/b")), (1.0, 2.0), "{m}");
+    assert_eq!(
+        (series("oncelog_stream_appends_total", "per/a"), series("oncelog_stream_append_bytes_total", "per/a")),
+        (3.0, 3.0),
+        "{m}"
+    );
+    assert_eq!(
+        (series("oncelog_stream_appends_total", "per/b"), series("oncelog_stream_append_bytes_total", "per/b")),
+        (1.0, 2.0),
+        "{m}"
+    );
+    assert_eq!(
+        (series("oncelog_stream_reads_total", "per/a"), series("oncelog_stream_read_bytes_total", "per/a")),
+        (1.0, 3.0),
+        "{m}"
+    );
+    assert_eq!(
+        (series("oncelog_stream_reads_total", "per/b"), series("oncelog_stream_read_bytes_total", "per/b")),
+        (1.0, 2.0),
+        "{m}"
+    );
     for other in ["per/c", "other/x", "per/deep/x"] {
         assert!(!m.contains(&format!("stream=\"{other}\"")), "{other} has no series of its own:\n{m}");
     }
     let overflow = |c: &str| sample(&m, &format!("oncelog_stream_overflow_total{{counter=\"{c}\"}}"));
-    assert_eq!([overflow("appends"), overflow("append_bytes"), overflow("reads"), overflow("read_bytes")], [1.0, 3.0, 1.0, 3.0], "per/c only:\n{m}");
+    assert_eq!(
+        [overflow("appends"), overflow("append_bytes"), overflow("reads"), overflow("read_bytes")],
+        [1.0, 3.0, 1.0, 3.0],
+        "per/c only:\n{m}"
+    );
 }
 
 /// A catch-up response of large appends is sent from the segment file with `sendfile(2)` on a
@@ -278,7 +362,13 @@ async fn a_catch_up_of_large_appends_is_sent_with_sendfile() {
     let mut all = Vec::new();
     for i in 0..4u32 {
         let part: Vec<u8> = (0..(1u32 << 20)).map(|k| ((k * 3 + i) % 253) as u8).collect();
-        let r = http.post(&url).header("content-type", "application/octet-stream").body(part.clone()).send().await.expect("post");
+        let r = http
+            .post(&url)
+            .header("content-type", "application/octet-stream")
+            .body(part.clone())
+            .send()
+            .await
+            .expect("post");
         assert!(r.status().is_success());
         all.extend_from_slice(&part);
     }

@@ -90,19 +90,20 @@ async fn serve_refuses_a_bad_config_and_stops_cleanly_when_told() {
     // The engine was shut down with everything durable; nothing more is written.
     assert!(matches!(engine.head("s", 0).await, Ok(i) if i.tail.0 == 1));
     assert!(matches!(
-        engine.create(oncelog_storage::CreateRequest {
-            path: "t".into(),
-            content_type: None,
-            expiry: None,
-            fork: None,
-            retention: Default::default(),
-            compaction: false,
-            closed: false,
-            initial: bytes::Bytes::new(),
-            json_framed: false,
-            now_ms: 0,
-        })
-        .await,
+        engine
+            .create(oncelog_storage::CreateRequest {
+                path: "t".into(),
+                content_type: None,
+                expiry: None,
+                fork: None,
+                retention: Default::default(),
+                compaction: false,
+                closed: false,
+                initial: bytes::Bytes::new(),
+                json_framed: false,
+                now_ms: 0,
+            })
+            .await,
         Err(oncelog_storage::CreateError::Storage(StorageError::ShuttingDown))
     ));
 }
@@ -128,7 +129,8 @@ async fn cors_origins_are_explicit_when_configured() {
     assert_eq!(allow("https://evil.example").await, None);
     // The default is any origin, never with credentials.
     let open = common::TestServer::start(ServerConfig::default(), None).await;
-    let r = http.get(format!("{}/healthz", open.origin)).header("origin", "https://x.example").send().await.expect("get");
+    let r =
+        http.get(format!("{}/healthz", open.origin)).header("origin", "https://x.example").send().await.expect("get");
     assert_eq!(r.headers()["access-control-allow-origin"], "*");
     assert!(r.headers().get("access-control-allow-credentials").is_none());
 }

@@ -29,14 +29,22 @@ struct Setup {
 async fn setup() -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("secret"), SECRET).expect("secret");
-    let auth = TokenAuth::load(TokenConfig { secret_file: Some(dir.path().join("secret")), ..TokenConfig::default() }).expect("keys");
+    let auth = TokenAuth::load(TokenConfig { secret_file: Some(dir.path().join("secret")), ..TokenConfig::default() })
+        .expect("keys");
     let clock = Arc::new(ManualClock::new(NOW_S * 1000));
     let s = common::TestServer::start_with_auth(ServerConfig::default(), Some(clock), Some(auth)).await;
     Setup { s, http: reqwest::Client::new(), _dir: dir }
 }
 
 impl Setup {
-    async fn send(&self, method: Method, path: &str, bearer: &str, headers: &[(&str, &str)], body: &str) -> reqwest::Response {
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        bearer: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> reqwest::Response {
         let mut rb = self.http.request(method, self.s.url(path)).bearer_auth(bearer);
         for (k, v) in headers {
             rb = rb.header(*k, *v);
@@ -88,13 +96,18 @@ async fn a_purge_frees_a_path_another_tenants_fork_keeps_reserved() {
     }
     assert_eq!(t.status(Method::DELETE, "a/src?purge=true", &b).await, StatusCode::FORBIDDEN);
     // If-Match composes as for a plain delete: the tail it names must be the stream's.
-    let stale = t.send(Method::DELETE, "a/src?purge=true", &a, &[("if-match", "\"0000000000000000_0000000000000003\"")], "").await;
+    let stale = t
+        .send(Method::DELETE, "a/src?purge=true", &a, &[("if-match", "\"0000000000000000_0000000000000003\"")], "")
+        .await;
     assert_eq!(stale.status(), StatusCode::PRECONDITION_FAILED);
     assert_eq!(t.status(Method::HEAD, "a/src", &a).await, StatusCode::GONE, "a refused purge changes nothing");
 
     // The way out: the path is free at once.
     let quoted = format!("\"{tail}\"");
-    assert_eq!(t.send(Method::DELETE, "a/src?purge=true", &a, &[("if-match", &quoted)], "").await.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        t.send(Method::DELETE, "a/src?purge=true", &a, &[("if-match", &quoted)], "").await.status(),
+        StatusCode::NO_CONTENT
+    );
     assert_eq!(t.status(Method::HEAD, "a/src", &a).await, StatusCode::NOT_FOUND);
     assert_eq!(t.status(Method::GET, "a/src?offset=-1", &a).await, StatusCode::NOT_FOUND);
     assert_eq!(t.status(Method::DELETE, "a/src?purge=true", &a).await, StatusCode::NOT_FOUND);

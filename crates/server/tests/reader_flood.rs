@@ -55,7 +55,10 @@ async fn a_reader_flood_at_the_limits_never_locks_the_writer_out() {
     let mut served = Vec::new();
     let mut refused = 0;
     for r in flood {
-        let (status, mut conn) = tokio::time::timeout(Duration::from_secs(10), r).await.expect("every reader is answered, at once").expect("task");
+        let (status, mut conn) = tokio::time::timeout(Duration::from_secs(10), r)
+            .await
+            .expect("every reader is answered, at once")
+            .expect("task");
         if status.starts_with("HTTP/1.1 200") {
             served.push(conn);
         } else {
@@ -69,7 +72,11 @@ async fn a_reader_flood_at_the_limits_never_locks_the_writer_out() {
     assert_eq!((served.len(), refused), (READERS, READERS / 2), "readers let in up to the bound, the rest refused");
 
     // The writer gets in at once, and every reader let in gets its message.
-    let wrote = tokio::time::timeout(Duration::from_secs(5), http.post(s.url("s")).header("content-type", "text/plain").body("hello").send()).await;
+    let wrote = tokio::time::timeout(
+        Duration::from_secs(5),
+        http.post(s.url("s")).header("content-type", "text/plain").body("hello").send(),
+    )
+    .await;
     let wrote = wrote.expect("the writer is not stalled").expect("post");
     assert_eq!(wrote.status(), 204, "the writer is not refused");
     for (i, conn) in served.iter_mut().enumerate() {

@@ -38,7 +38,9 @@ async fn policies_are_set_at_creation_shown_compared_and_applied_by_the_sweep() 
     let s = common::TestServer::start(config, Some(clock.clone())).await;
     let http = Client::new();
     let url = s.url("s");
-    let put = |bytes: &'static str| http.put(&url).header("content-type", "text/plain").header("stream-retention-max-bytes", bytes).send();
+    let put = |bytes: &'static str| {
+        http.put(&url).header("content-type", "text/plain").header("stream-retention-max-bytes", bytes).send()
+    };
     let r = put("8").await.expect("put");
     assert_eq!(r.status(), StatusCode::CREATED);
     // The unnamed limit comes from the server's default; both are shown.
@@ -50,7 +52,13 @@ async fn policies_are_set_at_creation_shown_compared_and_applied_by_the_sweep() 
         assert_eq!(put(bad).await.expect("put").status(), StatusCode::BAD_REQUEST, "{bad}");
     }
     // `none` opts out of the default.
-    let plain = http.put(s.url("plain")).header("content-type", "text/plain").header("stream-retention-max-age", "none").send().await.expect("put");
+    let plain = http
+        .put(s.url("plain"))
+        .header("content-type", "text/plain")
+        .header("stream-retention-max-age", "none")
+        .send()
+        .await
+        .expect("put");
     assert_eq!(plain.status(), StatusCode::CREATED);
     assert_eq!(header(&plain, "stream-retention-max-age"), None);
 

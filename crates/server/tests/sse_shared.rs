@@ -59,7 +59,10 @@ async fn a_reader_catching_up_never_takes_a_frame_made_at_another_offset() {
     let s = common::TestServer::start(config, None).await;
     let http = Client::new();
     let url = s.url("s");
-    assert_eq!(http.put(&url).header("content-type", "text/plain").send().await.expect("put").status(), StatusCode::CREATED);
+    assert_eq!(
+        http.put(&url).header("content-type", "text/plain").send().await.expect("put").status(),
+        StatusCode::CREATED
+    );
     let mut all = String::new();
     for i in 0..40 {
         let m = format!("m{i:03},");
@@ -92,7 +95,10 @@ async fn many_readers_at_the_tail_each_get_every_append_once_in_order() {
     let s = common::TestServer::start(ServerConfig::default(), None).await;
     let http = Client::new();
     let url = s.url("fan");
-    assert_eq!(http.put(&url).header("content-type", "text/plain").send().await.expect("put").status(), StatusCode::CREATED);
+    assert_eq!(
+        http.put(&url).header("content-type", "text/plain").send().await.expect("put").status(),
+        StatusCode::CREATED
+    );
     let mut readers = Vec::new();
     for _ in 0..50 {
         let mut r = Reader::open(&http, &url, "now").await;

@@ -103,7 +103,12 @@ async fn a_webhook_is_signed_delivered_and_acked_by_its_done_answer() {
     assert_eq!(jwks_url, s.url("__ds/jwks.json"));
     let (_, jwks) = json_of(http.get(&jwks_url).send().await.expect("jwks")).await;
 
-    http.put(s.url("events/a")).header("content-type", "application/json").body(r#"{"n":1}"#).send().await.expect("create");
+    http.put(s.url("events/a"))
+        .header("content-type", "application/json")
+        .body(r#"{"n":1}"#)
+        .send()
+        .await
+        .expect("create");
     let seen = wait_for(&got, 1, Duration::from_secs(5)).await;
     assert_eq!(seen.len(), 1, "one delivery");
     let (sig, body) = &seen[0];
@@ -187,13 +192,20 @@ async fn a_zombie_worker_is_fenced_on_every_call_and_its_commit_writes_nothing()
     let clock = Arc::new(ManualClock::new(1_000_000));
     let s = common::TestServer::start(ServerConfig::default(), Some(clock.clone())).await;
     let http = Client::new();
-    for (path, ct) in [("wake", "application/json"), ("orders/eu", "application/json"), ("totals", "application/json")] {
+    for (path, ct) in [("wake", "application/json"), ("orders/eu", "application/json"), ("totals", "application/json")]
+    {
         http.put(s.url(path)).header("content-type", ct).send().await.expect("create");
     }
     let sub = s.url("__ds/subscriptions/totals");
     let cfg = json!({ "type": "pull-wake", "pattern": "orders/*", "wake_stream": "wake", "lease_ttl_ms": 1000 });
     assert_eq!(http.put(&sub).js(&cfg).send().await.expect("put").status(), StatusCode::CREATED);
-    let r = http.post(s.url("orders/eu")).header("content-type", "application/json").body(r#"{"order":1,"total":5}"#).send().await.expect("append");
+    let r = http
+        .post(s.url("orders/eu"))
+        .header("content-type", "application/json")
+        .body(r#"{"order":1,"total":5}"#)
+        .send()
+        .await
+        .expect("append");
     let tail = r.headers().get("stream-next-offset").and_then(|v| v.to_str().ok()).expect("offset").to_owned();
 
     let (status, a) = post_json(&http, &format!("{sub}/claim"), None, json!({ "worker": "A" })).await;
@@ -218,7 +230,8 @@ async fn a_zombie_worker_is_fenced_on_every_call_and_its_commit_writes_nothing()
     let (status, again) = post_json(&http, &format!("{sub}/commit"), b["token"].as_str(), commit(&b, 5)).await;
     assert_eq!((status, again["duplicate"].as_bool()), (StatusCode::OK, Some(true)), "{again}");
 
-    let totals_before = http.get(format!("{}?offset=-1", s.url("totals"))).send().await.expect("read").text().await.expect("body");
+    let totals_before =
+        http.get(format!("{}?offset=-1", s.url("totals"))).send().await.expect("read").text().await.expect("body");
     let view_before = json_of(http.get(&sub).send().await.expect("get")).await.1;
     let token_a = a["token"].as_str();
     let fence = json!({ "wake_id": a["wake_id"], "generation": a["generation"] });
@@ -230,7 +243,8 @@ async fn a_zombie_worker_is_fenced_on_every_call_and_its_commit_writes_nothing()
     // A's token with B's generation in the body is still A's token.
     let forged = json!({ "wake_id": b["wake_id"], "generation": b["generation"], "done": true });
     assert_eq!(post_json(&http, &format!("{sub}/ack"), token_a, forged).await.0, StatusCode::CONFLICT);
-    let totals = http.get(format!("{}?offset=-1", s.url("totals"))).send().await.expect("read").text().await.expect("body");
+    let totals =
+        http.get(format!("{}?offset=-1", s.url("totals"))).send().await.expect("read").text().await.expect("body");
     assert_eq!(totals, totals_before);
     assert_eq!(serde_json::from_str::<Value>(&totals).expect("json"), json!([{ "total": 5 }]));
     assert_eq!(json_of(http.get(&sub).send().await.expect("get")).await.1, view_before, "nothing changed");
@@ -255,16 +269,44 @@ async fn bad_subscription_requests_get_json_errors() {
     let sub = s.url("__ds/subscriptions/x");
     let cases = [
         (http.put(&sub).body("not json"), StatusCode::BAD_REQUEST, "INVALID_REQUEST"),
-        (http.put(&sub).js(&json!({ "type": "pull-wake", "wake_stream": "w" })), StatusCode::BAD_REQUEST, "INVALID_REQUEST"),
-        (http.put(&sub).js(&json!({ "type": "pull-wake", "pattern": "a/*", "wake_stream": "w", "lease_ttl_ms": 10 })), StatusCode::BAD_REQUEST, "INVALID_REQUEST"),
+        (
+            http.put(&sub).js(&json!({ "type": "pull-wake", "wake_stream": "w" })),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+        ),
+        (
+            http.put(&sub)
+                .js(&json!({ "type": "pull-wake", "pattern": "a/*", "wake_stream": "w", "lease_ttl_ms": 10 })),
+            StatusCode::BAD_REQUEST,
+            "INVALID_REQUEST",
+        ),
         // Loopback over http needs --dev-webhooks, off here.
-        (http.put(&sub).js(&json!({ "type": "webhook", "pattern": "a/*", "webhook": { "url": "http://127.0.0.1:9/x" } })), StatusCode::BAD_REQUEST, "WEBHOOK_URL_REJECTED"),
+        (
+            http.put(&sub)
+                .js(&json!({ "type": "webhook", "pattern": "a/*", "webhook": { "url": "http://127.0.0.1:9/x" } })),
+            StatusCode::BAD_REQUEST,
+            "WEBHOOK_URL_REJECTED",
+        ),
         // Names that can only be this machine are refused when given, not only at delivery.
-        (http.put(&sub).js(&json!({ "type": "webhook", "pattern": "a/*", "webhook": { "url": "https://localhost./x" } })), StatusCode::BAD_REQUEST, "WEBHOOK_URL_REJECTED"),
-        (http.put(&sub).js(&json!({ "type": "webhook", "pattern": "a/*", "webhook": { "url": "https://hooks.localhost/x" } })), StatusCode::BAD_REQUEST, "WEBHOOK_URL_REJECTED"),
+        (
+            http.put(&sub)
+                .js(&json!({ "type": "webhook", "pattern": "a/*", "webhook": { "url": "https://localhost./x" } })),
+            StatusCode::BAD_REQUEST,
+            "WEBHOOK_URL_REJECTED",
+        ),
+        (
+            http.put(&sub)
+                .js(&json!({ "type": "webhook", "pattern": "a/*", "webhook": { "url": "https://hooks.localhost/x" } })),
+            StatusCode::BAD_REQUEST,
+            "WEBHOOK_URL_REJECTED",
+        ),
         (http.get(&sub), StatusCode::NOT_FOUND, "SUBSCRIPTION_NOT_FOUND"),
         (http.get(s.url("__ds/nothing/here")), StatusCode::NOT_FOUND, "SUBSCRIPTION_NOT_FOUND"),
-        (http.post(format!("{sub}/ack")).js(&json!({ "wake_id": "w", "generation": 1 })), StatusCode::UNAUTHORIZED, "TOKEN_INVALID"),
+        (
+            http.post(format!("{sub}/ack")).js(&json!({ "wake_id": "w", "generation": 1 })),
+            StatusCode::UNAUTHORIZED,
+            "TOKEN_INVALID",
+        ),
         (http.post(format!("{sub}/claim")).js(&json!({})), StatusCode::BAD_REQUEST, "INVALID_REQUEST"),
         (http.patch(&sub), StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED"),
     ];
@@ -277,7 +319,10 @@ async fn bad_subscription_requests_get_json_errors() {
     http.put(s.url("a/1")).header("content-type", "application/json").send().await.expect("create");
     for id in ["one", "two"] {
         let cfg = json!({ "type": "pull-wake", "pattern": "a/*", "wake_stream": "w" });
-        assert_eq!(http.put(s.url(&format!("__ds/subscriptions/{id}"))).js(&cfg).send().await.expect("put").status(), StatusCode::CREATED);
+        assert_eq!(
+            http.put(s.url(&format!("__ds/subscriptions/{id}"))).js(&cfg).send().await.expect("put").status(),
+            StatusCode::CREATED
+        );
     }
     http.post(s.url("a/1")).header("content-type", "application/json").body("1").send().await.expect("append");
     let (_, one) = post_json(&http, &s.url("__ds/subscriptions/one/claim"), None, json!({ "worker": "w" })).await;
@@ -298,7 +343,12 @@ async fn the_signing_key_rotates_and_the_old_one_stays_published_for_a_while() {
     let cfg = json!({ "type": "webhook", "streams": ["r/a"], "webhook": { "url": hook } });
     let (_, v) = json_of(http.put(&sub).js(&cfg).send().await.expect("put")).await;
     let first = v["webhook"]["signing"]["kid"].as_str().expect("kid").to_owned();
-    let kids = |jwks: &Value| jwks["keys"].as_array().map(|ks| ks.iter().filter_map(|k| k["kid"].as_str().map(str::to_owned)).collect::<Vec<_>>()).unwrap_or_default();
+    let kids = |jwks: &Value| {
+        jwks["keys"]
+            .as_array()
+            .map(|ks| ks.iter().filter_map(|k| k["kid"].as_str().map(str::to_owned)).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
     let jwks_url = s.url("__ds/jwks.json");
     assert_eq!(kids(&json_of(http.get(&jwks_url).send().await.expect("jwks")).await.1), std::slice::from_ref(&first));
 

@@ -30,7 +30,10 @@ fn client(ca_pem: &str) -> reqwest::Client {
 }
 
 fn metric(scrape: &str, name: &str) -> f64 {
-    scrape.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' '))).map_or(0.0, |v| v.parse().expect("number"))
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .map_or(0.0, |v| v.parse().expect("number"))
 }
 
 #[tokio::test]
@@ -46,7 +49,8 @@ async fn https_with_http2_many_live_readers_on_one_connection_and_certificate_re
     let origin = format!("https://localhost:{}", s.addr.port());
     let http = client(&ca);
 
-    let scrape = || async { http.get(format!("{origin}/metrics")).send().await.expect("scrape").text().await.expect("text") };
+    let scrape =
+        || async { http.get(format!("{origin}/metrics")).send().await.expect("scrape").text().await.expect("text") };
     let before = metric(&scrape().await, "oncelog_connections_accepted_total");
     let r = http.put(format!("{base}/s")).header("content-type", "text/plain").send().await.expect("put");
     assert_eq!((r.status(), r.version()), (StatusCode::CREATED, reqwest::Version::HTTP_2));

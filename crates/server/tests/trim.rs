@@ -34,13 +34,29 @@ async fn trimmed_offsets_are_gone_and_the_beginning_moves() {
     assert_eq!(header(&r, "stream-next-offset"), Some(Offset(6).to_string()));
     // A lower trim changes nothing; beyond the tail or malformed is 400.
     let r = trim(Offset(1).to_string()).await.expect("trim");
-    assert_eq!((r.status(), header(&r, "stream-earliest-offset")), (StatusCode::NO_CONTENT, Some(Offset(3).to_string())));
+    assert_eq!(
+        (r.status(), header(&r, "stream-earliest-offset")),
+        (StatusCode::NO_CONTENT, Some(Offset(3).to_string()))
+    );
     assert_eq!(trim(Offset(7).to_string()).await.expect("trim").status(), StatusCode::BAD_REQUEST);
     assert_eq!(trim("now".into()).await.expect("trim").status(), StatusCode::BAD_REQUEST);
     // A trim writes nothing: with a body or write headers it is refused.
-    let with_body = http.post(&url).header("stream-trim-to", Offset(4).to_string()).header("content-type", "text/plain").body("x").send().await.expect("post");
+    let with_body = http
+        .post(&url)
+        .header("stream-trim-to", Offset(4).to_string())
+        .header("content-type", "text/plain")
+        .body("x")
+        .send()
+        .await
+        .expect("post");
     assert_eq!(with_body.status(), StatusCode::BAD_REQUEST);
-    let with_close = http.post(&url).header("stream-trim-to", Offset(4).to_string()).header("stream-closed", "true").send().await.expect("post");
+    let with_close = http
+        .post(&url)
+        .header("stream-trim-to", Offset(4).to_string())
+        .header("stream-closed", "true")
+        .send()
+        .await
+        .expect("post");
     assert_eq!(with_close.status(), StatusCode::BAD_REQUEST);
     // HEAD shows it; -1 starts there; anything before it is 410 in every read mode.
     let head = http.head(&url).send().await.expect("head");
@@ -67,7 +83,8 @@ async fn trimmed_offsets_are_gone_and_the_beginning_moves() {
 #[tokio::test]
 async fn a_json_stream_is_trimmed_only_at_a_message_boundary() {
     let (_server, http, url) = with_stream("j", "application/json").await;
-    let first = http.post(&url).header("content-type", "application/json").body(r#"{"a":1}"#).send().await.expect("post");
+    let first =
+        http.post(&url).header("content-type", "application/json").body(r#"{"a":1}"#).send().await.expect("post");
     let boundary = header(&first, "stream-next-offset").expect("offset");
     http.post(&url).header("content-type", "application/json").body(r#"{"b":2}"#).send().await.expect("post");
     let inside = http.post(&url).header("stream-trim-to", Offset(2).to_string()).send().await.expect("trim");
@@ -88,10 +105,17 @@ async fn an_sse_reader_overtaken_by_a_trim_is_told_why_its_response_ends() {
     // loopback): the server's SSE state is still behind when the trim comes.
     let piece = vec![7u8; 1 << 20];
     for _ in 0..12 {
-        http.post(&url).header("content-type", "application/octet-stream").body(piece.clone()).send().await.expect("post");
+        http.post(&url)
+            .header("content-type", "application/octet-stream")
+            .body(piece.clone())
+            .send()
+            .await
+            .expect("post");
     }
     let mut conn = tokio::net::TcpStream::connect(s.addr).await.expect("connect");
-    conn.write_all(format!("GET /v1/stream/t?offset={}&live=sse HTTP/1.1\r\nHost: t\r\n\r\n", Offset(0)).as_bytes()).await.expect("request");
+    conn.write_all(format!("GET /v1/stream/t?offset={}&live=sse HTTP/1.1\r\nHost: t\r\n\r\n", Offset(0)).as_bytes())
+        .await
+        .expect("request");
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let r = http.post(&url).header("stream-trim-to", Offset(12 << 20).to_string()).send().await.expect("trim");
     assert_eq!(r.status(), StatusCode::NO_CONTENT);

@@ -14,11 +14,20 @@ struct Totals;
 
 impl Sink for Totals {
     async fn prepare(&self, tx: &Transaction<'_>, schema: &str) -> Result<(), ApplyError> {
-        tx.batch_execute(&format!("CREATE TABLE IF NOT EXISTS {schema}.totals (stream text PRIMARY KEY, sum bigint NOT NULL)")).await?;
+        tx.batch_execute(&format!(
+            "CREATE TABLE IF NOT EXISTS {schema}.totals (stream text PRIMARY KEY, sum bigint NOT NULL)"
+        ))
+        .await?;
         Ok(())
     }
 
-    async fn apply(&self, tx: &Transaction<'_>, stream: &StreamRef, batch: &Batch<'_>, _next: &StreamOffset) -> Result<u64, ApplyError> {
+    async fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        stream: &StreamRef,
+        batch: &Batch<'_>,
+        _next: &StreamOffset,
+    ) -> Result<u64, ApplyError> {
         let Batch::Messages(messages) = batch else { return Ok(0) };
         let mut n = 0i64;
         for m in messages {

@@ -70,12 +70,24 @@ impl<S: Sink> Worker<S> {
             }
         }
         if self.opts.from_now {
-            tracing::info!(streams = skipped, skipped_bytes, "--from-now: streams the sink never applied start at their tails");
+            tracing::info!(
+                streams = skipped,
+                skipped_bytes,
+                "--from-now: streams the sink never applied start at their tails"
+            );
         }
         if behind.is_empty() {
-            tracing::info!(linked = info.streams.len(), "nothing to catch up: every linked stream is applied up to its tail");
+            tracing::info!(
+                linked = info.streams.len(),
+                "nothing to catch up: every linked stream is applied up to its tail"
+            );
         } else {
-            tracing::info!(streams = behind.len(), behind_bytes, linked = info.streams.len(), "catching up on what the streams held at start");
+            tracing::info!(
+                streams = behind.len(),
+                behind_bytes,
+                linked = info.streams.len(),
+                "catching up on what the streams held at start"
+            );
         }
         Ok(behind)
     }

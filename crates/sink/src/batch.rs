@@ -78,7 +78,10 @@ impl Batch<'_> {
 
 /// An Oncelog offset token as a position; anything else cannot be keyed or compared by bytes.
 pub fn position(stream: &str, token: &StreamOffset) -> Result<Offset, SinkError> {
-    token.to_oncelog().ok_or_else(|| SinkError::Offsets { stream: stream.to_owned(), why: "an offset token that is not Oncelog's: the sink works with Oncelog servers only" })
+    token.to_oncelog().ok_or_else(|| SinkError::Offsets {
+        stream: stream.to_owned(),
+        why: "an offset token that is not Oncelog's: the sink works with Oncelog servers only",
+    })
 }
 
 /// Cuts the read `chunk` of `stream`, which started at `start`, into the batch a sink applies.
@@ -95,9 +98,14 @@ pub fn decode<'a>(stream: &StreamRef, start: Offset, chunk: &'a Chunk) -> Result
         return Ok(Batch::Bytes { offset: start, data: &chunk.data });
     }
     if chunk.data.is_empty() {
-        return if end == start { Ok(Batch::Messages(Vec::new())) } else { Err(bad("an empty JSON read moved the offset")) };
+        return if end == start {
+            Ok(Batch::Messages(Vec::new()))
+        } else {
+            Err(bad("an empty JSON read moved the offset"))
+        };
     }
-    let items: Vec<&RawValue> = serde_json::from_slice(&chunk.data).map_err(|_| bad("a JSON read that is not an array of messages"))?;
+    let items: Vec<&RawValue> =
+        serde_json::from_slice(&chunk.data).map_err(|_| bad("a JSON read that is not an array of messages"))?;
     let mut at = start.0;
     let mut messages = Vec::with_capacity(items.len());
     for json in items {
@@ -123,7 +131,14 @@ mod tests {
     use bytes::Bytes;
 
     fn chunk(data: &'static [u8], next: u64) -> Chunk {
-        Chunk { data: Bytes::from_static(data), next_offset: Offset(next).into(), up_to_date: true, closed: false, cursor: None, json: true }
+        Chunk {
+            data: Bytes::from_static(data),
+            next_offset: Offset(next).into(),
+            up_to_date: true,
+            closed: false,
+            cursor: None,
+            json: true,
+        }
     }
 
     fn json_stream() -> StreamRef {
@@ -135,17 +150,29 @@ mod tests {
         // Stored: `{"a":1},` (8 bytes) then `[2, 3],` (7 bytes), from offset 100.
         let c = chunk(br#"[{"a":1},[2, 3]]"#, 115);
         let Ok(Batch::Messages(m)) = decode(&json_stream(), Offset(100), &c) else { panic!("messages") };
-        assert_eq!(m.iter().map(|m| (m.offset.0, m.json.get())).collect::<Vec<_>>(), vec![(100, r#"{"a":1}"#), (108, "[2, 3]")]);
+        assert_eq!(
+            m.iter().map(|m| (m.offset.0, m.json.get())).collect::<Vec<_>>(),
+            vec![(100, r#"{"a":1}"#), (108, "[2, 3]")]
+        );
     }
 
     #[test]
     fn reads_that_do_not_add_up_are_refused() {
-        assert!(matches!(decode(&json_stream(), Offset(100), &chunk(br#"[{"a":1}]"#, 120)), Err(SinkError::Offsets { .. })));
-        assert!(matches!(decode(&json_stream(), Offset(100), &chunk(br#"[{"a": 1}]"#, 108)), Err(SinkError::Offsets { .. })));
+        assert!(matches!(
+            decode(&json_stream(), Offset(100), &chunk(br#"[{"a":1}]"#, 120)),
+            Err(SinkError::Offsets { .. })
+        ));
+        assert!(matches!(
+            decode(&json_stream(), Offset(100), &chunk(br#"[{"a": 1}]"#, 108)),
+            Err(SinkError::Offsets { .. })
+        ));
         assert!(matches!(decode(&json_stream(), Offset(100), &chunk(b"", 101)), Err(SinkError::Offsets { .. })));
         let bytes = StreamRef { path: "b".into(), kind: StreamKind::Bytes };
         let raw = |data, next| Chunk { json: false, ..chunk(data, next) };
-        assert!(matches!(decode(&bytes, Offset(0), &raw(b"abc", 3)), Ok(Batch::Bytes { offset: Offset(0), data: b"abc" })));
+        assert!(matches!(
+            decode(&bytes, Offset(0), &raw(b"abc", 3)),
+            Ok(Batch::Bytes { offset: Offset(0), data: b"abc" })
+        ));
         assert!(matches!(decode(&bytes, Offset(0), &raw(b"abc", 4)), Err(SinkError::Offsets { .. })));
     }
 
@@ -154,7 +181,10 @@ mod tests {
         let bytes = StreamRef { path: "j".into(), kind: StreamKind::Bytes };
         // `{"a":1},` and `[2, 3],` from 100: the read's array whole, its offsets checked.
         let c = chunk(br#"[{"a":1},[2, 3]]"#, 115);
-        assert!(matches!(decode(&bytes, Offset(100), &c), Ok(Batch::Bytes { offset: Offset(100), data: br#"[{"a":1},[2, 3]]"# })));
+        assert!(matches!(
+            decode(&bytes, Offset(100), &c),
+            Ok(Batch::Bytes { offset: Offset(100), data: br#"[{"a":1},[2, 3]]"# })
+        ));
         assert!(matches!(decode(&bytes, Offset(100), &chunk(br#"[{"a":1}]"#, 120)), Err(SinkError::Offsets { .. })));
     }
 

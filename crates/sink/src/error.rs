@@ -131,7 +131,9 @@ impl SinkError {
     /// The database's own report under this error, if it made one.
     pub fn database_says(&self) -> Option<&DbError> {
         match self {
-            SinkError::Db(e) | SinkError::Apply(ApplyError::Db(e)) | SinkError::Pool(deadpool_postgres::PoolError::Backend(e)) => e.as_db_error(),
+            SinkError::Db(e)
+            | SinkError::Apply(ApplyError::Db(e))
+            | SinkError::Pool(deadpool_postgres::PoolError::Backend(e)) => e.as_db_error(),
             _ => None,
         }
     }

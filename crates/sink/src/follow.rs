@@ -56,7 +56,12 @@ impl<S: Sink> Worker<S> {
         };
         let mut tail = position(path, &info.next_offset)?;
         if let Some(reason) = &stored.set_aside {
-            tracing::debug!(stream = path, position = stored.position.0, reason, "set aside; not read (clear positions.set_aside_reason to resume)");
+            tracing::debug!(
+                stream = path,
+                position = stored.position.0,
+                reason,
+                "set aside; not read (clear positions.set_aside_reason to resume)"
+            );
             self.pass_over(lease, path, stored.position, tail).await?;
             return Ok(0);
         }
@@ -107,7 +112,13 @@ impl<S: Sink> Worker<S> {
                 metrics::lag(path, tail.0 - cur.stored.0);
                 // A long catch-up shows its progress every few seconds, not only at its end.
                 if logged.elapsed() >= PROGRESS_EVERY {
-                    tracing::info!(stream = path, rows, position = cur.stored.0, lag_bytes = tail.0 - cur.stored.0, "catching up");
+                    tracing::info!(
+                        stream = path,
+                        rows,
+                        position = cur.stored.0,
+                        lag_bytes = tail.0 - cur.stored.0,
+                        "catching up"
+                    );
                     logged = Instant::now();
                 }
                 lease.progress(path, &chunk.next_offset).await?;
@@ -135,7 +146,11 @@ impl<S: Sink> Worker<S> {
                 Batch::Bytes { .. } => None,
             };
             if first != Some(Ok(Change::Reset)) {
-                return Err(SinkError::NotASnapshot { stream: stream.path.clone(), position: cur.stored.0, earliest: cur.read_from.0 });
+                return Err(SinkError::NotASnapshot {
+                    stream: stream.path.clone(),
+                    position: cur.stored.0,
+                    earliest: cur.read_from.0,
+                });
             }
             tracing::info!(stream = %stream.path, from = cur.stored.0, snapshot = cur.read_from.0, "history compacted; restarting from the snapshot");
         }
@@ -153,7 +168,13 @@ impl<S: Sink> Worker<S> {
     /// batch starts (`skip-stream`). Nothing of the batch is applied: it is one transaction, and
     /// a JSON stream can be read again only from where an append starts, which a message inside
     /// the batch need not be.
-    async fn refused(&self, stream: &StreamRef, cur: &mut Cursor, batch: &Batch<'_>, why: ApplyError) -> Result<u64, SinkError> {
+    async fn refused(
+        &self,
+        stream: &StreamRef,
+        cur: &mut Cursor,
+        batch: &Batch<'_>,
+        why: ApplyError,
+    ) -> Result<u64, SinkError> {
         let (offset, why) = self.first_refused(stream, cur, batch, why).await?;
         if self.opts.on_refused == OnRefused::Stop {
             return Err(SinkError::Refused { stream: stream.path.clone(), offset: offset.0, source: why });
@@ -170,13 +191,24 @@ impl<S: Sink> Worker<S> {
     /// that way. Stops (`--on-refused stop`) or sets the stream aside at its position, as for a
     /// message the target refuses: the operator decides (another mode for it, or a pattern that
     /// leaves it out).
-    async fn not_json(&self, lease: &mut Lease<'_>, stream: &StreamRef, at: Offset, tail: Offset, content_type: &str) -> Result<(), SinkError> {
+    async fn not_json(
+        &self,
+        lease: &mut Lease<'_>,
+        stream: &StreamRef,
+        at: Offset,
+        tail: Offset,
+        content_type: &str,
+    ) -> Result<(), SinkError> {
         let mode = match self.opts.mode {
             Mode::State => "state",
             _ => "messages",
         };
         if self.opts.on_refused == OnRefused::Stop {
-            return Err(SinkError::NotJson { stream: stream.path.clone(), mode, content_type: content_type.to_owned() });
+            return Err(SinkError::NotJson {
+                stream: stream.path.clone(),
+                mode,
+                content_type: content_type.to_owned(),
+            });
         }
         let reason = format!("--mode {mode} applies JSON streams only; this one is {content_type}");
         self.set_aside(stream, at, &reason).await?;
@@ -188,7 +220,13 @@ impl<S: Sink> Worker<S> {
     /// Of a refused `batch`, where the first message the target refuses starts, and why it
     /// refuses that one: a binary search over the batch's prefixes, each tried in a transaction
     /// that is rolled back. A byte read is refused whole.
-    async fn first_refused(&self, stream: &StreamRef, cur: &Cursor, batch: &Batch<'_>, why: ApplyError) -> Result<(Offset, ApplyError), SinkError> {
+    async fn first_refused(
+        &self,
+        stream: &StreamRef,
+        cur: &Cursor,
+        batch: &Batch<'_>,
+        why: ApplyError,
+    ) -> Result<(Offset, ApplyError), SinkError> {
         let Batch::Messages(m) = batch else { return Ok((cur.read_from, why)) };
         // The prefix of `ok` messages applies, the one of `refused` does not.
         let (mut ok, mut refused, mut why) = (0, m.len(), why);
@@ -235,7 +273,13 @@ impl<S: Sink> Worker<S> {
     }
 
     /// The read from `cur` was refused: history before `earliest` is gone.
-    async fn trimmed(&self, stream: &StreamRef, cur: &mut Cursor, earliest: Offset, token: &StreamOffset) -> Result<(), SinkError> {
+    async fn trimmed(
+        &self,
+        stream: &StreamRef,
+        cur: &mut Cursor,
+        earliest: Offset,
+        token: &StreamOffset,
+    ) -> Result<(), SinkError> {
         let lost = earliest.0.saturating_sub(cur.stored.0);
         match (stream.kind, self.opts.on_trimmed) {
             (StreamKind::State, _) => {
@@ -248,14 +292,29 @@ impl<S: Sink> Worker<S> {
                 tracing::warn!(stream = %stream.path, from = cur.stored.0, to = earliest.0, lost, "history trimmed; skipped ahead (--on-trimmed skip)");
                 *cur = Cursor { stored: earliest, read_from: earliest, restarting: false, set_aside: false };
             }
-            (_, OnTrimmed::Fail) => return Err(SinkError::Trimmed { stream: stream.path.clone(), position: cur.stored.0, earliest: earliest.0, lost }),
+            (_, OnTrimmed::Fail) => {
+                return Err(SinkError::Trimmed {
+                    stream: stream.path.clone(),
+                    position: cur.stored.0,
+                    earliest: earliest.0,
+                    lost,
+                })
+            }
         }
         Ok(())
     }
 
     /// One target transaction: the position from `from` to `next` (the guard, first), the
     /// sink's effect of `batch`, the count; committed together or not at all.
-    async fn commit(&self, stream: &StreamRef, from: Offset, batch: &Batch<'_>, token: &StreamOffset, next: Offset, lost: u64) -> Result<u64, SinkError> {
+    async fn commit(
+        &self,
+        stream: &StreamRef,
+        from: Offset,
+        batch: &Batch<'_>,
+        token: &StreamOffset,
+        next: Offset,
+        lost: u64,
+    ) -> Result<u64, SinkError> {
         let started = Instant::now();
         let schema = self.target.schema();
         let mut conn = self.target.conn().await?;

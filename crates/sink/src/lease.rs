@@ -22,7 +22,10 @@ pub struct Lease<'a> {
 
 impl<'a> Lease<'a> {
     pub fn new(claim: &'a Claim) -> Lease<'a> {
-        Lease { claim: Some(claim), acked: claim.streams.iter().map(|l| (l.path.clone(), l.acked_offset.clone())).collect() }
+        Lease {
+            claim: Some(claim),
+            acked: claim.streams.iter().map(|l| (l.path.clone(), l.acked_offset.clone())).collect(),
+        }
     }
 
     /// For a stream applied outside any wake: every ack is left out.

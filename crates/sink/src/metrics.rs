@@ -20,10 +20,22 @@ pub fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram};
     describe_counter!("oncelog_sink_rows_applied_total", "Rows (effects) committed to the target, by stream.");
     describe_counter!("oncelog_sink_batches_total", "Batch transactions committed to the target.");
-    describe_gauge!("oncelog_sink_lag_bytes", "The stream's tail (as last seen) minus the position applied to the target, in bytes.");
-    describe_counter!("oncelog_sink_lost_bytes_total", "Trimmed history skipped over (--on-trimmed skip), in bytes, by stream.");
-    describe_counter!("oncelog_sink_streams_set_aside_total", "Streams set aside because the target refused a message (--on-refused skip-stream).");
-    describe_counter!("oncelog_sink_conflicts_total", "Batches refused by the position's compare-and-set (another worker had moved it).");
+    describe_gauge!(
+        "oncelog_sink_lag_bytes",
+        "The stream's tail (as last seen) minus the position applied to the target, in bytes."
+    );
+    describe_counter!(
+        "oncelog_sink_lost_bytes_total",
+        "Trimmed history skipped over (--on-trimmed skip), in bytes, by stream."
+    );
+    describe_counter!(
+        "oncelog_sink_streams_set_aside_total",
+        "Streams set aside because the target refused a message (--on-refused skip-stream)."
+    );
+    describe_counter!(
+        "oncelog_sink_conflicts_total",
+        "Batches refused by the position's compare-and-set (another worker had moved it)."
+    );
     describe_counter!("oncelog_sink_claims_total", "Claims served, by outcome: done, fenced, failed.");
     describe_histogram!("oncelog_sink_batch_seconds", "One batch: begin, compare-and-set, apply, commit.");
 }

@@ -59,14 +59,25 @@ pub struct Stored {
 
 /// Where `stream` stands in the target, and whether it is set aside.
 pub async fn stored(client: &impl GenericClient, schema: &str, stream: &str) -> Result<Stored, SinkError> {
-    let row = client.query_opt(&format!("SELECT position, set_aside_reason FROM {schema}.positions WHERE stream = $1"), &[&stream]).await?;
+    let row = client
+        .query_opt(&format!("SELECT position, set_aside_reason FROM {schema}.positions WHERE stream = $1"), &[&stream])
+        .await?;
     let (at, set_aside): (i64, Option<String>) = row.map_or((0, None), |r| (r.get(0), r.get(1)));
     Ok(Stored { position: Offset(u64::try_from(at).unwrap_or(0)), set_aside })
 }
 
 /// The rows of those of `streams` that have one (a stream without stands at 0).
-pub async fn stored_all(client: &impl GenericClient, schema: &str, streams: &[&str]) -> Result<BTreeMap<String, Stored>, SinkError> {
-    let rows = client.query(&format!("SELECT stream, position, set_aside_reason FROM {schema}.positions WHERE stream = ANY($1)"), &[&streams]).await?;
+pub async fn stored_all(
+    client: &impl GenericClient,
+    schema: &str,
+    streams: &[&str],
+) -> Result<BTreeMap<String, Stored>, SinkError> {
+    let rows = client
+        .query(
+            &format!("SELECT stream, position, set_aside_reason FROM {schema}.positions WHERE stream = ANY($1)"),
+            &[&streams],
+        )
+        .await?;
     Ok(rows
         .into_iter()
         .map(|r| {
@@ -79,7 +90,13 @@ pub async fn stored_all(client: &impl GenericClient, schema: &str, streams: &[&s
 /// Records `stream` as applied up to `at` (token `token`) without applying anything, if it has
 /// no position yet (`--from-now`); answers whether it did. A row that exists is left alone: its
 /// position is what was applied.
-pub async fn start_at(client: &impl GenericClient, schema: &str, stream: &str, token: &StreamOffset, at: Offset) -> Result<bool, SinkError> {
+pub async fn start_at(
+    client: &impl GenericClient,
+    schema: &str,
+    stream: &str,
+    token: &StreamOffset,
+    at: Offset,
+) -> Result<bool, SinkError> {
     let n = client
         .execute(
             &format!("INSERT INTO {schema}.positions (stream, next_offset, position) VALUES ($1, $2, $3) ON CONFLICT (stream) DO NOTHING"),
@@ -97,7 +114,15 @@ pub async fn read(client: &impl GenericClient, schema: &str, stream: &str) -> Re
 /// Moves `stream` from `from` (as read before the batch) to `to`, adding `lost` skipped bytes;
 /// `Err(PositionMoved)` when the stored position is no longer `from`, or the stream was set aside
 /// meanwhile. Must run first in the batch's transaction (see the module docs).
-pub async fn advance(tx: &Transaction<'_>, schema: &str, stream: &str, from: Offset, to: &StreamOffset, to_pos: Offset, lost: u64) -> Result<(), SinkError> {
+pub async fn advance(
+    tx: &Transaction<'_>,
+    schema: &str,
+    stream: &str,
+    from: Offset,
+    to: &StreamOffset,
+    to_pos: Offset,
+    lost: u64,
+) -> Result<(), SinkError> {
     let (from_i, to_i, lost_i) = (as_i64(from.0), as_i64(to_pos.0), as_i64(lost));
     let moved = if from == Offset::ZERO {
         // No row yet, or a row still at 0: the insert is the compare-and-set of "absent", the
@@ -131,13 +156,21 @@ pub async fn advance(tx: &Transaction<'_>, schema: &str, stream: &str, from: Off
 
 /// Adds `rows` to the stream's applied count (same transaction, after the sink's effect).
 pub async fn count(tx: &Transaction<'_>, schema: &str, stream: &str, rows: u64) -> Result<(), SinkError> {
-    tx.execute(&format!("UPDATE {schema}.positions SET rows_applied = rows_applied + $2 WHERE stream = $1"), &[&stream, &as_i64(rows)]).await?;
+    tx.execute(
+        &format!("UPDATE {schema}.positions SET rows_applied = rows_applied + $2 WHERE stream = $1"),
+        &[&stream, &as_i64(rows)],
+    )
+    .await?;
     Ok(())
 }
 
 /// Sets `stream` aside with `reason` (same transaction, after [`advance`] checked its position).
 pub async fn set_aside(tx: &Transaction<'_>, schema: &str, stream: &str, reason: &str) -> Result<(), SinkError> {
-    tx.execute(&format!("UPDATE {schema}.positions SET set_aside_reason = $2, set_aside_at = now() WHERE stream = $1"), &[&stream, &reason]).await?;
+    tx.execute(
+        &format!("UPDATE {schema}.positions SET set_aside_reason = $2, set_aside_at = now() WHERE stream = $1"),
+        &[&stream, &reason],
+    )
+    .await?;
     Ok(())
 }
 

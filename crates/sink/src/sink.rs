@@ -23,5 +23,11 @@ pub trait Sink: Send + Sync + 'static {
 
     /// Applies `batch`, read from `stream`, after which the stream's position will be
     /// `next_offset`. Answers the number of rows (or effects) it applied, for progress metrics.
-    fn apply(&self, tx: &Transaction<'_>, stream: &StreamRef, batch: &Batch<'_>, next_offset: &StreamOffset) -> impl Future<Output = Result<u64, ApplyError>> + Send;
+    fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        stream: &StreamRef,
+        batch: &Batch<'_>,
+        next_offset: &StreamOffset,
+    ) -> impl Future<Output = Result<u64, ApplyError>> + Send;
 }

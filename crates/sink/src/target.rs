@@ -76,7 +76,12 @@ mod tests {
     async fn urls_are_taken_as_the_engine_takes_them() {
         let d = Duration::from_secs(5);
         // Several hosts, in either form (nothing connects yet).
-        assert!(Target::new("postgres://app@db1:5432,db2:5433/shop?target_session_attrs=read-write&sslmode=disable", "s", d).is_ok());
+        assert!(Target::new(
+            "postgres://app@db1:5432,db2:5433/shop?target_session_attrs=read-write&sslmode=disable",
+            "s",
+            d
+        )
+        .is_ok());
         assert!(Target::new("host=db1,db2 port=5432,5433 dbname=shop sslmode=disable", "s", d).is_ok());
         // The engine's refusals, word for word.
         let bad = Target::new("postgres://app@db/shop?sslmode=sometimes", "s", d).err().map(|e| e.to_string());

@@ -92,7 +92,12 @@ pub struct SinkOptions {
 }
 
 impl SinkOptions {
-    pub fn new(subscription: impl Into<String>, pattern: impl Into<String>, wake_stream: impl Into<String>, worker: impl Into<String>) -> SinkOptions {
+    pub fn new(
+        subscription: impl Into<String>,
+        pattern: impl Into<String>,
+        wake_stream: impl Into<String>,
+        worker: impl Into<String>,
+    ) -> SinkOptions {
         SinkOptions {
             subscription: subscription.into(),
             pattern: pattern.into(),

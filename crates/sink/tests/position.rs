@@ -56,7 +56,10 @@ async fn of_two_transactions_from_one_position_only_the_first_moves_it() {
     let mut conn = target.conn().await.expect("conn");
     let tx = conn.transaction().await.expect("begin");
     let (t, p) = to(20);
-    assert!(matches!(position::advance(&tx, &schema, "s", Offset(5), &t, p, 0).await, Err(SinkError::PositionMoved { .. })));
+    assert!(matches!(
+        position::advance(&tx, &schema, "s", Offset(5), &t, p, 0).await,
+        Err(SinkError::PositionMoved { .. })
+    ));
     drop(tx);
     let tx = conn.transaction().await.expect("begin");
     position::advance(&tx, &schema, "s", Offset(10), &t, p, 0).await.expect("from the stored position");
@@ -81,19 +84,30 @@ async fn a_set_aside_stream_moves_no_further_and_an_old_positions_table_gets_the
     .await
     .expect("old table");
     target.prepare(&PostgresSink::new(&schema)).await.expect("prepare migrates it");
-    assert_eq!(position::stored(&**conn, &schema, "s").await.expect("read"), Stored { position: Offset(10), set_aside: None });
+    assert_eq!(
+        position::stored(&**conn, &schema, "s").await.expect("read"),
+        Stored { position: Offset(10), set_aside: None }
+    );
 
     let tx = conn.transaction().await.expect("begin");
     position::set_aside(&tx, &schema, "s", "ERROR 22P05: refused").await.expect("set aside");
     tx.commit().await.expect("commit");
-    assert_eq!(position::stored(&**conn, &schema, "s").await.expect("read").set_aside.as_deref(), Some("ERROR 22P05: refused"));
+    assert_eq!(
+        position::stored(&**conn, &schema, "s").await.expect("read").set_aside.as_deref(),
+        Some("ERROR 22P05: refused")
+    );
     let tx = conn.transaction().await.expect("begin");
-    let outcome = position::advance(&tx, &schema, "s", Offset(10), &StreamOffset::from(Offset(20)), Offset(20), 0).await;
+    let outcome =
+        position::advance(&tx, &schema, "s", Offset(10), &StreamOffset::from(Offset(20)), Offset(20), 0).await;
     assert!(matches!(outcome, Err(SinkError::PositionMoved { .. })), "a set-aside stream does not move: {outcome:?}");
     drop(tx);
-    conn.batch_execute(&format!("UPDATE {schema}.positions SET set_aside_reason = NULL WHERE stream = 's'")).await.expect("resume");
+    conn.batch_execute(&format!("UPDATE {schema}.positions SET set_aside_reason = NULL WHERE stream = 's'"))
+        .await
+        .expect("resume");
     let tx = conn.transaction().await.expect("begin");
-    position::advance(&tx, &schema, "s", Offset(10), &StreamOffset::from(Offset(20)), Offset(20), 0).await.expect("moves once resumed");
+    position::advance(&tx, &schema, "s", Offset(10), &StreamOffset::from(Offset(20)), Offset(20), 0)
+        .await
+        .expect("moves once resumed");
     tx.commit().await.expect("commit");
     conn.batch_execute(&format!("DROP SCHEMA {schema} CASCADE")).await.expect("drop the test schema");
 }
@@ -107,9 +121,17 @@ async fn errors_show_the_database_s_own_words_not_the_driver_s_db_error() {
     assert_eq!(text, "target database: ERROR 22P05: unsupported Unicode escape sequence; detail: \\u0000 cannot be converted to text.");
     // A connection that fails: the cause under the pool's and the driver's texts.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port();
-    let away = Target::new(&format!("postgres://nobody@127.0.0.1:{closed}/db?sslmode=disable&connect_timeout=2"), "s", Duration::from_secs(5)).expect("target");
+    let away = Target::new(
+        &format!("postgres://nobody@127.0.0.1:{closed}/db?sslmode=disable&connect_timeout=2"),
+        "s",
+        Duration::from_secs(5),
+    )
+    .expect("target");
     let text = away.conn().await.err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(text.starts_with("target database connection: error connecting to server: ") && text.contains("refused"), "{text}");
+    assert!(
+        text.starts_with("target database connection: error connecting to server: ") && text.contains("refused"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,7 +183,11 @@ async fn tables_of_an_older_sink_get_stream_offset_and_updated_at_once_and_are_t
     let reader = Target::new(&url(), &schema, Duration::from_secs(10)).expect("target");
     let mut reading = reader.conn().await.expect("conn");
     let tx = reading.transaction().await.expect("begin");
-    tx.batch_execute(&format!("SELECT 1 FROM {schema}.state, {schema}.messages, {schema}.chunks, {schema}.positions LIMIT 1")).await.expect("read");
+    tx.batch_execute(&format!(
+        "SELECT 1 FROM {schema}.state, {schema}.messages, {schema}.chunks, {schema}.positions LIMIT 1"
+    ))
+    .await
+    .expect("read");
     let again = tokio::time::timeout(Duration::from_secs(3), target.prepare(&PostgresSink::new(&schema))).await;
     assert!(matches!(again, Ok(Ok(()))), "a second start waited or failed: {again:?}");
     drop(tx);

@@ -94,11 +94,24 @@ pub async fn compact<E: Engine>(e: &E, path: &str, now_ms: i64) -> Result<Compac
         let pieces = state::snapshot(&folded, at);
         let snapshot_bytes: u64 = pieces.iter().map(|p| p.len() as u64).sum();
         let history_bytes = at.0 - info.earliest.0;
-        let summary = Compacted { written: false, earliest: info.earliest, tail: at, entities: folded.len(), history_bytes, snapshot_bytes };
+        let summary = Compacted {
+            written: false,
+            earliest: info.earliest,
+            tail: at,
+            entities: folded.len(),
+            history_bytes,
+            snapshot_bytes,
+        };
         if snapshot_bytes >= history_bytes {
             return Ok(summary);
         }
-        let req = CompactRequest { path: path.to_owned(), stream_id: Some(info.id), at, pieces: pieces.into_iter().map(Into::into).collect(), now_ms };
+        let req = CompactRequest {
+            path: path.to_owned(),
+            stream_id: Some(info.id),
+            at,
+            pieces: pieces.into_iter().map(Into::into).collect(),
+            now_ms,
+        };
         match e.compact(req).await {
             Ok(t) => return Ok(Compacted { written: true, earliest: t.earliest, tail: t.tail, ..summary }),
             Err(CompactError::Stale { .. }) => continue,

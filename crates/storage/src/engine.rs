@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncelog_protocol::headers::{Expiry, ProducerHeaders};
 use oncelog_protocol::digest::{BodyDigest, KeyId};
+use oncelog_protocol::headers::{Expiry, ProducerHeaders};
 use oncelog_protocol::Offset;
 
 /// Configuration fixed at creation; an idempotent re-create must match it exactly.
@@ -641,7 +641,10 @@ pub trait Housekeeping: Send + Sync + 'static {
     /// The streams made for compaction whose history (tail minus earliest offset) is at least
     /// `min_bytes`, with their tails: what a background compactor looks at. Reads only what
     /// readers see (async for the same reason as [`Engine::list_streams`]).
-    fn compaction_candidates(&self, min_bytes: u64) -> impl Future<Output = Result<Vec<(String, Offset)>, StorageError>> + Send;
+    fn compaction_candidates(
+        &self,
+        min_bytes: u64,
+    ) -> impl Future<Output = Result<Vec<(String, Offset)>, StorageError>> + Send;
 }
 
 /// A storage backend.
@@ -674,7 +677,12 @@ pub trait Engine: Housekeeping {
     /// detached (its path is free at once; its remains, unreachable by any path, go with its
     /// last fork); a purge also detaches a stream that is already soft-deleted. Persisted in
     /// one atomic unit; forks read the same bytes at the same offsets before and after.
-    fn delete_if(&self, path: &str, req: DeleteRequest, now_ms: i64) -> impl Future<Output = Result<(), LookupError>> + Send;
+    fn delete_if(
+        &self,
+        path: &str,
+        req: DeleteRequest,
+        now_ms: i64,
+    ) -> impl Future<Output = Result<(), LookupError>> + Send;
 
     fn delete(&self, path: &str, now_ms: i64) -> impl Future<Output = Result<(), LookupError>> + Send {
         self.delete_if(path, DeleteRequest::default(), now_ms)
@@ -736,7 +744,8 @@ pub trait Engine: Housekeeping {
     /// The streams readers can see whose path starts with `prefix`, in path order; reads only
     /// what readers see. Async and fallible because an engine whose state lives in a database
     /// asks it (the log engine answers from memory at once).
-    fn list_streams(&self, prefix: &str, now_ms: i64) -> impl Future<Output = Result<Vec<Listed>, StorageError>> + Send;
+    fn list_streams(&self, prefix: &str, now_ms: i64)
+        -> impl Future<Output = Result<Vec<Listed>, StorageError>> + Send;
 
     /// Finishes in-flight writes and makes them durable; later writes fail with `ShuttingDown`.
     fn shutdown(&self) -> impl Future<Output = Result<(), StorageError>> + Send;
@@ -760,7 +769,9 @@ pub trait Engine: Housekeeping {
 pub enum Readiness {
     Ready,
     /// Writes are refused; `reason` says why in one line (a fail-stop's cause, shutdown).
-    NotReady { reason: String },
+    NotReady {
+        reason: String,
+    },
 }
 
 /// Sizes an engine reports for metrics.

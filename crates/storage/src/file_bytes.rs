@@ -73,7 +73,8 @@ pub fn lookup(slice: &[u8]) -> Option<FileSpan> {
     let live = LIVE.lock().ok()?;
     let (start, e) = live.range(..=at).next_back()?;
     let inside = at - start;
-    (inside.checked_add(slice.len())? <= e.len).then(|| FileSpan { file: e.file.clone(), offset: e.offset + inside as u64 })
+    (inside.checked_add(slice.len())? <= e.len)
+        .then(|| FileSpan { file: e.file.clone(), offset: e.offset + inside as u64 })
 }
 
 #[cfg(test)]

@@ -132,10 +132,8 @@ pub fn floor(
     marks: &[TimeMark],
     mut boundary_at_or_below: impl FnMut(Offset) -> Offset,
 ) -> Option<Offset> {
-    let by_bytes = policy
-        .max_bytes
-        .and_then(|keep| tail.0.checked_sub(keep))
-        .map(|cut| boundary_at_or_below(Offset(cut)));
+    let by_bytes =
+        policy.max_bytes.and_then(|keep| tail.0.checked_sub(keep)).map(|cut| boundary_at_or_below(Offset(cut)));
     let by_age = policy.max_age_s.and_then(|age| {
         let cutoff = now_ms.saturating_sub(i64::try_from(age.saturating_mul(1000)).unwrap_or(i64::MAX));
         // Marks are boundaries already: each one's end is an append's end.
@@ -215,9 +213,17 @@ mod tests {
         let existing = RetentionPolicy { max_age_s: Some(60), max_bytes: Some(100) };
         let from_defaults = RetentionRequest { policy: RetentionPolicy::NONE, named_age: false, named_bytes: false };
         assert!(from_defaults.matches(&existing));
-        let same_age = RetentionRequest { policy: RetentionPolicy { max_age_s: Some(60), max_bytes: None }, named_age: true, named_bytes: false };
+        let same_age = RetentionRequest {
+            policy: RetentionPolicy { max_age_s: Some(60), max_bytes: None },
+            named_age: true,
+            named_bytes: false,
+        };
         assert!(same_age.matches(&existing));
-        let other_bytes = RetentionRequest { policy: RetentionPolicy { max_age_s: None, max_bytes: Some(5) }, named_age: false, named_bytes: true };
+        let other_bytes = RetentionRequest {
+            policy: RetentionPolicy { max_age_s: None, max_bytes: Some(5) },
+            named_age: false,
+            named_bytes: true,
+        };
         assert!(!other_bytes.matches(&existing));
         let named_none = RetentionRequest { policy: RetentionPolicy::NONE, named_age: true, named_bytes: false };
         assert!(!named_none.matches(&existing));

@@ -30,8 +30,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::digest::{BodyDigest, KeyId};
+use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::producer::{self, ProducerState, Verdict};
 use oncelog_protocol::{content_type, json, Offset};
 
@@ -75,7 +75,10 @@ impl Retention {
 
 impl Default for Retention {
     fn default() -> Self {
-        Retention { producer_ttl_ms: Self::DEFAULT_PRODUCER_TTL_MS, idempotency_window_ms: Self::DEFAULT_IDEMPOTENCY_WINDOW_MS }
+        Retention {
+            producer_ttl_ms: Self::DEFAULT_PRODUCER_TTL_MS,
+            idempotency_window_ms: Self::DEFAULT_IDEMPOTENCY_WINDOW_MS,
+        }
     }
 }
 
@@ -169,7 +172,11 @@ pub struct WriterState<'a> {
 
 impl<'a> WriterState<'a> {
     /// Looks the request's producer and key up in a stream's maps.
-    pub fn of(req: &AppendRequest, producers: &'a std::collections::HashMap<String, ProducerState>, keys: &'a IdempotencyKeys) -> Self {
+    pub fn of(
+        req: &AppendRequest,
+        producers: &'a std::collections::HashMap<String, ProducerState>,
+        keys: &'a IdempotencyKeys,
+    ) -> Self {
         WriterState {
             producer: req.producer.as_ref().and_then(|p| producers.get(&p.id)),
             key: req.idempotency_key.and_then(|k| keys.as_ref()?.get(&k)),
@@ -275,11 +282,8 @@ pub fn append<'a>(
         }
     }
     // 7. Offset space.
-    let new_tail = tail
-        .0
-        .checked_add(req.data.len() as u64)
-        .filter(|t| *t <= Offset::MAX.0)
-        .ok_or(AppendError::OffsetOverflow)?;
+    let new_tail =
+        tail.0.checked_add(req.data.len() as u64).filter(|t| *t <= Offset::MAX.0).ok_or(AppendError::OffsetOverflow)?;
     Ok(AppendPlan::Write(AppendWrite {
         new_tail: Offset(new_tail),
         close: req.close,
@@ -437,7 +441,8 @@ pub fn create(
         return Err(CreateError::FramingMismatch);
     }
     let start = fork_of.map_or(0, |f| f.fork_point);
-    let tail = start.checked_add(req.initial.len() as u64).filter(|t| *t <= Offset::MAX.0).ok_or(CreateError::TooLarge)?;
+    let tail =
+        start.checked_add(req.initial.len() as u64).filter(|t| *t <= Offset::MAX.0).ok_or(CreateError::TooLarge)?;
     let config = StreamConfig { content_type, expiry, retention: req.retention.policy, compaction };
     let meta = StreamMeta {
         closed: req.closed,
@@ -560,7 +565,9 @@ mod tests;
 /// record, [`shape::MAX_RECORD_BYTES`]), at most one append per stream. Each append's own shape
 /// is checked with its state ([`shape::append`], by the engine's `check`).
 pub fn txn_shape(txn: &TxnRequest) -> Result<(), TxnError> {
-    let too_large = txn.meta.iter().any(|w| w.key.len() > MAX_META_KEY_BYTES || w.value.as_ref().is_some_and(|v| v.len() > shape::MAX_RECORD_BYTES));
+    let too_large = txn.meta.iter().any(|w| {
+        w.key.len() > MAX_META_KEY_BYTES || w.value.as_ref().is_some_and(|v| v.len() > shape::MAX_RECORD_BYTES)
+    });
     if too_large || txn.expect.iter().any(|(k, _)| k.len() > MAX_META_KEY_BYTES) {
         return Err(TxnError::TooLarge);
     }

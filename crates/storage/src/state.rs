@@ -76,11 +76,26 @@ impl StreamMeta {
 
     /// A new open stream of `config`: no fork, nothing trimmed.
     pub fn with_config(id: u64, created_ms: i64, config: StreamConfig) -> StreamMeta {
-        StreamMeta { id, created_ms, config: Arc::new(config), closed: false, stream_seq: None, fork: None, soft_deleted: false, earliest: Offset::ZERO }
+        StreamMeta {
+            id,
+            created_ms,
+            config: Arc::new(config),
+            closed: false,
+            stream_seq: None,
+            fork: None,
+            soft_deleted: false,
+            earliest: Offset::ZERO,
+        }
     }
 
     /// What readers see of this stream at `tail`.
     pub fn info(&self, tail: oncelog_protocol::Offset) -> crate::engine::StreamInfo {
-        crate::engine::StreamInfo { id: self.id, config: self.config.clone(), tail, closed: self.closed, earliest: self.earliest }
+        crate::engine::StreamInfo {
+            id: self.id,
+            config: self.config.clone(),
+            tail,
+            closed: self.closed,
+            earliest: self.earliest,
+        }
     }
 }

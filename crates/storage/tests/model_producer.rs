@@ -54,7 +54,16 @@ struct State {
 
 /// What identifies a state: the state machine's state in its stored form (what a recovered
 /// server would load), and the rest as it is.
-type Key = (u64, Vec<(String, Vec<u8>)>, Vec<u8>, Vec<usize>, BTreeMap<usize, u8>, BTreeMap<(usize, Answer), u8>, Vec<u8>, Vec<Option<u64>>);
+type Key = (
+    u64,
+    Vec<(String, Vec<u8>)>,
+    Vec<u8>,
+    Vec<usize>,
+    BTreeMap<usize, u8>,
+    BTreeMap<(usize, Answer), u8>,
+    Vec<u8>,
+    Vec<Option<u64>>,
+);
 
 impl State {
     fn key(&self) -> Key {
@@ -261,13 +270,18 @@ impl Model for ProducerModel {
                     ok
                 })
             }),
-            Property::always("a zombie is fenced: nothing of an older epoch after a newer one", |m: &Self, s: &State| {
-                s.log.windows(2).all(|w| m.appends[usize::from(w[0])].0 <= m.appends[usize::from(w[1])].0)
-            }),
+            Property::always(
+                "a zombie is fenced: nothing of an older epoch after a newer one",
+                |m: &Self, s: &State| {
+                    s.log.windows(2).all(|w| m.appends[usize::from(w[0])].0 <= m.appends[usize::from(w[1])].0)
+                },
+            ),
             Property::always("an acknowledged append is in the stream where its answer said", |_, s: &State| {
                 s.acked.iter().enumerate().all(|(i, next)| match next {
                     // One byte per append: the append ends where its byte is, plus one.
-                    Some(next) => s.log.iter().position(|b| usize::from(*b) == i).is_some_and(|at| at as u64 + 1 == *next),
+                    Some(next) => {
+                        s.log.iter().position(|b| usize::from(*b) == i).is_some_and(|at| at as u64 + 1 == *next)
+                    }
                     None => true,
                 })
             }),

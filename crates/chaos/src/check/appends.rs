@@ -36,7 +36,8 @@ pub(super) fn check(h: &History, out: &mut Vec<Violation>) {
         }
     }
     let empty = String::new();
-    let streams: std::collections::BTreeSet<&str> = sent.keys().map(|(s, _)| *s).chain(h.finals.keys().map(String::as_str)).collect();
+    let streams: std::collections::BTreeSet<&str> =
+        sent.keys().map(|(s, _)| *s).chain(h.finals.keys().map(String::as_str)).collect();
     for stream in streams {
         let content = h.finals.get(stream).unwrap_or(&empty);
         let present = records(content);
@@ -64,14 +65,17 @@ pub(super) fn check(h: &History, out: &mut Vec<Violation>) {
                 }
             }
         }
-        let mut mine: Vec<(&str, &Sent)> = sent.iter().filter(|((s, _), _)| *s == stream).map(|((_, r), v)| (*r, v)).collect();
+        let mut mine: Vec<(&str, &Sent)> =
+            sent.iter().filter(|((s, _), _)| *s == stream).map(|((_, r), v)| (*r, v)).collect();
         mine.sort_by_key(|(r, _)| *r);
         for (record, s) in mine {
             let ends = found.get(record).map_or(&[][..], Vec::as_slice);
             let v = |times| (stream.to_owned(), record.to_owned(), times);
             match (s.outcome, ends.len()) {
                 (Some(Outcome::Ok), 0) => out.push(Violation::Lost { stream: stream.into(), record: record.into() }),
-                (Some(Outcome::Failed), n) if n > 0 => out.push(Violation::RefusedButPresent { stream: stream.into(), record: record.into() }),
+                (Some(Outcome::Failed), n) if n > 0 => {
+                    out.push(Violation::RefusedButPresent { stream: stream.into(), record: record.into() })
+                }
                 (_, n) if n > 1 => {
                     let (stream, record, times) = v(n);
                     out.push(Violation::Duplicated { stream, record, times });
@@ -80,7 +84,12 @@ pub(super) fn check(h: &History, out: &mut Vec<Violation>) {
             }
             if let [actual] = ends {
                 for answered in s.answered.iter().filter(|a| *a != actual) {
-                    out.push(Violation::WrongOffset { stream: stream.into(), record: record.into(), answered: *answered, actual: *actual });
+                    out.push(Violation::WrongOffset {
+                        stream: stream.into(),
+                        record: record.into(),
+                        answered: *answered,
+                        actual: *actual,
+                    });
                 }
             }
         }
@@ -96,7 +105,12 @@ mod tests {
     #[test]
     fn a_clean_run_has_no_violation() {
         let h = history(
-            vec![append(1, "a\n", Outcome::Ok, Some(2)), append(2, "b\n", Outcome::Unknown, None), append(3, "c\n", Outcome::Unknown, None), append(4, "d\n", Outcome::Failed, None)],
+            vec![
+                append(1, "a\n", Outcome::Ok, Some(2)),
+                append(2, "b\n", Outcome::Unknown, None),
+                append(3, "c\n", Outcome::Unknown, None),
+                append(4, "d\n", Outcome::Failed, None),
+            ],
             "a\nb\n",
         );
         assert_eq!(check(&h), vec![]);
@@ -112,13 +126,17 @@ mod tests {
         assert!(matches!(check(&refused)[..], [Violation::RefusedButPresent { .. }]));
         let invented = history(vec![], "z\n");
         assert!(matches!(check(&invented)[..], [Violation::NeverSent { .. }]));
-        let elsewhere = history(vec![append(1, "a\n", Outcome::Ok, Some(2)), append(2, "b\n", Outcome::Ok, Some(2))], "a\nb\n");
+        let elsewhere =
+            history(vec![append(1, "a\n", Outcome::Ok, Some(2)), append(2, "b\n", Outcome::Ok, Some(2))], "a\nb\n");
         assert!(matches!(check(&elsewhere)[..], [Violation::WrongOffset { answered: 2, actual: 4, .. }]));
     }
 
     #[test]
     fn a_producer_out_of_order_is_reported() {
-        let ok = history(vec![stamped(1, "p0\n", 0, 0, 3), stamped(2, "p1\n", 0, 1, 6), stamped(3, "q0\n", 1, 0, 9)], "p0\np1\nq0\n");
+        let ok = history(
+            vec![stamped(1, "p0\n", 0, 0, 3), stamped(2, "p1\n", 0, 1, 6), stamped(3, "q0\n", 1, 0, 9)],
+            "p0\np1\nq0\n",
+        );
         assert_eq!(check(&ok), vec![]);
         let swapped = history(vec![stamped(1, "p0\n", 0, 0, 6), stamped(2, "p1\n", 0, 1, 3)], "p1\np0\n");
         assert!(matches!(check(&swapped)[..], [Violation::OutOfOrder { epoch: 0, seq: 0, after_seq: 1, .. }]));

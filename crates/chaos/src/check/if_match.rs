@@ -36,7 +36,14 @@ mod tests {
 
     #[test]
     fn winners_form_one_chain() {
-        let chain = history(vec![conditional(1, "a\n", 0, Outcome::Ok), conditional(2, "b\n", 0, Outcome::Failed), conditional(3, "c\n", 2, Outcome::Ok)], "a\nc\n");
+        let chain = history(
+            vec![
+                conditional(1, "a\n", 0, Outcome::Ok),
+                conditional(2, "b\n", 0, Outcome::Failed),
+                conditional(3, "c\n", 2, Outcome::Ok),
+            ],
+            "a\nc\n",
+        );
         assert_eq!(check(&chain), vec![]);
         let two = history(vec![conditional(1, "a\n", 0, Outcome::Ok), conditional(2, "b\n", 0, Outcome::Ok)], "a\nb\n");
         assert!(check(&two).iter().any(|v| matches!(v, Violation::TwoWinners { tail: 0, first: 1, second: 2, .. })));

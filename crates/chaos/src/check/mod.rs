@@ -88,7 +88,13 @@ pub(crate) mod fixture {
             invoked_ms: id,
             completed_ms: id + 1,
             outcome,
-            kind: OpKind::Append { stream: "s".into(), record: record.into(), stamp: None, if_match: None, next_offset },
+            kind: OpKind::Append {
+                stream: "s".into(),
+                record: record.into(),
+                stamp: None,
+                if_match: None,
+                next_offset,
+            },
         }
     }
 

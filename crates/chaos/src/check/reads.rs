@@ -9,7 +9,8 @@ use crate::history::{History, OpKind, Outcome};
 pub(super) fn check(h: &History, out: &mut Vec<Violation>) {
     // Where each (process, stream) read up to, in completion order.
     let mut upto: HashMap<(&str, &str), u64> = HashMap::new();
-    let mut reads: Vec<_> = h.ops.iter().filter(|op| op.outcome == Outcome::Ok && matches!(op.kind, OpKind::Read { .. })).collect();
+    let mut reads: Vec<_> =
+        h.ops.iter().filter(|op| op.outcome == Outcome::Ok && matches!(op.kind, OpKind::Read { .. })).collect();
     reads.sort_by_key(|op| (op.completed_ms, op.id));
     for op in reads {
         let OpKind::Read { stream, from, bytes } = &op.kind else { continue };
@@ -22,7 +23,12 @@ pub(super) fn check(h: &History, out: &mut Vec<Violation>) {
         let end = from + bytes.len() as u64;
         let before = upto.entry((op.process.as_str(), stream.as_str())).or_insert(0);
         if *from < *before {
-            out.push(Violation::ReaderWentBack { stream: stream.clone(), process: op.process.clone(), from: *from, before: *before });
+            out.push(Violation::ReaderWentBack {
+                stream: stream.clone(),
+                process: op.process.clone(),
+                from: *from,
+                before: *before,
+            });
         }
         *before = (*before).max(end);
     }
@@ -38,7 +44,10 @@ mod tests {
     fn reads_are_prefixes_and_readers_go_forward() {
         let a = append(1, "a\n", Outcome::Ok, Some(2));
         let b = append(2, "b\n", Outcome::Ok, Some(4));
-        let ok = history(vec![a.clone(), b.clone(), read(3, "r", 0, "a\n"), read(4, "r", 2, "b\n"), read(5, "t", 0, "a\nb\n")], "a\nb\n");
+        let ok = history(
+            vec![a.clone(), b.clone(), read(3, "r", 0, "a\n"), read(4, "r", 2, "b\n"), read(5, "t", 0, "a\nb\n")],
+            "a\nb\n",
+        );
         assert_eq!(check(&ok), vec![]);
         // A reader saw bytes that later vanished or changed.
         let changed = history(vec![a.clone(), b.clone(), read(3, "r", 0, "a\nx\n")], "a\nb\n");

@@ -79,7 +79,18 @@ mod tests {
     use crate::history::{Input, Op, SubsEnd};
 
     fn commit(id: u64, generation: u64, output: &str, outcome: Outcome) -> Op {
-        Op { id, process: "w".into(), invoked_ms: id, completed_ms: id + 1, outcome, kind: OpKind::Commit { generation, inputs: vec![Input { stream: "s".into(), from: 0, to: 0 }], output: output.into() } }
+        Op {
+            id,
+            process: "w".into(),
+            invoked_ms: id,
+            completed_ms: id + 1,
+            outcome,
+            kind: OpKind::Commit {
+                generation,
+                inputs: vec![Input { stream: "s".into(), from: 0, to: 0 }],
+                output: output.into(),
+            },
+        }
     }
 
     fn run(ops: Vec<Op>, acked: u64, output: &str) -> Vec<Violation> {
@@ -92,13 +103,23 @@ mod tests {
 
     #[test]
     fn one_application_of_each_acknowledged_input_passes() {
-        assert_eq!(run(vec![commit(1, 1, "1|a\n1|b\n", Outcome::Ok), commit(2, 2, "2|c\n", Outcome::Ok)], 6, "1|a\n1|b\n2|c\n"), vec![]);
+        assert_eq!(
+            run(
+                vec![commit(1, 1, "1|a\n1|b\n", Outcome::Ok), commit(2, 2, "2|c\n", Outcome::Ok)],
+                6,
+                "1|a\n1|b\n2|c\n"
+            ),
+            vec![]
+        );
     }
 
     #[test]
     fn each_broken_property_is_reported() {
         let v = run(vec![], 6, "1|a\n1|b\n2|a\n2|b\n2|c\n");
-        assert!(v.iter().any(|v| matches!(v, Violation::AppliedTwice { record, times: 2, .. } if record == "a\n")), "{v:?}");
+        assert!(
+            v.iter().any(|v| matches!(v, Violation::AppliedTwice { record, times: 2, .. } if record == "a\n")),
+            "{v:?}"
+        );
         let v = run(vec![], 6, "1|a\n1|c\n");
         assert!(v.iter().any(|v| matches!(v, Violation::AckedNotApplied { record, .. } if record == "b\n")), "{v:?}");
         let v = run(vec![], 4, "1|a\n1|b\n1|c\n");

@@ -88,7 +88,9 @@ impl Node {
             .map_err(spawn)?;
         let mut line = String::new();
         let out = child.stdout.take();
-        let listening = out.is_some_and(|o| BufReader::new(o).read_line(&mut line).is_ok() && line.starts_with("oncelog listening on "));
+        let listening = out.is_some_and(|o| {
+            BufReader::new(o).read_line(&mut line).is_ok() && line.starts_with("oncelog listening on ")
+        });
         self.child = Some(child);
         if !listening {
             self.kill9();
@@ -110,7 +112,8 @@ impl Node {
     pub fn pause(&mut self, pause: std::time::Duration) {
         let Some(pid) = self.child.as_ref().map(Child::id) else { return };
         let signal = |sig: &str| {
-            let _ = Command::new("kill").args([sig, &pid.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).status();
+            let _ =
+                Command::new("kill").args([sig, &pid.to_string()]).stdout(Stdio::null()).stderr(Stdio::null()).status();
         };
         signal("-STOP");
         std::thread::sleep(pause);

@@ -98,7 +98,14 @@ fn start(plan: &Plan) -> Result<System, RunError> {
             };
             let _ = std::fs::remove_dir_all(&data);
             let storage = vec![OsString::from("--data-dir"), data.into_os_string()];
-            let spec = NodeSpec { bin: plan.bin.clone(), storage, ip: Ipv4Addr::LOCALHOST, netns: None, log: node_log(0), skew_lib: None };
+            let spec = NodeSpec {
+                bin: plan.bin.clone(),
+                storage,
+                ip: Ipv4Addr::LOCALHOST,
+                netns: None,
+                log: node_log(0),
+                skew_lib: None,
+            };
             Ok(System { nodes: vec![Node::start(spec)?], pg: None, net: None, disk })
         }
         Engine::Postgres => {
@@ -108,13 +115,25 @@ fn start(plan: &Plan) -> Result<System, RunError> {
             }
             let net = net::Net::create(&["n0", "n1", "db0", "db1"])?;
             let (db0, db1) = (net.host("db0").clone(), net.host("db1").clone());
-            let pg = pg::PgPair::start(&plan.pg_script, [plan.out.join("db0"), plan.out.join("db1")], [db0.ns, db1.ns], [db0.ip, db1.ip])?;
+            let pg = pg::PgPair::start(
+                &plan.pg_script,
+                [plan.out.join("db0"), plan.out.join("db1")],
+                [db0.ns, db1.ns],
+                [db0.ip, db1.ip],
+            )?;
             let skew_lib = skew::build(&plan.out)?;
             let mut nodes = Vec::new();
             for i in 0..2 {
                 let h = net.host(&format!("n{i}"));
                 let storage = ["--storage", &pg.url(), "--pg-schema", "chaos"].map(OsString::from).to_vec();
-                let spec = NodeSpec { bin: plan.bin.clone(), storage, ip: h.ip, netns: Some(h.ns.clone()), log: node_log(i), skew_lib: Some(skew_lib.clone()) };
+                let spec = NodeSpec {
+                    bin: plan.bin.clone(),
+                    storage,
+                    ip: h.ip,
+                    netns: Some(h.ns.clone()),
+                    log: node_log(i),
+                    skew_lib: Some(skew_lib.clone()),
+                };
                 nodes.push(Node::start(spec)?);
             }
             Ok(System { nodes, pg: Some(pg), net: Some(net), disk: None })
@@ -126,7 +145,10 @@ pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
     std::fs::create_dir_all(&plan.out)?;
     let system = start(plan)?;
     let ctx = Arc::new(Ctx {
-        http: reqwest::Client::builder().pool_max_idle_per_host(64).build().map_err(|e| RunError::Setup(e.to_string()))?,
+        http: reqwest::Client::builder()
+            .pool_max_idle_per_host(64)
+            .build()
+            .map_err(|e| RunError::Setup(e.to_string()))?,
         bases: system.nodes.iter().map(Node::url).collect(),
         rec: record::Recorder::create(&plan.out.join("history.jsonl"))?,
         stop: Default::default(),
@@ -136,7 +158,13 @@ pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
     let inputs: Vec<String> = (0..STREAMS).map(|i| format!("s{i}")).collect();
     let streams: Vec<String> = inputs.iter().cloned().chain(["race".to_owned()]).collect();
     for s in &streams {
-        let r = ctx.http.put(ctx.url(0, s)).header("content-type", "text/plain").send().await.map_err(|e| RunError::Setup(e.to_string()))?;
+        let r = ctx
+            .http
+            .put(ctx.url(0, s))
+            .header("content-type", "text/plain")
+            .send()
+            .await
+            .map_err(|e| RunError::Setup(e.to_string()))?;
         if !r.status().is_success() {
             return Err(RunError::Setup(format!("create {s}: {}", r.status())));
         }
@@ -219,7 +247,11 @@ pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
 /// The subscription's acknowledged offsets and its output stream, once every fault healed.
 async fn subscription_end(ctx: &Ctx) -> Result<SubsEnd, String> {
     let client = oncelog_client::Client::builder(ctx.client_base(0)).build().map_err(|e| e.to_string())?;
-    let info = client.subscriptions().get(worker::SUBSCRIPTION).await.map_err(|e| format!("the subscription at the end: {e}"))?;
+    let info = client
+        .subscriptions()
+        .get(worker::SUBSCRIPTION)
+        .await
+        .map_err(|e| format!("the subscription at the end: {e}"))?;
     let acked = info.streams.iter().map(|l| (l.path.clone(), workload::offset_of(&l.acked_offset))).collect();
     Ok(SubsEnd { acked, output: workload::final_contents(ctx, worker::OUT).await? })
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use super::cluster::{NodeError, Node, SmallDisk};
+use super::cluster::{Node, NodeError, SmallDisk};
 use super::net::{Net, NetError};
 use super::pg::{PgError, PgPair};
 
@@ -74,7 +74,6 @@ impl System {
             }
         }
     }
-
 }
 
 /// One fault of the PostgreSQL system (see the module docs), healed before it returns.
@@ -132,7 +131,11 @@ fn pg_fault(nodes: &mut [Node], pg: &mut PgPair, net: &Net, rng: &mut impl Rng) 
     } else {
         // Minutes off either way, or back to the true time.
         let n = &mut nodes[i];
-        let skew = if n.skew_ms == 0 { rng.random_range(5_000..120_000) * if rng.random::<bool>() { 1 } else { -1 } } else { 0 };
+        let skew = if n.skew_ms == 0 {
+            rng.random_range(5_000..120_000) * if rng.random::<bool>() { 1 } else { -1 }
+        } else {
+            0
+        };
         n.restart_skewed(skew)?;
         "clock skew"
     };

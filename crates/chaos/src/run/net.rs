@@ -49,7 +49,11 @@ fn ip_cmd(args: &[&str]) -> Result<(), NetError> {
 
 fn run(prog: &str, args: &[&str]) -> Result<(), NetError> {
     let command = format!("{prog} {}", args.join(" "));
-    let out = Command::new(prog).args(args).stdin(Stdio::null()).output().map_err(|e| NetError { command: command.clone(), reason: e.to_string() })?;
+    let out = Command::new(prog)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| NetError { command: command.clone(), reason: e.to_string() })?;
     if out.status.success() {
         Ok(())
     } else {
@@ -72,14 +76,26 @@ fn classes(ns: Option<&str>, dev: &str) -> Result<(), NetError> {
     tc(ns, &["class", "add", "dev", dev, "parent", "1:", "classid", "1:10", "htb", "rate", "10gbit"])?;
     tc(ns, &["class", "add", "dev", dev, "parent", "1:", "classid", "1:20", "htb", "rate", "2mbit", "ceil", "2mbit"])?;
     tc(ns, &["qdisc", "add", "dev", dev, "parent", "1:20", "handle", "20:", "pfifo", "limit", "30"])?;
-    tc(ns, &["class", "add", "dev", dev, "parent", "1:", "classid", "1:30", "htb", "rate", "8bit", "ceil", "8bit", "burst", "1", "cburst", "1"])?;
+    tc(
+        ns,
+        &[
+            "class", "add", "dev", dev, "parent", "1:", "classid", "1:30", "htb", "rate", "8bit", "ceil", "8bit",
+            "burst", "1", "cburst", "1",
+        ],
+    )?;
     tc(ns, &["qdisc", "add", "dev", dev, "parent", "1:30", "handle", "30:", "pfifo", "limit", "1"])
 }
 
 /// Sends what `dev` sends to (`dst`) or receives from (`src`) the address `peer` into `class`;
 /// `prio` groups the filters so that a heal removes them together.
 fn steer(ns: Option<&str>, dev: &str, prio: &str, field: &str, peer: &str, class: &str) -> Result<(), NetError> {
-    tc(ns, &["filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", prio, "u32", "match", "ip", field, peer, "flowid", class])
+    tc(
+        ns,
+        &[
+            "filter", "add", "dev", dev, "parent", "1:", "protocol", "ip", "prio", prio, "u32", "match", "ip", field,
+            peer, "flowid", class,
+        ],
+    )
 }
 
 /// Partition filters (prio 1), slow links (prio 2).
@@ -98,7 +114,12 @@ impl Net {
         ip_cmd(&["addr", "add", &format!("{}/24", net.clients), "dev", &bridge])?;
         ip_cmd(&["link", "set", &bridge, "up"])?;
         for (i, name) in hosts.iter().enumerate() {
-            let h = Host { name: (*name).to_owned(), ns: format!("ocl{pid}-{name}"), ip: Ipv4Addr::new(10, 77, k, 10 + i as u8), port: format!("oclp{}{}", pid % 100_000, i) };
+            let h = Host {
+                name: (*name).to_owned(),
+                ns: format!("ocl{pid}-{name}"),
+                ip: Ipv4Addr::new(10, 77, k, 10 + i as u8),
+                port: format!("oclp{}{}", pid % 100_000, i),
+            };
             ip_cmd(&["netns", "add", &h.ns])?;
             // Pushed before the veth exists: Drop removes the namespace (and with it the pair).
             net.hosts.push(h.clone());

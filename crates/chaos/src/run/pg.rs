@@ -39,7 +39,11 @@ impl PgPair {
     pub fn start(script: &Path, dirs: [PathBuf; 2], ns: [String; 2], ips: [Ipv4Addr; 2]) -> Result<PgPair, PgError> {
         let [d0, d1] = dirs;
         let [n0, n1] = ns;
-        let pair = PgPair { script: script.to_owned(), dbs: [Db { dir: d0, ns: n0, ip: ips[0] }, Db { dir: d1, ns: n1, ip: ips[1] }], primary: 0 };
+        let pair = PgPair {
+            script: script.to_owned(),
+            dbs: [Db { dir: d0, ns: n0, ip: ips[0] }, Db { dir: d1, ns: n1, ip: ips[1] }],
+            primary: 0,
+        };
         pair.script(&["start"], 0)?;
         pair.standby_of(0, 1)?;
         Ok(pair)
@@ -101,14 +105,19 @@ impl PgPair {
     /// The postmaster of `db` and every process it started.
     fn processes(&self, db: usize) -> Vec<u32> {
         let pid_file = std::fs::read_to_string(self.dbs[db].dir.join("data/postmaster.pid")).unwrap_or_default();
-        let Some(postmaster) = pid_file.lines().next().and_then(|l| l.trim().parse::<u32>().ok()) else { return Vec::new() };
+        let Some(postmaster) = pid_file.lines().next().and_then(|l| l.trim().parse::<u32>().ok()) else {
+            return Vec::new();
+        };
         let mut pids = vec![postmaster];
         // Its children: the processes whose parent (field 4 of /proc/PID/stat, after the
         // parenthesised name) is the postmaster.
         for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
             let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
             let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-            let parent = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)).and_then(|p| p.parse::<u32>().ok());
+            let parent = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
             if parent == Some(postmaster) {
                 pids.push(pid);
             }
@@ -143,7 +152,12 @@ fn signal(pids: &[u32], sig: &str) {
     if pids.is_empty() {
         return;
     }
-    let _ = Command::new("kill").arg(sig).args(pids.iter().map(u32::to_string)).stdout(Stdio::null()).stderr(Stdio::null()).status();
+    let _ = Command::new("kill")
+        .arg(sig)
+        .args(pids.iter().map(u32::to_string))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
 
 impl Drop for PgPair {

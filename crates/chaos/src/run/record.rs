@@ -16,7 +16,12 @@ pub struct Recorder {
 
 impl Recorder {
     pub fn create(path: &std::path::Path) -> std::io::Result<Recorder> {
-        Ok(Recorder { start: Instant::now(), next_id: AtomicU64::new(1), file: Mutex::new(std::io::BufWriter::new(std::fs::File::create(path)?)), ops: Mutex::new(Vec::new()) })
+        Ok(Recorder {
+            start: Instant::now(),
+            next_id: AtomicU64::new(1),
+            file: Mutex::new(std::io::BufWriter::new(std::fs::File::create(path)?)),
+            ops: Mutex::new(Vec::new()),
+        })
     }
 
     /// Milliseconds since the run began.
@@ -25,7 +30,14 @@ impl Recorder {
     }
 
     pub fn record(&self, process: &str, invoked_ms: u64, outcome: Outcome, kind: OpKind) {
-        let op = Op { id: self.next_id.fetch_add(1, Ordering::Relaxed), process: process.to_owned(), invoked_ms, completed_ms: self.now(), outcome, kind };
+        let op = Op {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            process: process.to_owned(),
+            invoked_ms,
+            completed_ms: self.now(),
+            outcome,
+            kind,
+        };
         if let Ok(line) = serde_json::to_string(&op) {
             let mut f = self.file.lock().unwrap_or_else(|p| p.into_inner());
             let _ = writeln!(f, "{line}");

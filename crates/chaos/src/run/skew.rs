@@ -16,7 +16,13 @@ pub fn build(dir: &Path) -> Result<PathBuf, SkewError> {
     let src = dir.join("skew.c");
     let lib = dir.join("libskew.so");
     std::fs::write(&src, SOURCE).map_err(|e| SkewError(e.to_string()))?;
-    let out = Command::new("cc").args(["-shared", "-fPIC", "-O2", "-o"]).arg(&lib).arg(&src).arg("-ldl").output().map_err(|e| SkewError(e.to_string()))?;
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .map_err(|e| SkewError(e.to_string()))?;
     if !out.status.success() {
         return Err(SkewError(String::from_utf8_lossy(&out.stderr).into_owned()));
     }

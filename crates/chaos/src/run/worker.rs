@@ -29,7 +29,13 @@ const BATCH: usize = 8;
 /// The subscription over `inputs`, its wake stream and its output stream, made once.
 pub async fn setup(ctx: &Ctx, inputs: &[String]) -> Result<(), String> {
     for (s, ct) in [(WAKE, "application/json"), (OUT, "text/plain")] {
-        let r = ctx.http.put(ctx.url(0, s)).header("content-type", ct).send().await.map_err(|e| format!("create {s}: {e}"))?;
+        let r = ctx
+            .http
+            .put(ctx.url(0, s))
+            .header("content-type", ct)
+            .send()
+            .await
+            .map_err(|e| format!("create {s}: {e}"))?;
         if !r.status().is_success() {
             return Err(format!("create {s}: {}", r.status()));
         }
@@ -46,7 +52,13 @@ pub async fn setup(ctx: &Ctx, inputs: &[String]) -> Result<(), String> {
 /// Worker `name` on node `node` until the run stops.
 pub async fn worker(ctx: Arc<Ctx>, name: String, node: usize) {
     // No retries inside the library: this worker decides (and records) what a failure means.
-    let Ok(client) = Client::builder(ctx.client_base(node)).retry_policy(RetryPolicy::none()).request_timeout(Duration::from_secs(5)).build() else { return };
+    let Ok(client) = Client::builder(ctx.client_base(node))
+        .retry_policy(RetryPolicy::none())
+        .request_timeout(Duration::from_secs(5))
+        .build()
+    else {
+        return;
+    };
     let subs = client.subscriptions();
     while !ctx.stop.load(Ordering::Relaxed) {
         match subs.claim(SUBSCRIPTION, &name).await {

@@ -53,8 +53,19 @@ fn next_offset(r: &reqwest::Response) -> Option<u64> {
 
 /// A request answered with a status this workload understands, or none (a lost connection, a
 /// timeout: the outcome is unknown).
-async fn post(ctx: &Ctx, node: usize, stream: &str, body: &str, headers: &[(&str, String)]) -> Option<(StatusCode, Option<u64>)> {
-    let mut req = ctx.http.post(ctx.url(node, stream)).header("content-type", "text/plain").body(body.to_owned()).timeout(Duration::from_secs(5));
+async fn post(
+    ctx: &Ctx,
+    node: usize,
+    stream: &str,
+    body: &str,
+    headers: &[(&str, String)],
+) -> Option<(StatusCode, Option<u64>)> {
+    let mut req = ctx
+        .http
+        .post(ctx.url(node, stream))
+        .header("content-type", "text/plain")
+        .body(body.to_owned())
+        .timeout(Duration::from_secs(5));
     for (k, v) in headers {
         req = req.header(*k, v);
     }
@@ -65,7 +76,15 @@ async fn post(ctx: &Ctx, node: usize, stream: &str, body: &str, headers: &[(&str
 
 /// Sends one append until its outcome is known (retrying the same request after a lost answer,
 /// a 5xx or a gap, on the next node after an unknown outcome) or the run gives up; records it.
-async fn until_known(ctx: &Ctx, process: &str, node: usize, stream: &str, record: String, headers: Vec<(&str, String)>, stamp: Option<Stamp>) {
+async fn until_known(
+    ctx: &Ctx,
+    process: &str,
+    node: usize,
+    stream: &str,
+    record: String,
+    headers: Vec<(&str, String)>,
+    stamp: Option<Stamp>,
+) {
     let invoked = ctx.rec.now();
     let mut outcome = Outcome::Unknown;
     let mut answered = None;
@@ -99,7 +118,11 @@ pub async fn producer(ctx: Arc<Ctx>, name: String, node: usize, stream: String, 
     while !ctx.stop.load(Ordering::Relaxed) {
         let batch = (seq..seq + window).map(|s| {
             let stamp = Stamp { producer: name.clone(), epoch: 0, seq: s };
-            let headers = vec![("producer-id", name.clone()), ("producer-epoch", "0".to_owned()), ("producer-seq", s.to_string())];
+            let headers = vec![
+                ("producer-id", name.clone()),
+                ("producer-epoch", "0".to_owned()),
+                ("producer-seq", s.to_string()),
+            ];
             until_known(&ctx, &name, node, &stream, format!("{name}:{s}\n"), headers, Some(stamp))
         });
         futures_util::future::join_all(batch).await;
@@ -111,7 +134,16 @@ pub async fn producer(ctx: Arc<Ctx>, name: String, node: usize, stream: String, 
 pub async fn keyed(ctx: Arc<Ctx>, name: String, node: usize, stream: String) {
     let mut n = 0u64;
     while !ctx.stop.load(Ordering::Relaxed) {
-        until_known(&ctx, &name, node, &stream, format!("{name}:{n}\n"), vec![("idempotency-key", format!("{name}-{n}"))], None).await;
+        until_known(
+            &ctx,
+            &name,
+            node,
+            &stream,
+            format!("{name}:{n}\n"),
+            vec![("idempotency-key", format!("{name}-{n}"))],
+            None,
+        )
+        .await;
         n += 1;
     }
 }
@@ -127,7 +159,12 @@ pub async fn plain(ctx: Arc<Ctx>, name: String, node: usize, stream: String) {
             Some((s, _)) if s.is_client_error() => (Outcome::Failed, None),
             _ => (Outcome::Unknown, None),
         };
-        ctx.rec.record(&name, invoked, outcome, OpKind::Append { stream: stream.clone(), record, stamp: None, if_match: None, next_offset: answered });
+        ctx.rec.record(
+            &name,
+            invoked,
+            outcome,
+            OpKind::Append { stream: stream.clone(), record, stamp: None, if_match: None, next_offset: answered },
+        );
         if outcome != Outcome::Ok {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -150,12 +187,14 @@ pub async fn racer(ctx: Arc<Ctx>, name: String, node: usize, stream: String) {
         };
         let record = format!("{name}:{n}\n");
         let invoked = ctx.rec.now();
-        let (outcome, answered) = match post(&ctx, node, &stream, &record, &[("if-match", format!("\"{}\"", Offset(tail)))]).await {
-            Some((s, next)) if s.is_success() => (Outcome::Ok, next),
-            Some((s, _)) if s.is_client_error() => (Outcome::Failed, None),
-            _ => (Outcome::Unknown, None),
-        };
-        let kind = OpKind::Append { stream: stream.clone(), record, stamp: None, if_match: Some(tail), next_offset: answered };
+        let (outcome, answered) =
+            match post(&ctx, node, &stream, &record, &[("if-match", format!("\"{}\"", Offset(tail)))]).await {
+                Some((s, next)) if s.is_success() => (Outcome::Ok, next),
+                Some((s, _)) if s.is_client_error() => (Outcome::Failed, None),
+                _ => (Outcome::Unknown, None),
+            };
+        let kind =
+            OpKind::Append { stream: stream.clone(), record, stamp: None, if_match: Some(tail), next_offset: answered };
         ctx.rec.record(&name, invoked, outcome, kind);
         n += 1;
     }
@@ -220,7 +259,11 @@ pub fn offset_of(o: &oncelog_client::StreamOffset) -> u64 {
 /// its last confirmed offset by itself): each chunk with data is one read.
 pub async fn sse_reader(ctx: Arc<Ctx>, name: String, node: usize, stream: String) {
     use futures_util::StreamExt;
-    let Ok(client) = oncelog_client::Client::builder(ctx.client_base(node)).request_timeout(Duration::from_secs(10)).build() else { return };
+    let Ok(client) =
+        oncelog_client::Client::builder(ctx.client_base(node)).request_timeout(Duration::from_secs(10)).build()
+    else {
+        return;
+    };
     let mut from = 0u64;
     while !ctx.stop.load(Ordering::Relaxed) {
         let start = oncelog_client::StreamOffset::from(Offset(from));
@@ -234,7 +277,12 @@ pub async fn sse_reader(ctx: Arc<Ctx>, name: String, node: usize, stream: String
                 Ok(Some(Ok(chunk))) => {
                     if !chunk.data.is_empty() {
                         let bytes = String::from_utf8_lossy(&chunk.data).into_owned();
-                        ctx.rec.record(&name, invoked, Outcome::Ok, OpKind::Read { stream: stream.clone(), from, bytes });
+                        ctx.rec.record(
+                            &name,
+                            invoked,
+                            Outcome::Ok,
+                            OpKind::Read { stream: stream.clone(), from, bytes },
+                        );
                     }
                     from = offset_of(&chunk.next_offset);
                     invoked = ctx.rec.now();

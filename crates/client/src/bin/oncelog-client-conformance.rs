@@ -15,7 +15,8 @@ use base64::Engine as _;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use oncelog_client::{
-    AppendOptions, Chunk, Client, CreateOptions, Error, LiveMode, Producer, ReadFrom, ReadOptions, RetryPolicy, StreamHandle,
+    AppendOptions, Chunk, Client, CreateOptions, Error, LiveMode, Producer, ReadFrom, ReadOptions, RetryPolicy,
+    StreamHandle,
 };
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{json, Map, Value};
@@ -117,7 +118,8 @@ fn s<'a>(cmd: &'a Value, key: &str) -> Option<&'a str> {
 }
 
 fn error_json(command: &str, status: Option<u16>, code: &str, message: &str) -> Value {
-    let mut v = json!({ "type": "error", "success": false, "commandType": command, "errorCode": code, "message": message });
+    let mut v =
+        json!({ "type": "error", "success": false, "commandType": command, "errorCode": code, "message": message });
     if let Some(st) = status {
         v["status"] = json!(st);
     }
@@ -176,8 +178,10 @@ fn headers_of(cmd: &Value) -> Result<HeaderMap, Error> {
     let mut h = HeaderMap::new();
     if let Some(obj) = cmd.get("headers").and_then(Value::as_object) {
         for (k, v) in obj {
-            let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| Error::InvalidArgument(format!("header {k}")))?;
-            let value = HeaderValue::from_str(v.as_str().unwrap_or_default()).map_err(|_| Error::InvalidArgument(format!("header {k}")))?;
+            let name =
+                HeaderName::from_bytes(k.as_bytes()).map_err(|_| Error::InvalidArgument(format!("header {k}")))?;
+            let value = HeaderValue::from_str(v.as_str().unwrap_or_default())
+                .map_err(|_| Error::InvalidArgument(format!("header {k}")))?;
             h.insert(name, value);
         }
     }
@@ -201,7 +205,9 @@ impl Adapter {
                 Ok(json!({ "type": "clear-dynamic", "success": true }))
             }
             "validate" => return self.validate(cmd),
-            "benchmark" => return error_json(kind, None, "NOT_SUPPORTED", "benchmarks are not implemented by this adapter"),
+            "benchmark" => {
+                return error_json(kind, None, "NOT_SUPPORTED", "benchmarks are not implemented by this adapter")
+            }
             _ => {
                 let Some(client) = self.client.clone() else {
                     return error_json(kind, None, "INTERNAL_ERROR", "init was not sent");
@@ -246,7 +252,8 @@ impl Adapter {
             .header_provider(move |headers| {
                 if let Ok(cur) = h.lock() {
                     for (k, v) in &cur.headers {
-                        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v)) {
+                        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(k.as_bytes()), HeaderValue::from_str(v))
+                        {
                             headers.insert(name, value);
                         }
                     }
@@ -323,7 +330,9 @@ impl Adapter {
         };
         let created = stream.create(opts).await?;
         self.content_types.insert(path.to_owned(), ct);
-        Ok(json!({ "type": "create", "success": true, "status": if created.created { 201 } else { 200 }, "offset": created.next_offset.as_str() }))
+        Ok(
+            json!({ "type": "create", "success": true, "status": if created.created { 201 } else { 200 }, "offset": created.next_offset.as_str() }),
+        )
     }
 
     async fn connect(&mut self, stream: &StreamHandle, path: &str, cmd: &Value) -> Outcome {
@@ -336,14 +345,18 @@ impl Adapter {
         let data = s(cmd, "data").unwrap_or("");
         let body = if cmd.get("binary").and_then(Value::as_bool).unwrap_or(false) {
             Bytes::from(
-                base64::engine::general_purpose::STANDARD.decode(data).map_err(|e| Error::InvalidArgument(format!("binary data: {e}")))?,
+                base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .map_err(|e| Error::InvalidArgument(format!("binary data: {e}")))?,
             )
         } else {
             Bytes::from(data.to_owned())
         };
         let opts = AppendOptions {
             content_type: Some(self.content_type(path)),
-            stream_seq: cmd.get("seq").and_then(|v| v.as_i64().map(|n| n.to_string()).or_else(|| v.as_str().map(str::to_owned))),
+            stream_seq: cmd
+                .get("seq")
+                .and_then(|v| v.as_i64().map(|n| n.to_string()).or_else(|| v.as_str().map(str::to_owned))),
             headers: headers_of(cmd)?,
             if_match: None,
             expected_offset: None,
@@ -432,14 +445,27 @@ impl Adapter {
             }
         }
         let status = chunks.status();
-        let render = |c: &Chunk| if json_stream || c.json { minify_json(&c.data) } else { String::from_utf8_lossy(&c.data).into_owned() };
+        let render = |c: &Chunk| {
+            if json_stream || c.json {
+                minify_json(&c.data)
+            } else {
+                String::from_utf8_lossy(&c.data).into_owned()
+            }
+        };
         let chunk_json: Vec<Value> = if live == LiveMode::CatchUp {
             // One chunk with everything, as a catch-up body.
             if out.is_empty() {
                 vec![]
             } else if json_stream {
-                let items: Vec<String> = out.iter().map(&render).map(|a| a[1..a.len().saturating_sub(1)].to_owned()).filter(|i| !i.is_empty()).collect();
-                vec![json!({ "data": format!("[{}]", items.join(",")), "offset": status.offset.as_ref().map(|o| o.as_str().to_owned()) })]
+                let items: Vec<String> = out
+                    .iter()
+                    .map(&render)
+                    .map(|a| a[1..a.len().saturating_sub(1)].to_owned())
+                    .filter(|i| !i.is_empty())
+                    .collect();
+                vec![
+                    json!({ "data": format!("[{}]", items.join(",")), "offset": status.offset.as_ref().map(|o| o.as_str().to_owned()) }),
+                ]
             } else {
                 let data: String = out.iter().map(&render).collect();
                 vec![json!({ "data": data, "offset": status.offset.as_ref().map(|o| o.as_str().to_owned()) })]
@@ -553,7 +579,11 @@ impl Adapter {
                     return Err(Error::InvalidArgument("maxDelayMs must not be negative".into()));
                 }
                 let multiplier = t.get("multiplier").and_then(Value::as_f64).unwrap_or(2.0);
-                let policy = RetryPolicy::new(Duration::from_millis(initial as u64), Duration::from_millis(max as u64), multiplier)?;
+                let policy = RetryPolicy::new(
+                    Duration::from_millis(initial as u64),
+                    Duration::from_millis(max as u64),
+                    multiplier,
+                )?;
                 let retries = int("maxRetries").map(|n| u32::try_from(n.saturating_add(1)).unwrap_or(u32::MAX));
                 policy.with_max_attempts(retries).map(|_| ())
             })(),
@@ -567,7 +597,8 @@ impl Adapter {
                     }
                 }
                 let client = self.client.clone().map_or_else(|| Client::new("http://127.0.0.1:1/"), Ok)?;
-                let mut b = client.stream("validate").producer(s(&t, "producerId").unwrap_or("test-producer").to_owned());
+                let mut b =
+                    client.stream("validate").producer(s(&t, "producerId").unwrap_or("test-producer").to_owned());
                 if let Some(e) = int("epoch") {
                     b = b.epoch(e as u64);
                 }
@@ -579,7 +610,9 @@ impl Adapter {
                 }
                 b.validate()
             })(),
-            other => return error_json("validate", None, "NOT_SUPPORTED", &format!("unknown validation target {other:?}")),
+            other => {
+                return error_json("validate", None, "NOT_SUPPORTED", &format!("unknown validation target {other:?}"))
+            }
         };
         match result {
             Ok(()) => json!({ "type": "validate", "success": true }),

@@ -18,7 +18,12 @@ use serde_json::{json, Value};
 
 /// Reads `path` from the claim's acked offset to at least its tail at the wake; returns the
 /// messages and where they end.
-async fn read_pending(client: &Client, path: &str, from: &StreamOffset, to: &StreamOffset) -> Result<(Vec<Value>, StreamOffset), Error> {
+async fn read_pending(
+    client: &Client,
+    path: &str,
+    from: &StreamOffset,
+    to: &StreamOffset,
+) -> Result<(Vec<Value>, StreamOffset), Error> {
     let mut reader = client.stream(path).read(ReadOptions::new(ReadFrom::Offset(from.clone()), LiveMode::CatchUp));
     let (mut messages, mut end) = (Vec::new(), from.clone());
     while let Some(chunk) = reader.next().await {
@@ -75,15 +80,16 @@ async fn main() {
     };
     let subs = client.subscriptions();
     loop {
-        let claim = match subs.wait_for_claim(sub, worker, wake, Duration::from_millis(300), Duration::from_secs(5)).await {
-            Ok(Some(c)) => c,
-            Ok(None) => continue,
-            Err(e) => {
-                eprintln!("{worker}: claim failed: {e}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            }
-        };
+        let claim =
+            match subs.wait_for_claim(sub, worker, wake, Duration::from_millis(300), Duration::from_secs(5)).await {
+                Ok(Some(c)) => c,
+                Ok(None) => continue,
+                Err(e) => {
+                    eprintln!("{worker}: claim failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
+            };
         match process(&client, &claim, output).await {
             Ok(()) => {}
             // Another worker took over (our lease ran out): its work now, not ours.

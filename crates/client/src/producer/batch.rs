@@ -76,7 +76,11 @@ impl OpenBatch {
     fn len_with(&self, len: usize, limits: Limits) -> usize {
         if limits.json {
             // `[` + items joined by `,` + `]`
-            if self.items.is_empty() { len + 2 } else { self.body_len + 1 + len }
+            if self.items.is_empty() {
+                len + 2
+            } else {
+                self.body_len + 1 + len
+            }
         } else {
             self.body_len + len
         }
@@ -108,7 +112,8 @@ impl OpenBatch {
                 body.extend_from_slice(item);
             }
         }
-        let sealed = Sealed { body: Bytes::from(body), waiters: std::mem::take(&mut self.waiters), permits: self.permits };
+        let sealed =
+            Sealed { body: Bytes::from(body), waiters: std::mem::take(&mut self.waiters), permits: self.permits };
         self.body_len = 0;
         self.permits = 0;
         self.started = None;

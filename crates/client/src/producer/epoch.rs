@@ -47,11 +47,9 @@ fn io_err(what: &str, path: &Path, e: std::io::Error) -> Error {
 impl EpochStore for FileEpochStore {
     fn load(&self, _producer_id: &str) -> Result<Option<u64>, Error> {
         match fs::read_to_string(&self.path) {
-            Ok(text) => text
-                .trim()
-                .parse::<u64>()
-                .map(Some)
-                .map_err(|_| Error::EpochStore(format!("{} does not hold an epoch: {:?}", self.path.display(), text.trim()))),
+            Ok(text) => text.trim().parse::<u64>().map(Some).map_err(|_| {
+                Error::EpochStore(format!("{} does not hold an epoch: {:?}", self.path.display(), text.trim()))
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io_err("cannot read", &self.path, e)),
         }

@@ -27,9 +27,9 @@
 mod batch;
 mod epoch;
 pub(crate) mod pipeline;
-pub(crate) mod transport;
 #[cfg(test)]
 mod tests;
+pub(crate) mod transport;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -248,9 +248,10 @@ impl ProducerBuilder {
                 let (store, id, floor) = (store.clone(), self.producer_id.clone(), self.epoch.unwrap_or(0));
                 tokio::task::spawn_blocking(move || {
                     let epoch = match store.load(&id)? {
-                        Some(last) => last.checked_add(1).filter(|e| *e <= MAX_SAFE_INTEGER).ok_or_else(|| {
-                            Error::EpochStore(format!("stored epoch {last} cannot be incremented"))
-                        })?,
+                        Some(last) => last
+                            .checked_add(1)
+                            .filter(|e| *e <= MAX_SAFE_INTEGER)
+                            .ok_or_else(|| Error::EpochStore(format!("stored epoch {last} cannot be incremented")))?,
                         None => 0,
                     }
                     .max(floor);
@@ -271,7 +272,13 @@ impl ProducerBuilder {
         Ok(self.spawn(transport, epoch, content_type::is_json(&content_type), jitter))
     }
 
-    pub(crate) fn spawn(self, transport: Arc<dyn Transport>, epoch: u64, json: bool, jitter: Arc<dyn Jitter>) -> Producer {
+    pub(crate) fn spawn(
+        self,
+        transport: Arc<dyn Transport>,
+        epoch: u64,
+        json: bool,
+        jitter: Arc<dyn Jitter>,
+    ) -> Producer {
         let shared = Arc::new(Shared {
             sem: Arc::new(Semaphore::new(self.max_buffered_bytes)),
             failed: OnceLock::new(),

@@ -628,7 +628,8 @@ impl Pipeline {
             return;
         }
         let released = self.released;
-        let (ready, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.flushes).into_iter().partition(|(t, _)| *t <= released);
+        let (ready, waiting): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.flushes).into_iter().partition(|(t, _)| *t <= released);
         self.flushes = waiting;
         for (_, reply) in ready {
             let _ = reply.send(match &self.failed {

@@ -74,17 +74,16 @@ impl Model {
     fn handle(&mut self, req: &BatchRequest) -> Result<BatchResponse, Error> {
         self.requests.push(req.clone());
         let attempt = self.attempts_of(req.epoch, req.seq);
-        let fault = self
-            .faults_by_seq
-            .remove(&(req.seq, attempt))
-            .or_else(|| self.faults.pop_front())
-            .unwrap_or(Fault::None);
+        let fault =
+            self.faults_by_seq.remove(&(req.seq, attempt)).or_else(|| self.faults.pop_front()).unwrap_or(Fault::None);
         if let Some(e) = self.bump_epoch_to.take() {
             self.state = Some(ProducerState::accepted(self.state.as_ref(), e, 0, receipt(self.tail), 0));
         }
         match fault {
             Fault::DropBefore => return Err(net_error()),
-            Fault::Status(s) => return Ok(BatchResponse { status: s, message: "injected".into(), ..BatchResponse::default() }),
+            Fault::Status(s) => {
+                return Ok(BatchResponse { status: s, message: "injected".into(), ..BatchResponse::default() })
+            }
             Fault::None | Fault::DropAfter => {}
         }
         let resp = self.apply(req);
@@ -106,7 +105,8 @@ impl Model {
                     self.log.push((req.epoch, req.seq, req.body.clone()));
                 }
                 self.closed |= req.close;
-                self.state = Some(ProducerState::accepted(self.state.as_ref(), req.epoch, req.seq, receipt(self.tail), 0));
+                self.state =
+                    Some(ProducerState::accepted(self.state.as_ref(), req.epoch, req.seq, receipt(self.tail), 0));
                 let status = if req.body.is_empty() { 204 } else { 200 };
                 BatchResponse {
                     status,
@@ -443,7 +443,10 @@ async fn a_full_buffer_makes_append_wait_and_try_append_fail() {
     let r = p.append("abc").await.expect("fits");
     assert!(matches!(p.try_append("de"), Err(Error::BufferFull)));
     assert!(p.try_append("d").is_ok(), "one byte left");
-    assert!(matches!(p.try_append("12345").map(|_| ()), Err(Error::InvalidArgument(_))), "larger than the whole buffer");
+    assert!(
+        matches!(p.try_append("12345").map(|_| ()), Err(Error::InvalidArgument(_))),
+        "larger than the whole buffer"
+    );
     let waited = Arc::new(AtomicUsize::new(0));
     let (p2, w2) = (p.clone(), waited.clone());
     let blocked = tokio::spawn(async move {

@@ -167,7 +167,9 @@ pub(crate) fn classify(outcome: &Result<BatchResponse, Error>, body_empty: bool)
         },
         403 => match r.producer_epoch {
             Some(current_epoch) => Verdict::Fenced { current_epoch },
-            None => Verdict::Fatal(Error::Status { status: 403, message: message(), retry_after: None, retry_safe: false }),
+            None => {
+                Verdict::Fatal(Error::Status { status: 403, message: message(), retry_after: None, retry_safe: false })
+            }
         },
         409 if r.closed => Verdict::Fatal(Error::StreamClosed { final_offset: r.next_offset.clone() }),
         409 if r.body_mismatch => Verdict::BodyMismatch,
@@ -179,9 +181,12 @@ pub(crate) fn classify(outcome: &Result<BatchResponse, Error>, body_empty: bool)
         400 => Verdict::Fatal(Error::BadRequest { message: message() }),
         410 => Verdict::Fatal(Error::Gone { message: message() }),
         413 => Verdict::Fatal(Error::PayloadTooLarge { message: message() }),
-        s if is_transient_status(s) => {
-            Verdict::Retry(Error::Status { status: s, message: message(), retry_after: r.retry_after, retry_safe: true })
-        }
+        s if is_transient_status(s) => Verdict::Retry(Error::Status {
+            status: s,
+            message: message(),
+            retry_after: r.retry_after,
+            retry_safe: true,
+        }),
         s => Verdict::Fatal(Error::Status { status: s, message: message(), retry_after: None, retry_safe: false }),
     }
 }
@@ -198,17 +203,25 @@ mod tests {
     fn every_answer_has_one_meaning() {
         assert!(matches!(classify(&Ok(resp(200)), false), Verdict::Ack { duplicate: false, .. }));
         assert!(matches!(classify(&Ok(resp(204)), false), Verdict::Ack { duplicate: true, .. }));
-        assert!(matches!(classify(&Ok(resp(204)), true), Verdict::Ack { duplicate: false, .. }), "close-only is always 204");
+        assert!(
+            matches!(classify(&Ok(resp(204)), true), Verdict::Ack { duplicate: false, .. }),
+            "close-only is always 204"
+        );
         let no_offset = BatchResponse { status: 200, ..BatchResponse::default() };
         assert!(matches!(classify(&Ok(no_offset), false), Verdict::Fatal(Error::InvalidResponse(_))));
 
         for s in [500, 502, 503, 504, 429, 408] {
             assert!(matches!(classify(&Ok(resp(s)), false), Verdict::Retry(_)), "{s} is retried");
         }
-        let gap = BatchResponse { status: 409, expected_seq: Some(2), received_seq: Some(4), ..BatchResponse::default() };
+        let gap =
+            BatchResponse { status: 409, expected_seq: Some(2), received_seq: Some(4), ..BatchResponse::default() };
         assert!(matches!(classify(&Ok(gap), false), Verdict::Gap { expected: 2, received: 4 }));
-        let closed = BatchResponse { status: 409, closed: true, expected_seq: Some(2), received_seq: Some(4), ..resp(409) };
-        assert!(matches!(classify(&Ok(closed), false), Verdict::Fatal(Error::StreamClosed { .. })), "closed wins, never retried");
+        let closed =
+            BatchResponse { status: 409, closed: true, expected_seq: Some(2), received_seq: Some(4), ..resp(409) };
+        assert!(
+            matches!(classify(&Ok(closed), false), Verdict::Fatal(Error::StreamClosed { .. })),
+            "closed wins, never retried"
+        );
         let mismatch = BatchResponse { status: 409, body_mismatch: true, ..resp(409) };
         assert!(matches!(classify(&Ok(mismatch), false), Verdict::BodyMismatch));
         let fenced = BatchResponse { status: 403, producer_epoch: Some(7), ..BatchResponse::default() };

@@ -42,7 +42,9 @@ fn round_trip(rec: Record<'_>) -> Replayed {
     assert_eq!(out.len(), 1);
     let r = out.remove(0);
     let (data_at, data_len) = match &r {
-        Replayed::Create { data_at, data_len, .. } | Replayed::Append { data_at, data_len, .. } => (*data_at, *data_len),
+        Replayed::Create { data_at, data_len, .. } | Replayed::Append { data_at, data_len, .. } => {
+            (*data_at, *data_len)
+        }
         _ => (at - 3, 0),
     };
     assert_eq!(data_at + 3, at);
@@ -194,7 +196,16 @@ fn version_1_checkpoints_still_decode() {
 #[test]
 fn version_2_checkpoints_decode_without_time_marks() {
     let meta = StreamMeta::new(4, 1, "text/plain");
-    let s = CheckpointStream { path: Some("s".into()), meta, tail: 5, start: 0, producers: vec![], extents: vec![Extent::new(5, 1, 16)], keys: vec![], marks: vec![] };
+    let s = CheckpointStream {
+        path: Some("s".into()),
+        meta,
+        tail: 5,
+        start: 0,
+        producers: vec![],
+        extents: vec![Extent::new(5, 1, 16)],
+        keys: vec![],
+        marks: vec![],
+    };
     let c = Checkpoint { lsn: 2, segment: 1, pos: 40, next_id: 5, streams: vec![s], meta: Vec::new() };
     let v5 = c.encode();
     // A version 2 body is the same without the (here empty: one 0 byte each) marks and metadata
@@ -212,9 +223,13 @@ fn version_2_checkpoints_decode_without_time_marks() {
 #[test]
 fn version_4_checkpoints_with_inline_keys_and_marks_still_decode() {
     let mut meta = StreamMeta::new(4, 1, "text/plain");
-    std::sync::Arc::make_mut(&mut meta.config).retention = oncelog_storage::RetentionPolicy { max_age_s: Some(60), max_bytes: None };
+    std::sync::Arc::make_mut(&mut meta.config).retention =
+        oncelog_storage::RetentionPolicy { max_age_s: Some(60), max_bytes: None };
     let key = (KeyId(0x0102_0304), KeyEntry { end: Offset(5), digest: BodyDigest(99), at_ms: 1_000 });
-    let marks = vec![oncelog_storage::TimeMark { end: Offset(3), at_ms: 10 }, oncelog_storage::TimeMark { end: Offset(5), at_ms: 20 }];
+    let marks = vec![
+        oncelog_storage::TimeMark { end: Offset(3), at_ms: 10 },
+        oncelog_storage::TimeMark { end: Offset(5), at_ms: 20 },
+    ];
     let m = oncelog_storage::codec::stream_meta::encode(&meta);
     let mut body = vec![2u8, 1, 40, 5, 1]; // lsn, segment, pos, next id, one stream
     body.extend_from_slice(&[1, b's', m.len() as u8]);
@@ -243,7 +258,16 @@ fn version_4_checkpoints_with_inline_keys_and_marks_still_decode() {
 #[test]
 fn only_layout_6_holds_detached_streams() {
     let meta = StreamMeta { soft_deleted: true, ..StreamMeta::new(4, 1, "text/plain") };
-    let s = CheckpointStream { path: None, meta, tail: 5, start: 0, producers: vec![], extents: vec![Extent::new(5, 1, 16)], keys: vec![], marks: vec![] };
+    let s = CheckpointStream {
+        path: None,
+        meta,
+        tail: 5,
+        start: 0,
+        producers: vec![],
+        extents: vec![Extent::new(5, 1, 16)],
+        keys: vec![],
+        marks: vec![],
+    };
     let c = Checkpoint { lsn: 2, segment: 1, pos: 40, next_id: 5, streams: vec![s], meta: Vec::new() };
     let v6 = c.encode();
     assert_eq!(&v6[..8], b"ONCECKP\x06");

@@ -71,14 +71,22 @@ impl Store {
             })
             .collect();
         let meta = self.meta.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        Checkpoint { lsn: self.lsn, segment: self.active_no, pos: self.active_len, next_id: self.next_id, streams, meta }
+        Checkpoint {
+            lsn: self.lsn,
+            segment: self.active_no,
+            pos: self.active_len,
+            next_id: self.next_id,
+            streams,
+            meta,
+        }
     }
 
     /// Removes soft-deleted streams (detached ones included) no fork references any more
     /// (cannot normally happen: a fork's removal takes its source along in the same frame).
     pub fn collect_orphans(&mut self) {
         let orphan = |w: &super::WStream| w.st.meta.soft_deleted && w.shared.forks() == 0;
-        let at_paths: Vec<std::sync::Arc<str>> = self.streams.iter().filter(|(_, w)| orphan(w)).map(|(p, _)| p.clone()).collect();
+        let at_paths: Vec<std::sync::Arc<str>> =
+            self.streams.iter().filter(|(_, w)| orphan(w)).map(|(p, _)| p.clone()).collect();
         let detached: Vec<u64> = self.detached.values().filter(|w| orphan(w)).map(|w| w.st.meta.id).collect();
         if at_paths.is_empty() && detached.is_empty() {
             return;
@@ -120,7 +128,8 @@ pub(crate) fn write_checkpoint(fs: &dyn Fs, view: &View, cp: &Checkpoint) -> Res
     tmp.sync_data().map_err(|e| io_err("sync the checkpoint", e))?;
     fs.rename(format::CHECKPOINT_TMP, format::CHECKPOINT).map_err(|e| io_err("install the checkpoint", e))?;
     fs.sync_dir("").map_err(|e| io_err("sync the data directory", e))?;
-    let live: std::collections::BTreeSet<u64> = cp.streams.iter().flat_map(|s| s.extents.iter().map(Extent::segment)).collect();
+    let live: std::collections::BTreeSet<u64> =
+        cp.streams.iter().flat_map(|s| s.extents.iter().map(Extent::segment)).collect();
     let dead: Vec<u64> = match view.segments.read() {
         Ok(segs) => segs.keys().copied().filter(|n| *n < cp.segment && !live.contains(n)).collect(),
         Err(_) => return Err(StorageError::Poisoned),

@@ -11,33 +11,57 @@ use oncelog_protocol::Offset;
 use oncelog_storage::*;
 use tokio::sync::oneshot;
 
+use crate::error::{backend, LogError};
 use crate::format::{self, Extent, Record};
 use crate::fs::{File, Fs};
-use crate::error::{backend, LogError};
 use crate::options::Durability;
 
-use super::view::Shared;
 use super::mutant::is_on;
+use super::view::Shared;
 use super::{io_err, Store};
 
 /// A change to make visible, or an answer to send, once the group is durable.
 pub(super) enum Effect {
     /// New data of `shared` ends at `end` and starts at payload offset `at` (`hot`: its bytes).
-    Data { shared: Arc<Shared>, end: u64, at: usize, hot: Bytes },
-    Publish { shared: Arc<Shared>, tail: Offset, closed: bool },
-    Insert { shared: Arc<Shared> },
+    Data {
+        shared: Arc<Shared>,
+        end: u64,
+        at: usize,
+        hot: Bytes,
+    },
+    Publish {
+        shared: Arc<Shared>,
+        tail: Offset,
+        closed: bool,
+    },
+    Insert {
+        shared: Arc<Shared>,
+    },
     /// `listed`: still at its path in the view (not detached from it).
-    Remove { listed: bool, shared: Arc<Shared> },
-    SoftDelete { shared: Arc<Shared> },
+    Remove {
+        listed: bool,
+        shared: Arc<Shared>,
+    },
+    SoftDelete {
+        shared: Arc<Shared>,
+    },
     /// The stream leaves its path (a purge): readers of the path find nothing from now on;
     /// forks keep reading it through their chains.
-    Detach { shared: Arc<Shared> },
-    Trim { shared: Arc<Shared>, earliest: u64 },
+    Detach {
+        shared: Arc<Shared>,
+    },
+    Trim {
+        shared: Arc<Shared>,
+        earliest: u64,
+    },
     Reply(Box<dyn FnOnce(Option<StorageError>) + Send>),
 }
 
 /// Wraps a reply so that a failure of the whole group overrides the staged result.
-pub(super) fn reply<T: Send + 'static, E: From<StorageError> + Send + 'static>(tx: oneshot::Sender<Result<T, E>>, result: Result<T, E>) -> Effect {
+pub(super) fn reply<T: Send + 'static, E: From<StorageError> + Send + 'static>(
+    tx: oneshot::Sender<Result<T, E>>,
+    result: Result<T, E>,
+) -> Effect {
     Effect::Reply(Box::new(move |failure| {
         let _ = tx.send(match failure {
             Some(e) => Err(E::from(e)),
@@ -214,7 +238,9 @@ impl Store {
                 _ if failure.is_some() => {}
                 Effect::Data { shared, end, at, hot } => {
                     let start = end - hot.len() as u64;
-                    let keep_hot = self.cfg.hot_bytes > 0 && hot.len() <= MAX_HOT_APPEND.min(self.cfg.hot_bytes) && shared.read_live(live_now);
+                    let keep_hot = self.cfg.hot_bytes > 0
+                        && hot.len() <= MAX_HOT_APPEND.min(self.cfg.hot_bytes)
+                        && shared.read_live(live_now);
                     // A small append usually shares its buffer with the connection that read it;
                     // its own copy keeps the hot tail from pinning that buffer.
                     let hot = if hot.len() <= SMALL_APPEND { Bytes::copy_from_slice(&hot) } else { hot };
@@ -299,7 +325,6 @@ impl Store {
             }
         }
     }
-
 }
 
 /// Creates segment `no` with its header and its space (`bytes`) allocated, synced, and syncs the

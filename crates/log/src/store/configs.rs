@@ -60,13 +60,28 @@ mod tests {
     #[test]
     fn equal_configurations_share_one_allocation_and_unheld_ones_go() {
         let mut t = Configs::default();
-        let (mut a, mut b, mut c) = (config("text/plain", Expiry::Never), config("text/plain", Expiry::Never), config("text/plain", Expiry::Ttl(5)));
+        let (mut a, mut b, mut c) = (
+            config("text/plain", Expiry::Never),
+            config("text/plain", Expiry::Never),
+            config("text/plain", Expiry::Ttl(5)),
+        );
         t.intern(&mut a);
         t.intern(&mut b);
         t.intern(&mut c);
         assert!(Arc::ptr_eq(&a, &b), "equal configurations are one allocation");
         assert!(!Arc::ptr_eq(&a, &c), "a different expiry is another configuration");
-        assert_eq!((&*b, t.len()), (&StreamConfig { content_type: "text/plain".into(), expiry: Expiry::Never, retention: Default::default(), compaction: false }, 2));
+        assert_eq!(
+            (&*b, t.len()),
+            (
+                &StreamConfig {
+                    content_type: "text/plain".into(),
+                    expiry: Expiry::Never,
+                    retention: Default::default(),
+                    compaction: false
+                },
+                2
+            )
+        );
         drop(c);
         t.prune();
         assert_eq!(t.len(), 1, "the configuration no stream holds is dropped");
@@ -88,6 +103,9 @@ mod tests {
             }
         }
         assert!(t.len() <= 2 * held.len() + PRUNE_FLOOR, "{} configurations kept for {} held", t.len(), held.len());
-        assert!(held.iter().all(|c| t.table.get(&**c).is_some_and(|x| Arc::ptr_eq(x, c))), "every held configuration stays the table's");
+        assert!(
+            held.iter().all(|c| t.table.get(&**c).is_some_and(|x| Arc::ptr_eq(x, c))),
+            "every held configuration stays the table's"
+        );
     }
 }

@@ -17,8 +17,8 @@
 mod checkpoint;
 mod commit;
 mod configs;
-mod path_table;
 pub(crate) mod mutant;
+mod path_table;
 pub(crate) mod read;
 mod recovery;
 mod stage;
@@ -37,36 +37,71 @@ use oncelog_storage::rules::{self};
 use oncelog_storage::*;
 use tokio::sync::oneshot;
 
-use crate::fs::{File, Fs};
 use crate::error::{backend, LogError};
+use crate::fs::{File, Fs};
 use crate::options::Durability;
 
 pub(crate) use checkpoint::write_checkpoint;
-pub(crate) use commit::Group;
 use commit::reply;
-pub(crate) use recovery::open;
+pub(crate) use commit::Group;
 use path_table::PathTable;
+pub(crate) use recovery::open;
 pub(crate) use view::{Counters, Shared, View};
 
 /// A command for the writer.
 pub(crate) enum Command {
-    Create { req: CreateRequest, reply: oneshot::Sender<Result<CreateOutcome, CreateError>> },
-    Append { req: AppendRequest, reply: oneshot::Sender<Result<AppendOutcome, AppendError>> },
-    Delete { path: String, req: DeleteRequest, now_ms: i64, reply: oneshot::Sender<Result<(), LookupError>> },
-    Trim { path: String, to: Offset, now_ms: i64, reply: oneshot::Sender<Result<TrimOutcome, TrimError>> },
-    Expire { paths: Vec<String>, now_ms: i64, reply: oneshot::Sender<Result<usize, StorageError>> },
+    Create {
+        req: CreateRequest,
+        reply: oneshot::Sender<Result<CreateOutcome, CreateError>>,
+    },
+    Append {
+        req: AppendRequest,
+        reply: oneshot::Sender<Result<AppendOutcome, AppendError>>,
+    },
+    Delete {
+        path: String,
+        req: DeleteRequest,
+        now_ms: i64,
+        reply: oneshot::Sender<Result<(), LookupError>>,
+    },
+    Trim {
+        path: String,
+        to: Offset,
+        now_ms: i64,
+        reply: oneshot::Sender<Result<TrimOutcome, TrimError>>,
+    },
+    Expire {
+        paths: Vec<String>,
+        now_ms: i64,
+        reply: oneshot::Sender<Result<usize, StorageError>>,
+    },
     /// A State Protocol snapshot appended at the tail and the earliest offset moved there, in
     /// one frame.
-    Compact { req: CompactRequest, reply: oneshot::Sender<Result<TrimOutcome, CompactError>> },
+    Compact {
+        req: CompactRequest,
+        reply: oneshot::Sender<Result<TrimOutcome, CompactError>>,
+    },
     /// The retention sweep: trims every stream its policy lets go of (one Trim record each).
-    Retain { now_ms: i64, reply: oneshot::Sender<Result<Retained, StorageError>> },
+    Retain {
+        now_ms: i64,
+        reply: oneshot::Sender<Result<Retained, StorageError>>,
+    },
     /// Metadata changes and appends in one frame.
-    Transact { txn: TxnRequest, reply: oneshot::Sender<Result<TxnOutcome, TxnError>> },
+    Transact {
+        txn: TxnRequest,
+        reply: oneshot::Sender<Result<TxnOutcome, TxnError>>,
+    },
     /// Drops writer state past its TTL or window (memory only: the next checkpoint leaves it
     /// out, and the log holds nothing a later replay would need of it).
-    Prune { now_ms: i64, reply: oneshot::Sender<PruneOutcome> },
+    Prune {
+        now_ms: i64,
+        reply: oneshot::Sender<PruneOutcome>,
+    },
     /// The metadata entries under a prefix, answered once the group before it is durable.
-    MetaScan { prefix: Vec<u8>, reply: oneshot::Sender<Result<Vec<(Vec<u8>, Bytes)>, StorageError>> },
+    MetaScan {
+        prefix: Vec<u8>,
+        reply: oneshot::Sender<Result<Vec<(Vec<u8>, Bytes)>, StorageError>>,
+    },
 }
 
 /// The writer's authoritative view of one stream: its state as the machine keeps it (every
@@ -220,14 +255,26 @@ impl Store {
     pub fn stage(&mut self, cmd: Command, g: &mut Group) {
         if self.poisoned() {
             match cmd {
-                Command::Create { reply: tx, .. } => g.effects.push(reply(tx, Err(CreateError::Storage(StorageError::Poisoned)))),
-                Command::Append { reply: tx, .. } => g.effects.push(reply(tx, Err(AppendError::Storage(StorageError::Poisoned)))),
-                Command::Delete { reply: tx, .. } => g.effects.push(reply(tx, Err(LookupError::Storage(StorageError::Poisoned)))),
+                Command::Create { reply: tx, .. } => {
+                    g.effects.push(reply(tx, Err(CreateError::Storage(StorageError::Poisoned))))
+                }
+                Command::Append { reply: tx, .. } => {
+                    g.effects.push(reply(tx, Err(AppendError::Storage(StorageError::Poisoned))))
+                }
+                Command::Delete { reply: tx, .. } => {
+                    g.effects.push(reply(tx, Err(LookupError::Storage(StorageError::Poisoned))))
+                }
                 Command::Expire { reply: tx, .. } => g.effects.push(reply(tx, Err(StorageError::Poisoned))),
-                Command::Trim { reply: tx, .. } => g.effects.push(reply(tx, Err(TrimError::Storage(StorageError::Poisoned)))),
+                Command::Trim { reply: tx, .. } => {
+                    g.effects.push(reply(tx, Err(TrimError::Storage(StorageError::Poisoned))))
+                }
                 Command::Retain { reply: tx, .. } => g.effects.push(reply(tx, Err(StorageError::Poisoned))),
-                Command::Compact { reply: tx, .. } => g.effects.push(reply(tx, Err(CompactError::Storage(StorageError::Poisoned)))),
-                Command::Transact { reply: tx, .. } => g.effects.push(reply(tx, Err(TxnError::Storage(StorageError::Poisoned)))),
+                Command::Compact { reply: tx, .. } => {
+                    g.effects.push(reply(tx, Err(CompactError::Storage(StorageError::Poisoned))))
+                }
+                Command::Transact { reply: tx, .. } => {
+                    g.effects.push(reply(tx, Err(TxnError::Storage(StorageError::Poisoned))))
+                }
                 Command::MetaScan { reply: tx, .. } => g.effects.push(reply(tx, Err(StorageError::Poisoned))),
                 // Pruning memory needs no write.
                 Command::Prune { now_ms, reply } => {
@@ -296,7 +343,12 @@ impl Store {
                 let _ = reply.send(self.prune_writers(now_ms));
             }
             Command::MetaScan { prefix, reply: tx } => {
-                let found = self.meta.range(prefix.clone()..).take_while(|(k, _)| k.starts_with(&prefix)).map(|(k, v)| (k.clone(), v.clone())).collect();
+                let found = self
+                    .meta
+                    .range(prefix.clone()..)
+                    .take_while(|(k, _)| k.starts_with(&prefix))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
                 g.effects.push(reply(tx, Ok(found)));
             }
         }
@@ -312,5 +364,4 @@ impl Store {
     pub fn detached_count(&self) -> usize {
         self.detached.len()
     }
-
 }

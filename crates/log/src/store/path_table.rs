@@ -110,7 +110,8 @@ mod tests {
         }
         assert_eq!(t.remove("/s/6").map(|x| x.1), Some(7));
         assert!(t.remove("/s/6").is_none() && t.get("/s/6").is_none());
-        let mut seen: Vec<u32> = t.iter().filter(|(p, x)| p.ends_with(&format!("/{}", x.1)) || x.1 == 99).map(|(_, x)| x.1).collect();
+        let mut seen: Vec<u32> =
+            t.iter().filter(|(p, x)| p.ends_with(&format!("/{}", x.1)) || x.1 == 99).map(|(_, x)| x.1).collect();
         seen.sort_unstable();
         assert_eq!(seen.len(), 999, "every entry is listed under its own path");
     }

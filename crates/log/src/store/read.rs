@@ -11,9 +11,9 @@ use oncelog_storage::file_bytes;
 use oncelog_storage::machine::chain;
 use oncelog_storage::StorageError;
 
-use crate::fs::File;
 use super::view::Shared;
 use crate::error::{backend, LogError};
+use crate::fs::File;
 
 /// Appends this close together in one segment are read with one `pread` (the gap holds the
 /// next record's header).
@@ -40,7 +40,13 @@ pub(crate) struct Plan {
 }
 
 /// `bounded`: `max_bytes` is a hard limit, and the last append may be cut to meet it.
-pub(crate) fn plan(shared: &Arc<Shared>, from: u64, tail: u64, max_bytes: usize, bounded: bool) -> Result<Plan, StorageError> {
+pub(crate) fn plan(
+    shared: &Arc<Shared>,
+    from: u64,
+    tail: u64,
+    max_bytes: usize,
+    bounded: bool,
+) -> Result<Plan, StorageError> {
     let mut pieces = Vec::new();
     let mut total = 0usize;
     let mut pos = from;
@@ -50,7 +56,10 @@ pub(crate) fn plan(shared: &Arc<Shared>, from: u64, tail: u64, max_bytes: usize,
         let d = s.data.read().map_err(|_| StorageError::Poisoned)?;
         if pos < d.start {
             // Below what the index retains (trimmed, and no fork pins it): never guess bytes.
-            return Err(backend(LogError::Corrupt(format!("read at {pos} below the retained index (from {})", d.start))));
+            return Err(backend(LogError::Corrupt(format!(
+                "read at {pos} below the retained index (from {})",
+                d.start
+            ))));
         }
         let mut i = d.extents.partition_point(|e| e.end <= pos);
         while i < d.extents.len() && pos < part_end && total < max_bytes {
@@ -87,7 +96,10 @@ impl Plan {
 
     /// The bytes and whether the read began where the engine minted an offset: one shared
     /// piece as is, otherwise gathered into one buffer (files read here).
-    pub fn bytes(self, segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>) -> Result<((Bytes, bool), Offset), StorageError> {
+    pub fn bytes(
+        self,
+        segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>,
+    ) -> Result<((Bytes, bool), Offset), StorageError> {
         if let [Piece::Mem(b)] = self.pieces.as_slice() {
             return Ok(((b.clone(), self.aligned), self.next));
         }
@@ -177,7 +189,11 @@ fn run_end(pieces: &[Piece], i: usize, split_large: bool) -> (usize, u64) {
 /// read with `pread`, a run of small ones at once. Mapping a run and copying its appends out of
 /// the mapping did not pay: mapping and unmapping 1 MiB costs about what copying it does (A/B
 /// of 64 KiB appends, 2 cores: 662 against 562 ms of server CPU per GB read).
-fn materialise(pieces: &[Piece], total: usize, segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>) -> Result<Bytes, StorageError> {
+fn materialise(
+    pieces: &[Piece],
+    total: usize,
+    segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>,
+) -> Result<Bytes, StorageError> {
     if let [Piece::Disk { segment, pos, len }] = pieces {
         if let Some(b) = segment_file(segments, *segment)?.map_range(*pos, *len).map_err(io)? {
             return Ok(b);

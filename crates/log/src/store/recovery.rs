@@ -9,19 +9,19 @@ use std::sync::Arc;
 use bytes::Bytes;
 use oncelog_protocol::digest::BodyDigest;
 use oncelog_protocol::Offset;
-use oncelog_storage::machine::parking::ParkingLot;
 use oncelog_storage::machine::chain::fork_chain;
+use oncelog_storage::machine::parking::ParkingLot;
 use oncelog_storage::machine::{self, AppendEffects, StreamState};
 use oncelog_storage::*;
 
+use crate::error::{backend, corrupt, LogError};
 use crate::format::{self, Checkpoint, Extent, ProducerEffect, Replayed};
 use crate::fs::Fs;
-use crate::error::{backend, corrupt, LogError};
 
 use super::commit::new_segment;
 use super::path_table::PathTable;
 use super::view::{new_shared, Counters, Shared, StreamData, View};
-use super::{io_err, Store, StoreConfig, WStream, RecoveryReport};
+use super::{io_err, RecoveryReport, Store, StoreConfig, WStream};
 
 // ---------------------------------------------------------------------------------------------
 // Recovery
@@ -60,7 +60,14 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         report.from_checkpoint = true;
         Checkpoint::decode(&buf, now_ms).map_err(|e| corrupt(format!("checkpoint: {e}")))?
     } else {
-        Checkpoint { lsn: 0, segment: 1, pos: format::SEGMENT_HEADER, next_id: 1, streams: Vec::new(), meta: Vec::new() }
+        Checkpoint {
+            lsn: 0,
+            segment: 1,
+            pos: format::SEGMENT_HEADER,
+            next_id: 1,
+            streams: Vec::new(),
+            meta: Vec::new(),
+        }
     };
     let mut numbers: Vec<u64> = fs
         .list(format::LOG_DIR)
@@ -78,7 +85,9 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
             return Err(corrupt(format!("log segment {} is missing", w[0] + 1)));
         }
     }
-    if to_replay.first().is_some_and(|n| *n != cp.segment) || (to_replay.is_empty() && report.from_checkpoint && cp.lsn > 0 && cp.pos > format::SEGMENT_HEADER) {
+    if to_replay.first().is_some_and(|n| *n != cp.segment)
+        || (to_replay.is_empty() && report.from_checkpoint && cp.lsn > 0 && cp.pos > format::SEGMENT_HEADER)
+    {
         return Err(corrupt(format!("log segment {} (where the checkpoint continues) is missing", cp.segment)));
     }
 
@@ -100,7 +109,10 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
     let present: std::collections::HashSet<u64> = numbers.iter().copied().collect();
     for b in streams.values() {
         if let Some(missing) = b.extents.iter().map(|e| e.segment()).find(|n| !present.contains(n)) {
-            return Err(corrupt(format!("log segment {missing} is missing (stream {} at {:?} has data in it)", b.st.meta.id, b.path)));
+            return Err(corrupt(format!(
+                "log segment {missing} is missing (stream {} at {:?} has data in it)",
+                b.st.meta.id, b.path
+            )));
         }
     }
     let mut segments = std::collections::BTreeMap::new();
@@ -117,7 +129,8 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         let len = f.len().map_err(|e| io_err("read a log segment", e))?;
         let mut buf = vec![0u8; len as usize];
         f.read_exact_at(&mut buf, 0).map_err(|e| io_err("read a log segment", e))?;
-        let header_ok = buf.len() >= format::SEGMENT_HEADER as usize && buf[..format::SEGMENT_HEADER as usize] == format::segment_header(*n);
+        let header_ok = buf.len() >= format::SEGMENT_HEADER as usize
+            && buf[..format::SEGMENT_HEADER as usize] == format::segment_header(*n);
         let mut pos = if *n == cp.segment { cp.pos as usize } else { format::SEGMENT_HEADER as usize };
         if !header_ok {
             let covered = *n == cp.segment && cp.pos > format::SEGMENT_HEADER;
@@ -138,8 +151,11 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
             if pos == buf.len() {
                 break;
             }
-            let frame = format::parse_frame_header(buf.get(pos..pos + format::FRAME_HEADER).unwrap_or(&[]))
-                .filter(|h| buf.len() >= pos + format::FRAME_HEADER + h.len && format::frame_is_valid(h, &buf[pos..pos + format::FRAME_HEADER + h.len]));
+            let frame =
+                format::parse_frame_header(buf.get(pos..pos + format::FRAME_HEADER).unwrap_or(&[])).filter(|h| {
+                    buf.len() >= pos + format::FRAME_HEADER + h.len
+                        && format::frame_is_valid(h, &buf[pos..pos + format::FRAME_HEADER + h.len])
+                });
             let Some(h) = frame else {
                 // Where written bytes end; only zeros after it (allocated space, never data).
                 let Some(last_written) = buf[pos..].iter().rposition(|b| *b != 0) else {
@@ -158,13 +174,19 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
                 break;
             };
             if h.lsn != lsn + 1 {
-                return Err(corrupt(format!("{name}: frame at byte {pos} has lsn {} where {} was expected", h.lsn, lsn + 1)));
+                return Err(corrupt(format!(
+                    "{name}: frame at byte {pos} has lsn {} where {} was expected",
+                    h.lsn,
+                    lsn + 1
+                )));
             }
             let payload = &buf[pos + format::FRAME_HEADER..pos + format::FRAME_HEADER + h.len];
-            let records = format::decode_payload(payload).map_err(|e| corrupt(format!("{name}: frame at byte {pos}: {e}")))?;
+            let records =
+                format::decode_payload(payload).map_err(|e| corrupt(format!("{name}: frame at byte {pos}: {e}")))?;
             let base = (pos + format::FRAME_HEADER) as u64;
             for r in records {
-                replay(r, *n, base, now_ms, &mut streams, &mut next_id, &mut meta).map_err(|e| corrupt(format!("{name}: frame at byte {pos}: {e}")))?;
+                replay(r, *n, base, now_ms, &mut streams, &mut next_id, &mut meta)
+                    .map_err(|e| corrupt(format!("{name}: frame at byte {pos}: {e}")))?;
             }
             lsn = h.lsn;
             report.frames_replayed += 1;
@@ -213,7 +235,9 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         let chain = match b.st.meta.fork {
             None => Vec::new(),
             Some(f) => {
-                let src = shared_by_id.get(&f.source_id).ok_or_else(|| corrupt(format!("stream {id}: fork source {} is missing", f.source_id)))?;
+                let src = shared_by_id
+                    .get(&f.source_id)
+                    .ok_or_else(|| corrupt(format!("stream {id}: fork source {} is missing", f.source_id)))?;
                 fork_chain(&src.chain, src, f.fork_point)
             }
         };
@@ -337,7 +361,8 @@ fn replay(
             }
             let start = meta.fork.map_or(0, |f| f.fork_point);
             let tail = start + data_len;
-            let extents = if data_len > 0 { vec![Extent::new(tail, segment, base + data_at as u64)] } else { Vec::new() };
+            let extents =
+                if data_len > 0 { vec![Extent::new(tail, segment, base + data_at as u64)] } else { Vec::new() };
             *next_id = (*next_id).max(id + 1);
             let mut st = StreamState::new(meta, Offset(tail));
             st.created();

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use oncelog_protocol::Offset;
-use oncelog_storage::machine::parking::{ParkingLot, Pending, Round};
 use oncelog_storage::machine::chain::fork_chain;
+use oncelog_storage::machine::parking::{ParkingLot, Pending, Round};
 use oncelog_storage::machine::{self, AppendEffects, Step, StreamState};
 use oncelog_storage::rules::{self, CreatePlan, Removal, PARK_TIMEOUT};
 use oncelog_storage::*;
@@ -17,8 +17,8 @@ use tokio::sync::oneshot;
 use crate::format::{ProducerEffect, Record};
 
 use super::commit::{reply, Effect, Group};
-use super::view::{new_shared, StreamData};
 use super::mutant::is_on;
+use super::view::{new_shared, StreamData};
 use super::{Staging, Store, WStream};
 
 impl Store {
@@ -47,7 +47,13 @@ impl Store {
         if split {
             g.swap_split();
         }
-        let accepted: Vec<&AppendRequest> = txn.appends.iter().zip(&appends).filter(|(_, o)| o.status == AppendStatus::Appended).map(|(a, _)| a).collect();
+        let accepted: Vec<&AppendRequest> = txn
+            .appends
+            .iter()
+            .zip(&appends)
+            .filter(|(_, o)| o.status == AppendStatus::Appended)
+            .map(|(a, _)| a)
+            .collect();
         if !accepted.is_empty() && self.parked.as_ref().is_some_and(|lot| !lot.is_empty()) {
             let now = Instant::now();
             self.with_lot(|store, lot| {
@@ -79,7 +85,14 @@ impl Store {
                         n => d.extents[n - 1].end,
                     })
                 };
-                let to = retention::floor(&w.st.meta.config.retention, w.st.tail, w.st.meta.earliest, now_ms, &w.st.marks, below)?;
+                let to = retention::floor(
+                    &w.st.meta.config.retention,
+                    w.st.tail,
+                    w.st.meta.earliest,
+                    now_ms,
+                    &w.st.marks,
+                    below,
+                )?;
                 Some((path.clone(), w.st.meta.earliest, to))
             })
             .collect();
@@ -105,7 +118,13 @@ impl Store {
 
     /// Decides appends in one round (see [`oncelog_storage::machine::parking`]) and stages their
     /// answers; `may_park`: early producer appends may wait (not once writes stopped).
-    pub(super) fn decide_round(&mut self, pending: impl IntoIterator<Item = Pending>, now: Instant, may_park: bool, g: &mut Group) {
+    pub(super) fn decide_round(
+        &mut self,
+        pending: impl IntoIterator<Item = Pending>,
+        now: Instant,
+        may_park: bool,
+        g: &mut Group,
+    ) {
         self.with_lot(|store, lot| {
             let mut round = Round::default();
             for p in pending {
@@ -128,7 +147,12 @@ impl Store {
         self.expire_parked(Instant::now() + PARK_TIMEOUT * 2, g);
     }
 
-    pub(super) fn stage_append(&mut self, req: AppendRequest, tx: oneshot::Sender<Result<AppendOutcome, AppendError>>, g: &mut Group) {
+    pub(super) fn stage_append(
+        &mut self,
+        req: AppendRequest,
+        tx: oneshot::Sender<Result<AppendOutcome, AppendError>>,
+        g: &mut Group,
+    ) {
         let now = Instant::now();
         let may_park = !self.poisoned;
         self.decide_round(std::iter::once(Pending::new(req, tx, now)), now, may_park, g);
@@ -182,7 +206,16 @@ impl Store {
         let ends = rules::compact(&w.st.meta, w.st.tail, &req)?;
         // (A compaction stream has no retention policy, so its appends carry no write time.)
         for (piece, end) in req.pieces.iter().zip(&ends) {
-            let at = g.record(&Record::Append { id: w.st.meta.id, new_tail: end.0, close: false, stream_seq: None, producer: None, key: None, time: None, data: piece });
+            let at = g.record(&Record::Append {
+                id: w.st.meta.id,
+                new_tail: end.0,
+                close: false,
+                stream_seq: None,
+                producer: None,
+                key: None,
+                time: None,
+                data: piece,
+            });
             w.st.tail = *end;
             g.effects.push(Effect::Data { shared: w.shared.clone(), end: end.0, at, hot: piece.clone() });
         }
@@ -326,7 +359,12 @@ impl Store {
             self.counters.producers.fetch_add(1, Ordering::Relaxed);
         }
         let e: &AppendEffects<'_> = &written.effects;
-        let producer = e.producer.map(|p| ProducerEffect { id: p.id, epoch: p.epoch, seq: p.seq, details: Some((p.digest, p.at_ms)) });
+        let producer = e.producer.map(|p| ProducerEffect {
+            id: p.id,
+            epoch: p.epoch,
+            seq: p.seq,
+            details: Some((p.digest, p.at_ms)),
+        });
         let split = is_on!(self.cfg, SplitProducer) && producer.is_some();
         let at = g.record(&Record::Append {
             id: w.st.meta.id,
@@ -339,7 +377,16 @@ impl Store {
             data: &req.data,
         });
         if split {
-            let rec = Record::Append { id: w.st.meta.id, new_tail: e.new_tail.0, close: false, stream_seq: None, producer, key: None, time: None, data: &[] };
+            let rec = Record::Append {
+                id: w.st.meta.id,
+                new_tail: e.new_tail.0,
+                close: false,
+                stream_seq: None,
+                producer,
+                key: None,
+                time: None,
+                data: &[],
+            };
             g.record_split(&rec);
         }
         if !req.data.is_empty() {
@@ -369,5 +416,4 @@ impl Store {
     pub fn prune_idle(&mut self) -> PruneOutcome {
         self.prune_writers(self.latest_ms)
     }
-
 }

@@ -55,7 +55,12 @@ impl PublishedCell {
 
     pub fn get(&self) -> Published {
         let w = self.word.load(Ordering::Acquire);
-        Published { tail: Offset(w & TAIL_MASK), closed: w & CLOSED != 0, deleted: w & DELETED != 0, soft_deleted: w & SOFT_DELETED != 0 }
+        Published {
+            tail: Offset(w & TAIL_MASK),
+            closed: w & CLOSED != 0,
+            deleted: w & DELETED != 0,
+            soft_deleted: w & SOFT_DELETED != 0,
+        }
     }
 
     /// Changes the state (writer only) without waking the waiting readers yet: a reader that
@@ -181,7 +186,13 @@ impl Named for Arc<Shared> {
 impl Shared {
     pub fn info(&self) -> StreamInfo {
         let p = self.state.get();
-        StreamInfo { id: self.id, config: self.config.clone(), tail: p.tail, closed: p.closed, earliest: Offset(self.earliest.load(Ordering::Acquire)) }
+        StreamInfo {
+            id: self.id,
+            config: self.config.clone(),
+            tail: p.tail,
+            closed: p.closed,
+            earliest: Offset(self.earliest.load(Ordering::Acquire)),
+        }
     }
 
     pub fn touch(&self, now_ms: i64) {
@@ -247,8 +258,17 @@ impl Counters {
     }
 }
 
-pub(super) fn new_shared(meta: &StreamMeta, path: Arc<str>, tail: Offset, chain: Vec<Segment<Arc<Shared>>>, forks: usize, now_ms: i64, data: StreamData) -> Arc<Shared> {
-    let state = PublishedCell::new(Published { tail, closed: meta.closed, deleted: false, soft_deleted: meta.soft_deleted });
+pub(super) fn new_shared(
+    meta: &StreamMeta,
+    path: Arc<str>,
+    tail: Offset,
+    chain: Vec<Segment<Arc<Shared>>>,
+    forks: usize,
+    now_ms: i64,
+    data: StreamData,
+) -> Arc<Shared> {
+    let state =
+        PublishedCell::new(Published { tail, closed: meta.closed, deleted: false, soft_deleted: meta.soft_deleted });
     Arc::new(Shared {
         id: meta.id,
         path,

@@ -63,7 +63,9 @@ impl Follower {
         };
         let found = match same_file(&f.path, id) {
             Some(file) => Some(file),
-            None => find_in_dir(&f.path, id).map_err(|source| ShipError::Io { path: dir_of(&f.path).to_owned(), source })?,
+            None => {
+                find_in_dir(&f.path, id).map_err(|source| ShipError::Io { path: dir_of(&f.path).to_owned(), source })?
+            }
         };
         let Some(file) = found else {
             eprintln!(
@@ -97,7 +99,9 @@ impl Follower {
             let lines = match read_lines(file, pos, size, limits).map_err(io)? {
                 Read::Lines(lines) => lines,
                 Read::Unfinished => Vec::new(),
-                Read::TooLong => return Err(ShipError::LineTooLong { path: self.path.clone(), max: limits.max_line_bytes }),
+                Read::TooLong => {
+                    return Err(ShipError::LineTooLong { path: self.path.clone(), max: limits.max_line_bytes })
+                }
                 Read::Truncated => return Ok(self.restart_file()),
             };
             // Checked again after the read: bytes read across a truncation are not trusted.
@@ -255,7 +259,10 @@ fn find_in_dir(path: &Path, id: FileId) -> std::io::Result<Option<File>> {
             if let Ok(file) = File::open(entry.path()) {
                 // Opened by name: make sure the name still meant that file.
                 if file.metadata().map(|m| FileId::of(&m) == id).unwrap_or(false) {
-                    eprintln!("oncelog ship: finishing {} (rotated while the shipper was stopped)", entry.path().display());
+                    eprintln!(
+                        "oncelog ship: finishing {} (rotated while the shipper was stopped)",
+                        entry.path().display()
+                    );
                     return Ok(Some(file));
                 }
             }
@@ -276,7 +283,13 @@ mod tests {
     const LIMITS: Limits = Limits { batch_bytes: 64, max_line_bytes: 1024 };
 
     fn append(path: &Path, bytes: &[u8]) {
-        std::fs::OpenOptions::new().create(true).append(true).open(path).expect("open").write_all(bytes).expect("write");
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("open")
+            .write_all(bytes)
+            .expect("write");
     }
 
     /// Steps until idle, collecting the lines.

@@ -92,7 +92,11 @@ pub async fn ship(a: ShipArgs) -> Result<(), ShipError> {
         return Err(ShipError::JsonStream(a.stream));
     }
     let send_batch = |st: &State, bytes: Vec<u8>| {
-        let opts = AppendOptions { content_type: Some(content_type.clone()), idempotency_key: Some(st.key()), ..AppendOptions::default() };
+        let opts = AppendOptions {
+            content_type: Some(content_type.clone()),
+            idempotency_key: Some(st.key()),
+            ..AppendOptions::default()
+        };
         send(&stream, Bytes::from(bytes), opts)
     };
 
@@ -102,7 +106,8 @@ pub async fn ship(a: ShipArgs) -> Result<(), ShipError> {
         st.batch += 1;
         st.save(&state_path)?;
     }
-    let limits = Limits { batch_bytes: a.batch_bytes.max(1), max_line_bytes: a.max_line_bytes.max(a.batch_bytes).max(1) };
+    let limits =
+        Limits { batch_bytes: a.batch_bytes.max(1), max_line_bytes: a.max_line_bytes.max(a.batch_bytes).max(1) };
     let mut follower = Follower::resume(a.file, st.cursor.clone())?;
     let poll = Duration::from_millis(a.poll_ms.max(1));
     // The follower's reads and the state file's fsync run on this task, not `spawn_blocking`:
@@ -144,7 +149,12 @@ async fn send(stream: &StreamHandle, bytes: Bytes, opts: AppendOptions) -> Resul
 /// different batches under the same keys.
 fn lock(state_path: &std::path::Path) -> Result<File, ShipError> {
     let path = state::sibling(state_path, ".lock");
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(|source| ShipError::Io { path: path.clone(), source })?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|source| ShipError::Io { path: path.clone(), source })?;
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(std::fs::TryLockError::WouldBlock) => Err(ShipError::Locked { path: state_path.to_owned() }),

@@ -86,7 +86,13 @@ pub struct State {
 impl State {
     /// A shipper to `stream` that has shipped nothing.
     pub fn new(stream: &str) -> State {
-        State { instance: oncelog_client::new_idempotency_key(), stream: stream.to_owned(), batch: 0, cursor: Cursor::default(), pending: None }
+        State {
+            instance: oncelog_client::new_idempotency_key(),
+            stream: stream.to_owned(),
+            batch: 0,
+            cursor: Cursor::default(),
+            pending: None,
+        }
     }
 
     /// The `Idempotency-Key` of batch `self.batch`.
@@ -97,7 +103,10 @@ impl State {
     /// The state in `path` of a shipper to `stream`, or a new one when there is no such file.
     pub fn load(path: &Path, stream: &str) -> Result<State, ShipError> {
         if stream.contains('\n') {
-            return Err(ShipError::BadState { path: path.to_owned(), why: "a stream name with a newline cannot be recorded" });
+            return Err(ShipError::BadState {
+                path: path.to_owned(),
+                why: "a stream name with a newline cannot be recorded",
+            });
         }
         match std::fs::read(path) {
             Ok(bytes) => {
@@ -134,7 +143,11 @@ impl State {
             None => "-".to_owned(),
         };
         let head: String = self.cursor.head.iter().map(|b| format!("{b:02x}")).collect();
-        let mut out = format!("{MAGIC}\ninstance {}\nstream {}\nbatch {}\nfile {file}\nposition {}\nhead {head}\n", self.instance, self.stream, self.batch, self.cursor.position).into_bytes();
+        let mut out = format!(
+            "{MAGIC}\ninstance {}\nstream {}\nbatch {}\nfile {file}\nposition {}\nhead {head}\n",
+            self.instance, self.stream, self.batch, self.cursor.position
+        )
+        .into_bytes();
         if let Some(p) = &self.pending {
             out.extend_from_slice(format!("pending {}\n", p.len()).as_bytes());
             out.extend_from_slice(p);
@@ -167,7 +180,10 @@ impl State {
         if hex.len() % 2 != 0 || hex.len() / 2 > HEAD_BYTES {
             return Err("bad head");
         }
-        let head = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).map_err(|_| "bad head")).collect::<Result<Vec<u8>, _>>()?;
+        let head = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).map_err(|_| "bad head"))
+            .collect::<Result<Vec<u8>, _>>()?;
         if head.len() as u64 != position.min(HEAD_BYTES as u64) {
             return Err("head and position disagree");
         }

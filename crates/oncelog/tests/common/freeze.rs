@@ -61,7 +61,11 @@ async fn flowing(watch: &watch::Receiver<bool>) {
 }
 
 /// Copies one direction, holding each chunk while the path is frozen (and reading no more).
-async fn pump(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, watch: watch::Receiver<bool>) {
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    watch: watch::Receiver<bool>,
+) {
     let mut buf = vec![0u8; 64 << 10];
     loop {
         flowing(&watch).await;

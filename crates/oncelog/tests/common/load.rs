@@ -227,7 +227,13 @@ pub async fn close_stream(base: &str, stream: &str) {
     let http = reqwest::Client::new();
     let mut last = String::new();
     for _ in 0..100 {
-        match http.post(format!("{base}/v1/stream/{stream}")).header("stream-closed", "true").timeout(Duration::from_secs(5)).send().await {
+        match http
+            .post(format!("{base}/v1/stream/{stream}"))
+            .header("stream-closed", "true")
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+        {
             Ok(r) if r.status().is_success() => return,
             Ok(r) => last = r.status().to_string(),
             Err(e) => last = e.to_string(),
@@ -283,8 +289,17 @@ pub fn check_stream(bytes: &[u8], tally: &Tally) -> usize {
         .acked
         .iter()
         .filter(|(k, a)| seen.get(k).is_some_and(|ends| ends[0] != a.offset))
-        .map(|(k, a)| format!("p{}-{}: answered {} with offset {}, ends at {} in the stream", k.0, k.1, a.status, a.offset, seen[k][0]))
+        .map(|(k, a)| {
+            format!(
+                "p{}-{}: answered {} with offset {}, ends at {} in the stream",
+                k.0, k.1, a.status, a.offset, seen[k][0]
+            )
+        })
         .collect();
-    assert!(misplaced.is_empty(), "acknowledgements with the wrong offset: {:?}", &misplaced[..misplaced.len().min(10)]);
+    assert!(
+        misplaced.is_empty(),
+        "acknowledgements with the wrong offset: {:?}",
+        &misplaced[..misplaced.len().min(10)]
+    );
     seen.len()
 }

@@ -77,7 +77,8 @@ pub struct Output {
 pub fn run(mut cmd: std::process::Command, stdin: &[u8], limit: Duration) -> Output {
     use std::io::{Read, Write};
     use std::process::Stdio;
-    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn oncelog");
+    let mut child =
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn oncelog");
     let mut input = child.stdin.take().expect("stdin");
     let data = stdin.to_vec();
     let writer = std::thread::spawn(move || {
@@ -109,7 +110,13 @@ pub fn run(mut cmd: std::process::Command, stdin: &[u8], limit: Duration) -> Out
     };
     let _ = writer.join();
     let stdout_bytes = out_t.join().unwrap_or_default();
-    Output { ok: status.success(), code: status.code(), stdout: String::from_utf8_lossy(&stdout_bytes).into_owned(), stdout_bytes, stderr: err_t.join().unwrap_or_default() }
+    Output {
+        ok: status.success(),
+        code: status.code(),
+        stdout: String::from_utf8_lossy(&stdout_bytes).into_owned(),
+        stdout_bytes,
+        stderr: err_t.join().unwrap_or_default(),
+    }
 }
 
 /// `oncelog serve` as a child process on `127.0.0.1:0`, killed when dropped.
@@ -146,8 +153,14 @@ impl Server {
             .spawn()
             .expect("spawn oncelog serve");
         let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read the address line");
-        let url = line.trim().strip_prefix("oncelog listening on ").unwrap_or_else(|| panic!("unexpected line {line:?}")).to_owned();
+        std::io::BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read the address line");
+        let url = line
+            .trim()
+            .strip_prefix("oncelog listening on ")
+            .unwrap_or_else(|| panic!("unexpected line {line:?}"))
+            .to_owned();
         Server { child, url }
     }
 

@@ -20,9 +20,15 @@ pub fn database_url() -> String {
 /// so the connection falls back to plaintext (`ONCELOG_TEST_POSTGRES_SOCKET_DIR`, which
 /// `./scripts/test` sets beside the URL).
 pub fn plaintext_socket_url() -> String {
-    let socket_dir = std::env::var("ONCELOG_TEST_POSTGRES_SOCKET_DIR").expect("ONCELOG_TEST_POSTGRES_SOCKET_DIR (./scripts/test sets it)");
+    let socket_dir = std::env::var("ONCELOG_TEST_POSTGRES_SOCKET_DIR")
+        .expect("ONCELOG_TEST_POSTGRES_SOCKET_DIR (./scripts/test sets it)");
     let url = database_url();
-    let port = url.split_once("://").and_then(|(_, r)| r.split_once('/')).and_then(|(h, _)| h.rsplit_once(':')).map(|(_, p)| p.to_owned()).expect("a port in the URL");
+    let port = url
+        .split_once("://")
+        .and_then(|(_, r)| r.split_once('/'))
+        .and_then(|(h, _)| h.rsplit_once(':'))
+        .map(|(_, p)| p.to_owned())
+        .expect("a port in the URL");
     format!("postgres://oncelog@/postgres?host={socket_dir}&port={port}&sslmode=prefer")
 }
 
@@ -55,7 +61,8 @@ impl Node {
     /// Starts a node on database URL `db`, schema `schema`, its stderr appended to `log`;
     /// returns once it listens.
     pub fn start(db: &str, schema: &str, log: PathBuf) -> Node {
-        let mut n = Node { child: None, port: free_port(), db: db.to_owned(), schema: schema.to_owned(), log, starts: 0 };
+        let mut n =
+            Node { child: None, port: free_port(), db: db.to_owned(), schema: schema.to_owned(), log, starts: 0 };
         n.launch();
         n
     }

@@ -54,7 +54,10 @@ pub async fn wait_applied(client: &Client, url: &str, schema: &str, streams: &[S
         if want.iter().all(|(s, t)| have.get(s) == Some(t)) {
             return started.elapsed();
         }
-        assert!(started.elapsed() < limit, "the sink did not catch up within {limit:?}: tails {want:?}, positions {have:?}");
+        assert!(
+            started.elapsed() < limit,
+            "the sink did not catch up within {limit:?}: tails {want:?}, positions {have:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -132,7 +135,11 @@ impl Writers {
                 while !stop.load(Ordering::Relaxed) {
                     let k = 1 + rng.next(4);
                     let body: Vec<serde_json::Value> = (n + 1..=n + k).map(|v| serde_json::json!({ "n": v })).collect();
-                    client.stream(&s).append(serde_json::Value::Array(body).to_string(), AppendOptions::default()).await.expect("append");
+                    client
+                        .stream(&s)
+                        .append(serde_json::Value::Array(body).to_string(), AppendOptions::default())
+                        .await
+                        .expect("append");
                     count.fetch_add(k, Ordering::Relaxed);
                     sum.fetch_add((n + 1..=n + k).sum::<u64>(), Ordering::Relaxed);
                     n += k;

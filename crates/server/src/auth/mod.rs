@@ -148,4 +148,3 @@ pub struct Gate {
     pub auth: Arc<dyn Authorize>,
     pub clock: Arc<dyn Clock>,
 }
-

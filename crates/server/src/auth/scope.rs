@@ -136,7 +136,9 @@ impl Scope {
     /// Whether `op` is allowed on every path that starts with `prefix` (a prefix grant covering
     /// it): what a subscription pattern with that literal prefix may reach.
     pub fn allows_all_under(&self, prefix: &str, op: Op) -> bool {
-        self.grants.iter().any(|(set, ops)| matches!(set, StreamSet::Prefix(p) if prefix.starts_with(p.as_str())) && ops.contains(&op))
+        self.grants.iter().any(|(set, ops)| {
+            matches!(set, StreamSet::Prefix(p) if prefix.starts_with(p.as_str())) && ops.contains(&op)
+        })
     }
 }
 
@@ -156,7 +158,8 @@ pub fn stream_path(parts: &Parts) -> Option<String> {
 /// ([`SubCall::parse`]): an id that only *decodes* to `…/ack` is a management call of that id,
 /// and goes through the grants like one.
 pub fn subscription_token_checked(method: &axum::http::Method, raw_path: &str) -> bool {
-    raw_path.starts_with("/v1/stream/__ds/") && matches!(SubCall::parse(method, raw_path), Ok(SubCall::Jwks | SubCall::Fenced { .. }))
+    raw_path.starts_with("/v1/stream/__ds/")
+        && matches!(SubCall::parse(method, raw_path), Ok(SubCall::Jwks | SubCall::Fenced { .. }))
 }
 
 /// Routes that need valid credentials but no grant on their own path, whatever the method:
@@ -164,7 +167,8 @@ pub fn subscription_token_checked(method: &axum::http::Method, raw_path: &str) -
 /// instead ([`crate::listing`]), so a token learns only paths it could read anyway. Decided by
 /// the router's own parse of the raw path, like [`subscription_token_checked`].
 pub fn filtered_by_grants(raw_path: &str) -> bool {
-    raw_path.starts_with("/v1/stream/__ds/") && SubCall::parse(&axum::http::Method::GET, raw_path) == Ok(SubCall::Streams)
+    raw_path.starts_with("/v1/stream/__ds/")
+        && SubCall::parse(&axum::http::Method::GET, raw_path) == Ok(SubCall::Streams)
 }
 
 /// The operations a request of kind `kind` performs on `path` (and, for a fork, on its
@@ -210,7 +214,8 @@ mod tests {
 
     #[test]
     fn grants_match_by_exact_path_or_prefix_and_operation() {
-        let s = scope(&[("chats/42/", false, &["read", "append"]), ("logs/app", true, &["all"]), ("x", true, &["bogus"])]);
+        let s =
+            scope(&[("chats/42/", false, &["read", "append"]), ("logs/app", true, &["all"]), ("x", true, &["bogus"])]);
         assert!(s.allows("chats/42/a", Op::Read) && s.allows("chats/42/a", Op::Append));
         assert!(!s.allows("chats/42/a", Op::Delete));
         assert!(!s.allows("chats/43/a", Op::Read));
@@ -221,14 +226,42 @@ mod tests {
         // Trimming is its own operation, in `manage` and `all`, not in `write`.
         assert!(!groups.allows("any/thing", Op::Trim));
         assert!(s.allows("logs/app", Op::Trim) && scope(&[("", false, &["manage"])]).allows("a", Op::Trim));
-        let trim = axum::http::Request::post("/v1/stream/a").header(names::STREAM_TRIM_TO, "0").body(()).expect("request").into_parts().0;
-        assert_eq!(required(Kind::of(&trim.method, &trim.headers), "a", &trim.headers), vec![("a".to_owned(), Op::Trim)]);
-        let compact = axum::http::Request::post("/v1/stream/a").header(names::STREAM_COMPACT, "true").body(()).expect("request").into_parts().0;
-        assert_eq!(required(Kind::of(&compact.method, &compact.headers), "a", &compact.headers), vec![("a".to_owned(), Op::Trim)]);
-        let fork = axum::http::Request::put("/v1/stream/f").header(names::STREAM_FORKED_FROM, "/v1/stream/src").body(()).expect("request").into_parts().0;
-        assert_eq!(required(Kind::Fork, "f", &fork.headers), vec![("f".to_owned(), Op::Create), ("src".to_owned(), Op::Read)]);
-        assert_eq!(required(Kind::Append { closes: true }, "a", &fork.headers), vec![("a".to_owned(), Op::Append), ("a".to_owned(), Op::Close)]);
-        let bad = ScopeClaim { grants: vec![GrantClaim { stream: Some("a".into()), prefix: Some("b".into()), ops: vec![] }] };
+        let trim = axum::http::Request::post("/v1/stream/a")
+            .header(names::STREAM_TRIM_TO, "0")
+            .body(())
+            .expect("request")
+            .into_parts()
+            .0;
+        assert_eq!(
+            required(Kind::of(&trim.method, &trim.headers), "a", &trim.headers),
+            vec![("a".to_owned(), Op::Trim)]
+        );
+        let compact = axum::http::Request::post("/v1/stream/a")
+            .header(names::STREAM_COMPACT, "true")
+            .body(())
+            .expect("request")
+            .into_parts()
+            .0;
+        assert_eq!(
+            required(Kind::of(&compact.method, &compact.headers), "a", &compact.headers),
+            vec![("a".to_owned(), Op::Trim)]
+        );
+        let fork = axum::http::Request::put("/v1/stream/f")
+            .header(names::STREAM_FORKED_FROM, "/v1/stream/src")
+            .body(())
+            .expect("request")
+            .into_parts()
+            .0;
+        assert_eq!(
+            required(Kind::Fork, "f", &fork.headers),
+            vec![("f".to_owned(), Op::Create), ("src".to_owned(), Op::Read)]
+        );
+        assert_eq!(
+            required(Kind::Append { closes: true }, "a", &fork.headers),
+            vec![("a".to_owned(), Op::Append), ("a".to_owned(), Op::Close)]
+        );
+        let bad =
+            ScopeClaim { grants: vec![GrantClaim { stream: Some("a".into()), prefix: Some("b".into()), ops: vec![] }] };
         assert_eq!(Scope::from_claim(&bad), Err(BadGrant));
     }
 }

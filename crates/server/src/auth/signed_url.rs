@@ -32,7 +32,8 @@ impl SignatureError {
 
 fn mac(secret: &[u8], path: &str, expires: u64) -> HmacSha256 {
     // HMAC takes keys of any length; `new_from_slice` cannot fail for it.
-    let mut mac = <HmacSha256 as Mac>::new_from_slice(secret).unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
+    let mut mac =
+        <HmacSha256 as Mac>::new_from_slice(secret).unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
     mac.update(b"GET\n");
     mac.update(path.as_bytes());
     mac.update(b"\n");

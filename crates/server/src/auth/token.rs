@@ -26,9 +26,9 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use serde::{Deserialize, Serialize};
 
 use super::scope::{required, stream_path, Scope, ScopeClaim};
-use crate::op::Kind;
 use super::signed_url::{self, SignatureError};
 use super::{Access, AuthError, Authorize, Why};
+use crate::op::Kind;
 use crate::reload::modified;
 
 /// Clock skew tolerated for `exp` and `nbf`.
@@ -216,7 +216,9 @@ impl TokenAuth {
         let key = {
             let keys = self.keys.read().unwrap_or_else(std::sync::PoisonError::into_inner);
             match header.alg {
-                Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => DecodingKey::from_secret(keys.secret.as_deref().ok_or_else(no_key)?),
+                Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => {
+                    DecodingKey::from_secret(keys.secret.as_deref().ok_or_else(no_key)?)
+                }
                 _ => {
                     let jwks = keys.jwks.as_ref().ok_or_else(no_key)?;
                     let jwk = match &header.kid {
@@ -242,7 +244,8 @@ impl TokenAuth {
             v.validate_aud = true;
             v.required_spec_claims.insert("aud".into());
         }
-        let claims = jsonwebtoken::decode::<Claims>(token, &key, &v).map_err(|e| Self::refuse(decode_refusal(&e)))?.claims;
+        let claims =
+            jsonwebtoken::decode::<Claims>(token, &key, &v).map_err(|e| Self::refuse(decode_refusal(&e)))?.claims;
         let leeway_ms = LEEWAY_S * 1000;
         let exp_ms = claims.exp.ok_or_else(|| Self::refuse(Why::NoExpiry))?.ms;
         if now_ms > exp_ms.saturating_add(leeway_ms) {
@@ -257,7 +260,10 @@ impl TokenAuth {
             None => {
                 use sha2::Digest as _;
                 let digest = sha2::Sha256::digest(token.as_bytes());
-                format!("token:{}", base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, &digest[..12]))
+                format!(
+                    "token:{}",
+                    base64::Engine::encode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, &digest[..12])
+                )
             }
         };
         Ok((scope, exp_ms, principal))
@@ -314,7 +320,10 @@ impl Authorize for TokenAuth {
         let bearer = parts.headers.get("authorization").map(|v| v.to_str().unwrap_or(""));
         let (scope, expires_at_ms, principal) = match (bearer, signature_params(parts.uri.query())) {
             (Some(h), _) => {
-                let token = h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")).ok_or(Self::refuse(Why::NotBearer))?;
+                let token = h
+                    .strip_prefix("Bearer ")
+                    .or_else(|| h.strip_prefix("bearer "))
+                    .ok_or(Self::refuse(Why::NotBearer))?;
                 self.verify(token.trim(), now_ms)?
             }
             (None, Some((expires, sig))) => {
@@ -326,14 +335,23 @@ impl Authorize for TokenAuth {
         // The stream listing needs no grant of its own: it lists only what the grants allow.
         if let Some(path) = stream_path(parts).filter(|_| !crate::auth::scope::filtered_by_grants(parts.uri.path())) {
             // Classified once by the front service (or here, when called on its own).
-            let kind = parts.extensions.get::<Kind>().copied().unwrap_or_else(|| Kind::of(&parts.method, &parts.headers));
+            let kind =
+                parts.extensions.get::<Kind>().copied().unwrap_or_else(|| Kind::of(&parts.method, &parts.headers));
             for (stream, op) in required(kind, &path, &parts.headers) {
                 if !scope.allows(&stream, op) {
-                    return Err(if self.config.hide_forbidden { AuthError::Hidden } else { AuthError::Forbidden { op, stream } });
+                    return Err(if self.config.hide_forbidden {
+                        AuthError::Hidden
+                    } else {
+                        AuthError::Forbidden { op, stream }
+                    });
                 }
             }
         }
-        Ok(Access { expires_at_ms: Some(expires_at_ms), principal: Some(principal), scope: Some(std::sync::Arc::new(scope)) })
+        Ok(Access {
+            expires_at_ms: Some(expires_at_ms),
+            principal: Some(principal),
+            scope: Some(std::sync::Arc::new(scope)),
+        })
     }
 
     fn hides_forbidden(&self) -> bool {
@@ -345,7 +363,21 @@ impl Authorize for TokenAuth {
 pub type SignError = jsonwebtoken::errors::Error;
 
 /// Signs an `HS256` token carrying `scope`, valid until `expires_at_s` (Unix seconds).
-pub fn issue(secret: &[u8], scope: ScopeClaim, expires_at_s: i64, issuer: Option<String>, audience: Option<String>, subject: Option<String>) -> Result<String, SignError> {
-    let claims = Claims { sub: subject, iss: issuer, aud: audience.map(Audience::One), exp: Some(NumericDate::from_secs(expires_at_s)), nbf: None, oncelog: scope };
+pub fn issue(
+    secret: &[u8],
+    scope: ScopeClaim,
+    expires_at_s: i64,
+    issuer: Option<String>,
+    audience: Option<String>,
+    subject: Option<String>,
+) -> Result<String, SignError> {
+    let claims = Claims {
+        sub: subject,
+        iss: issuer,
+        aud: audience.map(Audience::One),
+        exp: Some(NumericDate::from_secs(expires_at_s)),
+        nbf: None,
+        oncelog: scope,
+    };
     jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &EncodingKey::from_secret(secret))
 }

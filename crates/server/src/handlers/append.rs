@@ -13,10 +13,10 @@ use super::Caller;
 use crate::auth::scope::Op;
 use crate::auth::AuthError;
 use crate::error::ApiError;
-use crate::request::{AppendHeaders, RequestError};
 use crate::headers::name;
-use crate::{metrics, reply};
+use crate::request::{AppendHeaders, RequestError};
 use crate::state::AppState;
+use crate::{metrics, reply};
 
 /// How often a write is re-validated when the stream it was framed for was replaced (deleted
 /// and re-created) while its body was being read. Once is almost always enough; the bound only
@@ -37,8 +37,14 @@ pub(crate) struct Stored {
 
 /// Frames `body` for the stream `info` ([`Stored`]); on a compacted stream every message must be
 /// a State Protocol message (a compaction must be able to fold every message it meets).
-pub(crate) fn stored_body(info: &StreamInfo, content_type: Option<&str>, body: &Bytes, digest: bool) -> Result<Stored, RequestError> {
-    let json_framed = content_type.is_some_and(|ct| content_type::is_json(ct) && content_type::is_json(&info.config.content_type));
+pub(crate) fn stored_body(
+    info: &StreamInfo,
+    content_type: Option<&str>,
+    body: &Bytes,
+    digest: bool,
+) -> Result<Stored, RequestError> {
+    let json_framed =
+        content_type.is_some_and(|ct| content_type::is_json(ct) && content_type::is_json(&info.config.content_type));
     let data = match json_framed {
         true => Bytes::from(json::encode_body(body, EmptyArray::Rejected)?),
         false => body.clone(),
@@ -75,7 +81,11 @@ pub(super) async fn append<E: Engine>(
     // `Content-Length` nor `Transfer-Encoding`. Data that did arrive is an append, whatever the
     // headers said, and needs the `append` grant.
     if as_close && !body.is_empty() && !caller.access.permits(path, Op::Append) {
-        return Err(ApiError::Auth(if st.auth.hides_forbidden() { AuthError::Hidden } else { AuthError::Forbidden { op: Op::Append, stream: path.to_owned() } }));
+        return Err(ApiError::Auth(if st.auth.hides_forbidden() {
+            AuthError::Hidden
+        } else {
+            AuthError::Forbidden { op: Op::Append, stream: path.to_owned() }
+        }));
     }
     if let Some(w) = &writer {
         st.rate.bytes(w, body.len())?;
@@ -159,14 +169,20 @@ mod tests {
     use super::*;
 
     fn stream(content_type: &str, compaction: bool) -> StreamInfo {
-        let config = StreamConfig { content_type: content_type.into(), expiry: Default::default(), retention: Default::default(), compaction };
+        let config = StreamConfig {
+            content_type: content_type.into(),
+            expiry: Default::default(),
+            retention: Default::default(),
+            compaction,
+        };
         StreamInfo { id: 1, config: Arc::new(config), tail: Offset(0), closed: false, earliest: Offset(0) }
     }
 
     #[test]
     fn a_body_is_stored_as_json_only_when_both_types_are_json() {
         let body = Bytes::from_static(b"[1,2]");
-        let framed = stored_body(&stream("application/json", false), Some("application/json"), &body, true).expect("framed");
+        let framed =
+            stored_body(&stream("application/json", false), Some("application/json"), &body, true).expect("framed");
         let expected = Bytes::from(json::encode_body(&body, EmptyArray::Rejected).expect("encodes"));
         assert!(framed.json_framed);
         assert_ne!(expected, body);
@@ -176,7 +192,12 @@ mod tests {
         let plain = stored_body(&stream("text/plain", false), Some("application/json"), &body, false).expect("plain");
         assert!(!plain.json_framed);
         assert_eq!((plain.data, plain.body_digest), (body, None));
-        let empty = stored_body(&stream("application/json", false), Some("application/json"), &Bytes::from_static(b"[]"), false);
+        let empty = stored_body(
+            &stream("application/json", false),
+            Some("application/json"),
+            &Bytes::from_static(b"[]"),
+            false,
+        );
         assert!(matches!(empty, Err(RequestError::Json(_))));
     }
 

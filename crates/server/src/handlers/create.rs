@@ -6,12 +6,14 @@ use axum::response::Response;
 use bytes::Bytes;
 use oncelog_protocol::content_type;
 use oncelog_protocol::json::{self, EmptyArray};
-use oncelog_storage::{CreateError, CreateOutcome, CreateRequest, Engine, ForkRequest, LookupError, RetentionPolicy, RetentionRequest};
+use oncelog_storage::{
+    CreateError, CreateOutcome, CreateRequest, Engine, ForkRequest, LookupError, RetentionPolicy, RetentionRequest,
+};
 
 use super::append::REVALIDATIONS;
 use crate::error::ApiError;
-use crate::request::{CreateHeaders, RequestError};
 use crate::reply;
+use crate::request::{CreateHeaders, RequestError};
 use crate::state::AppState;
 
 /// `PUT`: creates the stream, or a fork of another, or confirms an existing one.
@@ -112,7 +114,8 @@ fn location<E>(st: &AppState<E>, uri: &Uri, req_headers: &HeaderMap) -> String {
         Some(public) => public.trim_end_matches('/').to_owned(),
         None => {
             let scheme = if st.config.tls.is_some() { "https" } else { "http" };
-            let authority = uri.authority().map(|a| a.as_str()).or_else(|| req_headers.get("host").and_then(|v| v.to_str().ok()));
+            let authority =
+                uri.authority().map(|a| a.as_str()).or_else(|| req_headers.get("host").and_then(|v| v.to_str().ok()));
             // Without either (an HTTP/1.0 request), the address the server listens on.
             match authority {
                 Some(a) => format!("{scheme}://{a}"),

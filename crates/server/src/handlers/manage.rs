@@ -8,14 +8,22 @@ use oncelog_protocol::{content_type, Offset};
 use oncelog_storage::{DeleteRequest, Engine, ReadRequest, StreamInfo};
 
 use crate::error::ApiError;
-use crate::request::RequestError;
 use crate::reply;
+use crate::request::RequestError;
 use crate::state::AppState;
 
 /// A trim or a compaction writes nothing of the request's: no body, no write headers.
 async fn refuse_writes<E: Engine>(st: &AppState<E>, req_headers: &HeaderMap, body: Body) -> Result<(), ApiError> {
-    let writes = [names::PRODUCER_ID, names::PRODUCER_EPOCH, names::PRODUCER_SEQ, names::IDEMPOTENCY_KEY, names::IF_MATCH, names::STREAM_SEQ];
-    let closes = oncelog_protocol::headers::closed_flag(req_headers.get(names::STREAM_CLOSED).and_then(|v| v.to_str().ok()));
+    let writes = [
+        names::PRODUCER_ID,
+        names::PRODUCER_EPOCH,
+        names::PRODUCER_SEQ,
+        names::IDEMPOTENCY_KEY,
+        names::IF_MATCH,
+        names::STREAM_SEQ,
+    ];
+    let closes =
+        oncelog_protocol::headers::closed_flag(req_headers.get(names::STREAM_CLOSED).and_then(|v| v.to_str().ok()));
     if closes || writes.iter().any(|h| req_headers.contains_key(*h)) {
         return Err(ApiError::TrimWithWrite);
     }
@@ -27,10 +35,18 @@ async fn refuse_writes<E: Engine>(st: &AppState<E>, req_headers: &HeaderMap, bod
 
 /// `POST` with `Stream-Compact: true` and no body: replaces a State Protocol stream's history
 /// with a snapshot at its tail (an Oncelog extension; see `oncelog_storage::compaction`).
-pub(super) async fn compact<E: Engine>(st: &AppState<E>, path: &str, req_headers: &HeaderMap, body: Body) -> Result<Response, ApiError> {
+pub(super) async fn compact<E: Engine>(
+    st: &AppState<E>,
+    path: &str,
+    req_headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
     refuse_writes(st, req_headers, body).await?;
     let done = crate::sweeper::compact(st, path, "request").await?;
-    let pairs = vec![(names::STREAM_EARLIEST_OFFSET, done.earliest.to_string()), (names::STREAM_NEXT_OFFSET, done.tail.to_string())];
+    let pairs = vec![
+        (names::STREAM_EARLIEST_OFFSET, done.earliest.to_string()),
+        (names::STREAM_NEXT_OFFSET, done.tail.to_string()),
+    ];
     Ok(reply::respond(StatusCode::NO_CONTENT, pairs, Body::empty()))
 }
 
@@ -52,7 +68,8 @@ pub(super) async fn trim<E: Engine>(
         }
     }
     let t = st.engine.trim(path, to, st.clock.now_ms()).await?;
-    let pairs = vec![(names::STREAM_EARLIEST_OFFSET, t.earliest.to_string()), (names::STREAM_NEXT_OFFSET, t.tail.to_string())];
+    let pairs =
+        vec![(names::STREAM_EARLIEST_OFFSET, t.earliest.to_string()), (names::STREAM_NEXT_OFFSET, t.tail.to_string())];
     Ok(reply::respond(StatusCode::NO_CONTENT, pairs, Body::empty()))
 }
 

@@ -18,12 +18,11 @@ use axum::http::{HeaderMap, Method, Request, Uri};
 use axum::response::{IntoResponse, Response};
 use oncelog_storage::Engine;
 
-
 use crate::error::ApiError;
 use crate::op::{Kind, Operation, SubCall};
 use crate::request::{self, AppendHeaders, CreateHeaders, ReadQuery, RequestError};
-use crate::{headers, read};
 use crate::state::AppState;
+use crate::{headers, read};
 
 /// Every request under `/v1/stream/` with a path after it, called by the front service directly
 /// rather than through the router: one boxed future per request instead of the router's
@@ -37,10 +36,20 @@ pub async fn stream<E: Engine>(st: AppState<E>, req: Request<Body>, caller: Call
         Ok(path) => path,
         Err(e) => return ApiError::from(e).into_response(),
     };
-    dispatch(&st, &path, &parts.method, &parts.uri, &parts.headers, caller, body).await.unwrap_or_else(IntoResponse::into_response)
+    dispatch(&st, &path, &parts.method, &parts.uri, &parts.headers, caller, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn dispatch<E: Engine>(st: &AppState<E>, path: &str, method: &Method, uri: &Uri, h: &HeaderMap, caller: Caller, body: Body) -> Result<Response, ApiError> {
+async fn dispatch<E: Engine>(
+    st: &AppState<E>,
+    path: &str,
+    method: &Method,
+    uri: &Uri,
+    h: &HeaderMap,
+    caller: Caller,
+    body: Body,
+) -> Result<Response, ApiError> {
     if path.is_empty() {
         return Err(RequestError::EmptyPath.into());
     }
@@ -68,14 +77,22 @@ async fn dispatch<E: Engine>(st: &AppState<E>, path: &str, method: &Method, uri:
     // unboxed reads and creates made every append copy kilobytes (`perf`: 1.4% of the CPU).
     let result = async {
         match operation(st, kind, path, uri.query(), h, seen).await? {
-            Operation::Read { info, query } => Box::pin(read::get(st, path, info, query, h, &caller.access, caller.own_connection())).await,
+            Operation::Read { info, query } => {
+                Box::pin(read::get(st, path, info, query, h, &caller.access, caller.own_connection())).await
+            }
             Operation::Head { info, if_match } => read::head(info, if_match),
-            Operation::Create(args) | Operation::Fork(args) => Box::pin(create::create(st, path, uri, h, args, body)).await,
-            Operation::Append { info, headers } => append::append(st, path, info, headers, h, body, &caller, false).await,
+            Operation::Create(args) | Operation::Fork(args) => {
+                Box::pin(create::create(st, path, uri, h, args, body)).await
+            }
+            Operation::Append { info, headers } => {
+                append::append(st, path, info, headers, h, body, &caller, false).await
+            }
             Operation::Close { info, headers } => append::append(st, path, info, headers, h, body, &caller, true).await,
             Operation::Trim { info, to } => Box::pin(manage::trim(st, path, &info, to, h, body)).await,
             Operation::Compact { .. } => Box::pin(manage::compact(st, path, h, body)).await,
-            Operation::Delete { if_tail, purge } => Box::pin(manage::delete(st, path, oncelog_storage::DeleteRequest { if_tail, purge })).await,
+            Operation::Delete { if_tail, purge } => {
+                Box::pin(manage::delete(st, path, oncelog_storage::DeleteRequest { if_tail, purge })).await
+            }
             Operation::Preflight => Ok(headers::preflight(h)),
         }
     }
@@ -92,13 +109,24 @@ async fn dispatch<E: Engine>(st: &AppState<E>, path: &str, method: &Method, uri:
 /// The request's operation on the stream at `path`, with its typed arguments. Operations on an
 /// existing stream look it up first (`seen`: a write's stream as last seen, see
 /// [`Engine::last_seen`]): a missing stream is `404` whatever else is wrong.
-async fn operation<E: Engine>(st: &AppState<E>, kind: Kind, path: &str, query: Option<&str>, h: &HeaderMap, seen: Option<oncelog_storage::StreamInfo>) -> Result<Operation, ApiError> {
+async fn operation<E: Engine>(
+    st: &AppState<E>,
+    kind: Kind,
+    path: &str,
+    query: Option<&str>,
+    h: &HeaderMap,
+    seen: Option<oncelog_storage::StreamInfo>,
+) -> Result<Operation, ApiError> {
     let info = match (kind, seen) {
         (Kind::Append { .. } | Kind::Close, Some(info)) => info,
-        (Kind::Read | Kind::Head | Kind::Append { .. } | Kind::Close | Kind::Trim | Kind::Compact, _) => st.engine.head(path, st.clock.now_ms()).await?,
+        (Kind::Read | Kind::Head | Kind::Append { .. } | Kind::Close | Kind::Trim | Kind::Compact, _) => {
+            st.engine.head(path, st.clock.now_ms()).await?
+        }
         (Kind::Create, _) => return Ok(Operation::Create(CreateHeaders::parse(h)?)),
         (Kind::Fork, _) => return Ok(Operation::Fork(CreateHeaders::parse(h)?)),
-        (Kind::Delete, _) => return Ok(Operation::Delete { if_tail: request::if_match(h)?.flatten(), purge: manage::purge(query)? }),
+        (Kind::Delete, _) => {
+            return Ok(Operation::Delete { if_tail: request::if_match(h)?.flatten(), purge: manage::purge(query)? })
+        }
         (Kind::Preflight, _) => return Ok(Operation::Preflight),
         (Kind::NotAllowed, _) => return Err(ApiError::MethodNotAllowed),
     };
@@ -126,7 +154,12 @@ pub struct Caller {
 
 impl Caller {
     /// What the front service learnt of a request before handing it over.
-    pub(crate) fn new(access: crate::auth::Access, peer: Option<std::net::SocketAddr>, kind: Kind, version: axum::http::Version) -> Self {
+    pub(crate) fn new(
+        access: crate::auth::Access,
+        peer: Option<std::net::SocketAddr>,
+        kind: Kind,
+        version: axum::http::Version,
+    ) -> Self {
         Caller { access, peer, kind, version }
     }
 

@@ -74,7 +74,8 @@ pub fn spawn<E: Engine>(state: &AppState<E>) -> tokio::task::JoinHandle<()> {
         loop {
             let next = run_once(&st, &http).await;
             let now = st.clock.now_ms();
-            let wait = next.map_or(MAX_IDLE, |t| Duration::from_millis(u64::try_from(t - now).unwrap_or(0)).min(MAX_IDLE));
+            let wait =
+                next.map_or(MAX_IDLE, |t| Duration::from_millis(u64::try_from(t - now).unwrap_or(0)).min(MAX_IDLE));
             tokio::select! {
                 _ = st.subs.notify.notified() => {}
                 _ = tokio::time::sleep(wait.max(Duration::from_millis(5))) => {}
@@ -193,7 +194,10 @@ pub async fn says_done(mut resp: reqwest::Response) -> bool {
             Ok(Some(_)) | Err(_) => return false,
         }
     }
-    serde_json::from_slice::<serde_json::Value>(&answer).ok().and_then(|v| v.get("done").and_then(|d| d.as_bool())).unwrap_or(false)
+    serde_json::from_slice::<serde_json::Value>(&answer)
+        .ok()
+        .and_then(|v| v.get("done").and_then(|d| d.as_bool()))
+        .unwrap_or(false)
 }
 
 #[cfg(test)]
@@ -216,7 +220,8 @@ mod tests {
             if sock.write_all(head).await.is_err() {
                 return;
             }
-            let chunk = |data: &[u8]| [format!("{:x}\r\n", data.len()).into_bytes(), data.to_vec(), b"\r\n".to_vec()].concat();
+            let chunk =
+                |data: &[u8]| [format!("{:x}\r\n", data.len()).into_bytes(), data.to_vec(), b"\r\n".to_vec()].concat();
             if sock.write_all(&chunk(first)).await.is_err() {
                 return;
             }
@@ -243,7 +248,9 @@ mod tests {
 
         let (url, written) = raw_receiver(br#"{"done":true}"#, true).await;
         let resp = http.post(&url).send().await.expect("post");
-        let done = tokio::time::timeout(std::time::Duration::from_secs(20), says_done(resp)).await.expect("reading the answer did not stop");
+        let done = tokio::time::timeout(std::time::Duration::from_secs(20), says_done(resp))
+            .await
+            .expect("reading the answer did not stop");
         assert!(!done, "an answer past the bound says nothing");
         // The connection was dropped: the receiver's writes stop.
         tokio::time::sleep(std::time::Duration::from_millis(300)).await;

@@ -27,8 +27,8 @@ use crate::auth::scope::Op;
 use crate::auth::AuthError;
 use crate::handlers::append::{stored_body, Stored};
 use crate::op::{Fenced, NoCall, SubCall};
-use crate::request::RequestError;
 use crate::reply;
+use crate::request::RequestError;
 use crate::state::AppState;
 
 pub use error::SubApiError;
@@ -56,7 +56,14 @@ pub fn base_url<E>(st: &AppState<E>, req_headers: &HeaderMap) -> String {
 }
 
 /// Every request under `/v1/stream/__ds/`, dispatched by its [`SubCall`] to the call's handler.
-pub async fn route<E: Engine>(st: &AppState<E>, method: &Method, uri: &Uri, req_headers: &HeaderMap, body: Body, access: &crate::auth::Access) -> Result<Response, SubApiError> {
+pub async fn route<E: Engine>(
+    st: &AppState<E>,
+    method: &Method,
+    uri: &Uri,
+    req_headers: &HeaderMap,
+    body: Body,
+    access: &crate::auth::Access,
+) -> Result<Response, SubApiError> {
     let call = SubCall::parse(method, uri.path()).map_err(|e| match e {
         NoCall::Method => SubApiError::Method,
         NoCall::Route => SubApiError::NoRoute,
@@ -147,7 +154,12 @@ fn may_link(access: &crate::auth::Access, config: &oncelog_storage::subs::SubCon
     if let Some(p) = config.streams.iter().find(|p| !scope.allows(p, Op::Read)) {
         return refuse(Op::Read, p.clone());
     }
-    if let Some(prefix) = config.pattern.as_deref().map(oncelog_storage::subs::glob::literal_prefix).filter(|p| !scope.allows_all_under(p, Op::Read)) {
+    if let Some(prefix) = config
+        .pattern
+        .as_deref()
+        .map(oncelog_storage::subs::glob::literal_prefix)
+        .filter(|p| !scope.allows_all_under(p, Op::Read))
+    {
         return refuse(Op::Read, format!("every stream under {prefix:?} (the pattern's prefix)"));
     }
     if let SubKind::PullWake { wake_stream } = &config.kind {
@@ -161,7 +173,13 @@ fn may_link(access: &crate::auth::Access, config: &oncelog_storage::subs::SubCon
     Ok(())
 }
 
-async fn put<E: Engine>(st: &AppState<E>, id: &str, req_headers: &HeaderMap, config: oncelog_storage::subs::SubConfig, now: i64) -> Result<Response, SubApiError> {
+async fn put<E: Engine>(
+    st: &AppState<E>,
+    id: &str,
+    req_headers: &HeaderMap,
+    config: oncelog_storage::subs::SubConfig,
+    now: i64,
+) -> Result<Response, SubApiError> {
     if let SubKind::Webhook { url } = &config.kind {
         ssrf::check(url, st.config.dev_webhooks)?;
         // Keys exist (durably) before the first webhook subscription is acknowledged.
@@ -172,7 +190,12 @@ async fn put<E: Engine>(st: &AppState<E>, id: &str, req_headers: &HeaderMap, con
     Ok(reply::json(status, &render_view(st, &view, req_headers, now).await?))
 }
 
-async fn render_view<E: Engine>(st: &AppState<E>, view: &oncelog_storage::subs::SubView, req_headers: &HeaderMap, now: i64) -> Result<Value, SubApiError> {
+async fn render_view<E: Engine>(
+    st: &AppState<E>,
+    view: &oncelog_storage::subs::SubView,
+    req_headers: &HeaderMap,
+    now: i64,
+) -> Result<Value, SubApiError> {
     let signing = match view.record.config.kind {
         SubKind::Webhook { .. } => Some(st.sub_keys.get(&st.subs, now).await?.kid().to_owned()),
         SubKind::PullWake { .. } => None,
@@ -184,7 +207,14 @@ async fn render_view<E: Engine>(st: &AppState<E>, view: &oncelog_storage::subs::
 /// Callback, ack, release and commit: the token and the body's generation and wake id are the
 /// fence; everything after it happens in one transaction or not at all.
 /// Answers with the response and whether it was a resent commit (a duplicate).
-async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: Fenced, token: &str, body: &[u8], now: i64) -> Result<(Response, bool), SubApiError> {
+async fn fenced_op<E: Engine>(
+    st: &AppState<E>,
+    id: &str,
+    op: Fenced,
+    token: &str,
+    body: &[u8],
+    now: i64,
+) -> Result<(Response, bool), SubApiError> {
     let req = wire::fenced(body)?;
     let keys = st.sub_keys.get(&st.subs, now).await?;
     let hide = st.auth.hides_forbidden();
@@ -192,7 +222,8 @@ async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: Fenced, token: &st
     // `--auth-hide-forbidden` the answer must not depend on whether the subscription exists: the
     // token is checked first, and a token that is not this subscription's answers as a missing
     // subscription would.
-    let claims = if hide { Some(keys.verify(token, now).ok().filter(|c| c.id == id).ok_or(SubError::NotFound)?) } else { None };
+    let claims =
+        if hide { Some(keys.verify(token, now).ok().filter(|c| c.id == id).ok_or(SubError::NotFound)?) } else { None };
     let record = st.subs.record(id).await?;
     let claims = match claims {
         Some(c) => c,
@@ -201,7 +232,12 @@ async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: Fenced, token: &st
     if claims.id != id {
         return Err(SubError::TokenInvalid.into());
     }
-    let fence = Fence { uid: claims.uid, token_generation: claims.generation, generation: req.generation, wake_id: req.wake_id.clone() };
+    let fence = Fence {
+        uid: claims.uid,
+        token_generation: claims.generation,
+        generation: req.generation,
+        wake_id: req.wake_id.clone(),
+    };
     let (via, outputs) = match op {
         Fenced::Release => {
             st.subs.release(id, &fence, now).await?;
@@ -219,7 +255,10 @@ async fn fenced_op<E: Engine>(st: &AppState<E>, id: &str, op: Fenced, token: &st
             (AckVia::Commit, outputs)
         }
     };
-    let out = st.subs.ack(id, AckRequest { fence, acks: req.acks, done: req.done, via, outputs: outputs.clone() }, now).await?;
+    let out = st
+        .subs
+        .ack(id, AckRequest { fence, acks: req.acks, done: req.done, via, outputs: outputs.clone() }, now)
+        .await?;
     // Outputs are new data in their streams: wake whoever follows them.
     for a in &outputs {
         after_write(st, &a.path, now).await;
@@ -248,7 +287,12 @@ struct OutputRule<'a> {
 
 /// A commit's `appends`, framed for their streams as a `POST` would be. Each needs producer
 /// headers: without them a retried commit would write its outputs twice.
-async fn outputs<E: Engine>(st: &AppState<E>, body: &serde_json::Map<String, Value>, allowed: Option<OutputRule<'_>>, now: i64) -> Result<Vec<AppendRequest>, SubApiError> {
+async fn outputs<E: Engine>(
+    st: &AppState<E>,
+    body: &serde_json::Map<String, Value>,
+    allowed: Option<OutputRule<'_>>,
+    now: i64,
+) -> Result<Vec<AppendRequest>, SubApiError> {
     let items = match body.get("appends") {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(items)) => items,
@@ -262,7 +306,11 @@ async fn outputs<E: Engine>(st: &AppState<E>, body: &serde_json::Map<String, Val
         let bad = |why| SubApiError::Output { index, why };
         let stream = a.get("stream").and_then(Value::as_str).ok_or(bad("stream is required"))?;
         let p = a.get("producer").ok_or(bad("producer {id, epoch, seq} is required"))?;
-        let producer = match (p.get("id").and_then(Value::as_str), p.get("epoch").and_then(Value::as_u64), p.get("seq").and_then(Value::as_u64)) {
+        let producer = match (
+            p.get("id").and_then(Value::as_str),
+            p.get("epoch").and_then(Value::as_u64),
+            p.get("seq").and_then(Value::as_u64),
+        ) {
             (Some(id), Some(epoch), Some(seq)) if !id.is_empty() => ProducerHeaders { id: id.to_owned(), epoch, seq },
             _ => return Err(bad("producer needs a non-empty id and integer epoch and seq")),
         };
@@ -275,7 +323,11 @@ async fn outputs<E: Engine>(st: &AppState<E>, body: &serde_json::Map<String, Val
                 });
             }
         }
-        let info = st.engine.head(stream, now).await.map_err(|source| SubApiError::OutputLookup { index, stream: stream.to_owned(), source })?;
+        let info = st.engine.head(stream, now).await.map_err(|source| SubApiError::OutputLookup {
+            index,
+            stream: stream.to_owned(),
+            source,
+        })?;
         let ct = match a.get("content_type") {
             None | Some(Value::Null) => info.config.content_type.clone(),
             Some(Value::String(s)) => s.clone(),
@@ -286,15 +338,20 @@ async fn outputs<E: Engine>(st: &AppState<E>, body: &serde_json::Map<String, Val
         let body = match (a.get("data"), a.get("data_base64").and_then(Value::as_str)) {
             (Some(v), None) if json => Bytes::from(v.to_string()),
             (Some(Value::String(s)), None) => Bytes::from(s.clone()),
-            (None, Some(b64)) if !json => {
-                Bytes::from(base64::engine::general_purpose::STANDARD.decode(b64).map_err(|_| bad("data_base64 is not base64"))?)
+            (None, Some(b64)) if !json => Bytes::from(
+                base64::engine::general_purpose::STANDARD.decode(b64).map_err(|_| bad("data_base64 is not base64"))?,
+            ),
+            _ => {
+                return Err(bad(
+                    "data (JSON for JSON streams, else a string) or data_base64 (byte streams) is required",
+                ))
             }
-            _ => return Err(bad("data (JSON for JSON streams, else a string) or data_base64 (byte streams) is required")),
         };
-        let Stored { json_framed, data, body_digest } = stored_body(&info, Some(&ct), &body, true).map_err(|e| match e {
-            RequestError::NotStateProtocol(_) => bad("this stream takes State Protocol messages only"),
-            _ => bad("data is not appendable JSON (an empty array appends nothing)"),
-        })?;
+        let Stored { json_framed, data, body_digest } =
+            stored_body(&info, Some(&ct), &body, true).map_err(|e| match e {
+                RequestError::NotStateProtocol(_) => bad("this stream takes State Protocol messages only"),
+                _ => bad("data is not appendable JSON (an empty array appends nothing)"),
+            })?;
         if data.is_empty() {
             return Err(bad("an output must carry data"));
         }

@@ -105,9 +105,13 @@ impl reqwest::dns::Resolve for Resolver {
         let dev = self.dev;
         let host = name.as_str().to_owned();
         Box::pin(async move {
-            let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.filter(|a| allowed(a.ip(), dev)).collect();
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.filter(|a| allowed(a.ip(), dev)).collect();
             if addrs.is_empty() {
-                return Err(Box::new(std::io::Error::other(format!("{host} resolves to no address webhooks may call"))) as Box<dyn std::error::Error + Send + Sync>);
+                return Err(
+                    Box::new(std::io::Error::other(format!("{host} resolves to no address webhooks may call")))
+                        as Box<dyn std::error::Error + Send + Sync>,
+                );
             }
             Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
         })

@@ -39,7 +39,9 @@ fn opt_str(m: &Map<String, Value>, name: &'static str) -> Result<Option<String>,
 fn str_list(m: &Map<String, Value>, name: &'static str) -> Result<Vec<String>, WireError> {
     match m.get(name) {
         None | Some(Value::Null) => Ok(Vec::new()),
-        Some(Value::Array(items)) => items.iter().map(|v| v.as_str().map(str::to_owned).ok_or(WireError::Field(name))).collect(),
+        Some(Value::Array(items)) => {
+            items.iter().map(|v| v.as_str().map(str::to_owned).ok_or(WireError::Field(name))).collect()
+        }
         Some(_) => Err(WireError::Field(name)),
     }
 }
@@ -49,10 +51,16 @@ pub fn sub_config(body: &[u8]) -> Result<SubConfig, WireError> {
     let m = object(body)?;
     let kind = match m.get("type").and_then(Value::as_str) {
         Some("webhook") => {
-            let url = m.get("webhook").and_then(|w| w.get("url")).and_then(Value::as_str).ok_or(WireError::Missing("webhook.url"))?;
+            let url = m
+                .get("webhook")
+                .and_then(|w| w.get("url"))
+                .and_then(Value::as_str)
+                .ok_or(WireError::Missing("webhook.url"))?;
             SubKind::Webhook { url: url.to_owned() }
         }
-        Some("pull-wake") => SubKind::PullWake { wake_stream: opt_str(&m, "wake_stream")?.ok_or(WireError::Missing("wake_stream"))? },
+        Some("pull-wake") => {
+            SubKind::PullWake { wake_stream: opt_str(&m, "wake_stream")?.ok_or(WireError::Missing("wake_stream"))? }
+        }
         _ => return Err(WireError::Type),
     };
     let lease_ttl_ms = match m.get("lease_ttl_ms") {
@@ -178,7 +186,9 @@ mod tests {
 
     #[test]
     fn subscription_bodies() {
-        let c = sub_config(br#"{"type":"webhook","pattern":"events/*","webhook":{"url":"https://x"},"lease_ttl_ms":1000}"#).expect("webhook");
+        let c =
+            sub_config(br#"{"type":"webhook","pattern":"events/*","webhook":{"url":"https://x"},"lease_ttl_ms":1000}"#)
+                .expect("webhook");
         assert_eq!((c.kind, c.lease_ttl_ms), (SubKind::Webhook { url: "https://x".into() }, 1000));
         let c = sub_config(br#"{"type":"pull-wake","streams":["a","b"],"wake_stream":"w"}"#).expect("pull");
         assert_eq!((c.streams.len(), c.lease_ttl_ms), (2, DEFAULT_LEASE_TTL_MS));
@@ -200,7 +210,10 @@ mod tests {
     fn fenced_bodies() {
         let f = fenced(br#"{"wake_id":"w_1_2","generation":2,"acks":[{"stream":"a","offset":"0000000000000000_0000000000000005"}],"done":true}"#).expect("ok");
         assert_eq!((f.generation, f.done, f.acks[0].offset), (2, true, Offset(5)));
-        assert!(matches!(fenced(br#"{"wake_id":"w","generation":1,"acks":[{"stream":"a","offset":"-1"}]}"#), Err(WireError::Offset { .. })));
+        assert!(matches!(
+            fenced(br#"{"wake_id":"w","generation":1,"acks":[{"stream":"a","offset":"-1"}]}"#),
+            Err(WireError::Offset { .. })
+        ));
         assert_eq!(fenced(br#"{"generation":1}"#).err(), Some(WireError::Missing("wake_id")));
         assert_eq!(fenced(br#"{"wake_id":"w","generation":"1"}"#).err(), Some(WireError::Missing("generation")));
     }

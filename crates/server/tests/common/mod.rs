@@ -25,7 +25,11 @@ impl TestServer {
         TestServer::start_with_auth(config, clock, None).await
     }
 
-    pub async fn start_with_auth(config: ServerConfig, clock: Option<Arc<dyn Clock>>, auth: Option<Arc<dyn Authorize>>) -> TestServer {
+    pub async fn start_with_auth(
+        config: ServerConfig,
+        clock: Option<Arc<dyn Clock>>,
+        auth: Option<Arc<dyn Authorize>>,
+    ) -> TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let opts = LogOptions::new(dir.path());
         let failpoints = opts.failpoints.clone();
@@ -40,7 +44,13 @@ impl TestServer {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(serve(listener, state, std::future::pending()));
-        TestServer { origin: format!("http://{addr}"), base: format!("http://{addr}/v1/stream"), addr, failpoints, _dir: dir }
+        TestServer {
+            origin: format!("http://{addr}"),
+            base: format!("http://{addr}/v1/stream"),
+            addr,
+            failpoints,
+            _dir: dir,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -64,7 +74,12 @@ pub fn grants_token(secret: &[u8], grants: &[(&str, bool, &str)], exp: i64) -> S
 }
 
 /// Spawns `n` SSE readers of `url` that must arrive over HTTP/2 and see `needle` within 5 s.
-pub fn h2_sse_readers(http: &reqwest::Client, url: &str, n: usize, needle: &'static str) -> Vec<tokio::task::JoinHandle<()>> {
+pub fn h2_sse_readers(
+    http: &reqwest::Client,
+    url: &str,
+    n: usize,
+    needle: &'static str,
+) -> Vec<tokio::task::JoinHandle<()>> {
     (0..n)
         .map(|_| {
             let (http, url) = (http.clone(), url.to_owned());

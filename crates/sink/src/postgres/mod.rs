@@ -59,7 +59,13 @@ impl Sink for PostgresSink {
         Ok(())
     }
 
-    async fn apply(&self, tx: &Transaction<'_>, stream: &StreamRef, batch: &Batch<'_>, next: &StreamOffset) -> Result<u64, ApplyError> {
+    async fn apply(
+        &self,
+        tx: &Transaction<'_>,
+        stream: &StreamRef,
+        batch: &Batch<'_>,
+        next: &StreamOffset,
+    ) -> Result<u64, ApplyError> {
         let schema = &self.schema;
         match (stream.kind, batch) {
             (StreamKind::State, Batch::Messages(m)) => state(tx, schema, &stream.path, m).await,
@@ -102,7 +108,11 @@ fn migration(schema: &str) -> String {
 
 /// A State Protocol batch: its net effect ([`Net`]) as at most three statements.
 async fn state(tx: &Transaction<'_>, schema: &str, stream: &str, messages: &[Message<'_>]) -> Result<u64, ApplyError> {
-    let net = Net::of(messages).map_err(|(offset, source)| ApplyError::NotState { stream: stream.to_owned(), offset, source })?;
+    let net = Net::of(messages).map_err(|(offset, source)| ApplyError::NotState {
+        stream: stream.to_owned(),
+        offset,
+        source,
+    })?;
     if net.reset {
         tx.execute(&format!("DELETE FROM {schema}.state WHERE stream = $1"), &[&stream]).await?;
     }
@@ -144,7 +154,12 @@ async fn state(tx: &Transaction<'_>, schema: &str, stream: &str, messages: &[Mes
 }
 
 /// A JSON batch: one row per message.
-async fn messages(tx: &Transaction<'_>, schema: &str, stream: &str, messages: &[Message<'_>]) -> Result<u64, ApplyError> {
+async fn messages(
+    tx: &Transaction<'_>,
+    schema: &str,
+    stream: &str,
+    messages: &[Message<'_>],
+) -> Result<u64, ApplyError> {
     let offsets: Vec<i64> = messages.iter().map(|m| as_i64(m.offset.0)).collect();
     let values: Vec<&str> = messages.iter().map(|m| m.json.get()).collect();
     let n = tx

@@ -85,7 +85,11 @@ mod tests {
 
     fn op() -> impl Strategy<Value = String> {
         let key = "[a-c]";
-        let value = prop_oneof![Just("1".to_owned()), Just("{\"x\":[true,null]}".to_owned()), "[a-z]{0,4}".prop_map(|s| format!("\"{s}\""))];
+        let value = prop_oneof![
+            Just("1".to_owned()),
+            Just("{\"x\":[true,null]}".to_owned()),
+            "[a-z]{0,4}".prop_map(|s| format!("\"{s}\""))
+        ];
         prop_oneof![
             4 => (prop_oneof![Just("insert"), Just("update"), Just("upsert")], "[tu]", key, value)
                 .prop_map(|(op, t, k, v)| format!(r#"{{"type":"{t}","key":"{k}","value":{v},"headers":{{"operation":"{op}"}}}}"#)),

@@ -111,7 +111,9 @@ mod tests {
 
     #[test]
     fn a_full_window_of_kilobyte_appends_is_small() {
-        let receipts = (1..=RECEIPT_WINDOW as u64).map(|i| Receipt { end: Offset(1_000_000 + i * 1024), digest: BodyDigest(i) }).collect();
+        let receipts = (1..=RECEIPT_WINDOW as u64)
+            .map(|i| Receipt { end: Offset(1_000_000 + i * 1024), digest: BodyDigest(i) })
+            .collect();
         let rec = ProducerRecord(ProducerState { epoch: 1, last_seq: 99, receipts, last_active_ms: 1 });
         let digests = 8 * RECEIPT_WINDOW;
         assert!(rec.encode().len() <= 26 + 8 + 2 * (RECEIPT_WINDOW - 1) + digests, "{} bytes", rec.encode().len());

@@ -17,9 +17,9 @@
 //! The tail is *not* stored: it is the end offset of the stream's last data key, so it can never
 //! disagree with the data. Rewritten only when a field changes (create, close, `Stream-Seq`).
 
+use crate::state::{ForkOf, StreamMeta};
 use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::Offset;
-use crate::state::{ForkOf, StreamMeta};
 
 use super::{DecodeError, Decoder, Encoder};
 
@@ -90,7 +90,14 @@ pub fn decode(bytes: &[u8]) -> Result<StreamMeta, DecodeError> {
     }
     d.finish()?;
     let config = crate::engine::StreamConfig { content_type, expiry, retention, compaction };
-    Ok(StreamMeta { closed, stream_seq, fork, soft_deleted, earliest, ..StreamMeta::with_config(id, created_ms, config) })
+    Ok(StreamMeta {
+        closed,
+        stream_seq,
+        fork,
+        soft_deleted,
+        earliest,
+        ..StreamMeta::with_config(id, created_ms, config)
+    })
 }
 
 #[cfg(test)]

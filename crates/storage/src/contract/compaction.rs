@@ -34,8 +34,15 @@ pub async fn compaction_replaces_the_history_with_a_snapshot<H: Harness>() {
     let e = h.engine();
     let state_stream = |path: &str| CreateRequest { compaction: true, ..create_req(path, "application/json") };
     // Only JSON streams without retention can be made for compaction.
-    assert!(matches!(e.create(CreateRequest { compaction: true, ..create_req("t", "text/plain") }).await, Err(CreateError::CompactionNeedsJson)));
-    let with_retention = crate::retention::RetentionRequest { policy: crate::retention::RetentionPolicy { max_age_s: Some(60), max_bytes: None }, named_age: true, named_bytes: false };
+    assert!(matches!(
+        e.create(CreateRequest { compaction: true, ..create_req("t", "text/plain") }).await,
+        Err(CreateError::CompactionNeedsJson)
+    ));
+    let with_retention = crate::retention::RetentionRequest {
+        policy: crate::retention::RetentionPolicy { max_age_s: Some(60), max_bytes: None },
+        named_age: true,
+        named_bytes: false,
+    };
     let r = e.create(CreateRequest { retention: with_retention, ..state_stream("r") }).await;
     assert!(matches!(r, Err(CreateError::CompactionWithRetention)), "{r:?}");
     let info = create(e, state_stream("s")).await;
@@ -52,7 +59,10 @@ pub async fn compaction_replaces_the_history_with_a_snapshot<H: Harness>() {
             history.push(change("delete", &format!("k{}", i % 5), "null"));
         }
     }
-    let first = AppendRequest { producer: Some(oncelog_protocol::headers::ProducerHeaders { id: "p".into(), epoch: 0, seq: 0 }), ..json_append("s", &history[..10]) };
+    let first = AppendRequest {
+        producer: Some(oncelog_protocol::headers::ProducerHeaders { id: "p".into(), epoch: 0, seq: 0 }),
+        ..json_append("s", &history[..10])
+    };
     let first_end = append(e, first.clone()).await.next_offset;
     let tail = append(e, json_append("s", &history[10..])).await.next_offset;
     let (whole, _) = materialise(e, "s").await;
@@ -90,7 +100,13 @@ pub async fn compaction_replaces_the_history_with_a_snapshot<H: Harness>() {
     // The engine refuses a snapshot made at another tail, of another stream, or of a stream not
     // made for compaction or closed.
     let head = e.head("s", 0).await.expect("head");
-    let stale = CompactRequest { path: "s".into(), stream_id: Some(head.id), at: Offset(head.tail.0 - 1), pieces: vec![json_framed(&["{}"])], now_ms: 0 };
+    let stale = CompactRequest {
+        path: "s".into(),
+        stream_id: Some(head.id),
+        at: Offset(head.tail.0 - 1),
+        pieces: vec![json_framed(&["{}"])],
+        now_ms: 0,
+    };
     assert!(matches!(e.compact(stale).await, Err(CompactError::Stale { tail }) if tail == head.tail));
     create(e, create_req("plain", "application/json")).await;
     assert!(matches!(compaction::compact(e, "plain", 0).await, Err(CompactError::NotCompactable)));

@@ -54,7 +54,12 @@ pub async fn fork_sub_offsets_count_bytes_or_messages<H: Harness>() {
     assert_eq!(read_all(e, "bf", 1 << 20).await, "hellowor");
     create(e, create_req("json", "application/json")).await;
     let data = json_framed(&["1", "{\"k\":\"a,b\"}", "3"]);
-    let json = AppendRequest { content_type: Some("application/json".into()), data, json_framed: true, ..append_req("json", "") };
+    let json = AppendRequest {
+        content_type: Some("application/json".into()),
+        data,
+        json_framed: true,
+        ..append_req("json", "")
+    };
     append(e, json).await;
     // 2 messages into the append at 0: `1,` and `{"k":"a,b"},`.
     let f = create(e, fork_req("jf", "json", Some(0), 2)).await;
@@ -142,7 +147,9 @@ pub async fn purge_detaches_a_forked_source_from_its_path<H: Harness>() {
     let stale = e.delete_if("src", DeleteRequest { if_tail: Some(vec![Offset(5)]), purge: true }, 0).await;
     assert!(matches!(stale, Err(LookupError::PreconditionFailed { tail: Offset(6), .. })), "{stale:?}");
     assert_eq!(read_all(e, "src", 8).await, "abcdef");
-    e.delete_if("src", DeleteRequest { if_tail: Some(vec![Offset(6)]), purge: true }, 0).await.expect("purge a live source");
+    e.delete_if("src", DeleteRequest { if_tail: Some(vec![Offset(6)]), purge: true }, 0)
+        .await
+        .expect("purge a live source");
     e.delete_if("held", DeleteRequest::purge(), 0).await.expect("purge a soft-deleted source");
     for p in ["src", "held"] {
         assert!(matches!(e.head(p, 0).await, Err(LookupError::NotFound)), "{p} is free");

@@ -82,7 +82,11 @@ pub async fn read_pieces_are_the_read_in_order<H: Harness>() {
             for (max, bounded) in [(1, true), (50_000, true), (100_000, false), (300_000, true), (1 << 20, false)] {
                 let req = || {
                     let r = ReadRequest::new("s", Offset(from), max, 0);
-                    if bounded { r.bounded() } else { r }
+                    if bounded {
+                        r.bounded()
+                    } else {
+                        r
+                    }
                 };
                 let whole = e.read(req()).await.expect("read");
                 let pieces = e.read_pieces(req()).await.expect("read pieces");
@@ -109,20 +113,37 @@ pub async fn trims_move_the_earliest_offset_forward<H: Harness>() {
     assert!(matches!(e.trim("s", Offset(7), 0).await, Err(TrimError::BeyondTail { tail: Offset(6) })));
     assert!(matches!(e.trim("nope", Offset(0), 0).await, Err(TrimError::NotFound)));
     // A fork from a trimmed offset is refused; one above the earliest starts where its source does.
-    assert!(matches!(e.create(fork_req("early", "s", Some(2), 0)).await, Err(CreateError::ForkTrimmed { earliest: Offset(3) })));
+    assert!(matches!(
+        e.create(fork_req("early", "s", Some(2), 0)).await,
+        Err(CreateError::ForkTrimmed { earliest: Offset(3) })
+    ));
     create(e, fork_req("f", "s", Some(4), 0)).await;
     // Twice: as written, and reopened (the earliest offset is stored).
     for round in 0..2 {
         let e = h.engine();
         assert_eq!(e.head("s", 0).await.expect("head").earliest, Offset(3), "round {round}");
-        assert!(matches!(e.read(ReadRequest::new("s", Offset(0), 1 << 20, 0)).await, Err(LookupError::Trimmed { earliest: Offset(3) })), "round {round}");
-        assert_eq!(&e.read(ReadRequest::new("s", Offset(3), 1 << 20, 0)).await.expect("read").data[..], b"def", "round {round}");
+        assert!(
+            matches!(
+                e.read(ReadRequest::new("s", Offset(0), 1 << 20, 0)).await,
+                Err(LookupError::Trimmed { earliest: Offset(3) })
+            ),
+            "round {round}"
+        );
+        assert_eq!(
+            &e.read(ReadRequest::new("s", Offset(3), 1 << 20, 0)).await.expect("read").data[..],
+            b"def",
+            "round {round}"
+        );
         // Producer state is not affected: a retry of the trimmed append is still its duplicate.
         let dup = append(e, produce("s", "abc", "p", 0, 0)).await;
         assert_eq!((dup.status, dup.next_offset), (AppendStatus::Duplicate, Offset(3)), "round {round}");
         let fork = e.head("f", 0).await.expect("fork");
         assert_eq!(fork.earliest, Offset(3), "round {round}");
-        assert_eq!(&e.read(ReadRequest::new("f", Offset(3), 1 << 20, 0)).await.expect("read").data[..], b"d", "round {round}");
+        assert_eq!(
+            &e.read(ReadRequest::new("f", Offset(3), 1 << 20, 0)).await.expect("read").data[..],
+            b"d",
+            "round {round}"
+        );
         h.reopen().await;
     }
 }
@@ -132,7 +153,8 @@ pub async fn ttl_and_absolute_expiry<H: Harness>() {
     let e = h.engine();
     let t0 = 1_000_000;
     create(e, CreateRequest { expiry: Some(Expiry::Ttl(10)), now_ms: t0, ..create_req("ttl", "text/plain") }).await;
-    create(e, CreateRequest { expiry: Some(Expiry::At(t0 + 5_000)), now_ms: t0, ..create_req("at", "text/plain") }).await;
+    create(e, CreateRequest { expiry: Some(Expiry::At(t0 + 5_000)), now_ms: t0, ..create_req("at", "text/plain") })
+        .await;
     create(e, CreateRequest { now_ms: t0, ..create_req("forever", "text/plain") }).await;
     // A read slides the TTL window; head does not.
     e.read(ReadRequest::new("ttl", Offset::ZERO, 10, t0 + 8_000)).await.expect("read");
@@ -152,7 +174,8 @@ pub async fn ttl_and_absolute_expiry<H: Harness>() {
     let again = e.create(CreateRequest { now_ms: t0 + 30_000, ..create_req("ttl", "text/html") }).await;
     assert!(matches!(again, Ok(CreateOutcome::Created(_))));
     // An expired stream with forks is gone (410) for its own path while its fork reads on.
-    create(e, CreateRequest { expiry: Some(Expiry::At(t0 + 40_000)), now_ms: t0, ..create_req("src", "text/plain") }).await;
+    create(e, CreateRequest { expiry: Some(Expiry::At(t0 + 40_000)), now_ms: t0, ..create_req("src", "text/plain") })
+        .await;
     append(e, AppendRequest { now_ms: t0, ..append_req("src", "abc") }).await;
     create(e, CreateRequest { expiry: Some(Expiry::Never), now_ms: t0, ..fork_req("f", "src", None, 0) }).await;
     assert!(matches!(e.head("src", t0 + 40_000).await, Err(LookupError::Gone)));
@@ -199,7 +222,8 @@ pub async fn state_survives_reopen<H: Harness>() {
     let mut h = H::open().await;
     {
         let e = h.engine();
-        create(e, CreateRequest { expiry: Some(Expiry::Ttl(3600)), ..create_req("s", "text/plain; charset=utf-8") }).await;
+        create(e, CreateRequest { expiry: Some(Expiry::Ttl(3600)), ..create_req("s", "text/plain; charset=utf-8") })
+            .await;
         append(e, produce("s", "one", "p", 3, 0)).await;
         append(e, AppendRequest { stream_seq: Some("m".into()), ..produce("s", "two", "p", 3, 1) }).await;
         create(e, create_req("c", "application/json")).await;
@@ -215,11 +239,17 @@ pub async fn state_survives_reopen<H: Harness>() {
     h.reopen().await;
     let e = h.engine();
     let s = e.head("s", 0).await.expect("head");
-    assert_eq!((s.tail, s.closed, s.config.content_type.as_str(), s.config.expiry), (Offset(6), false, "text/plain; charset=utf-8", Expiry::Ttl(3600)));
+    assert_eq!(
+        (s.tail, s.closed, s.config.content_type.as_str(), s.config.expiry),
+        (Offset(6), false, "text/plain; charset=utf-8", Expiry::Ttl(3600))
+    );
     assert_eq!(read_all(e, "s", 2).await, "onetwo");
     let dup = append(e, produce("s", "two", "p", 3, 1)).await;
     assert_eq!((dup.status, dup.next_offset), (AppendStatus::Duplicate, Offset(6)));
-    assert!(matches!(e.append(produce("s", "x", "p", 2, 0)).await, Err(AppendError::ProducerFenced { current_epoch: 3 })));
+    assert!(matches!(
+        e.append(produce("s", "x", "p", 2, 0)).await,
+        Err(AppendError::ProducerFenced { current_epoch: 3 })
+    ));
     let stale_seq = AppendRequest { stream_seq: Some("a".into()), ..append_req("s", "x") };
     assert!(matches!(e.append(stale_seq).await, Err(AppendError::StreamSeqRegression { .. })));
     let c = e.head("c", 0).await.expect("head");
@@ -307,7 +337,10 @@ pub async fn reads_after_a_wait_see_at_least_what_it_saw<H: Harness>() {
     // What the wait saw bounds nothing below it: a later trim still answers.
     e.trim("s", Offset(3), 0).await.expect("trim");
     let seen = e.head("s", 0).await.expect("head");
-    assert!(matches!(e.read(ReadRequest::new("s", Offset(1), 64, 0).after(&seen)).await, Err(LookupError::Trimmed { earliest: Offset(3) })));
+    assert!(matches!(
+        e.read(ReadRequest::new("s", Offset(1), 64, 0).after(&seen)).await,
+        Err(LookupError::Trimmed { earliest: Offset(3) })
+    ));
     // A fork's woken reader reads through its source.
     create(e, fork_req("f", "s", Some(5), 0)).await;
     assert_eq!(&e.read(ReadRequest::new("f", Offset(3), 64, 0)).await.expect("read").data[..], b"de");

@@ -45,11 +45,7 @@ pub trait Harness: Sized + Send + Sync + 'static {
 
 /// Runs one case on its own multi-threaded runtime (live waits and parking need real time).
 pub fn run<F: Future<Output = ()>>(case: impl FnOnce() -> F) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("test runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("test runtime");
     rt.block_on(case());
 }
 

@@ -50,10 +50,17 @@ pub async fn retention_drops_whole_old_appends_by_size_and_age<H: Harness>() {
         append(e, append_req("b", chunk)).await;
         append(e, append_req("keep", chunk)).await;
     }
-    assert_eq!(e.retain(t0).await.expect("retain"), Retained { streams: 1, bytes: 8 }, "one stream, two appends of 4 bytes");
+    assert_eq!(
+        e.retain(t0).await.expect("retain"),
+        Retained { streams: 1, bytes: 8 },
+        "one stream, two appends of 4 bytes"
+    );
     let b = e.head("b", t0).await.expect("head");
     assert_eq!((b.earliest, b.tail), (Offset(8), Offset(20)), "20 - 10 = 10 rounds down to the append boundary 8");
-    assert!(matches!(e.read(ReadRequest::new("b", Offset(4), 1 << 20, t0)).await, Err(LookupError::Trimmed { earliest: Offset(8) })));
+    assert!(matches!(
+        e.read(ReadRequest::new("b", Offset(4), 1 << 20, t0)).await,
+        Err(LookupError::Trimmed { earliest: Offset(8) })
+    ));
     assert_eq!(read_all(e, "b", 7).await, "ccccddddeeee");
     assert_eq!(e.head("keep", t0).await.expect("head").earliest, Offset::ZERO, "no policy, nothing dropped");
     assert_eq!(e.retain(t0).await.expect("retain"), Retained::default(), "nothing more to drop");

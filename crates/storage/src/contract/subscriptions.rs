@@ -65,7 +65,10 @@ pub async fn subscriptions_are_configuration_that_survives_reopen<H: Harness>() 
     assert_eq!(s.put("one", cfg.clone(), 20).await.expect("again").0, PutVerdict::Existing);
     let other = SubConfig { lease_ttl_ms: 2_000, ..cfg.clone() };
     assert!(matches!(s.put("one", other, 20).await, Err(SubError::AlreadyExists)));
-    assert!(matches!(s.put("bad", SubConfig { lease_ttl_ms: 999, ..cfg.clone() }, 0).await, Err(SubError::Invalid(InvalidSub::LeaseTtl))));
+    assert!(matches!(
+        s.put("bad", SubConfig { lease_ttl_ms: 999, ..cfg.clone() }, 0).await,
+        Err(SubError::Invalid(InvalidSub::LeaseTtl))
+    ));
     assert!(matches!(s.put("bad", pull(None, &[], "w"), 0).await, Err(SubError::Invalid(InvalidSub::NoTarget))));
     assert!(matches!(s.put("a/b", cfg.clone(), 0).await, Err(SubError::Invalid(InvalidSub::BadId))));
 
@@ -127,13 +130,21 @@ pub async fn pull_wake_claims_are_fenced_by_generation<H: Harness>() {
     assert_eq!((again.generation, again.wake_id.as_str()), (1, a.wake_id.as_str()));
     // A heartbeat (ack without done) moves the cursor and extends the lease.
     let first = AckOutcome { next_wake: false, duplicate: false, appends: vec![] };
-    assert_eq!(s.ack("p", ack_req(&a, vec![Ack { stream: "jobs/a".into(), offset: tail }], false, AckVia::Ack), 1_100).await.expect("heartbeat"), first);
+    assert_eq!(
+        s.ack("p", ack_req(&a, vec![Ack { stream: "jobs/a".into(), offset: tail }], false, AckVia::Ack), 1_100)
+            .await
+            .expect("heartbeat"),
+        first
+    );
     // Cursors never move back, nor past the tail, nor on streams not linked; nothing applies
     // when one is wrong.
     let bad = [
         vec![Ack { stream: "jobs/a".into(), offset: Offset::ZERO }],
         vec![Ack { stream: "jobs/a".into(), offset: Offset(1 << 40) }],
-        vec![Ack { stream: "jobs/a".into(), offset: Offset(tail.0 + 1) }, Ack { stream: "nope".into(), offset: Offset::ZERO }],
+        vec![
+            Ack { stream: "jobs/a".into(), offset: Offset(tail.0 + 1) },
+            Ack { stream: "nope".into(), offset: Offset::ZERO },
+        ],
     ];
     for acks in bad {
         let r = s.ack("p", ack_req(&a, acks, true, AckVia::Ack), 1_200).await;
@@ -151,12 +162,35 @@ pub async fn pull_wake_claims_are_fenced_by_generation<H: Harness>() {
     let before = s.get("p", 2_300).await.expect("get");
     let end = e.head("jobs/a", 0).await.expect("head").tail;
     let zombie = [
-        s.ack("p", ack_req(&a, vec![Ack { stream: "jobs/a".into(), offset: end }], true, AckVia::Ack), 2_300).await.err(),
+        s.ack("p", ack_req(&a, vec![Ack { stream: "jobs/a".into(), offset: end }], true, AckVia::Ack), 2_300)
+            .await
+            .err(),
         s.release("p", &fence(&a), 2_300).await.err(),
-        s.ack("p", AckRequest { outputs: vec![append_req("jobs/a", "x")], ..ack_req(&a, vec![], true, AckVia::Commit) }, 2_300).await.err(),
+        s.ack(
+            "p",
+            AckRequest { outputs: vec![append_req("jobs/a", "x")], ..ack_req(&a, vec![], true, AckVia::Commit) },
+            2_300,
+        )
+        .await
+        .err(),
         // Another subscription's token, or a wrong wake id, of the current generation.
-        s.ack("p", AckRequest { fence: Fence { uid: b.uid + 100, ..fence(&b) }, ..ack_req(&b, vec![], true, AckVia::Ack) }, 2_300).await.err(),
-        s.ack("p", AckRequest { fence: Fence { wake_id: "w_0_0".into(), ..fence(&b) }, ..ack_req(&b, vec![], true, AckVia::Ack) }, 2_300).await.err(),
+        s.ack(
+            "p",
+            AckRequest { fence: Fence { uid: b.uid + 100, ..fence(&b) }, ..ack_req(&b, vec![], true, AckVia::Ack) },
+            2_300,
+        )
+        .await
+        .err(),
+        s.ack(
+            "p",
+            AckRequest {
+                fence: Fence { wake_id: "w_0_0".into(), ..fence(&b) },
+                ..ack_req(&b, vec![], true, AckVia::Ack)
+            },
+            2_300,
+        )
+        .await
+        .err(),
     ];
     for (i, r) in zombie.iter().enumerate() {
         assert!(matches!(r, Some(SubError::Fenced | SubError::TokenInvalid)), "{i}: {r:?}");
@@ -165,7 +199,10 @@ pub async fn pull_wake_claims_are_fenced_by_generation<H: Harness>() {
     assert_eq!(e.head("jobs/a", 0).await.expect("head").tail, end, "a fenced commit writes nothing");
 
     // done acks and ends the wake; nothing pending, so no next wake; the same again is fenced.
-    let done = s.ack("p", ack_req(&b, vec![Ack { stream: "jobs/a".into(), offset: end }], true, AckVia::Ack), 2_400).await.expect("done");
+    let done = s
+        .ack("p", ack_req(&b, vec![Ack { stream: "jobs/a".into(), offset: end }], true, AckVia::Ack), 2_400)
+        .await
+        .expect("done");
     assert!(!done.next_wake);
     assert!(matches!(s.ack("p", ack_req(&b, vec![], true, AckVia::Ack), 2_400).await, Err(SubError::Fenced)));
 
@@ -241,7 +278,10 @@ pub async fn commits_write_outputs_and_acks_atomically<H: Harness>() {
     let acks = vec![Ack { stream: "in/a".into(), offset: tail }];
 
     // An output the engine refuses: nothing at all is written, the cursor stays.
-    let refused = AckRequest { outputs: vec![output("x", 0), append_req("closed", "y")], ..ack_req(&c, acks.clone(), true, AckVia::Commit) };
+    let refused = AckRequest {
+        outputs: vec![output("x", 0), append_req("closed", "y")],
+        ..ack_req(&c, acks.clone(), true, AckVia::Commit)
+    };
     match s.ack("t", refused, 30).await {
         Err(SubError::Append { index: 1, stream, error: AppendError::Closed { .. } }) => assert_eq!(stream, "closed"),
         r => panic!("{r:?}"),
@@ -264,7 +304,10 @@ pub async fn commits_write_outputs_and_acks_atomically<H: Harness>() {
     assert!(again.duplicate);
     assert_eq!(read_all(e, "out", 1 << 20).await, "total=1");
     // A retry claiming more than was acked is not that commit: fenced.
-    let more = AckRequest { outputs: vec![], ..ack_req(&c, vec![Ack { stream: "in/a".into(), offset: Offset(tail.0 + 1) }], true, AckVia::Commit) };
+    let more = AckRequest {
+        outputs: vec![],
+        ..ack_req(&c, vec![Ack { stream: "in/a".into(), offset: Offset(tail.0 + 1) }], true, AckVia::Commit)
+    };
     assert!(matches!(s.ack("t", more, 60).await, Err(SubError::Fenced)));
 }
 
@@ -303,7 +346,8 @@ pub async fn cursors_work_for_the_longest_paths<H: Harness>() {
     }
     let s = subs(&h);
     // Backfill stores a cursor per linked stream at its tail: the long one too.
-    let (_, view) = s.put("p", pull(Some("long/*"), &[named.as_str()], "wake"), 0).await.expect("put matching a long path");
+    let (_, view) =
+        s.put("p", pull(Some("long/*"), &[named.as_str()], "wake"), 0).await.expect("put matching a long path");
     assert_eq!(view.links.len(), 3, "{:?}", view.links.iter().map(|l| l.path.len()).collect::<Vec<_>>());
     assert!(view.links.iter().all(|l| l.acked == l.tail), "every link starts at its tail");
     let ends = [json_append(e, &long, "2").await, json_append(e, &named, "2").await];

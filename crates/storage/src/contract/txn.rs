@@ -12,7 +12,9 @@ fn del(key: &str) -> MetaWrite {
 
 async fn meta<E: Engine>(e: &E, prefix: &str) -> Vec<(String, String)> {
     let all = e.meta_scan(prefix.as_bytes()).await.expect("meta scan");
-    all.into_iter().map(|(k, v)| (String::from_utf8(k).expect("utf-8 key"), String::from_utf8(v.to_vec()).expect("utf-8 value"))).collect()
+    all.into_iter()
+        .map(|(k, v)| (String::from_utf8(k).expect("utf-8 key"), String::from_utf8(v.to_vec()).expect("utf-8 value")))
+        .collect()
 }
 
 fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -80,7 +82,11 @@ pub async fn a_refused_transaction_writes_nothing<H: Harness>() {
     append(e, close_req("closed")).await;
     e.transact(TxnRequest { meta: vec![put("k", "v0")], ..Default::default() }).await.expect("seed");
 
-    let base = || TxnRequest { meta: vec![put("k", "v1"), put("new", "n")], appends: vec![append_req("a", "first")], ..Default::default() };
+    let base = || TxnRequest {
+        meta: vec![put("k", "v1"), put("new", "n")],
+        appends: vec![append_req("a", "first")],
+        ..Default::default()
+    };
     let refusals: Vec<(TxnRequest, &str)> = vec![
         (TxnRequest { appends: vec![append_req("a", "first"), append_req("closed", "late")], ..base() }, "closed"),
         (TxnRequest { appends: vec![append_req("a", "first"), append_req("missing", "x")], ..base() }, "missing"),
@@ -90,7 +96,10 @@ pub async fn a_refused_transaction_writes_nothing<H: Harness>() {
         (TxnRequest { appends: vec![append_req("a", "first"), append_req("a", "second")], ..base() }, "repeated"),
         (TxnRequest { expect: vec![(b"k".to_vec(), Some(Bytes::from_static(b"stale")))], ..base() }, "conflict"),
         (TxnRequest { expect: vec![(b"k".to_vec(), None)], ..base() }, "conflict on absent"),
-        (TxnRequest { meta: vec![MetaWrite { key: vec![b'k'; MAX_META_KEY_BYTES + 1], value: None }], ..base() }, "key too large"),
+        (
+            TxnRequest { meta: vec![MetaWrite { key: vec![b'k'; MAX_META_KEY_BYTES + 1], value: None }], ..base() },
+            "key too large",
+        ),
     ];
     for (txn, why) in refusals {
         let r = e.transact(txn).await;
@@ -98,7 +107,10 @@ pub async fn a_refused_transaction_writes_nothing<H: Harness>() {
             ("closed", Err(TxnError::Append { index: 1, error: AppendError::Closed { .. } }))
             | ("missing", Err(TxnError::Append { index: 1, error: AppendError::NotFound }))
             | ("fenced", Err(TxnError::Append { index: 1, error: AppendError::ProducerFenced { current_epoch: 2 } }))
-            | ("gap", Err(TxnError::Append { index: 1, error: AppendError::ProducerSeqGap { expected: 1, received: 5 } }))
+            | (
+                "gap",
+                Err(TxnError::Append { index: 1, error: AppendError::ProducerSeqGap { expected: 1, received: 5 } }),
+            )
             | ("repeated", Err(TxnError::RepeatedStream { index: 1 }))
             | ("conflict" | "conflict on absent", Err(TxnError::Conflict { .. }))
             | ("key too large", Err(TxnError::TooLarge)) => {}
@@ -130,7 +142,14 @@ pub async fn listed_streams_are_the_visible_ones<H: Harness>() {
     assert_eq!(listed[0].info.tail, Offset(5));
     assert_eq!(e.list_streams("", 0).await.expect("list").len(), 4);
     // An expired stream is not listed.
-    create(e, CreateRequest { expiry: Some(oncelog_protocol::headers::Expiry::At(1_000)), ..create_req("jobs/c", "text/plain") }).await;
+    create(
+        e,
+        CreateRequest {
+            expiry: Some(oncelog_protocol::headers::Expiry::At(1_000)),
+            ..create_req("jobs/c", "text/plain")
+        },
+    )
+    .await;
     assert_eq!(e.list_streams("jobs/", 999).await.expect("list").len(), 3);
     assert_eq!(e.list_streams("jobs/", 1_000).await.expect("list").len(), 2);
 }

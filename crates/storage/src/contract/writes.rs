@@ -21,7 +21,9 @@ pub async fn create_verdicts<H: Harness>() {
     let again = e.create(req.clone()).await.expect("re-create");
     assert!(matches!(again, CreateOutcome::Existing(ref i) if i.tail == Offset(5) && i.id == info.id), "{again:?}");
     // Any difference in type, expiry or closure: 409.
-    for (ct, expiry, closed) in [("text/html", None, false), ("text/plain", Some(Expiry::Ttl(60)), false), ("text/plain", None, true)] {
+    for (ct, expiry, closed) in
+        [("text/html", None, false), ("text/plain", Some(Expiry::Ttl(60)), false), ("text/plain", None, true)]
+    {
         let r = CreateRequest { content_type: Some(ct.into()), expiry, closed, ..create_req("s", "") };
         assert!(matches!(e.create(r).await, Err(CreateError::ConfigMismatch(_))), "{ct} {expiry:?} {closed}");
     }
@@ -76,19 +78,26 @@ pub async fn append_precedence<H: Harness>() {
     assert!(matches!(e.append(append_req("s", "")).await, Err(AppendError::Empty)));
     append(e, produce("s", "a", "p", 1, 0)).await;
     // Fenced and epoch rules.
-    assert!(matches!(e.append(produce("s", "z", "p", 0, 1)).await, Err(AppendError::ProducerFenced { current_epoch: 1 })));
+    assert!(matches!(
+        e.append(produce("s", "z", "p", 0, 1)).await,
+        Err(AppendError::ProducerFenced { current_epoch: 1 })
+    ));
     let bump = e.append(produce("s", "z", "p", 2, 70)).await;
     assert!(matches!(bump, Err(AppendError::ProducerEpochSeq)), "{bump:?}");
     // Content type beats Stream-Seq; Stream-Seq is checked once the type is right.
     append(e, AppendRequest { stream_seq: Some("5".into()), ..append_req("s", "b") }).await;
-    let r = AppendRequest { stream_seq: Some("1".into()), content_type: Some("text/html".into()), ..append_req("s", "c") };
+    let r =
+        AppendRequest { stream_seq: Some("1".into()), content_type: Some("text/html".into()), ..append_req("s", "c") };
     assert!(matches!(e.append(r).await, Err(AppendError::ContentTypeMismatch)));
     let r = AppendRequest { stream_seq: Some("1".into()), ..append_req("s", "c") };
     assert!(matches!(e.append(r).await, Err(AppendError::StreamSeqRegression { .. })));
     // The producer closes the stream with its seq 1.
     let closing = AppendRequest { close: true, ..produce("s", "c", "p", 1, 1) };
     let out = append(e, closing.clone()).await;
-    assert_eq!((out.status, out.next_offset, out.closed, out.producer), (AppendStatus::Appended, Offset(3), true, Some((1, 1))));
+    assert_eq!(
+        (out.status, out.next_offset, out.closed, out.producer),
+        (AppendStatus::Appended, Offset(3), true, Some((1, 1)))
+    );
     // A retry of the closing request is a duplicate, not a closed-stream error.
     let dup = append(e, closing).await;
     assert_eq!((dup.status, dup.next_offset, dup.closed), (AppendStatus::Duplicate, Offset(3), true));
@@ -108,7 +117,10 @@ pub async fn conditional_appends<H: Harness>() {
     let h = H::open().await;
     let e = h.engine();
     create(e, create_req("s", "text/plain")).await;
-    let at = |req: AppendRequest, tails: &[u64]| AppendRequest { if_match: Some(tails.iter().map(|t| Offset(*t)).collect()), ..req };
+    let at = |req: AppendRequest, tails: &[u64]| AppendRequest {
+        if_match: Some(tails.iter().map(|t| Offset(*t)).collect()),
+        ..req
+    };
     // At the named tail: written. Anywhere else: refused with the tail, nothing written.
     assert_eq!(append(e, at(append_req("s", "ab"), &[0])).await.next_offset, Offset(2));
     let stale = e.append(at(append_req("s", "zz"), &[0])).await;
@@ -156,9 +168,15 @@ pub async fn a_producer_retry_with_another_body_is_refused<H: Harness>() {
         let same = append(e, produce("s", "ab", "p", 0, 0)).await;
         assert_eq!((same.status, same.next_offset), (AppendStatus::Duplicate, Offset(2)), "round {round}");
         let other = e.append(produce("s", "XY", "p", 0, 0)).await;
-        assert!(matches!(other, Err(AppendError::ProducerBodyMismatch { epoch: 0, seq: 0 })), "round {round}: {other:?}");
+        assert!(
+            matches!(other, Err(AppendError::ProducerBodyMismatch { epoch: 0, seq: 0 })),
+            "round {round}: {other:?}"
+        );
         let other = e.append(produce("s", "cd!", "p", 0, 1)).await;
-        assert!(matches!(other, Err(AppendError::ProducerBodyMismatch { epoch: 0, seq: 1 })), "round {round}: {other:?}");
+        assert!(
+            matches!(other, Err(AppendError::ProducerBodyMismatch { epoch: 0, seq: 1 })),
+            "round {round}: {other:?}"
+        );
         assert_eq!(read_all(e, "s", 1 << 20).await, "abcd", "round {round}: nothing written");
         h.reopen().await;
     }
@@ -185,7 +203,10 @@ pub async fn idle_producer_state_expires<H: Harness>() {
     // accepted; so it stays after a reopen.
     for round in 0..2 {
         let late = h.engine().append(at(produce("s", "c", "p", 3, 100), 1_000 + ttl + round)).await;
-        assert!(matches!(late, Err(AppendError::ProducerSeqGap { expected: 0, received: 100 })), "round {round}: {late:?}");
+        assert!(
+            matches!(late, Err(AppendError::ProducerSeqGap { expected: 0, received: 100 })),
+            "round {round}: {late:?}"
+        );
         h.reopen().await;
     }
     // Sequence 0 of a forgotten producer is new data (the documented trade-off), whatever its
@@ -455,7 +476,10 @@ pub async fn expected_offset_is_a_strict_compare_and_append<H: Harness>() {
         r => panic!("stale expected offset: {r:?}"),
     }
     // An expectation beyond the tail is no better.
-    assert!(matches!(e.append(expecting(append_req("s", "zz"), Offset(t1.0 + 100))).await, Err(AppendError::ExpectedOffsetConflict { .. })));
+    assert!(matches!(
+        e.append(expecting(append_req("s", "zz"), Offset(t1.0 + 100))).await,
+        Err(AppendError::ExpectedOffsetConflict { .. })
+    ));
     // A producer's append with the right expectation, then its retry, whose expectation is
     // stale by now: a duplicate, answered with where it landed.
     let first = append(e, expecting(produce("s", "cd", "p", 0, 0), t1)).await;
@@ -465,7 +489,9 @@ pub async fn expected_offset_is_a_strict_compare_and_append<H: Harness>() {
     assert_eq!((retry.status, retry.next_offset), (AppendStatus::Duplicate, t2));
     // The producer's next append with a stale expectation is refused, and its sequence number
     // is still free for the right one.
-    assert!(matches!(e.append(expecting(produce("s", "ef", "p", 0, 1), t1)).await, Err(AppendError::ExpectedOffsetConflict { tail }) if tail == t2));
+    assert!(
+        matches!(e.append(expecting(produce("s", "ef", "p", 0, 1), t1)).await, Err(AppendError::ExpectedOffsetConflict { tail }) if tail == t2)
+    );
     let t3 = append(e, expecting(produce("s", "ef", "p", 0, 1), t2)).await.next_offset;
     // With Stream-Seq: each refusal names the tail; both must pass.
     let seq = |s: &str, d: &str| AppendRequest { stream_seq: Some(s.into()), ..append_req("s", d) };
@@ -474,20 +500,28 @@ pub async fn expected_offset_is_a_strict_compare_and_append<H: Harness>() {
         Err(AppendError::StreamSeqRegression { tail }) => assert_eq!(tail, t4),
         r => panic!("a regressing Stream-Seq: {r:?}"),
     }
-    assert!(matches!(e.append(expecting(seq("6", "ij"), t3)).await, Err(AppendError::ExpectedOffsetConflict { tail }) if tail == t4));
+    assert!(
+        matches!(e.append(expecting(seq("6", "ij"), t3)).await, Err(AppendError::ExpectedOffsetConflict { tail }) if tail == t4)
+    );
     let t5 = append(e, expecting(seq("6", "ij"), t4)).await.next_offset;
     assert_eq!(read_all(e, "s", 4).await, "abcdefghij");
     // A fork compares against its own tail, not its source's.
     let fork_tail = create(e, fork_req("f", "s", Some(t1.0), 0)).await.tail;
     assert_eq!(fork_tail, t1);
-    assert!(matches!(e.append(expecting(append_req("f", "F"), t5)).await, Err(AppendError::ExpectedOffsetConflict { tail }) if tail == t1));
+    assert!(
+        matches!(e.append(expecting(append_req("f", "F"), t5)).await, Err(AppendError::ExpectedOffsetConflict { tail }) if tail == t1)
+    );
     let f1 = append(e, expecting(append_req("f", "F"), t1)).await.next_offset;
     assert_eq!(read_all(e, "f", 4).await, "abF");
     // Closed: the closure's answer wins, even with the right offset.
     append(e, close_req("s")).await;
-    assert!(matches!(e.append(expecting(append_req("s", "kl"), t5)).await, Err(AppendError::Closed { tail }) if tail == t5));
+    assert!(
+        matches!(e.append(expecting(append_req("s", "kl"), t5)).await, Err(AppendError::Closed { tail }) if tail == t5)
+    );
     h.reopen().await;
     let e = h.engine();
-    assert!(matches!(e.append(expecting(append_req("f", "G"), t1)).await, Err(AppendError::ExpectedOffsetConflict { tail }) if tail == f1));
+    assert!(
+        matches!(e.append(expecting(append_req("f", "G"), t1)).await, Err(AppendError::ExpectedOffsetConflict { tail }) if tail == f1)
+    );
     assert_eq!(append(e, expecting(append_req("f", "G"), f1)).await.next_offset, Offset(f1.0 + 1));
 }

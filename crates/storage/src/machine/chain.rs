@@ -43,18 +43,19 @@ pub struct Part<'a, S> {
 
 /// The parts of the stream whose inherited segments are `chain` and whose own data is `own`
 /// that a read from `from` up to `tail` goes through, in order, each clipped to `[from, tail)`.
-pub fn parts<'a, S>(chain: &'a [Segment<S>], own: &'a S, from: u64, tail: u64) -> impl Iterator<Item = Part<'a, S>> + 'a {
+pub fn parts<'a, S>(
+    chain: &'a [Segment<S>],
+    own: &'a S,
+    from: u64,
+    tail: u64,
+) -> impl Iterator<Item = Part<'a, S>> + 'a {
     let mut start = 0;
-    chain
-        .iter()
-        .map(|s| (&s.source, s.end))
-        .chain(std::iter::once((own, u64::MAX)))
-        .filter_map(move |(source, end)| {
-            let (seg_start, seg_end) = (start, end.min(tail));
-            start = seg_end.max(start);
-            let part = Part { source, start: seg_start.max(from), end: seg_end };
-            (part.start < part.end).then_some(part)
-        })
+    chain.iter().map(|s| (&s.source, s.end)).chain(std::iter::once((own, u64::MAX))).filter_map(move |(source, end)| {
+        let (seg_start, seg_end) = (start, end.min(tail));
+        start = seg_end.max(start);
+        let part = Part { source, start: seg_start.max(from), end: seg_end };
+        (part.start < part.end).then_some(part)
+    })
 }
 
 /// The part that holds offset `at`, from `at` on (`None` at or past the tail).
@@ -97,7 +98,9 @@ mod tests {
         assert_eq!(part_at(&chain, &3, 10, 20).map(|p| (*p.source, p.start)), Some((2, 10)));
         assert_eq!(part_at(&chain, &3, 16, 20).map(|p| (*p.source, p.start, p.end)), Some((3, 16, 20)));
         assert_eq!(part_at(&chain, &3, 20, 20), None);
-        assert!(at_boundary(&chain, 0) && at_boundary(&chain, 10) && at_boundary(&chain, 15) && !at_boundary(&chain, 12));
+        assert!(
+            at_boundary(&chain, 0) && at_boundary(&chain, 10) && at_boundary(&chain, 15) && !at_boundary(&chain, 12)
+        );
         // A stream of its own: one part.
         assert_eq!(parts(&[], &7, 3, 9).map(|p| (*p.source, p.start, p.end)).collect::<Vec<_>>(), [(7, 3, 9)]);
     }

@@ -216,7 +216,12 @@ mod tests {
                 return Err(AppendError::ProducerSeqGap { expected: *next, received: seq });
             }
             *next += 1;
-            Ok(AppendOutcome { status: AppendStatus::Appended, next_offset: oncelog_protocol::Offset(*next), closed: false, producer: Some((0, seq)) })
+            Ok(AppendOutcome {
+                status: AppendStatus::Appended,
+                next_offset: oncelog_protocol::Offset(*next),
+                closed: false,
+                producer: Some((0, seq)),
+            })
         }
     }
 
@@ -244,7 +249,10 @@ mod tests {
             let _ = reply.send(r);
         }
         assert!(lot.is_empty());
-        let seqs: Vec<u64> = std::iter::once(rx0).chain(answers.into_iter().rev()).map(|mut rx| rx.try_recv().expect("answered").expect("ok").producer.expect("p").1).collect();
+        let seqs: Vec<u64> = std::iter::once(rx0)
+            .chain(answers.into_iter().rev())
+            .map(|mut rx| rx.try_recv().expect("answered").expect("ok").producer.expect("p").1)
+            .collect();
         assert_eq!(seqs, [0, 1, 2]);
         assert_eq!(next, 3);
     }

@@ -78,7 +78,13 @@ impl<'a> AppendEffects<'a> {
             new_tail: w.new_tail,
             close: w.close,
             stream_seq: if w.set_stream_seq { req.stream_seq.as_deref() } else { None },
-            producer: w.producer.map(|p| ProducerEffect { id: p.id, epoch: p.epoch, seq: p.seq, digest: w.digest, at_ms: w.at_ms }),
+            producer: w.producer.map(|p| ProducerEffect {
+                id: p.id,
+                epoch: p.epoch,
+                seq: p.seq,
+                digest: w.digest,
+                at_ms: w.at_ms,
+            }),
             key: w.key.map(|k| (k, KeyEntry { end: w.new_tail, digest: w.digest, at_ms: w.at_ms })),
             write_time: (marks_writes && !req.data.is_empty()).then_some(req.now_ms),
         }
@@ -224,7 +230,8 @@ mod tests {
 
     fn meta() -> StreamMeta {
         let mut m = StreamMeta::new(1, 0, "text/plain");
-        std::sync::Arc::make_mut(&mut m.config).retention = crate::retention::RetentionPolicy { max_age_s: Some(3600), max_bytes: None };
+        std::sync::Arc::make_mut(&mut m.config).retention =
+            crate::retention::RetentionPolicy { max_age_s: Some(3600), max_bytes: None };
         m
     }
 
@@ -263,7 +270,12 @@ mod tests {
     fn pruning_drops_what_the_rules_already_ignore_and_says_what() {
         let retention = Retention { producer_ttl_ms: 1_000, idempotency_window_ms: 500 };
         let mut st = StreamState::new(meta(), Offset::ZERO);
-        for r in [req(Some(("old", 0)), None, 0), req(None, Some(1), 0), req(Some(("new", 0)), None, 900), req(None, Some(2), 900)] {
+        for r in [
+            req(Some(("old", 0)), None, 0),
+            req(None, Some(1), 0),
+            req(Some(("new", 0)), None, 900),
+            req(None, Some(2), 900),
+        ] {
             assert!(matches!(st.append(&r, &retention), Ok(Step::Write(_))));
         }
         let pruned = st.prune(1_000, &retention);

@@ -108,7 +108,8 @@ impl Model {
     /// incarnation, unless it has been idle for the TTL.
     fn live_history(&mut self, id: u8, now: i64) -> Vec<Accepted> {
         let inc = *self.incarnations.get(&id).unwrap_or(&0);
-        let mine: Vec<Accepted> = self.accepted.iter().filter(|a| a.producer.is_some_and(|p| p.0 == id && p.3 == inc)).cloned().collect();
+        let mine: Vec<Accepted> =
+            self.accepted.iter().filter(|a| a.producer.is_some_and(|p| p.0 == id && p.3 == inc)).cloned().collect();
         match mine.last() {
             Some(last) if now >= last.at_ms + TTL_MS => {
                 self.incarnations.insert(id, inc + 1);
@@ -129,16 +130,22 @@ impl Model {
             let body = vec![b'x' + op.variant; op.len];
             match mine.last().and_then(|a| a.producer) {
                 None if seq != 0 => {
-                    return Err(if closed { AppendError::Closed { tail } } else { AppendError::ProducerSeqGap { expected: 0, received: seq } })
+                    return Err(if closed {
+                        AppendError::Closed { tail }
+                    } else {
+                        AppendError::ProducerSeqGap { expected: 0, received: seq }
+                    })
                 }
                 None => {}
                 Some((_, cur, _, _)) if epoch < cur => return Err(AppendError::ProducerFenced { current_epoch: cur }),
                 Some((_, cur, _, _)) if epoch > cur && seq != 0 => return Err(AppendError::ProducerEpochSeq),
                 Some((_, cur, _, _)) if epoch > cur => {}
                 Some((_, cur, last, _)) => {
-                    let in_epoch: Vec<&Accepted> = mine.iter().filter(|m| m.producer.is_some_and(|p| p.1 == cur)).collect();
+                    let in_epoch: Vec<&Accepted> =
+                        mine.iter().filter(|m| m.producer.is_some_and(|p| p.1 == cur)).collect();
                     if seq <= last {
-                        let original = in_epoch.iter().rev().take(RECEIPT_WINDOW).find(|m| m.producer.is_some_and(|p| p.2 == seq));
+                        let original =
+                            in_epoch.iter().rev().take(RECEIPT_WINDOW).find(|m| m.producer.is_some_and(|p| p.2 == seq));
                         if !closed && original.is_some_and(|o| o.body != body) {
                             return Err(AppendError::ProducerBodyMismatch { epoch, seq });
                         }
@@ -161,7 +168,12 @@ impl Model {
         }
         if closed {
             return if op.close && op.len == 0 {
-                Ok(AppendOutcome { status: AppendStatus::AlreadyClosed, next_offset: tail, closed: true, producer: None })
+                Ok(AppendOutcome {
+                    status: AppendStatus::AlreadyClosed,
+                    next_offset: tail,
+                    closed: true,
+                    producer: None,
+                })
             } else {
                 Err(AppendError::Closed { tail })
             };
@@ -229,25 +241,73 @@ proptest! {
 #[test]
 fn a_request_for_another_incarnation_is_refused_before_anything_else() {
     let m = meta("application/json");
-    let mut req = request(&Op { producer: Some((0, 0, 0)), matching_type: true, len: 3, variant: 0, close: false, stream_seq: None, expected: None, wait_ms: 0 }, 0, 0);
+    let mut req = request(
+        &Op {
+            producer: Some((0, 0, 0)),
+            matching_type: true,
+            len: 3,
+            variant: 0,
+            close: false,
+            stream_seq: None,
+            expected: None,
+            wait_ms: 0,
+        },
+        0,
+        0,
+    );
     req.stream_id = Some(2);
-    assert!(matches!(append(&m, Offset::ZERO, WriterState::default(), &req, &Retention::default()), Err(AppendError::StreamChanged)));
+    assert!(matches!(
+        append(&m, Offset::ZERO, WriterState::default(), &req, &Retention::default()),
+        Err(AppendError::StreamChanged)
+    ));
     // The same request for the right incarnation, unframed, into a JSON stream.
     req.stream_id = Some(1);
     req.content_type = Some("application/json".into());
-    assert!(matches!(append(&m, Offset::ZERO, WriterState::default(), &req, &Retention::default()), Err(AppendError::FramingMismatch)));
+    assert!(matches!(
+        append(&m, Offset::ZERO, WriterState::default(), &req, &Retention::default()),
+        Err(AppendError::FramingMismatch)
+    ));
     req.json_framed = true;
-    assert!(matches!(append(&m, Offset::ZERO, WriterState::default(), &req, &Retention::default()), Ok(AppendPlan::Write(_))));
+    assert!(matches!(
+        append(&m, Offset::ZERO, WriterState::default(), &req, &Retention::default()),
+        Ok(AppendPlan::Write(_))
+    ));
 }
 
 #[test]
 fn parking_covers_small_gaps_and_early_new_epoch_requests_only() {
-    let req = request(&Op { producer: Some((0, 1, 3)), matching_type: true, len: 1, variant: 0, close: false, stream_seq: None, expected: None, wait_ms: 0 }, 0, 0);
+    let req = request(
+        &Op {
+            producer: Some((0, 1, 3)),
+            matching_type: true,
+            len: 1,
+            variant: 0,
+            close: false,
+            stream_seq: None,
+            expected: None,
+            wait_ms: 0,
+        },
+        0,
+        0,
+    );
     assert!(parkable(&req, &AppendError::ProducerSeqGap { expected: 1, received: 3 }));
     assert!(!parkable(&req, &AppendError::ProducerSeqGap { expected: 1, received: 1 + MAX_PARK_AHEAD + 1 }));
     assert!(parkable(&req, &AppendError::ProducerEpochSeq));
     assert!(!parkable(&req, &AppendError::ContentTypeMismatch));
-    let plain = request(&Op { producer: None, matching_type: true, len: 1, variant: 0, close: false, stream_seq: None, expected: None, wait_ms: 0 }, 0, 0);
+    let plain = request(
+        &Op {
+            producer: None,
+            matching_type: true,
+            len: 1,
+            variant: 0,
+            close: false,
+            stream_seq: None,
+            expected: None,
+            wait_ms: 0,
+        },
+        0,
+        0,
+    );
     assert!(!parkable(&plain, &AppendError::ProducerSeqGap { expected: 1, received: 3 }));
 }
 
@@ -270,34 +330,56 @@ fn create_req(ct: Option<&str>, expiry: Option<Expiry>, closed: bool) -> CreateR
 fn create_verdicts() {
     let plan = create(None, None, &create_req(None, None, false), 9).expect("create");
     let CreatePlan::Create { meta: m, tail } = plan else { panic!("expected a new stream") };
-    assert_eq!((m.id, m.config.content_type.as_str(), m.config.expiry, tail), (9, content_type::DEFAULT, Expiry::Never, Offset::ZERO));
+    assert_eq!(
+        (m.id, m.config.content_type.as_str(), m.config.expiry, tail),
+        (9, content_type::DEFAULT, Expiry::Never, Offset::ZERO)
+    );
     // Identical re-create (parameters of the media type ignored) is 200; anything else 409.
     let existing = meta("text/plain");
-    let same = create(Some((&existing, Offset(4))), None, &create_req(Some("text/plain;charset=utf-8"), None, false), 10);
+    let same =
+        create(Some((&existing, Offset(4))), None, &create_req(Some("text/plain;charset=utf-8"), None, false), 10);
     assert!(matches!(same, Ok(CreatePlan::Existing(i)) if i.tail == Offset(4) && i.id == 1));
     // The 409 names the first difference, with both sides.
     let mut compacted = create_req(Some("text/plain"), None, false);
     compacted.compaction = true;
     let mut retained = create_req(Some("text/plain"), None, false);
-    retained.retention = crate::RetentionRequest { policy: crate::RetentionPolicy { max_age_s: Some(60), max_bytes: None }, named_age: true, named_bytes: false };
+    retained.retention = crate::RetentionRequest {
+        policy: crate::RetentionPolicy { max_age_s: Some(60), max_bytes: None },
+        named_age: true,
+        named_bytes: false,
+    };
     let cases = [
-        (create_req(Some("text/html"), None, false), r#"its content type is "text/plain", the request says "text/html""#),
-        (create_req(Some("text/plain"), Some(Expiry::Ttl(5)), false), "its expiry is none, the request says Stream-TTL 5"),
+        (
+            create_req(Some("text/html"), None, false),
+            r#"its content type is "text/plain", the request says "text/html""#,
+        ),
+        (
+            create_req(Some("text/plain"), Some(Expiry::Ttl(5)), false),
+            "its expiry is none, the request says Stream-TTL 5",
+        ),
         (create_req(Some("text/plain"), None, true), "it is open, the request says closed"),
         (retained, "its retention is max age none, max bytes none; the request names max age 60"),
     ];
     for (differing, says) in cases {
         match create(Some((&existing, Offset(4))), None, &differing, 10) {
-            Err(e @ CreateError::ConfigMismatch(_)) => assert_eq!(e.to_string(), format!("stream exists with a different configuration: {says}")),
+            Err(e @ CreateError::ConfigMismatch(_)) => {
+                assert_eq!(e.to_string(), format!("stream exists with a different configuration: {says}"))
+            }
             other => panic!("{says}: {other:?}"),
         }
     }
     // A stream made for compaction must be JSON: checked before the comparison, so the plain
     // stream here answers that instead.
-    assert!(matches!(create(Some((&existing, Offset(4))), None, &compacted, 10), Err(CreateError::CompactionNeedsJson)));
+    assert!(matches!(
+        create(Some((&existing, Offset(4))), None, &compacted, 10),
+        Err(CreateError::CompactionNeedsJson)
+    ));
     let mut gone = existing.clone();
     gone.soft_deleted = true;
-    assert!(matches!(create(Some((&gone, Offset(4))), None, &create_req(Some("text/plain"), None, false), 10), Err(CreateError::PathReserved)));
+    assert!(matches!(
+        create(Some((&gone, Offset(4))), None, &create_req(Some("text/plain"), None, false), 10),
+        Err(CreateError::PathReserved)
+    ));
     // The initial body's framing must match the stream's type.
     let mut unframed = create_req(Some("application/json"), None, false);
     unframed.initial = Bytes::from_static(b"1,");
@@ -309,25 +391,40 @@ fn create_verdicts() {
 #[test]
 fn fork_resolution_verdicts() {
     let src = meta("application/json");
-    let f = |offset: Option<u64>, sub: u64| ForkRequest { source: "src".into(), offset: offset.map(Offset), sub_offset: sub };
+    let f = |offset: Option<u64>, sub: u64| ForkRequest {
+        source: "src".into(),
+        offset: offset.map(Offset),
+        sub_offset: sub,
+    };
     let stored = Bytes::from_static(b"{\"a\":1},2,[3],");
     let at = |o: u64| -> Result<Option<Bytes>, StorageError> { Ok((o == 10).then(|| stored.clone())) };
     assert!(matches!(resolve_fork(None, &f(None, 0), at), Err(CreateError::SourceNotFound)));
     let r = resolve_fork(Some((&src, Offset(30))), &f(None, 0), at).expect("fork at tail");
     assert_eq!(r.fork, ForkOf { source_id: 1, fork_point: 30 });
-    assert!(matches!(resolve_fork(Some((&src, Offset(30))), &f(Some(31), 0), at), Err(CreateError::ForkOffsetBeyondTail)));
+    assert!(matches!(
+        resolve_fork(Some((&src, Offset(30))), &f(Some(31), 0), at),
+        Err(CreateError::ForkOffsetBeyondTail)
+    ));
     // Sub-offsets count messages of a JSON source: two messages are `{"a":1},2,` = 10 bytes.
     let r = resolve_fork(Some((&src, Offset(30))), &f(Some(10), 2), at).expect("sub-offset");
     assert_eq!(r.fork.fork_point, 20);
-    assert!(matches!(resolve_fork(Some((&src, Offset(30))), &f(Some(10), 4), at), Err(CreateError::SubOffsetOvershoot)));
-    assert!(matches!(resolve_fork(Some((&src, Offset(30))), &f(Some(11), 1), at), Err(CreateError::SubOffsetOvershoot)));
+    assert!(matches!(
+        resolve_fork(Some((&src, Offset(30))), &f(Some(10), 4), at),
+        Err(CreateError::SubOffsetOvershoot)
+    ));
+    assert!(matches!(
+        resolve_fork(Some((&src, Offset(30))), &f(Some(11), 1), at),
+        Err(CreateError::SubOffsetOvershoot)
+    ));
     let mut gone = src.clone();
     gone.soft_deleted = true;
     assert!(matches!(resolve_fork(Some((&gone, Offset(30))), &f(None, 0), at), Err(CreateError::SourceGone)));
     // A fork inherits type and expiry unless it names its own; a different type is refused.
     let mut req = create_req(None, None, false);
     let plan = create(None, Some(&r), &req, 7).expect("fork");
-    assert!(matches!(plan, CreatePlan::Create { ref meta, tail: Offset(20) } if meta.config.content_type == "application/json" && meta.fork == Some(r.fork)));
+    assert!(
+        matches!(plan, CreatePlan::Create { ref meta, tail: Offset(20) } if meta.config.content_type == "application/json" && meta.fork == Some(r.fork))
+    );
     req.content_type = Some("text/plain".into());
     assert!(matches!(create(None, Some(&r), &req, 7), Err(CreateError::ContentTypeMismatch)));
 }
@@ -341,11 +438,17 @@ fn delete_expiry_and_visibility_verdicts() {
     assert!(matches!(delete(&m, Offset(4), 0, &plain), Ok(Removal::Remove)));
     assert!(matches!(delete(&m, Offset(4), 2, &plain), Ok(Removal::SoftDelete)));
     assert!(matches!(delete(&m, Offset(4), 0, &if_tail(4, false)), Ok(Removal::Remove)));
-    assert!(matches!(delete(&m, Offset(4), 0, &if_tail(3, false)), Err(LookupError::PreconditionFailed { tail: Offset(4), closed: false })));
+    assert!(matches!(
+        delete(&m, Offset(4), 0, &if_tail(3, false)),
+        Err(LookupError::PreconditionFailed { tail: Offset(4), closed: false })
+    ));
     // A purge is a plain delete without forks, and detaches the stream from its path with them.
     assert!(matches!(delete(&m, Offset(4), 0, &purge), Ok(Removal::Remove)));
     assert!(matches!(delete(&m, Offset(4), 2, &purge), Ok(Removal::Detach)));
-    assert!(matches!(delete(&m, Offset(4), 2, &if_tail(3, true)), Err(LookupError::PreconditionFailed { tail: Offset(4), closed: false })));
+    assert!(matches!(
+        delete(&m, Offset(4), 2, &if_tail(3, true)),
+        Err(LookupError::PreconditionFailed { tail: Offset(4), closed: false })
+    ));
     m.soft_deleted = true;
     assert!(matches!(delete(&m, Offset(4), 2, &plain), Err(LookupError::Gone)));
     assert!(matches!(delete(&m, Offset(4), 2, &if_tail(3, false)), Err(LookupError::Gone)));

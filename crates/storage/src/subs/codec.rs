@@ -211,29 +211,59 @@ mod tests {
     }
 
     fn record() -> impl Strategy<Value = SubRecord> {
-        let kind = prop_oneof![text().prop_map(|url| SubKind::Webhook { url }), text().prop_map(|wake_stream| SubKind::PullWake { wake_stream })];
-        let wake = proptest::option::of((any::<u64>(), proptest::option::of(text()), proptest::option::of(any::<i64>()), proptest::collection::vec((text(), any::<u64>(), any::<u64>()), 0..3)));
+        let kind = prop_oneof![
+            text().prop_map(|url| SubKind::Webhook { url }),
+            text().prop_map(|wake_stream| SubKind::PullWake { wake_stream })
+        ];
+        let wake = proptest::option::of((
+            any::<u64>(),
+            proptest::option::of(text()),
+            proptest::option::of(any::<i64>()),
+            proptest::collection::vec((text(), any::<u64>(), any::<u64>()), 0..3),
+        ));
         (
-            (any::<u64>(), text(), kind, proptest::option::of(text()), proptest::collection::vec(text(), 0..3), any::<u32>(), proptest::option::of(text())),
-            (any::<i64>(), any::<u64>(), wake, any::<u32>(), any::<i64>(), proptest::collection::btree_set(text(), 0..3), any::<u64>(), proptest::collection::vec(text(), 0..3)),
+            (
+                any::<u64>(),
+                text(),
+                kind,
+                proptest::option::of(text()),
+                proptest::collection::vec(text(), 0..3),
+                any::<u32>(),
+                proptest::option::of(text()),
+            ),
+            (
+                any::<i64>(),
+                any::<u64>(),
+                wake,
+                any::<u32>(),
+                any::<i64>(),
+                proptest::collection::btree_set(text(), 0..3),
+                any::<u64>(),
+                proptest::collection::vec(text(), 0..3),
+            ),
         )
-            .prop_map(|((uid, id, kind, pattern, streams, lease_ttl_ms, description), (created_ms, generation, wake, failures, next_attempt_ms, explicit, last_done, outputs))| SubRecord {
-                last_done,
-                uid,
-                id,
-                config: SubConfig { kind, pattern, streams, lease_ttl_ms, description, outputs },
-                created_ms,
-                generation,
-                wake: wake.map(|(generation, holder, lease_until_ms, snap)| Wake {
+            .prop_map(
+                |(
+                    (uid, id, kind, pattern, streams, lease_ttl_ms, description),
+                    (created_ms, generation, wake, failures, next_attempt_ms, explicit, last_done, outputs),
+                )| SubRecord {
+                    last_done,
+                    uid,
+                    id,
+                    config: SubConfig { kind, pattern, streams, lease_ttl_ms, description, outputs },
+                    created_ms,
                     generation,
-                    holder,
-                    lease_until_ms,
-                    snapshot: snap.into_iter().map(|(p, i, t)| (p, i, Offset(t))).collect(),
-                }),
-                failures,
-                next_attempt_ms,
-                explicit,
-            })
+                    wake: wake.map(|(generation, holder, lease_until_ms, snap)| Wake {
+                        generation,
+                        holder,
+                        lease_until_ms,
+                        snapshot: snap.into_iter().map(|(p, i, t)| (p, i, Offset(t))).collect(),
+                    }),
+                    failures,
+                    next_attempt_ms,
+                    explicit,
+                },
+            )
     }
 
     proptest! {

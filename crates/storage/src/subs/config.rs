@@ -109,7 +109,8 @@ mod tests {
         for ttl in [MIN_LEASE_TTL_MS, MAX_LEASE_TTL_MS] {
             assert!(SubConfig { lease_ttl_ms: ttl, ..config(None, &["a"]) }.normalized().is_ok());
         }
-        let no_wake_stream = SubConfig { kind: SubKind::PullWake { wake_stream: String::new() }, ..config(None, &["a"]) };
+        let no_wake_stream =
+            SubConfig { kind: SubKind::PullWake { wake_stream: String::new() }, ..config(None, &["a"]) };
         assert_eq!(no_wake_stream.normalized(), Err(InvalidSub::BadPath));
         let hook = SubConfig { kind: SubKind::Webhook { url: "https://h.example".into() }, ..config(Some("a/*"), &[]) };
         assert!(hook.normalized().is_ok());

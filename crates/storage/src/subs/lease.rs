@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
-use super::{SubError, Subscriptions};
 use super::codec;
+use super::{SubError, Subscriptions};
 use crate::engine::{Engine, MetaWrite, TxnError, TxnRequest};
 
 /// Over a shared engine: which process hands out webhook deliveries, and until when
@@ -77,7 +77,12 @@ impl<E: Engine> Subscriptions<E> {
             Step::Take => {}
         }
         let value = Bytes::from(codec::encode_lease(self.node, now_ms.saturating_add(DISPATCH_LEASE_MS)));
-        let txn = TxnRequest { expect: vec![(key.to_vec(), stored)], meta: vec![MetaWrite { key: key.to_vec(), value: Some(value) }], now_ms, ..Default::default() };
+        let txn = TxnRequest {
+            expect: vec![(key.to_vec(), stored)],
+            meta: vec![MetaWrite { key: key.to_vec(), value: Some(value) }],
+            now_ms,
+            ..Default::default()
+        };
         match self.engine.transact(txn).await {
             Ok(_) => Ok(true),
             // Another process took or renewed it first.

@@ -22,7 +22,16 @@ impl<E: Engine> Subscriptions<E> {
             for (l, matched) in listed.into_iter().zip(verdicts) {
                 if matched && may_link(wake_stream(&e.rec), &l.path) {
                     let acked = e.acked(&l.path, l.info.id);
-                    out.insert(l.path.clone(), Link { path: l.path, link_type: LinkType::Glob, stream_id: l.info.id, acked, tail: l.info.tail });
+                    out.insert(
+                        l.path.clone(),
+                        Link {
+                            path: l.path,
+                            link_type: LinkType::Glob,
+                            stream_id: l.info.id,
+                            acked,
+                            tail: l.info.tail,
+                        },
+                    );
                 }
             }
         }
@@ -33,7 +42,10 @@ impl<E: Engine> Subscriptions<E> {
                 Err(_) => (0, Offset::ZERO),
             };
             let acked = if stream_id == 0 { Offset::ZERO } else { e.acked(path, stream_id) };
-            out.insert(path.clone(), Link { path: path.clone(), link_type: LinkType::Explicit, stream_id, acked, tail });
+            out.insert(
+                path.clone(),
+                Link { path: path.clone(), link_type: LinkType::Explicit, stream_id, acked, tail },
+            );
         }
         Ok(out.into_values().collect())
     }
@@ -84,7 +96,12 @@ impl<E: Engine> Subscriptions<E> {
     /// Issues the next wake of `next` if it has none live, is not waiting for a delivery retry
     /// ([`rules::may_wake`]), and has pending work: the changes go into `next`, the wake event
     /// (pull-wake) comes with the answer, as the append to make with them ([`rules::wake`]).
-    pub(super) async fn plan_wake(&self, next: &mut Entry, trigger: Option<&str>, now_ms: i64) -> Result<Woke, SubError> {
+    pub(super) async fn plan_wake(
+        &self,
+        next: &mut Entry,
+        trigger: Option<&str>,
+        now_ms: i64,
+    ) -> Result<Woke, SubError> {
         if !rules::may_wake(&next.rec, now_ms) {
             return Ok(Woke::Nothing);
         }

@@ -70,7 +70,13 @@ impl State {
     }
 
     fn links(&self) -> Vec<Link> {
-        vec![Link { path: INPUT.into(), link_type: LinkType::Explicit, stream_id: 1, acked: Offset(self.acked), tail: Offset(TAIL) }]
+        vec![Link {
+            path: INPUT.into(),
+            link_type: LinkType::Explicit,
+            stream_id: 1,
+            acked: Offset(self.acked),
+            tail: Offset(TAIL),
+        }]
     }
 
     /// The linked streams with unprocessed input.
@@ -151,7 +157,9 @@ impl Model for Fencing {
                 let live = rules::may_claim(&n.rec, WORKERS[w], n.now).ok()?;
                 if !live {
                     let pending = n.pending();
-                    if !rules::may_wake(&n.rec, n.now) || !matches!(rules::wake(&mut n.rec, &pending, None, n.now), rules::Woke::Issued(_)) {
+                    if !rules::may_wake(&n.rec, n.now)
+                        || !matches!(rules::wake(&mut n.rec, &pending, None, n.now), rules::Woke::Issued(_))
+                    {
                         return None;
                     }
                 }
@@ -162,10 +170,17 @@ impl Model for Fencing {
             Action::Commit(w, upto) => {
                 let h = n.held[w].clone()?;
                 n.held[w] = Some(Held { sent: Some(upto), ..h.clone() });
-                let fence = Fence { uid: n.rec.uid, token_generation: h.generation, generation: h.generation, wake_id: n.rec.wake_id(h.generation) };
+                let fence = Fence {
+                    uid: n.rec.uid,
+                    token_generation: h.generation,
+                    generation: h.generation,
+                    wake_id: n.rec.wake_id(h.generation),
+                };
                 let acks = [Ack { stream: INPUT.into(), offset: Offset(upto) }];
                 if let Err(err) = rules::fence(&n.rec, &fence, AckVia::Commit, n.now) {
-                    let duplicate = rules::ended_by(&n.rec, &fence, AckVia::Commit) && matches!(err, SubError::Fenced) && rules::acked_already(&n.entry(), &n.links(), &acks);
+                    let duplicate = rules::ended_by(&n.rec, &fence, AckVia::Commit)
+                        && matches!(err, SubError::Fenced)
+                        && rules::acked_already(&n.entry(), &n.links(), &acks);
                     if !duplicate && h.generation < n.rec.generation {
                         n.zombie_fenced = true;
                     }
@@ -190,7 +205,9 @@ impl Model for Fencing {
 
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
-            Property::always("each acknowledged input applied exactly once, in order", |_, s: &State| s.output == (0..s.acked).collect::<Vec<_>>()),
+            Property::always("each acknowledged input applied exactly once, in order", |_, s: &State| {
+                s.output == (0..s.acked).collect::<Vec<_>>()
+            }),
             Property::sometimes("all input processed", |_, s: &State| s.acked == TAIL),
             Property::sometimes("a zombie's commit refused", |_, s: &State| s.zombie_fenced),
         ]

@@ -42,7 +42,12 @@ pub(super) fn start_at_tails(entry: &mut Entry, links: Vec<Link>) {
 /// Adds `add` to the explicit links of `next` and removes `remove` (both idempotent; adds
 /// first); answers the added paths that `before` linked in no way, in `add` order: their
 /// cursors start at the streams' current tails.
-pub(super) fn relink<'a>(before: &Entry, next: &mut SubRecord, add: &'a [String], remove: &[String]) -> Vec<&'a String> {
+pub(super) fn relink<'a>(
+    before: &Entry,
+    next: &mut SubRecord,
+    add: &'a [String],
+    remove: &[String],
+) -> Vec<&'a String> {
     let mut fresh = Vec::new();
     for path in add {
         if next.explicit.insert(path.clone()) && !before.links_path(path) {
@@ -119,7 +124,13 @@ pub(super) fn wake(rec: &mut SubRecord, pending: &[Link], trigger: Option<&str>,
                 "generation": generation,
                 "ts": now_ms,
             });
-            Some(AppendRequest::plain(wake_stream.clone(), "application/json", true, Bytes::from(format!("{msg},")), now_ms))
+            Some(AppendRequest::plain(
+                wake_stream.clone(),
+                "application/json",
+                true,
+                Bytes::from(format!("{msg},")),
+                now_ms,
+            ))
         }
     };
     Woke::Issued(event)
@@ -173,7 +184,9 @@ pub(super) fn fence(rec: &SubRecord, fence: &Fence, via: AckVia, now_ms: i64) ->
         return Err(SubError::TokenInvalid);
     }
     let w = rec.live_wake(now_ms).ok_or(SubError::Fenced)?;
-    let current = fence.token_generation == w.generation && fence.generation == w.generation && fence.wake_id == rec.wake_id(w.generation);
+    let current = fence.token_generation == w.generation
+        && fence.generation == w.generation
+        && fence.wake_id == rec.wake_id(w.generation);
     // A pull wake is acted on only by its claimant (a webhook's receiver holds it at once).
     let held = matches!(rec.config.kind, SubKind::Webhook { .. }) || w.holder.is_some();
     if !current || !held {
@@ -196,7 +209,9 @@ pub(super) fn ended_by(rec: &SubRecord, fence: &Fence, via: AckVia) -> bool {
 /// Whether every one of `acks` is in already: each names a stream of `links` that exists and
 /// that `e` has processed at least that far.
 pub(super) fn acked_already(e: &Entry, links: &[Link], acks: &[Ack]) -> bool {
-    acks.iter().all(|a| links.iter().any(|l| l.path == a.stream && l.stream_id != 0 && e.acked(&l.path, l.stream_id) >= a.offset))
+    acks.iter().all(|a| {
+        links.iter().any(|l| l.path == a.stream && l.stream_id != 0 && e.acked(&l.path, l.stream_id) >= a.offset)
+    })
 }
 
 /// Applies `acks` to `next`, whose streams are `links`: an ack must name an existing linked
@@ -207,7 +222,10 @@ pub(super) fn apply_acks(next: &mut Entry, links: &[Link], acks: &[Ack]) -> Resu
     let mut moved = Vec::new();
     for a in acks {
         let invalid = |why| SubError::InvalidOffset { stream: a.stream.clone(), why };
-        let link = links.iter().find(|l| l.path == a.stream && l.stream_id != 0).ok_or_else(|| invalid("not a linked stream"))?;
+        let link = links
+            .iter()
+            .find(|l| l.path == a.stream && l.stream_id != 0)
+            .ok_or_else(|| invalid("not a linked stream"))?;
         if a.offset > link.tail {
             return Err(invalid("beyond the stream's tail"));
         }

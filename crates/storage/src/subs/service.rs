@@ -297,7 +297,10 @@ impl<E: Engine> Subscriptions<E> {
                         if rules::ended_by(&e.rec, &fence, via) && matches!(err, SubError::Fenced) {
                             let links = self.links(e, now_ms).await?;
                             if rules::acked_already(e, &links, &acks) {
-                                return Ok((AckOutcome { next_wake: false, duplicate: true, appends: Vec::new() }, None));
+                                return Ok((
+                                    AckOutcome { next_wake: false, duplicate: true, appends: Vec::new() },
+                                    None,
+                                ));
                             }
                         }
                         return Err(err);
@@ -367,7 +370,12 @@ impl<E: Engine> Subscriptions<E> {
         let mut todo = vec![path.to_owned()];
         let mut woken = BTreeSet::new();
         while let Some(path) = todo.pop() {
-            let ids: Vec<String> = inner.subs.values().filter(|e| !woken.contains(&e.rec.id) && e.links_path(&path)).map(|e| e.rec.id.clone()).collect();
+            let ids: Vec<String> = inner
+                .subs
+                .values()
+                .filter(|e| !woken.contains(&e.rec.id) && e.links_path(&path))
+                .map(|e| e.rec.id.clone())
+                .collect();
             for id in ids {
                 let Some(e) = inner.subs.get(&id) else { continue };
                 let mut next = e.clone();
@@ -430,7 +438,13 @@ impl<E: Engine> Subscriptions<E> {
 
     /// A delivery of `generation` failed: the next attempt waits `backoff_ms`. The schedule is
     /// stored, so a restart does not retry early.
-    pub async fn delivery_failed(&self, id: &str, generation: u64, backoff_ms: i64, now_ms: i64) -> Result<(), SubError> {
+    pub async fn delivery_failed(
+        &self,
+        id: &str,
+        generation: u64,
+        backoff_ms: i64,
+        now_ms: i64,
+    ) -> Result<(), SubError> {
         self.retrying(|mut inner| async move {
             let Some(e) = inner.subs.get_mut(id) else { return Ok(()) };
             e.in_flight = false;

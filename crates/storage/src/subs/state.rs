@@ -98,7 +98,8 @@ impl Filter {
 
     /// Whether a write to `path` at `now_ms` may wake this subscription.
     pub(super) fn may_wake(&self, path: &str, now_ms: i64) -> bool {
-        now_ms >= self.quiet_until_ms && links(&self.explicit, self.pattern.as_deref(), self.wake_stream.as_deref(), path)
+        now_ms >= self.quiet_until_ms
+            && links(&self.explicit, self.pattern.as_deref(), self.wake_stream.as_deref(), path)
     }
 }
 
@@ -123,8 +124,18 @@ pub(super) struct PatternMemo {
 
 impl PatternMemo {
     /// Whether `pattern` matches each of `paths` (one listing), in order.
-    pub(super) fn verdicts<'a>(&self, pattern: &str, paths: impl ExactSizeIterator<Item = &'a str> + Clone) -> Vec<bool> {
-        let memo = self.by_pattern.lock().unwrap_or_else(PoisonError::into_inner).entry(pattern.to_owned()).or_default().clone();
+    pub(super) fn verdicts<'a>(
+        &self,
+        pattern: &str,
+        paths: impl ExactSizeIterator<Item = &'a str> + Clone,
+    ) -> Vec<bool> {
+        let memo = self
+            .by_pattern
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(pattern.to_owned())
+            .or_default()
+            .clone();
         let known: Vec<Option<bool>> = {
             let m = memo.lock().unwrap_or_else(PoisonError::into_inner);
             paths.clone().map(|p| m.get(p).copied()).collect()
@@ -172,7 +183,14 @@ mod tests {
         SubRecord {
             uid: 1,
             id: "s".into(),
-            config: SubConfig { kind, pattern: Some("jobs/*".into()), streams: vec!["x".into()], lease_ttl_ms: 1_000, description: None, outputs: Vec::new() },
+            config: SubConfig {
+                kind,
+                pattern: Some("jobs/*".into()),
+                streams: vec!["x".into()],
+                lease_ttl_ms: 1_000,
+                description: None,
+                outputs: Vec::new(),
+            },
             created_ms: 0,
             generation: 0,
             wake: None,
@@ -200,7 +218,8 @@ mod tests {
         assert!(!leased.may_wake("x", 499));
         assert!(leased.may_wake("x", 500), "the lease ran out");
         let hook = rec(SubKind::Webhook { url: "https://h.example".into() });
-        let retrying = Filter::of(&SubRecord { failures: 1, next_attempt_ms: 800, wake: wake(Some(500)), ..hook.clone() });
+        let retrying =
+            Filter::of(&SubRecord { failures: 1, next_attempt_ms: 800, wake: wake(Some(500)), ..hook.clone() });
         assert!(!retrying.may_wake("x", 799), "the later of lease end and retry time");
         assert!(retrying.may_wake("x", 800));
         let retry_done = Filter::of(&SubRecord { failures: 0, next_attempt_ms: 800, ..hook });

@@ -14,10 +14,12 @@ use bytes::Bytes;
 use sha2::Digest as _;
 use tokio::sync::MutexGuard;
 
+use super::codec;
 use super::state::{Entry, Filter, Inner};
 use super::{Cursor, SubError, SubKind, SubRecord, Subscriptions};
-use super::codec;
-use crate::engine::{AppendOutcome, AppendRequest, Engine, MetaWrite, TxnError, TxnOutcome, TxnRequest, MAX_META_KEY_BYTES};
+use crate::engine::{
+    AppendOutcome, AppendRequest, Engine, MetaWrite, TxnError, TxnOutcome, TxnRequest, MAX_META_KEY_BYTES,
+};
 
 const SUB_PREFIX: &str = "sub/";
 const CURSOR_PREFIX: &str = "cur/";
@@ -125,7 +127,10 @@ impl<E: Engine> Subscriptions<E> {
     /// again, fencing included, on the state reloaded from the engine. Whatever the second try
     /// answers (a conflict again included), and any answer of the first but a conflict, is
     /// final. The lock is not held between the two tries.
-    pub(super) async fn retrying<'s, T, F>(&'s self, mut op: impl FnMut(MutexGuard<'s, Inner>) -> F) -> Result<T, SubError>
+    pub(super) async fn retrying<'s, T, F>(
+        &'s self,
+        mut op: impl FnMut(MutexGuard<'s, Inner>) -> F,
+    ) -> Result<T, SubError>
     where
         F: Future<Output = Result<T, SubError>>,
     {
@@ -233,7 +238,8 @@ impl<E: Engine> Subscriptions<E> {
     /// then ours alone); then moves the uid sequence on. Not yet in memory: the caller adds it.
     pub(super) async fn create(&self, inner: &mut Inner, entry: &mut Entry, now_ms: i64) -> Result<(), SubError> {
         let uid = entry.rec.uid;
-        let expect = vec![(sub_key(&entry.rec.id), None), (NEXT_UID.as_bytes().to_vec(), inner.next_uid_stored.clone())];
+        let expect =
+            vec![(sub_key(&entry.rec.id), None), (NEXT_UID.as_bytes().to_vec(), inner.next_uid_stored.clone())];
         let next_uid = Bytes::from(codec::encode_uid(uid + 1));
         let mut meta = vec![MetaWrite { key: NEXT_UID.as_bytes().to_vec(), value: Some(next_uid.clone()) }];
         meta.extend(entry.cursors.iter().map(|(p, c)| cursor_write(uid, p, c)));
@@ -248,7 +254,8 @@ impl<E: Engine> Subscriptions<E> {
     /// is still as loaded (a change meanwhile, a new cursor say, is seen before deleting).
     pub(super) async fn remove(&self, inner: &mut Inner, id: &str, now_ms: i64) -> Result<(), SubError> {
         let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
-        let mut meta: Vec<MetaWrite> = e.cursors.keys().map(|p| MetaWrite { key: cursor_key(e.rec.uid, p).0, value: None }).collect();
+        let mut meta: Vec<MetaWrite> =
+            e.cursors.keys().map(|p| MetaWrite { key: cursor_key(e.rec.uid, p).0, value: None }).collect();
         meta.push(MetaWrite { key: sub_key(id), value: None });
         let expect = e.guards([]);
         self.write(inner, TxnRequest { expect, meta, now_ms, ..Default::default() }).await?;
@@ -260,9 +267,16 @@ impl<E: Engine> Subscriptions<E> {
     /// Writes `next` (its record and the cursors at `cursors`) alone, guarded as
     /// [`Self::commit`] is; on success it replaces the entry in memory. Unlike a commit it does
     /// not notify the dispatcher: a change of links issues no wake.
-    pub(super) async fn store(&self, inner: &mut Inner, mut next: Entry, cursors: &[String], now_ms: i64) -> Result<(), SubError> {
+    pub(super) async fn store(
+        &self,
+        inner: &mut Inner,
+        mut next: Entry,
+        cursors: &[String],
+        now_ms: i64,
+    ) -> Result<(), SubError> {
         let expect = inner.subs.get(&next.rec.id).ok_or(SubError::NotFound)?.guards(cursors);
-        let mut meta: Vec<MetaWrite> = cursors.iter().filter_map(|p| next.cursors.get(p).map(|c| cursor_write(next.rec.uid, p, c))).collect();
+        let mut meta: Vec<MetaWrite> =
+            cursors.iter().filter_map(|p| next.cursors.get(p).map(|c| cursor_write(next.rec.uid, p, c))).collect();
         meta.push(next.seal());
         self.write(inner, TxnRequest { expect, meta, now_ms, ..Default::default() }).await?;
         inner.subs.insert(next.rec.id.clone(), next);
@@ -286,7 +300,8 @@ impl<E: Engine> Subscriptions<E> {
     ) -> Result<Vec<AppendOutcome>, SubError> {
         let n = outputs.len();
         let expect = inner.subs.get(&next.rec.id).ok_or(SubError::NotFound)?.guards(cursors);
-        let mut meta: Vec<MetaWrite> = cursors.iter().filter_map(|p| next.cursors.get(p).map(|c| cursor_write(next.rec.uid, p, c))).collect();
+        let mut meta: Vec<MetaWrite> =
+            cursors.iter().filter_map(|p| next.cursors.get(p).map(|c| cursor_write(next.rec.uid, p, c))).collect();
         meta.push(next.seal());
         let mut appends = outputs;
         let with_event = event.is_some();
@@ -319,7 +334,13 @@ impl<E: Engine> Subscriptions<E> {
     /// Commits a wake decided by a pass over many subscriptions (a write's, the dispatcher's);
     /// `false` when another process changed the subscription meanwhile (woke it, most likely):
     /// the state is reloaded and the pass goes on with the others rather than failing.
-    pub(super) async fn commit_or_reload(&self, inner: &mut Inner, next: Entry, event: Option<AppendRequest>, now_ms: i64) -> Result<bool, SubError> {
+    pub(super) async fn commit_or_reload(
+        &self,
+        inner: &mut Inner,
+        next: Entry,
+        event: Option<AppendRequest>,
+        now_ms: i64,
+    ) -> Result<bool, SubError> {
         match self.commit(inner, next, &[], Vec::new(), event, now_ms).await {
             Ok(_) => Ok(true),
             Err(SubError::Conflict) => {
@@ -335,10 +356,21 @@ impl<E: Engine> Subscriptions<E> {
     /// Stores the secret `name` (not in memory) unless one is stored meanwhile; answers the one
     /// stored. When another process stored one first, the state is reloaded and that one is
     /// answered: every process then uses the same.
-    pub(super) async fn insert_key(&self, inner: &mut Inner, name: &str, value: Bytes, now_ms: i64) -> Result<Bytes, SubError> {
+    pub(super) async fn insert_key(
+        &self,
+        inner: &mut Inner,
+        name: &str,
+        value: Bytes,
+        now_ms: i64,
+    ) -> Result<Bytes, SubError> {
         let key = secret_key(name);
         let expect = vec![(key.clone(), None)];
-        let txn = TxnRequest { expect, meta: vec![MetaWrite { key, value: Some(value.clone()) }], now_ms, ..Default::default() };
+        let txn = TxnRequest {
+            expect,
+            meta: vec![MetaWrite { key, value: Some(value.clone()) }],
+            now_ms,
+            ..Default::default()
+        };
         match self.write(inner, txn).await {
             Ok(_) => {
                 inner.keys.insert(name.to_owned(), value.clone());

@@ -41,7 +41,12 @@ fn ack(stream: &str, offset: u64) -> Ack {
 /// `rec` with a wake of `generation`, held by `holder`, its lease to `until`.
 fn woken(mut rec: SubRecord, generation: u64, holder: Option<&str>, until: Option<i64>) -> SubRecord {
     rec.generation = generation;
-    rec.wake = Some(Wake { generation, holder: holder.map(Into::into), lease_until_ms: until, snapshot: vec![("jobs/a".into(), 1, Offset(10))] });
+    rec.wake = Some(Wake {
+        generation,
+        holder: holder.map(Into::into),
+        lease_until_ms: until,
+        snapshot: vec![("jobs/a".into(), 1, Offset(10))],
+    });
     rec
 }
 
@@ -54,7 +59,10 @@ fn a_new_record_links_what_its_configuration_names_and_has_no_wake() {
     let rec = pull();
     assert_eq!((rec.uid, rec.id.as_str(), rec.created_ms), (7, "p", 5));
     assert_eq!(rec.explicit.iter().collect::<Vec<_>>(), ["x"]);
-    assert_eq!((rec.generation, rec.wake.is_none(), rec.last_done, rec.failures, rec.next_attempt_ms), (0, true, 0, 0, 0));
+    assert_eq!(
+        (rec.generation, rec.wake.is_none(), rec.last_done, rec.failures, rec.next_attempt_ms),
+        (0, true, 0, 0, 0)
+    );
 }
 
 #[test]
@@ -110,11 +118,21 @@ fn a_pull_wake_takes_the_next_generation_snapshots_the_pending_tails_and_announc
     let pending = [link("jobs/a", 1, 10, 20), link("jobs/b", 2, 0, 5)];
     let Woke::Issued(Some(event)) = wake(&mut rec, &pending, None, 200) else { panic!("a pull wake has an event") };
     let w = rec.wake.clone().expect("wake");
-    assert_eq!((rec.generation, w.generation, w.holder, w.lease_until_ms), (4, 4, None, None), "unclaimed: no lease yet");
+    assert_eq!(
+        (rec.generation, w.generation, w.holder, w.lease_until_ms),
+        (4, 4, None, None),
+        "unclaimed: no lease yet"
+    );
     assert_eq!(w.snapshot, [("jobs/a".to_string(), 1, Offset(20)), ("jobs/b".to_string(), 2, Offset(5))]);
-    assert_eq!((event.path.as_str(), event.json_framed, event.content_type.as_deref()), ("wake", true, Some("application/json")));
+    assert_eq!(
+        (event.path.as_str(), event.json_framed, event.content_type.as_deref()),
+        ("wake", true, Some("application/json"))
+    );
     let msg: serde_json::Value = serde_json::from_slice(event.data.strip_suffix(b",").expect("framed")).expect("json");
-    assert_eq!(msg, serde_json::json!({"type": "wake", "subscription_id": "p", "stream": "jobs/a", "generation": 4, "ts": 200}));
+    assert_eq!(
+        msg,
+        serde_json::json!({"type": "wake", "subscription_id": "p", "stream": "jobs/a", "generation": 4, "ts": 200})
+    );
     // The write that woke it is the stream the event names.
     let mut rec = pull();
     let event = wake(&mut rec, &pending, Some("jobs/b"), 0).event().expect("event");
@@ -222,9 +240,16 @@ fn acks_move_cursors_forward_within_the_tail_of_a_linked_stream() {
         r => panic!("{r:?}"),
     };
     assert_eq!(refused(&[ack("jobs/a", 21)]), ("jobs/a".into(), "beyond the stream's tail"));
-    assert_eq!(refused(&[ack("jobs/a", 9)]), ("jobs/a".into(), "behind the acknowledged offset: cursors never move back"));
+    assert_eq!(
+        refused(&[ack("jobs/a", 9)]),
+        ("jobs/a".into(), "behind the acknowledged offset: cursors never move back")
+    );
     assert_eq!(refused(&[ack("gone", 0)]), ("gone".into(), "not a linked stream"));
-    assert_eq!(refused(&[ack("jobs/a", 15), ack("other", 0)]), ("other".into(), "not a linked stream"), "one bad ack fails them all");
+    assert_eq!(
+        refused(&[ack("jobs/a", 15), ack("other", 0)]),
+        ("other".into(), "not a linked stream"),
+        "one bad ack fails them all"
+    );
     // A new incarnation at a path starts over, whatever the old cursor said.
     let mut e2 = e.clone();
     assert_eq!(apply_acks(&mut e2, &[link("jobs/a", 9, 0, 4)], &[ack("jobs/a", 4)]).expect("acks"), ["jobs/a"]);
@@ -278,7 +303,11 @@ fn deliveries_go_once_per_wake_and_again_when_a_retry_is_due() {
     waiting.rec.failures = 1;
     waiting.rec.next_attempt_ms = 400;
     assert_eq!(delivery(&waiting, 100), (Some(400), None), "no wake, but a retry time");
-    assert_eq!(delivery(&entry(woken(pull(), 2, Some("w"), Some(700))), 100), (Some(700), None), "pull wakes are not delivered");
+    assert_eq!(
+        delivery(&entry(woken(pull(), 2, Some("w"), Some(700))), 100),
+        (Some(700), None),
+        "pull wakes are not delivered"
+    );
     assert_eq!(delivery(&entry(woken(pull(), 2, None, None)), 100), (None, None));
 }
 
@@ -304,7 +333,10 @@ fn an_accepted_done_acks_the_snapshot_and_ends_the_wake() {
     e.cursors.insert("jobs/b".into(), Cursor { stream_id: 2, acked: Offset(4) });
     let mut kept = e.clone();
     assert!(delivered(&mut kept, 2, false).is_empty());
-    assert_eq!((kept.rec.failures, kept.rec.next_attempt_ms, kept.rec.wake.is_some(), kept.rec.last_done), (0, 0, true, 0));
+    assert_eq!(
+        (kept.rec.failures, kept.rec.next_attempt_ms, kept.rec.wake.is_some(), kept.rec.last_done),
+        (0, 0, true, 0)
+    );
     let moved = delivered(&mut e, 2, true);
     assert_eq!(moved, ["jobs/a"], "jobs/b was acked that far already");
     assert_eq!(e.cursors["jobs/a"], Cursor { stream_id: 1, acked: Offset(10) });
