@@ -7,7 +7,7 @@
 //!   operation. An append is one atomic unit carrying its data, its closure effect, its
 //!   `Stream-Seq` and its producer-state effect, so a backend commits all of them together or
 //!   none. Live-tail wake-ups are part of the trait ([`Engine::wait`]).
-//! - [`state`]: a stream's logical state ([`StreamMeta`]), the same for every engine.
+//! - [`meta`]: a stream's logical state ([`StreamMeta`]), the same for every engine.
 //! - [`rules`]: the protocol's decisions (create, append, close, delete, fork, expiry, parking)
 //!   as pure functions over that state, returning verdicts and the effects to persist.
 //! - [`machine`]: the stream state machine every engine drives inside its per-stream
@@ -37,9 +37,9 @@ pub mod compaction;
 pub mod engine;
 pub mod file_bytes;
 pub mod machine;
+pub mod meta;
 pub mod retention;
 pub mod rules;
-pub mod state;
 pub mod subs;
 
 #[cfg(feature = "contract")]
@@ -47,5 +47,5 @@ pub mod contract;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use engine::*;
+pub use meta::{ForkOf, IdempotencyKeys, KeyEntry, StreamMeta};
 pub use retention::{RetentionPolicy, RetentionRequest, TimeMark, TimeMarks};
-pub use state::{ForkOf, IdempotencyKeys, KeyEntry, StreamMeta};

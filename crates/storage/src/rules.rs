@@ -36,7 +36,7 @@ use oncelog_protocol::producer::{self, ProducerState, Verdict};
 use oncelog_protocol::{content_type, json, Offset};
 
 use crate::engine::*;
-use crate::state::{ForkOf, IdempotencyKeys, KeyEntry, StreamMeta};
+use crate::meta::{ForkOf, IdempotencyKeys, KeyEntry, StreamMeta};
 
 pub mod shape;
 

@@ -8,7 +8,7 @@ use oncelog_protocol::digest::BodyDigest;
 use oncelog_protocol::Offset;
 
 use super::{DecodeError, Decoder, Encoder};
-use crate::state::KeyEntry;
+use crate::meta::KeyEntry;
 
 const TAG_V1: u8 = 0x01;
 

@@ -17,7 +17,7 @@
 //! The tail is *not* stored: it is the end offset of the stream's last data key, so it can never
 //! disagree with the data. Rewritten only when a field changes (create, close, `Stream-Seq`).
 
-use crate::state::{ForkOf, StreamMeta};
+use crate::meta::{ForkOf, StreamMeta};
 use oncelog_protocol::headers::Expiry;
 use oncelog_protocol::Offset;
 

@@ -7,9 +7,9 @@ use oncelog_protocol::producer::{ProducerState, Receipt};
 use oncelog_protocol::Offset;
 
 use crate::engine::{AppendError, AppendOutcome, AppendRequest, StreamInfo, TrimError};
+use crate::meta::{IdempotencyKeys, KeyEntry, StreamMeta};
 use crate::retention::{self, MarkChange, TimeMarks};
 use crate::rules::{self, AppendPlan, AppendWrite, Retention, WriterState};
-use crate::state::{IdempotencyKeys, KeyEntry, StreamMeta};
 
 /// What appends to one stream are decided against: its metadata and tail, the states of its
 /// producers and the entries of its idempotency keys (those the engine holds: the log engine
