@@ -168,7 +168,7 @@ pub fn frame_is_valid(h: &FrameHeader, frame: &[u8]) -> bool {
 
 /// A producer's acceptance inside an Append record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProducerEffect<S> {
+pub struct AcceptedProducer<S> {
     pub id: S,
     pub epoch: u64,
     pub seq: u64,
@@ -190,7 +190,7 @@ pub enum Record<'a> {
         new_tail: u64,
         close: bool,
         stream_seq: Option<&'a str>,
-        producer: Option<ProducerEffect<&'a str>>,
+        producer: Option<AcceptedProducer<&'a str>>,
         key: Option<(KeyId, BodyDigest, i64)>,
         /// When it was written, for streams whose retention needs it.
         time: Option<i64>,
@@ -231,7 +231,7 @@ pub enum Replayed {
         new_tail: u64,
         close: bool,
         stream_seq: Option<String>,
-        producer: Option<ProducerEffect<String>>,
+        producer: Option<AcceptedProducer<String>>,
         key: Option<(KeyId, BodyDigest, i64)>,
         time: Option<i64>,
         data_at: usize,
@@ -371,7 +371,7 @@ pub fn decode_payload(payload: &[u8]) -> Result<Vec<Replayed>, DecodeError> {
                 }
                 let stream_seq = if flags & 2 != 0 { Some(var_string(&mut d)?) } else { None };
                 let mut producer = if flags & 4 != 0 {
-                    Some(ProducerEffect {
+                    Some(AcceptedProducer {
                         id: var_string(&mut d)?,
                         epoch: d.varint()?,
                         seq: d.varint()?,

@@ -61,7 +61,7 @@ pub use format::MAX_RECORD_BYTES;
 pub use options::Failpoints;
 pub use options::{Durability, LogOptions};
 pub use store::RecoveryReport;
-use store::{Command, Group, Shared, Store, StoreConfig, View};
+use store::{Command, Group, Store, StoreConfig, StreamView, View};
 
 /// Most commands in one group commit: bounds the latency a group adds to its first member.
 const MAX_GROUP_COMMANDS: usize = 4096;
@@ -82,7 +82,7 @@ enum Found {
     /// The read starts at the tail: this is the whole answer.
     AtTail(ReadChunk),
     /// The stream as the read found it, its entry, and where the bytes are.
-    Planned(StreamInfo, Arc<Shared>, store::read::Plan),
+    Planned(StreamInfo, Arc<StreamView>, store::read::Plan),
 }
 
 struct Inner {
@@ -118,7 +118,7 @@ impl LogEngine {
     async fn fetch<T: Send + 'static>(
         &self,
         info: &StreamInfo,
-        shared: &Shared,
+        shared: &StreamView,
         plan: store::read::Plan,
         take: fn(store::read::Plan, &Segments) -> Result<(T, Offset), StorageError>,
     ) -> Result<(T, Offset), LookupError> {
@@ -192,7 +192,7 @@ impl LogEngine {
         rx.await.map_err(|_| StorageError::ShuttingDown)
     }
 
-    fn lookup(&self, path: &str, now_ms: i64) -> Result<Arc<Shared>, LookupError> {
+    fn lookup(&self, path: &str, now_ms: i64) -> Result<Arc<StreamView>, LookupError> {
         let map = self.inner.view.streams.read().map_err(|_| StorageError::Poisoned)?;
         let s = map.get(path).ok_or(LookupError::NotFound)?;
         let soft_deleted = s.state.get().soft_deleted;

@@ -870,7 +870,7 @@ fn observe(store: &mut Store) -> Result<Observed, String> {
         .map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), String::from_utf8_lossy(&v).into_owned()))
         .collect();
     let view = store.view();
-    let streams: Vec<(Arc<str>, Arc<store::Shared>)> =
+    let streams: Vec<(Arc<str>, Arc<store::StreamView>)> =
         view.streams.read().map_err(|_| "lock")?.iter().map(|(p, s)| (p.clone(), s.clone())).collect();
     let mut out = BTreeMap::new();
     for (path, s) in streams {

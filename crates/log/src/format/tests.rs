@@ -75,8 +75,8 @@ proptest! {
     ) {
         // A record has a producer or a key, never both.
         let key = if producer.is_some() { None } else { key.map(|(k, d, t)| (KeyId(k), BodyDigest(d), t)) };
-        let producer = producer.map(|(id, epoch, seq, details)| ProducerEffect { id, epoch, seq, details: details.map(|(d, t)| (BodyDigest(d), t)) });
-        let p = producer.as_ref().map(|p| ProducerEffect { id: p.id.as_str(), epoch: p.epoch, seq: p.seq, details: p.details });
+        let producer = producer.map(|(id, epoch, seq, details)| AcceptedProducer { id, epoch, seq, details: details.map(|(d, t)| (BodyDigest(d), t)) });
+        let p = producer.as_ref().map(|p| AcceptedProducer { id: p.id.as_str(), epoch: p.epoch, seq: p.seq, details: p.details });
         let r = round_trip(Record::Append { id, new_tail, close, stream_seq: stream_seq.as_deref(), producer: p, key, time, data: &data });
         match r {
             Replayed::Append { id: i, new_tail: t, close: c, stream_seq: s, producer: pr, key: k, time: tm, data_len, .. } => {

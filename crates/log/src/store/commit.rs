@@ -17,41 +17,41 @@ use crate::fs::{File, Fs};
 use crate::options::Durability;
 
 use super::mutant::is_on;
-use super::view::Shared;
+use super::view::StreamView;
 use super::{io_err, Store};
 
 /// A change to make visible, or an answer to send, once the group is durable.
 pub(super) enum Effect {
     /// New data of `shared` ends at `end` and starts at payload offset `at` (`hot`: its bytes).
     Data {
-        shared: Arc<Shared>,
+        shared: Arc<StreamView>,
         end: u64,
         at: usize,
         hot: Bytes,
     },
     Publish {
-        shared: Arc<Shared>,
+        shared: Arc<StreamView>,
         tail: Offset,
         closed: bool,
     },
     Insert {
-        shared: Arc<Shared>,
+        shared: Arc<StreamView>,
     },
     /// `listed`: still at its path in the view (not detached from it).
     Remove {
         listed: bool,
-        shared: Arc<Shared>,
+        shared: Arc<StreamView>,
     },
     SoftDelete {
-        shared: Arc<Shared>,
+        shared: Arc<StreamView>,
     },
     /// The stream leaves its path (a purge): readers of the path find nothing from now on;
     /// forks keep reading it through their chains.
     Detach {
-        shared: Arc<Shared>,
+        shared: Arc<StreamView>,
     },
     Trim {
-        shared: Arc<Shared>,
+        shared: Arc<StreamView>,
         earliest: u64,
     },
     Reply(Box<dyn FnOnce(Option<StorageError>) + Send>),
@@ -305,7 +305,7 @@ impl Store {
 
     /// Takes `shared` off its path in the readers' map, unless the path already names another
     /// stream (a create in the same group).
-    fn unlist(&self, shared: &Arc<Shared>) {
+    fn unlist(&self, shared: &Arc<StreamView>) {
         if let Ok(mut map) = self.view.streams.write() {
             if map.get(&shared.path).is_some_and(|s| Arc::ptr_eq(s, shared)) {
                 map.remove(&shared.path);
@@ -347,10 +347,10 @@ pub(super) fn new_segment(fs: &dyn Fs, no: u64, bytes: u64, sync_dir: bool) -> R
 
 /// The streams whose readers a group wakes, each once, after its replies.
 #[derive(Default)]
-struct Woken(Vec<Arc<Shared>>);
+struct Woken(Vec<Arc<StreamView>>);
 
 impl Woken {
-    fn add(&mut self, shared: Arc<Shared>) {
+    fn add(&mut self, shared: Arc<StreamView>) {
         self.0.push(shared);
     }
 

@@ -46,7 +46,7 @@ use commit::reply;
 pub(crate) use commit::Group;
 use path_table::PathTable;
 pub(crate) use recovery::open;
-pub(crate) use view::{Counters, Shared, View};
+pub(crate) use view::{Counters, StreamView, View};
 
 /// A command for the writer.
 pub(crate) enum Command {
@@ -108,7 +108,7 @@ pub(crate) enum Command {
 /// producer and key of the window; time marks only with a maximum age), and what readers share.
 struct WStream {
     st: StreamState,
-    shared: Arc<Shared>,
+    shared: Arc<StreamView>,
 }
 impl path_table::Named for Box<WStream> {
     fn path(&self) -> &Arc<str> {
@@ -189,7 +189,7 @@ pub(crate) struct Store {
     /// Appends waiting for their predecessors (taken out while a round runs: [`Store::with_lot`]).
     parked: Option<ParkingLot>,
     /// Hot-tail entries oldest first, store-wide, with their sizes: evicted past the budget.
-    hot_queue: VecDeque<(Weak<Shared>, u64, usize)>,
+    hot_queue: VecDeque<(Weak<StreamView>, u64, usize)>,
     hot_bytes: usize,
     /// The engine metadata map ([`oncelog_storage::MetaWrite`]), as of the records staged.
     meta: BTreeMap<Vec<u8>, Bytes>,

@@ -1,5 +1,5 @@
 //! Streams found by path, in a hash table of one pointer per slot: each entry already holds its
-//! path (the readers' [`Shared`](super::Shared) entry has it), so the table keeps no key of its
+//! path (the readers' [`StreamView`](super::StreamView) entry has it), so the table keeps no key of its
 //! own. A `HashMap<Arc<str>, _>` slot was 24 bytes; with the table's headroom, two such maps
 //! cost a stream of a million about 100 bytes, this about 40.
 

@@ -11,7 +11,7 @@ use oncelog_storage::file_bytes;
 use oncelog_storage::machine::chain;
 use oncelog_storage::StorageError;
 
-use super::view::Shared;
+use super::view::StreamView;
 use crate::error::{backend, LogError};
 use crate::fs::File;
 
@@ -41,7 +41,7 @@ pub(crate) struct Plan {
 
 /// `bounded`: `max_bytes` is a hard limit, and the last append may be cut to meet it.
 pub(crate) fn plan(
-    shared: &Arc<Shared>,
+    shared: &Arc<StreamView>,
     from: u64,
     tail: u64,
     max_bytes: usize,
@@ -237,7 +237,7 @@ fn materialise(
 /// The append of `shared` that starts exactly at `at`, if any: its stored bytes, cut at the
 /// fork segment boundary it lies in. Used to resolve fork sub-offsets.
 pub(crate) fn append_at(
-    shared: &Arc<Shared>,
+    shared: &Arc<StreamView>,
     segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>,
     at: u64,
     tail: u64,

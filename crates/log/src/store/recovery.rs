@@ -15,12 +15,12 @@ use oncelog_storage::machine::{self, AppendEffects, StreamState};
 use oncelog_storage::*;
 
 use crate::error::{backend, corrupt, LogError};
-use crate::format::{self, Checkpoint, Extent, ProducerEffect, Replayed};
+use crate::format::{self, AcceptedProducer, Checkpoint, Extent, Replayed};
 use crate::fs::Fs;
 
 use super::commit::new_segment;
 use super::path_table::PathTable;
-use super::view::{new_shared, Counters, Shared, StreamData, View};
+use super::view::{new_shared, Counters, StreamData, StreamView, View};
 use super::{io_err, RecoveryReport, Store, StoreConfig, WStream};
 
 // ---------------------------------------------------------------------------------------------
@@ -223,7 +223,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
             *fork_counts.entry(f.source_id).or_default() += 1;
         }
     }
-    let mut shared_by_id: HashMap<u64, Arc<Shared>> = HashMap::new();
+    let mut shared_by_id: HashMap<u64, Arc<StreamView>> = HashMap::new();
     let mut wstreams = PathTable::default();
     let mut source_paths = HashMap::new();
     let mut configs = super::configs::Configs::default();
@@ -243,7 +243,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         };
         let data = StreamData { start: b.start, extents: b.extents, hot: Default::default() };
         let forks = fork_counts.get(&id).copied().unwrap_or(0);
-        // A detached stream is listed nowhere ([`Shared::path`]).
+        // A detached stream is listed nowhere ([`StreamView::path`]).
         let path: Arc<str> = Arc::from(b.path.as_deref().unwrap_or(""));
         let listed = b.path.is_some();
         let shared = new_shared(&b.st.meta, path, b.st.tail, chain, forks, now_ms, data);
@@ -325,7 +325,7 @@ fn replayed<'a>(
     new_tail: u64,
     close: bool,
     stream_seq: &'a Option<String>,
-    producer: &'a Option<ProducerEffect<String>>,
+    producer: &'a Option<AcceptedProducer<String>>,
     key: Option<(oncelog_protocol::digest::KeyId, BodyDigest, i64)>,
     time: Option<i64>,
     now_ms: i64,

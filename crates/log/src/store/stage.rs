@@ -14,7 +14,7 @@ use oncelog_storage::rules::{self, CreatePlan, Removal, PARK_TIMEOUT};
 use oncelog_storage::*;
 use tokio::sync::oneshot;
 
-use crate::format::{ProducerEffect, Record};
+use crate::format::{AcceptedProducer, Record};
 
 use super::commit::{reply, Effect, Group};
 use super::mutant::is_on;
@@ -359,7 +359,7 @@ impl Store {
             self.counters.producers.fetch_add(1, Ordering::Relaxed);
         }
         let e: &AppendEffects<'_> = &written.effects;
-        let producer = e.producer.map(|p| ProducerEffect {
+        let producer = e.producer.map(|p| AcceptedProducer {
             id: p.id,
             epoch: p.epoch,
             seq: p.seq,

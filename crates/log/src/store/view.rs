@@ -139,7 +139,7 @@ impl HotTail {
 }
 
 /// Per-stream entry shared by readers.
-pub(crate) struct Shared {
+pub(crate) struct StreamView {
     pub id: u64,
     /// Where the stream is listed (its key in the path tables). A detached stream is listed
     /// nowhere: it keeps the path it had, or none after a restart (checkpoints keep no path for
@@ -150,7 +150,7 @@ pub(crate) struct Shared {
     /// For a fork: each ancestor's byte range it reads, oldest first
     /// ([`oncelog_storage::machine::chain`]). Holding the ancestors keeps their index alive
     /// exactly as long as a fork reads it.
-    pub chain: Box<[Segment<Arc<Shared>>]>,
+    pub chain: Box<[Segment<Arc<StreamView>>]>,
     /// Forks of this stream that still exist (a stream with forks is soft-deleted, not removed).
     pub forks: AtomicUsize,
     /// Tail and closure, published after each durable commit; live readers wait on it.
@@ -177,13 +177,13 @@ pub(crate) fn live_clock() -> u32 {
     u32::try_from(secs).unwrap_or(u32::MAX - 1) + 1
 }
 
-impl Named for Arc<Shared> {
+impl Named for Arc<StreamView> {
     fn path(&self) -> &Arc<str> {
         &self.path
     }
 }
 
-impl Shared {
+impl StreamView {
     pub fn info(&self) -> StreamInfo {
         let p = self.state.get();
         StreamInfo {
@@ -228,7 +228,7 @@ impl Shared {
 /// checkpointer.
 #[derive(Default)]
 pub(crate) struct View {
-    pub streams: RwLock<PathTable<Arc<Shared>>>,
+    pub streams: RwLock<PathTable<Arc<StreamView>>>,
     /// Every segment file still on disk, open once (no descriptor per stream).
     pub segments: RwLock<std::collections::BTreeMap<u64, Arc<dyn File>>>,
 }
@@ -262,14 +262,14 @@ pub(super) fn new_shared(
     meta: &StreamMeta,
     path: Arc<str>,
     tail: Offset,
-    chain: Vec<Segment<Arc<Shared>>>,
+    chain: Vec<Segment<Arc<StreamView>>>,
     forks: usize,
     now_ms: i64,
     data: StreamData,
-) -> Arc<Shared> {
+) -> Arc<StreamView> {
     let state =
         PublishedCell::new(Published { tail, closed: meta.closed, deleted: false, soft_deleted: meta.soft_deleted });
-    Arc::new(Shared {
+    Arc::new(StreamView {
         id: meta.id,
         path,
         config: meta.config.clone(),
