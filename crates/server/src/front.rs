@@ -32,7 +32,7 @@ use crate::auth::{Access, Gate};
 use crate::error::ApiError;
 use crate::handlers::Caller;
 use crate::headers::{self, CorsOrigins};
-use crate::op::Kind;
+use crate::request_kind::Kind;
 
 /// The client's address, in every request's extensions (for per-address limits).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

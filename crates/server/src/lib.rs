@@ -5,9 +5,9 @@
 //! Module map:
 //! - [`config`]: server tunables (long-poll timeout, body and read limits, SSE lifetime, sweep
 //!   interval, shutdown grace, ops paths).
-//! - [`op`]: what a request is — its [`op::Kind`] (method and headers; what access control
-//!   checks) and its [`op::Operation`] with typed arguments, decided once; the subscription
-//!   API's calls ([`op::SubCall`]).
+//! - [`request_kind`]: what a request is — its [`request_kind::Kind`] (method and headers; what
+//!   access control checks) and its [`request_kind::Operation`] with typed arguments, decided
+//!   once; the subscription API's calls ([`request_kind::SubCall`]).
 //! - [`request`]: typed parsing of the protocol's request headers and query; returns typed errors,
 //!   never responses.
 //! - [`error`]: every error the server can answer with, mapped to a status code in one place.
@@ -52,13 +52,13 @@ pub mod listen;
 pub mod listing;
 pub mod live;
 pub mod metrics;
-pub mod op;
 pub mod ops;
 pub mod rate;
 pub mod read;
 pub mod reload;
 mod reply;
 pub mod request;
+pub mod request_kind;
 pub mod sendfile_io;
 pub mod signing;
 pub mod state;

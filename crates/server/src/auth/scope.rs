@@ -20,7 +20,7 @@ use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use oncelog_protocol::headers::names;
 
-use crate::op::{Kind, SubCall};
+use crate::request_kind::{Kind, SubCall};
 use serde::{Deserialize, Serialize};
 
 /// One operation on one stream.

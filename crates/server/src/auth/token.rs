@@ -28,8 +28,8 @@ use serde::{Deserialize, Serialize};
 use super::scope::{required, stream_path, Scope, ScopeClaim};
 use super::signed_url::{self, SignatureError};
 use super::{Access, AuthError, Authorize, Why};
-use crate::op::Kind;
 use crate::reload::modified;
+use crate::request_kind::Kind;
 
 /// Clock skew tolerated for `exp` and `nbf`.
 pub const LEEWAY_S: i64 = 30;

@@ -60,7 +60,7 @@ pub(crate) fn stored_body(
 /// `Stream-Closed: true` (a close). `info`: the stream as it was when the request arrived (the
 /// body is framed for it; if it was replaced meanwhile, the engine says so and it is framed
 /// again). `as_close`: the request was classified (and its access checked) as a bodiless close
-/// ([`crate::op::Kind::Close`]) from its headers.
+/// ([`crate::request_kind::Kind::Close`]) from its headers.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn append<E: Engine>(
     st: &AppState<E>,

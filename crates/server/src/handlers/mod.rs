@@ -19,8 +19,8 @@ use axum::response::{IntoResponse, Response};
 use oncelog_storage::Engine;
 
 use crate::error::ApiError;
-use crate::op::{Kind, Operation, SubCall};
 use crate::request::{self, AppendHeaders, CreateHeaders, ReadQuery, RequestError};
+use crate::request_kind::{Kind, Operation, SubCall};
 use crate::state::AppState;
 use crate::{headers, read};
 
@@ -203,7 +203,8 @@ mod tests {
         let engine = oncelog_log::LogEngine::open(oncelog_log::LogOptions::new(dir.path())).expect("engine");
         let state = crate::AppState::new(std::sync::Arc::new(engine), crate::ServerConfig::default());
         let req = axum::http::Request::new(axum::body::Body::empty());
-        let caller = super::Caller::new(Default::default(), None, crate::op::Kind::Read, axum::http::Version::HTTP_11);
+        let caller =
+            super::Caller::new(Default::default(), None, crate::request_kind::Kind::Read, axum::http::Version::HTTP_11);
         let n = size(&super::stream(state, req, caller));
         // 3,008 bytes in a debug build (the tests' profile) once the subscription wake after an
         // append was boxed; 6,240 before.

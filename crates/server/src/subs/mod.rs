@@ -26,9 +26,9 @@ use serde_json::{json, Value};
 use crate::auth::scope::Op;
 use crate::auth::AuthError;
 use crate::handlers::append::{stored_body, Stored};
-use crate::op::{Fenced, NoCall, SubCall};
 use crate::reply;
 use crate::request::RequestError;
+use crate::request_kind::{Fenced, NoCall, SubCall};
 use crate::state::AppState;
 
 pub use error::SubApiError;
