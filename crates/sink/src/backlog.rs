@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use oncelog_protocol::Offset;
 
-use crate::batch::position;
+use crate::batch::offset_of;
 use crate::error::SinkError;
 use crate::lease::Lease;
 use crate::metrics;
@@ -45,7 +45,7 @@ impl<S: Sink> Worker<S> {
         let mut behind = VecDeque::new();
         let (mut behind_bytes, mut skipped, mut skipped_bytes) = (0u64, 0usize, 0u64);
         for link in &info.streams {
-            let tail = position(&link.path, &link.tail_offset)?;
+            let tail = offset_of(&link.path, &link.tail_offset)?;
             let at = match stored.get(&link.path) {
                 // Set aside: not read until an operator clears its reason.
                 Some(s) if s.set_aside.is_some() => continue,

@@ -77,7 +77,7 @@ impl Batch<'_> {
 }
 
 /// An Oncelog offset token as a position; anything else cannot be keyed or compared by bytes.
-pub fn position(stream: &str, token: &StreamOffset) -> Result<Offset, SinkError> {
+pub fn offset_of(stream: &str, token: &StreamOffset) -> Result<Offset, SinkError> {
     token.to_oncelog().ok_or_else(|| SinkError::Offsets {
         stream: stream.to_owned(),
         why: "an offset token that is not Oncelog's: the sink works with Oncelog servers only",
@@ -86,7 +86,7 @@ pub fn position(stream: &str, token: &StreamOffset) -> Result<Offset, SinkError>
 
 /// Cuts the read `chunk` of `stream`, which started at `start`, into the batch a sink applies.
 pub fn decode<'a>(stream: &StreamRef, start: Offset, chunk: &'a Chunk) -> Result<Batch<'a>, SinkError> {
-    let end = position(&stream.path, &chunk.next_offset)?;
+    let end = offset_of(&stream.path, &chunk.next_offset)?;
     let bad = |why| SinkError::Offsets { stream: stream.path.clone(), why };
     if end < start {
         return Err(bad("a read ended before it started"));

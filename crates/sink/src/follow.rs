@@ -13,7 +13,7 @@ use oncelog_protocol::content_type;
 use oncelog_protocol::state::Change;
 use oncelog_protocol::Offset;
 
-use crate::batch::{self, position, Batch, Message, StreamKind, StreamRef};
+use crate::batch::{self, offset_of, Batch, Message, StreamKind, StreamRef};
 use crate::error::{ApplyError, SinkError, Why};
 use crate::lease::Lease;
 use crate::metrics;
@@ -54,7 +54,7 @@ impl<S: Sink> Worker<S> {
             Err(oncelog_client::Error::NotFound { .. } | oncelog_client::Error::Gone { .. }) => return Ok(0),
             Err(e) => return Err(e.into()),
         };
-        let mut tail = position(path, &info.next_offset)?;
+        let mut tail = offset_of(path, &info.next_offset)?;
         if let Some(reason) = &stored.set_aside {
             tracing::debug!(
                 stream = path,
@@ -95,7 +95,7 @@ impl<S: Sink> Worker<S> {
                 let chunk = match item {
                     Ok(c) => c,
                     Err(oncelog_client::Error::Trimmed { earliest }) => {
-                        self.trimmed(&stream, &mut cur, position(path, &earliest)?, &earliest).await?;
+                        self.trimmed(&stream, &mut cur, offset_of(path, &earliest)?, &earliest).await?;
                         continue 'reads;
                     }
                     Err(e) => return Err(e.into()),
@@ -105,7 +105,7 @@ impl<S: Sink> Worker<S> {
                 }
                 rows += self.apply_chunk(&stream, &mut cur, &chunk).await?;
                 if cur.set_aside {
-                    self.pass_over(lease, path, cur.stored, tail.max(position(path, &chunk.next_offset)?)).await?;
+                    self.pass_over(lease, path, cur.stored, tail.max(offset_of(path, &chunk.next_offset)?)).await?;
                     return Ok(rows);
                 }
                 tail = tail.max(cur.stored);
@@ -154,7 +154,7 @@ impl<S: Sink> Worker<S> {
             }
             tracing::info!(stream = %stream.path, from = cur.stored.0, snapshot = cur.read_from.0, "history compacted; restarting from the snapshot");
         }
-        let next = position(&stream.path, &chunk.next_offset)?;
+        let next = offset_of(&stream.path, &chunk.next_offset)?;
         let rows = match self.commit(stream, cur.stored, &batch, &chunk.next_offset, next, 0).await {
             Ok(rows) => rows,
             Err(e) => return self.refused(stream, cur, &batch, e.into_refusal()?).await,
