@@ -378,6 +378,12 @@ impl Shared {
         group.flush(&tx, false).await?;
         tx.commit().await?;
         self.apply(Effects { wake: group.changed_ids(), streams: 0, producers: group.new_producers as i64 });
+        // A producer append of this transaction may be the predecessor a parked append waits
+        // for: the committer tries its parked appends now (as the log engine releases them in
+        // the transaction's own group), not at its next periodic retry.
+        if outcomes.iter().any(|o| o.producer.is_some()) {
+            self.kick.notify_waiters();
+        }
         Ok(Ok(TxnOutcome { appends: outcomes }))
     }
 

@@ -130,6 +130,7 @@ macro_rules! __contract_all_cases {
             lifecycle::readiness_and_stats,
             txn::transactions_commit_metadata_and_appends_together,
             txn::a_refused_transaction_writes_nothing,
+            txn::a_transaction_releases_the_appends_waiting_for_it,
             txn::listed_streams_are_the_visible_ones,
             subscriptions::subscriptions_are_configuration_that_survives_reopen,
             subscriptions::pull_wake_claims_are_fenced_by_generation,

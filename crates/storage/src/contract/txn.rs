@@ -128,6 +128,34 @@ pub async fn a_refused_transaction_writes_nothing<H: Harness>() {
     assert_eq!(append(e, produce("b", "y", "p", 2, 1)).await.status, AppendStatus::Appended);
 }
 
+/// A producer append that arrived ahead of its sequence and waits for its predecessor lands
+/// when a transaction commits that predecessor, before its wait ([`crate::rules::PARK_TIMEOUT`])
+/// runs out: the transaction's outputs and a plain `POST` of the same producer are one sequence.
+/// (At the timeout it would be decided again and land too, a park timeout late.)
+pub async fn a_transaction_releases_the_appends_waiting_for_it<H: Harness>() {
+    use std::time::{Duration, Instant};
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("out", "text/plain")).await;
+    let started = Instant::now();
+    let (early, committed) =
+        tokio::join!(async { (e.append(produce("out", "b", "w", 0, 1)).await, started.elapsed()) }, async {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            let txn = TxnRequest {
+                meta: vec![put("cur", "1")],
+                appends: vec![produce("out", "a", "w", 0, 0)],
+                ..Default::default()
+            };
+            e.transact(txn).await
+        });
+    let committed = committed.expect("transaction");
+    assert_eq!(committed.appends[0].next_offset, Offset(1));
+    let (early, waited) = (early.0.expect("released, not a gap"), early.1);
+    assert_eq!((early.status, early.next_offset, early.producer), (AppendStatus::Appended, Offset(2), Some((0, 1))));
+    assert!(waited < crate::rules::PARK_TIMEOUT, "released by the transaction, not by its timeout: waited {waited:?}");
+    assert_eq!(read_all(e, "out", 1 << 20).await, "ab");
+}
+
 pub async fn listed_streams_are_the_visible_ones<H: Harness>() {
     let h = H::open().await;
     let e = h.engine();
