@@ -40,6 +40,7 @@ impl Harness for Log {
 }
 
 oncelog_storage::engine_contract_tests!(Log);
+oncelog_subscriptions::subscription_contract_tests!(Log);
 
 /// One server per data directory: a second engine on the same directory is refused while the
 /// first is open, and opens once it is gone.

@@ -7,3 +7,4 @@
 mod common;
 
 oncelog_storage::engine_contract_tests!(common::PgHarness);
+oncelog_subscriptions::subscription_contract_tests!(common::PgHarness);

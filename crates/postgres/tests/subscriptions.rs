@@ -10,8 +10,8 @@ use bytes::Bytes;
 use oncelog_postgres::PgEngine;
 use oncelog_protocol::Offset;
 use oncelog_storage::contract::{self, create_req, json_req};
-use oncelog_storage::subs::*;
 use oncelog_storage::Engine;
+use oncelog_subscriptions::*;
 
 type Node = Subscriptions<PgEngine>;
 

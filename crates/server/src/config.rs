@@ -154,7 +154,7 @@ pub enum ConfigError {
     #[error("{0} must not be zero")]
     Zero(&'static str),
     #[error("metrics streams pattern: {0}")]
-    MetricsStreams(#[from] oncelog_storage::subs::glob::PatternError),
+    MetricsStreams(#[from] oncelog_subscriptions::glob::PatternError),
 }
 
 impl ServerConfig {
@@ -192,7 +192,7 @@ impl ServerConfig {
             return Err(ConfigError::Zero("catch-up bytes"));
         }
         if let Some(p) = &self.metrics_streams {
-            oncelog_storage::subs::glob::check(p)?;
+            oncelog_subscriptions::glob::check(p)?;
             if self.metrics_streams_max == 0 {
                 return Err(ConfigError::Zero("metrics streams max"));
             }

@@ -13,7 +13,7 @@ use crate::request::RequestError;
 use crate::signing::TokenError;
 use crate::subs::error::SubApiError;
 use crate::subs::wire::WireError;
-use oncelog_storage::subs::SubError;
+use oncelog_subscriptions::SubError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {

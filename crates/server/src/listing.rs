@@ -15,8 +15,8 @@
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::Response;
-use oncelog_storage::subs::reserved;
 use oncelog_storage::{Engine, Listed};
+use oncelog_subscriptions::reserved;
 use serde_json::{json, Value};
 
 use crate::auth::scope::Op;

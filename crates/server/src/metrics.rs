@@ -47,8 +47,8 @@ use std::time::Duration;
 
 use metrics::{Counter, Histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use oncelog_storage::subs::{glob, SubLag};
 use oncelog_storage::{AppendError, AppendOutcome, AppendStatus, EngineStats};
+use oncelog_subscriptions::{glob, SubLag};
 
 /// Most subscriptions given lag series: bounds the scrape's size and the work of computing it
 /// (each is looked at as a `GET` of it would), whoever may create subscriptions.

@@ -11,8 +11,8 @@ use base64::Engine as _;
 use bytes::Bytes;
 use ed25519_dalek::{Signer, SigningKey};
 use hmac::{Hmac, Mac};
-use oncelog_storage::subs::{SubError, Subscriptions};
 use oncelog_storage::{Engine, StorageError};
+use oncelog_subscriptions::{SubError, Subscriptions};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 

@@ -38,7 +38,7 @@ pub struct Shared<E> {
     /// Append rate limits per writer.
     pub rate: Arc<RateLimits>,
     /// Subscriptions over the engine (loaded at first use).
-    pub subs: Arc<oncelog_storage::subs::Subscriptions<E>>,
+    pub subs: Arc<oncelog_subscriptions::Subscriptions<E>>,
     /// The webhook signing key and token key (loaded or created at first use).
     pub sub_keys: Arc<KeyRing>,
     /// The listening address as a URL, set by [`crate::serve`]: the default of
@@ -98,7 +98,7 @@ impl<E: Engine> AppState<E> {
         Self(Arc::new(Shared {
             live,
             rate,
-            subs: Arc::new(oncelog_storage::subs::Subscriptions::new(engine.clone())),
+            subs: Arc::new(oncelog_subscriptions::Subscriptions::new(engine.clone())),
             sub_keys: Arc::default(),
             base_url: Arc::default(),
             engine,

@@ -16,8 +16,6 @@
 //! - [`compaction`]: compaction of State Protocol streams over any engine (fold the history,
 //!   [`Engine::compact`] the snapshot).
 //! - [`retention`]: retention policies, time marks and where the retention sweep trims to.
-//! - [`subs`]: subscriptions (protocol sections 6 and 7) over any engine, kept in the engines'
-//!   metadata map and changed by transactions ([`Engine::transact`]).
 //! - [`codec`]: the stored forms of stream metadata, producer state, idempotency key entries and
 //!   time marks, shared by both engines (each with a tag and a round-trip test).
 //! - [`file_bytes`]: bytes an engine returns that are a mapped file range, found again by the
@@ -40,7 +38,6 @@ pub mod machine;
 pub mod meta;
 pub mod retention;
 pub mod rules;
-pub mod subs;
 
 #[cfg(feature = "contract")]
 pub mod contract;

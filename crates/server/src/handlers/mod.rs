@@ -56,7 +56,7 @@ async fn dispatch<E: Engine>(
     if path.len() > oncelog_protocol::headers::MAX_PATH_BYTES {
         return Err(RequestError::PathTooLong.into());
     }
-    if oncelog_storage::subs::reserved(path) {
+    if oncelog_subscriptions::reserved(path) {
         // The stream listing, else the subscription API (sections 6 and 7); both routed on the
         // raw path, as access control decided them.
         if SubCall::parse(method, uri.path()) == Ok(SubCall::Streams) {

@@ -6,7 +6,7 @@
 //! `--webhook-key-max-age` ([`keys::KeyRing::rotate_if_due`]).
 //!
 //! With several nodes on one engine every node runs this task, but only the one holding the
-//! dispatcher lease ([`oncelog_storage::subs::Subscriptions::due`]) delivers and rotates; the
+//! dispatcher lease ([`oncelog_subscriptions::Subscriptions::due`]) delivers and rotates; the
 //! others reload the keys each pass, so their key set (JWKS) follows the holder's rotations.
 //!
 //! Retries back off exponentially from 1 s to 60 s with ±20 % jitter. Deliveries run
@@ -15,8 +15,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use oncelog_storage::subs::WakeNotice;
 use oncelog_storage::Engine;
+use oncelog_subscriptions::WakeNotice;
 
 use super::{ssrf, wire};
 use crate::signing as keys;
@@ -106,7 +106,7 @@ pub async fn run_once<E: Engine>(st: &AppState<E>, http: &reqwest::Client) -> Op
             due.next_deadline_ms
         }
         // The engine closed under a pass at shutdown: nothing failed, nothing to warn about.
-        Err(oncelog_storage::subs::SubError::Storage(oncelog_storage::StorageError::ShuttingDown)) => None,
+        Err(oncelog_subscriptions::SubError::Storage(oncelog_storage::StorageError::ShuttingDown)) => None,
         Err(e) => {
             tracing::warn!(error = %e, "subscription dispatch pass failed");
             None
@@ -147,7 +147,7 @@ enum SendError {
     #[error("the URL is not allowed: {0}")]
     Url(#[from] ssrf::Rejected),
     #[error("signing key unavailable: {0}")]
-    Keys(#[from] oncelog_storage::subs::SubError),
+    Keys(#[from] oncelog_subscriptions::SubError),
     #[error("request failed: {0}")]
     Http(#[from] reqwest::Error),
     #[error("receiver answered {0}")]

@@ -1,7 +1,7 @@
 //! Why a subscription request was refused (a leaf: the server's error mapping imports it).
 
-use oncelog_storage::subs::SubError;
 use oncelog_storage::LookupError;
+use oncelog_subscriptions::SubError;
 
 use super::{ssrf, wire};
 use crate::auth::AuthError;

@@ -1,6 +1,6 @@
 //! The subscription API under `/v1/stream/__ds/` (protocol sections 6 and 7), plus Oncelog's
 //! transactional commit (docs/PROTOCOL-EXTENSIONS.md): thin handlers over
-//! [`oncelog_storage::subs::Subscriptions`].
+//! [`oncelog_subscriptions::Subscriptions`].
 //!
 //! - [`wire`]: request bodies and answers.
 //! - [`ssrf`]: which webhook URLs may be called.
@@ -19,8 +19,8 @@ use base64::Engine as _;
 use bytes::Bytes;
 use oncelog_protocol::content_type;
 use oncelog_protocol::headers::ProducerHeaders;
-use oncelog_storage::subs::{AckRequest, AckVia, Fence, PutVerdict, SubError, SubKind};
 use oncelog_storage::{AppendRequest, Engine};
+use oncelog_subscriptions::{AckRequest, AckVia, Fence, PutVerdict, SubError, SubKind};
 use serde_json::{json, Value};
 
 use crate::auth::scope::Op;
@@ -148,7 +148,7 @@ fn bearer(h: &HeaderMap) -> Option<String> {
 /// With access control on, a subscription may only follow what its creator may read, wake
 /// events go only to a stream its creator may append to, and its commits may only write under
 /// `outputs` prefixes its creator may append under.
-fn may_link(access: &crate::auth::Access, config: &oncelog_storage::subs::SubConfig) -> Result<(), SubApiError> {
+fn may_link(access: &crate::auth::Access, config: &oncelog_subscriptions::SubConfig) -> Result<(), SubApiError> {
     let Some(scope) = &access.scope else { return Ok(()) };
     let refuse = |op, stream: String| Err(AuthError::Forbidden { op, stream }.into());
     if let Some(p) = config.streams.iter().find(|p| !scope.allows(p, Op::Read)) {
@@ -157,7 +157,7 @@ fn may_link(access: &crate::auth::Access, config: &oncelog_storage::subs::SubCon
     if let Some(prefix) = config
         .pattern
         .as_deref()
-        .map(oncelog_storage::subs::glob::literal_prefix)
+        .map(oncelog_subscriptions::glob::literal_prefix)
         .filter(|p| !scope.allows_all_under(p, Op::Read))
     {
         return refuse(Op::Read, format!("every stream under {prefix:?} (the pattern's prefix)"));
@@ -177,7 +177,7 @@ async fn put<E: Engine>(
     st: &AppState<E>,
     id: &str,
     req_headers: &HeaderMap,
-    config: oncelog_storage::subs::SubConfig,
+    config: oncelog_subscriptions::SubConfig,
     now: i64,
 ) -> Result<Response, SubApiError> {
     if let SubKind::Webhook { url } = &config.kind {
@@ -192,7 +192,7 @@ async fn put<E: Engine>(
 
 async fn render_view<E: Engine>(
     st: &AppState<E>,
-    view: &oncelog_storage::subs::SubView,
+    view: &oncelog_subscriptions::SubView,
     req_headers: &HeaderMap,
     now: i64,
 ) -> Result<Value, SubApiError> {

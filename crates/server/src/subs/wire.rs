@@ -3,7 +3,7 @@
 
 use oncelog_protocol::headers::format_rfc3339;
 use oncelog_protocol::Offset;
-use oncelog_storage::subs::{Ack, Link, LinkType, SubConfig, SubKind, SubView, WakeNotice, DEFAULT_LEASE_TTL_MS};
+use oncelog_subscriptions::{Ack, Link, LinkType, SubConfig, SubKind, SubView, WakeNotice, DEFAULT_LEASE_TTL_MS};
 use serde_json::{json, Map, Value};
 
 /// Why a request body was refused (400 `INVALID_REQUEST`).

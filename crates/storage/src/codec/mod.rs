@@ -1,8 +1,8 @@
 //! The stored forms of the engine-neutral state — stream metadata ([`stream_meta`]), producer
 //! states ([`producer`]), idempotency key entries ([`key_entry`]), retention time marks
 //! ([`marks`]) — and the small field encoder both of Oncelog's engines build their on-disk
-//! records with (subscriptions' stored forms, built with it too, are in
-//! [`crate::subs::codec`]).
+//! records with (subscriptions' stored forms, built with it too, are in the
+//! `oncelog-subscriptions` crate's `codec`).
 //!
 //! Every value starts with a one-byte tag that names its type *and* version; a decoder refuses a
 //! tag it does not know rather than guessing. Integers are little-endian fixed width inside

@@ -11,7 +11,8 @@
 //! cascade, purge), [`lifecycle`] (reads and their alignment, trims, expiry, live waits,
 //! persistence across reopen, readiness), [`retention`] (policies and the sweep that applies them),
 //! [`compaction`] (State Protocol snapshots), [`txn`] (transactions over metadata and several
-//! streams, stream listing), [`subscriptions`] (subscription state kept through them).
+//! streams, stream listing). Subscription state kept through them has its cases in
+//! `oncelog-subscriptions` (`subscription_contract_tests!`), over the same [`Harness`].
 
 use std::future::Future;
 
@@ -25,7 +26,6 @@ pub mod compaction;
 pub mod forks;
 pub mod lifecycle;
 pub mod retention;
-pub mod subscriptions;
 pub mod txn;
 pub mod writes;
 
@@ -132,13 +132,6 @@ macro_rules! __contract_all_cases {
             txn::a_refused_transaction_writes_nothing,
             txn::a_transaction_releases_the_appends_waiting_for_it,
             txn::listed_streams_are_the_visible_ones,
-            subscriptions::subscriptions_are_configuration_that_survives_reopen,
-            subscriptions::pull_wake_claims_are_fenced_by_generation,
-            subscriptions::webhook_deliveries_follow_a_stored_schedule,
-            subscriptions::commits_write_outputs_and_acks_atomically,
-            subscriptions::missed_wakes_are_issued_by_the_full_pass,
-            subscriptions::cursors_work_for_the_longest_paths,
-            subscriptions::a_pattern_is_matched_against_each_path_once,
         }
     };
 }

@@ -9,7 +9,7 @@ use super::config::{may_link, wake_stream};
 use super::rules::{self, Woke};
 use super::state::Entry;
 use super::{glob, Link, LinkType, SubError, SubKind, SubLag, SubView, Subscriptions, WakeNotice};
-use crate::engine::Engine;
+use oncelog_storage::engine::Engine;
 
 impl<E: Engine> Subscriptions<E> {
     /// The linked streams of `e` now: explicit ones (also where no stream exists) and the
@@ -38,7 +38,7 @@ impl<E: Engine> Subscriptions<E> {
         for path in &e.rec.explicit {
             let (stream_id, tail) = match self.engine.head(path, now_ms).await {
                 Ok(info) => (info.id, info.tail),
-                Err(crate::engine::LookupError::Storage(s)) => return Err(s.into()),
+                Err(oncelog_storage::engine::LookupError::Storage(s)) => return Err(s.into()),
                 Err(_) => (0, Offset::ZERO),
             };
             let acked = if stream_id == 0 { Offset::ZERO } else { e.acked(path, stream_id) };

@@ -1,5 +1,5 @@
-//! Stored forms of subscriptions ([`crate::subs::SubRecord`]) and their cursors
-//! ([`crate::subs::Cursor`]), kept in the engine metadata map under `sub/{id}` and
+//! Stored forms of subscriptions ([`crate::SubRecord`]) and their cursors
+//! ([`crate::Cursor`]), kept in the engine metadata map under `sub/{id}` and
 //! `cur/{uid:016x}/{path}` (or, for a path too long for that key, `curl/{uid:016x}/{sha-256 of
 //! the path, hex}`).
 //!
@@ -26,7 +26,7 @@ use std::collections::BTreeSet;
 use oncelog_protocol::Offset;
 
 use super::{Cursor, SubConfig, SubKind, SubRecord, Wake};
-use crate::codec::{DecodeError, Decoder, Encoder};
+use oncelog_storage::codec::{DecodeError, Decoder, Encoder};
 
 const TAG_V1: u8 = 0x01;
 /// A cursor that carries its stream's path (stored under a digest key).

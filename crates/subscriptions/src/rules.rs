@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use super::state::Entry;
 use super::{Ack, AckVia, Cursor, Fence, Link, SubConfig, SubError, SubKind, SubRecord, Wake};
-use crate::engine::AppendRequest;
+use oncelog_storage::engine::AppendRequest;
 
 // --- configuration ----------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ use tokio::sync::MutexGuard;
 use super::codec;
 use super::state::{Entry, Filter, Inner};
 use super::{Cursor, SubError, SubKind, SubRecord, Subscriptions};
-use crate::engine::{
+use oncelog_storage::engine::{
     AppendOutcome, AppendRequest, Engine, MetaWrite, TxnError, TxnOutcome, TxnRequest, MAX_META_KEY_BYTES,
 };
 
@@ -175,7 +175,7 @@ impl<E: Engine> Subscriptions<E> {
 
     /// The state as stored (memory-only fields at their defaults).
     async fn load(&self) -> Result<Inner, SubError> {
-        let corrupt = |e: crate::codec::DecodeError| SubError::Storage(e.into());
+        let corrupt = |e: oncelog_storage::codec::DecodeError| SubError::Storage(e.into());
         let mut subs = BTreeMap::new();
         let mut by_uid = BTreeMap::new();
         for (_, v) in self.engine.meta_scan(SUB_PREFIX.as_bytes()).await? {
@@ -199,7 +199,7 @@ impl<E: Engine> Subscriptions<E> {
             let (path, cursor) = codec::decode_named_cursor(&v).map_err(corrupt)?;
             // The key is the digest of the path the value names; anything else is damage.
             if cursor_key(uid, &path).0 != k {
-                return Err(corrupt(crate::codec::DecodeError::InvalidValue));
+                return Err(corrupt(oncelog_storage::codec::DecodeError::InvalidValue));
             }
             if let Some(e) = subs.get_mut(id) {
                 e.cursors.insert(path, cursor);

@@ -4,7 +4,7 @@
 use super::rules::{self, Woke};
 use super::state::Inner;
 use super::{Due, SubError, Subscriptions};
-use crate::engine::Engine;
+use oncelog_storage::engine::Engine;
 
 /// How often the dispatcher's pass looks at every subscription, settled ones included: the
 /// safety net for tails that moved without [`Subscriptions::on_write`] (a crash between an

@@ -77,7 +77,7 @@ pub struct SubRecord {
 /// How far a subscription has processed one stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cursor {
-    /// The incarnation it refers to ([`crate::StreamInfo::id`]); a cursor of a deleted stream
+    /// The incarnation it refers to ([`oncelog_storage::StreamInfo::id`]); a cursor of a deleted stream
     /// does not apply to a new stream at the same path, which starts over.
     pub stream_id: u64,
     pub acked: Offset,

@@ -1,12 +1,13 @@
 //! Subscriptions over the engine: configuration, wakes, claims, fencing, webhook delivery
 //! schedules and transactional commits, each across a reopen. The decisions are the shared
-//! [`crate::subs`] code; what an engine must get right is the metadata map and transactions
+//! [`crate`] code; what an engine must get right is the metadata map and transactions
 //! underneath, and these cases hold it to that.
 
 use std::sync::Arc;
 
-use super::*;
-use crate::subs::*;
+use crate::*;
+use oncelog_storage::contract::*;
+use oncelog_storage::*;
 
 /// Subscriptions over the harness's engine (a clone sharing it). Dropped before each reopen,
 /// so the old engine is gone when the storage opens again.

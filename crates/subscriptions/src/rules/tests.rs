@@ -1,10 +1,10 @@
 //! The subscription rules one decision at a time, over records built by hand (the engine
-//! contract cases in `crate::contract::subscriptions` run them through the service).
+//! contract cases in `oncelog_storage::contract::subscriptions` run them through the service).
 
 use oncelog_protocol::Offset;
 
 use super::*;
-use crate::subs::{LinkType, SubKind};
+use crate::{LinkType, SubKind};
 
 const TTL: u32 = 1_000;
 

@@ -177,7 +177,7 @@ impl PatternMemo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::subs::{SubConfig, SubKind, Wake};
+    use crate::{SubConfig, SubKind, Wake};
 
     fn rec(kind: SubKind) -> SubRecord {
         SubRecord {

@@ -1,5 +1,7 @@
-//! Subscriptions (protocol sections 6 and 7) over any [`Engine`](crate::Engine): who is told about new data in
-//! which streams, how far each has processed them, and who may act on it now.
+//! Subscriptions (protocol sections 6 and 7) over any [`Engine`](oncelog_storage::Engine): who
+//! is told about new data in which streams, how far each has processed them, and who may act on
+//! it now. A crate of its own over the storage seam: the engines know nothing of it
+//! (`oncelog-storage` imports nothing from here).
 //!
 //! Module map (each file one concern):
 //! - [`model`]: the stored state ([`SubRecord`], [`Cursor`]); [`codec`]: its stored forms (and
@@ -23,13 +25,15 @@
 //! - `lease.rs`: the dispatcher lease (which process hands out webhook deliveries) and node ids.
 //!
 //! Every change of cursors, generation, wake, lease and retry schedule is one
-//! [`Engine::transact`](crate::Engine::transact) (one log frame, one PostgreSQL transaction), together with the wake event it
+//! [`Engine::transact`](oncelog_storage::Engine::transact) (one log frame, one PostgreSQL transaction), together with the wake event it
 //! appends to a pull-wake stream or the output appends of a transactional commit. So they are
 //! durable and atomic with each other on every engine, and the engines know nothing about
-//! subscriptions: they keep a metadata map ([`crate::MetaWrite`]) and commit transactions.
+//! subscriptions: they keep a metadata map ([`oncelog_storage::MetaWrite`]) and commit transactions.
 
 pub mod codec;
 mod config;
+#[cfg(feature = "contract")]
+pub mod contract;
 mod dispatch;
 pub mod glob;
 mod lease;
@@ -47,7 +51,7 @@ pub use service::*;
 
 use oncelog_protocol::Offset;
 
-use crate::engine::{AppendError, StorageError, TxnError};
+use oncelog_storage::engine::{AppendError, StorageError, TxnError};
 
 /// Why a subscription configuration was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -166,4 +170,35 @@ pub struct SubLag {
 pub struct SubView {
     pub record: SubRecord,
     pub links: Vec<Link>,
+}
+
+/// Expands to one `#[test]` per subscription case of the engine contract ([`contract`], feature
+/// `contract`) for the harness type given: an engine's contract tests run
+/// `oncelog_storage::engine_contract_tests!(H);` and `oncelog_subscriptions::subscription_contract_tests!(H);`.
+#[cfg(feature = "contract")]
+#[doc(hidden)]
+pub use oncelog_storage as __storage;
+
+#[cfg(feature = "contract")]
+#[macro_export]
+macro_rules! subscription_contract_tests {
+    ($harness:ty) => {
+        $crate::subscription_contract_tests! { @cases $harness;
+            subscriptions_are_configuration_that_survives_reopen,
+            pull_wake_claims_are_fenced_by_generation,
+            webhook_deliveries_follow_a_stored_schedule,
+            commits_write_outputs_and_acks_atomically,
+            missed_wakes_are_issued_by_the_full_pass,
+            cursors_work_for_the_longest_paths,
+            a_pattern_is_matched_against_each_path_once,
+        }
+    };
+    (@cases $harness:ty; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::__storage::contract::run(|| $crate::contract::$case::<$harness>());
+            }
+        )*
+    };
 }

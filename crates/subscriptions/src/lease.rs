@@ -7,7 +7,7 @@ use bytes::Bytes;
 
 use super::codec;
 use super::{SubError, Subscriptions};
-use crate::engine::{Engine, MetaWrite, TxnError, TxnRequest};
+use oncelog_storage::engine::{Engine, MetaWrite, TxnError, TxnRequest};
 
 /// Over a shared engine: which process hands out webhook deliveries, and until when
 /// ([`codec::encode_lease`]).
@@ -21,11 +21,11 @@ pub const DISPATCH_LEASE_MS: i64 = 10_000;
 static FREE_NODE_IDS: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
 
 /// A holder id for a new [`Subscriptions`]: distinct from every other live one
-/// ([`crate::clock::unique_id`]). A dropped instance's id goes to the next one made in this
+/// ([`oncelog_storage::clock::unique_id`]). A dropped instance's id goes to the next one made in this
 /// process: that is the same dispatcher reopened, and it takes its own lease over at once
 /// instead of waiting out [`DISPATCH_LEASE_MS`].
 pub(super) fn take_node_id() -> u64 {
-    FREE_NODE_IDS.lock().ok().and_then(|mut f| f.pop()).unwrap_or_else(crate::clock::unique_id)
+    FREE_NODE_IDS.lock().ok().and_then(|mut f| f.pop()).unwrap_or_else(oncelog_storage::clock::unique_id)
 }
 
 impl<E> Drop for Subscriptions<E> {

@@ -28,7 +28,7 @@ use super::lease::take_node_id;
 use super::rules::{self, Woke};
 use super::state::{Entry, Filter, Inner, PatternMemo};
 use super::{Ack, Cursor, Fence, InvalidSub, Link, SubConfig, SubError, SubRecord, SubView};
-use crate::engine::{AppendOutcome, AppendRequest, Engine};
+use oncelog_storage::engine::{AppendOutcome, AppendRequest, Engine};
 
 pub use super::config::{reserved, valid_id, RESERVED_PREFIX};
 pub use super::dispatch::FULL_PASS_MS;
