@@ -6,7 +6,6 @@ mod common;
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use oncelog_postgres::PgEngine;
 use oncelog_protocol::Offset;
 use oncelog_storage::contract::{self, create_req, json_req};
@@ -185,24 +184,5 @@ fn one_node_delivers_webhooks() {
         assert!(other.is_dispatcher());
         assert!(holder.due(1_400 + DISPATCH_LEASE_MS).await.expect("due").deliveries.is_empty());
         assert!(!holder.is_dispatcher());
-    });
-}
-
-#[test]
-fn two_nodes_storing_one_secret_at_once_keep_the_same() {
-    contract::run(|| async {
-        let (_, a, b) = two_nodes().await;
-        // Several rounds: the two must overlap for the race to be there at all.
-        for round in 0..20 {
-            let name = format!("token-{round}");
-            let (x, y) = tokio::join!(
-                a.key_or_insert(&name, Bytes::from_static(b"from A"), 0),
-                b.key_or_insert(&name, Bytes::from_static(b"from B"), 0)
-            );
-            let (x, y) = (x.expect("on A"), y.expect("on B"));
-            assert_eq!(x, y, "round {round}: both nodes answer the secret stored first");
-            assert_eq!(a.keys().await.expect("keys").get(&name), Some(&x));
-            assert_eq!(b.keys().await.expect("keys").get(&name), Some(&x));
-        }
     });
 }

@@ -11,12 +11,53 @@ use base64::Engine as _;
 use bytes::Bytes;
 use ed25519_dalek::{Signer, SigningKey};
 use hmac::{Hmac, Mac};
-use oncelog_storage::{Engine, StorageError};
-use oncelog_subscriptions::{SubError, Subscriptions};
+use oncelog_storage::{Engine, MetaWrite, StorageError, TxnError, TxnRequest};
+use oncelog_subscriptions::SubError;
 use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::Mutex;
+
+/// Where the secrets are kept in the engine's metadata map: `key/{name}` (the layout of the
+/// versions that kept them beside the subscriptions, so stored keys stay valid).
+const SECRET_PREFIX: &str = "key/";
+
+/// Every stored secret, by name, as the engine holds them now (another node's included).
+pub async fn stored<E: Engine>(engine: &E) -> Result<BTreeMap<String, Bytes>, SubError> {
+    let mut out = BTreeMap::new();
+    for (k, v) in engine.meta_scan(SECRET_PREFIX.as_bytes()).await? {
+        out.insert(String::from_utf8_lossy(&k[SECRET_PREFIX.len()..]).into_owned(), v);
+    }
+    Ok(out)
+}
+
+/// Stores `value` as the secret `name` unless one is stored; answers the one stored. When
+/// another process stored one first (the guarded write lost), that one is answered: every
+/// process then uses the same.
+pub async fn stored_or_insert<E: Engine>(engine: &E, name: &str, value: Bytes, now_ms: i64) -> Result<Bytes, SubError> {
+    let key = format!("{SECRET_PREFIX}{name}").into_bytes();
+    let txn = TxnRequest {
+        expect: vec![(key.clone(), None)],
+        meta: vec![MetaWrite { key, value: Some(value.clone()) }],
+        now_ms,
+        ..Default::default()
+    };
+    match engine.transact(txn).await {
+        Ok(_) => Ok(value),
+        // Removed again meanwhile (a rotation on another node): the caller may try again.
+        Err(TxnError::Conflict { .. }) => stored(engine).await?.remove(name).ok_or(SubError::Conflict),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Forgets stored secrets. Unguarded: removing what is gone already is no harm.
+async fn remove<E: Engine>(engine: &E, names: &[String], now_ms: i64) -> Result<(), SubError> {
+    let meta =
+        names.iter().map(|n| MetaWrite { key: format!("{SECRET_PREFIX}{n}").into_bytes(), value: None }).collect();
+    engine.transact(TxnRequest { meta, now_ms, ..Default::default() }).await?;
+    Ok(())
+}
 
 /// Webhook signing keys are stored as `webhook-ed25519/{created ms, 20 digits}`: name order is
 /// age order.
@@ -97,18 +138,19 @@ fn webhook_key_name(created_ms: i64) -> String {
 
 impl KeyRing {
     /// The keys, loading them (and creating the first ones) if needed.
-    pub async fn get<E: Engine>(&self, subs: &Subscriptions<E>, now_ms: i64) -> Result<Arc<Keys>, SubError> {
+    pub async fn get<E: Engine>(&self, engine: &E, now_ms: i64) -> Result<Arc<Keys>, SubError> {
         let mut state = self.state.lock().await;
         if let Some(k) = state.as_ref() {
             return Ok(k.clone());
         }
-        let mut stored = subs.keys().await?;
+        let mut stored = stored(engine).await?;
         if !stored.keys().any(|k| k.starts_with(WEBHOOK_KEY_PREFIX)) {
             let name = webhook_key_name(now_ms);
-            let v = subs.key_or_insert(&name, Bytes::copy_from_slice(&random32()?), now_ms).await?;
+            let v = stored_or_insert(engine, &name, Bytes::copy_from_slice(&random32()?), now_ms).await?;
             stored.insert(name, v);
         }
-        let token_key = as32(&subs.key_or_insert(TOKEN_KEY, Bytes::copy_from_slice(&random32()?), now_ms).await?)?;
+        let token_key =
+            as32(&stored_or_insert(engine, TOKEN_KEY, Bytes::copy_from_slice(&random32()?), now_ms).await?)?;
         let keys = Arc::new(Keys::from_stored(&stored, token_key)?);
         *state = Some(keys.clone());
         Ok(keys)
@@ -117,12 +159,7 @@ impl KeyRing {
     /// Rotates the signing key once the newest is older than `max_age_ms`, and forgets keys
     /// replaced more than [`RETIRED_KEY_GRACE_MS`] ago. Only when the keys are in use (loaded).
     /// Returns whether anything changed.
-    pub async fn rotate_if_due<E: Engine>(
-        &self,
-        subs: &Subscriptions<E>,
-        now_ms: i64,
-        max_age_ms: i64,
-    ) -> Result<bool, SubError> {
+    pub async fn rotate_if_due<E: Engine>(&self, engine: &E, now_ms: i64, max_age_ms: i64) -> Result<bool, SubError> {
         let mut state = self.state.lock().await;
         let Some(keys) = state.as_ref() else { return Ok(false) };
         let newest = keys.webhook.last().map_or(i64::MIN, |k| k.created_ms);
@@ -137,13 +174,18 @@ impl KeyRing {
             return Ok(false);
         }
         if due {
-            subs.key_or_insert(&webhook_key_name(now_ms.max(newest + 1)), Bytes::copy_from_slice(&random32()?), now_ms)
-                .await?;
+            stored_or_insert(
+                engine,
+                &webhook_key_name(now_ms.max(newest + 1)),
+                Bytes::copy_from_slice(&random32()?),
+                now_ms,
+            )
+            .await?;
         }
         if !expired.is_empty() {
-            subs.remove_keys(&expired, now_ms).await?;
+            remove(engine, &expired, now_ms).await?;
         }
-        let stored = subs.keys().await?;
+        let stored = stored(engine).await?;
         *state = Some(Arc::new(Keys::from_stored(&stored, keys.token_key)?));
         Ok(true)
     }
@@ -152,10 +194,10 @@ impl KeyRing {
     /// shared engine another node rotates them (and two nodes starting at once may each have
     /// stored a first one). Only when the keys are in use (loaded); the token key never changes.
     /// Returns whether anything changed.
-    pub async fn reload<E: Engine>(&self, subs: &Subscriptions<E>) -> Result<bool, SubError> {
+    pub async fn reload<E: Engine>(&self, engine: &E) -> Result<bool, SubError> {
         let mut state = self.state.lock().await;
         let Some(keys) = state.as_ref() else { return Ok(false) };
-        let stored = subs.keys().await?;
+        let stored = stored(engine).await?;
         let fresh = Keys::from_stored(&stored, keys.token_key)?;
         let ages = |k: &Keys| k.webhook.iter().map(|w| w.created_ms).collect::<Vec<_>>();
         if fresh.webhook.is_empty() || ages(&fresh) == ages(keys) {
@@ -167,7 +209,7 @@ impl KeyRing {
 }
 
 impl Keys {
-    fn from_stored(stored: &std::collections::BTreeMap<String, Bytes>, token_key: [u8; 32]) -> Result<Keys, SubError> {
+    fn from_stored(stored: &BTreeMap<String, Bytes>, token_key: [u8; 32]) -> Result<Keys, SubError> {
         let mut webhook = Vec::new();
         for (name, seed) in
             stored.range(WEBHOOK_KEY_PREFIX.to_owned()..).take_while(|(n, _)| n.starts_with(WEBHOOK_KEY_PREFIX))

@@ -16,7 +16,7 @@
 //! record is written only when something new happens (a wake, a claim, an ack). Deadlines are
 //! Unix ms in the records, so they survive restarts.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -150,29 +150,6 @@ impl<E: Engine> Subscriptions<E> {
     /// How many subscriptions exist (as of the last change; 0 before they are loaded). Cheap.
     pub fn count(&self) -> usize {
         self.published().map_or(0, |f| f.len())
-    }
-
-    // --- the secrets of the layer above -------------------------------------------------------
-
-    /// Every stored secret, by name.
-    pub async fn keys(&self) -> Result<BTreeMap<String, Bytes>, SubError> {
-        Ok(self.lock().await?.keys.clone())
-    }
-
-    /// Stores a secret under `name` unless one is there; answers the one stored. When another
-    /// process stored one first, that one is answered: every process then uses the same.
-    pub async fn key_or_insert(&self, name: &str, value: Bytes, now_ms: i64) -> Result<Bytes, SubError> {
-        let mut inner = self.lock().await?;
-        if let Some(v) = inner.keys.get(name) {
-            return Ok(v.clone());
-        }
-        self.insert_key(&mut inner, name, value, now_ms).await
-    }
-
-    /// Forgets stored secrets. Unguarded: removing what is gone already is no harm.
-    pub async fn remove_keys(&self, names: &[String], now_ms: i64) -> Result<(), SubError> {
-        let mut inner = self.lock().await?;
-        self.delete_keys(&mut inner, names, now_ms).await
     }
 
     // --- configuration ------------------------------------------------------------------------

@@ -64,8 +64,6 @@ pub(super) struct Inner {
     pub(super) next_uid: u64,
     /// `next_uid` as stored (`None`: never stored), what a create expects.
     pub(super) next_uid_stored: Option<Bytes>,
-    /// Opaque secrets of the layer above (signing keys), by name.
-    pub(super) keys: BTreeMap<String, Bytes>,
     /// When the dispatcher's pass next looks at every subscription ([`FULL_PASS_MS`](super::FULL_PASS_MS)).
     pub(super) next_full_pass_ms: i64,
 }

@@ -27,7 +27,6 @@ const CURSOR_PREFIX: &str = "cur/";
 /// (a path may be 4,096 bytes, a key 1,024): keyed by the path's SHA-256, the path in the value.
 /// Every other cursor keeps the readable `cur/` key it always had, so nothing stored moves.
 const LONG_CURSOR_PREFIX: &str = "curl/";
-const KEY_PREFIX: &str = "key/";
 const NEXT_UID: &str = "seq/subscription";
 
 /// A compare-and-set guard of [`TxnRequest::expect`].
@@ -60,10 +59,6 @@ fn cursor_entry(uid: u64, path: &str, c: &Cursor) -> (Vec<u8>, Bytes) {
     let (key, named) = cursor_key(uid, path);
     let value = if named { codec::encode_named_cursor(path, c) } else { codec::encode_cursor(c) };
     (key, value.into())
-}
-
-fn secret_key(name: &str) -> Vec<u8> {
-    format!("{KEY_PREFIX}{name}").into_bytes()
 }
 
 /// The metadata write that stores a subscription's record.
@@ -210,11 +205,7 @@ impl<E: Engine> Subscriptions<E> {
             Some(v) => codec::decode_uid(v).map_err(corrupt)?,
             None => 1,
         };
-        let mut keys = BTreeMap::new();
-        for (k, v) in self.engine.meta_scan(KEY_PREFIX.as_bytes()).await? {
-            keys.insert(String::from_utf8_lossy(&k[KEY_PREFIX.len()..]).into_owned(), v);
-        }
-        Ok(Inner { loaded: true, subs, next_uid, next_uid_stored, keys, next_full_pass_ms: 0 })
+        Ok(Inner { loaded: true, subs, next_uid, next_uid_stored, next_full_pass_ms: 0 })
     }
 
     /// The value stored under exactly `key` (a scan of the key as a prefix, which it also is).
@@ -349,49 +340,5 @@ impl<E: Engine> Subscriptions<E> {
             }
             Err(e) => Err(e),
         }
-    }
-
-    // --- the secrets of the layer above -------------------------------------------------------
-
-    /// Stores the secret `name` (not in memory) unless one is stored meanwhile; answers the one
-    /// stored. When another process stored one first, the state is reloaded and that one is
-    /// answered: every process then uses the same.
-    pub(super) async fn insert_key(
-        &self,
-        inner: &mut Inner,
-        name: &str,
-        value: Bytes,
-        now_ms: i64,
-    ) -> Result<Bytes, SubError> {
-        let key = secret_key(name);
-        let expect = vec![(key.clone(), None)];
-        let txn = TxnRequest {
-            expect,
-            meta: vec![MetaWrite { key, value: Some(value.clone()) }],
-            now_ms,
-            ..Default::default()
-        };
-        match self.write(inner, txn).await {
-            Ok(_) => {
-                inner.keys.insert(name.to_owned(), value.clone());
-                Ok(value)
-            }
-            Err(TxnError::Conflict { .. }) => {
-                self.reload(inner).await?;
-                // Gone again already (removed meanwhile): the caller may try again.
-                inner.keys.get(name).cloned().ok_or(SubError::Conflict)
-            }
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Forgets stored secrets. Unguarded: removing what is gone already is no harm.
-    pub(super) async fn delete_keys(&self, inner: &mut Inner, names: &[String], now_ms: i64) -> Result<(), SubError> {
-        let meta = names.iter().map(|n| MetaWrite { key: secret_key(n), value: None }).collect();
-        self.write(inner, TxnRequest { meta, now_ms, ..Default::default() }).await?;
-        for n in names {
-            inner.keys.remove(n);
-        }
-        Ok(())
     }
 }

@@ -91,7 +91,7 @@ pub async fn run_once<E: Engine>(st: &AppState<E>, http: &reqwest::Client) -> Op
     // meanwhile rotates at most once more; both keys are stored and published).
     if st.subs.is_dispatcher() {
         let max_age = i64::try_from(st.config.webhook_key_max_age.as_millis()).unwrap_or(i64::MAX);
-        match st.sub_keys.rotate_if_due(&st.subs, now, max_age).await {
+        match st.sub_keys.rotate_if_due(st.engine.as_ref(), now, max_age).await {
             Ok(true) => tracing::info!("webhook signing key rotated"),
             Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "webhook signing key rotation failed; retrying on the next pass"),
@@ -113,7 +113,7 @@ pub async fn run_once<E: Engine>(st: &AppState<E>, http: &reqwest::Client) -> Op
         }
     };
     if st.subs.is_shared() {
-        if let Err(e) = st.sub_keys.reload(&st.subs).await {
+        if let Err(e) = st.sub_keys.reload(st.engine.as_ref()).await {
             tracing::warn!(error = %e, "webhook signing keys not reloaded; retrying on the next pass");
         }
     }
@@ -158,7 +158,7 @@ enum SendError {
 async fn send<E: Engine>(st: &AppState<E>, http: &reqwest::Client, n: &WakeNotice) -> Result<bool, SendError> {
     let url = ssrf::check(n.url.as_deref().unwrap_or(""), st.config.dev_webhooks)?;
     let now = st.clock.now_ms();
-    let k: std::sync::Arc<keys::Keys> = st.sub_keys.get(&st.subs, now).await?;
+    let k: std::sync::Arc<keys::Keys> = st.sub_keys.get(st.engine.as_ref(), now).await?;
     let base = st.config.public_url.clone().or_else(|| st.base_url.get().cloned()).unwrap_or_default();
     let id_enc = percent_encoding::utf8_percent_encode(&n.id, URI_COMPONENT).to_string();
     let callback = format!("{}/v1/stream/__ds/subscriptions/{id_enc}/callback", base.trim_end_matches('/'));

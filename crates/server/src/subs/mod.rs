@@ -75,7 +75,7 @@ pub async fn route<E: Engine>(
         // (`handlers::dispatch`); never a subscription call.
         SubCall::Streams => Err(SubApiError::NoRoute),
         SubCall::Jwks => {
-            let keys = st.sub_keys.get(&st.subs, now).await?;
+            let keys = st.sub_keys.get(st.engine.as_ref(), now).await?;
             let mut resp = reply::json(StatusCode::OK, &keys.jwks());
             let h = resp.headers_mut();
             h.insert("content-type", axum::http::HeaderValue::from_static("application/jwk-set+json"));
@@ -119,7 +119,7 @@ pub async fn route<E: Engine>(
             let notice = st.subs.claim(&id, &worker, now).await;
             crate::metrics::subscription_call("claim", if notice.is_ok() { "ok" } else { "refused" });
             let notice = notice?;
-            let keys = st.sub_keys.get(&st.subs, now).await?;
+            let keys = st.sub_keys.get(st.engine.as_ref(), now).await?;
             let token = keys.mint(&id, notice.uid, notice.generation, now);
             Ok(reply::json(StatusCode::OK, &wire::notice(&notice, &token, None)))
         }
@@ -183,7 +183,7 @@ async fn put<E: Engine>(
     if let SubKind::Webhook { url } = &config.kind {
         ssrf::check(url, st.config.dev_webhooks)?;
         // Keys exist (durably) before the first webhook subscription is acknowledged.
-        st.sub_keys.get(&st.subs, now).await?;
+        st.sub_keys.get(st.engine.as_ref(), now).await?;
     }
     let (verdict, view) = st.subs.put(id, config, now).await?;
     let status = if verdict == PutVerdict::Created { StatusCode::CREATED } else { StatusCode::OK };
@@ -197,7 +197,7 @@ async fn render_view<E: Engine>(
     now: i64,
 ) -> Result<Value, SubApiError> {
     let signing = match view.record.config.kind {
-        SubKind::Webhook { .. } => Some(st.sub_keys.get(&st.subs, now).await?.kid().to_owned()),
+        SubKind::Webhook { .. } => Some(st.sub_keys.get(st.engine.as_ref(), now).await?.kid().to_owned()),
         SubKind::PullWake { .. } => None,
     };
     let jwks_url = format!("{}/v1/stream/__ds/jwks.json", base_url(st, req_headers));
@@ -216,7 +216,7 @@ async fn fenced_op<E: Engine>(
     now: i64,
 ) -> Result<(Response, bool), SubApiError> {
     let req = wire::fenced(body)?;
-    let keys = st.sub_keys.get(&st.subs, now).await?;
+    let keys = st.sub_keys.get(st.engine.as_ref(), now).await?;
     let hide = st.auth.hides_forbidden();
     // Normally the subscription first (404), then the token (401), then the fence (409). With
     // `--auth-hide-forbidden` the answer must not depend on whether the subscription exists: the
