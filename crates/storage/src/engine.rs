@@ -258,6 +258,15 @@ pub struct AppendOutcome {
     pub producer: Option<(u64, u64)>,
 }
 
+impl AppendOutcome {
+    /// Whether this success is new data (`had_data`) from a writer that can tell its retries
+    /// apart (`identified`: a producer or an idempotency key), which the protocol answers `200`;
+    /// every other success is `204`: a duplicate, a close, a plain writer's data.
+    pub fn is_new_identified_data(&self, identified: bool, had_data: bool) -> bool {
+        self.status == AppendStatus::Appended && identified && had_data
+    }
+}
+
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum AppendError {
     #[error("stream not found")]

@@ -532,6 +532,15 @@ pub fn compact(meta: &StreamMeta, tail: Offset, req: &CompactRequest) -> Result<
     Ok(ends)
 }
 
+/// Whether a refusal must wait for a fresh lookup of the stream before it is answered: a write
+/// framed for the stream as last seen (`framed_on_last_seen`: [`Engine::last_seen`], no lookup
+/// first) that the layer above refuses by itself (a bad header, not the engine). A missing
+/// stream is `NotFound` whatever else is wrong with the request, so the lookup's answer comes
+/// first; an engine's own refusal was judged against the stream as it is.
+pub fn refusal_needs_lookup(framed_on_last_seen: bool, refused_by_engine: bool) -> bool {
+    framed_on_last_seen && !refused_by_engine
+}
+
 /// Whether a read from `from` is allowed by the stream's earliest offset.
 pub fn readable_from(earliest: Offset, from: Offset) -> Result<(), LookupError> {
     if from < earliest {

@@ -140,8 +140,7 @@ pub(super) async fn append<E: Engine>(
     if out.status == AppendStatus::Appended && !body.is_empty() {
         crate::subs::after_write(st, path, st.clock.now_ms()).await;
     }
-    // 200 marks new data from an idempotent producer or keyed writer; every other success is 204.
-    let status = if out.status == AppendStatus::Appended && has_producer && !body.is_empty() {
+    let status = if out.is_new_identified_data(has_producer, !body.is_empty()) {
         StatusCode::OK
     } else {
         StatusCode::NO_CONTENT

@@ -98,7 +98,7 @@ async fn dispatch<E: Engine>(
     }
     .await;
     match result {
-        Err(refused) if unchecked && !refused.from_engine() => {
+        Err(refused) if oncelog_storage::rules::refusal_needs_lookup(unchecked, refused.from_engine()) => {
             st.engine.head(path, st.clock.now_ms()).await?;
             Err(refused)
         }
