@@ -62,6 +62,7 @@ pub mod request_kind;
 pub mod sendfile_io;
 pub mod signing;
 pub mod state;
+mod stored_body;
 pub mod subs;
 pub mod sweeper;
 pub mod tls;

@@ -3,10 +3,6 @@
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
-use bytes::Bytes;
-use oncelog_protocol::content_type;
-use oncelog_protocol::digest::BodyDigest;
-use oncelog_protocol::json::{self, EmptyArray};
 use oncelog_storage::{AppendError, AppendOutcome, AppendRequest, AppendStatus, Engine, StreamInfo};
 
 use super::Caller;
@@ -16,45 +12,13 @@ use crate::error::ApiError;
 use crate::headers::name;
 use crate::request::{AppendHeaders, RequestError};
 use crate::state::AppState;
+use crate::stored_body::Stored;
 use crate::{metrics, reply};
 
 /// How often a write is re-validated when the stream it was framed for was replaced (deleted
 /// and re-created) while its body was being read. Once is almost always enough; the bound only
 /// stops a pathological delete/re-create loop from holding the request forever.
 pub(super) const REVALIDATIONS: usize = 3;
-
-/// An append's body as its stream stores it, the same for a `POST` and a transactional commit's
-/// output ([`crate::subs`]).
-pub(crate) struct Stored {
-    /// Framed as JSON: only when the request's and the stream's types both are JSON (any other
-    /// mismatch is the engine's 409).
-    pub json_framed: bool,
-    pub data: Bytes,
-    /// For a writer that can tell retries apart (a producer or a key): hashed here, on the
-    /// request's task, not on the engine's writer.
-    pub body_digest: Option<BodyDigest>,
-}
-
-/// Frames `body` for the stream `info` ([`Stored`]); on a compacted stream every message must be
-/// a State Protocol message (a compaction must be able to fold every message it meets).
-pub(crate) fn stored_body(
-    info: &StreamInfo,
-    content_type: Option<&str>,
-    body: &Bytes,
-    digest: bool,
-) -> Result<Stored, RequestError> {
-    let json_framed =
-        content_type.is_some_and(|ct| content_type::is_json(ct) && content_type::is_json(&info.config.content_type));
-    let data = match json_framed {
-        true => Bytes::from(json::encode_body(body, EmptyArray::Rejected)?),
-        false => body.clone(),
-    };
-    if info.config.compaction {
-        oncelog_protocol::state::validate(&data)?;
-    }
-    let body_digest = digest.then(|| BodyDigest::of(&data));
-    Ok(Stored { json_framed, data, body_digest })
-}
 
 /// `POST` with a body (an append, closing the stream too when it says so) or without one and
 /// `Stream-Closed: true` (a close). `info`: the stream as it was when the request arrived (the
@@ -106,7 +70,8 @@ pub(super) async fn append<E: Engine>(
         attempt += 1;
         // Framed against `info`, so the request names that incarnation: if the path was deleted
         // and re-created meanwhile, the engine refuses it and it is framed again.
-        let Stored { json_framed, data, body_digest } = stored_body(&info, ct.as_deref(), &body, has_producer)?;
+        let Stored { json_framed, data, body_digest } =
+            crate::stored_body::stored_body(&info, ct.as_deref(), &body, has_producer)?;
         let req = AppendRequest {
             path: path.to_owned(),
             stream_id: Some(info.id),
@@ -156,56 +121,4 @@ pub(super) async fn append<E: Engine>(
         headers.insert(name::PRODUCER_SEQ, reply::value(seq));
     }
     Ok(resp)
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use oncelog_protocol::Offset;
-    use oncelog_storage::StreamConfig;
-
-    use super::*;
-
-    fn stream(content_type: &str, compaction: bool) -> StreamInfo {
-        let config = StreamConfig {
-            content_type: content_type.into(),
-            expiry: Default::default(),
-            retention: Default::default(),
-            compaction,
-        };
-        StreamInfo { id: 1, config: Arc::new(config), tail: Offset(0), closed: false, earliest: Offset(0) }
-    }
-
-    #[test]
-    fn a_body_is_stored_as_json_only_when_both_types_are_json() {
-        let body = Bytes::from_static(b"[1,2]");
-        let framed =
-            stored_body(&stream("application/json", false), Some("application/json"), &body, true).expect("framed");
-        let expected = Bytes::from(json::encode_body(&body, EmptyArray::Rejected).expect("encodes"));
-        assert!(framed.json_framed);
-        assert_ne!(expected, body);
-        assert_eq!(framed.data, expected);
-        assert_eq!(framed.body_digest, Some(BodyDigest::of(&expected)));
-        // A text stream stores the bytes as sent; no digest unless asked for.
-        let plain = stored_body(&stream("text/plain", false), Some("application/json"), &body, false).expect("plain");
-        assert!(!plain.json_framed);
-        assert_eq!((plain.data, plain.body_digest), (body, None));
-        let empty = stored_body(
-            &stream("application/json", false),
-            Some("application/json"),
-            &Bytes::from_static(b"[]"),
-            false,
-        );
-        assert!(matches!(empty, Err(RequestError::Json(_))));
-    }
-
-    #[test]
-    fn a_compacted_stream_stores_state_protocol_messages_only() {
-        let compacted = stream("application/json", true);
-        let r = stored_body(&compacted, Some("application/json"), &Bytes::from_static(b"{\"not\":\"state\"}"), false);
-        assert!(matches!(r, Err(RequestError::NotStateProtocol(_))));
-        let message = Bytes::from_static(br#"{"type":"user","key":"a","value":1,"headers":{"operation":"insert"}}"#);
-        assert!(stored_body(&compacted, Some("application/json"), &message, false).is_ok());
-    }
 }

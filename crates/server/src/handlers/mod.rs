@@ -9,7 +9,7 @@
 //! - [`crate::subs`]: the subscription API under `__ds/`;
 //! - [`crate::listing`]: the stream listing, `__ds/streams`.
 
-pub(crate) mod append;
+mod append;
 mod create;
 mod manage;
 

@@ -25,11 +25,11 @@ use serde_json::{json, Value};
 
 use crate::auth::scope::Op;
 use crate::auth::AuthError;
-use crate::handlers::append::{stored_body, Stored};
 use crate::reply;
 use crate::request::RequestError;
 use crate::request_kind::{Fenced, NoCall, SubCall};
 use crate::state::AppState;
+use crate::stored_body::{stored_body, Stored};
 
 pub use error::SubApiError;
 
