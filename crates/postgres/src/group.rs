@@ -170,14 +170,13 @@ impl Group {
         let Some(g) = self.streams.get_mut(&req.path) else { return Err(AppendError::NotFound) };
         let meta = &g.st.meta;
         let last_access = shared.touches.at(meta.id).map_or(g.last_access_ms, |t| t.max(g.last_access_ms));
-        if !meta.soft_deleted && rules::expired(meta.config.expiry, last_access, req.now_ms) {
-            return Err(if g.forks > 0 { AppendError::Gone } else { AppendError::NotFound });
-        }
-        if req.stream_id.is_none_or(|id| id == meta.id)
+        // The sweep removes it: nothing is written here.
+        rules::writable(meta.soft_deleted, rules::expired(meta.config.expiry, last_access, req.now_ms), g.forks)?;
+        if rules::write_slides_ttl(req, meta)
             && matches!(meta.config.expiry, Expiry::Ttl(_))
             && req.now_ms > g.last_access_ms
         {
-            // Any request that reaches the stream slides its TTL window.
+            // Only a TTL needs the row written for it.
             g.last_access_ms = req.now_ms;
             g.changed = true;
         }

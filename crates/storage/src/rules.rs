@@ -97,6 +97,24 @@ pub fn expired(expiry: Expiry, last_access_ms: i64, now_ms: i64) -> bool {
     }
 }
 
+/// The write path's verdict on an expired stream (`expired`: [`expired`] at the request's time):
+/// what [`visible`] says of it, absent or `Gone` while forks still read it. A soft-deleted stream
+/// has its own answer ([`append`]'s first rule). Engines answer it alike; the log engine also
+/// removes the stream in the write's group, PostgreSQL leaves that to the sweep.
+pub fn writable(soft_deleted: bool, expired: bool, live_forks: usize) -> Result<(), AppendError> {
+    match visible(false, expired && !soft_deleted, live_forks) {
+        Ok(()) => Ok(()),
+        Err(LookupError::Gone) => Err(AppendError::Gone),
+        Err(_) => Err(AppendError::NotFound),
+    }
+}
+
+/// Whether a write slides its stream's TTL window: any request that reaches the incarnation it
+/// names (one framed for a stream since replaced does not).
+pub fn write_slides_ttl(req: &AppendRequest, meta: &StreamMeta) -> bool {
+    req.stream_id.is_none_or(|id| id == meta.id)
+}
+
 /// How a path holding a stream looks to a reader: soft-deleted streams are `410`; an expired one
 /// is absent (`404`), or `410` while forks still read it (it is about to be soft-deleted).
 pub fn visible(soft_deleted: bool, expired: bool, live_forks: usize) -> Result<(), LookupError> {

@@ -346,9 +346,15 @@ impl Store {
     /// Decides one append by the stream state machine and stages it as one record.
     pub(super) fn append(&mut self, req: &AppendRequest, g: &mut Group) -> Result<AppendOutcome, AppendError> {
         rules::shape::append(req)?;
-        self.drop_if_expired(&req.path, req.now_ms, g);
+        if let Some(w) = self.streams.get(req.path.as_str()) {
+            if let Err(e) = rules::writable(w.st.meta.soft_deleted, w.shared.expired(req.now_ms), w.shared.forks()) {
+                // Removed (or soft-deleted while forks read it) in this group, as the sweep would.
+                self.drop_if_expired(&req.path, req.now_ms, g);
+                return Err(e);
+            }
+        }
         let Some(w) = self.streams.get_mut(req.path.as_str()) else { return Err(AppendError::NotFound) };
-        if req.stream_id.is_none_or(|id| id == w.st.meta.id) {
+        if rules::write_slides_ttl(req, &w.st.meta) {
             w.shared.touch(req.now_ms);
         }
         let written = match w.st.append(req, &self.cfg.retention)? {

@@ -179,6 +179,14 @@ pub async fn ttl_and_absolute_expiry<H: Harness>() {
     append(e, AppendRequest { now_ms: t0, ..append_req("src", "abc") }).await;
     create(e, CreateRequest { expiry: Some(Expiry::Never), now_ms: t0, ..fork_req("f", "src", None, 0) }).await;
     assert!(matches!(e.head("src", t0 + 40_000).await, Err(LookupError::Gone)));
+    // Writes get the readers' verdicts (`rules::writable`), before any sweep ran: gone while
+    // forks read the stream, else absent.
+    let r = e.append(AppendRequest { now_ms: t0 + 40_000, ..append_req("src", "d") }).await;
+    assert!(matches!(r, Err(AppendError::Gone)), "{r:?}");
+    create(e, CreateRequest { expiry: Some(Expiry::At(t0 + 50_000)), now_ms: t0, ..create_req("late", "text/plain") })
+        .await;
+    let r = e.append(AppendRequest { now_ms: t0 + 50_000, ..append_req("late", "x") }).await;
+    assert!(matches!(r, Err(AppendError::NotFound)), "{r:?}");
     e.expire(t0 + 40_000).await.expect("expire");
     assert!(matches!(e.head("src", t0 + 40_001).await, Err(LookupError::Gone)));
     let r = e.read(ReadRequest::new("f", Offset::ZERO, 1 << 20, t0 + 40_001)).await.expect("fork reads on");
