@@ -432,8 +432,9 @@ impl Shared {
     /// re-inserts the state it writes.
     pub(crate) async fn prune(&self, now_ms: i64) -> Result<PruneOutcome, Fail> {
         let c = self.client().await?;
-        let producers_before = now_ms.saturating_sub(self.retention.producer_ttl_ms);
-        let keys_before = now_ms.saturating_sub(self.retention.idempotency_window_ms);
+        // The machine's liveness rules as times (`Retention::dead_at_or_before`): the rows
+        // deleted are the states `StreamState::prune` drops.
+        let (producers_before, keys_before) = self.retention.dead_at_or_before(now_ms);
         let out = PruneOutcome {
             producers: delete_in_batches(&c, "producers", "active_ms", producers_before).await?,
             keys: delete_in_batches(&c, "idem_keys", "at_ms", keys_before).await?,

@@ -71,6 +71,14 @@ impl Retention {
     pub fn key_is_live(&self, entry: &KeyEntry, now_ms: i64) -> bool {
         now_ms < entry.at_ms.saturating_add(self.idempotency_window_ms)
     }
+
+    /// What is dead at `now_ms`, as times a store can delete by: a producer whose last activity
+    /// is at or before the first (not [`ProducerState::is_live`]), a key accepted at or before the
+    /// second (not [`Retention::key_is_live`]). A store that deletes rows by time (PostgreSQL's
+    /// prune) deletes exactly what [`crate::machine::StreamState::prune`] drops.
+    pub fn dead_at_or_before(&self, now_ms: i64) -> (i64, i64) {
+        (now_ms.saturating_sub(self.producer_ttl_ms), now_ms.saturating_sub(self.idempotency_window_ms))
+    }
 }
 
 impl Default for Retention {

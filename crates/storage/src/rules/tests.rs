@@ -469,3 +469,26 @@ fn delete_expiry_and_visibility_verdicts() {
     std::sync::Arc::make_mut(&mut m.config).expiry = Expiry::At(50);
     assert!(!expired(m.config.expiry, 0, 49) && expired(m.config.expiry, 0, 50));
 }
+
+proptest! {
+    /// The prune's cut-off times name exactly the writer state the machine treats as dead, so a
+    /// store that deletes rows by time (PostgreSQL) drops what `StreamState::prune` drops. Times
+    /// are drawn around each boundary (a few ms either side), where an off-by-one would show.
+    #[test]
+    fn prune_cutoffs_name_exactly_the_dead_writer_state(
+        now in (1i64 << 41)..(1 << 45),
+        producer_ttl_ms in 0i64..(1 << 40),
+        idempotency_window_ms in 0i64..(1 << 40),
+        around_producer in -3i64..=3,
+        around_key in -3i64..=3,
+    ) {
+        let retention = Retention { producer_ttl_ms, idempotency_window_ms };
+        let (producers_before, keys_before) = retention.dead_at_or_before(now);
+        let last = now - producer_ttl_ms + around_producer;
+        let state = ProducerState { epoch: 0, last_seq: 0, receipts: Default::default(), last_active_ms: last };
+        prop_assert_eq!(last <= producers_before, !state.is_live(now, producer_ttl_ms));
+        let at = now - idempotency_window_ms + around_key;
+        let entry = KeyEntry { end: Offset(1), digest: oncelog_protocol::digest::BodyDigest::of(b"x"), at_ms: at };
+        prop_assert_eq!(at <= keys_before, !retention.key_is_live(&entry, now));
+    }
+}
