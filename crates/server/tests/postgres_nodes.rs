@@ -6,25 +6,20 @@
 //!
 //! Mutant: `handlers::dispatch` without that lookup answers the stale stream's `400`.
 
+mod common;
+
 use std::sync::Arc;
 
-use oncelog_postgres::{PgEngine, PgOptions};
+use oncelog_postgres::PgEngine;
 use oncelog_server::{serve, AppState, ServerConfig};
 use oncelog_storage::Engine;
 use reqwest::StatusCode;
 
-fn options(url: &str, schema: &str) -> PgOptions {
-    PgOptions { schema: schema.to_owned(), pool_size: 2, committers: 1, ..PgOptions::new(url.to_owned()) }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_write_to_a_stream_deleted_by_another_node_is_404() {
-    let url = std::env::var("ONCELOG_TEST_POSTGRES_URL").unwrap_or_else(|_| {
-        panic!("this test needs ONCELOG_TEST_POSTGRES_URL: ./scripts/test starts a private cluster and sets it")
-    });
     let schema = format!("t_rehead_{}", std::process::id());
-    let served = PgEngine::open(options(&url, &schema)).await.expect("open the served node");
-    let other = PgEngine::open(options(&url, &schema)).await.expect("open the other node");
+    let served = PgEngine::open(common::postgres_options(&schema)).await.expect("open the served node");
+    let other = PgEngine::open(common::postgres_options(&schema)).await.expect("open the other node");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let base = format!("http://{}/v1/stream", listener.local_addr().expect("addr"));
     tokio::spawn(serve(listener, AppState::new(Arc::new(served), ServerConfig::default()), std::future::pending()));

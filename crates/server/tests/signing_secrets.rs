@@ -3,22 +3,17 @@
 //! once both end up with the one stored first. Needs `ONCELOG_TEST_POSTGRES_URL` (./scripts/test
 //! starts a private cluster and sets it).
 
-use bytes::Bytes;
-use oncelog_postgres::{PgEngine, PgOptions};
-use oncelog_server::signing::{stored, stored_or_insert};
+mod common;
 
-fn options(url: &str, schema: &str) -> PgOptions {
-    PgOptions { schema: schema.to_owned(), pool_size: 2, committers: 1, ..PgOptions::new(url.to_owned()) }
-}
+use bytes::Bytes;
+use oncelog_postgres::PgEngine;
+use oncelog_server::signing::{stored, stored_or_insert};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_storing_one_secret_at_once_keep_the_same() {
-    let url = std::env::var("ONCELOG_TEST_POSTGRES_URL").unwrap_or_else(|_| {
-        panic!("this test needs ONCELOG_TEST_POSTGRES_URL: ./scripts/test starts a private cluster and sets it")
-    });
     let schema = format!("t_secrets_{}", std::process::id());
-    let a = PgEngine::open(options(&url, &schema)).await.expect("open node A");
-    let b = PgEngine::open(options(&url, &schema)).await.expect("open node B");
+    let a = PgEngine::open(common::postgres_options(&schema)).await.expect("open node A");
+    let b = PgEngine::open(common::postgres_options(&schema)).await.expect("open node B");
     // Several rounds: the two must overlap for the race to be there at all.
     for round in 0..20 {
         let name = format!("token-{round}");

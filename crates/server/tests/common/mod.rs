@@ -97,3 +97,21 @@ pub fn h2_sse_readers(
         })
         .collect()
 }
+
+/// The private PostgreSQL cluster of `./scripts/test` (`ONCELOG_TEST_POSTGRES_URL`), for the tests
+/// that run the server over that engine; a panic that says how to get one.
+pub fn postgres_url() -> String {
+    std::env::var("ONCELOG_TEST_POSTGRES_URL").unwrap_or_else(|_| {
+        panic!("this test needs ONCELOG_TEST_POSTGRES_URL: ./scripts/test starts a private cluster and sets it")
+    })
+}
+
+/// Options for one PostgreSQL node of a test on `schema` (two cores: a small pool, one committer).
+pub fn postgres_options(schema: &str) -> oncelog_postgres::PgOptions {
+    oncelog_postgres::PgOptions {
+        schema: schema.to_owned(),
+        pool_size: 2,
+        committers: 1,
+        ..oncelog_postgres::PgOptions::new(postgres_url())
+    }
+}
