@@ -56,7 +56,6 @@ use tokio::sync::oneshot;
 
 use error::backend;
 pub use error::LogError;
-pub use format::MAX_RECORD_BYTES;
 #[cfg(any(test, feature = "failpoints"))]
 pub use options::Failpoints;
 pub use options::{Durability, LogOptions};

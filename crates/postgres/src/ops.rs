@@ -322,11 +322,6 @@ impl Shared {
         if let Err(e) = rules::txn_shape(txn) {
             return Ok(Err(e));
         }
-        if let Some((index, error)) =
-            txn.appends.iter().enumerate().find_map(|(i, a)| rules::shape::append(a).err().map(|e| (i, e)))
-        {
-            return Ok(Err(TxnError::Append { index, error }));
-        }
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
         // A `FOR UPDATE` on an absent key locks nothing, so keys are locked by name: two

@@ -62,10 +62,10 @@ pub fn append(req: &AppendRequest) -> Result<(), AppendError> {
 
 /// The shape of a compaction's snapshot: every piece fits one record.
 pub fn compact(pieces: &[bytes::Bytes]) -> Result<(), CompactError> {
-    match pieces.iter().any(|p| p.len() > MAX_RECORD_BYTES) {
-        true => Err(CompactError::TooLarge),
-        false => Ok(()),
+    if pieces.iter().any(|p| p.len() > MAX_RECORD_BYTES) {
+        return Err(CompactError::TooLarge);
     }
+    Ok(())
 }
 
 #[cfg(test)]
