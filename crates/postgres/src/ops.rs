@@ -265,57 +265,47 @@ impl Shared {
         to: Offset,
     ) -> Result<Result<TrimOutcome, TrimError>, Fail> {
         let mut st = StreamState { marks: s.marks, ..StreamState::new(s.meta, s.tail) };
-        let earliest = match st.trim(to) {
+        match st.trim(to) {
             Err(e) => return Ok(Err(e)),
-            Ok(None) => return Ok(Ok(TrimOutcome { earliest: st.meta.earliest, tail: st.tail })),
-            Ok(Some(e)) => e,
-        };
-        let id = i64_of(st.meta.id);
-        let marks = row::encode_marks(&st.marks);
-        tx.execute("UPDATE streams SET earliest = $2, marks = $3 WHERE id = $1", &[&id, &i64_of(earliest.0), &marks])
-            .await?;
-        tx.execute(
-            "INSERT INTO gc (stream_id, floor) VALUES ($1, $2) ON CONFLICT (stream_id) DO UPDATE SET floor = greatest(gc.floor, excluded.floor)",
-            &[&id, &i64_of(earliest.0)],
-        )
-        .await?;
-        Ok(Ok(TrimOutcome { earliest, tail: st.tail }))
+            Ok(None) => {}
+            Ok(Some(earliest)) => store_earliest(tx, &st, earliest).await?,
+        }
+        Ok(Ok(TrimOutcome { earliest: st.meta.earliest, tail: st.tail }))
     }
 
+    /// A compaction as the stream state machine decides it ([`StreamState::compact`]): the
+    /// snapshot's pieces at the tail and the earliest offset moved to them, one transaction.
     pub(crate) async fn compact_once(&self, req: &CompactRequest) -> Result<Result<TrimOutcome, CompactError>, Fail> {
         if let Err(e) = rules::shape::compact(&req.pieces) {
             return Ok(Err(e));
         }
         let mut c = self.client().await?;
         let tx = c.transaction().await?;
-        let mut s = match self.fetch(&tx, &req.path, Lock::Update).await? {
+        let s = match self.fetch(&tx, &req.path, Lock::Update).await? {
             Some(s) if !self.expired(&s, req.now_ms) => s,
             _ => return Ok(Err(CompactError::NotFound)),
         };
-        let ends = match rules::compact(&s.meta, s.tail, req) {
-            Ok(ends) => ends,
+        let mut st = StreamState { marks: s.marks, ..StreamState::new(s.meta, s.tail) };
+        let done = match st.compact(req) {
+            Ok(done) => done,
             Err(e) => return Ok(Err(e)),
         };
-        let id = i64_of(s.meta.id);
-        let ends_i: Vec<i64> = ends.iter().map(|e| i64_of(e.0)).collect();
+        let id = i64_of(st.meta.id);
+        let ends: Vec<i64> = done.ends.iter().map(|e| i64_of(e.0)).collect();
         let pieces: Vec<&[u8]> = req.pieces.iter().map(|p| &p[..]).collect();
         let ids = vec![id; ends.len()];
         tx.execute(
             "INSERT INTO data (stream_id, end_off, bytes) SELECT * FROM unnest($1::int8[], $2::int8[], $3::bytea[])",
-            &[&ids, &ends_i, &pieces],
+            &[&ids, &ends, &pieces],
         )
         .await?;
-        if let Some(last) = ends.last() {
-            s.tail = *last;
+        tx.execute("UPDATE streams SET tail = $2 WHERE id = $1", &[&id, &i64_of(st.tail.0)]).await?;
+        if let Some(earliest) = done.earliest {
+            store_earliest(&tx, &st, earliest).await?;
         }
-        tx.execute("UPDATE streams SET tail = $2 WHERE id = $1", &[&id, &i64_of(s.tail.0)]).await?;
-        let out = match self.apply_trim(&tx, s, req.at).await? {
-            Ok(out) => out,
-            Err(e) => return Ok(Err(e.into())),
-        };
         tx.commit().await?;
-        self.apply(Effects { wake: vec![u64_of(id, "id")?], ..Default::default() });
-        Ok(Ok(out))
+        self.apply(Effects { wake: vec![st.meta.id], ..Default::default() });
+        Ok(Ok(TrimOutcome { earliest: st.meta.earliest, tail: st.tail }))
     }
 
     pub(crate) async fn transact_once(&self, txn: &TxnRequest) -> Result<Result<TxnOutcome, TxnError>, Fail> {
@@ -602,4 +592,19 @@ async fn delete_in_batches(c: &deadpool_postgres::Client, table: &str, column: &
             return Ok(deleted);
         }
     }
+}
+
+/// Stores a stream's new earliest offset (already applied to `st`, its time marks with it) and
+/// queues the data below it for `gc`.
+async fn store_earliest(tx: &Transaction<'_>, st: &StreamState, earliest: Offset) -> Result<(), Fail> {
+    let id = i64_of(st.meta.id);
+    let marks = row::encode_marks(&st.marks);
+    tx.execute("UPDATE streams SET earliest = $2, marks = $3 WHERE id = $1", &[&id, &i64_of(earliest.0), &marks])
+        .await?;
+    tx.execute(
+        "INSERT INTO gc (stream_id, floor) VALUES ($1, $2) ON CONFLICT (stream_id) DO UPDATE SET floor = greatest(gc.floor, excluded.floor)",
+        &[&id, &i64_of(earliest.0)],
+    )
+    .await?;
+    Ok(())
 }

@@ -169,44 +169,35 @@ impl Shared {
             )
             .await?;
         let mut out = BytesMut::new();
-        let mut pos = from.0;
-        let mut aligned = chain::at_boundary(chain, from.0);
+        let mut r = chain::ReadCursor::new(chain, from.0, max_bytes, false);
         let mut limit: i64 = 8;
         'parts: for part in chain::parts(chain, &id, from.0, tail.0) {
             let seg_end = part.end;
-            while pos < seg_end {
-                let rows = c.query(&stmt, &[&i64_of(*part.source), &i64_of(pos), &limit]).await?;
+            while r.pos() < seg_end {
+                let rows = c.query(&stmt, &[&i64_of(*part.source), &i64_of(r.pos()), &limit]).await?;
                 limit = (limit * 4).min(256);
                 if rows.is_empty() {
                     return Ok(Err(Gap));
                 }
-                for r in &rows {
-                    let end = u64_of(r.get(0), "end_off")?;
-                    let v: &[u8] = r.get(1);
+                for row in &rows {
+                    let end = u64_of(row.get(0), "end_off")?;
+                    let v: &[u8] = row.get(1);
                     let start = end.saturating_sub(v.len() as u64);
                     if start >= seg_end {
                         break;
                     }
-                    if start > pos {
-                        return Ok(Err(Gap));
-                    }
-                    let lo = usize::try_from(pos - start).unwrap_or(usize::MAX).min(v.len());
-                    if pos == from.0 && lo == 0 {
-                        aligned = true;
-                    }
-                    let hi = usize::try_from(end.min(seg_end) - start).unwrap_or(usize::MAX).min(v.len());
-                    out.extend_from_slice(&v[lo..hi]);
-                    pos = start + hi as u64;
-                    if out.len() >= max_bytes || pos >= seg_end {
+                    let Ok(range) = r.take(start, end, seg_end) else { return Ok(Err(Gap)) };
+                    out.extend_from_slice(&v[range]);
+                    if r.full() || r.pos() >= seg_end {
                         break;
                     }
                 }
-                if out.len() >= max_bytes {
+                if r.full() {
                     break 'parts;
                 }
             }
         }
-        Ok(Ok((out.freeze(), Offset(pos), aligned)))
+        Ok(Ok((out.freeze(), Offset(r.pos()), r.aligned())))
     }
 
     /// The append of stream `id` (through `chain`) that starts exactly at `at`, cut at the
@@ -229,11 +220,8 @@ impl Shared {
         let end = u64_of(r.get(0), "end_off")?;
         let v: &[u8] = r.get(1);
         let start = end.saturating_sub(v.len() as u64);
-        if start != at {
-            return Ok(None);
-        }
-        let hi = usize::try_from(end.min(part.end) - start).unwrap_or(usize::MAX).min(v.len());
-        Ok(Some(Bytes::copy_from_slice(&v[..hi])))
+        let Some(range) = chain::append_at(start, end, at, part.end) else { return Ok(None) };
+        Ok(Some(Bytes::copy_from_slice(&v[range])))
     }
 
     pub(crate) async fn head(&self, path: &str, now_ms: i64) -> Result<Result<StreamInfo, LookupError>, Fail> {

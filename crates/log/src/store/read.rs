@@ -48,44 +48,39 @@ pub(crate) fn plan(
     bounded: bool,
 ) -> Result<Plan, StorageError> {
     let mut pieces = Vec::new();
-    let mut total = 0usize;
-    let mut pos = from;
-    let mut aligned = chain::at_boundary(&shared.chain, from);
+    let mut r = chain::ReadCursor::new(&shared.chain, from, max_bytes, bounded);
     for part in chain::parts(&shared.chain, shared, from, tail) {
-        let (s, part_end) = (part.source, part.end);
-        let d = s.data.read().map_err(|_| StorageError::Poisoned)?;
-        if pos < d.start {
+        let d = part.source.data.read().map_err(|_| StorageError::Poisoned)?;
+        if r.pos() < d.start {
             // Below what the index retains (trimmed, and no fork pins it): never guess bytes.
             return Err(backend(LogError::Corrupt(format!(
-                "read at {pos} below the retained index (from {})",
+                "read at {} below the retained index (from {})",
+                r.pos(),
                 d.start
             ))));
         }
-        let mut i = d.extents.partition_point(|e| e.end <= pos);
-        while i < d.extents.len() && pos < part_end && total < max_bytes {
+        let mut i = d.extents.partition_point(|e| e.end <= r.pos());
+        while i < d.extents.len() && r.wants(part.end) {
             let e = d.extents[i];
             let start = if i == 0 { d.start } else { d.extents[i - 1].end };
-            if pos == start && pos == from {
-                aligned = true;
-            }
-            let lo = (pos - start) as usize;
-            let mut hi = (e.end.min(part_end) - start) as usize;
-            if bounded {
-                hi = hi.min(lo + (max_bytes - total));
-            }
+            let range = r
+                .take(start, e.end, part.end)
+                .map_err(|_| backend(LogError::Corrupt(format!("read at {}: the index has a gap", r.pos()))))?;
             match d.hot.get(start) {
-                Some(b) => pieces.push(Piece::Mem(b.slice(lo..hi))),
-                None => pieces.push(Piece::Disk { segment: e.segment(), pos: e.pos() + lo as u64, len: hi - lo }),
+                Some(b) => pieces.push(Piece::Mem(b.slice(range))),
+                None => pieces.push(Piece::Disk {
+                    segment: e.segment(),
+                    pos: e.pos() + range.start as u64,
+                    len: range.len(),
+                }),
             }
-            total += hi - lo;
-            pos = start + hi as u64;
             i += 1;
         }
-        if total >= max_bytes {
+        if r.full() {
             break;
         }
     }
-    Ok(Plan { pieces, total, next: Offset(pos), aligned })
+    Ok(Plan { pieces, total: r.total(), next: Offset(r.pos()), aligned: r.aligned() })
 }
 
 impl Plan {
@@ -247,11 +242,8 @@ pub(crate) fn append_at(
     let i = d.extents.partition_point(|e| e.end <= at);
     let Some(e) = d.extents.get(i).copied() else { return Ok(None) };
     let start = if i == 0 { d.start } else { d.extents[i - 1].end };
-    if start != at {
-        return Ok(None);
-    }
-    let len = (e.end.min(part.end) - start) as usize;
+    let Some(range) = chain::append_at(start, e.end, at, part.end) else { return Ok(None) };
     drop(d);
-    let piece = [Piece::Disk { segment: e.segment(), pos: e.pos(), len }];
-    materialise(&piece, len, segments).map(Some)
+    let piece = [Piece::Disk { segment: e.segment(), pos: e.pos(), len: range.len() }];
+    materialise(&piece, range.len(), segments).map(Some)
 }

@@ -198,14 +198,14 @@ impl Store {
     }
 
     /// Appends a compaction's snapshot pieces and trims to where they start, as
-    /// [`rules::compact`] decides: Append records and a Trim record in this group's one frame,
-    /// so a power cut keeps all of it or none.
+    /// [`StreamState::compact`] decides: Append records and a Trim record in this group's one
+    /// frame, so a power cut keeps all of it or none.
     pub(super) fn compact(&mut self, req: CompactRequest, g: &mut Group) -> Result<TrimOutcome, CompactError> {
         rules::shape::compact(&req.pieces)?;
         let w = self.streams.get_mut(req.path.as_str()).ok_or(CompactError::NotFound)?;
-        let ends = rules::compact(&w.st.meta, w.st.tail, &req)?;
+        let done = w.st.compact(&req)?;
         // (A compaction stream has no retention policy, so its appends carry no write time.)
-        for (piece, end) in req.pieces.iter().zip(&ends) {
+        for (piece, end) in req.pieces.iter().zip(&done.ends) {
             let at = g.record(&Record::Append {
                 id: w.st.meta.id,
                 new_tail: end.0,
@@ -216,28 +216,29 @@ impl Store {
                 time: None,
                 data: piece,
             });
-            w.st.tail = *end;
             g.effects.push(Effect::Data { shared: w.shared.clone(), end: end.0, at, hot: piece.clone() });
         }
         g.effects.push(Effect::Publish { shared: w.shared.clone(), tail: w.st.tail, closed: w.st.meta.closed });
-        let split = is_on!(self.cfg, CompactInTwoFrames);
-        if split {
-            g.swap_split();
+        if let Some(earliest) = done.earliest {
+            let split = is_on!(self.cfg, CompactInTwoFrames);
+            if split {
+                g.swap_split();
+            }
+            record_trim(w, earliest, g);
+            self.reclaim_wanted = true;
+            if split {
+                g.swap_split();
+            }
         }
-        let trimmed = self.trim(&req.path, req.at, g);
-        if split {
-            g.swap_split();
-        }
-        Ok(trimmed?)
+        Ok(TrimOutcome { earliest: w.st.meta.earliest, tail: w.st.tail })
     }
 
-    /// Moves a stream's earliest offset forward as [`rules::trim`] decides: one Trim record.
+    /// Moves a stream's earliest offset forward as [`StreamState::trim`] decides: one Trim record.
     pub(super) fn trim(&mut self, path: &str, to: Offset, g: &mut Group) -> Result<TrimOutcome, TrimError> {
         let w = self.streams.get_mut(path).ok_or(TrimError::NotFound)?;
         if let Some(earliest) = w.st.trim(to)? {
-            g.record(&Record::Trim { id: w.st.meta.id, earliest: earliest.0 });
+            record_trim(w, earliest, g);
             self.reclaim_wanted = true;
-            g.effects.push(Effect::Trim { shared: w.shared.clone(), earliest: earliest.0 });
         }
         Ok(TrimOutcome { earliest: w.st.meta.earliest, tail: w.st.tail })
     }
@@ -422,4 +423,11 @@ impl Store {
     pub fn prune_idle(&mut self) -> PruneOutcome {
         self.prune_writers(self.latest_ms)
     }
+}
+
+/// Records a move of `w`'s earliest offset (already applied to its state): one Trim record, and
+/// the readers' view trimmed once the frame is durable.
+fn record_trim(w: &WStream, earliest: Offset, g: &mut Group) {
+    g.record(&Record::Trim { id: w.st.meta.id, earliest: earliest.0 });
+    g.effects.push(Effect::Trim { shared: w.shared.clone(), earliest: earliest.0 });
 }

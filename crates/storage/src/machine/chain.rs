@@ -69,6 +69,86 @@ pub fn at_boundary<S>(chain: &[Segment<S>], at: u64) -> bool {
     at == 0 || chain.iter().any(|s| s.end == at)
 }
 
+/// A read's progress through the parts of a stream's offset space ([`parts`]), one stored append
+/// at a time: which bytes of each append it returns, where it stands, and whether it began at an
+/// offset the engine minted. Every engine's read goes through it; engines differ only in how they
+/// find the stored append that covers an offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadCursor {
+    from: u64,
+    pos: u64,
+    total: usize,
+    max_bytes: usize,
+    /// `max_bytes` is a hard limit: the last append may be cut to meet it (otherwise a read
+    /// returns whole appends, and stops after the one that reaches `max_bytes`).
+    bounded: bool,
+    aligned: bool,
+}
+
+/// The stored append that should cover a read's position does not: the bytes there are not
+/// stored (trimmed meanwhile, or an index that lost them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gap;
+
+impl ReadCursor {
+    /// A read from `from` of a stream whose inherited segments are `chain`, of about `max_bytes`.
+    pub fn new<S>(chain: &[Segment<S>], from: u64, max_bytes: usize, bounded: bool) -> ReadCursor {
+        ReadCursor { from, pos: from, total: 0, max_bytes, bounded, aligned: at_boundary(chain, from) }
+    }
+
+    /// The offset the read has reached (where the next read would start).
+    pub fn pos(&self) -> u64 {
+        self.pos
+    }
+
+    /// How many bytes the read returns so far.
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Whether `from` was minted: 0, a fork point, or the start of a stored append it took.
+    pub fn aligned(&self) -> bool {
+        self.aligned
+    }
+
+    /// Whether the read has all the bytes it wants.
+    pub fn full(&self) -> bool {
+        self.total >= self.max_bytes
+    }
+
+    /// Whether the read wants more of the part ending at `part_end`.
+    pub fn wants(&self, part_end: u64) -> bool {
+        self.pos < part_end && !self.full()
+    }
+
+    /// Takes what the read returns of the stored append `[start, end)` of a part ending at
+    /// `part_end` (the append covers the read's position): the range of the append's bytes, and
+    /// the read moves past it.
+    pub fn take(&mut self, start: u64, end: u64, part_end: u64) -> Result<std::ops::Range<usize>, Gap> {
+        if start > self.pos || end <= self.pos {
+            return Err(Gap);
+        }
+        let lo = self.pos - start;
+        let mut hi = end.min(part_end).max(self.pos) - start;
+        if self.bounded {
+            hi = hi.min(lo + self.max_bytes.saturating_sub(self.total) as u64);
+        }
+        if lo == 0 && self.pos == self.from {
+            self.aligned = true;
+        }
+        let (lo, hi) = (usize::try_from(lo).map_err(|_| Gap)?, usize::try_from(hi).map_err(|_| Gap)?);
+        self.total += hi - lo;
+        self.pos = start + hi as u64;
+        Ok(lo..hi)
+    }
+}
+
+/// The bytes of the stored append `[start, end)` that a fork sub-offset at `at` counts into:
+/// the whole append if it starts exactly at `at`, cut where its part ends (`part_end`).
+pub fn append_at(start: u64, end: u64, at: u64, part_end: u64) -> Option<std::ops::Range<usize>> {
+    (start == at && end > start).then(|| 0..usize::try_from(end.min(part_end) - start).unwrap_or(usize::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -103,5 +183,38 @@ mod tests {
         );
         // A stream of its own: one part.
         assert_eq!(parts(&[], &7, 3, 9).map(|p| (*p.source, p.start, p.end)).collect::<Vec<_>>(), [(7, 3, 9)]);
+    }
+
+    #[test]
+    fn a_read_takes_whole_appends_cut_only_at_part_ends_and_hard_limits() {
+        // Stream 3: [0,10) from 1, then its own. Source 1's appends: [0,4) [4,12) (a fork point
+        // cuts the second); the own data: [10,13) [13,20).
+        let chain = vec![Segment { source: 1, end: 10 }];
+        let mut r = ReadCursor::new(&chain, 2, 100, false);
+        assert!(!r.aligned());
+        assert_eq!(r.take(0, 4, 10), Ok(2..4));
+        assert_eq!(r.take(4, 12, 10), Ok(0..6));
+        assert_eq!((r.pos(), r.total(), r.wants(10)), (10, 8, false));
+        assert_eq!(r.take(10, 13, u64::MAX), Ok(0..3));
+        assert_eq!(r.take(13, 20, u64::MAX), Ok(0..7));
+        assert_eq!((r.pos(), r.total()), (20, 18));
+        // A read from an append's start is aligned; a soft limit returns the append that reaches it.
+        let mut r = ReadCursor::new(&chain, 4, 3, false);
+        assert_eq!(r.take(4, 12, 10), Ok(0..6));
+        assert!(r.aligned() && r.full() && !r.wants(10));
+        // A hard limit cuts the append.
+        let mut r = ReadCursor::new(&chain, 4, 3, true);
+        assert_eq!(r.take(4, 12, 10), Ok(0..3));
+        assert_eq!(r.pos(), 7);
+        // A fork point is minted even mid-append; an append that begins past the position is a gap.
+        assert!(ReadCursor::new(&chain, 10, 5, false).aligned());
+        let mut r = ReadCursor::new(&chain, 5, 5, false);
+        assert_eq!(r.take(6, 9, 10), Err(Gap));
+        assert_eq!(r.take(0, 5, 10), Err(Gap));
+        assert_eq!(r.total(), 0);
+        // A sub-offset counts into the append that starts exactly there, cut at its part's end.
+        assert_eq!(append_at(4, 12, 4, 10), Some(0..6));
+        assert_eq!(append_at(4, 12, 4, u64::MAX), Some(0..8));
+        assert_eq!(append_at(4, 12, 5, 10), None);
     }
 }

@@ -10,8 +10,9 @@
 //!   one atomic unit and wakes readers once that unit is durable.
 //! - [`StreamState::prune`] drops producer states idle past their TTL and keys past their
 //!   window, and says which, so an engine can drop their stored copies too.
-//! - [`StreamState::trim`] and [`StreamState::soft_delete`] change the state as a trim or a
-//!   soft deletion does.
+//! - [`StreamState::trim`], [`StreamState::compact`] and [`StreamState::soft_delete`] change
+//!   the state as a trim, a compaction (the snapshot at the tail, the earliest offset moved to
+//!   it) or a soft deletion does.
 //! - [`parking`]: early producer appends wait for their predecessors, and are released right
 //!   behind them, in the same atomic unit ([`parking::Round`]).
 //! - [`chain`]: which part of which ancestor a read of a fork covers.
@@ -24,7 +25,7 @@ pub mod chain;
 pub mod parking;
 mod stream;
 
-pub use stream::{AppendEffects, ProducerEffect, Pruned, Step, StreamState, Written};
+pub use stream::{AppendEffects, Compacted, ProducerEffect, Pruned, Step, StreamState, Written};
 
 use crate::engine::{AppendError, AppendOutcome, AppendRequest, StorageError, TxnError, TxnRequest};
 

@@ -6,7 +6,7 @@ use oncelog_protocol::digest::{BodyDigest, KeyId};
 use oncelog_protocol::producer::{ProducerState, Receipt};
 use oncelog_protocol::Offset;
 
-use crate::engine::{AppendError, AppendOutcome, AppendRequest, StreamInfo, TrimError};
+use crate::engine::{AppendError, AppendOutcome, AppendRequest, CompactError, CompactRequest, StreamInfo, TrimError};
 use crate::meta::{IdempotencyKeys, KeyEntry, StreamMeta};
 use crate::retention::{self, MarkChange, TimeMarks};
 use crate::rules::{self, AppendPlan, AppendWrite, Retention, WriterState};
@@ -89,6 +89,17 @@ impl<'a> AppendEffects<'a> {
             write_time: (marks_writes && !req.data.is_empty()).then_some(req.now_ms),
         }
     }
+}
+
+/// A compaction applied to the [`StreamState`]: what the engine persists in one atomic unit
+/// (the snapshot's pieces ending at `ends`, then the earliest offset moved to `earliest`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Compacted {
+    /// Each snapshot piece's end offset; the last is the new tail.
+    pub ends: Vec<Offset>,
+    /// The new earliest offset (the snapshot's start), `None` when it did not move (the stream
+    /// was empty, or already began there).
+    pub earliest: Option<Offset>,
 }
 
 /// What [`StreamState::prune`] dropped.
@@ -206,6 +217,21 @@ impl StreamState {
         Ok(moved)
     }
 
+    /// Applies a compaction ([`rules::compact`]): the snapshot's pieces at the tail, then the
+    /// earliest offset moved to where they start (`req.at`), as a trim would. Decided in full
+    /// before anything changes, so a refusal leaves the state as it was. The shape of the pieces
+    /// ([`rules::shape::compact`]) is checked by the engine first, before any stream is looked up.
+    pub fn compact(&mut self, req: &CompactRequest) -> Result<Compacted, CompactError> {
+        let ends = rules::compact(&self.meta, self.tail, req)?;
+        let new_tail = ends.last().copied().unwrap_or(self.tail);
+        let earliest = rules::trim(&self.meta, new_tail, req.at)?;
+        self.tail = new_tail;
+        if let Some(e) = earliest {
+            self.set_earliest(e);
+        }
+        Ok(Compacted { ends, earliest })
+    }
+
     /// Moves the earliest offset forward to `earliest` (never back), dropping the time marks
     /// below it: what a trim, a retention move or a compaction does, decided or replayed.
     pub fn set_earliest(&mut self, earliest: Offset) {
@@ -285,5 +311,36 @@ mod tests {
         // Once everything is old, the key map itself goes.
         let pruned = st.prune(10_000, &retention);
         assert_eq!((pruned.producers.len(), pruned.keys.len(), st.keys.is_none()), (1, 1, true));
+    }
+
+    #[test]
+    fn a_compaction_is_decided_whole_before_the_state_changes() {
+        let mut m = StreamMeta::new(1, 0, "application/json");
+        std::sync::Arc::make_mut(&mut m.config).compaction = true;
+        let mut st = StreamState::new(m, Offset(10));
+        let creq = |at: u64, pieces: &[&'static [u8]]| CompactRequest {
+            path: "s".into(),
+            stream_id: None,
+            at: Offset(at),
+            pieces: pieces.iter().map(|p| Bytes::from_static(p)).collect(),
+            now_ms: 0,
+        };
+        // A snapshot of a tail the stream has left: refused, nothing changed.
+        let before = st.clone();
+        assert!(matches!(st.compact(&creq(7, &[b"{}"])), Err(CompactError::Stale { tail: Offset(10) })));
+        assert_eq!(st, before);
+        // Accepted: the pieces at the tail, the earliest offset where they start.
+        let done = st.compact(&creq(10, &[b"ab", b"cde"])).expect("compacted");
+        assert_eq!(done, Compacted { ends: vec![Offset(12), Offset(15)], earliest: Some(Offset(10)) });
+        assert_eq!((st.tail, st.meta.earliest), (Offset(15), Offset(10)));
+        assert_eq!(st.info().tail, Offset(15));
+        // Again at the new tail: the earliest offset moves on to it.
+        let again = st.compact(&creq(15, &[b"f"])).expect("compacted");
+        assert_eq!((again.earliest, st.meta.earliest, st.tail), (Some(Offset(15)), Offset(15), Offset(16)));
+        // A closed stream takes no snapshot, and keeps its state.
+        st.meta.closed = true;
+        let before = st.clone();
+        assert!(matches!(st.compact(&creq(16, &[b"g"])), Err(CompactError::Closed)));
+        assert_eq!(st, before);
     }
 }
