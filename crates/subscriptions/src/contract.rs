@@ -9,6 +9,15 @@ use crate::*;
 use oncelog_storage::contract::*;
 use oncelog_storage::*;
 
+macro_rules! case_names {
+    ($($case:ident),* $(,)?) => {
+        &[$(stringify!($case)),*]
+    };
+}
+
+/// Every subscription case, in the order [`crate::subscription_contract_tests!`] runs them.
+pub const ALL_CASES: &[&str] = crate::__subscription_cases! { [case_names] };
+
 /// Subscriptions over the harness's engine (a clone sharing it). Dropped before each reopen,
 /// so the old engine is gone when the storage opens again.
 fn subs<H: Harness>(h: &H) -> Subscriptions<H::Engine> {
@@ -406,4 +415,22 @@ pub async fn a_pattern_is_matched_against_each_path_once<H: Harness>() {
     let n = s.claim("p", "w", 3).await.expect("claim");
     assert_eq!(n.streams.len(), 1);
     assert_eq!(s.pattern_evaluations() - before, 0, "a claim matches nothing again either");
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every public case this file defines is in the list the engines run, and nothing else is.
+    #[test]
+    fn every_case_defined_here_is_run_by_the_engines() {
+        let mut defined: Vec<&str> = include_str!("contract.rs")
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub async fn "))
+            .map(|l| l.split(['<', '(']).next().unwrap_or(l))
+            .collect();
+        let mut listed = super::ALL_CASES.to_vec();
+        defined.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(defined, listed, "add a new case to `__subscription_cases!` in lib.rs");
+        assert!(listed.len() >= 7);
+    }
 }

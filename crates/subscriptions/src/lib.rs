@@ -172,18 +172,21 @@ pub struct SubView {
     pub links: Vec<Link>,
 }
 
-/// Expands to one `#[test]` per subscription case of the engine contract ([`contract`], feature
-/// `contract`) for the harness type given: an engine's contract tests run
-/// `oncelog_storage::engine_contract_tests!(H);` and `oncelog_subscriptions::subscription_contract_tests!(H);`.
 #[cfg(feature = "contract")]
 #[doc(hidden)]
 pub use oncelog_storage as __storage;
 
+/// The one list of the subscription cases, in the order they run: expands to
+/// `CALLBACK! { PREFIX... case, ... }` (the callback a macro path in brackets).
+/// [`subscription_contract_tests!`] and [`contract::ALL_CASES`] are built from it, and a test
+/// holds it to the cases `contract.rs` defines, so a new case cannot be left unrun.
 #[cfg(feature = "contract")]
+#[doc(hidden)]
 #[macro_export]
-macro_rules! subscription_contract_tests {
-    ($harness:ty) => {
-        $crate::subscription_contract_tests! { @cases $harness;
+macro_rules! __subscription_cases {
+    ([$($callback:tt)+] $($prefix:tt)*) => {
+        $($callback)+! {
+            $($prefix)*
             subscriptions_are_configuration_that_survives_reopen,
             pull_wake_claims_are_fenced_by_generation,
             webhook_deliveries_follow_a_stored_schedule,
@@ -192,6 +195,17 @@ macro_rules! subscription_contract_tests {
             cursors_work_for_the_longest_paths,
             a_pattern_is_matched_against_each_path_once,
         }
+    };
+}
+
+#[cfg(feature = "contract")]
+/// Expands to one `#[test]` per subscription case of the engine contract ([`contract`], feature
+/// `contract`) for the harness type given: an engine's contract tests run
+/// `oncelog_storage::engine_contract_tests!(H);` and `oncelog_subscriptions::subscription_contract_tests!(H);`.
+#[macro_export]
+macro_rules! subscription_contract_tests {
+    ($harness:ty) => {
+        $crate::__subscription_cases! { [$crate::subscription_contract_tests] @cases $harness; }
     };
     (@cases $harness:ty; $($case:ident),* $(,)?) => {
         $(
