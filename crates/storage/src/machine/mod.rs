@@ -25,7 +25,7 @@ pub mod chain;
 pub mod parking;
 mod stream;
 
-pub use stream::{AppendEffects, Compacted, ProducerEffect, Pruned, Step, StreamState, Written};
+pub use stream::{AppendEffects, ProducerEffect, Pruned, SnapshotWrite, Step, StreamState, Written};
 
 use crate::engine::{AppendError, AppendOutcome, AppendRequest, StorageError, TxnError, TxnRequest};
 

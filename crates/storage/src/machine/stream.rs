@@ -94,7 +94,7 @@ impl<'a> AppendEffects<'a> {
 /// A compaction applied to the [`StreamState`]: what the engine persists in one atomic unit
 /// (the snapshot's pieces ending at `ends`, then the earliest offset moved to `earliest`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Compacted {
+pub struct SnapshotWrite {
     /// Each snapshot piece's end offset; the last is the new tail.
     pub ends: Vec<Offset>,
     /// The new earliest offset (the snapshot's start), `None` when it did not move (the stream
@@ -221,7 +221,7 @@ impl StreamState {
     /// earliest offset moved to where they start (`req.at`), as a trim would. Decided in full
     /// before anything changes, so a refusal leaves the state as it was. The shape of the pieces
     /// ([`rules::shape::compact`]) is checked by the engine first, before any stream is looked up.
-    pub fn compact(&mut self, req: &CompactRequest) -> Result<Compacted, CompactError> {
+    pub fn compact(&mut self, req: &CompactRequest) -> Result<SnapshotWrite, CompactError> {
         let ends = rules::compact(&self.meta, self.tail, req)?;
         let new_tail = ends.last().copied().unwrap_or(self.tail);
         let earliest = rules::trim(&self.meta, new_tail, req.at)?;
@@ -229,7 +229,7 @@ impl StreamState {
         if let Some(e) = earliest {
             self.set_earliest(e);
         }
-        Ok(Compacted { ends, earliest })
+        Ok(SnapshotWrite { ends, earliest })
     }
 
     /// Moves the earliest offset forward to `earliest` (never back), dropping the time marks
@@ -331,7 +331,7 @@ mod tests {
         assert_eq!(st, before);
         // Accepted: the pieces at the tail, the earliest offset where they start.
         let done = st.compact(&creq(10, &[b"ab", b"cde"])).expect("compacted");
-        assert_eq!(done, Compacted { ends: vec![Offset(12), Offset(15)], earliest: Some(Offset(10)) });
+        assert_eq!(done, SnapshotWrite { ends: vec![Offset(12), Offset(15)], earliest: Some(Offset(10)) });
         assert_eq!((st.tail, st.meta.earliest), (Offset(15), Offset(10)));
         assert_eq!(st.info().tail, Offset(15));
         // Again at the new tail: the earliest offset moves on to it.
