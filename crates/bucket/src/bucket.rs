@@ -1,0 +1,271 @@
+//! A bucket prefix and its one writer: takeover, publish, immutable objects
+//! (docs/design/issue-35-plan.md, "The writer protocol").
+//!
+//! Every write is a *create* (`If-None-Match: *`, object_store's `PutMode::Create`), never an
+//! overwrite: manifests are numbered and immutable, objects are named by the epoch that wrote
+//! them. That one primitive gives both the fencing and the consistent cut:
+//! - **Takeover** creates manifest `n + 1` (the newest is `n`) with the next epoch. The first
+//!   manifest of every epoch is never deleted ([`Manifest::takeovers`]).
+//! - **Publish** by the writer whose last manifest is `k` creates `k + 1`. Within an epoch only
+//!   one process writes, so if `k + 1` exists and is of another epoch, a takeover came first:
+//!   the writer is [`BucketError::Fenced`]. A zombie's `k + 1` is always a takeover manifest
+//!   (its own epoch's successor), which is kept, so a zombie can never publish.
+//! - A takeover reads the newest manifest before it creates its own, so a publish that
+//!   succeeded before the takeover is in the takeover's cut: what the old writer acknowledged
+//!   after publishing survives.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures_util::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
+
+use crate::keys;
+use crate::location::Location;
+use crate::manifest::{Cut, Manifest, ManifestError, ObjectRef, Takeover, FORMAT};
+
+/// How often a takeover tries again when another node moved first, before it gives up.
+const TAKEOVER_ATTEMPTS: usize = 8;
+
+/// Why a bucket operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BucketError {
+    #[error("object store {location}: {source}")]
+    Store { location: String, source: object_store::Error },
+    #[error("fenced: writer epoch {by} took over this prefix (this writer is epoch {mine}); it writes nothing more")]
+    Fenced { mine: u64, by: u64 },
+    #[error("object {key} is not what was written (expected {expected_len} bytes with CRC32C {expected_crc:08x})")]
+    Corrupt { key: String, expected_len: u64, expected_crc: u32 },
+    #[error("object {key} already exists with other content")]
+    Conflict { key: String },
+    #[error("manifest {key}: {source}")]
+    Manifest { key: String, source: ManifestError },
+    #[error("another node took this prefix over {TAKEOVER_ATTEMPTS} times while this one tried to")]
+    Contended,
+}
+
+/// A bucket prefix: a node's object store.
+#[derive(Clone)]
+pub struct Bucket {
+    store: Arc<dyn ObjectStore>,
+    /// The prefix every key lives under (empty for a directory: the store is rooted there).
+    prefix: String,
+    location: Arc<str>,
+}
+
+impl std::fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bucket").field("location", &self.location).finish()
+    }
+}
+
+impl Bucket {
+    /// Opens `location`; an `s3://` one is configured from the AWS environment variables, then
+    /// `overrides` (object_store's `AmazonS3ConfigKey` names, e.g. `("aws_endpoint", url)`).
+    /// Nothing is read or written yet.
+    pub fn open(location: &Location, overrides: &[(&str, &str)]) -> Result<Bucket, BucketError> {
+        let err = |source| BucketError::Store { location: location.to_string(), source };
+        let (store, prefix): (Arc<dyn ObjectStore>, String) = match location {
+            Location::S3 { bucket, prefix } => {
+                use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, S3ConditionalPut};
+                let mut b = AmazonS3Builder::from_env()
+                    .with_bucket_name(bucket)
+                    .with_conditional_put(S3ConditionalPut::ETagMatch)
+                    .with_retry(object_store::RetryConfig {
+                        max_retries: 3,
+                        retry_timeout: std::time::Duration::from_secs(10),
+                        ..Default::default()
+                    });
+                for (k, v) in overrides {
+                    let key: AmazonS3ConfigKey = k.parse().map_err(err)?;
+                    b = b.with_config(key, *v);
+                }
+                (Arc::new(b.build().map_err(err)?), prefix.clone())
+            }
+            Location::Dir(dir) => {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| err(object_store::Error::Generic { store: "LocalFileSystem", source: Box::new(e) }))?;
+                (Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(err)?), String::new())
+            }
+        };
+        Ok(Bucket { store, prefix, location: location.to_string().into() })
+    }
+
+    fn path(&self, key: &str) -> Path {
+        if self.prefix.is_empty() {
+            Path::from(key)
+        } else {
+            Path::from(format!("{}/{key}", self.prefix))
+        }
+    }
+
+    fn store_err(&self, source: object_store::Error) -> BucketError {
+        BucketError::Store { location: self.location.to_string(), source }
+    }
+
+    /// Creates `key` with `bytes` unless it exists: `Ok(false)` when it did.
+    async fn create(&self, key: &str, bytes: Bytes) -> Result<bool, BucketError> {
+        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match self.store.put_opts(&self.path(key), PutPayload::from(bytes), opts).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(self.store_err(e)),
+        }
+    }
+
+    async fn get(&self, key: &str) -> Result<Bytes, BucketError> {
+        let got = self.store.get(&self.path(key)).await.map_err(|e| self.store_err(e))?;
+        got.bytes().await.map_err(|e| self.store_err(e))
+    }
+
+    async fn manifest(&self, n: u64) -> Result<Manifest, BucketError> {
+        let key = keys::manifest(n);
+        let m = Manifest::decode(&self.get(&key).await?)
+            .map_err(|source| BucketError::Manifest { key: key.clone(), source })?;
+        if m.number != n {
+            return Err(BucketError::Manifest {
+                key,
+                source: ManifestError::Inconsistent("its number is not its name's"),
+            });
+        }
+        Ok(m)
+    }
+
+    /// The numbers of the manifests present, in increasing order.
+    pub async fn manifest_numbers(&self) -> Result<Vec<u64>, BucketError> {
+        let dir = self.path(keys::MANIFESTS);
+        let listed: Vec<_> = self.store.list(Some(&dir)).try_collect().await.map_err(|e| self.store_err(e))?;
+        let mut numbers: Vec<u64> =
+            listed.iter().filter_map(|o| o.location.filename().and_then(keys::manifest_number)).collect();
+        numbers.sort_unstable();
+        Ok(numbers)
+    }
+
+    /// The prefix's state: its newest manifest (`None`: nothing was ever published here).
+    pub async fn newest(&self) -> Result<Option<Manifest>, BucketError> {
+        match self.manifest_numbers().await?.last() {
+            None => Ok(None),
+            Some(&n) => self.manifest(n).await.map(Some),
+        }
+    }
+
+    /// Makes this process the prefix's one writer, with the next epoch: creates the manifest
+    /// after the newest, carrying its cut. A writer of an older epoch that is still running is
+    /// fenced from here on (its next publish fails).
+    pub async fn take_over(&self, node: &str, now_ms: i64) -> Result<Writer, BucketError> {
+        for _ in 0..TAKEOVER_ATTEMPTS {
+            let newest = self.newest().await?;
+            let (number, epoch, mut takeovers, cut) = match newest {
+                None => (1, 1, Vec::new(), Cut::default()),
+                Some(m) => (m.number + 1, m.epoch + 1, m.takeovers, m.cut),
+            };
+            takeovers.push(Takeover { epoch, number });
+            let m =
+                Manifest { format: FORMAT, number, epoch, takeovers, node: node.to_owned(), written_ms: now_ms, cut };
+            if self.create(&keys::manifest(number), m.encode().into()).await? {
+                tracing::info!(location = %self.location, epoch, manifest = number, "took over the bucket prefix");
+                self.tidy(&m, number).await;
+                return Ok(Writer { bucket: self.clone(), last: m });
+            }
+        }
+        Err(BucketError::Contended)
+    }
+
+    /// Deletes the manifests older than `newest`'s predecessor that are no takeover manifest,
+    /// up to `upto` (exclusive). Best effort: a leftover is only clutter.
+    async fn tidy(&self, newest: &Manifest, upto: u64) {
+        let Ok(numbers) = self.manifest_numbers().await else { return };
+        let kept: Vec<u64> = newest.takeovers.iter().map(|t| t.number).collect();
+        for n in numbers.into_iter().filter(|n| *n + 1 < upto && !kept.contains(n)) {
+            if let Err(e) = self.store.delete(&self.path(&keys::manifest(n))).await {
+                tracing::debug!(location = %self.location, manifest = n, error = %e, "old manifest not deleted");
+            }
+        }
+    }
+
+    /// Reads an object named by a manifest, checking its length and CRC32C.
+    pub async fn read(&self, object: &ObjectRef) -> Result<Bytes, BucketError> {
+        let bytes = self.get(&object.key).await?;
+        if bytes.len() as u64 != object.len || crc32c::crc32c(&bytes) != object.crc32c {
+            return Err(BucketError::Corrupt {
+                key: object.key.clone(),
+                expected_len: object.len,
+                expected_crc: object.crc32c,
+            });
+        }
+        Ok(bytes)
+    }
+}
+
+/// The prefix's one writer, of one epoch, as long as it is not fenced.
+#[derive(Debug)]
+pub struct Writer {
+    bucket: Bucket,
+    /// The last manifest this writer created (its takeover manifest at first).
+    last: Manifest,
+}
+
+impl Writer {
+    pub fn epoch(&self) -> u64 {
+        self.last.epoch
+    }
+
+    /// The last manifest this writer published (the cut the bucket holds).
+    pub fn published(&self) -> &Manifest {
+        &self.last
+    }
+
+    pub fn bucket(&self) -> &Bucket {
+        &self.bucket
+    }
+
+    /// Stores `bytes` as the immutable object `key` (created, never replaced). A key that
+    /// exists already with the same bytes was this writer's own earlier attempt whose answer
+    /// was lost: success. With other bytes it is [`BucketError::Conflict`].
+    pub async fn put(&self, key: &str, bytes: Bytes) -> Result<ObjectRef, BucketError> {
+        let object = ObjectRef { key: key.to_owned(), len: bytes.len() as u64, crc32c: crc32c::crc32c(&bytes) };
+        if !self.bucket.create(key, bytes).await? {
+            let stored = self.bucket.get(key).await?;
+            if stored.len() as u64 != object.len || crc32c::crc32c(&stored) != object.crc32c {
+                return Err(BucketError::Conflict { key: key.to_owned() });
+            }
+        }
+        Ok(object)
+    }
+
+    /// Publishes `cut` as the prefix's state: creates the manifest after this writer's last.
+    /// [`BucketError::Fenced`] when a takeover created it first. When the name holds this
+    /// writer's own manifest (an earlier publish whose answer was lost), that one is taken as
+    /// published and `cut` goes into the next name.
+    pub async fn publish(&mut self, cut: Cut, now_ms: i64) -> Result<(), BucketError> {
+        let check = |source| BucketError::Manifest { key: "(to publish)".into(), source };
+        cut.check().map_err(check)?;
+        for _ in 0..2 {
+            let number = self.last.number + 1;
+            let m = Manifest { number, written_ms: now_ms, cut: cut.clone(), ..self.last.clone() };
+            if self.bucket.create(&keys::manifest(number), m.encode().into()).await? {
+                let (takeover, previous) = (self.takeover_number(), self.last.number);
+                self.last = m;
+                // The one before the previous is no longer needed (a reader takes the newest).
+                if previous > takeover + 1 {
+                    let old = previous - 1;
+                    if let Err(e) = self.bucket.store.delete(&self.bucket.path(&keys::manifest(old))).await {
+                        tracing::debug!(manifest = old, error = %e, "old manifest not deleted");
+                    }
+                }
+                return Ok(());
+            }
+            let there = self.bucket.manifest(number).await?;
+            if there.epoch != self.last.epoch {
+                return Err(BucketError::Fenced { mine: self.last.epoch, by: there.epoch });
+            }
+            self.last = there;
+        }
+        Err(BucketError::Contended)
+    }
+
+    fn takeover_number(&self) -> u64 {
+        self.last.takeovers.last().map_or(self.last.number, |t| t.number)
+    }
+}

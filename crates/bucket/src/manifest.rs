@@ -1,0 +1,253 @@
+//! The manifest: which objects of the bucket prefix make up its state, a consistent cut of the
+//! log engine's log. Stored as `manifest/NNNNNNNNNNNNNNNNNNNN` ([`crate::keys`]), immutable,
+//! created once with `If-None-Match: *`; the newest is the prefix's state.
+//!
+//! Stored form: JSON (an operator can read it with any tool), `{"format":1, ...}`; a reader
+//! refuses another format number rather than guess. Fields are only ever added with a default,
+//! so a manifest stays readable by the version that wrote it and later ones.
+//!
+//! Invariants ([`Cut::check`], checked on every decode and before every publish):
+//! 1. Per segment, the ranges are contiguous from the segment's first shipped byte: each starts
+//!    where the one before it ends (no hole, no overlap), so a segment restored from them is the
+//!    original file's prefix, byte for byte, and every `(segment, position)` index entry in the
+//!    checkpoint means what it meant.
+//! 2. Segments are listed in increasing number, and the cut's end lies in the last one, at the
+//!    end of its last range: the cut is a prefix of the frame sequence ending at `end.lsn`.
+//! 3. The checkpoint, if any, is as of an LSN at or before `end.lsn`.
+
+use serde::{Deserialize, Serialize};
+
+/// The stored form's format number.
+pub const FORMAT: u32 = 1;
+
+/// One manifest: the cut it names and who named it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: u32,
+    /// Its number: the key `manifest/{number}`.
+    pub number: u64,
+    /// The writer epoch that created it (one per takeover).
+    pub epoch: u64,
+    /// The number of the first manifest of each epoch, oldest first (this one's epoch last).
+    /// Those are never deleted: a zombie of an older epoch can only ever try to create the
+    /// first manifest of the epoch after it, and must find the name taken.
+    pub takeovers: Vec<Takeover>,
+    /// Who created it (`host:pid`), for operators.
+    pub node: String,
+    /// When, in Unix ms (the writer's clock; informational only).
+    pub written_ms: i64,
+    pub cut: Cut,
+}
+
+/// The first manifest of an epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Takeover {
+    pub epoch: u64,
+    pub number: u64,
+}
+
+/// A consistent cut of the log: a checkpoint and the segment ranges holding every frame a
+/// restore needs, up to `end`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cut {
+    /// The checkpoint file and the LSN it is as of (`None`: replay from the first frame).
+    pub checkpoint: Option<CheckpointRef>,
+    /// The live segments and their shipped ranges, in increasing segment number.
+    pub segments: Vec<SegmentRef>,
+    /// Where the cut ends: after frame `end.lsn`, at `end.pos` of segment `end.segment`.
+    pub end: LogPosition,
+}
+
+/// A position in the log: after frame `lsn`, which ends at byte `pos` of segment `segment`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogPosition {
+    pub lsn: u64,
+    pub segment: u64,
+    pub pos: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointRef {
+    pub lsn: u64,
+    pub object: ObjectRef,
+}
+
+/// One live segment: the objects that hold its bytes from `start` on, back to back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentRef {
+    pub number: u64,
+    /// The first byte shipped (the segment's header included, so normally 0).
+    pub start: u64,
+    pub ranges: Vec<ObjectRef>,
+}
+
+/// An immutable object and what a reader checks it against.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ObjectRef {
+    pub key: String,
+    pub len: u64,
+    pub crc32c: u32,
+}
+
+/// Why a stored manifest was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifest is not readable JSON: {0}")]
+    Json(String),
+    #[error("manifest format {0} is not one this version reads (it reads {FORMAT})")]
+    Format(u32),
+    #[error("manifest is inconsistent: {0}")]
+    Inconsistent(&'static str),
+}
+
+impl SegmentRef {
+    /// Where the segment's shipped bytes end.
+    pub fn end(&self) -> u64 {
+        self.ranges.iter().fold(self.start, |at, r| at.saturating_add(r.len))
+    }
+}
+
+impl Cut {
+    /// The invariants in the module note.
+    pub fn check(&self) -> Result<(), ManifestError> {
+        let bad = |why| Err(ManifestError::Inconsistent(why));
+        if self.segments.windows(2).any(|w| w[0].number >= w[1].number) {
+            return bad("segments out of order");
+        }
+        if self.segments.iter().any(|s| s.ranges.iter().any(|r| r.len == 0)) {
+            return bad("an empty range");
+        }
+        if self.segments.iter().any(|s| s.ranges.iter().try_fold(s.start, |at, r| at.checked_add(r.len)).is_none()) {
+            return bad("a range past the end of the offset space");
+        }
+        match self.segments.last() {
+            None if self.end != LogPosition::default() => return bad("an end without segments"),
+            Some(last) if (last.number, last.end()) != (self.end.segment, self.end.pos) => {
+                return bad("the end is not the end of the last segment's ranges")
+            }
+            _ => {}
+        }
+        if self.checkpoint.as_ref().is_some_and(|c| c.lsn > self.end.lsn) {
+            return bad("a checkpoint past the end");
+        }
+        Ok(())
+    }
+}
+
+impl Manifest {
+    /// The stored form.
+    pub fn encode(&self) -> Vec<u8> {
+        // Serialising plain structs of numbers and strings cannot fail.
+        serde_json::to_vec(self).expect("a manifest serialises")
+    }
+
+    /// Reads a stored manifest, refusing another format or a cut that breaks the invariants.
+    pub fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
+        #[derive(Deserialize)]
+        struct Head {
+            format: u32,
+        }
+        let head: Head = serde_json::from_slice(bytes).map_err(|e| ManifestError::Json(e.to_string()))?;
+        if head.format != FORMAT {
+            return Err(ManifestError::Format(head.format));
+        }
+        let m: Manifest = serde_json::from_slice(bytes).map_err(|e| ManifestError::Json(e.to_string()))?;
+        m.cut.check()?;
+        if m.takeovers.last().map(|t| t.epoch) != Some(m.epoch) {
+            return Err(ManifestError::Inconsistent("its epoch's takeover is not listed last"));
+        }
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn object() -> impl Strategy<Value = ObjectRef> {
+        ("[a-z0-9/-]{1,40}", 1u64..1 << 40, any::<u32>()).prop_map(|(key, len, crc32c)| ObjectRef { key, len, crc32c })
+    }
+
+    /// Consistent manifests: segments in order, the end where the last one's ranges end.
+    fn manifest() -> impl Strategy<Value = Manifest> {
+        let segments = proptest::collection::vec((1u64..50, 0u64..64, proptest::collection::vec(object(), 1..4)), 0..4);
+        (segments, any::<u64>(), 1u64..1000, "[a-z0-9:.-]{0,20}", any::<i64>(), any::<bool>()).prop_map(
+            |(segs, lsn, epoch, node, written_ms, ckp)| {
+                let mut number = 0;
+                let segments: Vec<SegmentRef> = segs
+                    .into_iter()
+                    .map(|(gap, start, ranges)| {
+                        number += gap;
+                        SegmentRef { number, start, ranges }
+                    })
+                    .collect();
+                let end = segments.last().map_or(LogPosition::default(), |s| LogPosition {
+                    lsn,
+                    segment: s.number,
+                    pos: s.end(),
+                });
+                let checkpoint = (ckp && !segments.is_empty())
+                    .then(|| CheckpointRef { lsn: lsn / 2, object: ObjectRef { key: "c".into(), len: 9, crc32c: 1 } });
+                Manifest {
+                    format: FORMAT,
+                    number: epoch * 3,
+                    epoch,
+                    takeovers: vec![Takeover { epoch, number: epoch * 2 }],
+                    node,
+                    written_ms,
+                    cut: Cut { checkpoint, segments, end },
+                }
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn a_manifest_reads_back_as_written(m in manifest()) {
+            prop_assert_eq!(Manifest::decode(&m.encode()), Ok(m));
+        }
+    }
+
+    fn sample() -> Manifest {
+        let r = |key: &str, len| ObjectRef { key: key.into(), len, crc32c: 7 };
+        Manifest {
+            format: FORMAT,
+            number: 4,
+            epoch: 2,
+            takeovers: vec![Takeover { epoch: 1, number: 1 }, Takeover { epoch: 2, number: 3 }],
+            node: "h:1".into(),
+            written_ms: 0,
+            cut: Cut {
+                checkpoint: Some(CheckpointRef { lsn: 5, object: r("ckp", 100) }),
+                segments: vec![
+                    SegmentRef { number: 1, start: 0, ranges: vec![r("a", 10), r("b", 20)] },
+                    SegmentRef { number: 2, start: 0, ranges: vec![r("c", 16)] },
+                ],
+                end: LogPosition { lsn: 9, segment: 2, pos: 16 },
+            },
+        }
+    }
+
+    #[test]
+    fn manifests_that_break_an_invariant_are_refused() {
+        assert_eq!(Manifest::decode(&sample().encode()), Ok(sample()));
+        let refused = |f: &dyn Fn(&mut Manifest)| {
+            let mut m = sample();
+            f(&mut m);
+            Manifest::decode(&m.encode())
+        };
+        assert!(matches!(refused(&|m| m.format = 2), Err(ManifestError::Format(2))));
+        assert!(matches!(refused(&|m| m.cut.end.pos = 15), Err(ManifestError::Inconsistent(_))));
+        assert!(matches!(refused(&|m| m.cut.end.segment = 1), Err(ManifestError::Inconsistent(_))));
+        assert!(matches!(refused(&|m| m.cut.segments.swap(0, 1)), Err(ManifestError::Inconsistent(_))));
+        assert!(matches!(refused(&|m| m.cut.segments[0].ranges[0].len = 0), Err(ManifestError::Inconsistent(_))));
+        assert!(matches!(
+            refused(&|m| m.cut.checkpoint.as_mut().expect("ckp").lsn = 10),
+            Err(ManifestError::Inconsistent(_))
+        ));
+        assert!(matches!(refused(&|m| m.takeovers.pop().map(drop).unwrap_or(())), Err(ManifestError::Inconsistent(_))));
+        assert!(matches!(Manifest::decode(b"{\"format\":1}"), Err(ManifestError::Json(_))));
+        assert!(matches!(Manifest::decode(b"not json"), Err(ManifestError::Json(_))));
+    }
+}

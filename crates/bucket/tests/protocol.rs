@@ -1,0 +1,174 @@
+//! The writer protocol against real stores: a real S3 API server (moto, started by
+//! `scripts/test` through `scripts/s3`, its endpoint in `ONCELOG_TEST_S3_ENDPOINT`) and a local
+//! directory (`file://`). Every case runs on both; nothing here mocks the client.
+
+use bytes::Bytes;
+use oncelog_bucket::*;
+
+/// A fresh, empty prefix on the store of kind `kind` ("s3" or "dir"); the guard keeps a
+/// directory alive for the test.
+fn fresh(kind: &str, name: &str) -> (Bucket, Option<tempfile::TempDir>) {
+    match kind {
+        "s3" => {
+            let endpoint = std::env::var("ONCELOG_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
+                panic!("this test needs ONCELOG_TEST_S3_ENDPOINT: ./scripts/test starts an S3 API server (scripts/s3) and sets it")
+            });
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos();
+            let location: Location =
+                format!("s3://oncelog-test/{name}-{}-{nanos}", std::process::id()).parse().expect("url");
+            let overrides = [
+                ("aws_endpoint", endpoint.as_str()),
+                ("aws_allow_http", "true"),
+                ("aws_access_key_id", "test"),
+                ("aws_secret_access_key", "test"),
+                ("aws_region", "us-east-1"),
+            ];
+            (Bucket::open(&location, &overrides).expect("open"), None)
+        }
+        _ => {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let location: Location = format!("file://{}/bucket", dir.path().display()).parse().expect("url");
+            (Bucket::open(&location, &[]).expect("open"), Some(dir))
+        }
+    }
+}
+
+/// A cut of one segment whose ranges are `objects`.
+fn cut(lsn: u64, objects: &[ObjectRef]) -> Cut {
+    if objects.is_empty() {
+        return Cut::default();
+    }
+    let seg = SegmentRef { number: 1, start: 0, ranges: objects.to_vec() };
+    let end = LogPosition { lsn, segment: 1, pos: seg.end() };
+    Cut { checkpoint: None, segments: vec![seg], end }
+}
+
+async fn takeover_on_an_empty_prefix_starts_epoch_one(kind: &str) {
+    let (b, _dir) = fresh(kind, "empty");
+    assert_eq!(b.newest().await.expect("newest"), None);
+    let w = b.take_over("node-a", 1).await.expect("take over");
+    assert_eq!((w.epoch(), w.published().number), (1, 1));
+    let newest = b.newest().await.expect("newest").expect("a manifest");
+    assert_eq!((newest.epoch, newest.number, newest.node.as_str()), (1, 1, "node-a"));
+    assert_eq!(newest.cut, Cut::default());
+}
+
+async fn a_takeover_fences_the_writer_before_it(kind: &str) {
+    let (b, _dir) = fresh(kind, "fence");
+    let mut old = b.take_over("old", 1).await.expect("take over");
+    let a = old.put("epoch-1/a", Bytes::from_static(b"frames-a")).await.expect("put");
+    old.publish(cut(3, std::slice::from_ref(&a)), 2).await.expect("publish");
+    // A new node takes over: it carries the old writer's published cut.
+    let mut new = b.take_over("new", 3).await.expect("take over");
+    assert_eq!(new.epoch(), 2);
+    assert_eq!(new.published().cut, cut(3, std::slice::from_ref(&a)));
+    // The old writer (paused meanwhile) can publish nothing now, and is told by whom.
+    let more = old.put("epoch-1/b", Bytes::from_static(b"frames-b")).await.expect("an object is only garbage");
+    let fenced = old.publish(cut(5, &[a.clone(), more.clone()]), 4).await;
+    assert!(matches!(fenced, Err(BucketError::Fenced { mine: 1, by: 2 })), "{fenced:?}");
+    let newest = b.newest().await.expect("newest").expect("a manifest");
+    assert_eq!(
+        (newest.epoch, &newest.cut),
+        (2, &cut(3, std::slice::from_ref(&a))),
+        "nothing of the zombie's is visible"
+    );
+    // The new writer goes on.
+    let c = new.put("epoch-2/c", Bytes::from_static(b"frames-c")).await.expect("put");
+    new.publish(cut(4, &[a, c]), 5).await.expect("publish");
+    assert_eq!(b.newest().await.expect("newest").map(|m| (m.epoch, m.cut.end.lsn)), Some((2, 4)));
+}
+
+async fn a_zombie_stays_fenced_after_old_manifests_are_deleted(kind: &str) {
+    let (b, _dir) = fresh(kind, "zombie");
+    let mut zombie = b.take_over("z", 1).await.expect("take over");
+    let mut new = b.take_over("n", 2).await.expect("take over");
+    let mut objects = Vec::new();
+    for i in 0..6u64 {
+        objects.push(new.put(&format!("epoch-2/{i}"), Bytes::from(vec![i as u8; 4])).await.expect("put"));
+        new.publish(cut(i + 1, &objects), 3).await.expect("publish");
+    }
+    // Old manifests went; every takeover manifest stayed, and the newest.
+    let numbers = b.manifest_numbers().await.expect("list");
+    assert!(numbers.contains(&1) && numbers.contains(&2) && numbers.len() < 8, "{numbers:?}");
+    assert_eq!(numbers.last(), Some(&8));
+    // A third node takes over from the newest state, and tidies the manifests before it.
+    let third = b.take_over("t", 4).await.expect("take over");
+    assert_eq!((third.epoch(), third.published().cut.end.lsn), (3, 6));
+    let numbers = b.manifest_numbers().await.expect("list");
+    assert_eq!(numbers, [1, 2, 8, 9], "the takeover manifests, the newest before the takeover, the takeover's");
+    // The first zombie wakes up: the name it would publish under is still taken.
+    let fenced = zombie.publish(cut(1, &[]), 5).await;
+    assert!(matches!(fenced, Err(BucketError::Fenced { mine: 1, by: 2 })), "{fenced:?}");
+    let fenced = new.publish(cut(7, &objects), 6).await;
+    assert!(matches!(fenced, Err(BucketError::Fenced { mine: 2, by: 3 })), "{fenced:?}");
+    assert_eq!(b.newest().await.expect("newest").map(|m| (m.epoch, m.number)), Some((3, 9)));
+}
+
+async fn objects_are_created_once_and_checked_when_read(kind: &str) {
+    let (b, _dir) = fresh(kind, "objects");
+    let w = b.take_over("w", 1).await.expect("take over");
+    let o = w.put("epoch-1/x", Bytes::from_static(b"0123456789")).await.expect("put");
+    assert_eq!((o.len, o.crc32c), (10, crc32c::crc32c(b"0123456789")));
+    // The same bytes again: a retry whose first answer was lost.
+    assert_eq!(w.put("epoch-1/x", Bytes::from_static(b"0123456789")).await.expect("retry"), o);
+    // Other bytes under the name: refused, the object unchanged.
+    assert!(matches!(w.put("epoch-1/x", Bytes::from_static(b"other")).await, Err(BucketError::Conflict { .. })));
+    assert_eq!(b.read(&o).await.expect("read"), Bytes::from_static(b"0123456789"));
+    // A reference that does not match what is stored is damage, never data.
+    let wrong = ObjectRef { crc32c: o.crc32c ^ 1, ..o.clone() };
+    assert!(matches!(b.read(&wrong).await, Err(BucketError::Corrupt { .. })));
+    let short = ObjectRef { len: 9, ..o };
+    assert!(matches!(b.read(&short).await, Err(BucketError::Corrupt { .. })));
+}
+
+async fn concurrent_takeovers_get_distinct_epochs(kind: &str) {
+    let (b, _dir) = fresh(kind, "race");
+    b.take_over("first", 1).await.expect("take over");
+    let (x, y) = tokio::join!(b.take_over("x", 2), b.take_over("y", 2));
+    let (x, y) = (x.expect("x"), y.expect("y"));
+    assert_ne!(x.epoch(), y.epoch());
+    // Only the later epoch may publish.
+    let (mut older, mut newer) = if x.epoch() < y.epoch() { (x, y) } else { (y, x) };
+    assert!(matches!(older.publish(Cut::default(), 3).await, Err(BucketError::Fenced { .. })));
+    newer.publish(Cut::default(), 3).await.expect("the newest epoch publishes");
+}
+
+async fn a_publish_with_a_broken_cut_is_refused(kind: &str) {
+    let (b, _dir) = fresh(kind, "broken");
+    let mut w = b.take_over("w", 1).await.expect("take over");
+    let o = w.put("epoch-1/x", Bytes::from_static(b"abc")).await.expect("put");
+    let mut bad = cut(1, &[o]);
+    bad.end.pos += 1;
+    assert!(matches!(w.publish(bad, 2).await, Err(BucketError::Manifest { .. })));
+    assert_eq!(b.newest().await.expect("newest").map(|m| m.number), Some(1));
+}
+
+macro_rules! on_both {
+    ($($case:ident),* $(,)?) => {
+        mod s3 {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    super::$case("s3").await;
+                }
+            )*
+        }
+        mod dir {
+            $(
+                #[tokio::test]
+                async fn $case() {
+                    super::$case("dir").await;
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    takeover_on_an_empty_prefix_starts_epoch_one,
+    a_takeover_fences_the_writer_before_it,
+    a_zombie_stays_fenced_after_old_manifests_are_deleted,
+    objects_are_created_once_and_checked_when_read,
+    concurrent_takeovers_get_distinct_epochs,
+    a_publish_with_a_broken_cut_is_refused,
+);
