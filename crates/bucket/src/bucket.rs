@@ -184,6 +184,14 @@ impl Bucket {
         }
     }
 
+    /// Deletes object `key`; best effort (an object no manifest names is only clutter, and a
+    /// sweep may take it later).
+    pub async fn delete(&self, key: &str) {
+        if let Err(e) = self.store.delete(&self.path(key)).await {
+            tracing::debug!(location = %self.location, key, error = %e, "object not deleted");
+        }
+    }
+
     /// Reads an object named by a manifest, checking its length and CRC32C.
     pub async fn read(&self, object: &ObjectRef) -> Result<Bytes, BucketError> {
         let bytes = self.get(&object.key).await?;

@@ -34,6 +34,16 @@ pub enum LogError {
     /// finds out what became of it.
     #[error("writes stopped after a storage failure: {0}")]
     WritesStopped(StorageError),
+    /// The object store (`--object-store`) refused or failed an operation at start.
+    #[error(transparent)]
+    Bucket(#[from] oncelog_bucket::BucketError),
+    /// The data directory has a log, and the bucket's state is not a prefix of it: another
+    /// node wrote to the bucket after this directory's writer stopped.
+    #[error(
+        "the bucket's state is not this data directory's ({0}): another node has written to the bucket since; \
+         start on an empty data directory to restore from the bucket"
+    )]
+    NotTheBucketsLog(String),
 }
 
 pub(crate) fn backend(e: LogError) -> StorageError {

@@ -43,6 +43,7 @@ mod power_loss;
 #[cfg(test)]
 mod sim;
 mod store;
+pub mod tier;
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
@@ -90,6 +91,8 @@ struct Inner {
     /// `None` once shutdown began.
     tx: Mutex<Option<mpsc::Sender<Command>>>,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// The bucket's shipper (`--object-store`), stopped after the writer.
+    shipper: Mutex<Option<std::thread::JoinHandle<()>>>,
     report: RecoveryReport,
 }
 
@@ -148,6 +151,12 @@ impl LogEngine {
             retention: opts.retention,
         };
         let started = Instant::now();
+        // With a bucket: restore or check the data directory, and take the bucket over, before
+        // the store opens it; the shipper starts once the store is open.
+        let shipper = match &opts.tier {
+            Some(tier) => Some(start_shipper(opts.fs.clone(), tier.clone(), opts.clock.now_ms())?),
+            None => None,
+        };
         let (store, report) = store::open(opts.fs.clone(), cfg, opts.clock.now_ms())?;
         // Debug: `oncelog serve` logs the report at info, with its settings, once per start
         // (an embedder reads it from `recovery_report`).
@@ -159,9 +168,18 @@ impl LogEngine {
         let (tx, rx) = mpsc::channel();
         let (checkpoint_bytes, reclaim_interval) = (opts.checkpoint_bytes, opts.reclaim_interval);
         let fs = opts.fs.clone();
+        let (ship, shipper) = match shipper {
+            Some((start, handle)) => {
+                let (ship_tx, ship_rx) = mpsc::channel();
+                // A shipper that is gone already failed and said why.
+                let _ = start.send((view.clone(), counters.clone(), ship_rx));
+                (Some(ship_tx), Some(handle))
+            }
+            None => (None, None),
+        };
         let handle = std::thread::Builder::new()
             .name("oncelog-log-writer".into())
-            .spawn(move || run_writer(store, rx, fs, checkpoint_bytes, reclaim_interval))
+            .spawn(move || run_writer(store, rx, fs, checkpoint_bytes, reclaim_interval, ship))
             .map_err(|e| backend(LogError::Io { what: "start the writer thread".into(), source: e }))?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -169,9 +187,18 @@ impl LogEngine {
                 counters,
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
+                shipper: Mutex::new(shipper),
                 report,
             }),
         })
+    }
+
+    /// With a bucket: the last LSN the log has written, and the last one a published cut of
+    /// the bucket holds (what a node restored from it would have). `None` without a bucket.
+    pub fn shipping(&self) -> Option<(u64, u64)> {
+        self.inner.shipper.lock().ok()?.as_ref()?;
+        let written = self.inner.view.synced.lock().ok()?.lsn;
+        Some((written, self.inner.counters.shipped_lsn.load(Ordering::Acquire)))
     }
 
     pub fn recovery_report(&self) -> RecoveryReport {
@@ -210,10 +237,11 @@ fn run_writer(
     fs: Arc<dyn fs::Fs>,
     checkpoint_bytes: u64,
     reclaim_interval: Duration,
+    ship: Option<mpsc::Sender<tier::Shipment>>,
 ) {
     let mut last_checkpoint = Instant::now();
     store.collect_orphans();
-    let checkpointer = Checkpointer::start(fs, store.view().clone(), store.counters().clone());
+    let checkpointer = Checkpointer::start(fs, store.view().clone(), store.counters().clone(), ship);
     loop {
         // Wake for a parked append's deadline, and for a trim's checkpoint when it is due (a
         // little later again while the checkpointer is still busy with the last one).
@@ -282,7 +310,14 @@ struct Checkpointer {
 }
 
 impl Checkpointer {
-    fn start(fs: Arc<dyn fs::Fs>, view: Arc<View>, counters: Arc<store::Counters>) -> Self {
+    /// `ship`: with a bucket, each checkpoint goes to the shipper, and the segments it made
+    /// unnecessary stay until the bucket holds it (the shipper removes them).
+    fn start(
+        fs: Arc<dyn fs::Fs>,
+        view: Arc<View>,
+        counters: Arc<store::Counters>,
+        ship: Option<mpsc::Sender<tier::Shipment>>,
+    ) -> Self {
         let (tx, rx) = mpsc::sync_channel::<format::Checkpoint>(1);
         let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = busy.clone();
@@ -291,7 +326,15 @@ impl Checkpointer {
             .spawn(move || {
                 for cp in rx {
                     let started = Instant::now();
-                    match store::write_checkpoint(&*fs, &view, &cp) {
+                    let written = match &ship {
+                        None => store::write_checkpoint(&*fs, &view, &cp),
+                        Some(ship) => store::write_checkpoint_keeping(&*fs, &view, &cp).map(|w| {
+                            let kept = w.dead.len();
+                            let _ = ship.send(tier::Shipment { lsn: cp.lsn, bytes: w.bytes, dead: w.dead });
+                            kept
+                        }),
+                    };
+                    match written {
                         Ok(removed) => {
                             metrics::histogram!("oncelog_checkpoint_seconds").record(started.elapsed().as_secs_f64());
                             tracing::debug!(lsn = cp.lsn, removed_segments = removed, elapsed = ?started.elapsed(), "checkpoint written");
@@ -483,6 +526,16 @@ impl Engine for LogEngine {
                 })?
                 .map_err(|_| StorageError::Poisoned)?;
         }
+        // The writer's checkpointer is gone, so the shipper makes its last round and stops.
+        let shipper = self.inner.shipper.lock().map_err(|_| StorageError::Poisoned)?.take();
+        if let Some(h) = shipper {
+            tokio::task::spawn_blocking(move || h.join())
+                .await
+                .map_err(|e| {
+                    backend(LogError::Io { what: "stop the shipper".into(), source: std::io::Error::other(e) })
+                })?
+                .map_err(|_| StorageError::Poisoned)?;
+        }
         Ok(())
     }
 
@@ -503,6 +556,55 @@ impl Engine for LogEngine {
             streams: self.inner.counters.streams.load(Ordering::Relaxed),
             producers: self.inner.counters.producers.load(Ordering::Relaxed),
             parked_appends: self.inner.counters.parked.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What the shipper thread waits for once the store is open.
+type ShipperStart = mpsc::Sender<(Arc<View>, Arc<store::Counters>, mpsc::Receiver<tier::Shipment>)>;
+
+/// Starts the shipper's thread with a runtime of its own: it restores or checks the data
+/// directory and takes the bucket over (reported back before this returns), then waits for the
+/// open store and ships until fenced or stopped.
+fn start_shipper(
+    fs: Arc<dyn fs::Fs>,
+    tier: tier::Tier,
+    now_ms: i64,
+) -> Result<(ShipperStart, std::thread::JoinHandle<()>), StorageError> {
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), StorageError>>();
+    let (start_tx, start_rx) = mpsc::channel();
+    let handle = std::thread::Builder::new()
+        .name("oncelog-shipper".into())
+        .spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(backend(LogError::Io { what: "start the shipper".into(), source: e })));
+                    return;
+                }
+            };
+            let writer = match rt.block_on(tier::prepare(&*fs, &tier, now_ms)) {
+                Ok(w) => w,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(()));
+            let Ok((view, counters, rx)) = start_rx.recv() else { return };
+            let shipper = tier::Shipper { rx, writer, view, counters, fs, interval: tier.ship_interval, pending: None };
+            rt.block_on(shipper.run());
+        })
+        .map_err(|e| backend(LogError::Io { what: "start the shipper".into(), source: e }))?;
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok((start_tx, handle)),
+        Ok(Err(e)) => {
+            let _ = handle.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = handle.join();
+            Err(backend(LogError::Io { what: "start the shipper".into(), source: std::io::Error::other("it stopped") }))
         }
     }
 }

@@ -43,6 +43,8 @@ pub struct LogOptions {
     pub failpoints: Failpoints,
     /// How long idle producer state counts (`--producer-state-ttl`).
     pub retention: Retention,
+    /// The bucket the log is shipped to (`--object-store`), if any.
+    pub tier: Option<crate::tier::Tier>,
 }
 
 /// Switches that make the log fail on purpose, so fail-stop behaviour can be tested through the
@@ -85,6 +87,7 @@ impl LogOptions {
             #[cfg(any(test, feature = "failpoints"))]
             failpoints: Failpoints::default(),
             retention: Retention::default(),
+            tier: None,
         }
     }
 }

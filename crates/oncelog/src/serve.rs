@@ -69,6 +69,25 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_HOT_TAIL_MB", default_value_t = 32)]
     hot_tail_mb: usize,
 
+    /// `--storage log`: also keep the log in a bucket, the durable home of its streams when this
+    /// machine's disk is lost: `s3://BUCKET/PREFIX` (any S3 API store; endpoint, region and
+    /// credentials from the standard AWS_* environment variables) or `file:///DIR`. A node
+    /// started on an empty --data-dir restores from it; one writer per prefix (a node that takes
+    /// it over fences the one before). See docs/OPERATIONS.md.
+    #[arg(long, env = "ONCELOG_OBJECT_STORE", value_name = "URL")]
+    object_store: Option<oncelog_bucket::Location>,
+
+    /// With --object-store: when an append is acknowledged. `local`: after the local fsync, and
+    /// shipped to the bucket within --ship-interval (losing the disk loses at most that window,
+    /// never doubles anything). `bucket`: only once the bucket holds it (not built yet).
+    #[arg(long, env = "ONCELOG_ACK_MODE", default_value = "local", value_enum)]
+    ack_mode: AckMode,
+
+    /// With --object-store: how often what was written is shipped to the bucket (`500ms`, `1s`,
+    /// `1m`).
+    #[arg(long, env = "ONCELOG_SHIP_INTERVAL", default_value = "1s", value_parser = parse_interval)]
+    ship_interval: Duration,
+
     /// On SIGTERM, how long in-flight requests (including live reads) may take to finish, in ms.
     #[arg(long, env = "ONCELOG_SHUTDOWN_GRACE_MS", default_value_t = 2_000)]
     shutdown_grace_ms: u64,
@@ -272,6 +291,13 @@ pub struct ServeArgs {
     auth_hide_forbidden: bool,
 }
 
+/// `--ack-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AckMode {
+    Local,
+    Bucket,
+}
+
 /// Why `oncelog serve` could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -279,6 +305,12 @@ pub enum StartError {
     UnknownStorage(String),
     #[error("--fsync false does not apply to PostgreSQL: durability is the database's (synchronous_commit); leave --fsync at its default")]
     FsyncWithPostgres,
+    #[error("--object-store does not apply to PostgreSQL: its durability is the database's")]
+    ObjectStoreWithPostgres,
+    #[error("--ack-mode bucket is not built yet (docs/design/issue-35-plan.md, step 4); use --ack-mode local")]
+    AckModeBucket,
+    #[error("--object-store {location}: {source}")]
+    ObjectStore { location: String, source: oncelog_bucket::BucketError },
     /// The log engine could not open `--data-dir`: the path is named, so the operator knows
     /// which directory's permissions, space or contents to look at.
     #[error("--data-dir {}: {source}", path.display())]
@@ -347,6 +379,29 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     }
 }
 
+/// An interval: a number followed by `ms`, `s` or `m`, above zero.
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
+    let (n, unit) = text.split_at(split);
+    let n: u64 = n.parse().map_err(|_| format!("{text:?}: expected a number followed by ms, s or m"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        _ => return Err(format!("{text:?}: the unit must be ms, s or m")),
+    };
+    if d.is_zero() {
+        return Err("the interval must be positive".into());
+    }
+    Ok(d)
+}
+
+/// This node's name in the bucket's manifests: `host:pid`.
+fn node_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
+    format!("{}:{}", if host.is_empty() { "oncelog" } else { &host }, std::process::id())
+}
+
 /// `off` (0) or a size, as `token::parse_bytes` reads it.
 fn parse_min_bytes(text: &str) -> Result<u64, String> {
     if text.eq_ignore_ascii_case("off") {
@@ -370,6 +425,14 @@ fn open_log(args: &ServeArgs) -> Result<LogEngine, Box<dyn std::error::Error>> {
     opts.durability = if args.fsync { oncelog_log::Durability::Fsync } else { oncelog_log::Durability::Buffered };
     opts.hot_bytes = args.hot_tail_mb << 20;
     opts.retention = retention(args);
+    if let Some(location) = &args.object_store {
+        if args.ack_mode == AckMode::Bucket {
+            return Err(StartError::AckModeBucket.into());
+        }
+        let bucket = oncelog_bucket::Bucket::open(location, &[])
+            .map_err(|source| StartError::ObjectStore { location: location.to_string(), source })?;
+        opts.tier = Some(oncelog_log::tier::Tier { bucket, ship_interval: args.ship_interval, node: node_name() });
+    }
     let started = std::time::Instant::now();
     let engine = LogEngine::open(opts).map_err(|source| StartError::DataDir { path: args.data_dir.clone(), source })?;
     let r = engine.recovery_report();
@@ -470,6 +533,9 @@ fn redacted(url: &str) -> String {
 async fn open_postgres(args: &ServeArgs, url: &str) -> Result<PgEngine, Box<dyn std::error::Error>> {
     if !args.fsync {
         return Err(StartError::FsyncWithPostgres.into());
+    }
+    if args.object_store.is_some() {
+        return Err(StartError::ObjectStoreWithPostgres.into());
     }
     let mut opts = PgOptions::new(url);
     opts.schema = args.pg_schema.clone();

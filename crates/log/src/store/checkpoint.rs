@@ -110,6 +110,34 @@ impl Store {
 /// Writes `cp` atomically (temporary file, sync, rename, directory sync), then deletes every
 /// segment before the checkpoint's that no stream's data lies in any more.
 pub(crate) fn write_checkpoint(fs: &dyn Fs, view: &View, cp: &Checkpoint) -> Result<usize, StorageError> {
+    let written = write_checkpoint_keeping(fs, view, cp)?;
+    remove_segments(fs, view, &written.dead)?;
+    Ok(written.dead.len())
+}
+
+/// A checkpoint written and installed, and what it made unnecessary.
+pub(crate) struct Written {
+    /// Its stored form (what a bucket gets).
+    pub bytes: Vec<u8>,
+    /// The segments nothing after it needs any more (not removed yet).
+    pub dead: Vec<u64>,
+}
+
+/// Removes the segments `dead` from the readers' view and from disk.
+pub(crate) fn remove_segments(fs: &dyn Fs, view: &View, dead: &[u64]) -> Result<(), StorageError> {
+    for n in dead {
+        // Readers that already hold the file keep reading it; the space returns when they finish.
+        if let Ok(mut segs) = view.segments.write() {
+            segs.remove(n);
+        }
+        fs.remove(&format::segment_name(*n)).map_err(|e| io_err("remove a log segment", e))?;
+    }
+    Ok(())
+}
+
+/// [`write_checkpoint`] without removing the segments it made unnecessary: with a bucket, they
+/// go once the bucket holds this checkpoint (until then the bucket's cut may need them).
+pub(crate) fn write_checkpoint_keeping(fs: &dyn Fs, view: &View, cp: &Checkpoint) -> Result<Written, StorageError> {
     // Every frame the checkpoint covers must be on disk before the checkpoint is (with
     // `--fsync false` they may not be yet).
     let active = view.segments.read().map_err(|_| StorageError::Poisoned)?.get(&cp.segment).cloned();
@@ -134,12 +162,5 @@ pub(crate) fn write_checkpoint(fs: &dyn Fs, view: &View, cp: &Checkpoint) -> Res
         Ok(segs) => segs.keys().copied().filter(|n| *n < cp.segment && !live.contains(n)).collect(),
         Err(_) => return Err(StorageError::Poisoned),
     };
-    for n in &dead {
-        // Readers that already hold the file keep reading it; the space returns when they finish.
-        if let Ok(mut segs) = view.segments.write() {
-            segs.remove(n);
-        }
-        fs.remove(&format::segment_name(*n)).map_err(|e| io_err("remove a log segment", e))?;
-    }
-    Ok(dead.len())
+    Ok(Written { bytes, dead })
 }

@@ -201,6 +201,9 @@ impl Store {
         self.active_len += frame.len() as u64;
         self.lsn += 1;
         self.since_checkpoint += frame.len() as u64;
+        if let Ok(mut s) = self.view.synced.lock() {
+            *s = super::view::Synced { lsn: self.lsn, segment: self.active_no, pos: self.active_len };
+        }
         Ok(())
     }
 
@@ -218,6 +221,9 @@ impl Store {
         self.active = file;
         self.active_no = no;
         self.active_len = format::SEGMENT_HEADER;
+        if let Ok(mut s) = self.view.synced.lock() {
+            *s = super::view::Synced { lsn: self.lsn, segment: no, pos: format::SEGMENT_HEADER };
+        }
         Ok(())
     }
 

@@ -41,12 +41,12 @@ use crate::error::{backend, LogError};
 use crate::fs::{File, Fs};
 use crate::options::Durability;
 
-pub(crate) use checkpoint::write_checkpoint;
+pub(crate) use checkpoint::{remove_segments, write_checkpoint, write_checkpoint_keeping};
 use commit::reply;
 pub(crate) use commit::Group;
 use path_table::PathTable;
 pub(crate) use recovery::open;
-pub(crate) use view::{Counters, StreamView, View};
+pub(crate) use view::{Counters, StreamView, Synced, View};
 
 /// A command for the writer.
 pub(crate) enum Command {

@@ -270,6 +270,9 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
     if let Ok(mut s) = view.segments.write() {
         *s = segments;
     }
+    if let Ok(mut s) = view.synced.lock() {
+        *s = super::view::Synced { lsn, segment: active_no, pos: active_len };
+    }
     let counters = Arc::new(Counters::default());
     counters.streams.store((wstreams.len() + detached.len()) as u64, Ordering::Relaxed);
     counters.producers.store(producers as u64, Ordering::Relaxed);

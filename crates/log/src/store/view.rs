@@ -231,6 +231,17 @@ pub(crate) struct View {
     pub streams: RwLock<PathTable<Arc<StreamView>>>,
     /// Every segment file still on disk, open once (no descriptor per stream).
     pub segments: RwLock<std::collections::BTreeMap<u64, Arc<dyn File>>>,
+    /// Where the log is written (and, with `Durability::Fsync`, synced) to: what the shipper to
+    /// a bucket may send. Set by recovery and after each frame.
+    pub synced: Mutex<Synced>,
+}
+
+/// A position in the log: after frame `lsn`, which ends at byte `pos` of segment `segment`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Synced {
+    pub lsn: u64,
+    pub segment: u64,
+    pub pos: u64,
 }
 
 /// Shared between the writer, the checkpointer and the engine handle.
@@ -244,6 +255,8 @@ pub(crate) struct Counters {
     pub hot_bytes: AtomicU64,
     /// Why writes stopped, once they have (set by the writer or by background work).
     pub failure: Mutex<Option<String>>,
+    /// With a bucket: the last LSN a published cut holds (0 before the first publish).
+    pub shipped_lsn: AtomicU64,
 }
 
 impl Counters {

@@ -141,9 +141,15 @@ impl Server {
 
     /// Like [`Server::start`], on `addr` (a fixed port, so a restarted server keeps its URL).
     pub fn start_at(data_dir: &std::path::Path, addr: &str, args: &[&str]) -> Server {
+        Server::start_env(data_dir, addr, args, &[])
+    }
+
+    /// Like [`Server::start_at`], with extra environment variables.
+    pub fn start_env(data_dir: &std::path::Path, addr: &str, args: &[&str], env: &[(&str, &str)]) -> Server {
         use std::io::BufRead;
         use std::process::Stdio;
         let mut child = bin()
+            .envs(env.iter().copied())
             .args(["serve", "--addr", addr, "--data-dir"])
             .arg(data_dir)
             .args(args)

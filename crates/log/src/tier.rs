@@ -1,0 +1,385 @@
+//! The log in a bucket (`--object-store`; docs/design/issue-35-plan.md): the shipper that sends
+//! what the log has synced, as immutable ranges of segment files (whole frames) and checkpoints,
+//! and publishes manifests naming a prefix of the frame sequence; and the start of a node on a
+//! bucket: a restore into an empty data directory, or a check that the data directory holds the
+//! bucket's cut, then the takeover that fences every older writer.
+//!
+//! Why whole frames and not a model of their own: an append and all its effects (producer
+//! state, idempotency key, `Stream-Seq`, closure) are one record in one frame, and a
+//! transaction one frame, so any prefix of frames is a state the engine was in. A restored node
+//! is the old one as of the cut, producer states exactly consistent with the data.
+//!
+//! Invariants:
+//! 1. A published cut names bytes the bucket holds: its objects are created before the manifest
+//!    that names them ([`oncelog_bucket::Writer::publish`] after every `put`).
+//! 2. A cut's checkpoint is as of an LSN at or before its end, and the segments it drops are
+//!    exactly those that checkpoint made unnecessary: local segment files are removed only after
+//!    a cut without them is published (`store::write_checkpoint_keeping`).
+//! 3. A fenced shipper stops the engine's writes (fail-stop, with its reason): after a takeover
+//!    nothing of this node's becomes visible, and it says so.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use oncelog_bucket::{keys, Bucket, BucketError, CheckpointRef, Cut, LogPosition, ObjectRef, SegmentRef, Writer};
+use oncelog_storage::StorageError;
+
+use crate::error::{backend, LogError};
+use crate::format;
+use crate::fs::Fs;
+use crate::store::{self, Counters, Synced, View};
+
+/// Where a node's log goes besides its disk.
+#[derive(Clone, Debug)]
+pub struct Tier {
+    pub bucket: Bucket,
+    /// How often what was synced is shipped and published (`--ship-interval`).
+    pub ship_interval: Duration,
+    /// Who this node is, in the manifests it writes (`host:pid`).
+    pub node: String,
+}
+
+/// A checkpoint written while shipping, with the segments it made unnecessary.
+pub(crate) struct Shipment {
+    pub lsn: u64,
+    pub bytes: Vec<u8>,
+    pub dead: Vec<u64>,
+}
+
+/// Marks a restore in progress: a data directory holding it is restored again from scratch.
+const RESTORING: &str = "restoring";
+
+fn io(what: &str) -> impl Fn(std::io::Error) -> StorageError + '_ {
+    move |e| backend(LogError::Io { what: what.into(), source: e })
+}
+
+fn bucket_err(e: BucketError) -> StorageError {
+    backend(LogError::Bucket(e))
+}
+
+/// Whether the data directory holds no log yet (or only a restore that did not finish).
+fn local_is_empty(fs: &dyn Fs) -> Result<bool, StorageError> {
+    if fs.exists(RESTORING).map_err(io("inspect the data directory"))? {
+        return Ok(true);
+    }
+    if fs.exists(format::CHECKPOINT).map_err(io("inspect the data directory"))? {
+        return Ok(false);
+    }
+    if !fs.exists(format::LOG_DIR).map_err(io("inspect the data directory"))? {
+        return Ok(true);
+    }
+    let names = fs.list(format::LOG_DIR).map_err(io("list the log directory"))?;
+    Ok(!names.iter().any(|n| format::parse_segment_name(n).is_some()))
+}
+
+/// Before the store opens: restores the bucket's cut into an empty data directory, or checks
+/// that a data directory with a log holds the cut (it may be ahead, never elsewhere), then takes
+/// the prefix over.
+pub(crate) async fn prepare(fs: &dyn Fs, tier: &Tier, now_ms: i64) -> Result<Writer, StorageError> {
+    let newest = tier.bucket.newest().await.map_err(bucket_err)?;
+    if let Some(m) = &newest {
+        if !m.cut.segments.is_empty() {
+            if local_is_empty(fs)? {
+                restore(fs, &tier.bucket, &m.cut).await?;
+            } else {
+                check_holds(fs, &m.cut)?;
+            }
+        }
+    }
+    let writer = tier.bucket.take_over(&tier.node, now_ms).await.map_err(bucket_err)?;
+    tracing::info!(location = ?tier.bucket, epoch = writer.epoch(), lsn = writer.published().cut.end.lsn, "writing to the bucket");
+    metrics::gauge!("oncelog_bucket_epoch").set(writer.epoch() as f64);
+    Ok(writer)
+}
+
+/// Writes the cut's segments and checkpoint into the data directory, byte for byte.
+async fn restore(fs: &dyn Fs, bucket: &Bucket, cut: &Cut) -> Result<(), StorageError> {
+    let started = Instant::now();
+    fs.create_dir("").map_err(io("create the data directory"))?;
+    if !fs.exists(RESTORING).map_err(io("inspect the data directory"))? {
+        fs.open(RESTORING, true).map_err(io("mark the restore"))?;
+        fs.sync_dir("").map_err(io("sync the data directory"))?;
+    }
+    // Whatever an earlier, interrupted restore left goes first.
+    if fs.exists(format::CHECKPOINT).map_err(io("inspect the data directory"))? {
+        fs.remove(format::CHECKPOINT).map_err(io("remove a partial restore"))?;
+    }
+    fs.create_dir(format::LOG_DIR).map_err(io("create the log directory"))?;
+    for name in fs.list(format::LOG_DIR).map_err(io("list the log directory"))? {
+        if format::parse_segment_name(&name).is_some() {
+            fs.remove(&format!("{}/{name}", format::LOG_DIR)).map_err(io("remove a partial restore"))?;
+        }
+    }
+    let mut bytes = 0u64;
+    for seg in &cut.segments {
+        let file = fs.open(&format::segment_name(seg.number), true).map_err(io("create a restored segment"))?;
+        let mut at = seg.start;
+        for r in &seg.ranges {
+            let data = bucket.read(r).await.map_err(bucket_err)?;
+            file.write_all_at(&data, at).map_err(io("write a restored segment"))?;
+            at += r.len;
+            bytes += r.len;
+        }
+        file.sync_data().map_err(io("sync a restored segment"))?;
+    }
+    fs.sync_dir(format::LOG_DIR).map_err(io("sync the log directory"))?;
+    if let Some(c) = &cut.checkpoint {
+        let data = bucket.read(&c.object).await.map_err(bucket_err)?;
+        let tmp = fs.open(format::CHECKPOINT_TMP, true).map_err(io("write the restored checkpoint"))?;
+        tmp.set_len(0).map_err(io("write the restored checkpoint"))?;
+        tmp.write_all_at(&data, 0).map_err(io("write the restored checkpoint"))?;
+        tmp.sync_data().map_err(io("sync the restored checkpoint"))?;
+        fs.rename(format::CHECKPOINT_TMP, format::CHECKPOINT).map_err(io("install the restored checkpoint"))?;
+        bytes += c.object.len;
+    }
+    fs.remove(RESTORING).map_err(io("finish the restore"))?;
+    fs.sync_dir("").map_err(io("sync the data directory"))?;
+    tracing::info!(
+        bytes,
+        segments = cut.segments.len(),
+        lsn = cut.end.lsn,
+        elapsed = ?started.elapsed(),
+        "restored the log from the bucket"
+    );
+    Ok(())
+}
+
+/// The frames of `buf` (the bytes of a segment from position `base`) from its start: where the
+/// last whole, valid one ends and its LSN (`base` and 0 when there is none). `buf` may begin
+/// with the segment's header (`base` 0).
+fn whole_frames(buf: &[u8], base: u64) -> (u64, u64) {
+    let mut at = if base == 0 { format::SEGMENT_HEADER as usize } else { 0 };
+    let (mut end, mut lsn) = (if base == 0 { format::SEGMENT_HEADER } else { base }, 0);
+    while let Some(h) = buf.get(at..).and_then(format::parse_frame_header) {
+        let next = at + format::FRAME_HEADER + h.len;
+        match buf.get(at..next) {
+            Some(frame) if format::frame_is_valid(&h, frame) => {
+                at = next;
+                end = base + next as u64;
+                lsn = h.lsn;
+            }
+            _ => break,
+        }
+    }
+    (end.min(base + buf.len() as u64), lsn)
+}
+
+/// A data directory with a log must hold the bucket's cut: the cut's last range as stored
+/// here, and a frame with the cut's last LSN ending where the cut ends. Anything else means
+/// another node wrote to the bucket after this directory's writer (a takeover): its log went
+/// elsewhere, and starting on it would fork the history.
+fn check_holds(fs: &dyn Fs, cut: &Cut) -> Result<(), StorageError> {
+    let diverged = |why: String| backend(LogError::NotTheBucketsLog(why));
+    let (Some(seg), Some(last)) = (cut.segments.last(), cut.segments.last().and_then(|s| s.ranges.last())) else {
+        return Ok(());
+    };
+    let name = format::segment_name(seg.number);
+    if !fs.exists(&name).map_err(io("inspect the log directory"))? {
+        return Err(diverged(format!("segment {} is not here", seg.number)));
+    }
+    let file = fs.open(&name, false).map_err(io("open a log segment"))?;
+    let from = seg.end() - last.len;
+    let mut buf = vec![0u8; last.len as usize];
+    file.read_exact_at(&mut buf, from)
+        .map_err(|_| diverged(format!("segment {} is shorter than the bucket's", seg.number)))?;
+    if crc32c::crc32c(&buf) != last.crc32c {
+        return Err(diverged(format!("segment {} differs at byte {from}", seg.number)));
+    }
+    let (end, lsn) = whole_frames(&buf, from);
+    if (end, lsn) != (cut.end.pos, cut.end.lsn) && !(cut.end.pos == format::SEGMENT_HEADER && lsn == 0) {
+        return Err(diverged(format!("frame {} does not end at byte {}", cut.end.lsn, cut.end.pos)));
+    }
+    Ok(())
+}
+
+/// The shipper: a thread of its own with a small runtime for the bucket's client.
+pub(crate) struct Shipper {
+    pub rx: mpsc::Receiver<Shipment>,
+    pub writer: Writer,
+    pub view: Arc<View>,
+    pub counters: Arc<Counters>,
+    pub fs: Arc<dyn Fs>,
+    pub interval: Duration,
+    /// The checkpoint waiting to be shipped (the newest one).
+    pub pending: Option<Shipment>,
+}
+
+impl Shipper {
+    /// Ships every interval, and when a checkpoint arrives, until fenced, and once more when
+    /// the engine stops (its checkpointer drops the channel after the last checkpoint). Blocks
+    /// its own thread between rounds: nothing else runs on the shipper's runtime.
+    pub async fn run(mut self) {
+        loop {
+            let stop = match self.rx.recv_timeout(self.interval) {
+                Ok(s) => {
+                    self.pending = Some(s);
+                    false
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => false,
+                Err(mpsc::RecvTimeoutError::Disconnected) => true,
+            };
+            match self.ship().await {
+                Ok(()) => {}
+                Err(BucketError::Fenced { mine, by }) => {
+                    let why = format!(
+                        "writes stopped: fenced by writer epoch {by} of the bucket (this node was epoch {mine}); \
+                         another node took the bucket over"
+                    );
+                    tracing::error!("{why}");
+                    self.counters.fail(why);
+                    return;
+                }
+                Err(e) => {
+                    metrics::counter!("oncelog_bucket_errors_total").increment(1);
+                    tracing::warn!(error = %e, "shipping to the bucket failed; trying again");
+                }
+            }
+            if stop {
+                return;
+            }
+        }
+    }
+
+    /// Ships what was synced since the last publish, and the pending checkpoint once the cut
+    /// reaches it, then publishes the new cut. Nothing is published unless every segment up to
+    /// what was synced is shipped; the pending checkpoint and the local files it made
+    /// unnecessary are let go only after a publish that holds it.
+    async fn ship(&mut self) -> Result<(), BucketError> {
+        let synced: Synced = self.view.synced.lock().map(|s| *s).unwrap_or_default();
+        let mut cut = self.writer.published().cut.clone();
+        let epoch = self.writer.epoch();
+        let mut changed = false;
+        // A checkpoint at or before what was synced goes into this cut, and the segments it made
+        // unnecessary leave it (every frame in them is at or before the checkpoint).
+        let ckp = self.pending.as_ref().filter(|p| p.lsn <= synced.lsn);
+        let dead: Vec<u64> = ckp.map(|p| p.dead.clone()).unwrap_or_default();
+        let local: Vec<(u64, Arc<dyn crate::fs::File>)> = match self.view.segments.read() {
+            Ok(segs) => segs
+                .iter()
+                .filter(|(n, _)| **n <= synced.segment && !dead.contains(n))
+                .map(|(n, f)| (*n, f.clone()))
+                .collect(),
+            Err(_) => return Ok(()),
+        };
+        let mut end = cut.end;
+        for (n, file) in local {
+            let shipped = cut.segments.iter().find(|s| s.number == n).map_or(0, SegmentRef::end);
+            let limit = if n == synced.segment { synced.pos } else { file.len().unwrap_or(0) };
+            if shipped >= limit {
+                continue;
+            }
+            let mut buf = vec![0u8; (limit - shipped) as usize];
+            if let Err(e) = file.read_exact_at(&mut buf, shipped) {
+                tracing::warn!(segment = n, error = %e, "a log segment could not be read for shipping");
+                return Ok(());
+            }
+            let (upto, lsn) = if n == synced.segment { (synced.pos, synced.lsn) } else { whole_frames(&buf, shipped) };
+            buf.truncate((upto - shipped) as usize);
+            if buf.is_empty() {
+                continue;
+            }
+            let object = self.writer.put(&keys::range(epoch, n, shipped), Bytes::from(buf)).await?;
+            metrics::counter!("oncelog_bucket_puts_total").increment(1);
+            metrics::counter!("oncelog_bucket_shipped_bytes_total").increment(object.len);
+            match cut.segments.iter_mut().find(|s| s.number == n) {
+                Some(s) => s.ranges.push(object),
+                None => cut.segments.push(SegmentRef { number: n, start: shipped, ranges: vec![object] }),
+            }
+            cut.segments.sort_by_key(|s| s.number);
+            end = LogPosition { lsn: if lsn > 0 { lsn } else { end.lsn }, segment: n, pos: upto };
+            changed = true;
+        }
+        let mut removed: Vec<ObjectRef> = Vec::new();
+        let mut with_ckp = false;
+        if let Some(p) = self.pending.as_ref().filter(|p| p.lsn <= end.lsn) {
+            let object = self.writer.put(&keys::checkpoint(epoch, p.lsn), Bytes::from(p.bytes.clone())).await?;
+            metrics::counter!("oncelog_bucket_puts_total").increment(1);
+            let old = cut.checkpoint.replace(CheckpointRef { lsn: p.lsn, object });
+            removed.extend(old.map(|c| c.object).filter(|o| !o.key.is_empty()));
+            cut.segments.retain(|s| {
+                let gone = p.dead.contains(&s.number);
+                if gone {
+                    removed.extend(s.ranges.iter().cloned());
+                }
+                !gone
+            });
+            with_ckp = true;
+            changed = true;
+        }
+        if !changed {
+            metrics::gauge!("oncelog_bucket_unshipped_bytes").set(0.0);
+            return Ok(());
+        }
+        cut.end = end;
+        let started = Instant::now();
+        self.writer.publish(cut, now_ms()).await?;
+        self.counters.shipped_lsn.store(end.lsn, std::sync::atomic::Ordering::Release);
+        metrics::counter!("oncelog_bucket_puts_total").increment(1);
+        metrics::histogram!("oncelog_bucket_publish_seconds").record(started.elapsed().as_secs_f64());
+        let behind = if end.segment == synced.segment { synced.pos.saturating_sub(end.pos) } else { 0 };
+        metrics::gauge!("oncelog_bucket_unshipped_bytes").set(behind as f64);
+        if with_ckp {
+            if let Some(p) = self.pending.take() {
+                self.remove_local(&p.dead);
+            }
+        }
+        for o in removed {
+            self.writer.bucket().delete(&o.key).await;
+        }
+        Ok(())
+    }
+
+    /// Removes the local files of segments that a published cut no longer names (invariant 2).
+    fn remove_local(&self, dead: &[u64]) {
+        let present: Vec<u64> = match self.view.segments.read() {
+            Ok(segs) => dead.iter().copied().filter(|n| segs.contains_key(n)).collect(),
+            Err(_) => return,
+        };
+        if let Err(e) = store::remove_segments(&*self.fs, &self.view, &present) {
+            tracing::warn!(error = %e, "a log segment the bucket no longer needs was not removed");
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(lsn: u64, payload: &[u8]) -> Vec<u8> {
+        let mut f = vec![0u8; format::FRAME_HEADER];
+        f.extend_from_slice(payload);
+        format::seal_frame(&mut f, lsn);
+        f
+    }
+
+    #[test]
+    fn whole_frames_stop_at_a_torn_or_zero_tail() {
+        let mut seg = format::segment_header(3).to_vec();
+        seg.extend(frame(7, b"abc"));
+        seg.extend(frame(8, b"defgh"));
+        let two = seg.len() as u64;
+        assert_eq!(whole_frames(&seg, 0), (two, 8));
+        // Zeros (allocated space) after the last frame: the clean end.
+        let mut padded = seg.clone();
+        padded.extend([0u8; 64]);
+        assert_eq!(whole_frames(&padded, 0), (two, 8));
+        // A torn frame after them: cut before it.
+        let mut torn = seg.clone();
+        let third = frame(9, b"ijk");
+        torn.extend(&third[..third.len() - 1]);
+        assert_eq!(whole_frames(&torn, 0), (two, 8));
+        // From a frame boundary inside the segment.
+        let first_end = (format::SEGMENT_HEADER as usize + format::FRAME_HEADER + 3) as u64;
+        assert_eq!(whole_frames(&seg[first_end as usize..], first_end), (two, 8));
+        // Only the header: nothing, at the header's end.
+        assert_eq!(whole_frames(&seg[..format::SEGMENT_HEADER as usize], 0), (format::SEGMENT_HEADER, 0));
+    }
+}

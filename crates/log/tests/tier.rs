@@ -1,0 +1,212 @@
+//! The log in a bucket (`--object-store`): a node that loses its disk comes back from the bucket
+//! with every shipped append once and its producers' and keys' deduplication state, what was not
+//! shipped is lost whole (a retry of it is new, never doubled), and the node it replaced is
+//! fenced. Against a real S3 API server (moto, `ONCELOG_TEST_S3_ENDPOINT`, started by
+//! `scripts/test`) and a local directory.
+
+use std::time::{Duration, Instant};
+
+use oncelog_bucket::{Bucket, Location};
+use oncelog_log::tier::Tier;
+use oncelog_log::{Durability, LogEngine, LogOptions};
+use oncelog_storage::contract::*;
+use oncelog_storage::*;
+
+/// A fresh bucket prefix of kind `kind` ("s3" or "dir"), kept alive by the guard.
+fn bucket(kind: &str, name: &str) -> (Bucket, Option<tempfile::TempDir>) {
+    if kind == "s3" {
+        let endpoint = std::env::var("ONCELOG_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
+            panic!("this test needs ONCELOG_TEST_S3_ENDPOINT: ./scripts/test starts an S3 API server (scripts/s3) and sets it")
+        });
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos();
+        let location: Location =
+            format!("s3://oncelog-test/log-{name}-{}-{nanos}", std::process::id()).parse().expect("url");
+        let overrides = [
+            ("aws_endpoint", endpoint.as_str()),
+            ("aws_allow_http", "true"),
+            ("aws_access_key_id", "test"),
+            ("aws_secret_access_key", "test"),
+            ("aws_region", "us-east-1"),
+        ];
+        return (Bucket::open(&location, &overrides).expect("open"), None);
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let location: Location = format!("file://{}/bucket", dir.path().display()).parse().expect("url");
+    (Bucket::open(&location, &[]).expect("open"), Some(dir))
+}
+
+/// An engine on `dir` shipping to `bucket` every `interval`, with small segments and frequent
+/// checkpoints so that rotation, checkpoints and dropped segments all happen.
+fn open(dir: &std::path::Path, bucket: &Bucket, node: &str, interval: Duration) -> Result<LogEngine, StorageError> {
+    let mut opts = LogOptions::new(dir);
+    opts.durability = Durability::Buffered;
+    opts.segment_bytes = 64 << 10;
+    opts.checkpoint_bytes = 96 << 10;
+    opts.reclaim_interval = Duration::from_millis(50);
+    opts.tier = Some(Tier { bucket: bucket.clone(), ship_interval: interval, node: node.into() });
+    LogEngine::open(opts)
+}
+
+/// Waits until everything `e` wrote is in a published cut.
+async fn shipped(e: &LogEngine) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (written, published) = e.shipping().expect("a bucket");
+        if published >= written {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not shipped in time: written {written}, published {published}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn body(i: u64) -> String {
+    format!("{i:05}-{}|", "x".repeat(1000))
+}
+
+/// Appends `range` of producer `p`'s sequence to "a", each its own body, and a keyed append of
+/// each to "b"; returns the outcomes of the producer appends.
+async fn write(e: &LogEngine, range: std::ops::Range<u64>) -> Vec<AppendOutcome> {
+    let mut out = Vec::new();
+    for i in range {
+        out.push(append(e, produce("a", &body(i), "p", 0, i)).await);
+        let k = append(e, keyed("b", &format!("{i}|"), &format!("k{i}"))).await;
+        assert_eq!(k.status, AppendStatus::Appended);
+    }
+    out
+}
+
+async fn disk_loss_keeps_every_shipped_append_once(kind: &str) {
+    let (b, _guard) = bucket(kind, "loss");
+    let (a_dir, b_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let old = open(a_dir.path(), &b, "old", Duration::from_millis(50)).expect("open");
+    create(&old, create_req("a", "text/plain")).await;
+    create(&old, create_req("b", "text/plain")).await;
+    let first = write(&old, 0..120).await;
+    shipped(&old).await;
+    let tail_a = first.last().expect("appends").next_offset;
+    let cut = b.newest().await.expect("newest").expect("a manifest").cut;
+    assert!(cut.checkpoint.is_some() && cut.segments.len() > 1, "a checkpoint and several segments shipped: {cut:?}");
+
+    // The disk is lost; a fresh node on an empty directory comes back from the bucket.
+    let new = open(b_dir.path(), &b, "new", Duration::from_millis(50)).expect("restore");
+    assert_eq!(read_all(&new, "a", 1 << 20).await, (0..120).map(body).collect::<String>(), "every append once");
+    // Every producer retry of an acknowledged append is a duplicate; the last one's (the
+    // receipt a producer keeps) answers with its original offset.
+    for i in (0..120u64).step_by(17) {
+        let again = append(&new, produce("a", &body(i), "p", 0, i)).await;
+        assert_eq!(again.status, AppendStatus::Duplicate, "retry of {i}");
+    }
+    let last = append(&new, produce("a", &body(119), "p", 0, 119)).await;
+    assert_eq!((last.status, last.next_offset), (AppendStatus::Duplicate, tail_a));
+    let k = append(&new, keyed("b", "7|", "k7")).await;
+    assert_eq!(k.status, AppendStatus::Duplicate, "an idempotency key's retry");
+    let next = append(&new, produce("a", &body(120), "p", 0, 120)).await;
+    assert_eq!(next.status, AppendStatus::Appended);
+    assert_eq!(next.next_offset.0, tail_a.0 + body(120).len() as u64);
+
+    // The old node (still running: paused, partitioned) is fenced at its next publish and stops.
+    let zombie = old.append(produce("a", "zombie|", "p", 0, 120)).await;
+    assert!(zombie.is_ok(), "taken locally before the old node finds out: {zombie:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Readiness::NotReady { reason } = old.readiness() {
+            assert!(reason.contains("fenced"), "{reason}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the old node was not fenced");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(old.append(produce("a", "zombie|", "p", 0, 121)).await.is_err(), "a fenced node takes no write");
+    // Nothing the old node wrote after the takeover is visible on the new one.
+    shipped(&new).await;
+    let on_new = read_all(&new, "a", 1 << 20).await;
+    assert_eq!(on_new, (0..121).map(body).collect::<String>());
+    let _ = old.shutdown().await;
+    new.shutdown().await.expect("shutdown");
+}
+
+async fn what_was_not_shipped_is_lost_whole_and_taken_as_new(kind: &str) {
+    let (b, _guard) = bucket(kind, "window");
+    let (a_dir, b_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    // A long interval: only the shutdown's last round ships.
+    let hour = Duration::from_secs(3600);
+    let first = open(a_dir.path(), &b, "a1", hour).expect("open");
+    create(&first, create_req("a", "text/plain")).await;
+    create(&first, create_req("b", "text/plain")).await;
+    let shipped_part = write(&first, 0..40).await;
+    first.shutdown().await.expect("shutdown ships");
+    drop(first);
+    // The same disk again (a restart): it holds the bucket's cut, and goes on from it.
+    let again = open(a_dir.path(), &b, "a2", hour).expect("reopen on the same disk");
+    let unshipped = write(&again, 40..70).await;
+    assert!(unshipped.iter().all(|o| o.status == AppendStatus::Appended));
+
+    // The disk is lost before the next round: the new node has the shipped part only.
+    let new = open(b_dir.path(), &b, "new", Duration::from_millis(50)).expect("restore");
+    assert_eq!(read_all(&new, "a", 1 << 20).await, (0..40).map(body).collect::<String>());
+    let lost = 70 - 40;
+    println!("unshipped window lost with the disk: {lost} producer appends");
+    // A retry of a lost append is new, and lands where the lost one was: nothing doubled.
+    for i in 40..70u64 {
+        let o = append(&new, produce("a", &body(i), "p", 0, i)).await;
+        assert_eq!((o.status, o.next_offset), (AppendStatus::Appended, unshipped[(i - 40) as usize].next_offset));
+    }
+    let dup = append(&new, produce("a", &body(3), "p", 0, 3)).await;
+    assert_eq!(dup.status, AppendStatus::Duplicate);
+    assert!(shipped_part[3].next_offset < unshipped[0].next_offset);
+    assert_eq!(read_all(&new, "a", 1 << 20).await, (0..70).map(body).collect::<String>());
+    // The restarted node finds out at its last round.
+    let _ = again.shutdown().await;
+    match again.readiness() {
+        Readiness::NotReady { reason } => assert!(reason.contains("fenced"), "{reason}"),
+        other => panic!("the replaced node was not fenced: {other:?}"),
+    }
+    new.shutdown().await.expect("shutdown");
+}
+
+async fn a_disk_the_bucket_moved_past_is_refused(kind: &str) {
+    let (b, _guard) = bucket(kind, "diverged");
+    let (a_dir, b_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let first = open(a_dir.path(), &b, "a", Duration::from_millis(50)).expect("open");
+    create(&first, create_req("a", "text/plain")).await;
+    create(&first, create_req("b", "text/plain")).await;
+    write(&first, 0..5).await;
+    first.shutdown().await.expect("shutdown");
+    drop(first);
+    // Another node restores and writes on.
+    let other = open(b_dir.path(), &b, "b", Duration::from_millis(50)).expect("restore");
+    write(&other, 5..10).await;
+    other.shutdown().await.expect("shutdown");
+    drop(other);
+    // The first disk comes back: starting on it would fork the history.
+    let err = open(a_dir.path(), &b, "a", Duration::from_millis(50)).err().expect("refused").to_string();
+    assert!(err.contains("not this data directory's"), "{err}");
+}
+
+macro_rules! on_both {
+    ($($case:ident),* $(,)?) => {
+        mod s3 {
+            $(
+                #[test]
+                fn $case() {
+                    oncelog_storage::contract::run(|| super::$case("s3"));
+                }
+            )*
+        }
+        mod dir {
+            $(
+                #[test]
+                fn $case() {
+                    oncelog_storage::contract::run(|| super::$case("dir"));
+                }
+            )*
+        }
+    };
+}
+
+on_both!(
+    disk_loss_keeps_every_shipped_append_once,
+    what_was_not_shipped_is_lost_whole_and_taken_as_new,
+    a_disk_the_bucket_moved_past_is_refused,
+);

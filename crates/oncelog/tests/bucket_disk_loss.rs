@@ -1,0 +1,150 @@
+//! Losing the disk with `--object-store` (`--ack-mode local`): the real binary under a producer
+//! and a keyed writer, SIGKILL, its data directory deleted, a fresh node on an empty directory
+//! and the same bucket. What comes back is a prefix of what was acknowledged (the shipping
+//! window may be missing, nothing is doubled), and the writers' retries of everything they sent
+//! end with every append exactly once: a restored append's retry is a duplicate (204), a lost
+//! one's is new (200). Against a real S3 API server (moto, `ONCELOG_TEST_S3_ENDPOINT`) and a
+//! local directory. Unix only (SIGKILL).
+
+#![cfg(unix)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::Server;
+use reqwest::{Client, StatusCode};
+
+const APPENDS: u64 = 150;
+
+fn body(i: u64) -> String {
+    format!("p{i:04}|")
+}
+
+fn key_body(i: u64) -> String {
+    format!("k{i:04}|")
+}
+
+/// The `--object-store` URL and the environment the server needs for it.
+fn store(kind: &str, dir: &std::path::Path) -> (String, Vec<(&'static str, String)>) {
+    if kind == "dir" {
+        return (format!("file://{}/bucket", dir.display()), Vec::new());
+    }
+    let endpoint = std::env::var("ONCELOG_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
+        panic!(
+            "this test needs ONCELOG_TEST_S3_ENDPOINT: ./scripts/test starts an S3 API server (scripts/s3) and sets it"
+        )
+    });
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos();
+    let env = vec![
+        ("AWS_ENDPOINT_URL", endpoint),
+        ("AWS_ALLOW_HTTP", "true".into()),
+        ("AWS_ACCESS_KEY_ID", "test".into()),
+        ("AWS_SECRET_ACCESS_KEY", "test".into()),
+        ("AWS_REGION", "us-east-1".into()),
+    ];
+    (format!("s3://oncelog-test/cli-{}-{nanos}", std::process::id()), env)
+}
+
+fn start(data: &std::path::Path, url: &str, env: &[(&'static str, String)]) -> Server {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    Server::start_env(data, "127.0.0.1:0", &["--object-store", url, "--ship-interval", "100ms"], &env)
+}
+
+async fn produce(http: &Client, url: &str, i: u64) -> StatusCode {
+    let seq = i.to_string();
+    let r = http
+        .post(url)
+        .header("content-type", "text/plain")
+        .header("producer-id", "p")
+        .header("producer-epoch", "0")
+        .header("producer-seq", seq.as_str())
+        .body(body(i))
+        .send()
+        .await
+        .expect("post");
+    r.status()
+}
+
+async fn keyed(http: &Client, url: &str, i: u64) -> StatusCode {
+    let key = format!("key-{i}");
+    let r = http
+        .post(url)
+        .header("content-type", "text/plain")
+        .header("idempotency-key", key.as_str())
+        .body(key_body(i))
+        .send()
+        .await
+        .expect("post");
+    r.status()
+}
+
+async fn text(http: &Client, url: &str) -> String {
+    http.get(format!("{url}?offset=-1")).send().await.expect("get").text().await.expect("text")
+}
+
+async fn disk_loss(kind: &str) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (url, env) = store(kind, tmp.path());
+    let data = tmp.path().join("data");
+    let http = Client::new();
+    let server = start(&data, &url, &env);
+    let (p_url, k_url) = (format!("{}/v1/stream/p", server.url), format!("{}/v1/stream/k", server.url));
+    for u in [&p_url, &k_url] {
+        let r = http.put(u).header("content-type", "text/plain").send().await.expect("put");
+        assert_eq!(r.status(), StatusCode::CREATED);
+    }
+    // Both writers at once, every append acknowledged.
+    let (a, b) = tokio::join!(
+        async {
+            for i in 0..APPENDS {
+                assert_eq!(produce(&http, &p_url, i).await, StatusCode::OK);
+            }
+        },
+        async {
+            for i in 0..APPENDS {
+                assert_eq!(keyed(&http, &k_url, i).await, StatusCode::OK);
+            }
+        }
+    );
+    let ((), ()) = (a, b);
+    // A few shipping rounds, then the machine is gone: SIGKILL and the disk with it.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    server.kill9();
+    std::fs::remove_dir_all(&data).expect("delete the data directory");
+
+    let server = start(&data, &url, &env);
+    let (p_url, k_url) = (format!("{}/v1/stream/p", server.url), format!("{}/v1/stream/k", server.url));
+    let restored = text(&http, &p_url).await;
+    let all: String = (0..APPENDS).map(body).collect();
+    assert!(all.starts_with(&restored), "a prefix of what was acknowledged, in order: {restored:?}");
+    let kept = restored.len() / body(0).len();
+    let restored_keys = text(&http, &k_url).await;
+    let all_keys: String = (0..APPENDS).map(key_body).collect();
+    assert!(all_keys.starts_with(&restored_keys), "{restored_keys:?}");
+    println!(
+        "{kind}: restored {kept} of {APPENDS} producer appends and {} of {APPENDS} keyed ones; the rest was in the shipping window",
+        restored_keys.len() / key_body(0).len()
+    );
+    assert!(kept > 0, "shipping rounds ran before the kill: something must have been shipped");
+    // The writers retry everything: restored appends are duplicates, lost ones new.
+    for i in 0..APPENDS {
+        let want = if i < kept as u64 { StatusCode::NO_CONTENT } else { StatusCode::OK };
+        assert_eq!(produce(&http, &p_url, i).await, want, "producer retry of {i}");
+        let kept_keys = (restored_keys.len() / key_body(0).len()) as u64;
+        let want = if i < kept_keys { StatusCode::NO_CONTENT } else { StatusCode::OK };
+        assert_eq!(keyed(&http, &k_url, i).await, want, "keyed retry of {i}");
+    }
+    assert_eq!(text(&http, &p_url).await, all, "every producer append exactly once");
+    assert_eq!(text(&http, &k_url).await, all_keys, "every keyed append exactly once");
+}
+
+#[tokio::test]
+async fn disk_loss_with_a_directory_bucket() {
+    disk_loss("dir").await;
+}
+
+#[tokio::test]
+async fn disk_loss_with_an_s3_bucket() {
+    disk_loss("s3").await;
+}
