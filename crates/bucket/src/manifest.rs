@@ -13,7 +13,8 @@
 //!    checkpoint means what it meant.
 //! 2. Segments are listed in increasing number, and the cut's end lies in the last one, at the
 //!    end of its last range: the cut is a prefix of the frame sequence ending at `end.lsn`.
-//! 3. The checkpoint, if any, is as of an LSN at or before `end.lsn`.
+//! 3. The checkpoint, if any, is as of an LSN at or before `end.lsn`; without one, the log
+//!    starts at the first byte of segment 1 (a restore replays it from there).
 
 use serde::{Deserialize, Serialize};
 
@@ -130,6 +131,9 @@ impl Cut {
         if self.checkpoint.as_ref().is_some_and(|c| c.lsn > self.end.lsn) {
             return bad("a checkpoint past the end");
         }
+        if self.checkpoint.is_none() && self.segments.first().is_some_and(|s| (s.number, s.start) != (1, 0)) {
+            return bad("no checkpoint, and the log does not start at the first byte of segment 1");
+        }
         Ok(())
     }
 }
@@ -172,8 +176,16 @@ mod tests {
     /// Consistent manifests: segments in order, the end where the last one's ranges end.
     fn manifest() -> impl Strategy<Value = Manifest> {
         let segments = proptest::collection::vec((1u64..50, 0u64..64, proptest::collection::vec(object(), 1..4)), 0..4);
+        let starts_at_one = |segs: &mut Vec<(u64, u64, Vec<ObjectRef>)>| {
+            if let Some(first) = segs.first_mut() {
+                (first.0, first.1) = (1, 0);
+            }
+        };
         (segments, any::<u64>(), 1u64..1000, "[a-z0-9:.-]{0,20}", any::<i64>(), any::<bool>()).prop_map(
-            |(segs, lsn, epoch, node, written_ms, ckp)| {
+            move |(mut segs, lsn, epoch, node, written_ms, ckp)| {
+                if !ckp {
+                    starts_at_one(&mut segs);
+                }
                 let mut number = 0;
                 let segments: Vec<SegmentRef> = segs
                     .into_iter()
@@ -221,10 +233,10 @@ mod tests {
             cut: Cut {
                 checkpoint: Some(CheckpointRef { lsn: 5, object: r("ckp", 100) }),
                 segments: vec![
-                    SegmentRef { number: 1, start: 0, ranges: vec![r("a", 10), r("b", 20)] },
-                    SegmentRef { number: 2, start: 0, ranges: vec![r("c", 16)] },
+                    SegmentRef { number: 3, start: 0, ranges: vec![r("a", 10), r("b", 20)] },
+                    SegmentRef { number: 4, start: 0, ranges: vec![r("c", 16)] },
                 ],
-                end: LogPosition { lsn: 9, segment: 2, pos: 16 },
+                end: LogPosition { lsn: 9, segment: 4, pos: 16 },
             },
         }
     }
@@ -239,7 +251,7 @@ mod tests {
         };
         assert!(matches!(refused(&|m| m.format = 2), Err(ManifestError::Format(2))));
         assert!(matches!(refused(&|m| m.cut.end.pos = 15), Err(ManifestError::Inconsistent(_))));
-        assert!(matches!(refused(&|m| m.cut.end.segment = 1), Err(ManifestError::Inconsistent(_))));
+        assert!(matches!(refused(&|m| m.cut.end.segment = 3), Err(ManifestError::Inconsistent(_))));
         assert!(matches!(refused(&|m| m.cut.segments.swap(0, 1)), Err(ManifestError::Inconsistent(_))));
         assert!(matches!(refused(&|m| m.cut.segments[0].ranges[0].len = 0), Err(ManifestError::Inconsistent(_))));
         assert!(matches!(
@@ -247,6 +259,7 @@ mod tests {
             Err(ManifestError::Inconsistent(_))
         ));
         assert!(matches!(refused(&|m| m.takeovers.pop().map(drop).unwrap_or(())), Err(ManifestError::Inconsistent(_))));
+        assert!(matches!(refused(&|m| m.cut.checkpoint = None), Err(ManifestError::Inconsistent(_))));
         assert!(matches!(Manifest::decode(b"{\"format\":1}"), Err(ManifestError::Json(_))));
         assert!(matches!(Manifest::decode(b"not json"), Err(ManifestError::Json(_))));
     }

@@ -583,7 +583,7 @@ fn start_shipper(
                     return;
                 }
             };
-            let writer = match rt.block_on(tier::prepare(&*fs, &tier, now_ms)) {
+            let (writer, pending) = match rt.block_on(tier::prepare(&*fs, &tier, now_ms)) {
                 Ok(w) => w,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -592,7 +592,7 @@ fn start_shipper(
             };
             let _ = ready_tx.send(Ok(()));
             let Ok((view, counters, rx)) = start_rx.recv() else { return };
-            let shipper = tier::Shipper { rx, writer, view, counters, fs, interval: tier.ship_interval, pending: None };
+            let shipper = tier::Shipper { rx, writer, view, counters, fs, interval: tier.ship_interval, pending };
             rt.block_on(shipper.run());
         })
         .map_err(|e| backend(LogError::Io { what: "start the shipper".into(), source: e }))?;

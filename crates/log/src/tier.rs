@@ -76,9 +76,12 @@ fn local_is_empty(fs: &dyn Fs) -> Result<bool, StorageError> {
 
 /// Before the store opens: restores the bucket's cut into an empty data directory, or checks
 /// that a data directory with a log holds the cut (it may be ahead, never elsewhere), then takes
-/// the prefix over.
-pub(crate) async fn prepare(fs: &dyn Fs, tier: &Tier, now_ms: i64) -> Result<Writer, StorageError> {
+/// the prefix over. Also returns the local checkpoint when it is newer than the cut's (a
+/// directory that ran without the bucket, or whose last checkpoint was not shipped): the cut
+/// may need it, since segments before it may be gone.
+pub(crate) async fn prepare(fs: &dyn Fs, tier: &Tier, now_ms: i64) -> Result<(Writer, Option<Shipment>), StorageError> {
     let newest = tier.bucket.newest().await.map_err(bucket_err)?;
+    let cut_ckp = newest.as_ref().and_then(|m| m.cut.checkpoint.as_ref()).map_or(0, |c| c.lsn);
     if let Some(m) = &newest {
         if !m.cut.segments.is_empty() {
             if local_is_empty(fs)? {
@@ -88,10 +91,26 @@ pub(crate) async fn prepare(fs: &dyn Fs, tier: &Tier, now_ms: i64) -> Result<Wri
             }
         }
     }
+    let pending = local_checkpoint(fs, now_ms)?.filter(|s| s.lsn > cut_ckp);
     let writer = tier.bucket.take_over(&tier.node, now_ms).await.map_err(bucket_err)?;
     tracing::info!(location = ?tier.bucket, epoch = writer.epoch(), lsn = writer.published().cut.end.lsn, "writing to the bucket");
     metrics::gauge!("oncelog_bucket_epoch").set(writer.epoch() as f64);
-    Ok(writer)
+    Ok((writer, pending))
+}
+
+/// The data directory's checkpoint as a shipment (no segments to drop: the checkpointer that
+/// wrote it removed them, or keeps them for the shipper's next checkpoint).
+fn local_checkpoint(fs: &dyn Fs, now_ms: i64) -> Result<Option<Shipment>, StorageError> {
+    if !fs.exists(format::CHECKPOINT).map_err(io("inspect the data directory"))? {
+        return Ok(None);
+    }
+    let f = fs.open(format::CHECKPOINT, false).map_err(io("open the checkpoint"))?;
+    let len = f.len().map_err(io("read the checkpoint"))?;
+    let mut bytes = vec![0u8; len as usize];
+    f.read_exact_at(&mut bytes, 0).map_err(io("read the checkpoint"))?;
+    let cp = format::Checkpoint::decode(&bytes, now_ms)
+        .map_err(|e| backend(LogError::Corrupt(format!("checkpoint: {e}"))))?;
+    Ok(Some(Shipment { lsn: cp.lsn, bytes, dead: Vec::new() }))
 }
 
 /// Writes the cut's segments and checkpoint into the data directory, byte for byte.

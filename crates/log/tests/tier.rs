@@ -184,6 +184,39 @@ async fn a_disk_the_bucket_moved_past_is_refused(kind: &str) {
     assert!(err.contains("not this data directory's"), "{err}");
 }
 
+async fn a_directory_that_ran_without_a_bucket_is_shipped_whole(kind: &str) {
+    let (b, _guard) = bucket(kind, "late");
+    let (a_dir, b_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    // Without a bucket first: a stream whose data is trimmed away, so the checkpoint removes
+    // the first segments, and one that stays.
+    let mut opts = LogOptions::new(a_dir.path());
+    opts.durability = Durability::Buffered;
+    opts.segment_bytes = 64 << 10;
+    opts.checkpoint_bytes = 96 << 10;
+    let plain = LogEngine::open(opts).expect("open");
+    create(&plain, create_req("x", "text/plain")).await;
+    create(&plain, create_req("a", "text/plain")).await;
+    create(&plain, create_req("b", "text/plain")).await;
+    for i in 0..200u64 {
+        append(&plain, append_req("x", &body(i))).await;
+    }
+    let tail = plain.head("x", 0).await.expect("head").tail;
+    plain.trim("x", tail, 0).await.expect("trim");
+    write(&plain, 0..20).await;
+    plain.shutdown().await.expect("shutdown");
+    drop(plain);
+    let first_segment = a_dir.path().join("log").join(format!("{:020}.seg", 1));
+    assert!(!first_segment.exists(), "the checkpoint removed the first segment");
+    // With a bucket now: its first cut must carry the checkpoint, or a restore has no start.
+    let shipping = open(a_dir.path(), &b, "a", Duration::from_millis(50)).expect("open");
+    shipped(&shipping).await;
+    let new = open(b_dir.path(), &b, "new", Duration::from_millis(50)).expect("restore");
+    assert_eq!(read_all(&new, "a", 1 << 20).await, (0..20).map(body).collect::<String>());
+    assert_eq!(new.head("x", 0).await.expect("head").earliest, tail);
+    new.shutdown().await.expect("shutdown");
+    let _ = shipping.shutdown().await;
+}
+
 macro_rules! on_both {
     ($($case:ident),* $(,)?) => {
         mod s3 {
@@ -209,4 +242,5 @@ on_both!(
     disk_loss_keeps_every_shipped_append_once,
     what_was_not_shipped_is_lost_whole_and_taken_as_new,
     a_disk_the_bucket_moved_past_is_refused,
+    a_directory_that_ran_without_a_bucket_is_shipped_whole,
 );
