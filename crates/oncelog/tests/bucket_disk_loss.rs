@@ -4,7 +4,9 @@
 //! window may be missing, nothing is doubled), and the writers' retries of everything they sent
 //! end with every append exactly once: a restored append's retry is a duplicate (204), a lost
 //! one's is new (200). Against a real S3 API server (moto, `ONCELOG_TEST_S3_ENDPOINT`) and a
-//! local directory. Unix only (SIGKILL).
+//! local directory. And the node replaced while paused (SIGSTOP, a takeover, SIGCONT): nothing
+//! it writes afterwards becomes visible, and it stops taking writes with its reason. Unix only
+//! (signals).
 
 #![cfg(unix)]
 
@@ -137,6 +139,78 @@ async fn disk_loss(kind: &str) {
     }
     assert_eq!(text(&http, &p_url).await, all, "every producer append exactly once");
     assert_eq!(text(&http, &k_url).await, all_keys, "every keyed append exactly once");
+}
+
+/// Sends `signal` (`-STOP`, `-CONT`) to a child this test started.
+fn signal(server: &Server, signal: &str) {
+    let ok = std::process::Command::new("kill").args([signal, &server.pid().to_string()]).status().expect("kill");
+    assert!(ok.success(), "kill {signal}");
+}
+
+async fn a_paused_node_is_fenced_by_its_successor(kind: &str) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (url, env) = store(kind, tmp.path());
+    let http = Client::new();
+    let old = start(&tmp.path().join("old"), &url, &env);
+    let old_url = format!("{}/v1/stream/p", old.url);
+    let r = http.put(&old_url).header("content-type", "text/plain").send().await.expect("put");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    for i in 0..20 {
+        assert_eq!(produce(&http, &old_url, i).await, StatusCode::OK);
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // Paused (a long GC, a frozen VM); meanwhile a new node takes the bucket over.
+    signal(&old, "-STOP");
+    let new = start(&tmp.path().join("new"), &url, &env);
+    let new_url = format!("{}/v1/stream/p", new.url);
+    assert_eq!(text(&http, &new_url).await, (0..20).map(body).collect::<String>());
+    for i in 20..25 {
+        assert_eq!(produce(&http, &new_url, i).await, StatusCode::OK);
+    }
+    // The old node wakes up and takes a write locally before it finds out.
+    signal(&old, "-CONT");
+    let zombie = http
+        .post(&old_url)
+        .header("content-type", "text/plain")
+        .header("producer-id", "z")
+        .header("producer-epoch", "0")
+        .header("producer-seq", "0")
+        .body("zombie|")
+        .send()
+        .await
+        .expect("post");
+    println!("{kind}: the paused node answered {} to a write after it resumed", zombie.status());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match common::load::readyz(&old.url).await {
+            Some((StatusCode::SERVICE_UNAVAILABLE, reason)) => {
+                assert!(reason.contains("fenced"), "{reason}");
+                break;
+            }
+            other => assert!(std::time::Instant::now() < deadline, "the old node was not fenced: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(produce(&http, &old_url, 25).await, StatusCode::SERVICE_UNAVAILABLE, "a fenced node takes no write");
+    // Nothing of the old node's after the takeover is visible: not on the new node, and not on
+    // a node restored from the bucket after it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let want: String = (0..25).map(body).collect();
+    assert_eq!(text(&http, &new_url).await, want);
+    new.kill9();
+    let third = start(&tmp.path().join("third"), &url, &env);
+    assert_eq!(text(&http, &format!("{}/v1/stream/p", third.url)).await, want);
+    old.kill9();
+}
+
+#[tokio::test]
+async fn a_paused_node_is_fenced_with_a_directory_bucket() {
+    a_paused_node_is_fenced_by_its_successor("dir").await;
+}
+
+#[tokio::test]
+async fn a_paused_node_is_fenced_with_an_s3_bucket() {
+    a_paused_node_is_fenced_by_its_successor("s3").await;
 }
 
 #[tokio::test]

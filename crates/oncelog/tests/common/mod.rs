@@ -170,6 +170,11 @@ impl Server {
         Server { child, url }
     }
 
+    /// The child's process id (for signals a test sends itself, such as SIGSTOP).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL, and wait for the child to be gone.
     pub fn kill9(mut self) {
         let _ = self.child.kill();
