@@ -83,6 +83,18 @@ async fn disk_loss_keeps_every_shipped_append_once(kind: &str) {
     create(&old, create_req("a", "text/plain")).await;
     create(&old, create_req("b", "text/plain")).await;
     let first = write(&old, 0..120).await;
+    // A subscription: its state is the engine's metadata map, written by transactions.
+    create(&old, create_req("wake", "application/json")).await;
+    let subs = oncelog_subscriptions::Subscriptions::new(std::sync::Arc::new(old.clone()));
+    let config = oncelog_subscriptions::SubConfig {
+        kind: oncelog_subscriptions::SubKind::PullWake { wake_stream: "wake".into() },
+        pattern: None,
+        streams: vec!["a".into()],
+        lease_ttl_ms: 1_000,
+        description: Some("kept by the bucket".into()),
+        outputs: Vec::new(),
+    };
+    subs.put("sub", config, 0).await.expect("put a subscription");
     shipped(&old).await;
     let tail_a = first.last().expect("appends").next_offset;
     let cut = b.newest().await.expect("newest").expect("a manifest").cut;
@@ -99,6 +111,9 @@ async fn disk_loss_keeps_every_shipped_append_once(kind: &str) {
     }
     let last = append(&new, produce("a", &body(119), "p", 0, 119)).await;
     assert_eq!((last.status, last.next_offset), (AppendStatus::Duplicate, tail_a));
+    let sub = oncelog_subscriptions::Subscriptions::new(std::sync::Arc::new(new.clone())).get("sub", 0).await;
+    let sub = sub.expect("the subscription came back");
+    assert_eq!(sub.record.config.description.as_deref(), Some("kept by the bucket"));
     let k = append(&new, keyed("b", "7|", "k7")).await;
     assert_eq!(k.status, AppendStatus::Duplicate, "an idempotency key's retry");
     let next = append(&new, produce("a", &body(120), "p", 0, 120)).await;
