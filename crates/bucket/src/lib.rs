@@ -20,3 +20,50 @@ pub mod manifest;
 pub use bucket::{Bucket, BucketError, Writer};
 pub use location::{Location, LocationError};
 pub use manifest::{CheckpointRef, Cut, LogPosition, Manifest, ManifestError, ObjectRef, SegmentRef, Takeover};
+
+/// For tests of this crate and of the engines over it (feature `test-support`): a fresh prefix
+/// on the test S3 API server `scripts/test` starts (`scripts/s3`, its endpoint in
+/// `ONCELOG_TEST_S3_ENDPOINT`).
+#[cfg(feature = "test-support")]
+pub mod test_support {
+    use crate::{Bucket, Location};
+
+    /// The environment an `oncelog serve` child needs for the test server (AWS_* variables).
+    pub fn s3_env() -> Vec<(&'static str, String)> {
+        let endpoint = std::env::var("ONCELOG_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
+            panic!("this test needs ONCELOG_TEST_S3_ENDPOINT: ./scripts/test starts an S3 API server (scripts/s3) and sets it")
+        });
+        vec![
+            ("AWS_ENDPOINT_URL", endpoint),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
+
+    /// A prefix of the test bucket no other test uses: `s3://oncelog-test/{name}-{pid}-{nanos}`.
+    pub fn s3_location(name: &str) -> Location {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        Location::S3 { bucket: "oncelog-test".into(), prefix: format!("{name}-{}-{nanos}", std::process::id()) }
+    }
+
+    /// A fresh prefix of the test bucket, opened.
+    pub fn s3_bucket(name: &str) -> Bucket {
+        let env = s3_env();
+        let overrides: Vec<(&str, &str)> = env
+            .iter()
+            .map(|(k, v)| {
+                let key = match *k {
+                    "AWS_ENDPOINT_URL" => "aws_endpoint",
+                    "AWS_ALLOW_HTTP" => "aws_allow_http",
+                    "AWS_ACCESS_KEY_ID" => "aws_access_key_id",
+                    "AWS_SECRET_ACCESS_KEY" => "aws_secret_access_key",
+                    _ => "aws_region",
+                };
+                (key, v.as_str())
+            })
+            .collect();
+        Bucket::open(&s3_location(name), &overrides).expect("open the test bucket")
+    }
+}

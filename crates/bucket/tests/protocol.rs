@@ -3,28 +3,14 @@
 //! directory (`file://`). Every case runs on both; nothing here mocks the client.
 
 use bytes::Bytes;
+use oncelog_bucket::test_support;
 use oncelog_bucket::*;
 
 /// A fresh, empty prefix on the store of kind `kind` ("s3" or "dir"); the guard keeps a
 /// directory alive for the test.
 fn fresh(kind: &str, name: &str) -> (Bucket, Option<tempfile::TempDir>) {
     match kind {
-        "s3" => {
-            let endpoint = std::env::var("ONCELOG_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
-                panic!("this test needs ONCELOG_TEST_S3_ENDPOINT: ./scripts/test starts an S3 API server (scripts/s3) and sets it")
-            });
-            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos();
-            let location: Location =
-                format!("s3://oncelog-test/{name}-{}-{nanos}", std::process::id()).parse().expect("url");
-            let overrides = [
-                ("aws_endpoint", endpoint.as_str()),
-                ("aws_allow_http", "true"),
-                ("aws_access_key_id", "test"),
-                ("aws_secret_access_key", "test"),
-                ("aws_region", "us-east-1"),
-            ];
-            (Bucket::open(&location, &overrides).expect("open"), None)
-        }
+        "s3" => (test_support::s3_bucket(name), None),
         _ => {
             let dir = tempfile::tempdir().expect("tempdir");
             let location: Location = format!("file://{}/bucket", dir.path().display()).parse().expect("url");

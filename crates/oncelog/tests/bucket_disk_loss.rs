@@ -32,20 +32,7 @@ fn store(kind: &str, dir: &std::path::Path) -> (String, Vec<(&'static str, Strin
     if kind == "dir" {
         return (format!("file://{}/bucket", dir.display()), Vec::new());
     }
-    let endpoint = std::env::var("ONCELOG_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
-        panic!(
-            "this test needs ONCELOG_TEST_S3_ENDPOINT: ./scripts/test starts an S3 API server (scripts/s3) and sets it"
-        )
-    });
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_nanos();
-    let env = vec![
-        ("AWS_ENDPOINT_URL", endpoint),
-        ("AWS_ALLOW_HTTP", "true".into()),
-        ("AWS_ACCESS_KEY_ID", "test".into()),
-        ("AWS_SECRET_ACCESS_KEY", "test".into()),
-        ("AWS_REGION", "us-east-1".into()),
-    ];
-    (format!("s3://oncelog-test/cli-{}-{nanos}", std::process::id()), env)
+    (oncelog_bucket::test_support::s3_location("cli").to_string(), oncelog_bucket::test_support::s3_env())
 }
 
 fn start(data: &std::path::Path, url: &str, env: &[(&'static str, String)]) -> Server {
