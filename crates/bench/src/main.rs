@@ -10,6 +10,9 @@
 //! * `ready` ([`ready`]): after a restart, time until the recorded streams answer HEAD with
 //!   their tails.
 //! * `free-port` ([`port`]): print an unused loopback TCP port.
+//! * `peers` ([`peers`]): Oncelog and its peer servers side by side, servers alternating, each
+//!   scenario run through the generators above; writes a markdown table and an SVG chart
+//!   (`scripts/bench-peers` builds the release binaries and runs it).
 //!
 //! All talk only to loopback URLs (`--url`, with `--prefix` for where streams live) and stop by
 //! themselves. Each benchmark prints human-readable results and one final machine-readable line
@@ -20,6 +23,7 @@ mod common;
 mod disk;
 mod fill;
 mod live;
+mod peers;
 mod port;
 mod read;
 mod ready;
@@ -30,8 +34,8 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "oncelog-bench", version, about = "Load generator for Oncelog (loopback only)")]
 struct Cli {
-    /// Tokio worker threads for the generator (0 = one per CPU).
-    #[arg(long, global = true, default_value_t = 0)]
+    /// Tokio worker threads for the generator (0 = one per CPU; `peers` does not use it).
+    #[arg(long, global = true, default_value_t = 0, display_order = 100)]
     threads: usize,
     #[command(subcommand)]
     command: Command,
@@ -57,10 +61,24 @@ enum Command {
     Disk(disk::DiskArgs),
     /// Print an unused TCP port on 127.0.0.1.
     FreePort,
+    /// Oncelog side by side with its peers (Electric's Rust server, the reference Node server):
+    /// every scenario on fresh servers, servers alternating; writes a markdown table of medians
+    /// with Oncelog/Electric ratios and an SVG chart next to it (what scripts/bench-peers runs).
+    #[command(
+        override_usage = "scripts/bench-peers [OPTIONS]\n       oncelog-bench peers [OPTIONS]",
+        after_help = peers::AFTER_HELP,
+        args_override_self = true
+    )]
+    Peers(peers::PeersArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Not a load generator: it starts servers and generators as processes, without a runtime.
+    let command = match cli.command {
+        Command::Peers(args) => return peers::run(args),
+        other => other,
+    };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     if cli.threads > 0 {
@@ -74,7 +92,7 @@ fn main() -> std::process::ExitCode {
         }
     };
     let result = runtime.block_on(async {
-        match cli.command {
+        match command {
             Command::Append(a) => append::run(a).await,
             Command::Read(r) => read::run(r).await,
             Command::Sse(l) => live::run(l, live::Mode::Sse).await,
@@ -84,6 +102,7 @@ fn main() -> std::process::ExitCode {
             Command::Ready(r) => ready::run(r).await,
             Command::Disk(d) => disk::run(d),
             Command::FreePort => port::run(),
+            Command::Peers(_) => Err("peers runs without the async runtime".into()),
         }
     });
     // Do not wait for stray tasks (e.g. a request stuck past its deadline).
