@@ -5,15 +5,15 @@
 use std::net::TcpListener;
 
 pub fn run() -> Result<(), String> {
-    println!("{}", free_port()?);
+    println!("{}", free_port().map_err(|e| format!("cannot pick a free port: {e}"))?);
     Ok(())
 }
 
 /// An unused TCP port on 127.0.0.1 (free again once this returns; the caller binds it right
 /// away).
-pub fn free_port() -> Result<u16, String> {
-    let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("cannot bind 127.0.0.1:0: {e}"))?;
-    let port = listener.local_addr().map_err(|e| format!("cannot read the bound address: {e}"))?.port();
+pub fn free_port() -> std::io::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
     drop(listener);
     Ok(port)
 }

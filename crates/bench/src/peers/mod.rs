@@ -54,30 +54,34 @@ Every scenario runs on a fresh server with a fresh data directory, on 127.0.0.1.
 this command started are ever signalled (by their PIDs) and only directories it created are
 deleted. Run by hand; never part of scripts/test.";
 
-#[derive(Debug)]
+/// What ends a run.
+#[derive(Debug, thiserror::Error)]
 pub enum PeersError {
     /// A bad option.
-    Options(OptionsError),
+    #[error(transparent)]
+    Options(#[from] OptionsError),
     /// SIGINT or SIGTERM.
+    #[error("interrupted")]
     Interrupted,
-    /// Anything else that ends the run.
-    Fatal(String),
-}
-
-impl std::fmt::Display for PeersError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PeersError::Options(e) => e.fmt(f),
-            PeersError::Interrupted => f.write_str("interrupted"),
-            PeersError::Fatal(m) => f.write_str(m),
-        }
-    }
-}
-
-impl From<OptionsError> for PeersError {
-    fn from(e: OptionsError) -> Self {
-        PeersError::Options(e)
-    }
+    #[error("{what} {}: {source}", path.display())]
+    Io { what: &'static str, path: PathBuf, source: std::io::Error },
+    #[error("HOME is not set")]
+    NoHome,
+    #[error("ONCELOG_PEERS_CACHE must be outside the repository")]
+    CacheInRepository,
+    #[error("no current directory: {0}")]
+    NoCurrentDir(std::io::Error),
+    #[error("Oncelog failed to start (logs: {})", log.display())]
+    OncelogDidNotStart { log: PathBuf },
+    #[error(
+        "missing {} (build failed? try without --no-build, or build it: cargo build --release -p oncelog -p oncelog-bench)",
+        bin.display()
+    )]
+    MissingBinary { bin: PathBuf },
+    #[error("cannot wait for process {pid}: {source}")]
+    Wait { pid: u32, source: std::io::Error },
+    #[error("no free port: {0}")]
+    Port(std::io::Error),
 }
 
 fn say(text: &str) {
@@ -113,14 +117,14 @@ fn cache_dir(env: impl Fn(&str) -> Option<String>, cwd: &Path, root: &Path) -> R
         None => {
             let base = match env("XDG_CACHE_HOME") {
                 Some(x) => PathBuf::from(x),
-                None => PathBuf::from(env("HOME").ok_or(PeersError::Fatal("HOME is not set".into()))?).join(".cache"),
+                None => PathBuf::from(env("HOME").ok_or(PeersError::NoHome)?).join(".cache"),
             };
             base.join("oncelog-peers")
         }
     };
     let cache = cwd.join(cache);
     if cache.starts_with(root) {
-        return Err(PeersError::Fatal("ONCELOG_PEERS_CACHE must be outside the repository".into()));
+        return Err(PeersError::CacheInRepository);
     }
     Ok(cache)
 }
@@ -157,8 +161,8 @@ fn svg_path(out: &Path) -> PathBuf {
     PathBuf::from(format!("{}.svg", text.strip_suffix(".md").unwrap_or(&text)))
 }
 
-fn fatal_io<'a>(what: &'a str, path: &'a Path) -> impl FnOnce(std::io::Error) -> PeersError + 'a {
-    move |e| PeersError::Fatal(format!("{what} {}: {e}", path.display()))
+fn fatal_io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> PeersError + 'a {
+    move |source| PeersError::Io { what, path: path.to_path_buf(), source }
 }
 
 /// A run in progress: what it was asked, where things are, what it found.
@@ -190,7 +194,7 @@ impl Run {
             running.stop(&tag);
             let log = servers::with_suffix(&tag, "server.err");
             if server == Server::Oncelog {
-                return Err(PeersError::Fatal(format!("Oncelog failed to start (logs: {})", log.display())));
+                return Err(PeersError::OncelogDidNotStart { log });
             }
             self.skipped.insert(server, format!("failed to start (logs: {})", log.display()));
             return Ok(());
@@ -215,7 +219,7 @@ impl Run {
 
 fn run_checked(args: PeersArgs) -> Result<(), PeersError> {
     let cfg = args.validate()?;
-    let cwd = std::env::current_dir().map_err(|e| PeersError::Fatal(format!("no current directory: {e}")))?;
+    let cwd = std::env::current_dir().map_err(PeersError::NoCurrentDir)?;
     let root = args.repo_root.as_ref().map_or_else(|| cwd.clone(), |r| cwd.join(r));
     let cache = cache_dir(env_nonempty, &cwd, &root)?;
     let started = Utc::now();
@@ -248,10 +252,7 @@ fn run_checked(args: PeersArgs) -> Result<(), PeersError> {
     };
     for bin in [&paths.oncelog_bin, &paths.bench_bin] {
         if !servers::is_executable(bin) {
-            return Err(PeersError::Fatal(format!(
-                "missing {} (build failed? try without --no-build, or build it: cargo build --release -p oncelog -p oncelog-bench)",
-                bin.display()
-            )));
+            return Err(PeersError::MissingBinary { bin: bin.to_path_buf() });
         }
     }
     let load_before = load_average();
@@ -344,9 +345,7 @@ mod tests {
         assert_eq!(cache_dir(home, cwd, root).unwrap(), PathBuf::from("/h/.cache/oncelog-peers"));
         assert!(cache_dir(env(&[]), cwd, root).is_err());
         let inside = env(&[("ONCELOG_PEERS_CACHE", "/work/main/cache")]);
-        assert!(
-            matches!(cache_dir(inside, cwd, root), Err(PeersError::Fatal(m)) if m.contains("outside the repository"))
-        );
+        assert!(matches!(cache_dir(inside, cwd, root), Err(PeersError::CacheInRepository)));
         assert!(cache_dir(env(&[("ONCELOG_PEERS_CACHE", "/work/main")]), cwd, root).is_err());
         // Relative to the current directory, which is the repository here.
         assert!(cache_dir(env(&[("ONCELOG_PEERS_CACHE", "cache")]), cwd, root).is_err());

@@ -203,7 +203,7 @@ pub fn wait_bounded(child: &mut Child, limit: Option<Duration>) -> Result<Waited
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(PeersError::Fatal(format!("cannot wait for process {}: {e}", child.id())));
+                return Err(PeersError::Wait { pid: child.id(), source: e });
             }
         }
         if check_interrupted().is_err() || limit.is_some_and(|l| start.elapsed() >= l) {
@@ -220,7 +220,8 @@ pub fn wait_bounded(child: &mut Child, limit: Option<Duration>) -> Result<Waited
 /// exit status as `timeout --signal=KILL` did (137 when it was killed at the limit, 127 when it
 /// could not be started).
 pub fn run_bounded(mut command: Command, out: &Path, err: &Path, limit: Duration) -> Result<i32, PeersError> {
-    let open = |p: &Path| File::create(p).map_err(|e| PeersError::Fatal(format!("cannot create {}: {e}", p.display())));
+    let open =
+        |p: &Path| File::create(p).map_err(|source| PeersError::Io { what: "cannot create", path: p.into(), source });
     command.stdin(Stdio::null()).stdout(open(out)?).stderr(open(err)?);
     let mut child = match command.spawn() {
         Ok(child) => child,
@@ -250,8 +251,9 @@ fn on_path(name: &str) -> bool {
 /// Runs an installer with its output in `log`, waiting as long as it takes (or until
 /// interrupted). On failure the log's last 5 lines go to stderr.
 fn install_logged(mut command: Command, log: &Path) -> Result<bool, PeersError> {
-    let file = File::create(log).map_err(|e| PeersError::Fatal(format!("cannot create {}: {e}", log.display())))?;
-    let err = file.try_clone().map_err(|e| PeersError::Fatal(format!("cannot share {}: {e}", log.display())))?;
+    let file =
+        File::create(log).map_err(|source| PeersError::Io { what: "cannot create", path: log.into(), source })?;
+    let err = file.try_clone().map_err(|source| PeersError::Io { what: "cannot share", path: log.into(), source })?;
     command.stdin(Stdio::null()).stdout(file).stderr(err);
     let ok = match command.spawn() {
         Ok(mut child) => wait_bounded(&mut child, None)? == Waited::Exited(0),
@@ -399,9 +401,12 @@ pub struct RunningServer {
 impl RunningServer {
     /// Creates the directory, picks the port and starts the server (without waiting for it).
     pub fn launch(kind: Server, paths: &Paths, extra: &[String]) -> Result<RunningServer, PeersError> {
-        let dir = OwnedDir::create_in(&paths.tmp, "oncelog-peers")
-            .map_err(|e| PeersError::Fatal(format!("cannot create a directory in {}: {e}", paths.tmp.display())))?;
-        let port = crate::port::free_port().map_err(PeersError::Fatal)?;
+        let dir = OwnedDir::create_in(&paths.tmp, "oncelog-peers").map_err(|source| PeersError::Io {
+            what: "cannot create a directory in",
+            path: paths.tmp.clone(),
+            source,
+        })?;
+        let port = crate::port::free_port().map_err(PeersError::Port)?;
         let mut server = RunningServer { kind, port, url: format!("http://127.0.0.1:{port}"), dir, process: None };
         server.spawn(paths, extra)?;
         Ok(server)
@@ -432,11 +437,11 @@ impl RunningServer {
         let (program, args) = server_command(self.kind, paths, self.port, &self.data_dir(), extra);
         let append = |name: &str| {
             let path = self.dir().join(name);
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .map_err(|e| PeersError::Fatal(format!("cannot open {}: {e}", path.display())))
+            OpenOptions::new().create(true).append(true).open(&path).map_err(|source| PeersError::Io {
+                what: "cannot open",
+                path: path.clone(),
+                source,
+            })
         };
         let (out, err) = (append("server.out")?, append("server.err")?);
         let mut log = err.try_clone().ok();
