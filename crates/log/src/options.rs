@@ -44,7 +44,17 @@ pub struct LogOptions {
     /// How long idle producer state counts (`--producer-state-ttl`).
     pub retention: Retention,
     /// The bucket the log is shipped to (`--object-store`), if any.
-    pub tier: Option<crate::tier::Tier>,
+    pub tier: Option<Tier>,
+}
+
+/// Where a node's log goes besides its disk ([`crate::tier`]).
+#[derive(Clone, Debug)]
+pub struct Tier {
+    pub bucket: oncelog_bucket::Bucket,
+    /// How often what was synced is shipped and published (`--ship-interval`).
+    pub ship_interval: Duration,
+    /// Who this node is, in the manifests it writes (`host:pid`).
+    pub node: String,
 }
 
 /// Switches that make the log fail on purpose, so fail-stop behaviour can be tested through the

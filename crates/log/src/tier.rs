@@ -31,15 +31,7 @@ use crate::format;
 use crate::fs::Fs;
 use crate::store::{self, Counters, Synced, View};
 
-/// Where a node's log goes besides its disk.
-#[derive(Clone, Debug)]
-pub struct Tier {
-    pub bucket: Bucket,
-    /// How often what was synced is shipped and published (`--ship-interval`).
-    pub ship_interval: Duration,
-    /// Who this node is, in the manifests it writes (`host:pid`).
-    pub node: String,
-}
+pub use crate::options::Tier;
 
 /// A checkpoint written while shipping, with the segments it made unnecessary.
 pub(crate) struct Shipment {
