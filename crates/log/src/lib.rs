@@ -170,16 +170,20 @@ impl LogEngine {
         let fs = opts.fs.clone();
         let (ship, shipper) = match shipper {
             Some((start, handle)) => {
-                let (ship_tx, ship_rx) = mpsc::channel();
+                let (ship_tx, ship_rx) = mpsc::channel::<tier::ShipMsg>();
                 // A shipper that is gone already failed and said why.
                 let _ = start.send((view.clone(), counters.clone(), ship_rx));
                 (Some(ship_tx), Some(handle))
             }
             None => (None, None),
         };
+        let bucket_acks = match opts.tier.as_ref().map(|t| t.ack) {
+            Some(tier::AckMode::Bucket { timeout }) => Some(timeout),
+            _ => None,
+        };
         let handle = std::thread::Builder::new()
             .name("oncelog-log-writer".into())
-            .spawn(move || run_writer(store, rx, fs, checkpoint_bytes, reclaim_interval, ship))
+            .spawn(move || run_writer(store, rx, fs, checkpoint_bytes, reclaim_interval, ship, bucket_acks))
             .map_err(|e| backend(LogError::Io { what: "start the writer thread".into(), source: e }))?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -237,17 +241,27 @@ fn run_writer(
     fs: Arc<dyn fs::Fs>,
     checkpoint_bytes: u64,
     reclaim_interval: Duration,
-    ship: Option<mpsc::Sender<tier::Shipment>>,
+    ship: Option<mpsc::Sender<tier::ShipMsg>>,
+    bucket_acks: Option<Duration>,
 ) {
     let mut last_checkpoint = Instant::now();
     store.collect_orphans();
+    // `--ack-mode bucket`: committed groups wait here, in order, until a published cut holds
+    // them; only then are they answered and made visible (`Awaiting`).
+    let mut awaiting = Awaiting { groups: std::collections::VecDeque::new(), timeout: bucket_acks, nudge: None };
+    if bucket_acks.is_some() {
+        awaiting.nudge.clone_from(&ship);
+    }
     let checkpointer = Checkpointer::start(fs, store.view().clone(), store.counters().clone(), ship);
     loop {
+        awaiting.release(&mut store);
         // Wake for a parked append's deadline, and for a trim's checkpoint when it is due (a
-        // little later again while the checkpointer is still busy with the last one).
+        // little later again while the checkpointer is still busy with the last one), and
+        // often while groups wait for the bucket.
         let reclaim_at =
             store.reclaim_wanted.then(|| (last_checkpoint + reclaim_interval).max(Instant::now() + RECLAIM_RETRY));
-        let first = match [store.next_park_deadline(), reclaim_at].into_iter().flatten().min() {
+        let bucket_at = (!awaiting.groups.is_empty()).then(|| Instant::now() + AWAIT_POLL);
+        let first = match [store.next_park_deadline(), reclaim_at, bucket_at].into_iter().flatten().min() {
             None => match rx.recv() {
                 Ok(cmd) => Some(cmd),
                 Err(_) => break,
@@ -275,16 +289,21 @@ fn run_writer(
         if count > 0 {
             oncelog_storage::machine::record_group_commit(count, committing.elapsed());
         }
-        store.finish(g, failure);
+        awaiting.finish(&mut store, g, failure);
         let due = store.since_checkpoint >= checkpoint_bytes
             || (store.reclaim_wanted && last_checkpoint.elapsed() >= reclaim_interval);
         if due && !store.counters().failed() && checkpointer.idle() {
-            store.since_checkpoint = 0;
-            store.reclaim_wanted = false;
+            // A checkpoint is the state readers see (the index) with the writer's: groups
+            // still waiting for the bucket are in one and not yet in the other. Wait for them
+            // (one ship round, normally); a bucket that does not answer postpones it instead.
+            if awaiting.settle(&mut store) {
+                store.since_checkpoint = 0;
+                store.reclaim_wanted = false;
+                store.prune_idle();
+                store.prune_index();
+                checkpointer.send(store.snapshot());
+            }
             last_checkpoint = Instant::now();
-            store.prune_idle();
-            store.prune_index();
-            checkpointer.send(store.snapshot());
         }
     }
     // Channel closed: shutdown. Parked appends get their final answer; a last checkpoint makes
@@ -292,7 +311,8 @@ fn run_writer(
     let mut g = Group::new();
     store.expire_all_parked(&mut g);
     let failure = store.commit(&mut g);
-    store.finish(g, failure);
+    awaiting.finish(&mut store, g, failure);
+    awaiting.drain(&mut store);
     if !store.counters().failed() && (store.since_checkpoint > 0 || store.reclaim_wanted) {
         store.prune_idle();
         store.prune_index();
@@ -316,7 +336,7 @@ impl Checkpointer {
         fs: Arc<dyn fs::Fs>,
         view: Arc<View>,
         counters: Arc<store::Counters>,
-        ship: Option<mpsc::Sender<tier::Shipment>>,
+        ship: Option<mpsc::Sender<tier::ShipMsg>>,
     ) -> Self {
         let (tx, rx) = mpsc::sync_channel::<format::Checkpoint>(1);
         let busy = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -330,7 +350,7 @@ impl Checkpointer {
                         None => store::write_checkpoint(&*fs, &view, &cp),
                         Some(ship) => store::write_checkpoint_keeping(&*fs, &view, &cp).map(|w| {
                             let kept = w.dead.len();
-                            let _ = ship.send(tier::Shipment { lsn: cp.lsn, bytes: w.bytes, dead: w.dead });
+                            let _ = ship.send(tier::ShipMsg::Checkpoint(tier::Shipment { lsn: cp.lsn, bytes: w.bytes, dead: w.dead }));
                             kept
                         }),
                     };
@@ -561,7 +581,7 @@ impl Engine for LogEngine {
 }
 
 /// What the shipper thread waits for once the store is open.
-type ShipperStart = mpsc::Sender<(Arc<View>, Arc<store::Counters>, mpsc::Receiver<tier::Shipment>)>;
+type ShipperStart = mpsc::Sender<(Arc<View>, Arc<store::Counters>, mpsc::Receiver<tier::ShipMsg>)>;
 
 /// Starts the shipper's thread with a runtime of its own: it restores or checks the data
 /// directory and takes the bucket over (reported back before this returns), then waits for the
@@ -592,7 +612,16 @@ fn start_shipper(
             };
             let _ = ready_tx.send(Ok(()));
             let Ok((view, counters, rx)) = start_rx.recv() else { return };
-            let shipper = tier::Shipper { rx, writer, view, counters, fs, interval: tier.ship_interval, pending };
+            let shipper = tier::Shipper {
+                rx,
+                writer,
+                view,
+                counters,
+                fs,
+                interval: tier.ship_interval,
+                pending,
+                doomed: Default::default(),
+            };
             rt.block_on(shipper.run());
         })
         .map_err(|e| backend(LogError::Io { what: "start the shipper".into(), source: e }))?;
@@ -605,6 +634,109 @@ fn start_shipper(
         Err(_) => {
             let _ = handle.join();
             Err(backend(LogError::Io { what: "start the shipper".into(), source: std::io::Error::other("it stopped") }))
+        }
+    }
+}
+
+/// How often the writer looks at the bucket's progress while groups wait for it.
+const AWAIT_POLL: Duration = Duration::from_millis(1);
+
+/// `--ack-mode bucket`: committed groups waiting for a published cut to hold their frame, in
+/// commit order. A group that wrote nothing waits too, behind the ones before it (its answers
+/// may name their data: a duplicate's offset, a close).
+struct Awaiting {
+    /// (the last LSN written when the group committed, when, whether it was answered, it).
+    groups: std::collections::VecDeque<(u64, Instant, bool, Group)>,
+    /// `None`: `--ack-mode local`, nothing waits.
+    timeout: Option<Duration>,
+    /// Tells the shipper there is something to ship now.
+    nudge: Option<mpsc::Sender<tier::ShipMsg>>,
+}
+
+impl Awaiting {
+    /// Finishes a committed group now (local acknowledgement, or a failure), or queues it.
+    fn finish(&mut self, store: &mut Store, g: Group, failure: Option<StorageError>) {
+        if self.timeout.is_none() || failure.is_some() {
+            store.finish(g, failure);
+            return;
+        }
+        let lsn = store.lsn();
+        if self.groups.is_empty() && lsn <= store.counters().shipped_lsn.load(Ordering::Acquire) {
+            store.finish(g, None);
+            return;
+        }
+        self.groups.push_back((lsn, Instant::now(), false, g));
+        if let Some(n) = &self.nudge {
+            let _ = n.send(tier::ShipMsg::Synced);
+        }
+    }
+
+    /// Finishes the groups a published cut holds; answers 503 to those that waited too long
+    /// (they become visible later); after a failure (fenced), answers every waiting group with
+    /// it and makes none visible.
+    fn release(&mut self, store: &mut Store) {
+        let Some(timeout) = self.timeout else { return };
+        if self.groups.is_empty() {
+            return;
+        }
+        if store.counters().failed() {
+            let why = store.counters().failure.lock().ok().and_then(|s| s.clone()).unwrap_or_default();
+            let e = StorageError::Unavailable(Arc::new(std::io::Error::other(why)));
+            for (_, _, answered, mut g) in self.groups.drain(..) {
+                if !answered {
+                    g.answer_now(&e);
+                }
+            }
+            return;
+        }
+        let shipped = store.counters().shipped_lsn.load(Ordering::Acquire);
+        while self.groups.front().is_some_and(|(lsn, ..)| *lsn <= shipped) {
+            if let Some((_, _, _, g)) = self.groups.pop_front() {
+                store.finish(g, None);
+            }
+        }
+        let now = Instant::now();
+        for (_, since, answered, g) in self.groups.iter_mut() {
+            if !*answered && now.duration_since(*since) >= timeout {
+                let e = StorageError::Unavailable(Arc::new(std::io::Error::other(
+                    "the bucket does not answer: the write's outcome is unknown (a retry is recognised)",
+                )));
+                g.answer_now(&e);
+                *answered = true;
+            }
+        }
+    }
+
+    /// Waits (up to the timeout, taking no new command) until no group waits; whether none
+    /// does.
+    fn settle(&mut self, store: &mut Store) -> bool {
+        let deadline = Instant::now() + self.timeout.unwrap_or_default();
+        loop {
+            self.release(store);
+            if self.groups.is_empty() {
+                return true;
+            }
+            if Instant::now() >= deadline || store.counters().failed() {
+                return false;
+            }
+            std::thread::sleep(AWAIT_POLL);
+        }
+    }
+
+    /// At shutdown: waits (up to the timeout) for the shipper's last rounds; what is left is
+    /// answered "shutting down" (its outcome unknown) and made visible, so the last checkpoint
+    /// is the state the local log holds (the next start ships it). After a failure (fenced)
+    /// nothing is made visible and no checkpoint is written.
+    fn drain(&mut self, store: &mut Store) {
+        self.settle(store);
+        let failed = store.counters().failed();
+        for (_, _, answered, mut g) in self.groups.drain(..) {
+            if !answered {
+                g.answer_now(&StorageError::ShuttingDown);
+            }
+            if !failed {
+                store.finish(g, None);
+            }
         }
     }
 }

@@ -55,6 +55,18 @@ pub struct Tier {
     pub ship_interval: Duration,
     /// Who this node is, in the manifests it writes (`host:pid`).
     pub node: String,
+    /// When a write is acknowledged (`--ack-mode`).
+    pub ack: AckMode,
+}
+
+/// When a write is acknowledged with a bucket (`--ack-mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckMode {
+    /// After the local fsync; shipped within the ship interval.
+    Local,
+    /// Once a published cut holds it; readers see it from then on too. A write that waited
+    /// `timeout` is answered 503 (outcome unknown) and becomes visible once the bucket holds it.
+    Bucket { timeout: Duration },
 }
 
 /// Switches that make the log fail on purpose, so fail-stop behaviour can be tested through the

@@ -31,7 +31,16 @@ use crate::format;
 use crate::fs::Fs;
 use crate::store::{self, Counters, Synced, View};
 
-pub use crate::options::Tier;
+pub use crate::options::{AckMode, Tier};
+
+/// What the shipper is told between rounds.
+pub(crate) enum ShipMsg {
+    /// A checkpoint was written (the checkpointer).
+    Checkpoint(Shipment),
+    /// A group was written whose writers wait for the bucket (the writer, `--ack-mode bucket`):
+    /// ship now.
+    Synced,
+}
 
 /// A checkpoint written while shipping, with the segments it made unnecessary.
 pub(crate) struct Shipment {
@@ -72,17 +81,30 @@ fn local_is_empty(fs: &dyn Fs) -> Result<bool, StorageError> {
 /// directory that ran without the bucket, or whose last checkpoint was not shipped): the cut
 /// may need it, since segments before it may be gone.
 pub(crate) async fn prepare(fs: &dyn Fs, tier: &Tier, now_ms: i64) -> Result<(Writer, Option<Shipment>), StorageError> {
-    let newest = tier.bucket.newest().await.map_err(bucket_err)?;
-    let cut_ckp = newest.as_ref().and_then(|m| m.cut.checkpoint.as_ref()).map_or(0, |c| c.lsn);
-    if let Some(m) = &newest {
-        if !m.cut.segments.is_empty() {
-            if local_is_empty(fs)? {
-                restore(fs, &tier.bucket, &m.cut).await?;
-            } else {
-                check_holds(fs, &m.cut)?;
+    let mut newest = tier.bucket.newest().await.map_err(bucket_err)?;
+    // A writer still running (about to be fenced) may publish meanwhile and, after its grace
+    // period, delete what an older cut named: a restore that fails while the newest manifest
+    // moved starts again from the new one.
+    let mut attempts = 0;
+    while let Some(m) = newest.as_ref().filter(|m| !m.cut.segments.is_empty()) {
+        if !local_is_empty(fs)? {
+            check_holds(fs, &m.cut)?;
+            break;
+        }
+        match restore(fs, &tier.bucket, &m.cut).await {
+            Ok(()) => break,
+            Err(e) => {
+                let now = tier.bucket.newest().await.map_err(bucket_err)?;
+                attempts += 1;
+                if attempts >= 5 || now.as_ref().map(|n| n.number) == Some(m.number) {
+                    return Err(e);
+                }
+                tracing::info!(error = %e, "the bucket moved on during the restore; starting it again");
+                newest = now;
             }
         }
     }
+    let cut_ckp = newest.as_ref().and_then(|m| m.cut.checkpoint.as_ref()).map_or(0, |c| c.lsn);
     let pending = local_checkpoint(fs, now_ms)?.filter(|s| s.lsn > cut_ckp);
     let writer = tier.bucket.take_over(&tier.node, now_ms).await.map_err(bucket_err)?;
     tracing::info!(location = ?tier.bucket, epoch = writer.epoch(), lsn = writer.published().cut.end.lsn, "writing to the bucket");
@@ -207,7 +229,7 @@ fn check_holds(fs: &dyn Fs, cut: &Cut) -> Result<(), StorageError> {
 
 /// The shipper: a thread of its own with a small runtime for the bucket's client.
 pub(crate) struct Shipper {
-    pub rx: mpsc::Receiver<Shipment>,
+    pub rx: mpsc::Receiver<ShipMsg>,
     pub writer: Writer,
     pub view: Arc<View>,
     pub counters: Arc<Counters>,
@@ -215,7 +237,14 @@ pub(crate) struct Shipper {
     pub interval: Duration,
     /// The checkpoint waiting to be shipped (the newest one).
     pub pending: Option<Shipment>,
+    /// Objects no published cut names any more, deleted once their grace period is over (a
+    /// restore reading an older cut meanwhile still finds them).
+    pub doomed: std::collections::VecDeque<(Instant, Vec<String>)>,
 }
+
+/// How long objects a cut dropped stay in the bucket: a restore that read the cut before has
+/// this long to fetch them.
+const DELETE_GRACE: Duration = Duration::from_secs(300);
 
 impl Shipper {
     /// Ships every interval, and when a checkpoint arrives, until fenced, and once more when
@@ -223,14 +252,26 @@ impl Shipper {
     /// its own thread between rounds: nothing else runs on the shipper's runtime.
     pub async fn run(mut self) {
         loop {
-            let stop = match self.rx.recv_timeout(self.interval) {
-                Ok(s) => {
-                    self.pending = Some(s);
+            let mut stop = match self.rx.recv_timeout(self.interval) {
+                Ok(m) => {
+                    self.take(m);
                     false
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => false,
                 Err(mpsc::RecvTimeoutError::Disconnected) => true,
             };
+            // Everything that came meanwhile goes into this round: under load a round carries
+            // the many groups written while the last one was uploading.
+            loop {
+                match self.rx.try_recv() {
+                    Ok(m) => self.take(m),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        stop = true;
+                        break;
+                    }
+                }
+            }
             match self.ship().await {
                 Ok(()) => {}
                 Err(BucketError::Fenced { mine, by }) => {
@@ -253,6 +294,12 @@ impl Shipper {
         }
     }
 
+    fn take(&mut self, m: ShipMsg) {
+        if let ShipMsg::Checkpoint(s) = m {
+            self.pending = Some(s);
+        }
+    }
+
     /// Ships what was synced since the last publish, and the pending checkpoint once the cut
     /// reaches it, then publishes the new cut. Nothing is published unless every segment up to
     /// what was synced is shipped; the pending checkpoint and the local files it made
@@ -260,6 +307,8 @@ impl Shipper {
     async fn ship(&mut self) -> Result<(), BucketError> {
         let synced: Synced = self.view.synced.lock().map(|s| *s).unwrap_or_default();
         let mut cut = self.writer.published().cut.clone();
+        // What the bucket already holds (the cut taken over, at first) counts as shipped.
+        self.counters.shipped_lsn.fetch_max(cut.end.lsn, std::sync::atomic::Ordering::AcqRel);
         let epoch = self.writer.epoch();
         let mut changed = false;
         // A checkpoint at or before what was synced goes into this cut, and the segments it made
@@ -336,10 +385,22 @@ impl Shipper {
                 self.remove_local(&p.dead);
             }
         }
-        for o in removed {
-            self.writer.bucket().delete(&o.key).await;
+        if !removed.is_empty() {
+            self.doomed.push_back((Instant::now() + DELETE_GRACE, removed.into_iter().map(|o| o.key).collect()));
         }
+        self.delete_doomed().await;
         Ok(())
+    }
+
+    /// Deletes the objects whose grace period is over.
+    async fn delete_doomed(&mut self) {
+        while self.doomed.front().is_some_and(|(at, _)| *at <= Instant::now()) {
+            if let Some((_, keys)) = self.doomed.pop_front() {
+                for k in keys {
+                    self.writer.bucket().delete(&k).await;
+                }
+            }
+        }
     }
 
     /// Removes the local files of segments that a published cut no longer names (invariant 2).

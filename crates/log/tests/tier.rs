@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use oncelog_bucket::{Bucket, Location};
-use oncelog_log::tier::Tier;
+use oncelog_log::tier::{AckMode, Tier};
 use oncelog_log::{Durability, LogEngine, LogOptions};
 use oncelog_storage::contract::*;
 use oncelog_storage::*;
@@ -25,12 +25,22 @@ fn bucket(kind: &str, name: &str) -> (Bucket, Option<tempfile::TempDir>) {
 /// An engine on `dir` shipping to `bucket` every `interval`, with small segments and frequent
 /// checkpoints so that rotation, checkpoints and dropped segments all happen.
 fn open(dir: &std::path::Path, bucket: &Bucket, node: &str, interval: Duration) -> Result<LogEngine, StorageError> {
+    open_acking(dir, bucket, node, interval, AckMode::Local)
+}
+
+fn open_acking(
+    dir: &std::path::Path,
+    bucket: &Bucket,
+    node: &str,
+    interval: Duration,
+    ack: AckMode,
+) -> Result<LogEngine, StorageError> {
     let mut opts = LogOptions::new(dir);
     opts.durability = Durability::Buffered;
     opts.segment_bytes = 64 << 10;
     opts.checkpoint_bytes = 96 << 10;
     opts.reclaim_interval = Duration::from_millis(50);
-    opts.tier = Some(Tier { bucket: bucket.clone(), ship_interval: interval, node: node.into() });
+    opts.tier = Some(Tier { bucket: bucket.clone(), ship_interval: interval, node: node.into(), ack });
     LogEngine::open(opts)
 }
 
@@ -219,6 +229,80 @@ async fn a_directory_that_ran_without_a_bucket_is_shipped_whole(kind: &str) {
     let _ = shipping.shutdown().await;
 }
 
+async fn bucket_mode_acknowledges_only_what_the_bucket_holds(kind: &str) {
+    let (b, _guard) = bucket(kind, "bucket-mode");
+    let (a_dir, b_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    // No timed rounds: only the writes' own rounds ship.
+    let ack = AckMode::Bucket { timeout: Duration::from_secs(10) };
+    let old = open_acking(a_dir.path(), &b, "old", Duration::from_secs(3600), ack).expect("open");
+    create(&old, create_req("a", "text/plain")).await;
+    create(&old, create_req("b", "text/plain")).await;
+    let acked = write(&old, 0..60).await;
+    // A retry answered from the writer's state waits for the bucket too.
+    let dup = append(&old, produce("a", &body(59), "p", 0, 59)).await;
+    assert_eq!((dup.status, dup.next_offset), (AppendStatus::Duplicate, acked[59].next_offset));
+    assert_eq!(read_all(&old, "a", 1 << 20).await, (0..60).map(body).collect::<String>());
+    // Many writes at once: groups wait while later ones are written, and the log rotates
+    // meanwhile (64 KiB segments); each keeps the segment it was written to.
+    create(&old, create_req("c", "text/plain")).await;
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..64u64 {
+        let e = old.clone();
+        set.spawn(async move { e.append(append_req("c", &format!("{i:04}{}", "y".repeat(4092)))).await });
+    }
+    while let Some(r) = set.join_next().await {
+        assert!(r.expect("join").is_ok());
+    }
+    let c = read_all(&old, "c", 1 << 22).await;
+    let mut pieces: Vec<&str> = (0..64).map(|i| &c[i * 4096..(i + 1) * 4096]).collect();
+    pieces.sort_unstable();
+    assert!(
+        pieces.iter().enumerate().all(|(i, p)| p.starts_with(&format!("{i:04}")) && p.ends_with('y')),
+        "every write's own bytes"
+    );
+    // The disk is lost the moment the last answer arrived: everything answered is there.
+    let new = open(b_dir.path(), &b, "new", Duration::from_millis(50)).expect("restore");
+    assert_eq!(read_all(&new, "a", 1 << 20).await, (0..60).map(body).collect::<String>());
+    let again = append(&new, produce("a", &body(59), "p", 0, 59)).await;
+    assert_eq!((again.status, again.next_offset), (AppendStatus::Duplicate, acked[59].next_offset));
+    let _ = old.shutdown().await;
+    new.shutdown().await.expect("shutdown");
+}
+
+/// `--ack-mode bucket` with the bucket away (a directory store made unreachable): writes are
+/// answered 503 after the timeout, with their outcome unknown; once the bucket is back they
+/// become visible, a producer's retry of one is a duplicate, and new writes go on.
+async fn bucket_mode_answers_503_while_the_bucket_is_away(_kind: &str) {
+    let root = tempfile::tempdir().expect("tempdir");
+    let store_dir = root.path().join("bucket");
+    let b = Bucket::open(&format!("file://{}", store_dir.display()).parse().expect("url"), &[]).expect("open");
+    let a_dir = tempfile::tempdir().expect("tempdir");
+    let ack = AckMode::Bucket { timeout: Duration::from_millis(300) };
+    let e = open_acking(a_dir.path(), &b, "a", Duration::from_secs(3600), ack).expect("open");
+    create(&e, create_req("a", "text/plain")).await;
+    assert_eq!(append(&e, produce("a", &body(0), "p", 0, 0)).await.status, AppendStatus::Appended);
+    // The bucket goes away: its directory is replaced by a file.
+    let away = root.path().join("away");
+    std::fs::rename(&store_dir, &away).expect("move the bucket away");
+    std::fs::write(&store_dir, b"not a directory").expect("block the bucket's path");
+    let started = Instant::now();
+    let lost = e.append(produce("a", &body(1), "p", 0, 1)).await;
+    assert!(
+        matches!(lost, Err(AppendError::Storage(StorageError::Unavailable(_)))),
+        "answered 503 while the bucket is away: {lost:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(read_all(&e, "a", 1 << 20).await, body(0), "not visible while the bucket does not hold it");
+    // Back: the next write ships both, and the one answered 503 turns out to have been written.
+    std::fs::remove_file(&store_dir).expect("unblock");
+    std::fs::rename(&away, &store_dir).expect("the bucket is back");
+    assert_eq!(append(&e, produce("a", &body(2), "p", 0, 2)).await.status, AppendStatus::Appended);
+    assert_eq!(read_all(&e, "a", 1 << 20).await, (0..3).map(body).collect::<String>());
+    let retry = append(&e, produce("a", &body(1), "p", 0, 1)).await;
+    assert_eq!(retry.status, AppendStatus::Duplicate);
+    e.shutdown().await.expect("shutdown");
+}
+
 macro_rules! on_both {
     ($($case:ident),* $(,)?) => {
         mod s3 {
@@ -245,4 +329,11 @@ on_both!(
     what_was_not_shipped_is_lost_whole_and_taken_as_new,
     a_disk_the_bucket_moved_past_is_refused,
     a_directory_that_ran_without_a_bucket_is_shipped_whole,
+    bucket_mode_acknowledges_only_what_the_bucket_holds,
 );
+
+/// Made unreachable by replacing a directory: one store kind only.
+#[test]
+fn bucket_mode_answers_503_while_the_bucket_is_away_dir() {
+    oncelog_storage::contract::run(|| bucket_mode_answers_503_while_the_bucket_is_away("dir"));
+}

@@ -79,9 +79,16 @@ pub struct ServeArgs {
 
     /// With --object-store: when an append is acknowledged. `local`: after the local fsync, and
     /// shipped to the bucket within --ship-interval (losing the disk loses at most that window,
-    /// never doubles anything). `bucket`: only once the bucket holds it (not built yet).
+    /// never doubles anything). `bucket`: only once the bucket holds it (readers see it from
+    /// then on too): losing the disk loses nothing acknowledged.
     #[arg(long, env = "ONCELOG_ACK_MODE", default_value = "local", value_enum)]
     ack_mode: AckMode,
+
+    /// With --ack-mode bucket: how long a write waits for the bucket before it is answered 503
+    /// with Retry-After (its outcome unknown: a producer's retry is recognised); it becomes
+    /// visible once the bucket holds it (`500ms`, `5s`, `1m`).
+    #[arg(long, env = "ONCELOG_BUCKET_ACK_TIMEOUT", default_value = "5s", value_parser = parse_interval)]
+    bucket_ack_timeout: Duration,
 
     /// With --object-store: how often what was written is shipped to the bucket (`500ms`, `1s`,
     /// `1m`).
@@ -307,8 +314,6 @@ pub enum StartError {
     FsyncWithPostgres,
     #[error("--object-store does not apply to PostgreSQL: its durability is the database's")]
     ObjectStoreWithPostgres,
-    #[error("--ack-mode bucket is not built yet (docs/design/issue-35-plan.md, step 4); use --ack-mode local")]
-    AckModeBucket,
     #[error("--object-store {location}: {source}")]
     ObjectStore { location: String, source: oncelog_bucket::BucketError },
     /// The log engine could not open `--data-dir`: the path is named, so the operator knows
@@ -426,12 +431,13 @@ fn open_log(args: &ServeArgs) -> Result<LogEngine, Box<dyn std::error::Error>> {
     opts.hot_bytes = args.hot_tail_mb << 20;
     opts.retention = retention(args);
     if let Some(location) = &args.object_store {
-        if args.ack_mode == AckMode::Bucket {
-            return Err(StartError::AckModeBucket.into());
-        }
+        let ack = match args.ack_mode {
+            AckMode::Local => oncelog_log::tier::AckMode::Local,
+            AckMode::Bucket => oncelog_log::tier::AckMode::Bucket { timeout: args.bucket_ack_timeout },
+        };
         let bucket = oncelog_bucket::Bucket::open(location, &[])
             .map_err(|source| StartError::ObjectStore { location: location.to_string(), source })?;
-        opts.tier = Some(oncelog_log::tier::Tier { bucket, ship_interval: args.ship_interval, node: node_name() });
+        opts.tier = Some(oncelog_log::tier::Tier { bucket, ship_interval: args.ship_interval, node: node_name(), ack });
     }
     let started = std::time::Instant::now();
     let engine = LogEngine::open(opts).map_err(|source| StartError::DataDir { path: args.data_dir.clone(), source })?;

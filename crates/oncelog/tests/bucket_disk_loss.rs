@@ -36,8 +36,19 @@ fn store(kind: &str, dir: &std::path::Path) -> (String, Vec<(&'static str, Strin
 }
 
 fn start(data: &std::path::Path, url: &str, env: &[(&'static str, String)]) -> Server {
+    start_mode(data, url, env, "local")
+}
+
+/// `--ack-mode bucket` ships only when writes wait (no timed rounds: a minute apart).
+fn start_mode(data: &std::path::Path, url: &str, env: &[(&'static str, String)], mode: &str) -> Server {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
-    Server::start_env(data, "127.0.0.1:0", &["--object-store", url, "--ship-interval", "100ms"], &env)
+    let interval = if mode == "bucket" { "1m" } else { "100ms" };
+    Server::start_env(
+        data,
+        "127.0.0.1:0",
+        &["--object-store", url, "--ship-interval", interval, "--ack-mode", mode],
+        &env,
+    )
 }
 
 async fn produce(http: &Client, url: &str, i: u64) -> StatusCode {
@@ -72,12 +83,12 @@ async fn text(http: &Client, url: &str) -> String {
     http.get(format!("{url}?offset=-1")).send().await.expect("get").text().await.expect("text")
 }
 
-async fn disk_loss(kind: &str) {
+async fn disk_loss(kind: &str, mode: &str) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let (url, env) = store(kind, tmp.path());
     let data = tmp.path().join("data");
     let http = Client::new();
-    let server = start(&data, &url, &env);
+    let server = start_mode(&data, &url, &env, mode);
     let (p_url, k_url) = (format!("{}/v1/stream/p", server.url), format!("{}/v1/stream/k", server.url));
     for u in [&p_url, &k_url] {
         let r = http.put(u).header("content-type", "text/plain").send().await.expect("put");
@@ -97,8 +108,11 @@ async fn disk_loss(kind: &str) {
         }
     );
     let ((), ()) = (a, b);
-    // A few shipping rounds, then the machine is gone: SIGKILL and the disk with it.
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // `local`: a few shipping rounds, then the machine is gone (SIGKILL and the disk with it);
+    // `bucket`: gone the moment the last answer arrived.
+    if mode == "local" {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
     server.kill9();
     std::fs::remove_dir_all(&data).expect("delete the data directory");
 
@@ -111,8 +125,12 @@ async fn disk_loss(kind: &str) {
     let restored_keys = text(&http, &k_url).await;
     let all_keys: String = (0..APPENDS).map(key_body).collect();
     assert!(all_keys.starts_with(&restored_keys), "{restored_keys:?}");
+    if mode == "bucket" {
+        assert_eq!(restored, all, "--ack-mode bucket: every acknowledged append, once");
+        assert_eq!(restored_keys, all_keys);
+    }
     println!(
-        "{kind}: restored {kept} of {APPENDS} producer appends and {} of {APPENDS} keyed ones; the rest was in the shipping window",
+        "{kind} {mode}: restored {kept} of {APPENDS} producer appends and {} of {APPENDS} keyed ones; the rest was in the shipping window",
         restored_keys.len() / key_body(0).len()
     );
     assert!(kept > 0, "shipping rounds ran before the kill: something must have been shipped");
@@ -134,11 +152,11 @@ fn signal(server: &Server, signal: &str) {
     assert!(ok.success(), "kill {signal}");
 }
 
-async fn a_paused_node_is_fenced_by_its_successor(kind: &str) {
+async fn a_paused_node_is_fenced_by_its_successor(kind: &str, mode: &str) {
     let tmp = tempfile::tempdir().expect("tempdir");
     let (url, env) = store(kind, tmp.path());
     let http = Client::new();
-    let old = start(&tmp.path().join("old"), &url, &env);
+    let old = start_mode(&tmp.path().join("old"), &url, &env, mode);
     let old_url = format!("{}/v1/stream/p", old.url);
     let r = http.put(&old_url).header("content-type", "text/plain").send().await.expect("put");
     assert_eq!(r.status(), StatusCode::CREATED);
@@ -166,7 +184,14 @@ async fn a_paused_node_is_fenced_by_its_successor(kind: &str) {
         .send()
         .await
         .expect("post");
-    println!("{kind}: the paused node answered {} to a write after it resumed", zombie.status());
+    println!("{kind} {mode}: the paused node answered {} to a write after it resumed", zombie.status());
+    if mode == "bucket" {
+        assert_eq!(
+            zombie.status(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "--ack-mode bucket acknowledges nothing after a takeover"
+        );
+    }
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
         match common::load::readyz(&old.url).await {
@@ -192,20 +217,35 @@ async fn a_paused_node_is_fenced_by_its_successor(kind: &str) {
 
 #[tokio::test]
 async fn a_paused_node_is_fenced_with_a_directory_bucket() {
-    a_paused_node_is_fenced_by_its_successor("dir").await;
+    a_paused_node_is_fenced_by_its_successor("dir", "local").await;
+}
+
+#[tokio::test]
+async fn a_paused_node_in_bucket_mode_acknowledges_nothing_after_the_takeover() {
+    a_paused_node_is_fenced_by_its_successor("s3", "bucket").await;
 }
 
 #[tokio::test]
 async fn a_paused_node_is_fenced_with_an_s3_bucket() {
-    a_paused_node_is_fenced_by_its_successor("s3").await;
+    a_paused_node_is_fenced_by_its_successor("s3", "local").await;
 }
 
 #[tokio::test]
 async fn disk_loss_with_a_directory_bucket() {
-    disk_loss("dir").await;
+    disk_loss("dir", "local").await;
+}
+
+#[tokio::test]
+async fn disk_loss_in_bucket_mode_with_a_directory_bucket() {
+    disk_loss("dir", "bucket").await;
+}
+
+#[tokio::test]
+async fn disk_loss_in_bucket_mode_with_an_s3_bucket() {
+    disk_loss("s3", "bucket").await;
 }
 
 #[tokio::test]
 async fn disk_loss_with_an_s3_bucket() {
-    disk_loss("s3").await;
+    disk_loss("s3", "local").await;
 }

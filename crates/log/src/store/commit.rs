@@ -70,6 +70,20 @@ pub(super) fn reply<T: Send + 'static, E: From<StorageError> + Send + 'static>(
     }))
 }
 
+impl Group {
+    /// Answers every request of the group with `failure` now, leaving what it makes visible
+    /// for [`Store::finish`] (a group whose acknowledgement waited too long for the bucket:
+    /// its outcome is unknown to its writers, and it becomes visible once the bucket holds it).
+    pub fn answer_now(&mut self, failure: &StorageError) {
+        for e in std::mem::take(&mut self.effects) {
+            match e {
+                Effect::Reply(f) => f(Some(failure.clone())),
+                other => self.effects.push(other),
+            }
+        }
+    }
+}
+
 /// The frame being built and what to do once it is durable.
 pub(crate) struct Group {
     /// Frame header space followed by the records.
@@ -81,6 +95,9 @@ pub(crate) struct Group {
     pub(super) effects: Vec<Effect>,
     /// Data bytes staged, to bound a group.
     pub bytes: usize,
+    /// The segment its frame went into, once committed (a group published later, after the
+    /// bucket holds it, must not take a later segment's number).
+    segment: Option<u64>,
 }
 
 impl Group {
@@ -91,6 +108,7 @@ impl Group {
             split: vec![0; format::FRAME_HEADER],
             effects: Vec::new(),
             bytes: 0,
+            segment: None,
         }
     }
 
@@ -168,6 +186,7 @@ impl Store {
                 return Some(self.stopped(e));
             }
         }
+        g.segment = Some(self.active_no);
         // Data positions so far are relative to the frame; make them absolute file positions.
         let base = pos;
         for e in &mut g.effects {
@@ -235,7 +254,7 @@ impl Store {
     /// queues its writers' answers ahead of them, instead of behind them on the runtime, and a
     /// stream with several appends in the group wakes its readers once.
     pub fn finish(&mut self, g: Group, failure: Option<StorageError>) {
-        let segment = self.active_no;
+        let segment = g.segment.unwrap_or(self.active_no);
         let live_now = super::view::live_clock();
         let mut woken = Woken::default();
         for effect in g.effects {

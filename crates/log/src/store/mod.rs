@@ -233,6 +233,11 @@ impl Store {
         &self.view
     }
 
+    /// The LSN of the last frame written.
+    pub fn lsn(&self) -> u64 {
+        self.lsn
+    }
+
     fn poisoned(&mut self) -> bool {
         if !self.poisoned && self.counters.failed() {
             self.poisoned = true;
