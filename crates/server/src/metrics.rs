@@ -15,6 +15,12 @@
 //! | `oncelog_group_commit_seconds` | histogram | | write + sync (log) or decide + write + COMMIT (PostgreSQL) of one group |
 //! | `oncelog_fsync_seconds` | histogram | | the sync of one group (log engine) |
 //! | `oncelog_checkpoint_seconds` | histogram | | writing one checkpoint (log engine) |
+//! | `oncelog_bucket_puts_total` | counter | | objects and manifests created in the bucket (`--object-store`) |
+//! | `oncelog_bucket_errors_total` | counter | | shipping rounds to the bucket that failed (tried again) |
+//! | `oncelog_bucket_shipped_bytes_total` | counter | | log bytes shipped to the bucket |
+//! | `oncelog_bucket_unshipped_bytes` | gauge | | log bytes written and not yet in a published cut, as of the last round |
+//! | `oncelog_bucket_publish_seconds` | histogram | | creating one manifest |
+//! | `oncelog_bucket_epoch` | gauge | | this node's writer epoch of the bucket prefix |
 //! | `oncelog_live_readers` | gauge | `mode` | open long-poll and SSE reads |
 //! | `oncelog_http_requests_total` | counter | `method`, `status` | every answered stream request (common statuses by code, the rest `other`) |
 //! | `oncelog_connections_accepted_total` | counter | | TCP connections accepted |
@@ -164,6 +170,15 @@ fn describe() {
     );
     describe_histogram!("oncelog_fsync_seconds", "Seconds of the sync of one group (log engine).");
     describe_histogram!("oncelog_checkpoint_seconds", "Seconds writing one checkpoint (log engine).");
+    describe_counter!("oncelog_bucket_puts_total", "Objects and manifests created in the bucket (--object-store).");
+    describe_counter!("oncelog_bucket_errors_total", "Shipping rounds to the bucket that failed (tried again).");
+    describe_counter!("oncelog_bucket_shipped_bytes_total", "Log bytes shipped to the bucket.");
+    describe_gauge!(
+        "oncelog_bucket_unshipped_bytes",
+        "Log bytes written and not yet in a published cut, as of the last round."
+    );
+    describe_histogram!("oncelog_bucket_publish_seconds", "Creating one manifest.");
+    describe_gauge!("oncelog_bucket_epoch", "This node's writer epoch of the bucket prefix.");
     describe_gauge!("oncelog_live_readers", "Open live reads, by mode: long-poll, sse.");
     describe_counter!(
         "oncelog_live_readers_refused_total",
