@@ -115,13 +115,7 @@ pub(crate) async fn prepare(fs: &dyn Fs, tier: &Tier, now_ms: i64) -> Result<(Wr
 /// The data directory's checkpoint as a shipment (no segments to drop: the checkpointer that
 /// wrote it removed them, or keeps them for the shipper's next checkpoint).
 fn local_checkpoint(fs: &dyn Fs, now_ms: i64) -> Result<Option<Shipment>, StorageError> {
-    if !fs.exists(format::CHECKPOINT).map_err(io("inspect the data directory"))? {
-        return Ok(None);
-    }
-    let f = fs.open(format::CHECKPOINT, false).map_err(io("open the checkpoint"))?;
-    let len = f.len().map_err(io("read the checkpoint"))?;
-    let mut bytes = vec![0u8; len as usize];
-    f.read_exact_at(&mut bytes, 0).map_err(io("read the checkpoint"))?;
+    let Some(bytes) = store::read_checkpoint(fs)? else { return Ok(None) };
     let cp = format::Checkpoint::decode(&bytes, now_ms)
         .map_err(|e| backend(LogError::Corrupt(format!("checkpoint: {e}"))))?;
     Ok(Some(Shipment { lsn: cp.lsn, bytes, dead: Vec::new() }))
@@ -160,11 +154,7 @@ async fn restore(fs: &dyn Fs, bucket: &Bucket, cut: &Cut) -> Result<(), StorageE
     fs.sync_dir(format::LOG_DIR).map_err(io("sync the log directory"))?;
     if let Some(c) = &cut.checkpoint {
         let data = bucket.read(&c.object).await.map_err(bucket_err)?;
-        let tmp = fs.open(format::CHECKPOINT_TMP, true).map_err(io("write the restored checkpoint"))?;
-        tmp.set_len(0).map_err(io("write the restored checkpoint"))?;
-        tmp.write_all_at(&data, 0).map_err(io("write the restored checkpoint"))?;
-        tmp.sync_data().map_err(io("sync the restored checkpoint"))?;
-        fs.rename(format::CHECKPOINT_TMP, format::CHECKPOINT).map_err(io("install the restored checkpoint"))?;
+        store::install_checkpoint(fs, &data)?;
         bytes += c.object.len;
     }
     fs.remove(RESTORING).map_err(io("finish the restore"))?;

@@ -135,6 +135,34 @@ pub(crate) fn remove_segments(fs: &dyn Fs, view: &View, dead: &[u64]) -> Result<
     Ok(())
 }
 
+/// Installs `bytes` as the checkpoint atomically: a temporary file, synced, renamed over the
+/// checkpoint, the directory synced. (A checkpoint written here, or one restored from a bucket.)
+pub(crate) fn install_checkpoint(fs: &dyn Fs, bytes: &[u8]) -> Result<(), StorageError> {
+    // A leftover temporary file is unlinked, not truncated: a crash between a rename and its
+    // directory sync may leave that name on the installed checkpoint's own inode.
+    if fs.exists(format::CHECKPOINT_TMP).map_err(|e| io_err("inspect the data directory", e))? {
+        fs.remove(format::CHECKPOINT_TMP).map_err(|e| io_err("remove a leftover checkpoint", e))?;
+    }
+    let tmp = fs.open(format::CHECKPOINT_TMP, true).map_err(|e| io_err("create the checkpoint", e))?;
+    tmp.set_len(0).map_err(|e| io_err("write the checkpoint", e))?;
+    tmp.write_all_at(bytes, 0).map_err(|e| io_err("write the checkpoint", e))?;
+    tmp.sync_data().map_err(|e| io_err("sync the checkpoint", e))?;
+    fs.rename(format::CHECKPOINT_TMP, format::CHECKPOINT).map_err(|e| io_err("install the checkpoint", e))?;
+    fs.sync_dir("").map_err(|e| io_err("sync the data directory", e))
+}
+
+/// The installed checkpoint's bytes (`None`: there is none).
+pub(crate) fn read_checkpoint(fs: &dyn Fs) -> Result<Option<Vec<u8>>, StorageError> {
+    if !fs.exists(format::CHECKPOINT).map_err(|e| io_err("inspect the data directory", e))? {
+        return Ok(None);
+    }
+    let f = fs.open(format::CHECKPOINT, false).map_err(|e| io_err("open the checkpoint", e))?;
+    let len = f.len().map_err(|e| io_err("read the checkpoint", e))?;
+    let mut buf = vec![0u8; len as usize];
+    f.read_exact_at(&mut buf, 0).map_err(|e| io_err("read the checkpoint", e))?;
+    Ok(Some(buf))
+}
+
 /// [`write_checkpoint`] without removing the segments it made unnecessary: with a bucket, they
 /// go once the bucket holds this checkpoint (until then the bucket's cut may need them).
 pub(crate) fn write_checkpoint_keeping(fs: &dyn Fs, view: &View, cp: &Checkpoint) -> Result<Written, StorageError> {
@@ -145,17 +173,7 @@ pub(crate) fn write_checkpoint_keeping(fs: &dyn Fs, view: &View, cp: &Checkpoint
         f.sync_data().map_err(|e| io_err("sync the log before a checkpoint", e))?;
     }
     let bytes = cp.encode();
-    // A leftover temporary file is unlinked, not truncated: a crash between a rename and its
-    // directory sync may leave that name on the installed checkpoint's own inode.
-    if fs.exists(format::CHECKPOINT_TMP).map_err(|e| io_err("inspect the data directory", e))? {
-        fs.remove(format::CHECKPOINT_TMP).map_err(|e| io_err("remove a leftover checkpoint", e))?;
-    }
-    let tmp = fs.open(format::CHECKPOINT_TMP, true).map_err(|e| io_err("create the checkpoint", e))?;
-    tmp.set_len(0).map_err(|e| io_err("write the checkpoint", e))?;
-    tmp.write_all_at(&bytes, 0).map_err(|e| io_err("write the checkpoint", e))?;
-    tmp.sync_data().map_err(|e| io_err("sync the checkpoint", e))?;
-    fs.rename(format::CHECKPOINT_TMP, format::CHECKPOINT).map_err(|e| io_err("install the checkpoint", e))?;
-    fs.sync_dir("").map_err(|e| io_err("sync the data directory", e))?;
+    install_checkpoint(fs, &bytes)?;
     let live: std::collections::BTreeSet<u64> =
         cp.streams.iter().flat_map(|s| s.extents.iter().map(Extent::segment)).collect();
     let dead: Vec<u64> = match view.segments.read() {

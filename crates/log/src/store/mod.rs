@@ -41,7 +41,9 @@ use crate::error::{backend, LogError};
 use crate::fs::{File, Fs};
 use crate::options::Durability;
 
-pub(crate) use checkpoint::{remove_segments, write_checkpoint, write_checkpoint_keeping};
+pub(crate) use checkpoint::{
+    install_checkpoint, read_checkpoint, remove_segments, write_checkpoint, write_checkpoint_keeping,
+};
 use commit::reply;
 pub(crate) use commit::Group;
 use path_table::PathTable;

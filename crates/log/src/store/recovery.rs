@@ -52,11 +52,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
         fs.sync_dir("").map_err(|e| io_err("sync the data directory", e))?;
     }
     let mut report = RecoveryReport::default();
-    let cp = if fs.exists(format::CHECKPOINT).map_err(|e| io_err("inspect the data directory", e))? {
-        let f = fs.open(format::CHECKPOINT, false).map_err(|e| io_err("open the checkpoint", e))?;
-        let len = f.len().map_err(|e| io_err("read the checkpoint", e))?;
-        let mut buf = vec![0u8; len as usize];
-        f.read_exact_at(&mut buf, 0).map_err(|e| io_err("read the checkpoint", e))?;
+    let cp = if let Some(buf) = super::checkpoint::read_checkpoint(&*fs)? {
         report.from_checkpoint = true;
         Checkpoint::decode(&buf, now_ms).map_err(|e| corrupt(format!("checkpoint: {e}")))?
     } else {
