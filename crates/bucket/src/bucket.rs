@@ -230,7 +230,8 @@ impl Writer {
 
     /// Stores `bytes` as the immutable object `key` (created, never replaced). A key that
     /// exists already with the same bytes was this writer's own earlier attempt whose answer
-    /// was lost: success. With other bytes it is [`BucketError::Conflict`].
+    /// was lost: success. With other bytes it is [`BucketError::Conflict`] (a bug: a key names
+    /// one content, see [`keys::range`]).
     pub async fn put(&self, key: &str, bytes: Bytes) -> Result<ObjectRef, BucketError> {
         let object = ObjectRef { key: key.to_owned(), len: bytes.len() as u64, crc32c: crc32c::crc32c(&bytes) };
         if !self.bucket.create(key, bytes).await? {

@@ -14,15 +14,21 @@ pub fn manifest_number(name: &str) -> Option<u64> {
     (name.len() == 20 && name.bytes().all(|b| b.is_ascii_digit())).then(|| name.parse().ok()).flatten()
 }
 
-/// A range of segment `segment` shipped from byte `pos` by the writer of `epoch`. The epoch
-/// keeps a fenced writer's objects apart from its successor's for the same range.
-pub fn range(epoch: u64, segment: u64, pos: u64) -> String {
-    format!("epoch-{epoch:010}/seg-{segment:020}-{pos:012}")
+/// Bytes `[pos, end)` of segment `segment` shipped by the writer of `epoch`. The epoch keeps
+/// a fenced writer's objects apart from its successor's for the same range. Why the end is in
+/// the name: a PUT whose answer was lost may have stored the object, and the next round ships
+/// from the same position with more bytes; under its own name (synced bytes never change
+/// within an epoch) a name always means one content, and a second create of it is the same
+/// object again.
+pub fn range(epoch: u64, segment: u64, pos: u64, end: u64) -> String {
+    format!("epoch-{epoch:010}/seg-{segment:020}-{pos:012}-{end:012}")
 }
 
-/// The checkpoint as of `lsn`, shipped by the writer of `epoch`.
-pub fn checkpoint(epoch: u64, lsn: u64) -> String {
-    format!("epoch-{epoch:010}/ckp-{lsn:020}")
+/// The checkpoint as of `lsn` with CRC32C `crc`, shipped by the writer of `epoch` (the CRC in
+/// the name for the reason of [`range`]'s end: two checkpoints as of one LSN may differ in their
+/// clock readings).
+pub fn checkpoint(epoch: u64, lsn: u64, crc: u32) -> String {
+    format!("epoch-{epoch:010}/ckp-{lsn:020}-{crc:08x}")
 }
 
 #[cfg(test)]
@@ -36,7 +42,8 @@ mod tests {
         assert_eq!(manifest_number("0000000000000000007"), None);
         assert_eq!(manifest_number("0000000000000000000x"), None);
         assert!(manifest(9) < manifest(10));
-        assert!(range(1, 2, 99) < range(1, 2, 100) && range(1, 2, 100) < range(1, 3, 0));
-        assert_eq!(checkpoint(3, 12), "epoch-0000000003/ckp-00000000000000000012");
+        assert!(range(1, 2, 99, 120) < range(1, 2, 100, 101) && range(1, 2, 100, 200) < range(1, 3, 0, 1));
+        assert_ne!(range(1, 2, 100, 150), range(1, 2, 100, 151));
+        assert_eq!(checkpoint(3, 12, 0xab), "epoch-0000000003/ckp-00000000000000000012-000000ab");
     }
 }

@@ -25,14 +25,27 @@ pub use manifest::{CheckpointRef, Cut, LogPosition, Manifest, ManifestError, Obj
 /// on the test S3 API server `scripts/test` starts (`scripts/s3`, its endpoint in
 /// `ONCELOG_TEST_S3_ENDPOINT`).
 #[cfg(feature = "test-support")]
+pub mod fault_proxy;
+
+#[cfg(feature = "test-support")]
 pub mod test_support {
     use crate::{Bucket, Location};
 
+    /// The test S3 API server's endpoint (`ONCELOG_TEST_S3_ENDPOINT`).
+    pub fn s3_endpoint() -> String {
+        std::env::var("ONCELOG_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
+            panic!("this test needs ONCELOG_TEST_S3_ENDPOINT: ./scripts/test starts an S3 API server (scripts/s3) and sets it")
+        })
+    }
+
     /// The environment an `oncelog serve` child needs for the test server (AWS_* variables).
     pub fn s3_env() -> Vec<(&'static str, String)> {
-        let endpoint = std::env::var("ONCELOG_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
-            panic!("this test needs ONCELOG_TEST_S3_ENDPOINT: ./scripts/test starts an S3 API server (scripts/s3) and sets it")
-        });
+        s3_env_via(&s3_endpoint())
+    }
+
+    /// [`s3_env`] with another endpoint (a [`crate::fault_proxy::FaultProxy`] in front of it).
+    pub fn s3_env_via(endpoint: &str) -> Vec<(&'static str, String)> {
+        let endpoint = endpoint.to_owned();
         vec![
             ("AWS_ENDPOINT_URL", endpoint),
             ("AWS_ALLOW_HTTP", "true".into()),

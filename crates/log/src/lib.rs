@@ -621,6 +621,7 @@ fn start_shipper(
                 interval: tier.ship_interval,
                 pending,
                 doomed: Default::default(),
+                caught_up: Instant::now(),
             };
             rt.block_on(shipper.run());
         })

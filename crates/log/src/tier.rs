@@ -230,6 +230,8 @@ pub(crate) struct Shipper {
     /// Objects no published cut names any more, deleted once their grace period is over (a
     /// restore reading an older cut meanwhile still finds them).
     pub doomed: std::collections::VecDeque<(Instant, Vec<String>)>,
+    /// When the bucket last held everything synced (for `oncelog_bucket_unshipped_seconds`).
+    pub caught_up: Instant,
 }
 
 /// How long objects a cut dropped stay in the bucket: a restore that read the cut before has
@@ -262,7 +264,9 @@ impl Shipper {
                     }
                 }
             }
-            match self.ship().await {
+            let shipped = self.ship().await;
+            self.gauge_behind();
+            match shipped {
                 Ok(()) => {}
                 Err(BucketError::Fenced { mine, by }) => {
                     let why = format!(
@@ -282,6 +286,33 @@ impl Shipper {
                 return;
             }
         }
+    }
+
+    /// Sets the gauges of what is synced and not yet in a published cut (bytes, and seconds
+    /// since the bucket last held everything), after every round, failed ones too.
+    fn gauge_behind(&mut self) {
+        let synced: Synced = self.view.synced.lock().map(|s| *s).unwrap_or_default();
+        let cut = &self.writer.published().cut;
+        let behind = if synced.lsn <= cut.end.lsn {
+            0
+        } else {
+            let sizes: Vec<(u64, u64)> = match self.view.segments.read() {
+                Ok(segs) => segs
+                    .iter()
+                    .filter(|(n, _)| **n <= synced.segment)
+                    .map(|(n, f)| (*n, if *n == synced.segment { synced.pos } else { f.len().unwrap_or(0) }))
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
+            let shipped = |n: u64| cut.segments.iter().find(|s| s.number == n).map_or(0, SegmentRef::end);
+            sizes.iter().map(|(n, len)| len.saturating_sub(shipped(*n))).sum::<u64>().max(1)
+        };
+        if behind == 0 {
+            self.caught_up = Instant::now();
+        }
+        metrics::gauge!("oncelog_bucket_unshipped_bytes").set(behind as f64);
+        let seconds = if behind == 0 { 0.0 } else { self.caught_up.elapsed().as_secs_f64() };
+        metrics::gauge!("oncelog_bucket_unshipped_seconds").set(seconds);
     }
 
     fn take(&mut self, m: ShipMsg) {
@@ -330,7 +361,7 @@ impl Shipper {
             if buf.is_empty() {
                 continue;
             }
-            let object = self.writer.put(&keys::range(epoch, n, shipped), Bytes::from(buf)).await?;
+            let object = self.writer.put(&keys::range(epoch, n, shipped, upto), Bytes::from(buf)).await?;
             metrics::counter!("oncelog_bucket_puts_total").increment(1);
             metrics::counter!("oncelog_bucket_shipped_bytes_total").increment(object.len);
             match cut.segments.iter_mut().find(|s| s.number == n) {
@@ -344,7 +375,8 @@ impl Shipper {
         let mut removed: Vec<ObjectRef> = Vec::new();
         let mut with_ckp = false;
         if let Some(p) = self.pending.as_ref().filter(|p| p.lsn <= end.lsn) {
-            let object = self.writer.put(&keys::checkpoint(epoch, p.lsn), Bytes::from(p.bytes.clone())).await?;
+            let key = keys::checkpoint(epoch, p.lsn, crc32c::crc32c(&p.bytes));
+            let object = self.writer.put(&key, Bytes::from(p.bytes.clone())).await?;
             metrics::counter!("oncelog_bucket_puts_total").increment(1);
             let old = cut.checkpoint.replace(CheckpointRef { lsn: p.lsn, object });
             removed.extend(old.map(|c| c.object).filter(|o| !o.key.is_empty()));
@@ -359,7 +391,6 @@ impl Shipper {
             changed = true;
         }
         if !changed {
-            metrics::gauge!("oncelog_bucket_unshipped_bytes").set(0.0);
             return Ok(());
         }
         cut.end = end;
@@ -368,8 +399,6 @@ impl Shipper {
         self.counters.shipped_lsn.store(end.lsn, std::sync::atomic::Ordering::Release);
         metrics::counter!("oncelog_bucket_puts_total").increment(1);
         metrics::histogram!("oncelog_bucket_publish_seconds").record(started.elapsed().as_secs_f64());
-        let behind = if end.segment == synced.segment { synced.pos.saturating_sub(end.pos) } else { 0 };
-        metrics::gauge!("oncelog_bucket_unshipped_bytes").set(behind as f64);
         if with_ckp {
             if let Some(p) = self.pending.take() {
                 self.remove_local(&p.dead);

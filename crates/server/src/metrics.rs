@@ -19,6 +19,7 @@
 //! | `oncelog_bucket_errors_total` | counter | | shipping rounds to the bucket that failed (tried again) |
 //! | `oncelog_bucket_shipped_bytes_total` | counter | | log bytes shipped to the bucket |
 //! | `oncelog_bucket_unshipped_bytes` | gauge | | log bytes written and not yet in a published cut, as of the last round |
+//! | `oncelog_bucket_unshipped_seconds` | gauge | | seconds since the bucket last held everything synced (0 when it does), as of the last round |
 //! | `oncelog_bucket_publish_seconds` | histogram | | creating one manifest |
 //! | `oncelog_bucket_epoch` | gauge | | this node's writer epoch of the bucket prefix |
 //! | `oncelog_live_readers` | gauge | `mode` | open long-poll and SSE reads |
@@ -176,6 +177,10 @@ fn describe() {
     describe_gauge!(
         "oncelog_bucket_unshipped_bytes",
         "Log bytes written and not yet in a published cut, as of the last round."
+    );
+    describe_gauge!(
+        "oncelog_bucket_unshipped_seconds",
+        "Seconds since the bucket last held everything synced (0 when it does), as of the last round."
     );
     describe_histogram!("oncelog_bucket_publish_seconds", "Creating one manifest.");
     describe_gauge!("oncelog_bucket_epoch", "This node's writer epoch of the bucket prefix.");
