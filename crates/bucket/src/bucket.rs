@@ -184,6 +184,27 @@ impl Bucket {
         }
     }
 
+    /// The log's objects present (every key under `epoch-*/`) with when each was stored, in
+    /// milliseconds since the epoch.
+    pub async fn objects(&self) -> Result<Vec<(String, i64)>, BucketError> {
+        let root = (!self.prefix.is_empty()).then(|| Path::from(self.prefix.as_str()));
+        let listed: Vec<_> = self.store.list(root.as_ref()).try_collect().await.map_err(|e| self.store_err(e))?;
+        let strip = if self.prefix.is_empty() { String::new() } else { format!("{}/", self.prefix) };
+        Ok(listed
+            .into_iter()
+            .filter_map(|o| {
+                let key = o.location.as_ref().strip_prefix(strip.as_str())?.to_owned();
+                keys::is_log_object(&key).then(|| (key, o.last_modified.timestamp_millis()))
+            })
+            .collect())
+    }
+
+    /// Stores `bytes` as `key` outside any writer (tests: a stray object for the sweep).
+    #[cfg(feature = "test-support")]
+    pub async fn put_stray(&self, key: &str, bytes: Bytes) -> Result<(), BucketError> {
+        self.create(key, bytes).await.map(|_| ())
+    }
+
     /// Deletes object `key`; best effort (an object no manifest names is only clutter, and a
     /// sweep may take it later).
     pub async fn delete(&self, key: &str) {

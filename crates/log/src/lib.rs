@@ -622,6 +622,8 @@ fn start_shipper(
                 pending,
                 doomed: Default::default(),
                 caught_up: Instant::now(),
+                sweep_after: tier.sweep_after,
+                last_sweep: None,
             };
             rt.block_on(shipper.run());
         })

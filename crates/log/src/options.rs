@@ -57,6 +57,9 @@ pub struct Tier {
     pub node: String,
     /// When a write is acknowledged (`--ack-mode`).
     pub ack: AckMode,
+    /// How old an object no cut names must be before the sweep deletes it
+    /// ([`crate::tier::SWEEP_AFTER`]; tests make it 0).
+    pub sweep_after: Duration,
 }
 
 /// When a write is acknowledged with a bucket (`--ack-mode`).

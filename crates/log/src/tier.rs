@@ -17,6 +17,9 @@
 //!    a cut without them is published (`store::write_checkpoint_keeping`).
 //! 3. A fenced shipper stops the engine's writes (fail-stop, with its reason): after a takeover
 //!    nothing of this node's becomes visible, and it says so.
+//! 4. Only the writer deletes log objects, and never one its published cut names: dropped ones
+//!    after [`DELETE_GRACE`], and (the sweep) ones no cut names — a fenced writer's leftovers, a
+//!    failed round's, a crashed node's doomed ones — once they are [`SWEEP_AFTER`] old.
 
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -232,7 +235,19 @@ pub(crate) struct Shipper {
     pub doomed: std::collections::VecDeque<(Instant, Vec<String>)>,
     /// When the bucket last held everything synced (for `oncelog_bucket_unshipped_seconds`).
     pub caught_up: Instant,
+    /// [`Tier::sweep_after`].
+    pub sweep_after: Duration,
+    /// When the last sweep ran (`None`: not yet since the start).
+    pub last_sweep: Option<Instant>,
 }
+
+/// How old a log object that no cut names must be before the sweep deletes it: far longer than
+/// a shipping round (whose objects its publish names), a restore reading an older cut, or the
+/// grace of dropped objects.
+pub const SWEEP_AFTER: Duration = Duration::from_secs(3600);
+
+/// How often the sweep lists the bucket (at most; sooner when objects may be swept sooner).
+const SWEEP_EVERY: Duration = Duration::from_secs(600);
 
 /// How long objects a cut dropped stay in the bucket: a restore that read the cut before has
 /// this long to fetch them.
@@ -264,7 +279,11 @@ impl Shipper {
                     }
                 }
             }
-            let shipped = self.ship().await;
+            let due = self.last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY.min(self.sweep_after));
+            let shipped = match self.ship().await {
+                Ok(()) if due => self.sweep().await,
+                r => r,
+            };
             self.gauge_behind();
             match shipped {
                 Ok(()) => {}
@@ -408,6 +427,45 @@ impl Shipper {
             self.doomed.push_back((Instant::now() + DELETE_GRACE, removed.into_iter().map(|o| o.key).collect()));
         }
         self.delete_doomed().await;
+        Ok(())
+    }
+
+    /// Deletes the log objects that neither the published cut names nor wait for their
+    /// grace period to end, once they are [`Tier::sweep_after`] old (invariant 4). Runs
+    /// between rounds, so every object of this writer's own rounds is named or doomed, or was
+    /// left by a failed round (which the next round creates again if it needs it).
+    ///
+    /// Only while this writer's manifest is the newest: a zombie with nothing to ship never
+    /// publishes, so without the check it would go on sweeping by its stale cut and delete the
+    /// objects its successor wrote. A takeover after the check names, besides this cut, only
+    /// objects younger than the sweep itself. Finding a newer writer fences this one.
+    async fn sweep(&mut self) -> Result<(), BucketError> {
+        self.last_sweep = Some(Instant::now());
+        let mine = self.writer.published();
+        if let Some(newest) = self.writer.bucket().newest().await? {
+            if newest.number != mine.number || newest.epoch != mine.epoch {
+                return Err(BucketError::Fenced { mine: mine.epoch, by: newest.epoch });
+            }
+        }
+        let cut = &self.writer.published().cut;
+        let mut named: std::collections::HashSet<&str> =
+            cut.segments.iter().flat_map(|s| s.ranges.iter().map(|r| r.key.as_str())).collect();
+        named.extend(cut.checkpoint.iter().map(|c| c.object.key.as_str()));
+        named.extend(self.doomed.iter().flat_map(|(_, keys)| keys.iter().map(String::as_str)));
+        let objects = self.writer.bucket().objects().await?;
+        let before = now_ms().saturating_sub(i64::try_from(self.sweep_after.as_millis()).unwrap_or(i64::MAX));
+        let gone: Vec<String> = objects
+            .into_iter()
+            .filter(|(k, at)| !named.contains(k.as_str()) && *at <= before)
+            .map(|(k, _)| k)
+            .collect();
+        for k in &gone {
+            self.writer.bucket().delete(k).await;
+        }
+        if !gone.is_empty() {
+            metrics::counter!("oncelog_bucket_swept_total").increment(gone.len() as u64);
+            tracing::info!(objects = gone.len(), "swept objects no cut names");
+        }
         Ok(())
     }
 

@@ -35,12 +35,23 @@ fn open_acking(
     interval: Duration,
     ack: AckMode,
 ) -> Result<LogEngine, StorageError> {
+    open_with(dir, bucket, node, interval, ack, oncelog_log::tier::SWEEP_AFTER)
+}
+
+fn open_with(
+    dir: &std::path::Path,
+    bucket: &Bucket,
+    node: &str,
+    interval: Duration,
+    ack: AckMode,
+    sweep_after: Duration,
+) -> Result<LogEngine, StorageError> {
     let mut opts = LogOptions::new(dir);
     opts.durability = Durability::Buffered;
     opts.segment_bytes = 64 << 10;
     opts.checkpoint_bytes = 96 << 10;
     opts.reclaim_interval = Duration::from_millis(50);
-    opts.tier = Some(Tier { bucket: bucket.clone(), ship_interval: interval, node: node.into(), ack });
+    opts.tier = Some(Tier { bucket: bucket.clone(), ship_interval: interval, node: node.into(), ack, sweep_after });
     LogEngine::open(opts)
 }
 
@@ -303,6 +314,72 @@ async fn bucket_mode_answers_503_while_the_bucket_is_away(_kind: &str) {
     e.shutdown().await.expect("shutdown");
 }
 
+/// Waits until `e` is fenced.
+async fn fenced(e: &LogEngine) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Readiness::NotReady { reason } = e.readiness() {
+            assert!(reason.contains("fenced"), "{reason}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "not fenced");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The log objects present that the newest manifest does not name.
+async fn unnamed(b: &Bucket) -> Vec<String> {
+    let cut = b.newest().await.expect("newest").expect("a manifest").cut;
+    let mut named: Vec<&str> = cut.segments.iter().flat_map(|s| s.ranges.iter().map(|r| r.key.as_str())).collect();
+    named.extend(cut.checkpoint.iter().map(|c| c.object.key.as_str()));
+    b.objects().await.expect("list").into_iter().map(|(k, _)| k).filter(|k| !named.contains(&k.as_str())).collect()
+}
+
+/// A fenced writer's leftovers (objects it stored for a publish that failed) are swept by its
+/// successor, and nothing a cut names is: a node restored after the sweep has every append.
+/// Both sweep after every round (objects of any age), so the replaced node, idle and not yet
+/// fenced meanwhile, must not sweep by its stale cut (it would take its successor's objects).
+async fn the_sweep_deletes_what_no_cut_names_and_nothing_else(kind: &str) {
+    let (b, _guard) = bucket(kind, "sweep");
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    let ms50 = Duration::from_millis(50);
+    let old = open_with(dirs[0].path(), &b, "old", ms50, AckMode::Local, Duration::ZERO).expect("open");
+    create(&old, create_req("a", "text/plain")).await;
+    create(&old, create_req("b", "text/plain")).await;
+    write(&old, 0..60).await;
+    shipped(&old).await;
+    let new = open_with(dirs[1].path(), &b, "new", ms50, AckMode::Local, Duration::ZERO).expect("restore");
+    write(&new, 60..70).await;
+    shipped(&new).await;
+    // The old node has nothing to ship: only its sweep can find out (checked at the end, so
+    // that a sweep by its stale cut would first show as objects missing from the restore).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut seen_leftover = false;
+    // A stray of the old epoch (as a crashed round leaves one) that the sweep must take.
+    let stray = "epoch-0000000001/seg-00000000000000000099-000000000000-000000000010";
+    b.put_stray(stray, bytes::Bytes::from_static(b"0123456789")).await.expect("stray");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left = unnamed(&b).await;
+        seen_leftover |= left.iter().any(|k| k.starts_with("epoch-0000000001/"));
+        if !left.iter().any(|k| k.starts_with("epoch-0000000001/")) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left after the sweeps: {left:?}");
+        tokio::time::sleep(ms50).await;
+    }
+    assert!(!b.objects().await.expect("list").iter().any(|(k, _)| k == stray), "the stray was swept");
+    println!("{kind}: leftovers of the old epoch were seen before the sweep: {seen_leftover}");
+    write(&new, 70..80).await;
+    shipped(&new).await;
+    let third = open(dirs[2].path(), &b, "third", ms50).expect("restore after the sweep");
+    assert_eq!(read_all(&third, "a", 1 << 20).await, (0..80).map(body).collect::<String>());
+    fenced(&old).await;
+    let _ = old.shutdown().await;
+    let _ = new.shutdown().await;
+    third.shutdown().await.expect("shutdown");
+}
+
 macro_rules! on_both {
     ($($case:ident),* $(,)?) => {
         mod s3 {
@@ -330,6 +407,7 @@ on_both!(
     a_disk_the_bucket_moved_past_is_refused,
     a_directory_that_ran_without_a_bucket_is_shipped_whole,
     bucket_mode_acknowledges_only_what_the_bucket_holds,
+    the_sweep_deletes_what_no_cut_names_and_nothing_else,
 );
 
 /// Made unreachable by replacing a directory: one store kind only.

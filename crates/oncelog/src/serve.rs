@@ -437,7 +437,13 @@ fn open_log(args: &ServeArgs) -> Result<LogEngine, Box<dyn std::error::Error>> {
         };
         let bucket = oncelog_bucket::Bucket::open(location, &[])
             .map_err(|source| StartError::ObjectStore { location: location.to_string(), source })?;
-        opts.tier = Some(oncelog_log::tier::Tier { bucket, ship_interval: args.ship_interval, node: node_name(), ack });
+        opts.tier = Some(oncelog_log::tier::Tier {
+            bucket,
+            ship_interval: args.ship_interval,
+            node: node_name(),
+            ack,
+            sweep_after: oncelog_log::tier::SWEEP_AFTER,
+        });
     }
     let started = std::time::Instant::now();
     let engine = LogEngine::open(opts).map_err(|source| StartError::DataDir { path: args.data_dir.clone(), source })?;

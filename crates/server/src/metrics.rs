@@ -20,6 +20,7 @@
 //! | `oncelog_bucket_shipped_bytes_total` | counter | | log bytes shipped to the bucket |
 //! | `oncelog_bucket_unshipped_bytes` | gauge | | log bytes written and not yet in a published cut, as of the last round |
 //! | `oncelog_bucket_unshipped_seconds` | gauge | | seconds since the bucket last held everything synced (0 when it does), as of the last round |
+//! | `oncelog_bucket_swept_total` | counter | | objects no cut names that the sweep deleted (a fenced writer's, a failed round's, a crashed node's) |
 //! | `oncelog_bucket_publish_seconds` | histogram | | creating one manifest |
 //! | `oncelog_bucket_epoch` | gauge | | this node's writer epoch of the bucket prefix |
 //! | `oncelog_live_readers` | gauge | `mode` | open long-poll and SSE reads |
@@ -182,6 +183,7 @@ fn describe() {
         "oncelog_bucket_unshipped_seconds",
         "Seconds since the bucket last held everything synced (0 when it does), as of the last round."
     );
+    describe_counter!("oncelog_bucket_swept_total", "Objects no cut names that the sweep deleted (leftovers).");
     describe_histogram!("oncelog_bucket_publish_seconds", "Creating one manifest.");
     describe_gauge!("oncelog_bucket_epoch", "This node's writer epoch of the bucket prefix.");
     describe_gauge!("oncelog_live_readers", "Open live reads, by mode: long-poll, sse.");
