@@ -213,6 +213,21 @@ impl Bucket {
         }
     }
 
+    /// Bytes `range` of an object named by a manifest (a cold read: the object's CRC32C covers
+    /// it whole, so a part is checked only for its length; the log's frames carry their own).
+    pub async fn read_range(&self, object: &ObjectRef, range: std::ops::Range<u64>) -> Result<Bytes, BucketError> {
+        let want = range.end.saturating_sub(range.start);
+        let bytes = self.store.get_range(&self.path(&object.key), range).await.map_err(|e| self.store_err(e))?;
+        if bytes.len() as u64 != want {
+            return Err(BucketError::Corrupt {
+                key: object.key.clone(),
+                expected_len: object.len,
+                expected_crc: object.crc32c,
+            });
+        }
+        Ok(bytes)
+    }
+
     /// Reads an object named by a manifest, checking its length and CRC32C.
     pub async fn read(&self, object: &ObjectRef) -> Result<Bytes, BucketError> {
         let bytes = self.get(&object.key).await?;

@@ -96,7 +96,11 @@ fn attempt(src: &Path, dst: &Path) -> Result<Option<BackupReport>, LogError> {
         .filter_map(|e| e.ok().and_then(|e| e.file_name().to_str().and_then(format::parse_segment_name)))
         .collect();
     if !referenced.is_subset(&listed) {
-        // Deleted after the checkpoint was read: a newer one replaced it. Start over.
+        // Deleted after the checkpoint was read: a newer one replaced it. Start over. Unless
+        // the checkpoint is still the same: then they are not here at all (only in a bucket).
+        if checkpoint.is_some() && std::fs::read(src.join(CHECKPOINT)).ok() == checkpoint {
+            return Err(LogError::SegmentsInTheBucket(referenced.difference(&listed).copied().collect()));
+        }
         return Ok(None);
     }
     let numbers: Vec<u64> = listed.iter().copied().filter(|n| *n >= first || referenced.contains(n)).collect();

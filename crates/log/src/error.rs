@@ -44,6 +44,14 @@ pub enum LogError {
          start on an empty data directory to restore from the bucket"
     )]
     NotTheBucketsLog(String),
+    /// A backup found segments the checkpoint needs missing, and still missing after the
+    /// checkpoint stayed the same: not a race with the server, they are only in the bucket.
+    #[error(
+        "log segments {0:?} that the checkpoint needs are not in the data directory: with --object-store they \
+         are in the bucket only (a restore leaves old segments there, --cache-max-bytes evicts them); the \
+         bucket holds the log, or back up a node without a cache limit once it has fetched them back"
+    )]
+    SegmentsInTheBucket(Vec<u64>),
 }
 
 pub(crate) fn backend(e: LogError) -> StorageError {

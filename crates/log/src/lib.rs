@@ -8,6 +8,8 @@
 //! - `store`: the writer's state, the group commit, recovery and reads (synchronous, so a
 //!   seeded test can drive it step by step);
 //! - [`backup`]: copying a running store;
+//! - [`tier`] (`--object-store`): the shipper to a bucket, the restore from it, the takeover;
+//!   `cold`: segments only in the bucket, read through the tiered file system;
 //! - `options`: [`LogOptions`], [`Durability`]; `error`: [`LogError`];
 //! - this file: [`LogEngine`], the [`Engine`] over a writer thread and a checkpointer thread.
 //!
@@ -32,6 +34,7 @@
 //! Data lives in the segment files and the OS page cache.
 
 pub mod backup;
+mod cold;
 mod error;
 #[cfg(test)]
 mod fault_tests;
@@ -153,11 +156,19 @@ impl LogEngine {
         let started = Instant::now();
         // With a bucket: restore or check the data directory, and take the bucket over, before
         // the store opens it; the shipper starts once the store is open.
-        let shipper = match &opts.tier {
-            Some(tier) => Some(start_shipper(opts.fs.clone(), tier.clone(), opts.clock.now_ms())?),
-            None => None,
+        // The log then lives on the tiered file system: the data directory plus the segments
+        // that are only in the bucket (cold).
+        let (fs, shipper): (Arc<dyn fs::Fs>, _) = match &opts.tier {
+            Some(tier) => {
+                let cold = cold::Cold::new(tier.bucket.clone())
+                    .map_err(|e| backend(LogError::Io { what: "start the cold reads".into(), source: e }))?;
+                let tiered = Arc::new(cold::TieredFs { local: opts.fs.clone(), cold: cold.clone() });
+                let shipper = start_shipper(opts.fs.clone(), tiered.clone(), cold, tier.clone(), opts.clock.now_ms())?;
+                (tiered, Some(shipper))
+            }
+            None => (opts.fs.clone(), None),
         };
-        let (store, report) = store::open(opts.fs.clone(), cfg, opts.clock.now_ms())?;
+        let (store, report) = store::open(fs.clone(), cfg, opts.clock.now_ms())?;
         // Debug: `oncelog serve` logs the report at info, with its settings, once per start
         // (an embedder reads it from `recovery_report`).
         tracing::debug!(?report, elapsed = ?started.elapsed(), "log recovered");
@@ -167,7 +178,6 @@ impl LogEngine {
         // server's in-flight requests bound the queue; sending never blocks a runtime thread.
         let (tx, rx) = mpsc::channel();
         let (checkpoint_bytes, reclaim_interval) = (opts.checkpoint_bytes, opts.reclaim_interval);
-        let fs = opts.fs.clone();
         let (ship, shipper) = match shipper {
             Some((start, handle)) => {
                 let (ship_tx, ship_rx) = mpsc::channel::<tier::ShipMsg>();
@@ -587,7 +597,9 @@ type ShipperStart = mpsc::Sender<(Arc<View>, Arc<store::Counters>, mpsc::Receive
 /// directory and takes the bucket over (reported back before this returns), then waits for the
 /// open store and ships until fenced or stopped.
 fn start_shipper(
+    local: Arc<dyn fs::Fs>,
     fs: Arc<dyn fs::Fs>,
+    cold: Arc<cold::Cold>,
     tier: tier::Tier,
     now_ms: i64,
 ) -> Result<(ShipperStart, std::thread::JoinHandle<()>), StorageError> {
@@ -603,7 +615,7 @@ fn start_shipper(
                     return;
                 }
             };
-            let (writer, pending) = match rt.block_on(tier::prepare(&*fs, &tier, now_ms)) {
+            let (writer, pending) = match rt.block_on(tier::prepare(&*local, &cold, &tier, now_ms)) {
                 Ok(w) => w,
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -624,6 +636,9 @@ fn start_shipper(
                 caught_up: Instant::now(),
                 sweep_after: tier.sweep_after,
                 last_sweep: None,
+                cold,
+                local,
+                cache_max: tier.cache_max_bytes,
             };
             rt.block_on(shipper.run());
         })

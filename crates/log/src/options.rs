@@ -60,6 +60,10 @@ pub struct Tier {
     /// How old an object no cut names must be before the sweep deletes it
     /// ([`crate::tier::SWEEP_AFTER`]; tests make it 0).
     pub sweep_after: Duration,
+    /// The most bytes of segment files kept on the local disk (`--cache-max-bytes`; `None`:
+    /// all). Older sealed segments the bucket holds are evicted past it and read from the
+    /// bucket ([`crate::cold`]).
+    pub cache_max_bytes: Option<u64>,
 }
 
 /// When a write is acknowledged with a bucket (`--ack-mode`).

@@ -29,6 +29,7 @@ use bytes::Bytes;
 use oncelog_bucket::{keys, Bucket, BucketError, CheckpointRef, Cut, LogPosition, ObjectRef, SegmentRef, Writer};
 use oncelog_storage::StorageError;
 
+use crate::cold::Cold;
 use crate::error::{backend, LogError};
 use crate::format;
 use crate::fs::Fs;
@@ -83,7 +84,12 @@ fn local_is_empty(fs: &dyn Fs) -> Result<bool, StorageError> {
 /// the prefix over. Also returns the local checkpoint when it is newer than the cut's (a
 /// directory that ran without the bucket, or whose last checkpoint was not shipped): the cut
 /// may need it, since segments before it may be gone.
-pub(crate) async fn prepare(fs: &dyn Fs, tier: &Tier, now_ms: i64) -> Result<(Writer, Option<Shipment>), StorageError> {
+pub(crate) async fn prepare(
+    fs: &dyn Fs,
+    cold: &Arc<Cold>,
+    tier: &Tier,
+    now_ms: i64,
+) -> Result<(Writer, Option<Shipment>), StorageError> {
     let mut newest = tier.bucket.newest().await.map_err(bucket_err)?;
     // A writer still running (about to be fenced) may publish meanwhile and, after its grace
     // period, delete what an older cut named: a restore that fails while the newest manifest
@@ -94,7 +100,7 @@ pub(crate) async fn prepare(fs: &dyn Fs, tier: &Tier, now_ms: i64) -> Result<(Wr
             check_holds(fs, &m.cut)?;
             break;
         }
-        match restore(fs, &tier.bucket, &m.cut).await {
+        match restore(fs, &tier.bucket, &m.cut, now_ms).await {
             Ok(()) => break,
             Err(e) => {
                 let now = tier.bucket.newest().await.map_err(bucket_err)?;
@@ -105,6 +111,13 @@ pub(crate) async fn prepare(fs: &dyn Fs, tier: &Tier, now_ms: i64) -> Result<(Wr
                 tracing::info!(error = %e, "the bucket moved on during the restore; starting it again");
                 newest = now;
             }
+        }
+    }
+    // The cut's segments that are not here (left in the bucket by a restore, or evicted) are
+    // cold: read from the bucket.
+    for seg in newest.iter().flat_map(|m| m.cut.segments.iter()) {
+        if !fs.exists(&format::segment_name(seg.number)).map_err(io("inspect the log directory"))? {
+            cold.add(seg.clone());
         }
     }
     let cut_ckp = newest.as_ref().and_then(|m| m.cut.checkpoint.as_ref()).map_or(0, |c| c.lsn);
@@ -124,8 +137,11 @@ fn local_checkpoint(fs: &dyn Fs, now_ms: i64) -> Result<Option<Shipment>, Storag
     Ok(Some(Shipment { lsn: cp.lsn, bytes, dead: Vec::new() }))
 }
 
-/// Writes the cut's segments and checkpoint into the data directory, byte for byte.
-async fn restore(fs: &dyn Fs, bucket: &Bucket, cut: &Cut) -> Result<(), StorageError> {
+/// Writes the cut's checkpoint and the segments recovery replays (from the one the checkpoint
+/// continues in) into the data directory, byte for byte; the older segments stay in the bucket,
+/// cold ([`prepare`] makes every segment of the cut that is not here so), and the shipper fills the local cache with them later: the
+/// node serves once recovery ran, whatever the size of the log.
+async fn restore(fs: &dyn Fs, bucket: &Bucket, cut: &Cut, now_ms: i64) -> Result<(), StorageError> {
     let started = Instant::now();
     fs.create_dir("").map_err(io("create the data directory"))?;
     if !fs.exists(RESTORING).map_err(io("inspect the data directory"))? {
@@ -143,7 +159,20 @@ async fn restore(fs: &dyn Fs, bucket: &Bucket, cut: &Cut) -> Result<(), StorageE
         }
     }
     let mut bytes = 0u64;
-    for seg in &cut.segments {
+    let checkpoint = match &cut.checkpoint {
+        Some(c) => Some(bucket.read(&c.object).await.map_err(bucket_err)?),
+        None => None,
+    };
+    // Without a checkpoint recovery replays every segment.
+    let replay_from = match &checkpoint {
+        Some(data) => {
+            format::Checkpoint::decode(data, now_ms)
+                .map_err(|e| backend(LogError::Corrupt(format!("the bucket's checkpoint: {e}"))))?
+                .segment
+        }
+        None => 0,
+    };
+    for seg in cut.segments.iter().filter(|s| s.number >= replay_from) {
         let file = fs.open(&format::segment_name(seg.number), true).map_err(io("create a restored segment"))?;
         let mut at = seg.start;
         for r in &seg.ranges {
@@ -155,16 +184,16 @@ async fn restore(fs: &dyn Fs, bucket: &Bucket, cut: &Cut) -> Result<(), StorageE
         file.sync_data().map_err(io("sync a restored segment"))?;
     }
     fs.sync_dir(format::LOG_DIR).map_err(io("sync the log directory"))?;
-    if let Some(c) = &cut.checkpoint {
-        let data = bucket.read(&c.object).await.map_err(bucket_err)?;
-        store::install_checkpoint(fs, &data)?;
-        bytes += c.object.len;
+    if let Some(data) = &checkpoint {
+        store::install_checkpoint(fs, data)?;
+        bytes += data.len() as u64;
     }
     fs.remove(RESTORING).map_err(io("finish the restore"))?;
     fs.sync_dir("").map_err(io("sync the data directory"))?;
     tracing::info!(
         bytes,
-        segments = cut.segments.len(),
+        segments = cut.segments.iter().filter(|s| s.number >= replay_from).count(),
+        cold = cut.segments.iter().filter(|s| s.number < replay_from).count(),
         lsn = cut.end.lsn,
         elapsed = ?started.elapsed(),
         "restored the log from the bucket"
@@ -239,6 +268,12 @@ pub(crate) struct Shipper {
     pub sweep_after: Duration,
     /// When the last sweep ran (`None`: not yet since the start).
     pub last_sweep: Option<Instant>,
+    /// The cold segments ([`crate::cold`]); `fs` is the tiered file system over them and
+    /// `local` the data directory itself.
+    pub cold: Arc<Cold>,
+    pub local: Arc<dyn Fs>,
+    /// [`Tier::cache_max_bytes`].
+    pub cache_max: Option<u64>,
 }
 
 /// How old a log object that no cut names must be before the sweep deletes it: far longer than
@@ -284,6 +319,9 @@ impl Shipper {
                 Ok(()) if due => self.sweep().await,
                 r => r,
             };
+            if shipped.is_ok() {
+                self.cache();
+            }
             self.gauge_behind();
             match shipped {
                 Ok(()) => {}
@@ -478,6 +516,85 @@ impl Shipper {
                 }
             }
         }
+    }
+
+    /// Keeps the local segment files within `--cache-max-bytes`: evicts the oldest sealed
+    /// segments the published cut holds whole (they turn cold), or, with room, fills one cold
+    /// segment back (the newest: recent data is read most). One fill per round, so a round
+    /// stays short.
+    fn cache(&mut self) {
+        let cut = &self.writer.published().cut;
+        let local: Vec<(u64, u64)> = match self.view.segments.read() {
+            Ok(segs) => {
+                segs.iter().filter(|(n, _)| !self.cold.is_cold(**n)).map(|(n, f)| (*n, f.len().unwrap_or(0))).collect()
+            }
+            Err(_) => return,
+        };
+        let mut bytes: u64 = local.iter().map(|(_, len)| len).sum();
+        match self.cache_max {
+            Some(max) if bytes > max => {
+                // Oldest first; never the segment the cut ends in (it may grow) or later ones.
+                for (n, len) in local {
+                    if bytes <= max || n >= cut.end.segment {
+                        break;
+                    }
+                    let Some(seg) = cut.segments.iter().find(|s| s.number == n) else { continue };
+                    let file = self.cold.add(seg.clone());
+                    if let Ok(mut segs) = self.view.segments.write() {
+                        segs.insert(n, file);
+                    }
+                    // Readers holding the local file finish on it; the space returns after.
+                    if let Err(e) = self.local.remove(&format::segment_name(n)) {
+                        tracing::warn!(segment = n, error = %e, "an evicted segment's file was not removed");
+                    }
+                    bytes = bytes.saturating_sub(len);
+                    metrics::counter!("oncelog_bucket_cache_evictions_total").increment(1);
+                }
+            }
+            _ => {
+                if let Some(f) = self.cold.newest_first().into_iter().next() {
+                    if self.cache_max.is_none_or(|max| bytes + f.segment().end() <= max) {
+                        match self.fill(f.segment()) {
+                            Ok(len) => {
+                                bytes += len;
+                                metrics::counter!("oncelog_bucket_cache_fills_total").increment(1);
+                            }
+                            Err(e) => {
+                                tracing::warn!(segment = f.segment().number, error = %e, "a cold segment was not filled back")
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        metrics::gauge!("oncelog_bucket_cache_bytes").set(bytes as f64);
+    }
+
+    /// Downloads cold segment `seg` into its local file (a temporary name, synced, renamed) and
+    /// makes it local again; its length.
+    fn fill(&self, seg: &SegmentRef) -> std::io::Result<u64> {
+        let data = self.cold.download(seg)?;
+        let (name, tmp) = (format::segment_name(seg.number), format!("{}.fill", format::segment_name(seg.number)));
+        if self.local.exists(&tmp)? {
+            self.local.remove(&tmp)?;
+        }
+        let f = self.local.open(&tmp, true)?;
+        f.write_all_at(&data, seg.start)?;
+        f.sync_data()?;
+        self.local.rename(&tmp, &name)?;
+        self.local.sync_dir(format::LOG_DIR)?;
+        let file = self.local.open(&name, false)?;
+        if let Ok(mut segs) = self.view.segments.write() {
+            // Removed meanwhile (dropped by a checkpoint): not brought back.
+            if !segs.contains_key(&seg.number) {
+                drop(segs);
+                self.local.remove(&name)?;
+                return Ok(0);
+            }
+            segs.insert(seg.number, file);
+        }
+        self.cold.remove(seg.number);
+        Ok(seg.end())
     }
 
     /// Removes the local files of segments that a published cut no longer names (invariant 2).

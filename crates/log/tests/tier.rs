@@ -46,12 +46,42 @@ fn open_with(
     ack: AckMode,
     sweep_after: Duration,
 ) -> Result<LogEngine, StorageError> {
+    open_tiered(dir, bucket, node, interval, ack, sweep_after, None)
+}
+
+/// [`open`] with `--cache-max-bytes`.
+fn open_cached(
+    dir: &std::path::Path,
+    bucket: &Bucket,
+    node: &str,
+    cache_max_bytes: Option<u64>,
+) -> Result<LogEngine, StorageError> {
+    let (ms50, hour) = (Duration::from_millis(50), oncelog_log::tier::SWEEP_AFTER);
+    open_tiered(dir, bucket, node, ms50, AckMode::Local, hour, cache_max_bytes)
+}
+
+fn open_tiered(
+    dir: &std::path::Path,
+    bucket: &Bucket,
+    node: &str,
+    interval: Duration,
+    ack: AckMode,
+    sweep_after: Duration,
+    cache_max_bytes: Option<u64>,
+) -> Result<LogEngine, StorageError> {
     let mut opts = LogOptions::new(dir);
     opts.durability = Durability::Buffered;
     opts.segment_bytes = 64 << 10;
     opts.checkpoint_bytes = 96 << 10;
     opts.reclaim_interval = Duration::from_millis(50);
-    opts.tier = Some(Tier { bucket: bucket.clone(), ship_interval: interval, node: node.into(), ack, sweep_after });
+    opts.tier = Some(Tier {
+        bucket: bucket.clone(),
+        ship_interval: interval,
+        node: node.into(),
+        ack,
+        sweep_after,
+        cache_max_bytes,
+    });
     LogEngine::open(opts)
 }
 
@@ -380,6 +410,83 @@ async fn the_sweep_deletes_what_no_cut_names_and_nothing_else(kind: &str) {
     third.shutdown().await.expect("shutdown");
 }
 
+/// The segment files in the data directory `dir`.
+fn local_segments(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir.join("log"))
+        .expect("log directory")
+        .filter(|e| e.as_ref().is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".seg")))
+        .count()
+}
+
+/// A node of the given cache restored from a bucket holding appends 0..300: how many of the
+/// cut's segments it has on its disk right after the start, and of how many.
+/// (The bucket's directory guard comes back too, for a directory bucket.)
+async fn restored(
+    kind: &str,
+    name: &str,
+    dirs: &[tempfile::TempDir],
+    cache: Option<u64>,
+) -> (Bucket, Option<tempfile::TempDir>, LogEngine, usize) {
+    let (b, guard) = bucket(kind, name);
+    let old = open(dirs[0].path(), &b, "old", Duration::from_millis(50)).expect("open");
+    create(&old, create_req("a", "text/plain")).await;
+    create(&old, create_req("b", "text/plain")).await;
+    write(&old, 0..300).await;
+    old.shutdown().await.expect("shutdown ships");
+    let cut = b.newest().await.expect("newest").expect("a manifest").cut;
+    assert!(cut.checkpoint.is_some(), "a checkpoint shipped");
+    let new = open_cached(dirs[1].path(), &b, "new", cache).expect("restore");
+    let local = local_segments(dirs[1].path());
+    println!("{kind}: restored with {local} of the cut's {} segments on the disk", cut.segments.len());
+    assert!(local < cut.segments.len(), "the restore left old segments in the bucket");
+    (b, guard, new, cut.segments.len())
+}
+
+/// A restore downloads only what recovery replays and serves at once: older segments are read
+/// from the bucket. Under a small `--cache-max-bytes` the sealed segments the bucket holds
+/// leave the disk as the node writes on, and a restart on that directory reads them from the
+/// bucket too.
+async fn old_segments_are_read_from_the_bucket_under_a_small_cache(kind: &str) {
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    let (b, _guard, new, _) = restored(kind, "cold", &dirs, Some(1)).await;
+    assert_eq!(read_all(&new, "a", 1 << 20).await, (0..300).map(body).collect::<String>(), "every append once");
+    // A backup of the directory cannot copy what is only in the bucket, and says so.
+    let copy = tempfile::tempdir().expect("tempdir");
+    let refused = oncelog_log::backup::backup(dirs[1].path(), &copy.path().join("b")).expect_err("refused");
+    assert!(refused.to_string().contains("in the bucket only"), "{refused}");
+    for i in (0..300u64).step_by(37) {
+        let again = append(&new, produce("a", &body(i), "p", 0, i)).await;
+        assert_eq!(again.status, AppendStatus::Duplicate, "retry of {i}");
+    }
+    assert_eq!(append(&new, keyed("b", "7|", "k7")).await.status, AppendStatus::Duplicate);
+    // Writing on: every sealed segment the bucket holds leaves the disk.
+    write(&new, 300..400).await;
+    shipped(&new).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let left = local_segments(dirs[1].path());
+    assert!(left <= 2, "only the segments the cut may still grow in stay: {left}");
+    let all: String = (0..400).map(body).collect();
+    assert_eq!(read_all(&new, "a", 1 << 20).await, all);
+    new.shutdown().await.expect("shutdown");
+    drop(new);
+    let again = open_cached(dirs[1].path(), &b, "again", Some(1)).expect("restart on a directory with cold segments");
+    assert_eq!(read_all(&again, "a", 1 << 20).await, all);
+    again.shutdown().await.expect("shutdown");
+}
+
+/// Without a cache limit the restored node fetches the old segments back in the background.
+async fn the_cache_fills_back_after_a_restore(kind: &str) {
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    let (_b, _guard, new, segments) = restored(kind, "fill", &dirs, None).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while local_segments(dirs[1].path()) < segments {
+        assert!(Instant::now() < deadline, "the cache did not fill back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(read_all(&new, "a", 1 << 20).await, (0..300).map(body).collect::<String>());
+    new.shutdown().await.expect("shutdown");
+}
+
 macro_rules! on_both {
     ($($case:ident),* $(,)?) => {
         mod s3 {
@@ -408,6 +515,8 @@ on_both!(
     a_directory_that_ran_without_a_bucket_is_shipped_whole,
     bucket_mode_acknowledges_only_what_the_bucket_holds,
     the_sweep_deletes_what_no_cut_names_and_nothing_else,
+    old_segments_are_read_from_the_bucket_under_a_small_cache,
+    the_cache_fills_back_after_a_restore,
 );
 
 /// Made unreachable by replacing a directory: one store kind only.

@@ -95,6 +95,13 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_SHIP_INTERVAL", default_value = "1s", value_parser = parse_interval)]
     ship_interval: Duration,
 
+    /// With --object-store: the most bytes of log segments kept on the local disk (`10GiB`,
+    /// `512MiB`; default: all). Older segments the bucket holds are evicted past it and read
+    /// from the bucket in 1 MiB blocks with read-ahead; with room, segments only in the bucket
+    /// (after a restore, which downloads only what recovery replays) are fetched back.
+    #[arg(long, env = "ONCELOG_CACHE_MAX_BYTES", value_parser = crate::token::parse_bytes, requires = "object_store")]
+    cache_max_bytes: Option<u64>,
+
     /// On SIGTERM, how long in-flight requests (including live reads) may take to finish, in ms.
     #[arg(long, env = "ONCELOG_SHUTDOWN_GRACE_MS", default_value_t = 2_000)]
     shutdown_grace_ms: u64,
@@ -443,6 +450,7 @@ fn open_log(args: &ServeArgs) -> Result<LogEngine, Box<dyn std::error::Error>> {
             node: node_name(),
             ack,
             sweep_after: oncelog_log::tier::SWEEP_AFTER,
+            cache_max_bytes: args.cache_max_bytes,
         });
     }
     let started = std::time::Instant::now();

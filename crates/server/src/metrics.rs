@@ -21,6 +21,12 @@
 //! | `oncelog_bucket_unshipped_bytes` | gauge | | log bytes written and not yet in a published cut, as of the last round |
 //! | `oncelog_bucket_unshipped_seconds` | gauge | | seconds since the bucket last held everything synced (0 when it does), as of the last round |
 //! | `oncelog_bucket_swept_total` | counter | | objects no cut names that the sweep deleted (a fenced writer's, a failed round's, a crashed node's) |
+//! | `oncelog_bucket_gets_total` | counter | | ranged GETs of cold reads and cache fills (--object-store) |
+//! | `oncelog_bucket_cold_read_hits_total` | counter | | cold reads answered from the blocks kept in memory (read-ahead included) |
+//! | `oncelog_bucket_cold_segments` | gauge | | segments only in the bucket (left there by a restore, or evicted) |
+//! | `oncelog_bucket_cache_bytes` | gauge | | bytes of segment files on the local disk (`--cache-max-bytes` bounds it) |
+//! | `oncelog_bucket_cache_evictions_total` | counter | | sealed segments evicted from the local disk under `--cache-max-bytes` |
+//! | `oncelog_bucket_cache_fills_total` | counter | | cold segments fetched back onto the local disk |
 //! | `oncelog_bucket_publish_seconds` | histogram | | creating one manifest |
 //! | `oncelog_bucket_epoch` | gauge | | this node's writer epoch of the bucket prefix |
 //! | `oncelog_live_readers` | gauge | `mode` | open long-poll and SSE reads |
@@ -183,6 +189,15 @@ fn describe() {
         "oncelog_bucket_unshipped_seconds",
         "Seconds since the bucket last held everything synced (0 when it does), as of the last round."
     );
+    describe_counter!("oncelog_bucket_gets_total", "Ranged GETs of cold reads and cache fills.");
+    describe_counter!("oncelog_bucket_cold_read_hits_total", "Cold reads answered from the blocks kept in memory.");
+    describe_gauge!("oncelog_bucket_cold_segments", "Segments only in the bucket (left by a restore, or evicted).");
+    describe_gauge!("oncelog_bucket_cache_bytes", "Bytes of segment files on the local disk.");
+    describe_counter!(
+        "oncelog_bucket_cache_evictions_total",
+        "Sealed segments evicted from the local disk under --cache-max-bytes."
+    );
+    describe_counter!("oncelog_bucket_cache_fills_total", "Cold segments fetched back onto the local disk.");
     describe_counter!("oncelog_bucket_swept_total", "Objects no cut names that the sweep deleted (leftovers).");
     describe_histogram!("oncelog_bucket_publish_seconds", "Creating one manifest.");
     describe_gauge!("oncelog_bucket_epoch", "This node's writer epoch of the bucket prefix.");
