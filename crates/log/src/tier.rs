@@ -281,6 +281,9 @@ pub(crate) struct Shipper {
 /// grace of dropped objects.
 pub const SWEEP_AFTER: Duration = Duration::from_secs(3600);
 
+/// Objects after which the segment a cut ends in is folded although it may still grow.
+const FOLD_AT: usize = 32;
+
 /// How often the sweep lists the bucket (at most; sooner when objects may be swept sooner).
 const SWEEP_EVERY: Duration = Duration::from_secs(600);
 
@@ -316,10 +319,15 @@ impl Shipper {
             }
             let due = self.last_sweep.is_none_or(|t| t.elapsed() >= SWEEP_EVERY.min(self.sweep_after));
             let shipped = match self.ship().await {
+                Ok(()) => self.fold().await,
+                r => r,
+            };
+            let shipped = match shipped {
                 Ok(()) if due => self.sweep().await,
                 r => r,
             };
             if shipped.is_ok() {
+                self.delete_doomed().await;
                 self.cache();
             }
             self.gauge_behind();
@@ -464,7 +472,58 @@ impl Shipper {
         if !removed.is_empty() {
             self.doomed.push_back((Instant::now() + DELETE_GRACE, removed.into_iter().map(|o| o.key).collect()));
         }
-        self.delete_doomed().await;
+        Ok(())
+    }
+
+    /// Folds one segment whose bytes the published cut names in several objects into one
+    /// object, and publishes that: sealed segments, and the one the cut ends in once it has
+    /// [`FOLD_AT`] objects. So a manifest names a bounded number of objects per segment, and a
+    /// restore or a cold read of a sealed segment is one object. The objects it replaces are
+    /// dropped after their grace. One segment per round, after the round's publish (which
+    /// acknowledges): a fold delays only the next round.
+    async fn fold(&mut self) -> Result<(), BucketError> {
+        let cut = &self.writer.published().cut;
+        let Some(seg) = cut
+            .segments
+            .iter()
+            .find(|s| {
+                s.ranges.len() > 1
+                    && (s.number < cut.end.segment || s.ranges.len() >= FOLD_AT)
+                    && !self.cold.is_cold(s.number)
+            })
+            .cloned()
+        else {
+            return Ok(());
+        };
+        let Some(file) = self.view.segments.read().ok().and_then(|segs| segs.get(&seg.number).cloned()) else {
+            return Ok(());
+        };
+        let mut buf = vec![0u8; (seg.end() - seg.start) as usize];
+        if let Err(e) = file.read_exact_at(&mut buf, seg.start) {
+            tracing::warn!(segment = seg.number, error = %e, "a log segment could not be read for folding");
+            return Ok(());
+        }
+        // The local bytes are the objects' (checked, as a fold replaces them).
+        let mut at = 0usize;
+        for r in &seg.ranges {
+            let part = &buf[at..at + r.len as usize];
+            if crc32c::crc32c(part) != r.crc32c {
+                tracing::error!(segment = seg.number, object = %r.key, "a log segment differs from its objects; not folded");
+                return Ok(());
+            }
+            at += r.len as usize;
+        }
+        let epoch = self.writer.epoch();
+        let key = keys::range(epoch, seg.number, seg.start, seg.end());
+        let object = self.writer.put(&key, Bytes::from(buf)).await?;
+        metrics::counter!("oncelog_bucket_puts_total").increment(1);
+        let mut next = cut.clone();
+        let Some(entry) = next.segments.iter_mut().find(|s| s.number == seg.number) else { return Ok(()) };
+        let replaced = std::mem::replace(&mut entry.ranges, vec![object]);
+        self.writer.publish(next, now_ms()).await?;
+        metrics::counter!("oncelog_bucket_puts_total").increment(1);
+        metrics::counter!("oncelog_bucket_folds_total").increment(1);
+        self.doomed.push_back((Instant::now() + DELETE_GRACE, replaced.into_iter().map(|o| o.key).collect()));
         Ok(())
     }
 
@@ -538,7 +597,10 @@ impl Shipper {
                     if bytes <= max || n >= cut.end.segment {
                         break;
                     }
-                    let Some(seg) = cut.segments.iter().find(|s| s.number == n) else { continue };
+                    // Only a folded segment (one object): a cold read is then one GET.
+                    let Some(seg) = cut.segments.iter().find(|s| s.number == n && s.ranges.len() == 1) else {
+                        continue;
+                    };
                     let file = self.cold.add(seg.clone());
                     if let Ok(mut segs) = self.view.segments.write() {
                         segs.insert(n, file);

@@ -21,6 +21,7 @@
 //! | `oncelog_bucket_unshipped_bytes` | gauge | | log bytes written and not yet in a published cut, as of the last round |
 //! | `oncelog_bucket_unshipped_seconds` | gauge | | seconds since the bucket last held everything synced (0 when it does), as of the last round |
 //! | `oncelog_bucket_swept_total` | counter | | objects no cut names that the sweep deleted (a fenced writer's, a failed round's, a crashed node's) |
+//! | `oncelog_bucket_folds_total` | counter | | segments whose objects were folded into one (sealed ones, and a growing one past 32 objects) |
 //! | `oncelog_bucket_gets_total` | counter | | ranged GETs of cold reads and cache fills (--object-store) |
 //! | `oncelog_bucket_cold_read_hits_total` | counter | | cold reads answered from the blocks kept in memory (read-ahead included) |
 //! | `oncelog_bucket_cold_segments` | gauge | | segments only in the bucket (left there by a restore, or evicted) |
@@ -198,6 +199,7 @@ fn describe() {
         "Sealed segments evicted from the local disk under --cache-max-bytes."
     );
     describe_counter!("oncelog_bucket_cache_fills_total", "Cold segments fetched back onto the local disk.");
+    describe_counter!("oncelog_bucket_folds_total", "Segments whose objects were folded into one.");
     describe_counter!("oncelog_bucket_swept_total", "Objects no cut names that the sweep deleted (leftovers).");
     describe_histogram!("oncelog_bucket_publish_seconds", "Creating one manifest.");
     describe_gauge!("oncelog_bucket_epoch", "This node's writer epoch of the bucket prefix.");
