@@ -284,6 +284,23 @@ pub const SWEEP_AFTER: Duration = Duration::from_secs(3600);
 /// Objects after which the segment a cut ends in is folded although it may still grow.
 const FOLD_AT: usize = 32;
 
+/// Where to fold a growing segment's objects from: the first object no larger than all the
+/// objects after it together (`None`: each is larger than the rest after it, at most about
+/// log2 of the segment's size of them). Folding from there at least doubles the size of the
+/// object every folded byte is in, so a byte is uploaded again at most log2(segment / smallest
+/// object) times.
+fn fold_from(ranges: &[ObjectRef]) -> Option<usize> {
+    let mut after = 0u64;
+    let mut from = None;
+    for (i, r) in ranges.iter().enumerate().rev() {
+        if i + 1 < ranges.len() && r.len <= after {
+            from = Some(i);
+        }
+        after += r.len;
+    }
+    from
+}
+
 /// How often the sweep lists the bucket (at most; sooner when objects may be swept sooner).
 const SWEEP_EVERY: Duration = Duration::from_secs(600);
 
@@ -475,51 +492,49 @@ impl Shipper {
         Ok(())
     }
 
-    /// Folds one segment whose bytes the published cut names in several objects into one
-    /// object, and publishes that: sealed segments, and the one the cut ends in once it has
-    /// [`FOLD_AT`] objects. So a manifest names a bounded number of objects per segment, and a
-    /// restore or a cold read of a sealed segment is one object. The objects it replaces are
-    /// dropped after their grace. One segment per round, after the round's publish (which
-    /// acknowledges): a fold delays only the next round.
+    /// Folds the objects of one segment of the published cut into one object, and publishes
+    /// that: all of a sealed segment's, so a restore or a cold read of it is one object; and for
+    /// the segment the cut ends in, once it has [`FOLD_AT`] objects, the ones [`fold_from`]
+    /// picks, so its object count stays bounded while it grows slowly, each byte uploaded again
+    /// only a logarithmic number of times. The objects it replaces are dropped after their
+    /// grace. One segment per round, after the round's publish (which acknowledges): a fold
+    /// delays only the next round.
     async fn fold(&mut self) -> Result<(), BucketError> {
         let cut = &self.writer.published().cut;
-        let Some(seg) = cut
-            .segments
-            .iter()
-            .find(|s| {
-                s.ranges.len() > 1
-                    && (s.number < cut.end.segment || s.ranges.len() >= FOLD_AT)
-                    && !self.cold.is_cold(s.number)
-            })
-            .cloned()
-        else {
-            return Ok(());
-        };
+        let pick = cut.segments.iter().filter(|s| s.ranges.len() > 1 && !self.cold.is_cold(s.number)).find_map(|s| {
+            if s.number < cut.end.segment {
+                Some((s.clone(), 0))
+            } else if s.ranges.len() >= FOLD_AT {
+                fold_from(&s.ranges).map(|i| (s.clone(), i))
+            } else {
+                None
+            }
+        });
+        let Some((seg, from)) = pick else { return Ok(()) };
         let Some(file) = self.view.segments.read().ok().and_then(|segs| segs.get(&seg.number).cloned()) else {
             return Ok(());
         };
-        let mut buf = vec![0u8; (seg.end() - seg.start) as usize];
-        if let Err(e) = file.read_exact_at(&mut buf, seg.start) {
+        let pos = seg.start + seg.ranges[..from].iter().map(|r| r.len).sum::<u64>();
+        let mut buf = vec![0u8; (seg.end() - pos) as usize];
+        if let Err(e) = file.read_exact_at(&mut buf, pos) {
             tracing::warn!(segment = seg.number, error = %e, "a log segment could not be read for folding");
             return Ok(());
         }
-        // The local bytes are the objects' (checked, as a fold replaces them).
+        // The local bytes are the objects' (checked, as the fold replaces them).
         let mut at = 0usize;
-        for r in &seg.ranges {
-            let part = &buf[at..at + r.len as usize];
-            if crc32c::crc32c(part) != r.crc32c {
+        for r in &seg.ranges[from..] {
+            if crc32c::crc32c(&buf[at..at + r.len as usize]) != r.crc32c {
                 tracing::error!(segment = seg.number, object = %r.key, "a log segment differs from its objects; not folded");
                 return Ok(());
             }
             at += r.len as usize;
         }
-        let epoch = self.writer.epoch();
-        let key = keys::range(epoch, seg.number, seg.start, seg.end());
+        let key = keys::range(self.writer.epoch(), seg.number, pos, seg.end());
         let object = self.writer.put(&key, Bytes::from(buf)).await?;
         metrics::counter!("oncelog_bucket_puts_total").increment(1);
         let mut next = cut.clone();
         let Some(entry) = next.segments.iter_mut().find(|s| s.number == seg.number) else { return Ok(()) };
-        let replaced = std::mem::replace(&mut entry.ranges, vec![object]);
+        let replaced: Vec<ObjectRef> = entry.ranges.splice(from.., [object]).collect();
         self.writer.publish(next, now_ms()).await?;
         metrics::counter!("oncelog_bucket_puts_total").increment(1);
         metrics::counter!("oncelog_bucket_folds_total").increment(1);
@@ -686,6 +701,36 @@ mod tests {
         f.extend_from_slice(payload);
         format::seal_frame(&mut f, lsn);
         f
+    }
+
+    fn objects(lens: &[u64]) -> Vec<ObjectRef> {
+        lens.iter().map(|len| ObjectRef { key: String::new(), len: *len, crc32c: 0 }).collect()
+    }
+
+    #[test]
+    fn a_growing_segment_folds_from_its_first_object_not_larger_than_the_rest() {
+        assert_eq!(fold_from(&objects(&[100, 40, 20, 10, 5])), None, "each larger than the rest after it");
+        assert_eq!(fold_from(&objects(&[100, 10, 5, 5])), Some(1), "10 is not larger than 5 + 5");
+        assert_eq!(fold_from(&objects(&[100, 12, 5, 5])), Some(2));
+        assert_eq!(fold_from(&objects(&[100, 10, 20, 1])), Some(1));
+        assert_eq!(fold_from(&objects(&[1, 1, 1, 1])), Some(0));
+        assert_eq!(fold_from(&objects(&[7])), None);
+        // A trickle of equal objects, folded whenever FOLD_AT pile up: the count stays bounded
+        // and every byte is uploaded again only a few times.
+        let (mut ranges, mut uploaded, mut written) = (Vec::new(), 0u64, 0u64);
+        for _ in 0..100_000 {
+            ranges.push(1u64);
+            written += 1;
+            uploaded += 1;
+            if ranges.len() >= FOLD_AT {
+                let from = fold_from(&objects(&ranges)).expect("a fold");
+                let folded: u64 = ranges.drain(from..).sum();
+                uploaded += folded;
+                ranges.push(folded);
+            }
+            assert!(ranges.len() <= FOLD_AT);
+        }
+        assert!(uploaded <= written * 20, "uploaded {uploaded} for {written}");
     }
 
     #[test]
