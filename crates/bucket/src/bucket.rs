@@ -156,20 +156,37 @@ impl Bucket {
     pub async fn take_over(&self, node: &str, now_ms: i64) -> Result<Writer, BucketError> {
         for _ in 0..TAKEOVER_ATTEMPTS {
             let newest = self.newest().await?;
-            let (number, epoch, mut takeovers, cut) = match newest {
-                None => (1, 1, Vec::new(), Cut::default()),
-                Some(m) => (m.number + 1, m.epoch + 1, m.takeovers, m.cut),
-            };
-            takeovers.push(Takeover { epoch, number });
-            let m =
-                Manifest { format: FORMAT, number, epoch, takeovers, node: node.to_owned(), written_ms: now_ms, cut };
-            if self.create(&keys::manifest(number), m.encode().into()).await? {
-                tracing::info!(location = %self.location, epoch, manifest = number, "took over the bucket prefix");
-                self.tidy(&m, number).await;
-                return Ok(Writer { bucket: self.clone(), last: m });
+            if let Some(w) = self.take_over_after(newest.as_ref(), node, now_ms).await? {
+                return Ok(w);
             }
         }
         Err(BucketError::Contended)
+    }
+
+    /// [`Bucket::take_over`] as of `base`, the newest manifest when the caller read it (`None`:
+    /// there was none): creates the manifest after it, carrying its cut. `Ok(None)` when another
+    /// manifest took that name first: the bucket moved on, and a caller that made its state
+    /// from `base` (a restore, a check of its data directory) does that again with the newer
+    /// one. Why not just take the newest: the writer's cut is the state it goes on from, so it
+    /// must be exactly the one its data directory was checked or restored against.
+    pub async fn take_over_after(
+        &self,
+        base: Option<&Manifest>,
+        node: &str,
+        now_ms: i64,
+    ) -> Result<Option<Writer>, BucketError> {
+        let (number, epoch, mut takeovers, cut) = match base {
+            None => (1, 1, Vec::new(), Cut::default()),
+            Some(m) => (m.number + 1, m.epoch + 1, m.takeovers.clone(), m.cut.clone()),
+        };
+        takeovers.push(Takeover { epoch, number });
+        let m = Manifest { format: FORMAT, number, epoch, takeovers, node: node.to_owned(), written_ms: now_ms, cut };
+        if !self.create(&keys::manifest(number), m.encode().into()).await? {
+            return Ok(None);
+        }
+        tracing::info!(location = %self.location, epoch, manifest = number, "took over the bucket prefix");
+        self.tidy(&m, number).await;
+        Ok(Some(Writer { bucket: self.clone(), last: m }))
     }
 
     /// Deletes the manifests older than `newest`'s predecessor that are no takeover manifest,

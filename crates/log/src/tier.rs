@@ -53,6 +53,9 @@ pub(crate) struct Shipment {
     pub dead: Vec<u64>,
 }
 
+/// How often a start restores or checks again because the bucket moved on before its takeover.
+const TAKEOVER_ATTEMPTS: usize = 8;
+
 /// Marks a restore in progress: a data directory holding it is restored again from scratch.
 const RESTORING: &str = "restoring";
 
@@ -79,50 +82,57 @@ fn local_is_empty(fs: &dyn Fs) -> Result<bool, StorageError> {
     Ok(!names.iter().any(|n| format::parse_segment_name(n).is_some()))
 }
 
-/// Before the store opens: restores the bucket's cut into an empty data directory, or checks
-/// that a data directory with a log holds the cut (it may be ahead, never elsewhere), then takes
-/// the prefix over. Also returns the local checkpoint when it is newer than the cut's (a
+/// Before the store opens: takes the prefix over and restores its cut into an empty data
+/// directory, or checks that a data directory with a log holds the bucket's cut (it may be
+/// ahead, never elsewhere) and takes the prefix over *as of that cut*. Either way the writer's
+/// cut is exactly the state the directory was restored or checked against, so what it ships
+/// next continues it. Also returns the local checkpoint when it is newer than the cut's (a
 /// directory that ran without the bucket, or whose last checkpoint was not shipped): the cut
 /// may need it, since segments before it may be gone.
+///
+/// Why the order differs: an empty directory is a replacement node, so it fences the old
+/// writer first (after its takeover no older writer can publish, the cut stands still while it
+/// downloads); a directory with a log must not fence anyone unless it holds the bucket's cut,
+/// so it checks first, and checks again if a manifest appeared meanwhile.
 pub(crate) async fn prepare(
     fs: &dyn Fs,
     cold: &Arc<Cold>,
     tier: &Tier,
     now_ms: i64,
 ) -> Result<(Writer, Option<Shipment>), StorageError> {
-    let mut newest = tier.bucket.newest().await.map_err(bucket_err)?;
-    // A writer still running (about to be fenced) may publish meanwhile and, after its grace
-    // period, delete what an older cut named: a restore that fails while the newest manifest
-    // moved starts again from the new one.
-    let mut attempts = 0;
-    while let Some(m) = newest.as_ref().filter(|m| !m.cut.segments.is_empty()) {
-        if !local_is_empty(fs)? {
-            check_holds(fs, &m.cut)?;
-            break;
+    let writer = if local_is_empty(fs)? {
+        let writer = tier.bucket.take_over(&tier.node, now_ms).await.map_err(bucket_err)?;
+        if !writer.published().cut.segments.is_empty() {
+            restore(fs, &tier.bucket, &writer.published().cut, now_ms).await?;
         }
-        match restore(fs, &tier.bucket, &m.cut, now_ms).await {
-            Ok(()) => break,
-            Err(e) => {
-                let now = tier.bucket.newest().await.map_err(bucket_err)?;
-                attempts += 1;
-                if attempts >= 5 || now.as_ref().map(|n| n.number) == Some(m.number) {
-                    return Err(e);
+        writer
+    } else {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let newest = tier.bucket.newest().await.map_err(bucket_err)?;
+            if let Some(m) = newest.as_ref().filter(|m| !m.cut.segments.is_empty()) {
+                check_holds(fs, &m.cut)?;
+            }
+            match tier.bucket.take_over_after(newest.as_ref(), &tier.node, now_ms).await.map_err(bucket_err)? {
+                Some(w) => break w,
+                None if attempts < TAKEOVER_ATTEMPTS => {
+                    tracing::info!("the bucket moved on before the takeover; checking against its new state");
                 }
-                tracing::info!(error = %e, "the bucket moved on during the restore; starting it again");
-                newest = now;
+                None => return Err(bucket_err(BucketError::Contended)),
             }
         }
-    }
+    };
+    let cut = &writer.published().cut;
     // The cut's segments that are not here (left in the bucket by a restore, or evicted) are
     // cold: read from the bucket.
-    for seg in newest.iter().flat_map(|m| m.cut.segments.iter()) {
+    for seg in &cut.segments {
         if !fs.exists(&format::segment_name(seg.number)).map_err(io("inspect the log directory"))? {
             cold.add(seg.clone());
         }
     }
-    let cut_ckp = newest.as_ref().and_then(|m| m.cut.checkpoint.as_ref()).map_or(0, |c| c.lsn);
+    let cut_ckp = cut.checkpoint.as_ref().map_or(0, |c| c.lsn);
     let pending = local_checkpoint(fs, now_ms)?.filter(|s| s.lsn > cut_ckp);
-    let writer = tier.bucket.take_over(&tier.node, now_ms).await.map_err(bucket_err)?;
     tracing::info!(location = ?tier.bucket, epoch = writer.epoch(), lsn = writer.published().cut.end.lsn, "writing to the bucket");
     metrics::gauge!("oncelog_bucket_epoch").set(writer.epoch() as f64);
     Ok((writer, pending))

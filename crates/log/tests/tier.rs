@@ -496,6 +496,58 @@ async fn the_cache_fills_back_after_a_restore(kind: &str) {
     new.shutdown().await.expect("shutdown");
 }
 
+/// A node restoring while the old writer, still running, appends and publishes round after
+/// round: the restored node goes on from exactly the cut it restored (the old writer can
+/// publish nothing after the takeover), so what it ships continues that cut and a node
+/// restored after it reads what it reads.
+async fn a_restore_while_the_old_writer_publishes_continues_the_cut_it_restored(kind: &str) {
+    let (b, _guard) = bucket(kind, "race");
+    let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    let old = open(dirs[0].path(), &b, "old", Duration::from_millis(1)).expect("open");
+    create(&old, create_req("a", "text/plain")).await;
+    create(&old, create_req("b", "text/plain")).await;
+    for i in 0..10 {
+        append(&old, produce("a", &body(i), "p", 0, i)).await;
+    }
+    shipped(&old).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy = {
+        let (old, stop) = (old.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut i = 10;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) && i < 50_000 {
+                if old.append(produce("a", &body(i), "p", 0, i)).await.is_err() {
+                    break;
+                }
+                i += 1;
+                if i % 16 == 0 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            i
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let new = open(dirs[1].path(), &b, "new", Duration::from_millis(50)).expect("restore");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = busy.await.expect("the old writer's task");
+    let on_new = read_all(&new, "a", 1 << 24).await;
+    let k = (on_new.len() / body(0).len()) as u64;
+    assert_eq!(on_new, (0..k).map(body).collect::<String>(), "a prefix of the old writer's appends");
+    println!("{kind}: the old writer appended {sent}; the restore took over with {k}");
+    for i in k..k + 20 {
+        assert_eq!(append(&new, produce("a", &body(i), "p", 0, i)).await.status, AppendStatus::Appended);
+    }
+    shipped(&new).await;
+    let want: String = (0..k + 20).map(body).collect();
+    assert_eq!(read_all(&new, "a", 1 << 24).await, want);
+    let third = open(dirs[2].path(), &b, "third", Duration::from_millis(50)).expect("restore after it");
+    assert_eq!(read_all(&third, "a", 1 << 24).await, want, "the bucket continues the restored cut");
+    let _ = old.shutdown().await;
+    let _ = new.shutdown().await;
+    third.shutdown().await.expect("shutdown");
+}
+
 macro_rules! on_both {
     ($($case:ident),* $(,)?) => {
         mod s3 {
@@ -526,6 +578,7 @@ on_both!(
     the_sweep_deletes_what_no_cut_names_and_nothing_else,
     old_segments_are_read_from_the_bucket_under_a_small_cache,
     the_cache_fills_back_after_a_restore,
+    a_restore_while_the_old_writer_publishes_continues_the_cut_it_restored,
 );
 
 /// Made unreachable by replacing a directory: one store kind only.
