@@ -268,6 +268,10 @@ impl File for ColdFile {
 pub(crate) struct TieredFs {
     pub local: Arc<dyn Fs>,
     pub cold: Arc<Cold>,
+    /// The data directory's lock, taken before the start touches the bucket or the directory
+    /// (a second node started on the same directory must fence no one and restore nothing),
+    /// handed to the store when it locks.
+    pub held: Mutex<Option<Box<dyn std::any::Any + Send + Sync>>>,
 }
 
 impl TieredFs {
@@ -330,6 +334,11 @@ impl Fs for TieredFs {
     }
 
     fn lock(&self, name: &str) -> io::Result<Box<dyn std::any::Any + Send + Sync>> {
+        if name == format::LOCK {
+            if let Some(held) = self.held.lock().ok().and_then(|mut h| h.take()) {
+                return Ok(held);
+            }
+        }
         self.local.lock(name)
     }
 }
@@ -413,7 +422,7 @@ mod tests {
         local.create_dir("").expect("dir");
         local.create_dir(format::LOG_DIR).expect("log dir");
         let cold = Cold::new(bucket).expect("cold");
-        let fs = TieredFs { local, cold: cold.clone() };
+        let fs = TieredFs { local, cold: cold.clone(), held: Mutex::new(None) };
         let name = format::segment_name(7);
         assert!(!fs.exists(&name).expect("exists"));
         cold.add(seg);

@@ -162,7 +162,16 @@ impl LogEngine {
             Some(tier) => {
                 let cold = cold::Cold::new(tier.bucket.clone())
                     .map_err(|e| backend(LogError::Io { what: "start the cold reads".into(), source: e }))?;
-                let tiered = Arc::new(cold::TieredFs { local: opts.fs.clone(), cold: cold.clone() });
+                let held =
+                    opts.fs.create_dir("").and_then(|()| opts.fs.lock(format::LOCK)).map_err(|e| match e.kind() {
+                        std::io::ErrorKind::WouldBlock => backend(LogError::Locked),
+                        _ => backend(LogError::Io { what: "lock the data directory".into(), source: e }),
+                    })?;
+                let tiered = Arc::new(cold::TieredFs {
+                    local: opts.fs.clone(),
+                    cold: cold.clone(),
+                    held: Mutex::new(Some(held)),
+                });
                 let shipper = start_shipper(opts.fs.clone(), tiered.clone(), cold, tier.clone(), opts.clock.now_ms())?;
                 (tiered, Some(shipper))
             }

@@ -548,6 +548,27 @@ async fn a_restore_while_the_old_writer_publishes_continues_the_cut_it_restored(
     third.shutdown().await.expect("shutdown");
 }
 
+/// A second node started on a running node's data directory is refused before it touches the
+/// bucket: it fences no one and restores nothing over the running node's files.
+async fn a_second_node_on_a_running_directory_fences_no_one(kind: &str) {
+    let (b, _guard) = bucket(kind, "twice");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = open(dir.path(), &b, "first", Duration::from_millis(50)).expect("open");
+    create(&first, create_req("a", "text/plain")).await;
+    create(&first, create_req("b", "text/plain")).await;
+    write(&first, 0..10).await;
+    shipped(&first).await;
+    let epoch = b.newest().await.expect("newest").expect("a manifest").epoch;
+    let err = open(dir.path(), &b, "second", Duration::from_millis(50)).err().expect("refused").to_string();
+    assert!(err.contains("another oncelog server is using this data directory"), "{err}");
+    assert_eq!(b.newest().await.expect("newest").expect("a manifest").epoch, epoch, "no takeover");
+    write(&first, 10..20).await;
+    shipped(&first).await;
+    assert!(matches!(first.readiness(), Readiness::Ready), "the running node is not fenced");
+    assert_eq!(read_all(&first, "a", 1 << 20).await, (0..20).map(body).collect::<String>());
+    first.shutdown().await.expect("shutdown");
+}
+
 macro_rules! on_both {
     ($($case:ident),* $(,)?) => {
         mod s3 {
@@ -579,6 +600,7 @@ on_both!(
     old_segments_are_read_from_the_bucket_under_a_small_cache,
     the_cache_fills_back_after_a_restore,
     a_restore_while_the_old_writer_publishes_continues_the_cut_it_restored,
+    a_second_node_on_a_running_directory_fences_no_one,
 );
 
 /// Made unreachable by replacing a directory: one store kind only.
