@@ -87,6 +87,9 @@ const _: () = assert!(oncelog_storage::rules::shape::MAX_RECORD_BYTES <= MAX_REC
 pub const CHECKPOINT: &str = "checkpoint";
 /// Locked while a server has the directory open.
 pub const LOCK: &str = "lock";
+/// With `--object-store`: this data directory's identity, the suffix of the `node` of the
+/// manifests its writers create (so a directory knows whether it was the bucket's last writer).
+pub const DIR_ID: &str = "dir-id";
 pub const CHECKPOINT_TMP: &str = "checkpoint.tmp";
 pub const LOG_DIR: &str = "log";
 /// Layout 6: layout 5 in which a stream's path may be empty, meaning a stream detached from its

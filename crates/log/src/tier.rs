@@ -100,8 +100,10 @@ pub(crate) async fn prepare(
     tier: &Tier,
     now_ms: i64,
 ) -> Result<(Writer, Option<Shipment>), StorageError> {
+    let (id, known) = dir_id(fs)?;
+    let node = format!("{}/{id}", tier.node);
     let writer = if local_is_empty(fs)? {
-        let writer = tier.bucket.take_over(&tier.node, now_ms).await.map_err(bucket_err)?;
+        let writer = tier.bucket.take_over(&node, now_ms).await.map_err(bucket_err)?;
         if !writer.published().cut.segments.is_empty() {
             restore(fs, &tier.bucket, &writer.published().cut, now_ms).await?;
         }
@@ -111,10 +113,22 @@ pub(crate) async fn prepare(
         loop {
             attempts += 1;
             let newest = tier.bucket.newest().await.map_err(bucket_err)?;
-            if let Some(m) = newest.as_ref().filter(|m| !m.cut.segments.is_empty()) {
-                check_holds(fs, &m.cut)?;
+            if let Some(m) = newest.as_ref() {
+                // Another directory's writer took over since this one wrote: even if it added
+                // nothing yet, this directory is not the bucket's (it may have acknowledged
+                // writes this one never saw) and must not take the prefix back.
+                let writer_dir = m.node.rsplit_once('/').map(|(_, d)| d);
+                if known && writer_dir != Some(id.as_str()) {
+                    return Err(backend(LogError::NotTheBucketsLog(format!(
+                        "node {} took the bucket over after this directory's writer",
+                        m.node
+                    ))));
+                }
+                if !m.cut.segments.is_empty() {
+                    check_holds(fs, &m.cut)?;
+                }
             }
-            match tier.bucket.take_over_after(newest.as_ref(), &tier.node, now_ms).await.map_err(bucket_err)? {
+            match tier.bucket.take_over_after(newest.as_ref(), &node, now_ms).await.map_err(bucket_err)? {
                 Some(w) => break w,
                 None if attempts < TAKEOVER_ATTEMPTS => {
                     tracing::info!("the bucket moved on before the takeover; checking against its new state");
@@ -136,6 +150,35 @@ pub(crate) async fn prepare(
     tracing::info!(location = ?tier.bucket, epoch = writer.epoch(), lsn = writer.published().cut.end.lsn, "writing to the bucket");
     metrics::gauge!("oncelog_bucket_epoch").set(writer.epoch() as f64);
     Ok((writer, pending))
+}
+
+/// This data directory's identity ([`format::DIR_ID`]), created (and synced) when missing;
+/// whether it was there already (a directory without one cannot tell whether it was the
+/// bucket's last writer, and is judged by its log alone).
+fn dir_id(fs: &dyn Fs) -> Result<(String, bool), StorageError> {
+    use std::hash::{BuildHasher, Hasher};
+    fs.create_dir("").map_err(io("create the data directory"))?;
+    if fs.exists(format::DIR_ID).map_err(io("inspect the data directory"))? {
+        let f = fs.open(format::DIR_ID, false).map_err(io("read the directory id"))?;
+        let mut buf = vec![0u8; f.len().map_err(io("read the directory id"))? as usize];
+        f.read_exact_at(&mut buf, 0).map_err(io("read the directory id"))?;
+        let id = String::from_utf8_lossy(&buf).trim().to_owned();
+        if !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok((id, true));
+        }
+    }
+    // Random enough to tell directories apart: the std hasher's per-process random keys over
+    // the time and the process id (no random-number crate for one number).
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    let id = format!("{:016x}", h.finish());
+    let f = fs.open(format::DIR_ID, true).map_err(io("write the directory id"))?;
+    f.set_len(0).map_err(io("write the directory id"))?;
+    f.write_all_at(id.as_bytes(), 0).map_err(io("write the directory id"))?;
+    f.sync_data().map_err(io("sync the directory id"))?;
+    fs.sync_dir("").map_err(io("sync the data directory"))?;
+    Ok((id, false))
 }
 
 /// The data directory's checkpoint as a shipment (no segments to drop: the checkpointer that

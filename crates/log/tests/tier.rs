@@ -569,6 +569,30 @@ async fn a_second_node_on_a_running_directory_fences_no_one(kind: &str) {
     first.shutdown().await.expect("shutdown");
 }
 
+/// A directory whose node was replaced does not take the bucket back, even if its successor
+/// has published nothing since (it may have acknowledged writes locally): only the bucket's
+/// last writer's directory goes on; the successor's does.
+async fn a_replaced_directory_does_not_take_the_bucket_back(kind: &str) {
+    let (b, _guard) = bucket(kind, "back");
+    let (a_dir, b_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let first = open(a_dir.path(), &b, "a", Duration::from_millis(50)).expect("open");
+    create(&first, create_req("a", "text/plain")).await;
+    create(&first, create_req("b", "text/plain")).await;
+    write(&first, 0..5).await;
+    first.shutdown().await.expect("shutdown");
+    drop(first);
+    let second = open(b_dir.path(), &b, "b", Duration::from_millis(50)).expect("restore");
+    second.shutdown().await.expect("shutdown");
+    drop(second);
+    let epoch = b.newest().await.expect("newest").expect("a manifest").epoch;
+    let err = open(a_dir.path(), &b, "a", Duration::from_millis(50)).err().expect("refused").to_string();
+    assert!(err.contains("took the bucket over after this directory's writer"), "{err}");
+    assert_eq!(b.newest().await.expect("newest").expect("a manifest").epoch, epoch, "no takeover");
+    let again = open(b_dir.path(), &b, "b", Duration::from_millis(50)).expect("the last writer's directory goes on");
+    assert_eq!(read_all(&again, "a", 1 << 20).await, (0..5).map(body).collect::<String>());
+    again.shutdown().await.expect("shutdown");
+}
+
 macro_rules! on_both {
     ($($case:ident),* $(,)?) => {
         mod s3 {
@@ -601,6 +625,7 @@ on_both!(
     the_cache_fills_back_after_a_restore,
     a_restore_while_the_old_writer_publishes_continues_the_cut_it_restored,
     a_second_node_on_a_running_directory_fences_no_one,
+    a_replaced_directory_does_not_take_the_bucket_back,
 );
 
 /// Made unreachable by replacing a directory: one store kind only.
