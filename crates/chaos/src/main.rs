@@ -12,6 +12,9 @@ use clap::{Parser, ValueEnum};
 enum EngineKind {
     Log,
     Postgres,
+    /// The log engine keeping its log in a bucket (`--ack-mode bucket`): the S3 API server at
+    /// `ONCELOG_TEST_S3_ENDPOINT` (bucket `oncelog-test`) behind a fault proxy.
+    LogBucket,
 }
 
 #[derive(Parser)]
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
     let engine = match args.engine {
         EngineKind::Log => oncelog_chaos::run::Engine::Log,
         EngineKind::Postgres => oncelog_chaos::run::Engine::Postgres,
+        EngineKind::LogBucket => oncelog_chaos::run::Engine::LogBucket,
     };
     let plan = oncelog_chaos::run::Plan {
         seed: args.seed,

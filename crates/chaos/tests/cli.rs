@@ -33,3 +33,23 @@ fn an_unknown_engine_is_refused_before_anything_runs() {
     assert_eq!(r.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&r.stderr).contains("--engine"));
 }
+
+/// `--engine log-bucket` is an engine, and without the S3 API server it needs
+/// (`ONCELOG_TEST_S3_ENDPOINT`) the run fails with the reason before anything starts, without a
+/// verdict.
+#[test]
+fn log_bucket_without_an_s3_server_fails_with_the_reason() {
+    let out = tempfile::tempdir().expect("tempdir");
+    let r = chaos()
+        .args(["--seed", "1", "--seconds", "1", "--engine", "log-bucket", "--bin"])
+        .arg(out.path().join("no-such-oncelog"))
+        .arg("--out")
+        .arg(out.path().join("run"))
+        .env_remove("ONCELOG_TEST_S3_ENDPOINT")
+        .output()
+        .expect("runs");
+    let (stdout, stderr) = (String::from_utf8_lossy(&r.stdout), String::from_utf8_lossy(&r.stderr));
+    assert_eq!(r.status.code(), Some(2), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stderr.contains("ONCELOG_TEST_S3_ENDPOINT"), "{stderr}");
+    assert!(!stdout.contains("violations"), "{stdout}");
+}

@@ -32,6 +32,8 @@ pub struct NodeSpec {
     pub log: PathBuf,
     /// The clock-skew library (`skew.rs`), when the run may skew this node's clock.
     pub skew_lib: Option<PathBuf>,
+    /// Environment variables it gets besides the run's own (the bucket's `AWS_*`).
+    pub env: Vec<(&'static str, String)>,
 }
 
 pub struct Node {
@@ -75,6 +77,7 @@ impl Node {
             }
             None => Command::new(&spec.bin),
         };
+        cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
         if let (Some(lib), true) = (&spec.skew_lib, self.skew_ms != 0) {
             cmd.env("LD_PRELOAD", lib).env("ONCELOG_SKEW_MS", self.skew_ms.to_string());
         }

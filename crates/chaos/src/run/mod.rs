@@ -3,6 +3,8 @@
 //!
 //! - `cluster`: the nodes (start, SIGKILL, pause, restart, skewed restart) and the log engine's
 //!   small disk;
+//! - the log engine on a bucket: the test S3 API server behind
+//!   `oncelog_bucket::fault_proxy::FaultProxy` (kept in the `System`);
 //! - `net`: the run's network namespaces and its partitions and slow links;
 //! - `pg`: the primary and its synchronous standby (pause, failover);
 //! - `skew`: the clock-skew library;
@@ -33,6 +35,7 @@ use crate::history::{History, SubsEnd};
 use crate::report::Fault;
 use cluster::{Node, NodeSpec};
 use nemesis::System;
+use oncelog_bucket::fault_proxy::FaultProxy;
 use workload::Ctx;
 
 /// Which engine the nodes run on.
@@ -42,6 +45,10 @@ pub enum Engine {
     Log,
     /// Two nodes on a primary and a synchronous standby, each host in a namespace of its own.
     Postgres,
+    /// One log-engine node (its data directory as [`Engine::Log`]'s) that keeps its log in a
+    /// bucket with `--ack-mode bucket`: the test S3 API server (`ONCELOG_TEST_S3_ENDPOINT`)
+    /// behind a fault proxy.
+    LogBucket,
 }
 
 /// What a run is asked to do.
@@ -84,19 +91,24 @@ pub enum RunError {
 
 const STREAMS: usize = 3;
 
+/// The log engine's data directory: on a 256 MiB tmpfs when the run may mount one (the disk can
+/// be filled), else under the run's output; emptied first.
+fn log_data_dir(plan: &Plan) -> (Option<cluster::SmallDisk>, PathBuf) {
+    let disk = cluster::SmallDisk::mount(&plan.out.join("disk"), 256);
+    let data = match &disk {
+        Some(d) => d.path().join("data"),
+        None => plan.out.join("data"),
+    };
+    let _ = std::fs::remove_dir_all(&data);
+    (disk, data)
+}
+
 /// Starts what `plan.engine` needs.
 fn start(plan: &Plan) -> Result<System, RunError> {
     let node_log = |i: usize| plan.out.join(format!("node{i}.log"));
     match plan.engine {
         Engine::Log => {
-            // The data directory on a 256 MiB tmpfs when the run may mount one: the disk can
-            // be filled.
-            let disk = cluster::SmallDisk::mount(&plan.out.join("disk"), 256);
-            let data = match &disk {
-                Some(d) => d.path().join("data"),
-                None => plan.out.join("data"),
-            };
-            let _ = std::fs::remove_dir_all(&data);
+            let (disk, data) = log_data_dir(plan);
             let storage = vec![OsString::from("--data-dir"), data.into_os_string()];
             let spec = NodeSpec {
                 bin: plan.bin.clone(),
@@ -105,8 +117,50 @@ fn start(plan: &Plan) -> Result<System, RunError> {
                 netns: None,
                 log: node_log(0),
                 skew_lib: None,
+                env: Vec::new(),
             };
-            Ok(System { nodes: vec![Node::start(spec)?], pg: None, net: None, disk })
+            Ok(System { nodes: vec![Node::start(spec)?], bucket: None, pg: None, net: None, disk })
+        }
+        Engine::LogBucket => {
+            // Checked here: the test-support helper would panic without it.
+            if std::env::var_os("ONCELOG_TEST_S3_ENDPOINT").is_none_or(|v| v.is_empty()) {
+                return Err(RunError::Setup(
+                    "--engine log-bucket needs ONCELOG_TEST_S3_ENDPOINT (an S3 API server with the bucket oncelog-test: scripts/s3 start DIR; scripts/chaos starts one)".into(),
+                ));
+            }
+            let proxy = FaultProxy::start(&oncelog_bucket::test_support::s3_endpoint());
+            let (disk, data) = log_data_dir(plan);
+            // A prefix of the run's own: a fresh bucket for every run.
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            let mut storage = vec![OsString::from("--data-dir"), data.clone().into_os_string()];
+            storage.extend(
+                [
+                    "--object-store",
+                    &format!("s3://oncelog-test/chaos-{}-{nanos}", plan.seed),
+                    "--ack-mode",
+                    "bucket",
+                    "--bucket-ack-timeout",
+                    "2s",
+                ]
+                .map(OsString::from),
+            );
+            let spec = NodeSpec {
+                bin: plan.bin.clone(),
+                storage,
+                ip: Ipv4Addr::LOCALHOST,
+                netns: None,
+                log: node_log(0),
+                skew_lib: None,
+                env: oncelog_bucket::test_support::s3_env_via(&proxy.url),
+            };
+            let node = Node::start(spec)?;
+            Ok(System {
+                nodes: vec![node],
+                bucket: Some(nemesis::BucketSide { proxy, data }),
+                pg: None,
+                net: None,
+                disk,
+            })
         }
         Engine::Postgres => {
             // Fresh clusters every run (a left-over one would hold the standby's slot).
@@ -133,10 +187,11 @@ fn start(plan: &Plan) -> Result<System, RunError> {
                     netns: Some(h.ns.clone()),
                     log: node_log(i),
                     skew_lib: Some(skew_lib.clone()),
+                    env: Vec::new(),
                 };
                 nodes.push(Node::start(spec)?);
             }
-            Ok(System { nodes, pg: Some(pg), net: Some(net), disk: None })
+            Ok(System { nodes, bucket: None, pg: Some(pg), net: Some(net), disk: None })
         }
     }
 }
@@ -233,7 +288,8 @@ pub async fn run(plan: &Plan) -> Result<Summary, RunError> {
     }
     let subs = subscription_end(&ctx).await.map_err(RunError::Setup)?;
     let engine = describe(plan, &system);
-    // Everything the run started ends here, in order (nodes, databases, network, disk).
+    // Everything the run started ends here, in order (nodes, the bucket's proxy, databases,
+    // network, disk).
     drop(system);
     let history = History { ops: ctx.rec.finish(), finals, subs: Some(subs) };
     let mut violations = check::check(&history);
@@ -262,6 +318,10 @@ fn describe(plan: &Plan, system: &System) -> String {
         Engine::Log => format!(
             "log, one node; nemesis: SIGKILL and restart, SIGSTOP pauses{}",
             if system.disk.is_some() { ", a full disk (tmpfs)" } else { " (no tmpfs: not root, so no full disk)" }
+        ),
+        Engine::LogBucket => format!(
+            "log on a bucket (moto behind a fault proxy), --ack-mode bucket, one node{}; nemesis: disk loss (SIGKILL, the data directory deleted, restart: restored from the bucket), the bucket unreachable (1-10 s), throttling (every 3rd request 503 SlowDown, 1-5 s), slow answers (200-800 ms each, 1-5 s), lost PUT answers (1-5 s), SIGKILL and restart, SIGSTOP pauses",
+            if system.disk.is_some() { ", its data directory on a tmpfs" } else { "" }
         ),
         Engine::Postgres => "PostgreSQL, two nodes on a primary and a synchronous standby (TLS, verify-full), each host in its own network namespace; nemesis: partitions (node-db, clients-node, primary-standby), slow links, pauses of a node and of the primary, SIGKILL of a node, failover, clock skew".to_owned(),
     }

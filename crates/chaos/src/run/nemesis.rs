@@ -7,10 +7,19 @@
 //! failover (half the time of a primary cut off from its standby first), and a node restarted with its wall clock skewed (forward or backward) or back to
 //! the true time. Durations go past the nodes' 5 s request deadline and the subscription's 3 s
 //! lease at times.
+//!
+//! Log engine on a bucket (one node, `--ack-mode bucket`, the bucket behind a fault proxy):
+//! disk loss (SIGKILL, the data directory deleted, restart: the node restores from the bucket),
+//! the bucket unreachable (1-10 s), throttling (every third request `503 SlowDown`, 1-5 s), slow
+//! answers (200-800 ms each, 1-5 s), PUTs stored whose answers are lost (1-5 s), and the log
+//! engine's SIGKILL and restart and SIGSTOP pause. Past the node's 2 s `--bucket-ack-timeout`
+//! writes are answered 503 (outcome unknown), as by a paused or stopped node.
 
 use std::time::Duration;
 
 use rand::Rng;
+
+use oncelog_bucket::fault_proxy::{Fault, FaultProxy};
 
 use super::cluster::{Node, NodeError, SmallDisk};
 use super::net::{Net, NetError};
@@ -26,13 +35,21 @@ pub enum FaultError {
     Pg(#[from] PgError),
 }
 
-/// Everything the run started, ended in this order when dropped: the nodes, then the
-/// databases, then the network under them, then the disk.
+/// Everything the run started, ended in this order when dropped: the nodes, then the bucket's
+/// proxy, then the databases, then the network under them, then the disk.
 pub struct System {
     pub nodes: Vec<Node>,
+    pub bucket: Option<BucketSide>,
     pub pg: Option<PgPair>,
     pub net: Option<Net>,
     pub disk: Option<SmallDisk>,
+}
+
+/// The log engine on a bucket: the fault proxy the node reaches the bucket through, and the
+/// node's data directory (deleted by a disk loss).
+pub struct BucketSide {
+    pub proxy: FaultProxy,
+    pub data: std::path::PathBuf,
 }
 
 fn ms(rng: &mut impl Rng, from: u64, to: u64) -> Duration {
@@ -44,8 +61,53 @@ impl System {
     pub fn fault(&mut self, rng: &mut impl Rng) -> Result<&'static str, FaultError> {
         match (&mut self.pg, &self.net) {
             (Some(pg), Some(net)) => pg_fault(&mut self.nodes, pg, net, rng),
+            _ if self.bucket.is_some() => self.bucket_fault(rng),
             _ => self.log_fault(rng),
         }
+    }
+
+    /// One fault of the log engine on a bucket (see the module docs), healed before it returns.
+    fn bucket_fault(&mut self, rng: &mut impl Rng) -> Result<&'static str, FaultError> {
+        let Some(bucket) = &self.bucket else { return self.log_fault(rng) };
+        let node = &mut self.nodes[0];
+        let roll: f64 = rng.random();
+        // The proxy misbehaves for a while, then passes everything again.
+        let spell = |fault: Fault, hold: Duration| {
+            bucket.proxy.set(fault);
+            std::thread::sleep(hold);
+            bucket.proxy.set(Fault::Pass);
+        };
+        let kind = if roll < 0.2 {
+            // The disk is gone: what the node acknowledged is in the bucket, and a node started
+            // on an empty directory restores it.
+            node.kill9();
+            let _ = std::fs::remove_dir_all(&bucket.data);
+            std::thread::sleep(ms(rng, 0, 500));
+            node.restart()?;
+            "disk loss"
+        } else if roll < 0.35 {
+            spell(Fault::Down, ms(rng, 1000, 10_000));
+            "bucket down"
+        } else if roll < 0.5 {
+            spell(Fault::Throttle(3), ms(rng, 1000, 5000));
+            "bucket throttling"
+        } else if roll < 0.65 {
+            let each = ms(rng, 200, 800);
+            spell(Fault::Slow(each), ms(rng, 1000, 5000));
+            "bucket slow"
+        } else if roll < 0.8 {
+            spell(Fault::LosePutAnswers, ms(rng, 1000, 5000));
+            "bucket lost answers"
+        } else if roll < 0.9 {
+            node.pause(ms(rng, 500, 6000));
+            "pause"
+        } else {
+            node.kill9();
+            std::thread::sleep(ms(rng, 0, 500));
+            node.restart()?;
+            "SIGKILL"
+        };
+        Ok(kind)
     }
 
     fn log_fault(&mut self, rng: &mut impl Rng) -> Result<&'static str, FaultError> {
