@@ -41,7 +41,7 @@ pub enum BucketError {
     Conflict { key: String },
     #[error("manifest {key}: {source}")]
     Manifest { key: String, source: ManifestError },
-    #[error("another node took this prefix over {TAKEOVER_ATTEMPTS} times while this one tried to")]
+    #[error("the prefix's manifests kept changing ({TAKEOVER_ATTEMPTS} tries): another node is taking it over")]
     Contended,
 }
 
@@ -298,12 +298,13 @@ impl Writer {
 
     /// Publishes `cut` as the prefix's state: creates the manifest after this writer's last.
     /// [`BucketError::Fenced`] when a takeover created it first. When the name holds this
-    /// writer's own manifest (an earlier publish whose answer was lost), that one is taken as
+    /// writer's own manifest, its create's answer was lost: with this cut it *is* this publish
+    /// (done); with another (an earlier publish that failed on its lost answer) it is taken as
     /// published and `cut` goes into the next name.
     pub async fn publish(&mut self, cut: Cut, now_ms: i64) -> Result<(), BucketError> {
         let check = |source| BucketError::Manifest { key: "(to publish)".into(), source };
         cut.check().map_err(check)?;
-        for _ in 0..2 {
+        for _ in 0..TAKEOVER_ATTEMPTS {
             let number = self.last.number + 1;
             let m = Manifest { number, written_ms: now_ms, cut: cut.clone(), ..self.last.clone() };
             if self.bucket.create(&keys::manifest(number), m.encode().into()).await? {
@@ -322,7 +323,11 @@ impl Writer {
             if there.epoch != self.last.epoch {
                 return Err(BucketError::Fenced { mine: self.last.epoch, by: there.epoch });
             }
+            let done = there.cut == cut;
             self.last = there;
+            if done {
+                return Ok(());
+            }
         }
         Err(BucketError::Contended)
     }

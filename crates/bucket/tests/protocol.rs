@@ -129,6 +129,36 @@ async fn a_publish_with_a_broken_cut_is_refused(kind: &str) {
     assert_eq!(b.newest().await.expect("newest").map(|m| m.number), Some(1));
 }
 
+/// Every PUT's answer lost (the bucket stored it; the writer never heard): object_store tries
+/// again and finds the name taken, so each object is recognised by its CRC and each publish by
+/// its own manifest holding the same cut. Through the fault proxy: the S3 store only.
+#[tokio::test]
+async fn publishes_whose_answers_are_lost_are_recognised() {
+    use oncelog_bucket::fault_proxy::{Fault, FaultProxy};
+    let proxy = FaultProxy::start(&test_support::s3_endpoint());
+    let overrides = [
+        ("aws_endpoint", proxy.url.as_str()),
+        ("aws_allow_http", "true"),
+        ("aws_access_key_id", "test"),
+        ("aws_secret_access_key", "test"),
+        ("aws_region", "us-east-1"),
+    ];
+    let b = Bucket::open(&test_support::s3_location("lost"), &overrides).expect("open");
+    let mut w = b.take_over("node", 1).await.expect("take over");
+    proxy.set(Fault::LosePutAnswers);
+    let mut objects = Vec::new();
+    for i in 0..5u64 {
+        let o = w.put(&format!("epoch-1/o{i}"), Bytes::from(format!("frames-{i}"))).await.expect("put");
+        objects.push(o);
+        let c = cut(i + 1, &objects);
+        w.publish(c.clone(), 2).await.expect("a publish whose answer was lost is recognised");
+        assert_eq!(b.newest().await.expect("newest").expect("a manifest").cut, c);
+    }
+    assert!(proxy.counts().lost_answers >= 10, "{:?}", proxy.counts());
+    proxy.set(Fault::Pass);
+    assert_eq!(w.published().number, b.newest().await.expect("newest").expect("a manifest").number);
+}
+
 macro_rules! on_both {
     ($($case:ident),* $(,)?) => {
         mod s3 {
