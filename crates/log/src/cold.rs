@@ -9,8 +9,9 @@
 //! cut holds whole.
 //!
 //! A cold read fetches aligned blocks of [`BLOCK`] bytes with ranged GETs of the objects that
-//! hold them, keeps the last few blocks of each segment, and fetches the next block in the
-//! background (read-ahead: catch-up reads go forward). Reads run off the async runtime (the
+//! hold them, keeps the last few blocks of each segment, and fetches the next [`READ_AHEAD`]
+//! blocks in the background, in parallel (catch-up reads go forward; a reader needing a block
+//! already on its way waits for it). Reads run off the async runtime (the
 //! engine's disk reads are `spawn_blocking`), so a fetch blocks its thread like a disk read; the
 //! fetches themselves run on a small runtime of their own.
 
@@ -27,9 +28,13 @@ use crate::fs::{File, Fs};
 /// The unit of a cold fetch.
 pub(crate) const BLOCK: u64 = 1 << 20;
 
-/// Blocks kept per cold segment (the one being read and the one read ahead, and a few more
-/// for readers at nearby positions).
-const KEPT_BLOCKS: usize = 4;
+/// Blocks fetched ahead of a cold read, in parallel: a GET's round trip (tens of ms on S3)
+/// is paid once per window, not once per block.
+const READ_AHEAD: u64 = 4;
+
+/// Blocks kept per cold segment: the window read ahead, the one being read, and a few more for
+/// readers at nearby positions.
+const KEPT_BLOCKS: usize = 8;
 
 /// The runtime cold fetches run on: its own thread, ended when dropped.
 struct Fetcher {
@@ -75,11 +80,8 @@ impl Cold {
 
     /// Makes segment `seg` (as a published cut holds it) cold: its file is the bucket's.
     pub fn add(self: &Arc<Self>, seg: SegmentRef) -> Arc<ColdFile> {
-        let file = Arc::new(ColdFile {
-            cold: Arc::downgrade(self),
-            seg: Arc::new(seg),
-            blocks: Arc::new(Mutex::new(Vec::new())),
-        });
+        let file =
+            Arc::new(ColdFile { cold: Arc::downgrade(self), seg: Arc::new(seg), blocks: Arc::new(Blocks::default()) });
         if let Ok(mut m) = self.segments.lock() {
             m.insert(file.seg.number, file.clone());
         }
@@ -158,8 +160,51 @@ pub(crate) struct ColdFile {
     /// Weak: the cold set owns its files, and a reader that outlives the engine just fails.
     cold: std::sync::Weak<Cold>,
     seg: Arc<SegmentRef>,
+    blocks: Arc<Blocks>,
+}
+
+/// A cold segment's blocks in memory, and those being fetched (a reader that needs one waits
+/// for that fetch rather than making its own).
+#[derive(Default)]
+struct Blocks {
+    state: Mutex<BlockState>,
+    arrived: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct BlockState {
     /// Recently fetched blocks (block number, bytes), most recent last.
-    blocks: Arc<Mutex<Vec<(u64, Bytes)>>>,
+    kept: Vec<(u64, Bytes)>,
+    fetching: std::collections::HashSet<u64>,
+}
+
+/// How long a reader waits for a block another fetch is bringing before it fetches it itself.
+const FETCH_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl Blocks {
+    fn hit(state: &mut BlockState, b: u64) -> Option<Bytes> {
+        let i = state.kept.iter().position(|(n, _)| *n == b)?;
+        let hit = state.kept.remove(i);
+        let bytes = hit.1.clone();
+        state.kept.push(hit);
+        Some(bytes)
+    }
+
+    /// A fetch of block `b` ended (`None`: it failed; a reader fetches it again).
+    fn arrived(&self, b: u64, bytes: Option<Bytes>) {
+        if let Ok(mut st) = self.state.lock() {
+            st.fetching.remove(&b);
+            if let Some(bytes) = bytes {
+                if !st.kept.iter().any(|(n, _)| *n == b) {
+                    if st.kept.len() >= KEPT_BLOCKS {
+                        st.kept.remove(0);
+                    }
+                    st.kept.push((b, bytes));
+                }
+            }
+        }
+        self.arrived.notify_all();
+    }
 }
 
 impl ColdFile {
@@ -167,25 +212,9 @@ impl ColdFile {
         &self.seg
     }
 
+    #[cfg(test)]
     fn cached(&self, b: u64) -> Option<Bytes> {
-        let mut blocks = self.blocks.lock().ok()?;
-        let i = blocks.iter().position(|(n, _)| *n == b)?;
-        let hit = blocks.remove(i);
-        let bytes = hit.1.clone();
-        blocks.push(hit);
-        Some(bytes)
-    }
-
-    fn keep(blocks: &Mutex<Vec<(u64, Bytes)>>, b: u64, bytes: Bytes) {
-        if let Ok(mut blocks) = blocks.lock() {
-            if blocks.iter().any(|(n, _)| *n == b) {
-                return;
-            }
-            if blocks.len() >= KEPT_BLOCKS {
-                blocks.remove(0);
-            }
-            blocks.push((b, bytes));
-        }
+        Blocks::hit(&mut *self.blocks.state.lock().ok()?, b)
     }
 
     fn block_range(&self, b: u64) -> (u64, u64) {
@@ -193,24 +222,61 @@ impl ColdFile {
         (from, ((b + 1) * BLOCK).min(self.seg.end()))
     }
 
-    /// Block `b`, from the cache or fetched (and the next one fetched in the background).
+    /// Block `b`: kept, being fetched (waited for), or fetched now; and the [`READ_AHEAD`]
+    /// blocks after it fetched in the background, so a reader going forward finds them kept.
     fn block(&self, b: u64) -> io::Result<Bytes> {
-        if let Some(hit) = self.cached(b) {
-            metrics::counter!("oncelog_bucket_cold_read_hits_total").increment(1);
-            return Ok(hit);
-        }
         let cold = self.cold.upgrade().ok_or_else(|| io::Error::other("the engine stopped"))?;
-        let (from, to) = self.block_range(b);
-        let bytes = cold.block_on(Cold::fetch(cold.bucket.clone(), self.seg.clone(), from, to))?;
-        Self::keep(&self.blocks, b, bytes.clone());
-        let (next_from, next_to) = self.block_range(b + 1);
-        if next_from < next_to && self.cached(b + 1).is_none() {
-            let (bucket, seg, blocks) = (cold.bucket.clone(), self.seg.clone(), self.blocks.clone());
-            cold.fetcher.handle.spawn(async move {
-                if let Ok(ahead) = Cold::fetch(bucket, seg, next_from, next_to).await {
-                    ColdFile::keep(&blocks, b + 1, ahead);
+        let hit = {
+            let mut st = self.blocks.state.lock().map_err(|_| io::Error::other("cold blocks poisoned"))?;
+            let deadline = std::time::Instant::now() + FETCH_WAIT;
+            loop {
+                if let Some(hit) = Blocks::hit(&mut st, b) {
+                    break Some(hit);
                 }
+                let now = std::time::Instant::now();
+                if !st.fetching.contains(&b) || now >= deadline {
+                    st.fetching.insert(b);
+                    break None;
+                }
+                st = self
+                    .blocks
+                    .arrived
+                    .wait_timeout(st, deadline - now)
+                    .map_err(|_| io::Error::other("cold blocks poisoned"))?
+                    .0;
+            }
+        };
+        let bytes = match hit {
+            Some(hit) => {
+                metrics::counter!("oncelog_bucket_cold_read_hits_total").increment(1);
+                hit
+            }
+            None => {
+                let (from, to) = self.block_range(b);
+                let got = cold.block_on(Cold::fetch(cold.bucket.clone(), self.seg.clone(), from, to));
+                self.blocks.arrived(b, got.as_ref().ok().cloned());
+                got?
+            }
+        };
+        for ahead in b + 1..=b + READ_AHEAD {
+            let (from, to) = self.block_range(ahead);
+            if from >= to {
+                break;
+            }
+            let start = self.blocks.state.lock().is_ok_and(|mut st| {
+                let fresh = !st.fetching.contains(&ahead) && !st.kept.iter().any(|(n, _)| *n == ahead);
+                if fresh {
+                    st.fetching.insert(ahead);
+                }
+                fresh
             });
+            if start {
+                let (bucket, seg, blocks) = (cold.bucket.clone(), self.seg.clone(), self.blocks.clone());
+                cold.fetcher.handle.spawn(async move {
+                    let got = Cold::fetch(bucket, seg, from, to).await.ok();
+                    blocks.arrived(ahead, got);
+                });
+            }
         }
         Ok(bytes)
     }

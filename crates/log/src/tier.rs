@@ -698,6 +698,8 @@ impl Shipper {
             }
         }
         metrics::gauge!("oncelog_bucket_cache_bytes").set(bytes as f64);
+        // Also every round: the start's cold segments were counted before metrics were on.
+        metrics::gauge!("oncelog_bucket_cold_segments").set(self.cold.newest_first().len() as f64);
     }
 
     /// Downloads cold segment `seg` into its local file (a temporary name, synced, renamed) and
