@@ -39,6 +39,13 @@ pub struct ReadArgs {
     /// `/proc/PID/stat` before and after the pass; the write phase is not counted.
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// The stream's name (default: a fresh `bench-read-TAG`).
+    #[arg(long)]
+    pub stream: Option<String>,
+    /// Read `--stream` as it is, without writing it first (for example on a node restored from
+    /// a bucket): its size is what the readers find, and they must all find the same.
+    #[arg(long, requires = "stream")]
+    pub no_write: bool,
 }
 
 /// How a reader connects (see the module docs).
@@ -70,19 +77,23 @@ pub async fn run(args: ReadArgs) -> Result<(), String> {
 }
 
 async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), String> {
-    let total = args.size_mb * 1_000_000;
-    let stream = format!("bench-read-{}", common::run_tag());
+    let total = if args.no_write { 0 } else { args.size_mb * 1_000_000 };
+    let stream = args.stream.clone().unwrap_or_else(|| format!("bench-read-{}", common::run_tag()));
     let url = target.stream_url(&stream);
     let request_timeout = Duration::from_secs(60);
 
     // Phase 1: write the stream with one idempotent producer, one large append at a time.
     let writer = common::client(request_timeout)?;
-    common::create_stream(&writer, &url, "application/octet-stream").await?;
+    if !args.no_write {
+        common::create_stream(&writer, &url, "application/octet-stream").await?;
+    }
     let chunk = Bytes::from((0..args.append_bytes).map(|i| (i % 251) as u8).collect::<Vec<u8>>());
-    eprintln!(
-        "read: writing {} MB to {stream} in appends of {} B (server fsync setting applies)",
-        args.size_mb, args.append_bytes
-    );
+    if !args.no_write {
+        eprintln!(
+            "read: writing {} MB to {stream} in appends of {} B (server fsync setting applies)",
+            args.size_mb, args.append_bytes
+        );
+    }
     let write_start = Instant::now();
     let mut written: u64 = 0;
     let mut seq: u64 = 0;
@@ -106,7 +117,7 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
         written += n as u64;
         seq += 1;
     }
-    let write_s = write_start.elapsed().as_secs_f64();
+    let write_s = write_start.elapsed().as_secs_f64().max(1e-9);
     eprintln!("  wrote {written} B in {seq} appends, {write_s:.2} s ({:.0} MB/s)", written as f64 / 1e6 / write_s);
     drop(writer);
 
@@ -122,6 +133,13 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
         let cpu_before = server_cpu();
         let (wall, reports) = read_phase(args.readers, kind, &url, request_timeout).await?;
         let cpu_s = cpu_before.zip(server_cpu()).map(|(b, a)| a - b);
+        if args.no_write && written == 0 {
+            // The stream as it is: every reader must find the same, and something.
+            written = reports.first().map_or(0, |r| r.bytes);
+            if written == 0 {
+                return Err(format!("{stream} is empty"));
+            }
+        }
         for (i, r) in reports.iter().enumerate() {
             if r.bytes != written {
                 return Err(format!("reader {i} ({kind:?}) read {} B, expected {written} B", r.bytes));
@@ -145,7 +163,7 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
     let sum_of_rates: f64 = reports.iter().map(|r| r.bytes as f64 / 1e6 / r.elapsed.as_secs_f64()).sum();
     let times: Vec<f64> = reports.iter().map(|r| r.elapsed.as_secs_f64()).collect();
 
-    println!("Catch-up read results ({} MB stream, {} readers)", args.size_mb, args.readers);
+    println!("Catch-up read results ({:.0} MB stream, {} readers)", written as f64 / 1e6, args.readers);
     println!(
         "  write phase           {:.2} s ({:.0} MB/s, {seq} appends of {} B)",
         write_s,
