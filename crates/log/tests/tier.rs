@@ -114,6 +114,15 @@ async fn write(e: &LogEngine, range: std::ops::Range<u64>) -> Vec<AppendOutcome>
     out
 }
 
+/// A node on `dir` that creates "a" and "b", writes `range`, ships it and stops.
+async fn wrote_and_stopped(dir: &std::path::Path, b: &Bucket, node: &str, range: std::ops::Range<u64>) {
+    let e = open(dir, b, node, Duration::from_millis(50)).expect("open");
+    create(&e, create_req("a", "text/plain")).await;
+    create(&e, create_req("b", "text/plain")).await;
+    write(&e, range).await;
+    e.shutdown().await.expect("shutdown ships");
+}
+
 async fn disk_loss_keeps_every_shipped_append_once(kind: &str) {
     let (b, _guard) = bucket(kind, "loss");
     let (a_dir, b_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
@@ -230,12 +239,7 @@ async fn what_was_not_shipped_is_lost_whole_and_taken_as_new(kind: &str) {
 async fn a_disk_the_bucket_moved_past_is_refused(kind: &str) {
     let (b, _guard) = bucket(kind, "diverged");
     let (a_dir, b_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
-    let first = open(a_dir.path(), &b, "a", Duration::from_millis(50)).expect("open");
-    create(&first, create_req("a", "text/plain")).await;
-    create(&first, create_req("b", "text/plain")).await;
-    write(&first, 0..5).await;
-    first.shutdown().await.expect("shutdown");
-    drop(first);
+    wrote_and_stopped(a_dir.path(), &b, "a", 0..5).await;
     // Another node restores and writes on.
     let other = open(b_dir.path(), &b, "b", Duration::from_millis(50)).expect("restore");
     write(&other, 5..10).await;
@@ -437,11 +441,7 @@ async fn restored(
     cache: Option<u64>,
 ) -> (Bucket, Option<tempfile::TempDir>, LogEngine, usize) {
     let (b, guard) = bucket(kind, name);
-    let old = open(dirs[0].path(), &b, "old", Duration::from_millis(50)).expect("open");
-    create(&old, create_req("a", "text/plain")).await;
-    create(&old, create_req("b", "text/plain")).await;
-    write(&old, 0..300).await;
-    old.shutdown().await.expect("shutdown ships");
+    wrote_and_stopped(dirs[0].path(), &b, "old", 0..300).await;
     let cut = b.newest().await.expect("newest").expect("a manifest").cut;
     assert!(cut.checkpoint.is_some(), "a checkpoint shipped");
     let new = open_cached(dirs[1].path(), &b, "new", cache).expect("restore");
@@ -575,12 +575,7 @@ async fn a_second_node_on_a_running_directory_fences_no_one(kind: &str) {
 async fn a_replaced_directory_does_not_take_the_bucket_back(kind: &str) {
     let (b, _guard) = bucket(kind, "back");
     let (a_dir, b_dir) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
-    let first = open(a_dir.path(), &b, "a", Duration::from_millis(50)).expect("open");
-    create(&first, create_req("a", "text/plain")).await;
-    create(&first, create_req("b", "text/plain")).await;
-    write(&first, 0..5).await;
-    first.shutdown().await.expect("shutdown");
-    drop(first);
+    wrote_and_stopped(a_dir.path(), &b, "a", 0..5).await;
     let second = open(b_dir.path(), &b, "b", Duration::from_millis(50)).expect("restore");
     second.shutdown().await.expect("shutdown");
     drop(second);

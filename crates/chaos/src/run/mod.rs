@@ -103,6 +103,20 @@ fn log_data_dir(plan: &Plan) -> (Option<cluster::SmallDisk>, PathBuf) {
     (disk, data)
 }
 
+/// The one node of the log engines: on loopback, no namespace, no clock skew, its log in
+/// `node0.log`.
+fn local_node(plan: &Plan, storage: Vec<OsString>, env: Vec<(&'static str, String)>) -> NodeSpec {
+    NodeSpec {
+        bin: plan.bin.clone(),
+        storage,
+        ip: Ipv4Addr::LOCALHOST,
+        netns: None,
+        log: plan.out.join("node0.log"),
+        skew_lib: None,
+        env,
+    }
+}
+
 /// Starts what `plan.engine` needs.
 fn start(plan: &Plan) -> Result<System, RunError> {
     let node_log = |i: usize| plan.out.join(format!("node{i}.log"));
@@ -110,15 +124,7 @@ fn start(plan: &Plan) -> Result<System, RunError> {
         Engine::Log => {
             let (disk, data) = log_data_dir(plan);
             let storage = vec![OsString::from("--data-dir"), data.into_os_string()];
-            let spec = NodeSpec {
-                bin: plan.bin.clone(),
-                storage,
-                ip: Ipv4Addr::LOCALHOST,
-                netns: None,
-                log: node_log(0),
-                skew_lib: None,
-                env: Vec::new(),
-            };
+            let spec = local_node(plan, storage, Vec::new());
             Ok(System { nodes: vec![Node::start(spec)?], bucket: None, pg: None, net: None, disk })
         }
         Engine::LogBucket => {
@@ -144,15 +150,7 @@ fn start(plan: &Plan) -> Result<System, RunError> {
                 ]
                 .map(OsString::from),
             );
-            let spec = NodeSpec {
-                bin: plan.bin.clone(),
-                storage,
-                ip: Ipv4Addr::LOCALHOST,
-                netns: None,
-                log: node_log(0),
-                skew_lib: None,
-                env: oncelog_bucket::test_support::s3_env_via(&proxy.url),
-            };
+            let spec = local_node(plan, storage, oncelog_bucket::test_support::s3_env_via(&proxy.url));
             let node = Node::start(spec)?;
             Ok(System {
                 nodes: vec![node],
