@@ -648,6 +648,7 @@ fn start_shipper(
                 cold,
                 local,
                 cache_max: tier.cache_max_bytes,
+                delete_grace: tier.delete_grace,
             };
             rt.block_on(shipper.run());
         })

@@ -64,6 +64,9 @@ pub struct Tier {
     /// all). Older sealed segments the bucket holds are evicted past it and read from the
     /// bucket ([`crate::cold`]).
     pub cache_max_bytes: Option<u64>,
+    /// How long objects a published cut dropped stay in the bucket before they are deleted
+    /// ([`crate::tier::DELETE_GRACE`]; tests make it 0).
+    pub delete_grace: Duration,
 }
 
 /// When a write is acknowledged with a bucket (`--ack-mode`).

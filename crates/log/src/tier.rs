@@ -327,6 +327,8 @@ pub(crate) struct Shipper {
     pub local: Arc<dyn Fs>,
     /// [`Tier::cache_max_bytes`].
     pub cache_max: Option<u64>,
+    /// [`Tier::delete_grace`].
+    pub delete_grace: Duration,
 }
 
 /// How old a log object that no cut names must be before the sweep deletes it: far longer than
@@ -358,8 +360,8 @@ fn fold_from(ranges: &[ObjectRef]) -> Option<usize> {
 const SWEEP_EVERY: Duration = Duration::from_secs(600);
 
 /// How long objects a cut dropped stay in the bucket: a restore that read the cut before has
-/// this long to fetch them.
-const DELETE_GRACE: Duration = Duration::from_secs(300);
+/// this long to fetch them ([`Tier::delete_grace`]).
+pub const DELETE_GRACE: Duration = Duration::from_secs(300);
 
 impl Shipper {
     /// Ships every interval, and when a checkpoint arrives, until fenced, and once more when
@@ -540,7 +542,7 @@ impl Shipper {
             }
         }
         if !removed.is_empty() {
-            self.doomed.push_back((Instant::now() + DELETE_GRACE, removed.into_iter().map(|o| o.key).collect()));
+            self.doomed.push_back((Instant::now() + self.delete_grace, removed.into_iter().map(|o| o.key).collect()));
         }
         Ok(())
     }
@@ -591,7 +593,7 @@ impl Shipper {
         self.writer.publish(next, now_ms()).await?;
         metrics::counter!("oncelog_bucket_puts_total").increment(1);
         metrics::counter!("oncelog_bucket_folds_total").increment(1);
-        self.doomed.push_back((Instant::now() + DELETE_GRACE, replaced.into_iter().map(|o| o.key).collect()));
+        self.doomed.push_back((Instant::now() + self.delete_grace, replaced.into_iter().map(|o| o.key).collect()));
         Ok(())
     }
 

@@ -81,6 +81,7 @@ fn open_tiered(
         ack,
         sweep_after,
         cache_max_bytes,
+        delete_grace: if sweep_after.is_zero() { Duration::ZERO } else { oncelog_log::tier::DELETE_GRACE },
     });
     LogEngine::open(opts)
 }
@@ -588,6 +589,56 @@ async fn a_replaced_directory_does_not_take_the_bucket_back(kind: &str) {
     again.shutdown().await.expect("shutdown");
 }
 
+/// A deleted stream's data leaves the bucket: the segments that held only it leave the cut at
+/// the checkpoint after the delete, and their objects are deleted after the grace (0 here).
+async fn a_deleted_streams_objects_leave_the_bucket(kind: &str) {
+    let (b, _guard) = bucket(kind, "deleted");
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    let e =
+        open_with(dirs[0].path(), &b, "n", Duration::from_millis(50), AckMode::Local, Duration::ZERO).expect("open");
+    create(&e, create_req("gone", "text/plain")).await;
+    for i in 0..200u64 {
+        append(&e, produce("gone", &body(i), "g", 0, i)).await;
+    }
+    create(&e, create_req("a", "text/plain")).await;
+    create(&e, create_req("b", "text/plain")).await;
+    write(&e, 0..20).await;
+    shipped(&e).await;
+    let before = b.newest().await.expect("newest").expect("a manifest").cut;
+    // The segments holding only "gone" (all but the last two).
+    let only_gone: Vec<String> = before
+        .segments
+        .iter()
+        .filter(|s| s.number + 2 < before.end.segment)
+        .flat_map(|s| s.ranges.iter().map(|r| r.key.clone()))
+        .collect();
+    assert!(!only_gone.is_empty(), "segments that hold only the stream to delete: {before:?}");
+    e.delete("gone", 0).await.expect("delete");
+    write(&e, 20..25).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let present: Vec<String> = b.objects().await.expect("list").into_iter().map(|(k, _)| k).collect();
+        let left: Vec<&String> = only_gone.iter().filter(|k| present.contains(k)).collect();
+        if left.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            let now = b.newest().await.expect("newest").expect("a manifest").cut;
+            let segs: Vec<(u64, usize)> = now.segments.iter().map(|s| (s.number, s.ranges.len())).collect();
+            let was: Vec<(u64, usize)> = before.segments.iter().map(|s| (s.number, s.ranges.len())).collect();
+            panic!("objects of the deleted stream's segments left: {left:?}; the cut's segments {segs:?}, before {was:?}, checkpoint {:?}", now.checkpoint.map(|c| c.lsn));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shipped(&e).await;
+    e.shutdown().await.expect("shutdown");
+    drop(e);
+    let restored = open(dirs[1].path(), &b, "r", Duration::from_millis(50)).expect("restore");
+    assert_eq!(read_all(&restored, "a", 1 << 20).await, (0..25).map(body).collect::<String>());
+    assert!(restored.head("gone", 0).await.is_err(), "the deleted stream stays deleted");
+    restored.shutdown().await.expect("shutdown");
+}
+
 macro_rules! on_both {
     ($($case:ident),* $(,)?) => {
         mod s3 {
@@ -621,6 +672,7 @@ on_both!(
     a_restore_while_the_old_writer_publishes_continues_the_cut_it_restored,
     a_second_node_on_a_running_directory_fences_no_one,
     a_replaced_directory_does_not_take_the_bucket_back,
+    a_deleted_streams_objects_leave_the_bucket,
 );
 
 /// Made unreachable by replacing a directory: one store kind only.

@@ -451,6 +451,7 @@ fn open_log(args: &ServeArgs) -> Result<LogEngine, Box<dyn std::error::Error>> {
             ack,
             sweep_after: oncelog_log::tier::SWEEP_AFTER,
             cache_max_bytes: args.cache_max_bytes,
+            delete_grace: oncelog_log::tier::DELETE_GRACE,
         });
     }
     let started = std::time::Instant::now();

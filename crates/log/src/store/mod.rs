@@ -179,8 +179,9 @@ pub(crate) struct Store {
     lsn: u64,
     /// Log bytes written since the last checkpoint.
     pub since_checkpoint: u64,
-    /// A trim made index entries (and maybe whole segments) unreachable: the next checkpoint
-    /// gives them back, so it is written soon rather than after `checkpoint_bytes`.
+    /// A trim or a removed stream made index entries (and maybe whole segments) unreachable:
+    /// the next checkpoint gives them back, so it is written soon rather than after
+    /// `checkpoint_bytes`.
     pub reclaim_wanted: bool,
     /// The latest request time seen (Unix ms): what "now" is when idle producers are pruned
     /// (the store reads no clock; time comes with the commands).

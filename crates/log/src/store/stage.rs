@@ -267,6 +267,9 @@ impl Store {
             let id = w.st.meta.id;
             self.source_paths.remove(&id);
             g.record(&Record::Remove { id });
+            // Its data may have been all a segment held: like a trim, the next checkpoint gives
+            // the space back (and with a bucket, drops the segment's objects) soon.
+            self.reclaim_wanted = true;
             self.counters.producers.fetch_sub(w.st.producers.len() as u64, Ordering::Relaxed);
             g.effects.push(Effect::Remove { listed, shared: w.shared });
             let Some(f) = w.st.meta.fork else { return };
