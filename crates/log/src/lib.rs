@@ -649,6 +649,7 @@ fn start_shipper(
                 local,
                 cache_max: tier.cache_max_bytes,
                 delete_grace: tier.delete_grace,
+                last_fill: None,
             };
             rt.block_on(shipper.run());
         })

@@ -329,7 +329,13 @@ pub(crate) struct Shipper {
     pub cache_max: Option<u64>,
     /// [`Tier::delete_grace`].
     pub delete_grace: Duration,
+    /// When the cache last filled a cold segment back.
+    pub last_fill: Option<Instant>,
 }
+
+/// While writes keep coming, how often the cache fills one cold segment back (a download of up
+/// to a segment delays the round after it); an idle round fills one every time.
+const FILL_UNDER_LOAD: Duration = Duration::from_secs(30);
 
 /// How old a log object that no cut names must be before the sweep deletes it: far longer than
 /// a shipping round (whose objects its publish names), a restore reading an older cut, or the
@@ -684,8 +690,14 @@ impl Shipper {
                 }
             }
             _ => {
-                if let Some(f) = self.cold.newest_first().into_iter().next() {
+                // A fill holds up the next round (and in bucket mode the acknowledgements
+                // waiting for it): while writes keep coming, one a FILL_UNDER_LOAD at most.
+                let synced = self.view.synced.lock().map(|s| s.lsn).unwrap_or(0);
+                let idle = synced <= cut.end.lsn;
+                let due = idle || self.last_fill.is_none_or(|t| t.elapsed() >= FILL_UNDER_LOAD);
+                if let Some(f) = self.cold.newest_first().into_iter().next().filter(|_| due) {
                     if self.cache_max.is_none_or(|max| bytes + f.segment().end() <= max) {
+                        self.last_fill = Some(Instant::now());
                         match self.fill(f.segment()) {
                             Ok(len) => {
                                 bytes += len;
