@@ -26,7 +26,7 @@ use crate::location::Location;
 use crate::manifest::{Cut, Manifest, ManifestError, ObjectRef, Takeover, FORMAT};
 
 /// How often a takeover tries again when another node moved first, before it gives up.
-const TAKEOVER_ATTEMPTS: usize = 8;
+const TAKEOVER_ATTEMPTS: usize = 64;
 
 /// Why a bucket operation failed.
 #[derive(Debug, thiserror::Error)]

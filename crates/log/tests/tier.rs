@@ -504,7 +504,7 @@ async fn the_cache_fills_back_after_a_restore(kind: &str) {
 async fn a_restore_while_the_old_writer_publishes_continues_the_cut_it_restored(kind: &str) {
     let (b, _guard) = bucket(kind, "race");
     let dirs: Vec<tempfile::TempDir> = (0..3).map(|_| tempfile::tempdir().expect("tempdir")).collect();
-    let old = open(dirs[0].path(), &b, "old", Duration::from_millis(1)).expect("open");
+    let old = open(dirs[0].path(), &b, "old", Duration::from_millis(5)).expect("open");
     create(&old, create_req("a", "text/plain")).await;
     create(&old, create_req("b", "text/plain")).await;
     for i in 0..10 {
