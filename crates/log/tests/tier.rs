@@ -592,7 +592,16 @@ async fn a_replaced_directory_does_not_take_the_bucket_back(kind: &str) {
 /// A deleted stream's data leaves the bucket: the segments that held only it leave the cut at
 /// the checkpoint after the delete, and their objects are deleted after the grace (0 here).
 async fn a_deleted_streams_objects_leave_the_bucket(kind: &str) {
-    let (b, _guard) = bucket(kind, "deleted");
+    removed_data_leaves_the_bucket(kind, true).await;
+}
+
+/// The same for a stream trimmed to its tail (retention and compaction trim the same way).
+async fn a_trimmed_streams_objects_leave_the_bucket(kind: &str) {
+    removed_data_leaves_the_bucket(kind, false).await;
+}
+
+async fn removed_data_leaves_the_bucket(kind: &str, delete: bool) {
+    let (b, _guard) = bucket(kind, if delete { "deleted" } else { "trimmed" });
     let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().expect("tempdir")).collect();
     let e =
         open_with(dirs[0].path(), &b, "n", Duration::from_millis(50), AckMode::Local, Duration::ZERO).expect("open");
@@ -613,7 +622,12 @@ async fn a_deleted_streams_objects_leave_the_bucket(kind: &str) {
         .flat_map(|s| s.ranges.iter().map(|r| r.key.clone()))
         .collect();
     assert!(!only_gone.is_empty(), "segments that hold only the stream to delete: {before:?}");
-    e.delete("gone", 0).await.expect("delete");
+    if delete {
+        e.delete("gone", 0).await.expect("delete");
+    } else {
+        let tail = e.head("gone", 0).await.expect("head").tail;
+        e.trim("gone", tail, 0).await.expect("trim");
+    }
     write(&e, 20..25).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -635,7 +649,11 @@ async fn a_deleted_streams_objects_leave_the_bucket(kind: &str) {
     drop(e);
     let restored = open(dirs[1].path(), &b, "r", Duration::from_millis(50)).expect("restore");
     assert_eq!(read_all(&restored, "a", 1 << 20).await, (0..25).map(body).collect::<String>());
-    assert!(restored.head("gone", 0).await.is_err(), "the deleted stream stays deleted");
+    if delete {
+        assert!(restored.head("gone", 0).await.is_err(), "the deleted stream stays deleted");
+    } else {
+        assert_eq!(read_all(&restored, "gone", 1 << 20).await, "", "the trimmed stream stays trimmed");
+    }
     restored.shutdown().await.expect("shutdown");
 }
 
@@ -673,6 +691,7 @@ on_both!(
     a_second_node_on_a_running_directory_fences_no_one,
     a_replaced_directory_does_not_take_the_bucket_back,
     a_deleted_streams_objects_leave_the_bucket,
+    a_trimmed_streams_objects_leave_the_bucket,
 );
 
 /// Made unreachable by replacing a directory: one store kind only.
