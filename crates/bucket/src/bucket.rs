@@ -28,6 +28,14 @@ use crate::manifest::{Cut, Manifest, ManifestError, ObjectRef, Takeover, FORMAT}
 /// How often a takeover tries again when another node moved first, before it gives up.
 const TAKEOVER_ATTEMPTS: usize = 64;
 
+/// How long a writer keeps a manifest it published before deleting it (the newest two and
+/// every takeover manifest are kept regardless). Why not at once: a manifest's name must not
+/// come free while a node that listed the prefix before it existed may still create that
+/// name. A listing is not a snapshot (a directory's listing misses entries created while it
+/// runs); a takeover is checked after its create ([`Bucket::take_over_after`]), and that check
+/// needs the manifests above a stale view to stay listed for longer than a takeover takes.
+pub const KEEP_MANIFESTS: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Why a bucket operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BucketError {
@@ -52,6 +60,8 @@ pub struct Bucket {
     /// The prefix every key lives under (empty for a directory: the store is rooted there).
     prefix: String,
     location: Arc<str>,
+    /// [`KEEP_MANIFESTS`] (tests shorten it).
+    keep_manifests: std::time::Duration,
 }
 
 impl std::fmt::Debug for Bucket {
@@ -89,7 +99,14 @@ impl Bucket {
                 (Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(err)?), String::new())
             }
         };
-        Ok(Bucket { store, prefix, location: location.to_string().into() })
+        Ok(Bucket { store, prefix, location: location.to_string().into(), keep_manifests: KEEP_MANIFESTS })
+    }
+
+    /// This bucket with its writers keeping published manifests for `keep` instead of
+    /// [`KEEP_MANIFESTS`] (tests: zero deletes them at once).
+    pub fn keep_manifests_for(mut self, keep: std::time::Duration) -> Bucket {
+        self.keep_manifests = keep;
+        self
     }
 
     fn path(&self, key: &str) -> Path {
@@ -143,11 +160,19 @@ impl Bucket {
     }
 
     /// The prefix's state: its newest manifest (`None`: nothing was ever published here).
+    ///
+    /// A running writer deletes the manifest before its previous one as it publishes, so the
+    /// newest listed may be gone by the time it is read (the writer published twice since the
+    /// listing): then the listing is taken again.
     pub async fn newest(&self) -> Result<Option<Manifest>, BucketError> {
-        match self.manifest_numbers().await?.last() {
-            None => Ok(None),
-            Some(&n) => self.manifest(n).await.map(Some),
+        for _ in 0..TAKEOVER_ATTEMPTS {
+            let Some(&n) = self.manifest_numbers().await?.last() else { return Ok(None) };
+            match self.manifest(n).await {
+                Err(BucketError::Store { source: object_store::Error::NotFound { .. }, .. }) => continue,
+                got => return got.map(Some),
+            }
         }
+        Err(BucketError::Contended)
     }
 
     /// Makes this process the prefix's one writer, with the next epoch: creates the manifest
@@ -169,6 +194,13 @@ impl Bucket {
     /// from `base` (a restore, a check of its data directory) does that again with the newer
     /// one. Why not just take the newest: the writer's cut is the state it goes on from, so it
     /// must be exactly the one its data directory was checked or restored against.
+    ///
+    /// A `base` read from a stale listing may name a manifest whose successor was created and
+    /// deleted since (a writer deletes its old manifests): the create then succeeds under a
+    /// freed name, below the newest, and would fence no one. So after the create the prefix is
+    /// listed again: a manifest above the new one means `base` was stale, and the new manifest
+    /// is deleted again (nothing names it: the running writer publishes above it) and `Ok(None)`
+    /// is the answer.
     pub async fn take_over_after(
         &self,
         base: Option<&Manifest>,
@@ -184,9 +216,16 @@ impl Bucket {
         if !self.create(&keys::manifest(number), m.encode().into()).await? {
             return Ok(None);
         }
+        if self.manifest_numbers().await?.last().is_some_and(|&n| n > number) {
+            tracing::info!(location = %self.location, manifest = number, "a takeover from a stale listing: withdrawn");
+            if let Err(e) = self.store.delete(&self.path(&keys::manifest(number))).await {
+                tracing::warn!(location = %self.location, manifest = number, error = %e, "a withdrawn takeover manifest not deleted");
+            }
+            return Ok(None);
+        }
         tracing::info!(location = %self.location, epoch, manifest = number, "took over the bucket prefix");
         self.tidy(&m, number).await;
-        Ok(Some(Writer { bucket: self.clone(), last: m }))
+        Ok(Some(Writer { bucket: self.clone(), last: m, older: Default::default() }))
     }
 
     /// Deletes the manifests older than `newest`'s predecessor that are no takeover manifest,
@@ -265,6 +304,10 @@ pub struct Writer {
     bucket: Bucket,
     /// The last manifest this writer created (its takeover manifest at first).
     last: Manifest,
+    /// This writer's published manifests before `last` that are no takeover manifest, oldest
+    /// first, with when each was superseded: deleted once [`KEEP_MANIFESTS`] old, except the
+    /// newest two.
+    older: std::collections::VecDeque<(u64, std::time::Instant)>,
 }
 
 impl Writer {
@@ -308,15 +351,7 @@ impl Writer {
             let number = self.last.number + 1;
             let m = Manifest { number, written_ms: now_ms, cut: cut.clone(), ..self.last.clone() };
             if self.bucket.create(&keys::manifest(number), m.encode().into()).await? {
-                let (takeover, previous) = (self.takeover_number(), self.last.number);
-                self.last = m;
-                // The one before the previous is no longer needed (a reader takes the newest).
-                if previous > takeover + 1 {
-                    let old = previous - 1;
-                    if let Err(e) = self.bucket.store.delete(&self.bucket.path(&keys::manifest(old))).await {
-                        tracing::debug!(manifest = old, error = %e, "old manifest not deleted");
-                    }
-                }
+                self.superseded_by(m).await;
                 return Ok(());
             }
             let there = self.bucket.manifest(number).await?;
@@ -324,7 +359,7 @@ impl Writer {
                 return Err(BucketError::Fenced { mine: self.last.epoch, by: there.epoch });
             }
             let done = there.cut == cut;
-            self.last = there;
+            self.superseded_by(there).await;
             if done {
                 return Ok(());
             }
@@ -332,7 +367,22 @@ impl Writer {
         Err(BucketError::Contended)
     }
 
-    fn takeover_number(&self) -> u64 {
-        self.last.takeovers.last().map_or(self.last.number, |t| t.number)
+    /// Makes `m` (this writer's, just created) the last, and deletes the manifests before the
+    /// previous one once [`KEEP_MANIFESTS`] old (a reader takes the newest). Best effort: a
+    /// leftover is only clutter, and the next takeover tidies it.
+    async fn superseded_by(&mut self, m: Manifest) {
+        let previous = std::mem::replace(&mut self.last, m);
+        if previous.takeovers.last().is_none_or(|t| t.number != previous.number) {
+            self.older.push_back((previous.number, std::time::Instant::now()));
+        }
+        while let Some(&(n, at)) = self.older.front() {
+            if n + 1 >= self.last.number || at.elapsed() < self.bucket.keep_manifests {
+                break;
+            }
+            self.older.pop_front();
+            if let Err(e) = self.bucket.store.delete(&self.bucket.path(&keys::manifest(n))).await {
+                tracing::debug!(manifest = n, error = %e, "old manifest not deleted");
+            }
+        }
     }
 }

@@ -17,7 +17,7 @@ pub mod keys;
 pub mod location;
 pub mod manifest;
 
-pub use bucket::{Bucket, BucketError, Writer};
+pub use bucket::{Bucket, BucketError, Writer, KEEP_MANIFESTS};
 pub use location::{Location, LocationError};
 pub use manifest::{CheckpointRef, Cut, LogPosition, Manifest, ManifestError, ObjectRef, SegmentRef, Takeover};
 

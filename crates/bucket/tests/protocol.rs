@@ -2,6 +2,8 @@
 //! `scripts/test` through `scripts/s3`, its endpoint in `ONCELOG_TEST_S3_ENDPOINT`) and a local
 //! directory (`file://`). Every case runs on both; nothing here mocks the client.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use oncelog_bucket::test_support;
 use oncelog_bucket::*;
@@ -66,6 +68,7 @@ async fn a_takeover_fences_the_writer_before_it(kind: &str) {
 
 async fn a_zombie_stays_fenced_after_old_manifests_are_deleted(kind: &str) {
     let (b, _dir) = fresh(kind, "zombie");
+    let b = b.keep_manifests_for(Duration::ZERO);
     let mut zombie = b.take_over("z", 1).await.expect("take over");
     let mut new = b.take_over("n", 2).await.expect("take over");
     let mut objects = Vec::new();
@@ -159,11 +162,64 @@ async fn publishes_whose_answers_are_lost_are_recognised() {
     assert_eq!(w.published().number, b.newest().await.expect("newest").expect("a manifest").number);
 }
 
+/// A reader takes the newest manifest while the writer publishes as fast as it can: with old
+/// manifests deleted at once (`keep` zero) the newest listed is sometimes gone when it is read,
+/// and is listed again (never an error); kept for [`KEEP_MANIFESTS`], the newest read never goes
+/// back, although a directory's listing misses what is created while it runs.
+async fn the_newest_manifest_is_read_while_the_writer_publishes(kind: &str) {
+    for keep in [Duration::ZERO, KEEP_MANIFESTS] {
+        let (b, _dir) = fresh(kind, "busy");
+        let b = b.keep_manifests_for(keep);
+        let mut w = b.take_over("w", 1).await.expect("take over");
+        let o = w.put("epoch-1/o", Bytes::from_static(b"frames")).await.expect("put");
+        let publishes = if kind == "s3" { 150 } else { 1500 };
+        let writer = tokio::spawn(async move {
+            for i in 0..publishes {
+                w.publish(cut(i + 1, std::slice::from_ref(&o)), 2).await.expect("publish");
+            }
+        });
+        let (mut last, mut reads) = (0, 0);
+        while !writer.is_finished() {
+            let m = b.newest().await.expect("the newest manifest, read while the writer publishes");
+            let n = m.expect("a manifest").number;
+            assert!(keep.is_zero() || n >= last, "went back from {last} to {n}");
+            last = n;
+            reads += 1;
+        }
+        writer.await.expect("writer");
+        assert!(reads > 10, "only {reads} reads overlapped the publishes");
+    }
+}
+
+/// A takeover whose base came from a stale listing (the writer published past it and deleted
+/// the manifest after it) creates a freed name below the newest: it is withdrawn, and the
+/// running writer is not fenced by it; a takeover from the newest then fences it.
+async fn a_takeover_from_a_stale_listing_is_withdrawn(kind: &str) {
+    let (b, _dir) = fresh(kind, "stale");
+    let b = b.keep_manifests_for(Duration::ZERO);
+    let mut w = b.take_over("w", 1).await.expect("take over");
+    let stale = b.newest().await.expect("newest").expect("the takeover manifest");
+    let o = w.put("epoch-1/o", Bytes::from_static(b"frames")).await.expect("put");
+    for i in 0..5 {
+        w.publish(cut(i + 1, std::slice::from_ref(&o)), 2).await.expect("publish");
+    }
+    assert_eq!(b.manifest_numbers().await.expect("list"), [1, 5, 6], "manifest 2 is a freed name");
+    let late = b.take_over_after(Some(&stale), "late", 3).await.expect("take over as of the stale listing");
+    assert!(late.is_none(), "a takeover below the newest manifest took effect");
+    assert_eq!(b.manifest_numbers().await.expect("list"), [1, 5, 6], "the withdrawn manifest is gone");
+    w.publish(cut(6, std::slice::from_ref(&o)), 4).await.expect("the writer was not fenced");
+    let newest = b.newest().await.expect("newest");
+    let now = b.take_over_after(newest.as_ref(), "now", 5).await.expect("take over").expect("from the newest");
+    assert_eq!(now.epoch(), 2);
+    let fenced = w.publish(cut(7, std::slice::from_ref(&o)), 6).await;
+    assert!(matches!(fenced, Err(BucketError::Fenced { mine: 1, by: 2 })), "{fenced:?}");
+}
+
 macro_rules! on_both {
     ($($case:ident),* $(,)?) => {
         mod s3 {
             $(
-                #[tokio::test]
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     super::$case("s3").await;
                 }
@@ -171,7 +227,7 @@ macro_rules! on_both {
         }
         mod dir {
             $(
-                #[tokio::test]
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     super::$case("dir").await;
                 }
@@ -187,4 +243,6 @@ on_both!(
     objects_are_created_once_and_checked_when_read,
     concurrent_takeovers_get_distinct_epochs,
     a_publish_with_a_broken_cut_is_refused,
+    the_newest_manifest_is_read_while_the_writer_publishes,
+    a_takeover_from_a_stale_listing_is_withdrawn,
 );
