@@ -616,8 +616,13 @@ impl Shipper {
         self.last_sweep = Some(Instant::now());
         let mine = self.writer.published();
         if let Some(newest) = self.writer.bucket().newest().await? {
-            if newest.number != mine.number || newest.epoch != mine.epoch {
+            if newest.number > mine.number || (newest.number == mine.number && newest.epoch != mine.epoch) {
                 return Err(BucketError::Fenced { mine: mine.epoch, by: newest.epoch });
+            }
+            if newest.number < mine.number {
+                // A listing that missed this writer's newest (not a snapshot): no verdict;
+                // the next sweep looks again.
+                return Ok(());
             }
         }
         let cut = &self.writer.published().cut;
