@@ -62,6 +62,8 @@ pub struct Bucket {
     location: Arc<str>,
     /// [`KEEP_MANIFESTS`] (tests shorten it).
     keep_manifests: std::time::Duration,
+    /// What it was opened with ([`Bucket::reopened`]).
+    opened: Arc<(Location, Vec<(String, String)>)>,
 }
 
 impl std::fmt::Debug for Bucket {
@@ -99,7 +101,20 @@ impl Bucket {
                 (Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir).map_err(err)?), String::new())
             }
         };
-        Ok(Bucket { store, prefix, location: location.to_string().into(), keep_manifests: KEEP_MANIFESTS })
+        let opened =
+            Arc::new((location.clone(), overrides.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()));
+        Ok(Bucket { store, prefix, location: location.to_string().into(), keep_manifests: KEEP_MANIFESTS, opened })
+    }
+
+    /// The same prefix through a client of its own (its own connection pool). Why: an HTTP
+    /// client's pooled connections are driven by tasks of the runtime that opened them, so a
+    /// client shared by two runtimes stalls the one whose requests land on a connection of the
+    /// other while that other is not running (the shipper's runtime sleeps between rounds).
+    /// Each runtime that talks to the bucket takes its own.
+    pub fn reopened(&self) -> Result<Bucket, BucketError> {
+        let (location, overrides) = &*self.opened;
+        let overrides: Vec<(&str, &str)> = overrides.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        Ok(Bucket { keep_manifests: self.keep_manifests, ..Bucket::open(location, &overrides)? })
     }
 
     /// This bucket with its writers keeping published manifests for `keep` instead of

@@ -28,6 +28,9 @@ pub enum Fault {
     Throttle(u64),
     /// Every answer arrives this much later than the bucket gave it.
     Slow(Duration),
+    /// Every answer to a GET (a read, or a listing) arrives this much later; writes are not
+    /// slowed.
+    SlowGets(Duration),
     /// Every PUT that the bucket took (a 2xx) loses its answer: the connection closes before
     /// it, so the writer cannot tell a stored object from a lost one.
     LosePutAnswers,
@@ -168,6 +171,7 @@ async fn forward(
     let n = state.requests.fetch_add(1, Ordering::Relaxed) + 1;
     let fault = state.fault();
     let is_put = req.method() == hyper::Method::PUT;
+    let is_get = req.method() == hyper::Method::GET;
     match &fault {
         Fault::Down => {
             state.refused.fetch_add(1, Ordering::Relaxed);
@@ -201,8 +205,10 @@ async fn forward(
     let got = out.body(body).send().await.map_err(|_| Closed)?;
     let (status, headers) = (got.status(), got.headers().clone());
     let bytes = got.bytes().await.map_err(|_| Closed)?;
-    if let Fault::Slow(d) = fault {
-        tokio::time::sleep(d).await;
+    match fault {
+        Fault::Slow(d) => tokio::time::sleep(d).await,
+        Fault::SlowGets(d) if is_get => tokio::time::sleep(d).await,
+        _ => {}
     }
     if fault == Fault::LosePutAnswers && is_put && status.is_success() {
         // The bucket stored it; the writer never hears so.

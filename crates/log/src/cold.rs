@@ -135,7 +135,7 @@ impl Cold {
     }
 
     /// Blocks until `f` is done on the fetch runtime (a thread of the engine's blocking pool or
-    /// the shipper's, never an async task).
+    /// a cache fill's, never an async task).
     fn block_on<T: Send + 'static>(
         &self,
         f: impl std::future::Future<Output = Result<T, String>> + Send + 'static,
@@ -147,10 +147,9 @@ impl Cold {
         rx.recv().map_err(|_| io::Error::other("the cold read runtime stopped"))?.map_err(io::Error::other)
     }
 
-    /// The whole of `seg` as the bucket holds it (filling the cache back).
-    pub fn download(&self, seg: &SegmentRef) -> io::Result<Bytes> {
+    /// Bytes `[from, to)` of `seg` as the bucket holds them (filling the cache back).
+    pub fn download(&self, seg: &SegmentRef, from: u64, to: u64) -> io::Result<Bytes> {
         let (bucket, seg) = (self.bucket.clone(), Arc::new(seg.clone()));
-        let (from, to) = (seg.start, seg.end());
         self.block_on(Cold::fetch(bucket, seg, from, to))
     }
 }
@@ -477,7 +476,7 @@ mod tests {
         let mut buf = vec![0u8; 2];
         assert!(file.read_exact_at(&mut buf, len as u64 - 1).is_err());
         assert!(file.write_all_at(b"x", 0).is_err(), "read-only");
-        assert_eq!(cold.download(&seg).expect("download"), data);
+        assert_eq!(cold.download(&seg, seg.start, seg.end()).expect("download"), data);
     }
 
     #[test]

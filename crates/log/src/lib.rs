@@ -160,7 +160,8 @@ impl LogEngine {
         // that are only in the bucket (cold).
         let (fs, shipper): (Arc<dyn fs::Fs>, _) = match &opts.tier {
             Some(tier) => {
-                let cold = cold::Cold::new(tier.bucket.clone())
+                // Its own client: cold reads run on a runtime of their own (see `Bucket::reopened`).
+                let cold = cold::Cold::new(tier.bucket.reopened().map_err(tier::bucket_err)?)
                     .map_err(|e| backend(LogError::Io { what: "start the cold reads".into(), source: e }))?;
                 let held =
                     opts.fs.create_dir("").and_then(|()| opts.fs.lock(format::LOCK)).map_err(|e| match e.kind() {
@@ -649,7 +650,7 @@ fn start_shipper(
                 local,
                 cache_max: tier.cache_max_bytes,
                 delete_grace: tier.delete_grace,
-                last_fill: None,
+                filling: None,
             };
             rt.block_on(shipper.run());
         })

@@ -63,7 +63,7 @@ fn io(what: &str) -> impl Fn(std::io::Error) -> StorageError + '_ {
     move |e| backend(LogError::Io { what: what.into(), source: e })
 }
 
-fn bucket_err(e: BucketError) -> StorageError {
+pub(crate) fn bucket_err(e: BucketError) -> StorageError {
     backend(LogError::Bucket(e))
 }
 
@@ -329,13 +329,23 @@ pub(crate) struct Shipper {
     pub cache_max: Option<u64>,
     /// [`Tier::delete_grace`].
     pub delete_grace: Duration,
-    /// When the cache last filled a cold segment back.
-    pub last_fill: Option<Instant>,
+    /// The cache fill under way, if any.
+    pub filling: Option<Fill>,
 }
 
-/// While writes keep coming, how often the cache fills one cold segment back (a download of up
-/// to a segment delays the round after it); an idle round fills one every time.
-const FILL_UNDER_LOAD: Duration = Duration::from_secs(30);
+/// The cache filling back, on a thread of its own: a download of up to a segment must not
+/// hold up the shipping rounds (and in `bucket` mode the acknowledgements waiting for them). It
+/// fills cold segments one at a time, newest first, while they fit under `--cache-max-bytes`;
+/// the shipper starts it when it finds one that fits and none is running, and joins it before
+/// it ends, so nothing writes into the data directory after the engine stopped.
+pub(crate) struct Fill {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// A fill downloads a segment in pieces of this size: what it holds in memory, and how long a
+/// stop waits for it at most (one piece's GET).
+const FILL_PIECE: u64 = 16 << 20;
 
 /// How old a log object that no cut names must be before the sweep deletes it: far longer than
 /// a shipping round (whose objects its publish names), a restore reading an older cut, or the
@@ -418,6 +428,7 @@ impl Shipper {
                     );
                     tracing::error!("{why}");
                     self.counters.fail(why);
+                    self.end_fill(true);
                     return;
                 }
                 Err(e) => {
@@ -426,8 +437,18 @@ impl Shipper {
                 }
             }
             if stop {
+                self.end_fill(true);
                 return;
             }
+        }
+    }
+
+    /// Takes the cache fill if it finished (or, with `stop`, stops it and waits for it).
+    fn end_fill(&mut self, stop: bool) {
+        let Some(f) = self.filling.take_if(|f| stop || f.thread.is_finished()) else { return };
+        f.stop.store(stop, std::sync::atomic::Ordering::Relaxed);
+        if f.thread.join().is_err() {
+            tracing::warn!("the cache fill's thread panicked");
         }
     }
 
@@ -659,10 +680,10 @@ impl Shipper {
     }
 
     /// Keeps the local segment files within `--cache-max-bytes`: evicts the oldest sealed
-    /// segments the published cut holds whole (they turn cold), or, with room, fills one cold
-    /// segment back (the newest: recent data is read most). One fill per round, so a round
-    /// stays short.
+    /// segments the published cut holds whole (they turn cold), or, with room, starts filling
+    /// one cold segment back (the newest: recent data is read most) when no fill is under way.
     fn cache(&mut self) {
+        self.end_fill(false);
         let cut = &self.writer.published().cut;
         let local: Vec<(u64, u64)> = match self.view.segments.read() {
             Ok(segs) => {
@@ -670,7 +691,7 @@ impl Shipper {
             }
             Err(_) => return,
         };
-        let mut bytes: u64 = local.iter().map(|(_, len)| len).sum();
+        let mut bytes = local.iter().map(|(_, len)| len).sum::<u64>();
         match self.cache_max {
             Some(max) if bytes > max => {
                 // Oldest first; never the segment the cut ends in (it may grow) or later ones.
@@ -694,58 +715,25 @@ impl Shipper {
                     metrics::counter!("oncelog_bucket_cache_evictions_total").increment(1);
                 }
             }
-            _ => {
-                // A fill holds up the next round (and in bucket mode the acknowledgements
-                // waiting for it): while writes keep coming, one a FILL_UNDER_LOAD at most.
-                let synced = self.view.synced.lock().map(|s| s.lsn).unwrap_or(0);
-                let idle = synced <= cut.end.lsn;
-                let due = idle || self.last_fill.is_none_or(|t| t.elapsed() >= FILL_UNDER_LOAD);
-                if let Some(f) = self.cold.newest_first().into_iter().next().filter(|_| due) {
-                    if self.cache_max.is_none_or(|max| bytes + f.segment().end() <= max) {
-                        self.last_fill = Some(Instant::now());
-                        match self.fill(f.segment()) {
-                            Ok(len) => {
-                                bytes += len;
-                                metrics::counter!("oncelog_bucket_cache_fills_total").increment(1);
-                            }
-                            Err(e) => {
-                                tracing::warn!(segment = f.segment().number, error = %e, "a cold segment was not filled back")
-                            }
-                        }
-                    }
-                }
-            }
+            _ if self.filling.is_none() && next_fill(&self.cold, bytes, self.cache_max).is_some() => self.start_fill(),
+            _ => {}
         }
         metrics::gauge!("oncelog_bucket_cache_bytes").set(bytes as f64);
         // Also every round: the start's cold segments were counted before metrics were on.
         metrics::gauge!("oncelog_bucket_cold_segments").set(self.cold.newest_first().len() as f64);
     }
 
-    /// Downloads cold segment `seg` into its local file (a temporary name, synced, renamed) and
-    /// makes it local again; its length.
-    fn fill(&self, seg: &SegmentRef) -> std::io::Result<u64> {
-        let data = self.cold.download(seg)?;
-        let (name, tmp) = (format::segment_name(seg.number), format!("{}.fill", format::segment_name(seg.number)));
-        if self.local.exists(&tmp)? {
-            self.local.remove(&tmp)?;
+    fn start_fill(&mut self) {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (cold, local, view, max, flag) =
+            (self.cold.clone(), self.local.clone(), self.view.clone(), self.cache_max, stop.clone());
+        match std::thread::Builder::new()
+            .name("oncelog-cache-fill".into())
+            .spawn(move || fill_while_room(&cold, &*local, &view, max, &flag))
+        {
+            Ok(thread) => self.filling = Some(Fill { stop, thread }),
+            Err(e) => tracing::warn!(error = %e, "the cache fill's thread did not start"),
         }
-        let f = self.local.open(&tmp, true)?;
-        f.write_all_at(&data, seg.start)?;
-        f.sync_data()?;
-        self.local.rename(&tmp, &name)?;
-        self.local.sync_dir(format::LOG_DIR)?;
-        let file = self.local.open(&name, false)?;
-        if let Ok(mut segs) = self.view.segments.write() {
-            // Removed meanwhile (dropped by a checkpoint): not brought back.
-            if !segs.contains_key(&seg.number) {
-                drop(segs);
-                self.local.remove(&name)?;
-                return Ok(0);
-            }
-            segs.insert(seg.number, file);
-        }
-        self.cold.remove(seg.number);
-        Ok(seg.end())
     }
 
     /// Removes the local files of segments that a published cut no longer names (invariant 2).
@@ -758,6 +746,79 @@ impl Shipper {
             tracing::warn!(error = %e, "a log segment the bucket no longer needs was not removed");
         }
     }
+}
+
+/// The cold segment to fill back next: the newest, if it fits beside the `local` bytes.
+fn next_fill(cold: &Cold, local: u64, max: Option<u64>) -> Option<SegmentRef> {
+    let newest = cold.newest_first().into_iter().next()?;
+    max.is_none_or(|max| local + newest.segment().end() <= max).then(|| newest.segment().clone())
+}
+
+/// The cache fill's thread: fills cold segments back while one fits and it is not stopped.
+fn fill_while_room(cold: &Cold, local: &dyn Fs, view: &View, max: Option<u64>, stop: &std::sync::atomic::AtomicBool) {
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let bytes = match view.segments.read() {
+            Ok(segs) => segs.iter().filter(|(n, _)| !cold.is_cold(**n)).map(|(_, f)| f.len().unwrap_or(0)).sum::<u64>(),
+            Err(_) => return,
+        };
+        let Some(seg) = next_fill(cold, bytes, max) else { return };
+        match fill(cold, local, view, &seg, stop) {
+            Ok(0) => {}
+            Ok(_) => metrics::counter!("oncelog_bucket_cache_fills_total").increment(1),
+            Err(e) => {
+                // Tried again when the shipper next finds room (a round later).
+                tracing::warn!(segment = seg.number, error = %e, "a cold segment was not filled back");
+                return;
+            }
+        }
+    }
+}
+
+/// Downloads cold segment `seg` into its local file (a temporary name, piece by piece, synced,
+/// renamed) and makes it local again: its length, or 0 when it was stopped or the segment was
+/// removed meanwhile.
+fn fill(
+    cold: &Cold,
+    local: &dyn Fs,
+    view: &View,
+    seg: &SegmentRef,
+    stop: &std::sync::atomic::AtomicBool,
+) -> std::io::Result<u64> {
+    let (name, tmp) = (format::segment_name(seg.number), format!("{}.fill", format::segment_name(seg.number)));
+    if local.exists(&tmp)? {
+        local.remove(&tmp)?;
+    }
+    let f = local.open(&tmp, true)?;
+    let mut at = seg.start;
+    while at < seg.end() {
+        if stop.load(std::sync::atomic::Ordering::Relaxed) {
+            drop(f);
+            local.remove(&tmp)?;
+            return Ok(0);
+        }
+        let to = (at + FILL_PIECE).min(seg.end());
+        f.write_all_at(&cold.download(seg, at, to)?, at)?;
+        at = to;
+    }
+    f.sync_data()?;
+    local.rename(&tmp, &name)?;
+    local.sync_dir(format::LOG_DIR)?;
+    let file = local.open(&name, false)?;
+    if let Ok(mut segs) = view.segments.write() {
+        // Removed meanwhile (dropped by a checkpoint): not brought back. (A removal between
+        // the rename and here may have deleted the file already.)
+        if !segs.contains_key(&seg.number) {
+            drop(segs);
+            cold.remove(seg.number);
+            return match local.remove(&name) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+                _ => Ok(0),
+            };
+        }
+        segs.insert(seg.number, file);
+    }
+    cold.remove(seg.number);
+    Ok(seg.end())
 }
 
 fn now_ms() -> i64 {

@@ -497,6 +497,83 @@ async fn the_cache_fills_back_after_a_restore(kind: &str) {
     new.shutdown().await.expect("shutdown");
 }
 
+/// A cache fill (a download of up to a segment) holds up no acknowledgement: with every GET
+/// answered 4 s late, appends in `bucket` mode are acknowledged while the fill still waits for
+/// its bytes, and the cache fills back once the bucket answers again. (S3 only: the delay is the
+/// fault proxy's.)
+async fn a_cache_fill_holds_up_no_acknowledgement(kind: &str) {
+    use oncelog_bucket::fault_proxy::Fault;
+    assert_eq!(kind, "s3");
+    let (b, proxy) = proxied("fill-slow");
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    wrote_and_stopped(dirs[0].path(), &b, "old", 0..300).await;
+    let cut: Vec<u64> =
+        b.newest().await.expect("newest").expect("a manifest").cut.segments.iter().map(|s| s.number).collect();
+    // A long interval: rounds run when appends ask for them, so no fill starts before the
+    // slow GETs are set.
+    let (hour, ten_s) = (oncelog_log::tier::SWEEP_AFTER, Duration::from_secs(10));
+    let new =
+        open_tiered(dirs[1].path(), &b, "new", ten_s, AckMode::Bucket { timeout: Duration::from_secs(30) }, hour, None)
+            .expect("restore");
+    proxy.set(Fault::SlowGets(Duration::from_secs(4)));
+    let cold = |dir: &std::path::Path| {
+        let local: Vec<String> = std::fs::read_dir(dir.join("log"))
+            .expect("log directory")
+            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect();
+        cut.iter().filter(|n| !local.contains(&format!("{n:020}.seg"))).count()
+    };
+    let before = cold(dirs[1].path());
+    assert!(before > 0, "no cold segment to fill");
+    // The first round ships, sweeps (a slow listing) and starts a fill; the appends after it
+    // are acknowledged by rounds of their own.
+    for i in 300..306 {
+        assert_eq!(append(&new, produce("a", &body(i), "p", 0, i)).await.status, AppendStatus::Appended);
+    }
+    assert_eq!(cold(dirs[1].path()), before, "an acknowledgement waited for a cache fill");
+    proxy.set(Fault::Pass);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cold(dirs[1].path()) > 0 {
+        assert!(Instant::now() < deadline, "the cache did not fill back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(read_all(&new, "a", 1 << 20).await, (0..306).map(body).collect::<String>());
+    new.shutdown().await.expect("shutdown");
+}
+
+/// A prefix of the test S3 API server through a fault proxy (which keeps connections alive, as
+/// S3 does; moto's own server closes them).
+fn proxied(name: &str) -> (Bucket, oncelog_bucket::fault_proxy::FaultProxy) {
+    let proxy = oncelog_bucket::fault_proxy::FaultProxy::start(&oncelog_bucket::test_support::s3_endpoint());
+    let overrides = [
+        ("aws_endpoint", proxy.url.as_str()),
+        ("aws_allow_http", "true"),
+        ("aws_access_key_id", "test"),
+        ("aws_secret_access_key", "test"),
+        ("aws_region", "us-east-1"),
+    ];
+    let location = oncelog_bucket::test_support::s3_location(&format!("log-{name}"));
+    (Bucket::open(&location, &overrides).expect("open"), proxy)
+}
+
+/// Cold reads go on while the shipper sleeps between rounds: the restore's requests ran on the
+/// shipper's runtime, and a client shared with the cold reads would send their GETs over those
+/// connections, which only move while the shipper's runtime runs (here: once in 20 s). (S3
+/// only, through the proxy: connections kept alive.)
+async fn a_cold_read_waits_for_no_shipping_round(kind: &str) {
+    assert_eq!(kind, "s3");
+    let (b, _proxy) = proxied("cold-idle");
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    wrote_and_stopped(dirs[0].path(), &b, "old", 0..300).await;
+    let (interval, hour) = (Duration::from_secs(20), oncelog_log::tier::SWEEP_AFTER);
+    let new = open_tiered(dirs[1].path(), &b, "new", interval, AckMode::Local, hour, Some(1)).expect("restore");
+    let read = tokio::time::timeout(Duration::from_secs(10), read_all(&new, "a", 1 << 20))
+        .await
+        .expect("a cold read waited for the shipper's next round");
+    assert_eq!(read, (0..300).map(body).collect::<String>());
+    new.shutdown().await.expect("shutdown");
+}
+
 /// A node restoring while the old writer, still running, appends and publishes round after
 /// round: the restored node goes on from exactly the cut it restored (the old writer can
 /// publish nothing after the takeover), so what it ships continues that cut and a node
@@ -698,4 +775,16 @@ on_both!(
 #[test]
 fn bucket_mode_answers_503_while_the_bucket_is_away_dir() {
     oncelog_storage::contract::run(|| bucket_mode_answers_503_while_the_bucket_is_away("dir"));
+}
+
+/// Slowed by the fault proxy in front of the S3 API server: one store kind only.
+#[test]
+fn a_cache_fill_holds_up_no_acknowledgement_s3() {
+    oncelog_storage::contract::run(|| a_cache_fill_holds_up_no_acknowledgement("s3"));
+}
+
+/// Through the fault proxy: one store kind only.
+#[test]
+fn a_cold_read_waits_for_no_shipping_round_s3() {
+    oncelog_storage::contract::run(|| a_cold_read_waits_for_no_shipping_round("s3"));
 }
