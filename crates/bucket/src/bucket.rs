@@ -23,7 +23,16 @@ use object_store::{ObjectStore, PutMode, PutOptions, PutPayload};
 
 use crate::keys;
 use crate::location::Location;
-use crate::manifest::{Cut, Manifest, ManifestError, ObjectRef, Takeover, FORMAT};
+use crate::manifest::{encode_table, Cut, Manifest, ManifestError, ObjectRef, SegmentRef, TableRef, Takeover, FORMAT};
+
+/// A cut's segment table starts once this many of its first segments are sealed and folded
+/// (below it the manifest holds them all: small logs keep one readable object).
+pub const TABLE_AT: usize = 16;
+
+/// Segments sealed after the table was written stay in the manifest until there are this many;
+/// then a new table holds them too. A table is rewritten about once per this many segments
+/// (1 GiB of log at 64 MiB segments), or when a checkpoint drops some of its segments.
+const TABLE_SLACK: usize = 16;
 
 /// How often a takeover tries again when another node moved first, before it gives up.
 const TAKEOVER_ATTEMPTS: usize = 64;
@@ -45,6 +54,8 @@ pub enum BucketError {
     Fenced { mine: u64, by: u64 },
     #[error("object {key} is not what was written (expected {expected_len} bytes with CRC32C {expected_crc:08x})")]
     Corrupt { key: String, expected_len: u64, expected_crc: u32 },
+    #[error("object {key}, named by {named_by}, is missing")]
+    Missing { key: String, named_by: String },
     #[error("object {key} already exists with other content")]
     Conflict { key: String },
     #[error("manifest {key}: {source}")]
@@ -153,8 +164,17 @@ impl Bucket {
 
     async fn manifest(&self, n: u64) -> Result<Manifest, BucketError> {
         let key = keys::manifest(n);
-        let m = Manifest::decode(&self.get(&key).await?)
+        let mut m = Manifest::decode(&self.get(&key).await?)
             .map_err(|source| BucketError::Manifest { key: key.clone(), source })?;
+        if let Some(t) = &m.table {
+            let table = self.read(&t.object).await.map_err(|e| match e {
+                BucketError::Store { source: object_store::Error::NotFound { .. }, .. } => {
+                    BucketError::Missing { key: t.object.key.clone(), named_by: key.clone() }
+                }
+                e => e,
+            })?;
+            m = m.with_table(&table).map_err(|source| BucketError::Manifest { key: key.clone(), source })?;
+        }
         if m.number != n {
             return Err(BucketError::Manifest {
                 key,
@@ -227,7 +247,17 @@ impl Bucket {
             Some(m) => (m.number + 1, m.epoch + 1, m.takeovers.clone(), m.cut.clone()),
         };
         takeovers.push(Takeover { epoch, number });
-        let m = Manifest { format: FORMAT, number, epoch, takeovers, node: node.to_owned(), written_ms: now_ms, cut };
+        let table = base.and_then(|m| m.table.clone());
+        let m = Manifest {
+            format: FORMAT,
+            number,
+            epoch,
+            takeovers,
+            node: node.to_owned(),
+            written_ms: now_ms,
+            table,
+            cut,
+        };
         if !self.create(&keys::manifest(number), m.encode().into()).await? {
             return Ok(None);
         }
@@ -359,27 +389,66 @@ impl Writer {
     /// writer's own manifest, its create's answer was lost: with this cut it *is* this publish
     /// (done); with another (an earlier publish that failed on its lost answer) it is taken as
     /// published and `cut` goes into the next name.
-    pub async fn publish(&mut self, cut: Cut, now_ms: i64) -> Result<(), BucketError> {
+    ///
+    /// Returns the segment tables earlier manifests named and the published one does not: the
+    /// caller deletes them once a restore reading an older manifest can no longer need them.
+    pub async fn publish(&mut self, cut: Cut, now_ms: i64) -> Result<Vec<ObjectRef>, BucketError> {
         let check = |source| BucketError::Manifest { key: "(to publish)".into(), source };
         cut.check().map_err(check)?;
+        let table = self.table_for(&cut).await?;
+        let mut tables: Vec<ObjectRef> = self.last.table.iter().map(|t| t.object.clone()).collect();
         for _ in 0..TAKEOVER_ATTEMPTS {
             let number = self.last.number + 1;
-            let m = Manifest { number, written_ms: now_ms, cut: cut.clone(), ..self.last.clone() };
+            let m =
+                Manifest { number, written_ms: now_ms, table: table.clone(), cut: cut.clone(), ..self.last.clone() };
             if self.bucket.create(&keys::manifest(number), m.encode().into()).await? {
                 self.superseded_by(m).await;
-                return Ok(());
+                return Ok(self.replaced(tables));
             }
             let there = self.bucket.manifest(number).await?;
             if there.epoch != self.last.epoch {
                 return Err(BucketError::Fenced { mine: self.last.epoch, by: there.epoch });
             }
             let done = there.cut == cut;
+            tables.extend(there.table.iter().map(|t| t.object.clone()));
             self.superseded_by(there).await;
             if done {
-                return Ok(());
+                return Ok(self.replaced(tables));
             }
         }
         Err(BucketError::Contended)
+    }
+
+    /// Of `tables`, those the last manifest does not name, once each.
+    fn replaced(&self, mut tables: Vec<ObjectRef>) -> Vec<ObjectRef> {
+        tables.retain(|t| self.last.table.as_ref().is_none_or(|now| now.object != *t));
+        tables.dedup();
+        tables
+    }
+
+    /// The segment table `cut` is published with: the last manifest's while its segments are
+    /// still `cut`'s first and fewer than [`TABLE_SLACK`] sealed segments came after them, else
+    /// a new one of every sealed, folded segment before the one the cut ends in (none below
+    /// [`TABLE_AT`]).
+    async fn table_for(&self, cut: &Cut) -> Result<Option<TableRef>, BucketError> {
+        let stable = cut.segments.iter().take_while(|s| s.number < cut.end.segment && s.ranges.len() == 1).count();
+        if let Some(t) = &self.last.table {
+            let n = usize::try_from(t.segments).unwrap_or(usize::MAX);
+            let kept = n <= stable && cut.segments.get(..n) == self.last.cut.segments.get(..n);
+            if kept && stable - n < TABLE_SLACK {
+                return Ok(Some(t.clone()));
+            }
+        }
+        if stable < TABLE_AT {
+            return Ok(None);
+        }
+        let segments: &[SegmentRef] = &cut.segments[..stable];
+        let bytes = encode_table(segments);
+        let (first, last) = (segments[0].number, segments[stable - 1].number);
+        let key = keys::table(self.last.epoch, first, last, crc32c::crc32c(&bytes));
+        let object = self.put(&key, bytes.into()).await?;
+        metrics::counter!("oncelog_bucket_puts_total").increment(1);
+        Ok(Some(TableRef { object, segments: stable as u64 }))
     }
 
     /// Makes `m` (this writer's, just created) the last, and deletes the manifests before the

@@ -31,12 +31,18 @@ pub fn checkpoint(epoch: u64, lsn: u64, crc: u32) -> String {
     format!("epoch-{epoch:010}/ckp-{lsn:020}-{crc:08x}")
 }
 
-/// Whether `key` is one of the log's objects (a range or a checkpoint of some epoch), the only
-/// objects a sweep may delete.
+/// The segment table (docs in [`crate::manifest`]) of segments `first..=last` with CRC32C
+/// `crc`, written by the writer of `epoch` (named by its content, as [`range`]).
+pub fn table(epoch: u64, first: u64, last: u64, crc: u32) -> String {
+    format!("epoch-{epoch:010}/tab-{first:020}-{last:020}-{crc:08x}")
+}
+
+/// Whether `key` is one of the log's objects (a range, a checkpoint or a segment table of some
+/// epoch), the only objects a sweep may delete.
 pub fn is_log_object(key: &str) -> bool {
     let Some((epoch, name)) = key.split_once('/') else { return false };
     epoch.strip_prefix("epoch-").is_some_and(|e| !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit()))
-        && (name.starts_with("seg-") || name.starts_with("ckp-"))
+        && (name.starts_with("seg-") || name.starts_with("ckp-") || name.starts_with("tab-"))
         && !name.contains('/')
 }
 
@@ -55,6 +61,7 @@ mod tests {
         assert_ne!(range(1, 2, 100, 150), range(1, 2, 100, 151));
         assert_eq!(checkpoint(3, 12, 0xab), "epoch-0000000003/ckp-00000000000000000012-000000ab");
         assert!(is_log_object(&range(1, 2, 3, 4)) && is_log_object(&checkpoint(5, 6, 7)));
+        assert!(is_log_object(&table(1, 2, 3, 4)));
         for other in [manifest(1).as_str(), "epoch-/seg-1", "epoch-1x/seg-1", "epoch-1/other", "epoch-1/seg-1/x", "x"] {
             assert!(!is_log_object(other), "{other}");
         }

@@ -19,7 +19,9 @@ pub mod manifest;
 
 pub use bucket::{Bucket, BucketError, Writer, KEEP_MANIFESTS};
 pub use location::{Location, LocationError};
-pub use manifest::{CheckpointRef, Cut, LogPosition, Manifest, ManifestError, ObjectRef, SegmentRef, Takeover};
+pub use manifest::{
+    CheckpointRef, Cut, LogPosition, Manifest, ManifestError, ObjectRef, SegmentRef, TableRef, Takeover,
+};
 
 /// For tests of this crate and of the engines over it (feature `test-support`): a fresh prefix
 /// on the test S3 API server `scripts/test` starts (`scripts/s3`, its endpoint in

@@ -15,11 +15,24 @@
 //!    end of its last range: the cut is a prefix of the frame sequence ending at `end.lsn`.
 //! 3. The checkpoint, if any, is as of an LSN at or before `end.lsn`; without one, the log
 //!    starts at the first byte of segment 1 (a restore replays it from there).
+//!
+//! **The segment table** (format 2): a cut of a long log names thousands of segments (64 MiB
+//! each: 16,000 for 1 TB, ~170 bytes of JSON each), and a manifest is written every round. So
+//! the oldest segments — sealed and folded into one object each, which change only when a
+//! checkpoint drops some — go into an immutable object of their own, the table (JSON list of
+//! [`SegmentRef`], named by its content: [`crate::keys::table`]), which the manifest names with
+//! [`TableRef`] and which rounds reuse while those segments stay as they are. In the stored
+//! form `cut.segments` holds only the segments after the table's; in memory (as
+//! [`crate::Bucket`] reads it) the table's come first, so a cut is always whole. Invariants 1-3
+//! hold of the whole cut; the table's segments all come before the stored ones.
 
 use serde::{Deserialize, Serialize};
 
-/// The stored form's format number.
-pub const FORMAT: u32 = 1;
+/// The stored form's format number (2: a manifest may name a segment table).
+pub const FORMAT: u32 = 2;
+
+/// The formats this version reads: format 1 is format 2 without a table.
+const FORMATS_READ: [u32; 2] = [1, 2];
 
 /// One manifest: the cut it names and who named it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,7 +50,17 @@ pub struct Manifest {
     pub node: String,
     /// When, in Unix ms (the writer's clock; informational only).
     pub written_ms: i64,
+    /// The segment table holding the cut's first segments (module note), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table: Option<TableRef>,
     pub cut: Cut,
+}
+
+/// A segment table: the object, and how many of the cut's first segments it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableRef {
+    pub object: ObjectRef,
+    pub segments: u64,
 }
 
 /// The first manifest of an epoch.
@@ -139,29 +162,70 @@ impl Cut {
 }
 
 impl Manifest {
-    /// The stored form.
+    /// The stored form: without the table's segments, which the table holds.
     pub fn encode(&self) -> Vec<u8> {
+        let skip = self.table.as_ref().map_or(0, |t| usize::try_from(t.segments).unwrap_or(usize::MAX));
+        let stored = Manifest {
+            cut: Cut { segments: self.cut.segments.get(skip..).unwrap_or_default().to_vec(), ..self.cut.clone() },
+            ..self.clone()
+        };
         // Serialising plain structs of numbers and strings cannot fail.
-        serde_json::to_vec(self).expect("a manifest serialises")
+        serde_json::to_vec(&stored).expect("a manifest serialises")
     }
 
-    /// Reads a stored manifest, refusing another format or a cut that breaks the invariants.
+    /// Reads a stored manifest, refusing a format this version does not read or a cut that
+    /// breaks the invariants. With a table, its segments are still to be put in with
+    /// [`Manifest::with_table`] (the invariants are checked then).
     pub fn decode(bytes: &[u8]) -> Result<Manifest, ManifestError> {
         #[derive(Deserialize)]
         struct Head {
             format: u32,
         }
         let head: Head = serde_json::from_slice(bytes).map_err(|e| ManifestError::Json(e.to_string()))?;
-        if head.format != FORMAT {
+        if !FORMATS_READ.contains(&head.format) {
             return Err(ManifestError::Format(head.format));
         }
-        let m: Manifest = serde_json::from_slice(bytes).map_err(|e| ManifestError::Json(e.to_string()))?;
-        m.cut.check()?;
+        let mut m: Manifest = serde_json::from_slice(bytes).map_err(|e| ManifestError::Json(e.to_string()))?;
+        if head.format == 1 && m.table.is_some() {
+            return Err(ManifestError::Inconsistent("a table in a format 1 manifest"));
+        }
+        m.format = FORMAT;
+        if m.table.is_none() {
+            m.cut.check()?;
+        }
         if m.takeovers.last().map(|t| t.epoch) != Some(m.epoch) {
             return Err(ManifestError::Inconsistent("its epoch's takeover is not listed last"));
         }
         Ok(m)
     }
+
+    /// A decoded manifest made whole: the segments its table holds (the table object's
+    /// bytes, already checked against its CRC32C) before its own; the invariants checked.
+    pub fn with_table(mut self, table: &[u8]) -> Result<Manifest, ManifestError> {
+        let Some(t) = &self.table else { return Ok(self) };
+        let mut segments = decode_table(table)?;
+        if segments.len() as u64 != t.segments {
+            return Err(ManifestError::Inconsistent("the table holds another number of segments than it says"));
+        }
+        if let (Some(last), Some(first)) = (segments.last(), self.cut.segments.first()) {
+            if last.number >= first.number {
+                return Err(ManifestError::Inconsistent("the table's segments do not come first"));
+            }
+        }
+        segments.append(&mut self.cut.segments);
+        self.cut.segments = segments;
+        self.cut.check()?;
+        Ok(self)
+    }
+}
+
+/// A segment table's stored form.
+pub fn encode_table(segments: &[SegmentRef]) -> Vec<u8> {
+    serde_json::to_vec(segments).expect("segments serialise")
+}
+
+fn decode_table(bytes: &[u8]) -> Result<Vec<SegmentRef>, ManifestError> {
+    serde_json::from_slice(bytes).map_err(|e| ManifestError::Json(e.to_string()))
 }
 
 #[cfg(test)]
@@ -208,6 +272,7 @@ mod tests {
                     takeovers: vec![Takeover { epoch, number: epoch * 2 }],
                     node,
                     written_ms,
+                    table: None,
                     cut: Cut { checkpoint, segments, end },
                 }
             },
@@ -219,6 +284,47 @@ mod tests {
         fn a_manifest_reads_back_as_written(m in manifest()) {
             prop_assert_eq!(Manifest::decode(&m.encode()), Ok(m));
         }
+
+        /// With its first `k` segments in a table, a manifest stores only the others and reads
+        /// back whole with the table.
+        #[test]
+        fn a_manifest_with_a_table_reads_back_whole(m in manifest(), k in 0usize..4) {
+            let k = k.min(m.cut.segments.len().saturating_sub(1));
+            prop_assume!(k > 0);
+            let table = encode_table(&m.cut.segments[..k]);
+            let object = ObjectRef { key: "t".into(), len: table.len() as u64, crc32c: 3 };
+            let m = Manifest { table: Some(TableRef { object, segments: k as u64 }), ..m };
+            let stored = m.encode();
+            let decoded = Manifest::decode(&stored).expect("decodes");
+            prop_assert_eq!(decoded.cut.segments.len(), m.cut.segments.len() - k);
+            prop_assert_eq!(decoded.with_table(&table), Ok(m));
+        }
+    }
+
+    #[test]
+    fn a_table_is_checked_against_its_manifest() {
+        let mut m = sample();
+        let table = encode_table(&m.cut.segments[..1]);
+        m.table = Some(TableRef { object: ObjectRef { key: "t".into(), len: 1, crc32c: 1 }, segments: 1 });
+        let stored = m.encode();
+        assert_eq!(Manifest::decode(&stored).and_then(|d| d.with_table(&table)), Ok(m.clone()));
+        // Another count than it holds; segments after the manifest's own; not a table.
+        let two = encode_table(&m.cut.segments);
+        assert!(matches!(
+            Manifest::decode(&stored).and_then(|d| d.with_table(&two)),
+            Err(ManifestError::Inconsistent(_))
+        ));
+        let later = encode_table(&[SegmentRef { number: 9, start: 0, ranges: m.cut.segments[0].ranges.clone() }]);
+        assert!(matches!(
+            Manifest::decode(&stored).and_then(|d| d.with_table(&later)),
+            Err(ManifestError::Inconsistent(_))
+        ));
+        assert!(matches!(Manifest::decode(&stored).and_then(|d| d.with_table(b"{}")), Err(ManifestError::Json(_))));
+        // A format 1 manifest (before tables) still reads; one with a table does not.
+        let old = String::from_utf8(sample().encode()).expect("utf8").replace("\"format\":2", "\"format\":1");
+        assert_eq!(Manifest::decode(old.as_bytes()), Ok(sample()));
+        let odd = String::from_utf8(stored).expect("utf8").replace("\"format\":2", "\"format\":1");
+        assert!(matches!(Manifest::decode(odd.as_bytes()), Err(ManifestError::Inconsistent(_))));
     }
 
     fn sample() -> Manifest {
@@ -230,6 +336,7 @@ mod tests {
             takeovers: vec![Takeover { epoch: 1, number: 1 }, Takeover { epoch: 2, number: 3 }],
             node: "h:1".into(),
             written_ms: 0,
+            table: None,
             cut: Cut {
                 checkpoint: Some(CheckpointRef { lsn: 5, object: r("ckp", 100) }),
                 segments: vec![
@@ -249,7 +356,7 @@ mod tests {
             f(&mut m);
             Manifest::decode(&m.encode())
         };
-        assert!(matches!(refused(&|m| m.format = 2), Err(ManifestError::Format(2))));
+        assert!(matches!(refused(&|m| m.format = 3), Err(ManifestError::Format(3))));
         assert!(matches!(refused(&|m| m.cut.end.pos = 15), Err(ManifestError::Inconsistent(_))));
         assert!(matches!(refused(&|m| m.cut.end.segment = 3), Err(ManifestError::Inconsistent(_))));
         assert!(matches!(refused(&|m| m.cut.segments.swap(0, 1)), Err(ManifestError::Inconsistent(_))));

@@ -215,6 +215,63 @@ async fn a_takeover_from_a_stale_listing_is_withdrawn(kind: &str) {
     assert!(matches!(fenced, Err(BucketError::Fenced { mine: 1, by: 2 })), "{fenced:?}");
 }
 
+/// A cut of sealed segments (`sealed`, each one object) and the growing segment after them.
+fn long_cut(sealed: std::ops::RangeInclusive<u64>, objects: &[ObjectRef], growing: &ObjectRef) -> Cut {
+    let mut segments: Vec<SegmentRef> =
+        sealed.map(|n| SegmentRef { number: n, start: 0, ranges: vec![objects[n as usize].clone()] }).collect();
+    let last = segments.last().map_or(1, |s| s.number + 1);
+    segments.push(SegmentRef { number: last, start: 0, ranges: vec![growing.clone()] });
+    let end = LogPosition { lsn: 1000 + last, segment: last, pos: growing.len };
+    let checkpoint = Some(CheckpointRef { lsn: 10, object: growing.clone() });
+    Cut { checkpoint, segments, end }
+}
+
+/// A long log's manifest names its sealed segments through a segment table: the manifest stays
+/// small, reads back whole, rounds reuse the table until enough segments were sealed after it
+/// or a checkpoint drops some of its own, a replaced table is handed back to be deleted, and a
+/// takeover carries the table on.
+async fn a_long_cut_is_published_through_a_segment_table(kind: &str) {
+    let (b, _dir) = fresh(kind, "table");
+    let mut w = b.take_over("w", 1).await.expect("take over");
+    let mut objects = vec![ObjectRef { key: String::new(), len: 0, crc32c: 0 }];
+    for n in 1..=80u64 {
+        objects.push(w.put(&format!("epoch-1/seg-{n}"), Bytes::from(vec![n as u8; 100])).await.expect("put"));
+    }
+    let growing = w.put("epoch-1/growing", Bytes::from_static(b"tail")).await.expect("put");
+    let whole = |c: &Cut| String::from_utf8(serde_json::to_vec(c).expect("json")).expect("utf8").len();
+    // Below the threshold: no table.
+    assert!(w.publish(long_cut(1..=10, &objects, &growing), 2).await.expect("publish").is_empty());
+    assert_eq!(b.newest().await.expect("newest").expect("manifest").table, None);
+    // 40 sealed segments: a table of them; the stored manifest holds only the growing one.
+    let cut = long_cut(1..=40, &objects, &growing);
+    assert!(w.publish(cut.clone(), 3).await.expect("publish").is_empty());
+    let m = b.newest().await.expect("newest").expect("manifest");
+    let table = m.table.clone().expect("a table");
+    assert_eq!((table.segments, &m.cut), (40, &cut), "read back whole");
+    assert!(m.encode().len() * 5 < whole(&cut), "stored {} bytes of a {}-byte cut", m.encode().len(), whole(&cut));
+    // A few more sealed segments: the same table.
+    let more = long_cut(1..=50, &objects, &growing);
+    assert!(w.publish(more.clone(), 4).await.expect("publish").is_empty());
+    let m = b.newest().await.expect("newest").expect("manifest");
+    assert_eq!((m.table.as_ref(), &m.cut), (Some(&table), &more));
+    // A takeover carries it; the new writer's rounds reuse it.
+    let mut w2 = b.take_over("w2", 5).await.expect("take over");
+    assert_eq!(w2.published().table.as_ref(), Some(&table));
+    assert!(w2.publish(long_cut(1..=52, &objects, &growing), 6).await.expect("publish").is_empty());
+    // A checkpoint drops the first segment: a new table; the old one is handed back.
+    let dropped = long_cut(2..=52, &objects, &growing);
+    let replaced = w2.publish(dropped.clone(), 7).await.expect("publish");
+    assert_eq!(replaced, std::slice::from_ref(&table.object));
+    let m = b.newest().await.expect("newest").expect("manifest");
+    assert_eq!((m.table.as_ref().map(|t| t.segments), &m.cut), (Some(51), &dropped));
+    // Sealed far past the table: a new table again.
+    let far = long_cut(2..=79, &objects, &growing);
+    assert_eq!(w2.publish(far.clone(), 8).await.expect("publish").len(), 1);
+    assert_eq!(b.newest().await.expect("newest").expect("manifest").cut, far);
+    let tables = b.objects().await.expect("list").into_iter().filter(|(k, _)| k.contains("/tab-")).count();
+    assert_eq!(tables, 3, "one object per table written");
+}
+
 macro_rules! on_both {
     ($($case:ident),* $(,)?) => {
         mod s3 {
@@ -245,4 +302,5 @@ on_both!(
     a_publish_with_a_broken_cut_is_refused,
     the_newest_manifest_is_read_while_the_writer_publishes,
     a_takeover_from_a_stale_listing_is_withdrawn,
+    a_long_cut_is_published_through_a_segment_table,
 );

@@ -559,7 +559,8 @@ impl Shipper {
         }
         cut.end = end;
         let started = Instant::now();
-        self.writer.publish(cut, now_ms()).await?;
+        // Segment tables the new manifest no longer names go the way of dropped objects.
+        removed.extend(self.writer.publish(cut, now_ms()).await?);
         self.counters.shipped_lsn.store(end.lsn, std::sync::atomic::Ordering::Release);
         metrics::counter!("oncelog_bucket_puts_total").increment(1);
         metrics::histogram!("oncelog_bucket_publish_seconds").record(started.elapsed().as_secs_f64());
@@ -616,8 +617,8 @@ impl Shipper {
         metrics::counter!("oncelog_bucket_puts_total").increment(1);
         let mut next = cut.clone();
         let Some(entry) = next.segments.iter_mut().find(|s| s.number == seg.number) else { return Ok(()) };
-        let replaced: Vec<ObjectRef> = entry.ranges.splice(from.., [object]).collect();
-        self.writer.publish(next, now_ms()).await?;
+        let mut replaced: Vec<ObjectRef> = entry.ranges.splice(from.., [object]).collect();
+        replaced.extend(self.writer.publish(next, now_ms()).await?);
         metrics::counter!("oncelog_bucket_puts_total").increment(1);
         metrics::counter!("oncelog_bucket_folds_total").increment(1);
         self.doomed.push_back((Instant::now() + self.delete_grace, replaced.into_iter().map(|o| o.key).collect()));
@@ -650,6 +651,7 @@ impl Shipper {
         let mut named: std::collections::HashSet<&str> =
             cut.segments.iter().flat_map(|s| s.ranges.iter().map(|r| r.key.as_str())).collect();
         named.extend(cut.checkpoint.iter().map(|c| c.object.key.as_str()));
+        named.extend(self.writer.published().table.iter().map(|t| t.object.key.as_str()));
         named.extend(self.doomed.iter().flat_map(|(_, keys)| keys.iter().map(String::as_str)));
         let objects = self.writer.bucket().objects().await?;
         let before = now_ms().saturating_sub(i64::try_from(self.sweep_after.as_millis()).unwrap_or(i64::MAX));

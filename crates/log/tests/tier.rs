@@ -497,6 +497,39 @@ async fn the_cache_fills_back_after_a_restore(kind: &str) {
     new.shutdown().await.expect("shutdown");
 }
 
+/// A log of more segments than a manifest holds itself is published through a segment table
+/// (the sweep, running every round here, keeps it: the cut names it), and a node that lost its
+/// disk comes back from it with every append once and its producer's state.
+async fn a_long_log_is_restored_through_its_segment_table(kind: &str) {
+    let (b, _guard) = bucket(kind, "long");
+    let dirs: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().expect("tempdir")).collect();
+    let old =
+        open_with(dirs[0].path(), &b, "old", Duration::from_millis(20), AckMode::Local, Duration::ZERO).expect("open");
+    create(&old, create_req("a", "text/plain")).await;
+    create(&old, create_req("b", "text/plain")).await;
+    write(&old, 0..1200).await;
+    shipped(&old).await;
+    // A round or two more: the sweep runs after each, the fold of the last sealed segment too.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    shipped(&old).await;
+    let m = b.newest().await.expect("newest").expect("a manifest");
+    let table = m.table.as_ref().expect("a segment table");
+    println!("{kind}: {} segments, {} of them in the table", m.cut.segments.len(), table.segments);
+    assert!(table.segments >= oncelog_bucket::bucket::TABLE_AT as u64);
+    old.shutdown().await.expect("shutdown");
+    drop(old);
+    let new = open(dirs[1].path(), &b, "new", Duration::from_millis(50)).expect("restore");
+    assert_eq!(read_all(&new, "a", 1 << 24).await, (0..1200).map(body).collect::<String>());
+    for i in (0..1200u64).step_by(97) {
+        assert_eq!(
+            append(&new, produce("a", &body(i), "p", 0, i)).await.status,
+            AppendStatus::Duplicate,
+            "retry of {i}"
+        );
+    }
+    new.shutdown().await.expect("shutdown");
+}
+
 /// A cache fill (a download of up to a segment) holds up no acknowledgement: with every GET
 /// answered 4 s late, appends in `bucket` mode are acknowledged while the fill still waits for
 /// its bytes, and the cache fills back once the bucket answers again. (S3 only: the delay is the
@@ -769,6 +802,7 @@ on_both!(
     a_replaced_directory_does_not_take_the_bucket_back,
     a_deleted_streams_objects_leave_the_bucket,
     a_trimmed_streams_objects_leave_the_bucket,
+    a_long_log_is_restored_through_its_segment_table,
 );
 
 /// Made unreachable by replacing a directory: one store kind only.
