@@ -65,7 +65,13 @@ pub mod test_support {
 
     /// A fresh prefix of the test bucket, opened.
     pub fn s3_bucket(name: &str) -> Bucket {
-        let env = s3_env();
+        s3_bucket_via(&s3_endpoint(), name)
+    }
+
+    /// [`s3_bucket`] through another endpoint (a [`crate::fault_proxy::FaultProxy`] in front
+    /// of the test server).
+    pub fn s3_bucket_via(endpoint: &str, name: &str) -> Bucket {
+        let env = s3_env_via(endpoint);
         let overrides: Vec<(&str, &str)> = env
             .iter()
             .map(|(k, v)| {

@@ -139,14 +139,7 @@ async fn a_publish_with_a_broken_cut_is_refused(kind: &str) {
 async fn publishes_whose_answers_are_lost_are_recognised() {
     use oncelog_bucket::fault_proxy::{Fault, FaultProxy};
     let proxy = FaultProxy::start(&test_support::s3_endpoint());
-    let overrides = [
-        ("aws_endpoint", proxy.url.as_str()),
-        ("aws_allow_http", "true"),
-        ("aws_access_key_id", "test"),
-        ("aws_secret_access_key", "test"),
-        ("aws_region", "us-east-1"),
-    ];
-    let b = Bucket::open(&test_support::s3_location("lost"), &overrides).expect("open");
+    let b = test_support::s3_bucket_via(&proxy.url, "lost");
     let mut w = b.take_over("node", 1).await.expect("take over");
     proxy.set(Fault::LosePutAnswers);
     let mut objects = Vec::new();

@@ -578,15 +578,7 @@ async fn a_cache_fill_holds_up_no_acknowledgement(kind: &str) {
 /// S3 does; moto's own server closes them).
 fn proxied(name: &str) -> (Bucket, oncelog_bucket::fault_proxy::FaultProxy) {
     let proxy = oncelog_bucket::fault_proxy::FaultProxy::start(&oncelog_bucket::test_support::s3_endpoint());
-    let overrides = [
-        ("aws_endpoint", proxy.url.as_str()),
-        ("aws_allow_http", "true"),
-        ("aws_access_key_id", "test"),
-        ("aws_secret_access_key", "test"),
-        ("aws_region", "us-east-1"),
-    ];
-    let location = oncelog_bucket::test_support::s3_location(&format!("log-{name}"));
-    (Bucket::open(&location, &overrides).expect("open"), proxy)
+    (oncelog_bucket::test_support::s3_bucket_via(&proxy.url, &format!("log-{name}")), proxy)
 }
 
 /// Cold reads go on while the shipper sleeps between rounds: the restore's requests ran on the
