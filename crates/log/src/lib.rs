@@ -91,8 +91,9 @@ enum Found {
 struct Inner {
     view: Arc<View>,
     counters: Arc<store::Counters>,
-    /// `None` once shutdown began.
-    tx: Mutex<Option<mpsc::Sender<Command>>>,
+    /// `None` once shutdown began. Shared with the shipper in `--ack-mode bucket` (it wakes
+    /// the writer when a cut is published), so dropping it here still ends the writer.
+    tx: WriterTx,
     writer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The bucket's shipper (`--object-store`), stopped after the writer.
     shipper: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -187,19 +188,21 @@ impl LogEngine {
         // Unbounded: every queued command is an HTTP request already holding its body, so the
         // server's in-flight requests bound the queue; sending never blocks a runtime thread.
         let (tx, rx) = mpsc::channel();
+        let tx: WriterTx = Arc::new(Mutex::new(Some(tx)));
         let (checkpoint_bytes, reclaim_interval) = (opts.checkpoint_bytes, opts.reclaim_interval);
-        let (ship, shipper) = match shipper {
-            Some((start, handle)) => {
-                let (ship_tx, ship_rx) = mpsc::channel::<tier::ShipMsg>();
-                // A shipper that is gone already failed and said why.
-                let _ = start.send((view.clone(), counters.clone(), ship_rx));
-                (Some(ship_tx), Some(handle))
-            }
-            None => (None, None),
-        };
         let bucket_acks = match opts.tier.as_ref().map(|t| t.ack) {
             Some(tier::AckMode::Bucket { timeout }) => Some(timeout),
             _ => None,
+        };
+        let (ship, shipper) = match shipper {
+            Some((start, handle)) => {
+                let (ship_tx, ship_rx) = mpsc::channel::<tier::ShipMsg>();
+                let wake = bucket_acks.map(|_| tx.clone());
+                // A shipper that is gone already failed and said why.
+                let _ = start.send((view.clone(), counters.clone(), ship_rx, wake));
+                (Some(ship_tx), Some(handle))
+            }
+            None => (None, None),
         };
         let handle = std::thread::Builder::new()
             .name("oncelog-log-writer".into())
@@ -209,7 +212,7 @@ impl LogEngine {
             inner: Arc::new(Inner {
                 view,
                 counters,
-                tx: Mutex::new(Some(tx)),
+                tx,
                 writer: Mutex::new(Some(handle)),
                 shipper: Mutex::new(shipper),
                 report,
@@ -275,12 +278,13 @@ fn run_writer(
     let checkpointer = Checkpointer::start(fs, store.view().clone(), store.counters().clone(), ship);
     loop {
         awaiting.release(&mut store);
-        // Wake for a parked append's deadline, and for a trim's checkpoint when it is due (a
-        // little later again while the checkpointer is still busy with the last one), and
-        // often while groups wait for the bucket.
+        // Wake for a parked append's deadline, for a trim's checkpoint when it is due (a
+        // little later again while the checkpointer is still busy with the last one), and for
+        // the timeout of the oldest group waiting for the bucket (a publish wakes the writer
+        // itself: `Command::Shipped`).
         let reclaim_at =
             store.reclaim_wanted.then(|| (last_checkpoint + reclaim_interval).max(Instant::now() + RECLAIM_RETRY));
-        let bucket_at = (!awaiting.groups.is_empty()).then(|| Instant::now() + AWAIT_POLL);
+        let bucket_at = awaiting.next_timeout();
         let first = match [store.next_park_deadline(), reclaim_at, bucket_at].into_iter().flatten().min() {
             None => match rx.recv() {
                 Ok(cmd) => Some(cmd),
@@ -292,6 +296,9 @@ fn run_writer(
                 Err(mpsc::RecvTimeoutError::Disconnected) => break,
             },
         };
+        if matches!(first, Some(Command::Shipped)) {
+            continue;
+        }
         let mut g = Group::new();
         store.expire_parked(Instant::now(), &mut g);
         let mut count = 0usize;
@@ -600,8 +607,12 @@ impl Engine for LogEngine {
     }
 }
 
-/// What the shipper thread waits for once the store is open.
-type ShipperStart = mpsc::Sender<(Arc<View>, Arc<store::Counters>, mpsc::Receiver<tier::ShipMsg>)>;
+/// The writer's command queue, `None` once shutdown began.
+pub(crate) type WriterTx = Arc<Mutex<Option<mpsc::Sender<Command>>>>;
+
+/// What the shipper thread waits for once the store is open (the writer's queue: to wake it
+/// when a cut is published, in `--ack-mode bucket`).
+type ShipperStart = mpsc::Sender<(Arc<View>, Arc<store::Counters>, mpsc::Receiver<tier::ShipMsg>, Option<WriterTx>)>;
 
 /// Starts the shipper's thread with a runtime of its own: it restores or checks the data
 /// directory and takes the bucket over (reported back before this returns), then waits for the
@@ -633,7 +644,7 @@ fn start_shipper(
                 }
             };
             let _ = ready_tx.send(Ok(()));
-            let Ok((view, counters, rx)) = start_rx.recv() else { return };
+            let Ok((view, counters, rx, wake)) = start_rx.recv() else { return };
             let shipper = tier::Shipper {
                 rx,
                 writer,
@@ -651,6 +662,7 @@ fn start_shipper(
                 cache_max: tier.cache_max_bytes,
                 delete_grace: tier.delete_grace,
                 filling: None,
+                wake,
             };
             rt.block_on(shipper.run());
         })
@@ -668,7 +680,8 @@ fn start_shipper(
     }
 }
 
-/// How often the writer looks at the bucket's progress while groups wait for it.
+/// How often the writer looks at the bucket's progress while it waits for the groups to settle
+/// (before a checkpoint, at shutdown; otherwise a publish wakes it).
 const AWAIT_POLL: Duration = Duration::from_millis(1);
 
 /// `--ack-mode bucket`: committed groups waiting for a published cut to hold their frame, in
@@ -699,6 +712,12 @@ impl Awaiting {
         if let Some(n) = &self.nudge {
             let _ = n.send(tier::ShipMsg::Synced);
         }
+    }
+
+    /// When the oldest group not yet answered will have waited too long.
+    fn next_timeout(&self) -> Option<Instant> {
+        let timeout = self.timeout?;
+        self.groups.iter().find(|(_, _, answered, _)| !answered).map(|(_, since, _, _)| *since + timeout)
     }
 
     /// Finishes the groups a published cut holds; answers 503 to those that waited too long

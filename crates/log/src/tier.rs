@@ -331,6 +331,9 @@ pub(crate) struct Shipper {
     pub delete_grace: Duration,
     /// The cache fill under way, if any.
     pub filling: Option<Fill>,
+    /// `--ack-mode bucket`: the writer's queue, told after each publish (and a failure) so
+    /// the groups waiting for the bucket are answered at once.
+    pub wake: Option<crate::WriterTx>,
 }
 
 /// The cache filling back, on a thread of its own: a download of up to a segment must not
@@ -428,6 +431,7 @@ impl Shipper {
                     );
                     tracing::error!("{why}");
                     self.counters.fail(why);
+                    self.wake_writer();
                     self.end_fill(true);
                     return;
                 }
@@ -440,6 +444,13 @@ impl Shipper {
                 self.end_fill(true);
                 return;
             }
+        }
+    }
+
+    /// Tells the writer (in `--ack-mode bucket`) that the bucket's state changed.
+    fn wake_writer(&self) {
+        if let Some(tx) = self.wake.as_ref().and_then(|w| w.lock().ok().and_then(|tx| tx.clone())) {
+            let _ = tx.send(crate::store::Command::Shipped);
         }
     }
 
@@ -562,6 +573,7 @@ impl Shipper {
         // Segment tables the new manifest no longer names go the way of dropped objects.
         removed.extend(self.writer.publish(cut, now_ms()).await?);
         self.counters.shipped_lsn.store(end.lsn, std::sync::atomic::Ordering::Release);
+        self.wake_writer();
         metrics::counter!("oncelog_bucket_puts_total").increment(1);
         metrics::histogram!("oncelog_bucket_publish_seconds").record(started.elapsed().as_secs_f64());
         if with_ckp {

@@ -104,6 +104,9 @@ pub(crate) enum Command {
         prefix: Vec<u8>,
         reply: oneshot::Sender<Result<Vec<(Vec<u8>, Bytes)>, StorageError>>,
     },
+    /// From the shipper (`--ack-mode bucket`): a cut was published, or the shipper failed;
+    /// groups waiting for the bucket may be answered now. Stages nothing.
+    Shipped,
 }
 
 /// The writer's authoritative view of one stream: its state as the machine keeps it (every
@@ -288,12 +291,13 @@ impl Store {
                 Command::Prune { now_ms, reply } => {
                     let _ = reply.send(self.prune_writers(now_ms));
                 }
+                Command::Shipped => {}
             }
             return;
         }
         let at = match &cmd {
             Command::Transact { txn, .. } => txn.now_ms,
-            Command::MetaScan { .. } | Command::Prune { .. } => i64::MIN,
+            Command::MetaScan { .. } | Command::Prune { .. } | Command::Shipped => i64::MIN,
             Command::Create { req, .. } => req.now_ms,
             Command::Append { req, .. } => req.now_ms,
             Command::Compact { req, .. } => req.now_ms,
@@ -359,6 +363,7 @@ impl Store {
                     .collect();
                 g.effects.push(reply(tx, Ok(found)));
             }
+            Command::Shipped => {}
         }
     }
 
