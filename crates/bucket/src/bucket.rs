@@ -397,19 +397,28 @@ impl Writer {
         cut.check().map_err(check)?;
         let table = self.table_for(&cut).await?;
         let mut tables: Vec<ObjectRef> = self.last.table.iter().map(|t| t.object.clone()).collect();
+        // Built once (its cut is moved in, not copied per attempt); only its number changes.
+        let mut m = Manifest {
+            format: FORMAT,
+            number: 0,
+            epoch: self.last.epoch,
+            takeovers: self.last.takeovers.clone(),
+            node: self.last.node.clone(),
+            written_ms: now_ms,
+            table,
+            cut,
+        };
         for _ in 0..TAKEOVER_ATTEMPTS {
-            let number = self.last.number + 1;
-            let m =
-                Manifest { number, written_ms: now_ms, table: table.clone(), cut: cut.clone(), ..self.last.clone() };
-            if self.bucket.create(&keys::manifest(number), m.encode().into()).await? {
+            m.number = self.last.number + 1;
+            if self.bucket.create(&keys::manifest(m.number), m.encode().into()).await? {
                 self.superseded_by(m).await;
                 return Ok(self.replaced(tables));
             }
-            let there = self.bucket.manifest(number).await?;
+            let there = self.bucket.manifest(m.number).await?;
             if there.epoch != self.last.epoch {
                 return Err(BucketError::Fenced { mine: self.last.epoch, by: there.epoch });
             }
-            let done = there.cut == cut;
+            let done = there.cut == m.cut;
             tables.extend(there.table.iter().map(|t| t.object.clone()));
             self.superseded_by(there).await;
             if done {

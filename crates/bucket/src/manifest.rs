@@ -164,10 +164,41 @@ impl Cut {
 impl Manifest {
     /// The stored form: without the table's segments, which the table holds.
     pub fn encode(&self) -> Vec<u8> {
+        // The stored form borrowed from this one (a manifest is encoded every ship round; its
+        // cut may name thousands of segments, none of which is copied here). Field names as
+        // `Manifest`'s and `Cut`'s, which `decode` reads.
+        #[derive(Serialize)]
+        struct Stored<'a> {
+            format: u32,
+            number: u64,
+            epoch: u64,
+            takeovers: &'a [Takeover],
+            node: &'a str,
+            written_ms: i64,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            table: Option<&'a TableRef>,
+            cut: StoredCut<'a>,
+        }
+        #[derive(Serialize)]
+        struct StoredCut<'a> {
+            checkpoint: Option<&'a CheckpointRef>,
+            segments: &'a [SegmentRef],
+            end: LogPosition,
+        }
         let skip = self.table.as_ref().map_or(0, |t| usize::try_from(t.segments).unwrap_or(usize::MAX));
-        let stored = Manifest {
-            cut: Cut { segments: self.cut.segments.get(skip..).unwrap_or_default().to_vec(), ..self.cut.clone() },
-            ..self.clone()
+        let stored = Stored {
+            format: self.format,
+            number: self.number,
+            epoch: self.epoch,
+            takeovers: &self.takeovers,
+            node: &self.node,
+            written_ms: self.written_ms,
+            table: self.table.as_ref(),
+            cut: StoredCut {
+                checkpoint: self.cut.checkpoint.as_ref(),
+                segments: self.cut.segments.get(skip..).unwrap_or_default(),
+                end: self.cut.end,
+            },
         };
         // Serialising plain structs of numbers and strings cannot fail.
         serde_json::to_vec(&stored).expect("a manifest serialises")

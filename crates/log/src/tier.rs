@@ -699,12 +699,7 @@ impl Shipper {
     fn cache(&mut self) {
         self.end_fill(false);
         let cut = &self.writer.published().cut;
-        let local: Vec<(u64, u64)> = match self.view.segments.read() {
-            Ok(segs) => {
-                segs.iter().filter(|(n, _)| !self.cold.is_cold(**n)).map(|(n, f)| (*n, f.len().unwrap_or(0))).collect()
-            }
-            Err(_) => return,
-        };
+        let Some(local) = local_segments(&self.view, &self.cold) else { return };
         let mut bytes = local.iter().map(|(_, len)| len).sum::<u64>();
         match self.cache_max {
             Some(max) if bytes > max => {
@@ -762,6 +757,12 @@ impl Shipper {
     }
 }
 
+/// The segments on the local disk (number, length), oldest first; `None`: the view is poisoned.
+fn local_segments(view: &View, cold: &Cold) -> Option<Vec<(u64, u64)>> {
+    let segs = view.segments.read().ok()?;
+    Some(segs.iter().filter(|(n, _)| !cold.is_cold(**n)).map(|(n, f)| (*n, f.len().unwrap_or(0))).collect())
+}
+
 /// The cold segment to fill back next: the newest, if it fits beside the `local` bytes.
 fn next_fill(cold: &Cold, local: u64, max: Option<u64>) -> Option<SegmentRef> {
     let newest = cold.newest_first().into_iter().next()?;
@@ -771,11 +772,8 @@ fn next_fill(cold: &Cold, local: u64, max: Option<u64>) -> Option<SegmentRef> {
 /// The cache fill's thread: fills cold segments back while one fits and it is not stopped.
 fn fill_while_room(cold: &Cold, local: &dyn Fs, view: &View, max: Option<u64>, stop: &std::sync::atomic::AtomicBool) {
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        let bytes = match view.segments.read() {
-            Ok(segs) => segs.iter().filter(|(n, _)| !cold.is_cold(**n)).map(|(_, f)| f.len().unwrap_or(0)).sum::<u64>(),
-            Err(_) => return,
-        };
-        let Some(seg) = next_fill(cold, bytes, max) else { return };
+        let Some(on_disk) = local_segments(view, cold) else { return };
+        let Some(seg) = next_fill(cold, on_disk.iter().map(|(_, len)| len).sum(), max) else { return };
         match fill(cold, local, view, &seg, stop) {
             Ok(0) => {}
             Ok(_) => metrics::counter!("oncelog_bucket_cache_fills_total").increment(1),
