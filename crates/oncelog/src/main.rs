@@ -132,12 +132,20 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     // The commands that run unattended log at info by default, with --log-level and
     // --log-format; client commands keep stderr quiet unless RUST_LOG asks.
-    logging::init(match &cli.command {
-        Command::Serve(a) => &a.log,
-        Command::Sink(cmd) => cmd.log(),
-        Command::Backup(a) => &a.log,
-        _ => &logging::LogArgs::QUIET,
+    let secrets = logging::secrets_in(&match &cli.command {
+        Command::Serve(a) => vec![a.storage.as_str()],
+        Command::Sink(cmd) => vec![cmd.target()],
+        _ => vec![],
     });
+    logging::init(
+        match &cli.command {
+            Command::Serve(a) => &a.log,
+            Command::Sink(cmd) => cmd.log(),
+            Command::Backup(a) => &a.log,
+            _ => &logging::LogArgs::QUIET,
+        },
+        secrets,
+    );
     // Blocking threads run the log engine's disk reads (and DNS for webhooks). Tokio's default
     // of 512 lets a crowd of readers that need the disk start hundreds of threads, each with its
     // stack and allocator heap: 200 stalled SSE readers made 127 threads and 60 MiB more RSS

@@ -81,18 +81,18 @@ pub struct ServeArgs {
     /// shipped to the bucket within --ship-interval (losing the disk loses at most that window,
     /// never doubles anything). `bucket`: only once the bucket holds it (readers see it from
     /// then on too): losing the disk loses nothing acknowledged.
-    #[arg(long, env = "ONCELOG_ACK_MODE", default_value = "local", value_enum)]
+    #[arg(long, env = "ONCELOG_ACK_MODE", default_value = "local", value_enum, requires = "object_store")]
     ack_mode: AckMode,
 
     /// With --ack-mode bucket: how long a write waits for the bucket before it is answered 503
     /// with Retry-After (its outcome unknown: a producer's retry is recognised); it becomes
     /// visible once the bucket holds it (`500ms`, `5s`, `1m`).
-    #[arg(long, env = "ONCELOG_BUCKET_ACK_TIMEOUT", default_value = "5s", value_parser = parse_interval)]
+    #[arg(long, env = "ONCELOG_BUCKET_ACK_TIMEOUT", default_value = "5s", value_parser = parse_interval, requires = "object_store")]
     bucket_ack_timeout: Duration,
 
     /// With --object-store: how often what was written is shipped to the bucket (`500ms`, `1s`,
     /// `1m`).
-    #[arg(long, env = "ONCELOG_SHIP_INTERVAL", default_value = "1s", value_parser = parse_interval)]
+    #[arg(long, env = "ONCELOG_SHIP_INTERVAL", default_value = "1s", value_parser = parse_interval, requires = "object_store")]
     ship_interval: Duration,
 
     /// With --object-store: the most bytes of log segments kept on the local disk (`10GiB`,
@@ -110,7 +110,7 @@ pub struct ServeArgs {
     /// (`postgres://user@host:port/database`): several nodes then serve one database (see
     /// docs/OPERATIONS.md). A password missing from the URL is taken from PGPASSWORD.
     #[arg(long, env = "ONCELOG_STORAGE", default_value = "log")]
-    storage: String,
+    pub(crate) storage: String,
 
     /// With a PostgreSQL URL: the schema holding Oncelog's tables (one database can host several
     /// Oncelog clusters, one schema each).

@@ -25,6 +25,13 @@ impl SinkCommand {
             SinkCommand::Postgres(a) => &a.log,
         }
     }
+
+    /// The target's connection string (its password is kept out of the log).
+    pub fn target(&self) -> &str {
+        match self {
+            SinkCommand::Postgres(a) => &a.target,
+        }
+    }
 }
 
 /// What to do when a stream's history from the stored position on was trimmed away.

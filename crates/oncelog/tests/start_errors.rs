@@ -99,3 +99,24 @@ fn a_plaintext_fallback_under_sslmode_prefer_is_warned_about() {
     let _ = child.wait();
     assert!(warned, "no warning before listening; the log said: {seen:#?}");
 }
+
+#[test]
+fn bucket_settings_without_a_bucket_are_refused_naming_the_flag() {
+    // Each accepted alone, the node would run as a plain local node while the operator believes
+    // writes survive the loss of its disk.
+    for args in [
+        &["--ack-mode", "bucket"][..],
+        &["--ship-interval", "2s"][..],
+        &["--bucket-ack-timeout", "3s"][..],
+        &["--cache-max-bytes", "1G"][..],
+    ] {
+        let err = fails_at_once(args);
+        assert!(err.contains("--object-store"), "{args:?}: {err}");
+    }
+    // The environment variables as well.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = common::bin();
+    cmd.arg("serve").args(["--addr", "127.0.0.1:0", "--data-dir"]).arg(dir.path()).env("ONCELOG_ACK_MODE", "bucket");
+    let out = common::run(cmd, b"", Duration::from_secs(10));
+    assert!(!out.ok && out.stderr.contains("--object-store"), "{}", out.stderr);
+}
