@@ -83,10 +83,9 @@ pub fn init(args: &LogArgs, secrets: Vec<String>) {
     let writer = Scrubbed::new(secrets);
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
     match args.log_format {
-        Format::Text => builder
-            .fmt_fields(escaped_fields())
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .init(),
+        Format::Text => {
+            builder.fmt_fields(escaped_fields()).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init()
+        }
         // No colour codes inside JSON strings; `flatten_event` puts `message` and the fields at
         // the top level, where log shippers look for them.
         Format::Json => builder.json().flatten_event(true).with_ansi(false).init(),

@@ -120,3 +120,27 @@ fn bucket_settings_without_a_bucket_are_refused_naming_the_flag() {
     let out = common::run(cmd, b"", Duration::from_secs(10));
     assert!(!out.ok && out.stderr.contains("--object-store"), "{}", out.stderr);
 }
+
+#[test]
+fn passwords_given_to_serve_are_never_printed() {
+    // A key=value connection string is refused (serve takes PostgreSQL URLs): the refusal quotes
+    // it, without its password.
+    let err = fails_at_once(&["--storage", "host=db.example password=hunter22 user=u"]);
+    assert!(err.contains("unknown storage") && err.contains("password=***"), "{err}");
+    assert!(!err.contains("hunter22"), "{err}");
+    // An S3 endpoint with credentials in it that cannot be reached: the object store's errors
+    // quote the request URL.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = common::bin();
+    cmd.arg("serve")
+        .args(["--addr", "127.0.0.1:0", "--object-store", "s3://bucket/prefix", "--data-dir"])
+        .arg(dir.path())
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_ENDPOINT_URL", "http://key:s3cretpw@127.0.0.1:1")
+        .env("AWS_ACCESS_KEY_ID", "key")
+        .env("AWS_SECRET_ACCESS_KEY", "topsecretkey")
+        .env("AWS_REGION", "us-east-1");
+    let out = common::run(cmd, b"", Duration::from_secs(30));
+    assert!(!out.ok && out.stderr.contains("127.0.0.1:1"), "{}", out.stderr);
+    assert!(!out.stderr.contains("s3cretpw") && !out.stderr.contains("topsecretkey"), "{}", out.stderr);
+}
