@@ -330,6 +330,13 @@ pub enum StartError {
 }
 
 pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
+    // The recorder goes in before the engine opens: what the engine records while it starts
+    // (the bucket tier's writer epoch and cold segments, set once) is otherwise recorded into
+    // no recorder and never exported. Installing is idempotent: the server's state takes the
+    // same handle later.
+    if args.metrics {
+        oncelog_server::metrics::install();
+    }
     let config = ServerConfig {
         long_poll_timeout: Duration::from_millis(args.long_poll_timeout_ms),
         sse_max_duration: Duration::from_millis(args.sse_max_duration_ms),

@@ -249,3 +249,17 @@ async fn disk_loss_in_bucket_mode_with_an_s3_bucket() {
 async fn disk_loss_with_an_s3_bucket() {
     disk_loss("s3", "local").await;
 }
+
+/// What the tier records while the node starts (its writer epoch, set once) is
+/// exported: the metrics recorder is installed before the engine opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gauges_set_at_start_are_exported() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (url, env) = store("dir", tmp.path());
+    let server = start(&tmp.path().join("data"), &url, &env);
+    let metrics =
+        Client::new().get(format!("{}/metrics", server.url)).send().await.expect("metrics").text().await.expect("text");
+    for gauge in ["oncelog_bucket_epoch 1"] {
+        assert!(metrics.lines().any(|l| l == gauge), "{gauge:?} missing from:\n{metrics}");
+    }
+}
