@@ -319,6 +319,8 @@ pub enum StartError {
     UnknownStorage(String),
     #[error("--fsync false does not apply to PostgreSQL: durability is the database's (synchronous_commit); leave --fsync at its default")]
     FsyncWithPostgres,
+    #[error("--addr {addr}: {source}{}", bind_hint(source))]
+    Bind { addr: SocketAddr, source: std::io::Error },
     #[error("--object-store does not apply to PostgreSQL: its durability is the database's")]
     ObjectStoreWithPostgres,
     #[error("--object-store {location}: {source}")]
@@ -379,20 +381,25 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
     };
     config.validate()?;
     let auth = access_control(&args)?;
+    // Bound before the engine opens: an address in use is reported at once, naming it, not
+    // after a recovery of minutes (connections made meanwhile wait in the backlog).
+    let listener = tokio::net::TcpListener::bind(args.addr)
+        .await
+        .map_err(|source| StartError::Bind { addr: args.addr, source })?;
     match args.storage.as_str() {
         "log" => {
             let mut state = AppState::new(Arc::new(open_log(&args)?), config);
             if let Some(auth) = auth {
                 state = state.with_auth(auth);
             }
-            run(state, args.addr).await
+            run(state, listener).await
         }
         url if is_postgres_url(url) => {
             let mut state = AppState::new(Arc::new(open_postgres(&args, url).await?), config);
             if let Some(auth) = auth {
                 state = state.with_auth(auth);
             }
-            run(state, args.addr).await
+            run(state, listener).await
         }
         other => Err(StartError::UnknownStorage(other.to_owned()).into()),
     }
@@ -542,6 +549,16 @@ fn raise_fd_limit() -> Option<u64> {
     Some(limit)
 }
 
+/// What to do about a listen address that cannot be bound.
+fn bind_hint(e: &std::io::Error) -> &'static str {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => " (another process listens there: stop it or choose another --addr)",
+        std::io::ErrorKind::AddrNotAvailable => " (no interface of this machine has that address)",
+        std::io::ErrorKind::PermissionDenied => " (ports below 1024 need privileges)",
+        _ => "",
+    }
+}
+
 /// Whether `--storage` names a PostgreSQL database.
 fn is_postgres_url(s: &str) -> bool {
     s.starts_with("postgres://") || s.starts_with("postgresql://")
@@ -586,9 +603,8 @@ async fn open_postgres(args: &ServeArgs, url: &str) -> Result<PgEngine, Box<dyn 
 
 async fn run<E: oncelog_storage::Engine>(
     state: AppState<E>,
-    addr: SocketAddr,
+    listener: tokio::net::TcpListener,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     // Before the address line goes out: a SIGTERM sent as soon as it is read must find the
     // handler, not the default action (killed, status 143 instead of a clean exit 0).

@@ -144,3 +144,22 @@ fn passwords_given_to_serve_are_never_printed() {
     assert!(!out.ok && out.stderr.contains("127.0.0.1:1"), "{}", out.stderr);
     assert!(!out.stderr.contains("s3cretpw") && !out.stderr.contains("topsecretkey"), "{}", out.stderr);
 }
+
+#[test]
+fn an_address_in_use_is_named_before_the_data_directory_is_touched() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let mut cmd = common::bin();
+    cmd.arg("serve").args(["--addr", &addr, "--data-dir"]).arg(&data);
+    let out = common::run(cmd, b"", Duration::from_secs(10));
+    assert!(!out.ok, "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("--addr {addr}")) && out.stderr.contains("another process listens there"),
+        "{}",
+        out.stderr
+    );
+    // Bound first: the data directory was neither created nor recovered.
+    assert!(!data.exists(), "the data directory was opened before the address was bound");
+}
