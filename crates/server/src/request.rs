@@ -13,6 +13,10 @@ pub enum RequestError {
     Header(#[from] HeaderError),
     #[error(transparent)]
     Offset(#[from] OffsetError),
+    /// Not [`OffsetError`]'s words ("-1, now, or a token"): those are read positions, and a
+    /// header that names a tail takes neither.
+    #[error("Stream-Expected-Offset must be a tail this server returned (Stream-Next-Offset); -1 and now are read positions, not tails (an empty stream's tail is {})", oncelog_protocol::Offset::ZERO)]
+    ExpectedOffset,
     #[error(transparent)]
     Json(#[from] oncelog_protocol::json::JsonError),
     #[error("query parameter {0} must appear at most once")]
@@ -384,7 +388,7 @@ impl AppendHeaders {
             if_match: if_match(h)?.flatten(),
             idempotency_key,
             expected_offset: header(h, names::STREAM_EXPECTED_OFFSET)?
-                .map(|v| oncelog_protocol::Offset::parse(v.trim()))
+                .map(|v| oncelog_protocol::Offset::parse(v.trim()).map_err(|_| RequestError::ExpectedOffset))
                 .transpose()?,
         })
     }

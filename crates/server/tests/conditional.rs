@@ -230,6 +230,11 @@ async fn stream_expected_offset_appends_only_at_that_tail_and_409s_with_it() {
     assert_eq!((r.status(), tail(&r)), (StatusCode::NO_CONTENT, six.clone()));
     // Malformed, or sent twice: 400, nothing written.
     assert_eq!(expecting("nope", "x").send().await.expect("post").status(), StatusCode::BAD_REQUEST);
+    // -1 (a read position) is refused in words that do not offer it back.
+    let r = expecting("-1", "x").send().await.expect("post");
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let text = r.text().await.expect("text");
+    assert!(text.contains("Stream-Expected-Offset must be a tail") && !text.contains("must be -1"), "{text}");
     let twice = expecting(&six, "x").header("stream-expected-offset", six.clone()).send().await.expect("post");
     assert_eq!(twice.status(), StatusCode::BAD_REQUEST);
     // Closed: the closure's 409 wins, even at the right offset.
