@@ -19,6 +19,12 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub log: crate::logging::LogArgs,
 
+    /// Log one line per stream request at info (method, path, status, bytes, duration, producer
+    /// id / epoch / seq, the reason of a refusal); without it the line is at debug. A 5xx is
+    /// always logged. Never tokens, signatures or bodies.
+    #[arg(long, env = "ONCELOG_ACCESS_LOG")]
+    access_log: bool,
+
     /// Address to listen on. Port 0 picks a free port; the chosen address is printed on stdout.
     #[arg(long, env = "ONCELOG_ADDR", default_value = "127.0.0.1:4437")]
     addr: SocketAddr,
@@ -374,6 +380,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         public_url: args.public_url.clone(),
         webhook_timeout: Duration::from_millis(args.webhook_timeout_ms),
         webhook_key_max_age: args.webhook_key_max_age,
+        access_log: args.access_log,
         default_retention: oncelog_storage::RetentionPolicy {
             max_age_s: args.retention_max_age.map(|d| d.as_secs()),
             max_bytes: args.retention_max_bytes,

@@ -267,3 +267,64 @@ fn postgres_logs_its_schema_version_and_migrations_at_start() {
     );
     assert!(events.iter().all(|v| v["message"] != "applied PostgreSQL migration"));
 }
+
+/// The request log: with `--access-log`, one line per stream request at info when its answer
+/// ends (a live read's when it ends), with method, path, status, bytes, duration, the producer's
+/// id / epoch / seq and a refusal's reason; never a signature or a token. Without the flag the
+/// lines are at debug: none at info.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_request_log_has_a_line_per_request_and_no_secret() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Serve::start(&dir.path().join("data"), &["--log-format", "json", "--access-log"], &[]);
+    let http = reqwest::Client::new();
+    let url = format!("{}/logged", s.base);
+    let r = http.put(&url).header("content-type", "text/plain").send().await.expect("create");
+    assert_eq!(r.status(), 201);
+    let r = http
+        .post(&url)
+        .header("content-type", "text/plain")
+        .header("producer-id", "writer-7")
+        .header("producer-epoch", "3")
+        .header("producer-seq", "0")
+        .header("authorization", "Bearer secret-token-value")
+        .body("hello")
+        .send()
+        .await
+        .expect("append");
+    assert_eq!(r.status(), 200);
+    let r = http.post(&url).header("content-type", "application/json").body("[1]").send().await.expect("append");
+    assert_eq!(r.status(), 409);
+    let r = http.get(format!("{url}?offset=-1&sig=c2lnbmF0dXJl&expires=9")).send().await.expect("read");
+    assert_eq!(r.text().await.expect("body"), "hello");
+    // A long-poll that ends by its timeout... without waiting 20 s: one that finds data at once.
+    let r = http.get(format!("{url}?offset=-1&live=long-poll")).send().await.expect("long-poll");
+    assert_eq!(r.text().await.expect("body"), "hello");
+    s.wait_for("long-poll request", |l| l.contains("live=long-poll") && l.contains("\"request\""));
+    let lines = s.stop();
+    assert!(lines.iter().all(|l| !l.contains("secret-token-value") && !l.contains("c2lnbmF0dXJl")), "{lines:#?}");
+    let events = json_lines(&lines);
+    let requests: Vec<&Value> = events.iter().filter(|v| v["message"] == "request").collect();
+    assert_eq!(requests.len(), 5, "{requests:#?}");
+    for r in &requests {
+        assert_eq!(r["level"], "INFO", "{r}");
+        for key in ["method", "path", "status", "bytes", "duration_ms"] {
+            assert!(r.get(key).is_some(), "no {key} in {r}");
+        }
+    }
+    let append = requests.iter().find(|r| r["producer_id"] == "writer-7").expect("the producer's append");
+    assert_eq!((append["method"].as_str(), append["status"].as_u64()), (Some("POST"), Some(200)));
+    assert_eq!((append["producer_epoch"].as_str(), append["producer_seq"].as_str()), (Some("3"), Some("0")));
+    let refused = requests.iter().find(|r| r["status"] == 409).expect("the 409");
+    assert!(refused["reason"].as_str().is_some_and(|r| r.contains("content type")), "{refused}");
+    let read = requests.iter().find(|r| r["path"].as_str().is_some_and(|p| p.contains("sig="))).expect("the read");
+    assert!(read["path"].as_str().is_some_and(|p| p.contains("sig=***")), "{read}");
+    assert_eq!(number(read, "bytes"), 5, "{read}");
+
+    // Without --access-log: nothing per request at info.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = Serve::start(&dir.path().join("data"), &["--log-format", "json"], &[]);
+    let r = http.put(format!("{}/quiet", s.base)).send().await.expect("create");
+    assert_eq!(r.status(), 201);
+    let lines = s.stop();
+    assert!(json_lines(&lines).iter().all(|v| v["message"] != "request"), "{lines:#?}");
+}

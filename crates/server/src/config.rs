@@ -92,6 +92,9 @@ pub struct ServerConfig {
     /// The webhook signing key is replaced once it is this old; the old one stays published for
     /// an hour ([`crate::signing::RETIRED_KEY_GRACE_MS`]).
     pub webhook_key_max_age: Duration,
+    /// `--access-log`: the request log ([`crate::access_log`]) at `info`; otherwise at `debug`
+    /// (a `5xx` is always logged).
+    pub access_log: bool,
 }
 
 impl ServerConfig {
@@ -140,6 +143,7 @@ impl Default for ServerConfig {
             public_url: None,
             webhook_timeout: Duration::from_secs(10),
             webhook_key_max_age: Duration::from_secs(30 * 24 * 3600),
+            access_log: false,
         }
     }
 }

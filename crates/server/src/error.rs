@@ -262,6 +262,16 @@ fn sub_status(e: &SubApiError) -> (StatusCode, &'static str, serde_json::Value) 
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        // The reason, for the request log (crate::access_log): only errors pay for it.
+        let reason = crate::access_log::Reason(self.to_string().into());
+        let mut resp = self.render();
+        resp.extensions_mut().insert(reason);
+        resp
+    }
+}
+
+impl ApiError {
+    fn render(self) -> Response {
         let (status, mut headers) = self.status_and_headers();
         if status == StatusCode::SERVICE_UNAVAILABLE {
             // Shutting down or stopped after a storage failure: another node or a restart will do.

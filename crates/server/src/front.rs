@@ -44,6 +44,8 @@ pub struct FrontConfig {
     pub cors: CorsOrigins,
     /// Operational endpoints: neither authenticated nor counted in the request metrics.
     pub ops_paths: Vec<String>,
+    /// `--access-log`: the request log at `info` (else at `debug`; `5xx` always).
+    pub access_log: bool,
 }
 
 /// The stream operations (`/v1/stream/{path}`), called by the front service directly: see
@@ -172,6 +174,7 @@ where
         }
         let method = req.method().clone();
         let version = req.version();
+        let begun = crate::access_log::begin(&method, req.uri(), version, req.headers(), self.peer, config.access_log);
         // What the request is, decided once: access control and the handler both use it.
         let kind = Kind::of(&method, req.headers());
         if via_extensions {
@@ -199,7 +202,7 @@ where
             }
         });
         Box::pin(async move {
-            let mut resp = match fut {
+            let resp = match fut {
                 Ok(fut) => {
                     let mut resp = fut.await;
                     if direct {
@@ -210,6 +213,7 @@ where
                 Err(refused) => refused,
             };
             crate::metrics::request(&method, resp.status());
+            let mut resp = crate::access_log::finish(begun, resp);
             decorate(&mut resp, &config.cors, origin);
             close_if_unread(&mut resp, body_ended.as_deref());
             if version >= axum::http::Version::HTTP_2 {

@@ -17,6 +17,7 @@
 //! - `reply`, `body`: response helpers shared by every handler, and reading a bounded body.
 //! - [`front`]: the one service in front of the router: peer address, authentication hook,
 //!   request metrics, CORS and browser-security headers on every answer.
+//! - [`access_log`]: the request log, one line per stream request when its answer ends.
 //! - [`headers`]: CORS origins and the CORS preflight.
 //! - [`auth`]: the authentication hook point.
 //! - [`deadline_io`]: sockets whose blocked writes time out (stalled readers).
@@ -40,6 +41,7 @@
 //! Time comes from [`Clock`] (re-exported from `oncelog-storage`), so tests drive expiry and
 //! cursors by hand.
 
+pub mod access_log;
 pub mod auth;
 mod body;
 pub mod config;
@@ -101,6 +103,7 @@ pub fn app<E: Engine>(state: AppState<E>) -> Result<front::Front, ConfigError> {
         gate: auth::Gate { auth: state.auth.clone(), clock: state.clock.clone() },
         cors: state.config.cors_origins.clone(),
         ops_paths,
+        access_log: state.config.access_log,
     };
     Ok(front::Front::new(ops.with_state(state).merge(fallback), stream_route, config))
 }
