@@ -221,7 +221,7 @@ proptest! {
         for op in ops {
             now += op.wait_ms;
             let req = request(&op, now, model.tail());
-            let got = st.append(&req, &retention);
+            let got = st.append(&req, &retention, 0);
             let want = model.answer(&op, now);
             match (&got, &want) {
                 (Ok(Step::Write(w)), Ok(o)) => {
@@ -482,7 +482,7 @@ proptest! {
         around_producer in -3i64..=3,
         around_key in -3i64..=3,
     ) {
-        let retention = Retention { producer_ttl_ms, idempotency_window_ms };
+        let retention = Retention { producer_ttl_ms, idempotency_window_ms, ..Retention::default() };
         let (producers_before, keys_before) = retention.dead_at_or_before(now);
         let last = now - producer_ttl_ms + around_producer;
         let state = ProducerState { epoch: 0, last_seq: 0, receipts: Default::default(), last_active_ms: last };
