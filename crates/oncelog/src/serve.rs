@@ -153,6 +153,20 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_PRODUCER_STATE_TTL", default_value = "7d", value_parser = crate::token::parse_duration)]
     pub producer_state_ttl: std::time::Duration,
 
+    /// Live producer states one stream may hold. A Producer-Id new to the stream beyond it is
+    /// refused with 429 and Retry-After, storing nothing (see docs/WRITE-MODES.md); producers the
+    /// stream knows are never refused by it. A slot frees when a producer's state expires
+    /// (--producer-state-ttl).
+    #[arg(long, env = "ONCELOG_MAX_PRODUCERS_PER_STREAM", default_value_t = oncelog_storage::rules::Retention::DEFAULT_MAX_PRODUCERS_PER_STREAM, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_producers_per_stream: u64,
+
+    /// Producer states the server may hold across all streams (each costs memory on the log
+    /// engine: see docs/OPERATIONS.md). Beyond it a new producer is refused with 429 and
+    /// Retry-After; expired states free their slots when the sweep prunes them (once a minute).
+    /// On PostgreSQL it is counted per node (see docs/OPERATIONS.md).
+    #[arg(long, env = "ONCELOG_MAX_PRODUCERS", default_value_t = oncelog_storage::rules::Retention::DEFAULT_MAX_PRODUCERS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_producers: u64,
+
     /// How long an Idempotency-Key is remembered after its append: `24h`, `7d`, `30m`. A repeat
     /// that arrives later is taken as new data (see docs/WRITE-MODES.md).
     #[arg(long, env = "ONCELOG_IDEMPOTENCY_WINDOW", default_value = "24h", value_parser = crate::token::parse_duration)]
@@ -448,6 +462,8 @@ fn retention(args: &ServeArgs) -> oncelog_storage::rules::Retention {
     oncelog_storage::rules::Retention {
         producer_ttl_ms: ms(args.producer_state_ttl),
         idempotency_window_ms: ms(args.idempotency_window),
+        max_producers_per_stream: args.max_producers_per_stream,
+        max_producers: args.max_producers,
     }
 }
 

@@ -54,8 +54,17 @@ fn key_bytes(k: KeyId) -> [u8; 16] {
 impl Group {
     /// Locks and loads the streams `reqs` name (see the module note). With `begin`, opens the
     /// transaction on `c` too. The statements go out together, one round trip: they run in
-    /// order, so the producer and key reads (joined by path) see the rows already locked.
-    pub async fn load(c: &impl GenericClient, reqs: &[&AppendRequest], begin: bool) -> Result<Group, Fail> {
+    /// order, so the producer and key reads (joined by path) see the rows already locked. When
+    /// a request would create producer state (a producer with no live state on its stream), a
+    /// second round trip counts the stream's other live producers for
+    /// `--max-producers-per-stream` ([`StreamState::producers_elsewhere`]): a producer's first
+    /// append pays it, its later ones do not.
+    pub async fn load(
+        c: &impl GenericClient,
+        reqs: &[&AppendRequest],
+        begin: bool,
+        retention: &Retention,
+    ) -> Result<Group, Fail> {
         let mut paths: Vec<&str> = reqs.iter().map(|r| r.path.as_str()).filter(|p| text_ok(p)).collect();
         paths.sort_unstable();
         paths.dedup();
@@ -81,7 +90,7 @@ impl Group {
         let p_stmt = prepare_if(
             c,
             !p_paths.is_empty(),
-            "SELECT u.path, p.producer, p.state FROM unnest($1::text[], $2::text[]) AS u(path, name) \
+            "SELECT u.path, p.producer, p.state, p.active_ms FROM unnest($1::text[], $2::text[]) AS u(path, name) \
              JOIN streams s ON s.path = u.path JOIN producers p ON p.stream_id = s.id AND p.producer = u.name",
         )
         .await?;
@@ -121,12 +130,16 @@ impl Group {
             };
             group.streams.insert(path, staged);
         }
+        // The `active_ms` of each loaded producer row, by path: the count below counts rows by it.
+        let mut loaded_active: HashMap<&str, Vec<i64>> = HashMap::new();
         for r in &producers {
             let state = ProducerRecord::decode(r.get(2), 0).map_err(RowError::from)?.0;
             if let Some(g) = group.streams.get_mut(r.get::<_, &str>(0)) {
                 g.st.producers.insert(r.get::<_, String>(1), state);
+                loaded_active.entry(r.get::<_, &str>(0)).or_default().push(r.get(3));
             }
         }
+        group.count_other_producers(c, reqs, retention, &loaded_active).await?;
         for r in &keys {
             let raw: &[u8] = r.get(1);
             let k = KeyId(u128::from_be_bytes(raw.try_into().map_err(|_| RowError::Range("key"))?));
@@ -163,6 +176,49 @@ impl Group {
         Ok(group)
     }
 
+    /// Sets [`StreamState::producers_elsewhere`] of each stream where a request would create
+    /// producer state: its live producer rows (`active_ms` past the TTL cut, as the prune
+    /// deletes by) not loaded into its state. Under the stream's row lock, which every writer of
+    /// its producer rows holds, so the count cannot grow before the group commits (the prune
+    /// may only shrink it).
+    async fn count_other_producers(
+        &mut self,
+        c: &impl GenericClient,
+        reqs: &[&AppendRequest],
+        retention: &Retention,
+        loaded_active: &HashMap<&str, Vec<i64>>,
+    ) -> Result<(), Fail> {
+        // The earliest request time per stream: its cut counts the most rows as live.
+        let mut cuts: HashMap<&str, i64> = HashMap::new();
+        for r in reqs {
+            let Some(g) = self.streams.get(&r.path) else { continue };
+            let state = r.producer.as_ref().and_then(|p| g.st.producers.get(&p.id));
+            if rules::makes_new_producer(r, state, retention) {
+                let cut = retention.dead_at_or_before(r.now_ms).0;
+                cuts.entry(r.path.as_str()).and_modify(|c| *c = (*c).min(cut)).or_insert(cut);
+            }
+        }
+        if cuts.is_empty() {
+            return Ok(());
+        }
+        let (paths, cut_ms): (Vec<&str>, Vec<i64>) = cuts.iter().map(|(p, c)| (*p, *c)).unzip();
+        let stmt = c
+            .prepare_cached(
+                "SELECT u.path, count(*) FROM unnest($1::text[], $2::int8[]) AS u(path, cut) \
+                 JOIN streams s ON s.path = u.path JOIN producers p ON p.stream_id = s.id AND p.active_ms > u.cut \
+                 GROUP BY u.path",
+            )
+            .await?;
+        for r in c.query(&stmt, &[&paths, &cut_ms]).await? {
+            let path: &str = r.get(0);
+            let (Some(cut), Some(g)) = (cuts.get(path), self.streams.get_mut(path)) else { continue };
+            let loaded_live = loaded_active.get(path).map_or(0, |v| v.iter().filter(|a| **a > *cut).count());
+            let live = u64::try_from(r.get::<_, i64>(1)).unwrap_or(0);
+            g.st.producers_elsewhere = live.saturating_sub(loaded_live as u64);
+        }
+        Ok(())
+    }
+
     /// The stream `req` names as writers see it now (expired: absent, or gone while forks read
     /// it; the sweep removes it), its TTL slid by the request.
     fn stream(&mut self, req: &AppendRequest, shared: &Shared) -> Result<&mut Staged, AppendError> {
@@ -184,8 +240,15 @@ impl Group {
     }
 
     /// The verdict on `req` against the group's state so far, staging nothing.
-    pub fn check(&mut self, req: &AppendRequest, shared: &Shared, retention: &Retention) -> Result<(), AppendError> {
-        let verdict = self.stream(req, shared).and_then(|g| g.st.check(req, retention));
+    /// `producers_total`: this node's count of producer states across all streams.
+    pub fn check(
+        &mut self,
+        req: &AppendRequest,
+        shared: &Shared,
+        retention: &Retention,
+        producers_total: u64,
+    ) -> Result<(), AppendError> {
+        let verdict = self.stream(req, shared).and_then(|g| g.st.check(req, retention, producers_total));
         shared.seen.judged(&req.path, verdict.as_ref().err());
         verdict
     }
@@ -197,8 +260,9 @@ impl Group {
         req: &AppendRequest,
         shared: &Shared,
         retention: &Retention,
+        producers_total: u64,
     ) -> Result<AppendOutcome, AppendError> {
-        let verdict = self.stage(req, shared, retention);
+        let verdict = self.stage(req, shared, retention, producers_total);
         shared.seen.judged(&req.path, verdict.as_ref().err());
         verdict
     }
@@ -208,9 +272,10 @@ impl Group {
         req: &AppendRequest,
         shared: &Shared,
         retention: &Retention,
+        producers_total: u64,
     ) -> Result<AppendOutcome, AppendError> {
         let g = self.stream(req, shared)?;
-        let w = match g.st.append(req, retention)? {
+        let w = match g.st.append(req, retention, producers_total)? {
             Step::Answer(outcome) => return Ok(outcome),
             Step::Write(w) => w,
         };

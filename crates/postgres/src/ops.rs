@@ -334,13 +334,11 @@ impl Shared {
             return Ok(Err(e));
         }
         let reqs: Vec<&AppendRequest> = txn.appends.iter().collect();
-        let mut group = Group::load(&tx, &reqs, false).await?;
-        let outcomes =
-            match machine::transact(txn, &mut Deciding { group: &mut group, shared: self, retention: &self.retention })
-            {
-                Ok(outcomes) => outcomes,
-                Err(e) => return Ok(Err(e)),
-            };
+        let mut group = Group::load(&tx, &reqs, false, &self.retention).await?;
+        let outcomes = match machine::transact(txn, &mut Deciding::new(&mut group, self, true)) {
+            Ok(outcomes) => outcomes,
+            Err(e) => return Ok(Err(e)),
+        };
         // The last write of a key wins (one statement cannot upsert a key twice).
         let mut writes: BTreeMap<&[u8], Option<&[u8]>> = BTreeMap::new();
         for w in &txn.meta {

@@ -14,6 +14,7 @@
 //! under the row lock, like any append. A transaction the database aborts (deadlock,
 //! serialisation) is decided again from the start ([`Round::retry`]).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -169,9 +170,9 @@ impl Committer {
         let open = Unfinished(Some(self.shared.pool.get().await?));
         let c = open.client();
         let reqs: Vec<&AppendRequest> = batch.iter().map(|p| &p.req).collect();
-        let mut group = Group::load(c, &reqs, true).await?;
+        let mut group = Group::load(c, &reqs, true, &self.shared.retention).await?;
         let now = std::time::Instant::now();
-        let mut deciding = Deciding { group: &mut group, shared: &self.shared, retention: &self.shared.retention };
+        let mut deciding = Deciding::new(&mut group, &self.shared, false);
         for p in batch.drain(..) {
             round.decide(p, &mut self.lot, now, true, &mut |r| deciding.append(r));
         }
@@ -211,15 +212,40 @@ pub(crate) struct Deciding<'a> {
     pub group: &'a mut Group,
     pub shared: &'a Shared,
     pub retention: &'a Retention,
+    /// This node's count of producer states when deciding began (`--max-producers` is enforced
+    /// per node: see docs/OPERATIONS.md).
+    producers_at_start: u64,
+    /// A transaction: its checks and its appends compare the same count, so a new producer of
+    /// one append cannot refuse a later append whose check passed.
+    txn: bool,
+}
+
+impl<'a> Deciding<'a> {
+    pub fn new(group: &'a mut Group, shared: &'a Shared, txn: bool) -> Self {
+        let producers_at_start = u64::try_from(shared.stats.producers.load(Ordering::Relaxed)).unwrap_or(0);
+        Deciding { group, shared, retention: &shared.retention, producers_at_start, txn }
+    }
+
+    /// The producer count `--max-producers` is compared with: this node's count, with the
+    /// producers the group created so far (not yet committed, so not yet counted).
+    fn producers_total(&self) -> u64 {
+        if self.txn {
+            self.producers_at_start
+        } else {
+            self.producers_at_start.saturating_add(self.group.new_producers)
+        }
+    }
 }
 
 impl Appender for Deciding<'_> {
     fn append(&mut self, req: &AppendRequest) -> Result<AppendOutcome, AppendError> {
-        self.group.decide(req, self.shared, self.retention)
+        let total = self.producers_total();
+        self.group.decide(req, self.shared, self.retention, total)
     }
 
     fn check(&mut self, req: &AppendRequest) -> Result<(), AppendError> {
-        self.group.check(req, self.shared, self.retention)
+        let total = self.producers_total();
+        self.group.check(req, self.shared, self.retention, total)
     }
 
     fn diverged(&mut self, e: AppendError) -> StorageError {

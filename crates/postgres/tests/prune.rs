@@ -22,7 +22,7 @@ async fn rows(schema: &str, table: &str) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_past_their_window_and_idle_producers_are_deleted() {
     let schema = common::fresh_schema();
-    let retention = Retention { producer_ttl_ms: 60_000, idempotency_window_ms: 1_000 };
+    let retention = Retention { producer_ttl_ms: 60_000, idempotency_window_ms: 1_000, ..Retention::default() };
     let e = PgEngine::open(PgOptions { retention, ..common::options(&schema) }).await.expect("open");
     let create = CreateRequest {
         path: "k".into(),

@@ -95,14 +95,12 @@ impl ProducerState {
         next
     }
 
-    /// A producer seen for the first time, before its first accepted request.
+    /// A producer seen for the first time, before its first accepted request. Its receipts grow
+    /// as it appends (to at most [`RECEIPT_WINDOW`]) rather than starting at the full window: a
+    /// producer that appends once (most of a flood of new ids) then holds 4 receipts (64 bytes),
+    /// not 32 (512).
     pub fn new(epoch: u64) -> ProducerState {
-        ProducerState {
-            epoch,
-            last_seq: 0,
-            receipts: VecDeque::with_capacity(RECEIPT_WINDOW),
-            last_active_ms: i64::MIN,
-        }
+        ProducerState { epoch, last_seq: 0, receipts: VecDeque::new(), last_active_ms: i64::MIN }
     }
 
     /// Records in place that `(epoch, seq)` was accepted at `at_ms` (the same as

@@ -170,6 +170,11 @@ impl ApiError {
                 AppendError::IdempotencyKeyMismatch => (StatusCode::UNPROCESSABLE_ENTITY, vec![]),
                 AppendError::IdempotencyKeyWithProducer => (StatusCode::BAD_REQUEST, vec![]),
                 AppendError::PreconditionFailed { tail, closed } => precondition_failed(*tail, *closed),
+                // A slot frees when an idle producer's state expires; the total's only once the
+                // sweep prunes it (every PRUNE_EVERY): one interval is when a retry can count on it.
+                AppendError::ProducerLimit { .. } => {
+                    (StatusCode::TOO_MANY_REQUESTS, vec![h("retry-after", crate::sweeper::PRUNE_EVERY.as_secs())])
+                }
                 AppendError::Storage(e) => (storage_status(e), vec![]),
             },
             ApiError::Auth(e) => match e {

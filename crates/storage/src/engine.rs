@@ -311,8 +311,38 @@ pub enum AppendError {
     IdempotencyKeyWithProducer,
     #[error("the stream's tail is not the one If-Match names: someone wrote since; read from the tail in Stream-Next-Offset and decide again")]
     PreconditionFailed { tail: Offset, closed: bool },
+    /// A producer new to the stream beyond a producer cap ([`crate::rules::Retention`]): nothing
+    /// was stored, so the same request (same id, epoch and seq) may be sent again later.
+    #[error("{} ({} {limit}): this Producer-Id is new here and was refused, nothing was written; retry later with the same Producer-Id, epoch and seq (slots free as idle producers expire), or write as a known producer", cap.what(), cap.flag())]
+    ProducerLimit { cap: ProducerCap, limit: u64 },
     #[error(transparent)]
     Storage(#[from] StorageError),
+}
+
+/// Which cap refused a new producer ([`AppendError::ProducerLimit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProducerCap {
+    /// `--max-producers-per-stream`: live producer states on the stream.
+    PerStream,
+    /// `--max-producers`: producer states across the server's streams.
+    Total,
+}
+
+impl ProducerCap {
+    fn what(self) -> &'static str {
+        match self {
+            ProducerCap::PerStream => "too many producers on this stream",
+            ProducerCap::Total => "too many producers on this server",
+        }
+    }
+
+    /// The server flag that sets it (named in the refusal, so an operator knows what to raise).
+    pub fn flag(self) -> &'static str {
+        match self {
+            ProducerCap::PerStream => "--max-producers-per-stream",
+            ProducerCap::Total => "--max-producers",
+        }
+    }
 }
 
 /// Why a trim was refused.

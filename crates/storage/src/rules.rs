@@ -25,7 +25,10 @@
 //! 4. closure (a close-only request on a closed stream is `AlreadyClosed`, not an error);
 //! 5. content type (only when there is a body), then JSON framing;
 //! 6. `Stream-Seq`, strictly increasing byte-wise;
-//! 7. offset space.
+//! 7. offset space;
+//! 8. the producer caps ([`Retention::max_producers_per_stream`], [`Retention::max_producers`]):
+//!    a request that would create producer state beyond them is `ProducerLimit`, and only such
+//!    a request.
 
 use std::time::Duration;
 
@@ -48,7 +51,9 @@ pub const PARK_TIMEOUT: Duration = Duration::from_millis(250);
 /// How far ahead of the expected sequence number a request may be and still wait.
 pub const MAX_PARK_AHEAD: u64 = 64;
 
-/// How long write-side state is kept, set per server (`--producer-state-ttl`).
+/// How long write-side state is kept, and how much of it, set per server
+/// (`--producer-state-ttl`, `--idempotency-window`, `--max-producers-per-stream`,
+/// `--max-producers`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     /// A producer idle for longer is forgotten: treated as new by the rules at once, its state
@@ -59,6 +64,12 @@ pub struct Retention {
     /// An `Idempotency-Key` counts for this long after its append (`--idempotency-window`); a
     /// repeat that arrives later is taken as new data.
     pub idempotency_window_ms: i64,
+    /// Live producer states one stream may hold: a producer new to the stream (or whose state
+    /// expired) beyond it is refused ([`AppendError::ProducerLimit`]); a known one never is.
+    pub max_producers_per_stream: u64,
+    /// Producer states the engine may hold across all its streams, as the engine counts them
+    /// (see [`WriterState::producers_total`]).
+    pub max_producers: u64,
 }
 
 impl Retention {
@@ -66,6 +77,11 @@ impl Retention {
     pub const DEFAULT_PRODUCER_TTL_MS: i64 = 7 * 24 * 3600 * 1000;
     /// A day: longer than any client's retry schedule.
     pub const DEFAULT_IDEMPOTENCY_WINDOW_MS: i64 = 24 * 3600 * 1000;
+    /// Far more writers than one stream sees in real use (a producer per writing process), few
+    /// enough that a stream's producer states stay a few MB.
+    pub const DEFAULT_MAX_PRODUCERS_PER_STREAM: u64 = 10_000;
+    /// A few hundred MB of producer state at most (docs/OPERATIONS.md states the cost).
+    pub const DEFAULT_MAX_PRODUCERS: u64 = 1_000_000;
 
     /// Whether an idempotency key accepted at `at_ms` still counts at `now_ms`.
     pub fn key_is_live(&self, entry: &KeyEntry, now_ms: i64) -> bool {
@@ -86,6 +102,8 @@ impl Default for Retention {
         Retention {
             producer_ttl_ms: Self::DEFAULT_PRODUCER_TTL_MS,
             idempotency_window_ms: Self::DEFAULT_IDEMPOTENCY_WINDOW_MS,
+            max_producers_per_stream: Self::DEFAULT_MAX_PRODUCERS_PER_STREAM,
+            max_producers: Self::DEFAULT_MAX_PRODUCERS,
         }
     }
 }
@@ -189,15 +207,23 @@ impl AppendWrite<'_> {
 
 /// What an append is decided against besides the stream's metadata and tail: the state of the
 /// request's producer on this stream and the entry of its idempotency key, when there are
-/// (expired or not: the [`Retention`] decides).
+/// (expired or not: the [`Retention`] decides), and how many producer states the stream and the
+/// engine hold (for the caps a new producer is held to).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct WriterState<'a> {
     pub producer: Option<&'a ProducerState>,
     pub key: Option<&'a KeyEntry>,
+    /// Live producer states on the stream, compared only with
+    /// [`Retention::max_producers_per_stream`]: below the cap a count of the states held
+    /// (expired ones included) will do; the machine counts the live ones exactly at the cap.
+    pub producers_on_stream: u64,
+    /// Producer states the engine holds across all streams, as it counts them: compared with
+    /// [`Retention::max_producers`].
+    pub producers_total: u64,
 }
 
 impl<'a> WriterState<'a> {
-    /// Looks the request's producer and key up in a stream's maps.
+    /// Looks the request's producer and key up in a stream's maps (the counts are left at 0).
     pub fn of(
         req: &AppendRequest,
         producers: &'a std::collections::HashMap<String, ProducerState>,
@@ -206,8 +232,16 @@ impl<'a> WriterState<'a> {
         WriterState {
             producer: req.producer.as_ref().and_then(|p| producers.get(&p.id)),
             key: req.idempotency_key.and_then(|k| keys.as_ref()?.get(&k)),
+            producers_on_stream: 0,
+            producers_total: 0,
         }
     }
+}
+
+/// Whether `req`, if accepted, creates producer state on its stream: it names a producer with
+/// no live state there (`state`: the stream's state of that producer, if any).
+pub fn makes_new_producer(req: &AppendRequest, state: Option<&ProducerState>, retention: &Retention) -> bool {
+    req.producer.is_some() && !state.is_some_and(|s| s.is_live(req.now_ms, retention.producer_ttl_ms))
 }
 
 /// Decides an append against the stream's current state.
@@ -310,6 +344,20 @@ pub fn append<'a>(
     // 7. Offset space.
     let new_tail =
         tail.0.checked_add(req.data.len() as u64).filter(|t| *t <= Offset::MAX.0).ok_or(AppendError::OffsetOverflow)?;
+    // 8. The producer caps, last: only a request that would otherwise create producer state is
+    // refused, so no other verdict (a duplicate, a gap, a fence, a closed stream) turns into a
+    // 429, and a known producer's appends and retries never meet the caps.
+    if req.producer.is_some() && producer.is_none() {
+        if writer.producers_on_stream >= retention.max_producers_per_stream {
+            return Err(AppendError::ProducerLimit {
+                cap: ProducerCap::PerStream,
+                limit: retention.max_producers_per_stream,
+            });
+        }
+        if writer.producers_total >= retention.max_producers {
+            return Err(AppendError::ProducerLimit { cap: ProducerCap::Total, limit: retention.max_producers });
+        }
+    }
     Ok(AppendPlan::Write(AppendWrite {
         new_tail: Offset(new_tail),
         close: req.close,

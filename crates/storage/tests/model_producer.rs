@@ -158,7 +158,7 @@ impl State {
     /// releases its parked successor. Returns the answer, if one is sent now.
     fn decide(&mut self, m: &ProducerModel, i: usize, may_park: bool) -> Option<Answer> {
         let req = m.request(i);
-        let answer = match self.stream.append(&req, &Retention::default()) {
+        let answer = match self.stream.append(&req, &Retention::default(), 0) {
             Ok(Step::Write(w)) => {
                 self.log.extend_from_slice(&req.data);
                 Answer::Written { next: w.outcome.next_offset.0 }

@@ -125,17 +125,21 @@ impl path_table::Named for Box<WStream> {
 struct Staging<'a> {
     store: &'a mut Store,
     g: &'a mut Group,
+    /// The producer states held when the transaction began: its checks and its appends compare
+    /// the same count with `--max-producers` (an append's new producer must not refuse a later
+    /// append whose check passed: that would be a divergence, which stops writes).
+    producers_total: u64,
 }
 
 impl machine::Appender for Staging<'_> {
     fn append(&mut self, req: &AppendRequest) -> Result<AppendOutcome, AppendError> {
-        self.store.append(req, self.g)
+        self.store.append_counted(req, self.g, self.producers_total)
     }
 
     fn check(&mut self, req: &AppendRequest) -> Result<(), AppendError> {
         rules::shape::append(req)?;
         let w = self.store.streams.get(req.path.as_str()).ok_or(AppendError::NotFound)?;
-        w.st.check(req, &self.store.cfg.retention)
+        w.st.check(req, &self.store.cfg.retention, self.producers_total)
     }
 
     fn diverged(&mut self, e: AppendError) -> StorageError {

@@ -95,6 +95,7 @@ pub(crate) fn open(fs: Arc<dyn Fs>, cfg: StoreConfig, now_ms: i64) -> Result<(St
             meta: s.meta,
             tail: Offset(s.tail),
             producers: s.producers.into_iter().collect(),
+            producers_elsewhere: 0,
             keys: (!s.keys.is_empty()).then(|| Box::new(s.keys.into_iter().collect())),
             marks: s.marks,
         };

@@ -32,7 +32,8 @@ impl Store {
             self.drop_if_expired(&a.path, a.now_ms, g);
         }
         rules::txn_expect(&txn, |k| self.meta.get(k))?;
-        let appends = machine::transact(&txn, &mut Staging { store: self, g })?;
+        let producers_total = self.producers_held();
+        let appends = machine::transact(&txn, &mut Staging { store: self, g, producers_total })?;
         let split = is_on!(self.cfg, SplitTxn);
         if split {
             g.swap_split();
@@ -349,6 +350,23 @@ impl Store {
 
     /// Decides one append by the stream state machine and stages it as one record.
     pub(super) fn append(&mut self, req: &AppendRequest, g: &mut Group) -> Result<AppendOutcome, AppendError> {
+        self.append_counted(req, g, self.producers_held())
+    }
+
+    /// The producer states held across all streams (expired ones until the prune drops them):
+    /// what `--max-producers` is compared with.
+    pub(super) fn producers_held(&self) -> u64 {
+        self.counters.producers.load(Ordering::Relaxed)
+    }
+
+    /// [`Store::append`] with the producer count the caps compare given: a transaction's appends
+    /// are staged against the count its checks saw ([`Staging`]).
+    pub(super) fn append_counted(
+        &mut self,
+        req: &AppendRequest,
+        g: &mut Group,
+        producers_total: u64,
+    ) -> Result<AppendOutcome, AppendError> {
         rules::shape::append(req)?;
         if let Some(w) = self.streams.get(req.path.as_str()) {
             if let Err(e) = rules::writable(w.st.meta.soft_deleted, w.shared.expired(req.now_ms), w.shared.forks()) {
@@ -361,7 +379,7 @@ impl Store {
         if rules::write_slides_ttl(req, &w.st.meta) {
             w.shared.touch(req.now_ms);
         }
-        let written = match w.st.append(req, &self.cfg.retention)? {
+        let written = match w.st.append(req, &self.cfg.retention, producers_total)? {
             Step::Answer(outcome) => return Ok(outcome),
             Step::Write(written) => written,
         };

@@ -79,7 +79,9 @@ impl ProducerRecord {
                 ends.push(r);
             }
         }
-        let mut receipts = VecDeque::with_capacity(RECEIPT_WINDOW);
+        // As many as stored, not the whole window: a restart does not grow every idle
+        // producer's state to the full window (see `ProducerState::new`).
+        let mut receipts = VecDeque::with_capacity(n);
         for end in ends {
             let digest = if v2 { BodyDigest(d.u64()?) } else { BodyDigest::UNKNOWN };
             receipts.push_front(Receipt { end: Offset(end), digest });

@@ -100,6 +100,7 @@ macro_rules! __contract_all_cases {
             writes::idle_producer_state_expires,
             writes::idempotency_keys,
             writes::idle_writer_state_is_pruned,
+            writes::a_new_producer_beyond_the_stream_cap_is_refused,
             writes::duplicates_answer_with_their_original_offset,
             writes::out_of_order_producer_appends_wait_for_their_predecessors,
             writes::a_real_gap_is_answered_after_the_park_timeout,

@@ -292,6 +292,52 @@ pub async fn idle_writer_state_is_pruned<H: Harness>() {
     assert!(window < ttl, "the key window ends before the producer TTL in this case");
 }
 
+/// `--max-producers-per-stream` (at its default): once a stream holds that many live producers,
+/// a new one is refused with nothing written, while a known producer's next append and retries
+/// go on; a producer whose state expired frees its slot at once (no prune needed), and other
+/// streams are not affected.
+pub async fn a_new_producer_beyond_the_stream_cap_is_refused<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    let cap = crate::rules::Retention::DEFAULT_MAX_PRODUCERS_PER_STREAM;
+    let ttl = crate::rules::Retention::DEFAULT_PRODUCER_TTL_MS;
+    let at = |req: AppendRequest, now_ms: i64| AppendRequest { now_ms, ..req };
+    create(e, create_req("s", "text/plain")).await;
+    create(e, create_req("other", "text/plain")).await;
+    // One known producer, then the rest of the cap, 500 at a time (both engines group them;
+    // all at once would queue past PostgreSQL's request deadline).
+    append(e, at(produce("s", "k", "known", 0, 0), 10)).await;
+    let ids: Vec<String> = (1..cap).map(|i| format!("filler-{i}")).collect();
+    for chunk in ids.chunks(500) {
+        let fill = chunk.iter().map(|id| e.append(at(produce("s", "f", id, 0, 0), 0)));
+        for out in futures_util::future::join_all(fill).await {
+            assert_eq!(out.expect("a producer below the cap").status, AppendStatus::Appended);
+        }
+    }
+    let tail = e.head("s", 20).await.expect("head").tail;
+    assert_eq!(tail, Offset(cap));
+    // A new producer at the cap: refused, naming the cap, and nothing written.
+    match e.append(at(produce("s", "n", "newcomer", 0, 0), 20)).await {
+        Err(AppendError::ProducerLimit { cap: ProducerCap::PerStream, limit }) => assert_eq!(limit, cap),
+        other => panic!("a new producer at the cap: {other:?}"),
+    }
+    assert_eq!(e.head("s", 20).await.expect("head").tail, tail, "the refusal wrote nothing");
+    // The known producer is never refused: its next append, then its retry (a duplicate).
+    let next = append(e, at(produce("s", "k", "known", 0, 1), 30)).await;
+    assert_eq!((next.status, next.next_offset), (AppendStatus::Appended, Offset(cap + 1)));
+    let retry = append(e, at(produce("s", "k", "known", 0, 1), 40)).await;
+    assert_eq!((retry.status, retry.next_offset), (AppendStatus::Duplicate, Offset(cap + 1)));
+    // The cap is per stream.
+    assert_eq!(append(e, at(produce("other", "o", "newcomer", 0, 0), 40)).await.status, AppendStatus::Appended);
+    // Once the fillers' states expired, their slots are free, before any prune: the refused
+    // producer's same request is accepted, once.
+    let later = ttl + 1;
+    let admitted = append(e, at(produce("s", "n", "newcomer", 0, 0), later)).await;
+    assert_eq!((admitted.status, admitted.next_offset), (AppendStatus::Appended, Offset(cap + 2)));
+    let retry = append(e, at(produce("s", "n", "newcomer", 0, 0), later)).await;
+    assert_eq!(retry.status, AppendStatus::Duplicate);
+}
+
 pub async fn duplicates_answer_with_their_original_offset<H: Harness>() {
     let mut h = H::open().await;
     create(h.engine(), create_req("s", "text/plain")).await;

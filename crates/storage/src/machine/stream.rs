@@ -19,6 +19,10 @@ pub struct StreamState {
     pub meta: StreamMeta,
     pub tail: Offset,
     pub producers: HashMap<String, ProducerState>,
+    /// Live producer states on the stream that `producers` does not hold: PostgreSQL loads only
+    /// the states a group's requests name and counts the others when a request may create one
+    /// (for `--max-producers-per-stream`); the log engine holds them all (0).
+    pub producers_elsewhere: u64,
     pub keys: IdempotencyKeys,
     pub marks: TimeMarks,
 }
@@ -112,7 +116,14 @@ pub struct Pruned {
 impl StreamState {
     /// A stream with no writer state yet.
     pub fn new(meta: StreamMeta, tail: Offset) -> StreamState {
-        StreamState { meta, tail, producers: HashMap::new(), keys: None, marks: TimeMarks::new() }
+        StreamState {
+            meta,
+            tail,
+            producers: HashMap::new(),
+            producers_elsewhere: 0,
+            keys: None,
+            marks: TimeMarks::new(),
+        }
     }
 
     /// What readers see of it.
@@ -120,16 +131,43 @@ impl StreamState {
         self.meta.info(self.tail)
     }
 
+    /// What `req` is decided against: its producer's state and its key's entry, and the producer
+    /// counts the caps compare (`producers_total`: the engine's count across its streams).
+    fn writer(&self, req: &AppendRequest, retention: &Retention, producers_total: u64) -> WriterState<'_> {
+        let mut writer = WriterState::of(req, &self.producers, &self.keys);
+        writer.producers_total = producers_total;
+        let held = self.producers_elsewhere.saturating_add(self.producers.len() as u64);
+        writer.producers_on_stream = if held >= retention.max_producers_per_stream
+            && rules::makes_new_producer(req, writer.producer, retention)
+        {
+            // At the cap, for a request that would add a producer: count only the live
+            // states, so expired ones free their slot at once, not at the next prune. A scan
+            // of at most the cap's size, and only for a refusal or a slot just freed.
+            let live = self.producers.values().filter(|s| s.is_live(req.now_ms, retention.producer_ttl_ms)).count();
+            self.producers_elsewhere.saturating_add(live as u64)
+        } else {
+            held
+        };
+        writer
+    }
+
     /// The rules' verdict on `req`, changing nothing (a transaction checks every append first).
-    pub fn check(&self, req: &AppendRequest, retention: &Retention) -> Result<(), AppendError> {
-        let writer = WriterState::of(req, &self.producers, &self.keys);
+    /// `producers_total`: the producer states the engine holds across its streams.
+    pub fn check(&self, req: &AppendRequest, retention: &Retention, producers_total: u64) -> Result<(), AppendError> {
+        let writer = self.writer(req, retention, producers_total);
         rules::append(&self.meta, self.tail, writer, req, retention).map(drop)
     }
 
     /// Decides `req` by [`rules::append`] and, when it is accepted, applies every effect to this
-    /// state ([`StreamState::apply`]).
-    pub fn append<'a>(&mut self, req: &'a AppendRequest, retention: &Retention) -> Result<Step<'a>, AppendError> {
-        let writer = WriterState::of(req, &self.producers, &self.keys);
+    /// state ([`StreamState::apply`]). `producers_total`: the producer states the engine holds
+    /// across its streams (for [`Retention::max_producers`]).
+    pub fn append<'a>(
+        &mut self,
+        req: &'a AppendRequest,
+        retention: &Retention,
+        producers_total: u64,
+    ) -> Result<Step<'a>, AppendError> {
+        let writer = self.writer(req, retention, producers_total);
         let w = match rules::append(&self.meta, self.tail, writer, req, retention)? {
             AppendPlan::Answer(outcome) => return Ok(Step::Answer(outcome)),
             AppendPlan::Write(w) => w,
@@ -272,7 +310,7 @@ mod tests {
     fn an_accepted_append_changes_every_part_of_the_state_at_once() {
         let mut st = StreamState::new(meta(), Offset::ZERO);
         let r = req(Some(("p", 0)), None, 1_000);
-        let Step::Write(w) = st.append(&r, &Retention::default()).expect("accepted") else { panic!("not written") };
+        let Step::Write(w) = st.append(&r, &Retention::default(), 0).expect("accepted") else { panic!("not written") };
         assert_eq!((w.outcome.next_offset, w.outcome.producer, w.new_producer), (Offset(3), Some((0, 0)), true));
         assert_eq!(w.effects.producer.map(|p| p.id), Some("p"));
         assert_eq!((w.effects.write_time, w.marks), (Some(1_000), MarkChange::Started));
@@ -284,17 +322,17 @@ mod tests {
         assert_eq!(st.producers.get("p").map(|s| (s.epoch, s.last_seq)), Some((0, 0)));
         // A retry is answered from the state, and changes nothing.
         let before = st.clone();
-        assert!(matches!(st.append(&r, &Retention::default()), Ok(Step::Answer(o)) if o.next_offset == Offset(3)));
+        assert!(matches!(st.append(&r, &Retention::default(), 0), Ok(Step::Answer(o)) if o.next_offset == Offset(3)));
         assert_eq!(st, before);
         // A keyed append remembers its key.
         let k = req(None, Some(7), 2_000);
-        assert!(matches!(st.append(&k, &Retention::default()), Ok(Step::Write(_))));
+        assert!(matches!(st.append(&k, &Retention::default(), 0), Ok(Step::Write(_))));
         assert_eq!(st.keys.as_ref().and_then(|m| m.get(&KeyId(7))).map(|e| e.end), Some(Offset(6)));
     }
 
     #[test]
     fn pruning_drops_what_the_rules_already_ignore_and_says_what() {
-        let retention = Retention { producer_ttl_ms: 1_000, idempotency_window_ms: 500 };
+        let retention = Retention { producer_ttl_ms: 1_000, idempotency_window_ms: 500, ..Retention::default() };
         let mut st = StreamState::new(meta(), Offset::ZERO);
         for r in [
             req(Some(("old", 0)), None, 0),
@@ -302,7 +340,7 @@ mod tests {
             req(Some(("new", 0)), None, 900),
             req(None, Some(2), 900),
         ] {
-            assert!(matches!(st.append(&r, &retention), Ok(Step::Write(_))));
+            assert!(matches!(st.append(&r, &retention, 0), Ok(Step::Write(_))));
         }
         let pruned = st.prune(1_000, &retention);
         assert_eq!(pruned, Pruned { producers: vec!["old".into()], keys: vec![KeyId(1)] });

@@ -221,7 +221,7 @@ proptest! {
         for op in ops {
             now += op.wait_ms;
             let req = request(&op, now, model.tail());
-            let got = st.append(&req, &retention);
+            let got = st.append(&req, &retention, 0);
             let want = model.answer(&op, now);
             match (&got, &want) {
                 (Ok(Step::Write(w)), Ok(o)) => {
@@ -482,7 +482,7 @@ proptest! {
         around_producer in -3i64..=3,
         around_key in -3i64..=3,
     ) {
-        let retention = Retention { producer_ttl_ms, idempotency_window_ms };
+        let retention = Retention { producer_ttl_ms, idempotency_window_ms, ..Retention::default() };
         let (producers_before, keys_before) = retention.dead_at_or_before(now);
         let last = now - producer_ttl_ms + around_producer;
         let state = ProducerState { epoch: 0, last_seq: 0, receipts: Default::default(), last_active_ms: last };
@@ -491,4 +491,50 @@ proptest! {
         let entry = KeyEntry { end: Offset(1), digest: oncelog_protocol::digest::BodyDigest::of(b"x"), at_ms: at };
         prop_assert_eq!(at <= keys_before, !retention.key_is_live(&entry, now));
     }
+}
+
+/// The producer caps refuse only what would create producer state, after every other check: at
+/// the cap a new producer's gap is still a gap and a closed stream still answers closed, and a
+/// known producer (a live state) is never refused, however full the stream or the server.
+#[test]
+fn the_producer_caps_come_last_and_spare_known_producers() {
+    let retention = Retention { max_producers_per_stream: 2, max_producers: 5, ..Retention::default() };
+    let m = meta("text/plain");
+    let produce = |id: &str, seq: u64| {
+        let mut r = AppendRequest::plain("s", "text/plain", false, Bytes::from_static(b"x"), 10);
+        r.producer = Some(ProducerHeaders { id: id.into(), epoch: 0, seq });
+        r
+    };
+    let full =
+        |on_stream, total| WriterState { producers_on_stream: on_stream, producers_total: total, ..Default::default() };
+    let verdict =
+        |m: &StreamMeta, w: WriterState<'_>, r: &AppendRequest| append(m, Offset(1), w, r, &retention).map(drop);
+    let new = produce("new", 0);
+    assert!(matches!(
+        verdict(&m, full(2, 0), &new),
+        Err(AppendError::ProducerLimit { cap: ProducerCap::PerStream, limit: 2 })
+    ));
+    assert!(matches!(
+        verdict(&m, full(0, 5), &new),
+        Err(AppendError::ProducerLimit { cap: ProducerCap::Total, limit: 5 })
+    ));
+    assert!(verdict(&m, full(1, 4), &new).is_ok(), "below both caps");
+    assert!(matches!(verdict(&m, full(2, 5), &produce("new", 1)), Err(AppendError::ProducerSeqGap { .. })));
+    let mut closed = m.clone();
+    closed.closed = true;
+    assert!(matches!(verdict(&closed, full(2, 5), &new), Err(AppendError::Closed { .. })));
+    // A known producer: its next seq and its retry, at both caps.
+    let known = ProducerState::accepted(
+        None,
+        0,
+        0,
+        oncelog_protocol::producer::Receipt { end: Offset(1), digest: BodyDigest::of(b"x") },
+        5,
+    );
+    let w = WriterState { producer: Some(&known), ..full(2, 5) };
+    assert!(matches!(append(&m, Offset(1), w, &produce("new", 1), &retention), Ok(AppendPlan::Write(_))));
+    assert!(matches!(append(&m, Offset(1), w, &produce("new", 0), &retention), Ok(AppendPlan::Answer(_))));
+    // The same state once expired is a new producer again, and meets the cap.
+    let late = AppendRequest { now_ms: 5 + retention.producer_ttl_ms, ..produce("new", 0) };
+    assert!(matches!(append(&m, Offset(1), w, &late, &retention), Err(AppendError::ProducerLimit { .. })));
 }
