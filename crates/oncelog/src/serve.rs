@@ -232,6 +232,20 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_METRICS_STREAMS_MAX", default_value_t = 100)]
     metrics_streams_max: usize,
 
+    /// Serve the metrics path only on a listener of its own at this address (plain HTTP, e.g.
+    /// 127.0.0.1:9090), not on the main listener. Off by default (the main listener serves it).
+    #[arg(long, env = "ONCELOG_METRICS_ADDR", value_name = "ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
+
+    /// Most subscriptions that may exist, in all; a create beyond is refused `429`.
+    #[arg(long, env = "ONCELOG_MAX_SUBSCRIPTIONS", default_value_t = 10_000)]
+    max_subscriptions: usize,
+
+    /// With access control: most subscriptions under one prefix grant of the creating token
+    /// (what its pattern, streams and wake stream lie under); a create beyond is refused `403`.
+    #[arg(long, env = "ONCELOG_MAX_SUBSCRIPTIONS_PER_PREFIX", default_value_t = 1_000)]
+    max_subscriptions_per_prefix: usize,
+
     /// Path of the liveness probe (200 while the process serves).
     #[arg(long, env = "ONCELOG_HEALTHZ_PATH", default_value = "/healthz")]
     healthz_path: String,
@@ -372,6 +386,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         metrics_path: args.metrics.then(|| args.metrics_path.clone()),
         metrics_streams: args.metrics_streams.clone(),
         metrics_streams_max: args.metrics_streams_max,
+        metrics_addr: args.metrics_addr,
+        max_subscriptions: args.max_subscriptions,
+        max_subscriptions_per_prefix: args.max_subscriptions_per_prefix,
         max_connections: fit_connections(args.max_connections),
         header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         body_read_timeout: Duration::from_millis(args.body_read_timeout_ms),

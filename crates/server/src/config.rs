@@ -43,6 +43,14 @@ pub struct ServerConfig {
     /// Most streams given their own series (`--metrics-streams-max`); the rest are summed into
     /// one overflow series.
     pub metrics_streams_max: usize,
+    /// Serve the metrics path on a listener of its own at this address (`--metrics-addr`,
+    /// plain HTTP) and not on the main one; `None`: on the main one.
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Subscriptions that may exist, in all (`--max-subscriptions`); a create beyond is `429`.
+    pub max_subscriptions: usize,
+    /// Subscriptions under one prefix grant of a token (`--max-subscriptions-per-prefix`); a
+    /// create beyond is `403`. Only prefix-confined tokens have a share.
+    pub max_subscriptions_per_prefix: usize,
     /// Connections served at once; beyond it the listener waits for one to close.
     pub max_connections: usize,
     /// Time an HTTP/1 client gets to send a request's headers; also how long an idle keep-alive
@@ -124,6 +132,9 @@ impl Default for ServerConfig {
             metrics_path: Some("/metrics".into()),
             metrics_streams: None,
             metrics_streams_max: 100,
+            metrics_addr: None,
+            max_subscriptions: 10_000,
+            max_subscriptions_per_prefix: 1_000,
             max_connections: 16_384,
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
@@ -203,6 +214,9 @@ impl ServerConfig {
         }
         if self.max_connections == 0 {
             return Err(ConfigError::Zero("max connections"));
+        }
+        if self.max_subscriptions == 0 || self.max_subscriptions_per_prefix == 0 {
+            return Err(ConfigError::Zero("max subscriptions"));
         }
         if self.max_live_readers == 0 || self.max_live_readers_per_stream == 0 {
             return Err(ConfigError::Zero("max live readers"));

@@ -240,6 +240,12 @@ fn sub_status(e: &SubApiError) -> (StatusCode, &'static str, serde_json::Value) 
             }
             // Another server changed it first (several servers over one backend): try again.
             SubError::Conflict => (StatusCode::SERVICE_UNAVAILABLE, "CONFLICT", none),
+            SubError::TooMany { max } => {
+                (StatusCode::TOO_MANY_REQUESTS, "TOO_MANY_SUBSCRIPTIONS", json!({ "max": max }))
+            }
+            SubError::ShareUsed { prefix, max } => {
+                (StatusCode::FORBIDDEN, "SUBSCRIPTION_SHARE_USED", json!({ "prefix": prefix, "max": max }))
+            }
             SubError::Storage(s) => (storage_status(s), "STORAGE_ERROR", none),
         },
         SubApiError::Wire(WireError::Offset { stream }) => {

@@ -95,7 +95,8 @@ pub fn app<E: Engine>(state: AppState<E>) -> Result<front::Front, ConfigError> {
         .route(&state.config.healthz_path, get(ops::healthz))
         .route(&state.config.readyz_path, get(ops::readyz::<E>));
     let mut ops_paths = vec![state.config.healthz_path.clone(), state.config.readyz_path.clone()];
-    if let Some(path) = &state.config.metrics_path {
+    // With a metrics listener of its own (`--metrics-addr`) the path is not served here.
+    if let Some(path) = state.config.metrics_path.as_ref().filter(|_| state.config.metrics_addr.is_none()) {
         ops = ops.route(path, get(ops::metrics::<E>));
         ops_paths.push(path.clone());
     }
@@ -108,6 +109,23 @@ pub fn app<E: Engine>(state: AppState<E>) -> Result<front::Front, ConfigError> {
     Ok(front::Front::new(ops.with_state(state).merge(fallback), stream_route, config))
 }
 
+/// The service of the metrics listener (`--metrics-addr`): the metrics path, and a 404 for
+/// everything else, streams included. `None` when metrics are off.
+pub fn metrics_app<E: Engine>(state: AppState<E>) -> Option<front::Front> {
+    let path = state.config.metrics_path.clone()?;
+    let fallback = Router::new().fallback(handlers::no_route).with_state(state.clone());
+    let router = Router::new().route(&path, get(ops::metrics::<E>)).with_state(state.clone()).merge(fallback);
+    let no_streams: front::StreamRoute = std::sync::Arc::new(|_, _| {
+        Box::pin(async { axum::response::IntoResponse::into_response(error::ApiError::NoRoute) })
+    });
+    let config = front::FrontConfig {
+        gate: auth::Gate { auth: state.auth.clone(), clock: state.clock.clone() },
+        cors: state.config.cors_origins.clone(),
+        ops_paths: vec![path],
+    };
+    Some(front::Front::new(router, no_streams, config))
+}
+
 /// Why [`serve`] stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -117,6 +135,8 @@ pub enum ServeError {
     Tls(#[from] tls::TlsError),
     #[error("storage did not shut down cleanly: {0}")]
     Storage(#[from] StorageError),
+    #[error("metrics listener on {addr}: {source}")]
+    MetricsListener { addr: std::net::SocketAddr, source: std::io::Error },
 }
 
 /// Serves `state` on `listener` until `shutdown` completes; then stops accepting, turns
@@ -141,15 +161,30 @@ pub async fn serve<E: Engine>(
         let scheme = if tls.is_some() { "https" } else { "http" };
         let _ = state.base_url.set(format!("{scheme}://{addr}"));
     }
-    let sweeper = sweeper::spawn(&state);
-    let dispatcher = subs::dispatch::spawn(&state);
-    let limits = listen::Limits {
+    let limits = || listen::Limits {
         max_connections: state.config.max_connections,
         header_read_timeout: state.config.header_read_timeout,
         write_timeout: state.config.write_timeout,
         h2_ping_interval: state.config.h2_ping_interval,
         h2_ping_timeout: state.config.h2_ping_timeout,
     };
+    let metrics_listener = match (state.config.metrics_addr, metrics_app(state.clone())) {
+        (Some(addr), Some(front)) => {
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::MetricsListener { addr, source })?;
+            if let Ok(bound) = l.local_addr() {
+                let _ = state.metrics_addr.set(bound);
+                tracing::info!(%bound, "metrics served on their own listener");
+            }
+            let grace = state.config.shutdown_grace;
+            Some(tokio::spawn(listen::run(l, front, limits(), None, std::future::pending(), grace)))
+        }
+        _ => None,
+    };
+    let sweeper = sweeper::spawn(&state);
+    let dispatcher = subs::dispatch::spawn(&state);
+    let limits = limits();
     let draining = state.draining.clone();
     let stop = async move {
         shutdown.await;
@@ -162,6 +197,9 @@ pub async fn serve<E: Engine>(
     }
     sweeper.abort();
     dispatcher.abort();
+    if let Some(m) = metrics_listener {
+        m.abort();
+    }
     if let Some((_, reloader)) = tls {
         reloader.abort();
     }

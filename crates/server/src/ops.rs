@@ -29,18 +29,19 @@ pub async fn readyz<E: Engine>(State(st): State<AppState<E>>) -> Response {
     }
 }
 
-/// The Prometheus scrape. Subscription lag is computed now, from the subscriptions and their
-/// streams as they are (not kept between scrapes).
+/// The Prometheus scrape. Subscription lag is the last computation when it is younger than
+/// [`metrics::LAG_REFRESH_MS`], else computed now and kept for the scrapes that follow: a
+/// scrape costs the series it prints, not a look at every subscription's streams.
 pub async fn metrics<E: Engine>(State(st): State<AppState<E>>) -> Response {
     let Some(handle) = &st.metrics else {
         return (StatusCode::NOT_FOUND, [TEXT], "metrics are switched off\n").into_response();
     };
-    let lags = match st.subs.lags(metrics::MAX_LAG_SERIES, st.clock.now_ms()).await {
+    let lags = match st.subs.lags_cached(metrics::MAX_LAG_SERIES, metrics::LAG_REFRESH_MS, st.clock.now_ms()).await {
         Ok(l) => l,
         Err(e) => {
             // The rest of the scrape is still worth having; the lag series are missing from it.
             tracing::debug!(error = %e, "subscription lag not computed for this scrape");
-            Vec::new()
+            Default::default()
         }
     };
     let scrape = metrics::Scrape {

@@ -44,6 +44,9 @@ pub struct Shared<E> {
     /// The listening address as a URL, set by [`crate::serve`]: the default of
     /// [`ServerConfig::public_url`].
     pub base_url: Arc<std::sync::OnceLock<String>>,
+    /// Where the metrics listener of its own (`--metrics-addr`) listens, set by
+    /// [`crate::serve`] once bound (the port an address with port 0 got).
+    pub metrics_addr: Arc<std::sync::OnceLock<std::net::SocketAddr>>,
 }
 
 impl<E> Clone for AppState<E> {
@@ -76,6 +79,7 @@ impl<E> Shared<E> {
             subs: self.subs.clone(),
             sub_keys: self.sub_keys.clone(),
             base_url: self.base_url.clone(),
+            metrics_addr: self.metrics_addr.clone(),
         }
     }
 
@@ -101,6 +105,7 @@ impl<E: Engine> AppState<E> {
             subs: Arc::new(oncelog_subscriptions::Subscriptions::new(engine.clone())),
             sub_keys: Arc::default(),
             base_url: Arc::default(),
+            metrics_addr: Arc::default(),
             engine,
             config: Arc::new(config),
             clock: Arc::new(SystemClock::default()),

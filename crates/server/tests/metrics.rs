@@ -6,9 +6,10 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use oncelog_server::ServerConfig;
+use oncelog_server::{ManualClock, ServerConfig};
 use serde_json::{json, Value};
 
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -177,7 +178,10 @@ async fn post(http: &reqwest::Client, url: String, body: &'static str) -> String
 async fn every_metric_has_help_lag_follows_acks_and_the_dashboard_queries_documented_metrics() {
     let _serial = SERIAL.lock().await;
     let config = ServerConfig { metrics_streams: Some("dash/*".into()), ..ServerConfig::default() };
-    let s = common::TestServer::start(config, None).await;
+    // Lag is computed at most every LAG_REFRESH_MS: the clock moves past it between scrapes.
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let s = common::TestServer::start(config, Some(clock.clone())).await;
+    let refresh = || clock.advance_ms(oncelog_server::metrics::LAG_REFRESH_MS);
     let http = reqwest::Client::new();
     // Something of every kind: appends, a live reader, a subscription with work pending.
     for (p, ct) in [("dash/a", "text/plain"), ("wake", "application/json"), ("jobs/a", "text/plain")] {
@@ -230,11 +234,13 @@ async fn every_metric_has_help_lag_follows_acks_and_the_dashboard_queries_docume
         .await
         .expect("ack");
     assert_eq!(r.status().as_u16(), 200);
+    refresh();
     let acked = scrape(&http, &s).await;
     assert!(acked.contains("oncelog_subscription_lag_bytes{subscription=\"lagging\"} 0\n"), "{acked}");
     assert!(acked.contains("oncelog_subscription_pending_streams{subscription=\"lagging\"} 0\n"), "{acked}");
     // Gone with the subscription, not frozen at its last value.
     http.delete(s.url("__ds/subscriptions/lagging")).send().await.expect("delete");
+    refresh();
     assert!(!scrape(&http, &s).await.contains("subscription=\"lagging\""));
 
     // The dashboard is JSON, and every metric it queries is one the README documents.
@@ -380,4 +386,106 @@ async fn a_catch_up_of_large_appends_is_sent_with_sendfile() {
     // memory up to the first full page of the socket buffer), so allow one piece's worth less.
     assert!(sent >= (3u64 << 20) as f64, "sent with sendfile: {sent} of {} bytes", all.len());
     assert!(sent <= all.len() as f64, "never more than the body: {sent}");
+}
+
+/// A server over a log engine in `dir`, whose state the test keeps (to count what its
+/// subscriptions look up, or to learn where the metrics listener went).
+async fn start_kept(
+    dir: &tempfile::TempDir,
+    config: ServerConfig,
+    clock: Arc<ManualClock>,
+) -> (oncelog_server::AppState<oncelog_log::LogEngine>, String) {
+    let engine = oncelog_log::LogEngine::open(oncelog_log::LogOptions::new(dir.path())).expect("engine");
+    let state = oncelog_server::AppState::new(Arc::new(engine), config).with_clock(clock);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let origin = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(oncelog_server::serve(listener, state.clone(), std::future::pending()));
+    (state, origin)
+}
+
+/// Scrapes cost what they print: the lag of every subscription (a listing of its pattern's
+/// streams, a lookup of each named stream) is computed at most once per `LAG_REFRESH_MS`, for
+/// all scrapes in between and all concurrent ones; and subscriptions of one pattern share its
+/// listing. Counted in the service's engine lookups, not timed. Before, every scrape made every
+/// subscription's lookups: four anonymous scrapers took the machine at 128 subscriptions.
+#[tokio::test]
+async fn a_scrape_costs_what_it_prints_not_a_look_at_every_subscription() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let (state, origin) = start_kept(&dir, ServerConfig::default(), clock.clone()).await;
+    let http = reqwest::Client::new();
+    let url = |p: &str| format!("{origin}/v1/stream/{p}");
+    http.put(url("wake")).header("content-type", "application/json").send().await.expect("put");
+    for i in 0..50 {
+        http.put(url(&format!("m/{i}"))).header("content-type", "text/plain").body("x").send().await.expect("put");
+    }
+    const SUBS: u64 = 20;
+    for i in 0..SUBS {
+        let cfg =
+            json!({ "type": "pull-wake", "pattern": "m/*", "streams": [format!("named/{i}")], "wake_stream": "wake" });
+        let r = http.put(url(&format!("__ds/subscriptions/s{i}"))).body(cfg.to_string()).send().await.expect("sub");
+        assert!(r.status().is_success(), "{}", r.status());
+    }
+    let scrape = || async {
+        let r = http.get(format!("{origin}/metrics")).send().await.expect("scrape");
+        assert_eq!(r.status(), reqwest::StatusCode::OK);
+        r.text().await.expect("text")
+    };
+    let lookups = || state.subs.lookups();
+
+    let start = lookups();
+    let first = scrape().await;
+    assert_eq!(sample(&first, "oncelog_subscription_lag_bytes{subscription=\"s3\"}"), 0.0, "{first}");
+    let one_pass = lookups() - start;
+    // One listing of `m/` for all twenty, and one lookup of each named stream.
+    assert_eq!(one_pass, 1 + SUBS, "one computation's lookups");
+    for _ in 0..10 {
+        scrape().await;
+    }
+    futures_util::future::join_all((0..4).map(|_| scrape())).await;
+    assert_eq!(lookups() - start, one_pass, "scrapes within the refresh interval look nothing up");
+
+    // New data shows after the interval, computed once for four concurrent scrapers.
+    // (The append wakes the subscriptions, which looks at their streams: counted apart.)
+    http.post(url("m/3")).header("content-type", "text/plain").body("hello").send().await.expect("append");
+    clock.advance_ms(oncelog_server::metrics::LAG_REFRESH_MS);
+    let start = lookups();
+    let scrapes = futures_util::future::join_all((0..4).map(|_| scrape())).await;
+    assert_eq!(lookups() - start, one_pass, "one computation for concurrent scrapers");
+    for s in &scrapes {
+        assert_eq!(sample(s, "oncelog_subscription_lag_bytes{subscription=\"s3\"}"), 5.0, "{s}");
+    }
+}
+
+/// `--metrics-addr`: the scrape is served on a listener of its own (nothing else is), and no
+/// longer on the public one.
+#[tokio::test]
+async fn metrics_can_be_served_on_a_listener_of_their_own_only() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let clock = Arc::new(ManualClock::new(1_700_000_000_000));
+    let config = ServerConfig { metrics_addr: Some(([127, 0, 0, 1], 0).into()), ..ServerConfig::default() };
+    let (state, origin) = start_kept(&dir, config, clock).await;
+    let http = reqwest::Client::new();
+    let mut metrics = None;
+    for _ in 0..200 {
+        if let Some(a) = state.metrics_addr.get() {
+            metrics = Some(format!("http://{a}"));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let metrics = metrics.expect("the metrics listener is bound");
+    let r = http.get(format!("{metrics}/metrics")).send().await.expect("scrape");
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
+    assert!(r.text().await.expect("text").contains("oncelog_streams"));
+    let public = http.get(format!("{origin}/metrics")).send().await.expect("public scrape");
+    assert_eq!(public.status(), reqwest::StatusCode::NOT_FOUND, "not on the public listener");
+    assert_eq!(http.get(format!("{origin}/healthz")).send().await.expect("healthz").status(), reqwest::StatusCode::OK);
+    // The metrics listener serves nothing else: no streams, no probes.
+    let put = http.put(format!("{metrics}/v1/stream/x")).send().await.expect("put");
+    assert_eq!(put.status(), reqwest::StatusCode::NOT_FOUND);
+    let probe = http.get(format!("{metrics}/healthz")).send().await.expect("healthz");
+    assert_eq!(probe.status(), reqwest::StatusCode::NOT_FOUND);
 }

@@ -14,6 +14,11 @@
 //! `Cursor`, tag `0x01`: stream id varint, acked offset varint. Under a `curl/` key, tag `0x02`:
 //! stream id varint, acked offset varint, path str (the key names only its digest).
 //!
+//! A baseline chunk (`base/{uid:016x}/{chunk:08x}`: the tails of the streams a subscription
+//! linked at creation), tag `0x01`: count varint, then per stream, by increasing stream id, the
+//! id's increase over the previous one (the first: the id) varint and the tail varint. Absent
+//! for subscriptions created before baselines, whose starting points are `cur/` cursors.
+//!
 //! The dispatcher lease (`lease/dispatcher`), tag `0x01`: holder u64, end (Unix ms) i64.
 //!
 //! The next subscription uid (`seq/subscription`), tag `0x01`: u64. (Before tags it was the bare
@@ -167,6 +172,36 @@ pub fn decode_named_cursor(bytes: &[u8]) -> Result<(String, Cursor), DecodeError
     Ok((path, c))
 }
 
+/// One chunk of a baseline: `(stream id, tail)` pairs sorted by id.
+pub fn encode_baseline(entries: &[(u64, Offset)]) -> Vec<u8> {
+    let mut e = Encoder(Vec::with_capacity(4 + entries.len() * 4));
+    e.u8(TAG_V1).varint(entries.len() as u64);
+    let mut prev = 0;
+    for (id, tail) in entries {
+        e.varint(id - prev).varint(tail.0);
+        prev = *id;
+    }
+    e.0
+}
+
+pub fn decode_baseline(bytes: &[u8]) -> Result<Vec<(u64, Offset)>, DecodeError> {
+    let mut d = Decoder(bytes);
+    d.tag(TAG_V1)?;
+    let n = d.varint()?;
+    // Each entry takes at least two bytes: a count beyond that is damage.
+    if n > d.remaining() as u64 / 2 {
+        return Err(DecodeError::Truncated);
+    }
+    let mut out = Vec::with_capacity(n as usize);
+    let mut id = 0u64;
+    for _ in 0..n {
+        id = id.checked_add(d.varint()?).ok_or(DecodeError::InvalidValue)?;
+        out.push((id, Offset(d.varint()?)));
+    }
+    d.finish()?;
+    Ok(out)
+}
+
 /// The dispatcher lease: who holds it (a node's id) and until when (Unix ms).
 pub fn encode_lease(holder: u64, until_ms: i64) -> Vec<u8> {
     let mut e = Encoder(Vec::with_capacity(17));
@@ -276,6 +311,14 @@ mod tests {
         fn cursors_round_trip(stream_id: u64, acked: u64) {
             let c = Cursor { stream_id, acked: Offset(acked) };
             prop_assert_eq!(decode_cursor(&encode_cursor(&c)), Ok(c));
+        }
+
+        #[test]
+        fn baselines_round_trip(mut ids in proptest::collection::vec(any::<u64>(), 0..50), tail: u64) {
+            ids.sort_unstable();
+            ids.dedup();
+            let entries: Vec<(u64, Offset)> = ids.into_iter().map(|id| (id, Offset(tail))).collect();
+            prop_assert_eq!(decode_baseline(&encode_baseline(&entries)).expect("decodes"), entries);
         }
 
         #[test]

@@ -93,6 +93,10 @@ pub enum SubError {
     Append { index: usize, stream: String, error: AppendError },
     #[error("the subscription changed meanwhile; retry")]
     Conflict,
+    #[error("this server holds its most subscriptions ({max}); delete one first")]
+    TooMany { max: usize },
+    #[error("the subscriptions under {prefix:?} are at their share ({max}); delete one first")]
+    ShareUsed { prefix: String, max: usize },
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -194,6 +198,8 @@ macro_rules! __subscription_cases {
             missed_wakes_are_issued_by_the_full_pass,
             cursors_work_for_the_longest_paths,
             a_pattern_is_matched_against_each_path_once,
+            backfill_is_one_shared_baseline_not_a_cursor_per_stream,
+            subscriptions_stored_with_a_cursor_per_stream_still_load,
         }
     };
 }

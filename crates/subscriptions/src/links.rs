@@ -1,7 +1,9 @@
 //! What a subscription links now, read from the engine's streams (their heads and listings):
 //! its links, its view, a wake notice, and the next wake planned over the pending work.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use oncelog_protocol::Offset;
 
@@ -9,23 +11,41 @@ use super::config::{may_link, wake_stream};
 use super::rules::{self, Woke};
 use super::state::Entry;
 use super::{glob, Link, LinkType, SubError, SubKind, SubLag, SubView, Subscriptions, WakeNotice};
-use oncelog_storage::engine::Engine;
+use oncelog_storage::engine::{Engine, Listed};
+
+/// Listings by prefix, shared by the subscriptions of one pass ([`Subscriptions::lags`]).
+type Listings = HashMap<String, Arc<Vec<Listed>>>;
 
 impl<E: Engine> Subscriptions<E> {
     /// The linked streams of `e` now: explicit ones (also where no stream exists) and the
     /// pattern's matches, explicit first when both.
     pub(super) async fn links(&self, e: &Entry, now_ms: i64) -> Result<Vec<Link>, SubError> {
+        self.links_with(e, now_ms, &mut Listings::new()).await
+    }
+
+    /// [`Self::links`], taking the listing of a pattern's prefix from `listings` when an
+    /// earlier subscription of the same pass listed it.
+    async fn links_with(&self, e: &Entry, now_ms: i64, listings: &mut Listings) -> Result<Vec<Link>, SubError> {
         let mut out: BTreeMap<String, Link> = BTreeMap::new();
         if let Some(pattern) = &e.rec.config.pattern {
-            let listed = self.engine.list_streams(&glob::literal_prefix(pattern), now_ms).await?;
+            let prefix = glob::literal_prefix(pattern);
+            let listed = match listings.get(&prefix) {
+                Some(l) => l.clone(),
+                None => {
+                    self.lookups.fetch_add(1, Ordering::Relaxed);
+                    let l = Arc::new(self.engine.list_streams(&prefix, now_ms).await?);
+                    listings.insert(prefix, l.clone());
+                    l
+                }
+            };
             let verdicts = self.memo.verdicts(pattern, listed.iter().map(|l| l.path.as_str()));
-            for (l, matched) in listed.into_iter().zip(verdicts) {
+            for (l, matched) in listed.iter().zip(verdicts) {
                 if matched && may_link(wake_stream(&e.rec), &l.path) {
                     let acked = e.acked(&l.path, l.info.id);
                     out.insert(
                         l.path.clone(),
                         Link {
-                            path: l.path,
+                            path: l.path.clone(),
                             link_type: LinkType::Glob,
                             stream_id: l.info.id,
                             acked,
@@ -36,6 +56,7 @@ impl<E: Engine> Subscriptions<E> {
             }
         }
         for path in &e.rec.explicit {
+            self.lookups.fetch_add(1, Ordering::Relaxed);
             let (stream_id, tail) = match self.engine.head(path, now_ms).await {
                 Ok(info) => (info.id, info.tail),
                 Err(oncelog_storage::engine::LookupError::Storage(s)) => return Err(s.into()),
@@ -55,14 +76,16 @@ impl<E: Engine> Subscriptions<E> {
         Ok(self.links(e, now_ms).await?.into_iter().filter(Link::has_pending).collect())
     }
 
-    /// How far behind each of the first `max` subscriptions (by id) is now, for the metrics
-    /// scrape. Each costs what a `GET` of it costs (its pattern's streams listed, its explicit
-    /// streams looked up); the lock is held only to copy the entries.
+    /// How far behind each of the first `max` subscriptions (by id) is now. Each costs what a
+    /// `GET` of it costs (its explicit streams looked up, its pattern matched over its prefix's
+    /// streams), except that subscriptions whose patterns share a literal prefix share its
+    /// listing; the lock is held only to copy the entries (cheap: a baseline is shared).
     pub async fn lags(&self, max: usize, now_ms: i64) -> Result<Vec<SubLag>, SubError> {
         let entries: Vec<Entry> = self.lock().await?.subs.values().take(max).cloned().collect();
         let mut out = Vec::with_capacity(entries.len());
+        let mut listings = Listings::new();
         for e in &entries {
-            let links = self.links(e, now_ms).await?;
+            let links = self.links_with(e, now_ms, &mut listings).await?;
             out.push(SubLag {
                 id: e.rec.id.clone(),
                 bytes: links.iter().map(|l| l.tail.0.saturating_sub(l.acked.0)).sum(),
@@ -70,6 +93,21 @@ impl<E: Engine> Subscriptions<E> {
             });
         }
         Ok(out)
+    }
+
+    /// [`Self::lags`] as computed at most `max_age_ms` ago, for the metrics scrape: a scrape
+    /// costs what it prints, not a look at every subscription's streams. Concurrent callers
+    /// wait for one computation and share it.
+    pub async fn lags_cached(&self, max: usize, max_age_ms: i64, now_ms: i64) -> Result<Arc<Vec<SubLag>>, SubError> {
+        let mut cache = self.lag_cache.lock().await;
+        if let Some((at, lags)) = cache.as_ref() {
+            if (*at..at.saturating_add(max_age_ms)).contains(&now_ms) {
+                return Ok(lags.clone());
+            }
+        }
+        let lags = Arc::new(self.lags(max, now_ms).await?);
+        *cache = Some((now_ms, lags.clone()));
+        Ok(lags)
     }
 
     pub(super) async fn view(&self, e: &Entry, now_ms: i64) -> Result<SubView, SubError> {

@@ -6,7 +6,7 @@
 
 use bytes::Bytes;
 
-use super::state::Entry;
+use super::state::{Baseline, Entry};
 use super::{Ack, AckVia, Cursor, Fence, Link, SubConfig, SubError, SubKind, SubRecord, Wake};
 use oncelog_storage::engine::AppendRequest;
 
@@ -29,14 +29,12 @@ pub(super) fn new_record(id: &str, uid: u64, config: &SubConfig, now_ms: i64) ->
     }
 }
 
-/// Starts the cursors of `entry` at the tails of the existing streams in `links` (backfill: the
-/// work is what arrives after linking).
-pub(super) fn start_at_tails(entry: &mut Entry, links: Vec<Link>) {
-    for link in links {
-        if link.stream_id != 0 {
-            entry.cursors.insert(link.path, Cursor { stream_id: link.stream_id, acked: link.tail });
-        }
-    }
+/// Where a new subscription starts: at the tails of the existing streams in `links` (backfill:
+/// the work is what arrives after linking). Its baseline, no cursor (a cursor is written when
+/// an ack moves past it).
+pub(super) fn start_at_tails(links: Vec<Link>) -> Baseline {
+    let tails = links.into_iter().filter(|l| l.stream_id != 0).map(|l| (l.stream_id, l.tail)).collect();
+    Baseline::new(tails)
 }
 
 /// Adds `add` to the explicit links of `next` and removes `remove` (both idempotent; adds

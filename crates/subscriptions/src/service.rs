@@ -17,7 +17,7 @@
 //! Unix ms in the records, so they survive restarts.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -26,8 +26,8 @@ use tokio::sync::{Mutex, Notify};
 use super::config::linkable;
 use super::lease::take_node_id;
 use super::rules::{self, Woke};
-use super::state::{Entry, Filter, Inner, PatternMemo};
-use super::{Ack, Cursor, Fence, InvalidSub, Link, SubConfig, SubError, SubRecord, SubView};
+use super::state::{Baseline, Entry, Filter, Inner, PatternMemo};
+use super::{Ack, Cursor, Fence, InvalidSub, Link, SubConfig, SubError, SubLag, SubRecord, SubView};
 use oncelog_storage::engine::{AppendOutcome, AppendRequest, Engine};
 
 pub use super::config::{reserved, valid_id, RESERVED_PREFIX};
@@ -39,6 +39,33 @@ pub use super::lease::DISPATCH_LEASE_MS;
 pub enum PutVerdict {
     Created,
     Existing,
+}
+
+/// How many subscriptions a create may find ([`Subscriptions::put_within`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quota {
+    /// In all.
+    pub max: usize,
+    /// The creator's shares: under each of these path prefixes, at most `per_prefix`
+    /// subscriptions whose links lie there ([`counts_under`]). Empty: no share applies.
+    pub prefixes: Vec<String>,
+    pub per_prefix: usize,
+}
+
+impl Quota {
+    /// No limit at all.
+    pub fn unlimited() -> Quota {
+        Quota { max: usize::MAX, prefixes: Vec::new(), per_prefix: usize::MAX }
+    }
+}
+
+/// Whether `rec` counts toward the share of `prefix`: its pattern's literal prefix, one of its
+/// explicit links or its wake stream lies under it. A subscription whose pattern reaches beyond
+/// the prefix (`**`, an operator's) is not the prefix's.
+pub fn counts_under(rec: &SubRecord, prefix: &str) -> bool {
+    rec.config.pattern.as_deref().is_some_and(|p| super::glob::literal_prefix(p).starts_with(prefix))
+        || rec.explicit.iter().any(|s| s.starts_with(prefix))
+        || super::config::wake_stream(rec).is_some_and(|w| w.starts_with(prefix))
 }
 
 /// A wake handed to a worker: by claim, or in a webhook.
@@ -115,6 +142,22 @@ pub struct Subscriptions<E> {
     pub(super) dispatching: AtomicBool,
     /// Which listed paths each pattern matches ([`PatternMemo`]).
     pub(super) memo: PatternMemo,
+    /// Stream listings and lookups made to find links, for tests and diagnostics.
+    pub(super) lookups: AtomicU64,
+    /// The last lags computed for the metrics scrape, and when ([`Self::lags_cached`]).
+    pub(super) lag_cache: Mutex<Option<(i64, Arc<Vec<SubLag>>)>>,
+}
+
+/// What the service remembers, counted ([`Subscriptions::remembered`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remembered {
+    pub subscriptions: usize,
+    /// Cursors in memory (acked past a baseline, or started by a later link by name).
+    pub cursors: usize,
+    /// Baseline entries, over distinct baselines.
+    pub baseline_entries: usize,
+    /// Pattern verdicts held by the memo.
+    pub verdicts: usize,
 }
 
 impl<E: Engine> Subscriptions<E> {
@@ -127,7 +170,29 @@ impl<E: Engine> Subscriptions<E> {
             node: take_node_id(),
             dispatching: AtomicBool::new(false),
             memo: PatternMemo::default(),
+            lookups: AtomicU64::new(0),
+            lag_cache: Mutex::new(None),
         }
+    }
+
+    /// How many stream listings and lookups finding links has made so far. Cheap; for tests
+    /// and diagnostics.
+    pub fn lookups(&self) -> u64 {
+        self.lookups.load(Ordering::Relaxed)
+    }
+
+    /// What the service remembers now, counted: what its memory grows with.
+    pub async fn remembered(&self) -> Result<Remembered, SubError> {
+        let inner = self.lock().await?;
+        Ok(Remembered {
+            subscriptions: inner.subs.len(),
+            cursors: inner.subs.values().map(|e| e.cursors.len()).sum(),
+            baseline_entries: {
+                let mut seen = std::collections::HashSet::new();
+                inner.subs.values().filter(|e| seen.insert(Arc::as_ptr(&e.baseline))).map(|e| e.baseline.len()).sum()
+            },
+            verdicts: self.memo.held(),
+        })
     }
 
     /// How many times a pattern was matched against a stream path so far (each pattern once per
@@ -157,6 +222,20 @@ impl<E: Engine> Subscriptions<E> {
     /// Creates the subscription `id`, or confirms it when it exists with the same configuration.
     /// New links start at the linked streams' current tails (backfill).
     pub async fn put(&self, id: &str, config: SubConfig, now_ms: i64) -> Result<(PutVerdict, SubView), SubError> {
+        self.put_within(id, config, &Quota::unlimited(), now_ms).await
+    }
+
+    /// [`Self::put`], refusing a create beyond `quota` ([`SubError::TooMany`],
+    /// [`SubError::ShareUsed`]); confirming an existing subscription is never refused. Over a
+    /// shared engine each node counts what it loaded, so nodes creating at once may pass the
+    /// limit by one each.
+    pub async fn put_within(
+        &self,
+        id: &str,
+        config: SubConfig,
+        quota: &Quota,
+        now_ms: i64,
+    ) -> Result<(PutVerdict, SubView), SubError> {
         valid_id(id)?;
         let config = &config.normalized()?;
         self.retrying(|mut inner| async move {
@@ -167,9 +246,17 @@ impl<E: Engine> Subscriptions<E> {
                 let view = self.view(e, now_ms).await?;
                 return Ok((PutVerdict::Existing, view));
             }
+            if inner.subs.len() >= quota.max {
+                return Err(SubError::TooMany { max: quota.max });
+            }
+            for prefix in &quota.prefixes {
+                if inner.subs.values().filter(|e| counts_under(&e.rec, prefix)).count() >= quota.per_prefix {
+                    return Err(SubError::ShareUsed { prefix: prefix.clone(), max: quota.per_prefix });
+                }
+            }
             let mut entry = Entry::new(rules::new_record(id, inner.next_uid, config, now_ms), Bytes::new());
             let links = self.links(&entry, now_ms).await?;
-            rules::start_at_tails(&mut entry, links);
+            entry.baseline = Baseline::share(rules::start_at_tails(links), inner.subs.values().map(|e| &e.baseline));
             self.create(&mut inner, &mut entry, now_ms).await?;
             let view = self.view(&entry, now_ms).await?;
             inner.subs.insert(id.to_owned(), entry);

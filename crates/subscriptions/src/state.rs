@@ -21,7 +21,14 @@ pub(super) struct Entry {
     /// rather than re-encoded: a record written by an older version decodes, but would not
     /// encode back to the same bytes.
     pub(super) stored: Bytes,
+    /// Cursors moved past the baseline: by an ack, or started at a tail when a path was linked
+    /// by name later (`relink`). What a subscription must remember per stream, so it grows
+    /// with the streams its workers acknowledge, not with every stream it matches.
     pub(super) cursors: BTreeMap<String, Cursor>,
+    /// Where the streams that existed at creation start (their tails then), by stream
+    /// incarnation: shared, never changed after creation, so cloning an entry (every decision
+    /// does) costs a reference count, whatever the subscription matched.
+    pub(super) baseline: Arc<Baseline>,
     /// The generation last handed to the dispatcher (memory only: after a restart a live wake is
     /// delivered again, with the same generation, which receivers treat as a repeat).
     pub(super) sent: u64,
@@ -38,7 +45,15 @@ pub(super) struct Entry {
 
 impl Entry {
     pub(super) fn new(rec: SubRecord, stored: Bytes) -> Entry {
-        Entry { rec, stored, cursors: BTreeMap::new(), sent: 0, in_flight: false, settled: false }
+        Entry {
+            rec,
+            stored,
+            cursors: BTreeMap::new(),
+            baseline: Arc::default(),
+            sent: 0,
+            in_flight: false,
+            settled: false,
+        }
     }
 
     pub(super) fn links_path(&self, path: &str) -> bool {
@@ -46,12 +61,63 @@ impl Entry {
     }
 
     /// Where processing of the stream `stream_id` at `path` stands: its cursor when it refers to
-    /// that incarnation, else the beginning.
+    /// that incarnation, else its tail at creation when it existed then (the baseline), else
+    /// the beginning.
     pub(super) fn acked(&self, path: &str, stream_id: u64) -> Offset {
         match self.cursors.get(path) {
             Some(c) if c.stream_id == stream_id => c.acked,
-            _ => Offset::ZERO,
+            _ => self.baseline.get(stream_id).unwrap_or(Offset::ZERO),
         }
+    }
+}
+
+/// The tails of the streams a subscription linked at creation (backfill), keyed by stream
+/// incarnation id, sorted: 16 bytes a stream in memory and a few stored
+/// ([`super::codec::encode_baseline`]), where a cursor per stream cost about 290 in memory (its
+/// path, map nodes, the engine's copy of its key) and 50 on disk, for every subscription. A
+/// stream created later, or re-created (a new id), is not in it and starts at 0; a stream empty
+/// at creation is left out, 0 being its default anyway.
+///
+/// Subscriptions created over the same streams while they did not move have equal baselines:
+/// they share one ([`Baseline::share`]), so 128 subscriptions of one pattern over idle streams
+/// hold one.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Baseline {
+    tails: Box<[(u64, Offset)]>,
+    /// Of `tails`, to find an equal baseline without comparing every entry.
+    digest: u64,
+}
+
+impl Baseline {
+    /// From `(stream id, tail)` pairs in any order (an id is one stream: given twice, once kept).
+    pub(super) fn new(mut tails: Vec<(u64, Offset)>) -> Baseline {
+        use std::hash::{Hash, Hasher};
+        tails.retain(|(_, t)| *t > Offset::ZERO);
+        tails.sort_by_key(|(id, _)| *id);
+        tails.dedup_by_key(|(id, _)| *id);
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        tails.hash(&mut h);
+        Baseline { tails: tails.into_boxed_slice(), digest: h.finish() }
+    }
+
+    pub(super) fn get(&self, stream_id: u64) -> Option<Offset> {
+        self.tails.binary_search_by_key(&stream_id, |(id, _)| *id).ok().map(|i| self.tails[i].1)
+    }
+
+    pub(super) fn entries(&self) -> &[(u64, Offset)] {
+        &self.tails
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.tails.len()
+    }
+
+    /// `new`, or an equal baseline among `others` (shared rather than held twice).
+    pub(super) fn share<'a>(new: Baseline, others: impl IntoIterator<Item = &'a Arc<Baseline>>) -> Arc<Baseline> {
+        if new.tails.is_empty() {
+            return Arc::default();
+        }
+        others.into_iter().find(|o| o.digest == new.digest && ***o == new).cloned().unwrap_or_else(|| Arc::new(new))
     }
 }
 
@@ -109,13 +175,21 @@ impl Filter {
 /// since the last listing.
 ///
 /// Bounded: a pattern's verdicts are pruned to its latest listing once they outnumber it by
-/// half again, and a pattern no subscription has any more is forgotten
-/// ([`PatternMemo::keep_only`]). The map's lock is held for lookups and inserts only, never
+/// half again, a pattern no subscription has any more is forgotten
+/// ([`PatternMemo::keep_only`]), and all patterns together hold at most [`MAX_VERDICTS`]:
+/// beyond, the other patterns' verdicts are dropped (matched again when next listed). Without
+/// that, each distinct pattern over the same streams kept a verdict per stream: a tenant
+/// creating subscriptions with ever new patterns over its streams grew it without end. The map's lock is held for lookups and inserts only, never
 /// while matching nor across an `await`; each pattern has its own, so tenants do not wait on
 /// each other's listings.
+/// Most verdicts the [`PatternMemo`] holds over all patterns (about 80 bytes each).
+pub(super) const MAX_VERDICTS: usize = 1 << 18;
+
 #[derive(Default)]
 pub(super) struct PatternMemo {
     by_pattern: Mutex<HashMap<String, Arc<Mutex<HashMap<String, bool>>>>>,
+    /// Verdicts held over all patterns (as counted at each change; exact after a drop).
+    held: std::sync::atomic::AtomicUsize,
     /// Pattern matches evaluated (memo misses), for tests and diagnostics.
     evaluations: AtomicU64,
 }
@@ -149,22 +223,46 @@ impl PatternMemo {
         self.evaluations.fetch_add(fresh.len() as u64, Ordering::Relaxed);
         let mut out: Vec<bool> = known.iter().map(|k| k.unwrap_or(false)).collect();
         let mut m = memo.lock().unwrap_or_else(PoisonError::into_inner);
+        let before = m.len();
         let listed: Vec<&str> = paths.collect();
         for &(i, v) in &fresh {
             out[i] = v;
-            m.insert(listed[i].to_owned(), v);
+            // A listing larger than the whole memo is matched each time rather than kept.
+            if listed.len() <= MAX_VERDICTS {
+                m.insert(listed[i].to_owned(), v);
+            }
         }
         if m.len() > listed.len() + listed.len() / 2 + 64 {
             let keep: std::collections::HashSet<&str> = listed.iter().copied().collect();
             m.retain(|p, _| keep.contains(p.as_str()));
         }
+        let after = m.len();
+        drop(m);
+        let held = if after >= before {
+            self.held.fetch_add(after - before, Ordering::Relaxed) + (after - before)
+        } else {
+            let fewer = before - after;
+            let old = self.held.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |h| Some(h.saturating_sub(fewer)));
+            old.unwrap_or(0).saturating_sub(fewer)
+        };
+        if held > MAX_VERDICTS {
+            self.keep_only(std::iter::once(pattern));
+        }
         out
+    }
+
+    /// Verdicts held now, over all patterns.
+    pub(super) fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
     }
 
     /// Forgets the patterns not in `live` (after a subscription was deleted or changed).
     pub(super) fn keep_only<'a>(&self, live: impl Iterator<Item = &'a str>) {
         let live: std::collections::HashSet<&str> = live.collect();
-        self.by_pattern.lock().unwrap_or_else(PoisonError::into_inner).retain(|p, _| live.contains(p.as_str()));
+        let mut all = self.by_pattern.lock().unwrap_or_else(PoisonError::into_inner);
+        all.retain(|p, _| live.contains(p.as_str()));
+        let held = all.values().map(|m| m.lock().unwrap_or_else(PoisonError::into_inner).len()).sum();
+        self.held.store(held, Ordering::Relaxed);
     }
 
     pub(super) fn evaluations(&self) -> u64 {
@@ -243,6 +341,39 @@ mod tests {
         assert_eq!(m.lock().expect("lock").len(), 1, "pruned to the listing");
         memo.keep_only(["other/*"].into_iter());
         assert!(memo.by_pattern.lock().expect("lock").is_empty(), "a pattern nobody has is forgotten");
+    }
+
+    /// Each distinct pattern over the same streams kept a verdict per stream, without bound: a
+    /// tenant making ever new patterns grew the memo by its streams each time.
+    #[test]
+    fn the_memo_holds_at_most_max_verdicts_over_all_patterns() {
+        let memo = PatternMemo::default();
+        let paths: Vec<String> = (0..MAX_VERDICTS / 8).map(|i| format!("t/{i}")).collect();
+        for n in 0..12 {
+            let pattern = format!("t/{}*", "*".repeat(n % 2)) + &"/**".repeat(n / 2);
+            let v = memo.verdicts(&pattern, paths.iter().map(String::as_str));
+            assert_eq!(v.len(), paths.len());
+            assert!(memo.held() <= MAX_VERDICTS, "{} verdicts after {} patterns", memo.held(), n + 1);
+        }
+        let counted: usize =
+            memo.by_pattern.lock().expect("lock").values().map(|m| m.lock().expect("lock").len()).sum();
+        assert_eq!(counted, memo.held(), "the count is what the maps hold");
+        // The pattern being listed keeps its verdicts: a repeat matches nothing again.
+        let before = memo.evaluations();
+        memo.verdicts("t/**/*", paths.iter().map(String::as_str));
+        memo.verdicts("t/**/*", paths.iter().map(String::as_str));
+        assert_eq!(memo.evaluations() - before, paths.len() as u64, "matched once, then remembered");
+    }
+
+    #[test]
+    fn baselines_answer_by_incarnation_and_equal_ones_are_shared() {
+        let b = Baseline::new(vec![(9, Offset(3)), (2, Offset(5)), (4, Offset::ZERO)]);
+        assert_eq!((b.get(2), b.get(9), b.get(4), b.get(7)), (Some(Offset(5)), Some(Offset(3)), None, None));
+        let first = Baseline::share(b, []);
+        let same = Baseline::share(Baseline::new(vec![(2, Offset(5)), (9, Offset(3))]), [&first]);
+        assert!(Arc::ptr_eq(&first, &same), "an equal baseline is shared");
+        let other = Baseline::share(Baseline::new(vec![(2, Offset(6)), (9, Offset(3))]), [&first]);
+        assert!(!Arc::ptr_eq(&first, &other));
     }
 
     #[test]

@@ -15,7 +15,7 @@ use sha2::Digest as _;
 use tokio::sync::MutexGuard;
 
 use super::codec;
-use super::state::{Entry, Filter, Inner};
+use super::state::{Baseline, Entry, Filter, Inner};
 use super::{Cursor, SubError, SubKind, SubRecord, Subscriptions};
 use oncelog_storage::engine::{
     AppendOutcome, AppendRequest, Engine, MetaWrite, TxnError, TxnOutcome, TxnRequest, MAX_META_KEY_BYTES,
@@ -28,6 +28,11 @@ const CURSOR_PREFIX: &str = "cur/";
 /// Every other cursor keeps the readable `cur/` key it always had, so nothing stored moves.
 const LONG_CURSOR_PREFIX: &str = "curl/";
 const NEXT_UID: &str = "seq/subscription";
+/// A subscription's baseline (the tails at creation, [`crate::state::Baseline`]), in chunks:
+/// `base/{uid:016x}/{chunk:08x}`. Written once, with the record that creates the subscription.
+const BASELINE_PREFIX: &str = "base/";
+/// Streams per baseline chunk: a chunk stays well under a megabyte (at most 20 bytes a stream).
+const BASELINE_CHUNK: usize = 8_192;
 
 /// A compare-and-set guard of [`TxnRequest::expect`].
 type Guard = (Vec<u8>, Option<Bytes>);
@@ -59,6 +64,22 @@ fn cursor_entry(uid: u64, path: &str, c: &Cursor) -> (Vec<u8>, Bytes) {
     let (key, named) = cursor_key(uid, path);
     let value = if named { codec::encode_named_cursor(path, c) } else { codec::encode_cursor(c) };
     (key, value.into())
+}
+
+fn baseline_prefix(uid: u64) -> String {
+    format!("{BASELINE_PREFIX}{uid:016x}/")
+}
+
+fn baseline_key(uid: u64, chunk: usize) -> Vec<u8> {
+    format!("{}{chunk:08x}", baseline_prefix(uid)).into_bytes()
+}
+
+/// The writes that store the baseline of subscription `uid`.
+fn baseline_writes(uid: u64, baseline: &Baseline) -> impl Iterator<Item = MetaWrite> + '_ {
+    baseline.entries().chunks(BASELINE_CHUNK).enumerate().map(move |(i, chunk)| MetaWrite {
+        key: baseline_key(uid, i),
+        value: Some(codec::encode_baseline(chunk).into()),
+    })
 }
 
 /// The metadata write that stores a subscription's record.
@@ -139,7 +160,7 @@ impl<E: Engine> Subscriptions<E> {
     /// is in flight, what is settled, when the next full pass is) for subscriptions that are
     /// still the same incarnation; then republishes the filters.
     pub(super) async fn reload(&self, inner: &mut Inner) -> Result<(), SubError> {
-        let mut fresh = self.load().await?;
+        let mut fresh = self.load(inner).await?;
         fresh.next_full_pass_ms = inner.next_full_pass_ms;
         for (id, e) in fresh.subs.iter_mut() {
             if let Some(old) = inner.subs.get(id).filter(|old| old.rec.uid == e.rec.uid) {
@@ -168,8 +189,9 @@ impl<E: Engine> Subscriptions<E> {
         }
     }
 
-    /// The state as stored (memory-only fields at their defaults).
-    async fn load(&self) -> Result<Inner, SubError> {
+    /// The state as stored (memory-only fields at their defaults). Baselines never change
+    /// once written: those of the incarnations `known` holds are taken from it, not read again.
+    async fn load(&self, known: &Inner) -> Result<Inner, SubError> {
         let corrupt = |e: oncelog_storage::codec::DecodeError| SubError::Storage(e.into());
         let mut subs = BTreeMap::new();
         let mut by_uid = BTreeMap::new();
@@ -198,6 +220,21 @@ impl<E: Engine> Subscriptions<E> {
             }
             if let Some(e) = subs.get_mut(id) {
                 e.cursors.insert(path, cursor);
+            }
+        }
+        let mut baselines: Vec<Arc<Baseline>> = Vec::new();
+        for e in subs.values_mut() {
+            if let Some(old) = known.subs.get(&e.rec.id).filter(|old| old.rec.uid == e.rec.uid) {
+                e.baseline = old.baseline.clone();
+                continue;
+            }
+            let mut tails = Vec::new();
+            for (_, v) in self.engine.meta_scan(baseline_prefix(e.rec.uid).as_bytes()).await? {
+                tails.extend(codec::decode_baseline(&v).map_err(corrupt)?);
+            }
+            e.baseline = Baseline::share(Baseline::new(tails), &baselines);
+            if !e.baseline.entries().is_empty() && !baselines.iter().any(|b| Arc::ptr_eq(b, &e.baseline)) {
+                baselines.push(e.baseline.clone());
             }
         }
         let next_uid_stored = self.meta_get(NEXT_UID.as_bytes()).await?;
@@ -234,6 +271,7 @@ impl<E: Engine> Subscriptions<E> {
         let next_uid = Bytes::from(codec::encode_uid(uid + 1));
         let mut meta = vec![MetaWrite { key: NEXT_UID.as_bytes().to_vec(), value: Some(next_uid.clone()) }];
         meta.extend(entry.cursors.iter().map(|(p, c)| cursor_write(uid, p, c)));
+        meta.extend(baseline_writes(uid, &entry.baseline));
         meta.push(entry.seal());
         self.write(inner, TxnRequest { expect, meta, now_ms, ..Default::default() }).await?;
         inner.next_uid = uid + 1;
@@ -247,6 +285,8 @@ impl<E: Engine> Subscriptions<E> {
         let e = inner.subs.get(id).ok_or(SubError::NotFound)?;
         let mut meta: Vec<MetaWrite> =
             e.cursors.keys().map(|p| MetaWrite { key: cursor_key(e.rec.uid, p).0, value: None }).collect();
+        let chunks = e.baseline.len().div_ceil(BASELINE_CHUNK);
+        meta.extend((0..chunks).map(|i| MetaWrite { key: baseline_key(e.rec.uid, i), value: None }));
         meta.push(MetaWrite { key: sub_key(id), value: None });
         let expect = e.guards([]);
         self.write(inner, TxnRequest { expect, meta, now_ms, ..Default::default() }).await?;

@@ -140,6 +140,21 @@ impl Scope {
             matches!(set, StreamSet::Prefix(p) if prefix.starts_with(p.as_str())) && ops.contains(&op)
         })
     }
+
+    /// The non-empty prefix grants allowing `op` that cover `target` (a path, or a pattern's
+    /// literal prefix): the shares a subscription following `target` counts against. A grant
+    /// of every stream (`""`) confines nothing, and has no share.
+    pub fn prefixes_covering(&self, target: &str, op: Op) -> Vec<String> {
+        self.grants
+            .iter()
+            .filter_map(|(set, ops)| match set {
+                StreamSet::Prefix(p) if !p.is_empty() && target.starts_with(p.as_str()) && ops.contains(&op) => {
+                    Some(p.clone())
+                }
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// The stream path of a request URI under `/v1/stream/`, percent-decoded as the router does.

@@ -90,7 +90,8 @@ pub async fn route<E: Engine>(
         SubCall::Put(id) => {
             let config = wire::sub_config(&read(body).await?)?;
             may_link(access, &config)?;
-            Ok(put(st, &id, req_headers, config, now).await?)
+            let quota = quota(st, access, &config);
+            Ok(put(st, &id, req_headers, config, &quota, now).await?)
         }
         SubCall::Get(id) => {
             let view = st.subs.get(&id, now).await?;
@@ -173,11 +174,41 @@ fn may_link(access: &crate::auth::Access, config: &oncelog_subscriptions::SubCon
     Ok(())
 }
 
+/// How many subscriptions a create may find: `--max-subscriptions` in all, and with access
+/// control `--max-subscriptions-per-prefix` under each prefix grant of the creator's token
+/// that covers what the subscription follows (its pattern's literal prefix, its streams, its
+/// wake stream): a tenant confined to its prefix cannot take every subscription of the server.
+fn quota<E>(
+    st: &AppState<E>,
+    access: &crate::auth::Access,
+    config: &oncelog_subscriptions::SubConfig,
+) -> oncelog_subscriptions::Quota {
+    let mut prefixes = Vec::new();
+    if let Some(scope) = &access.scope {
+        let pattern = config.pattern.as_deref().map(oncelog_subscriptions::glob::literal_prefix);
+        let wake = match &config.kind {
+            SubKind::PullWake { wake_stream } => Some(wake_stream.as_str()),
+            SubKind::Webhook { .. } => None,
+        };
+        for target in pattern.as_deref().into_iter().chain(config.streams.iter().map(String::as_str)).chain(wake) {
+            prefixes.extend(scope.prefixes_covering(target, Op::Read));
+        }
+        prefixes.sort();
+        prefixes.dedup();
+    }
+    oncelog_subscriptions::Quota {
+        max: st.config.max_subscriptions,
+        prefixes,
+        per_prefix: st.config.max_subscriptions_per_prefix,
+    }
+}
+
 async fn put<E: Engine>(
     st: &AppState<E>,
     id: &str,
     req_headers: &HeaderMap,
     config: oncelog_subscriptions::SubConfig,
+    quota: &oncelog_subscriptions::Quota,
     now: i64,
 ) -> Result<Response, SubApiError> {
     if let SubKind::Webhook { url } = &config.kind {
@@ -185,7 +216,7 @@ async fn put<E: Engine>(
         // Keys exist (durably) before the first webhook subscription is acknowledged.
         st.sub_keys.get(st.engine.as_ref(), now).await?;
     }
-    let (verdict, view) = st.subs.put(id, config, now).await?;
+    let (verdict, view) = st.subs.put_within(id, config, quota, now).await?;
     let status = if verdict == PutVerdict::Created { StatusCode::CREATED } else { StatusCode::OK };
     Ok(reply::json(status, &render_view(st, &view, req_headers, now).await?))
 }

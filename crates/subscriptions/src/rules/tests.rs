@@ -68,9 +68,16 @@ fn a_new_record_links_what_its_configuration_names_and_has_no_wake() {
 #[test]
 fn new_links_start_at_the_tails_of_existing_streams() {
     let mut e = entry(pull());
-    start_at_tails(&mut e, vec![link("jobs/a", 3, 0, 40), link("x", 0, 0, 0)]);
-    assert_eq!(e.cursors.len(), 1, "no cursor where no stream exists");
-    assert_eq!(e.cursors["jobs/a"], Cursor { stream_id: 3, acked: Offset(40) });
+    e.baseline = std::sync::Arc::new(start_at_tails(vec![
+        link("jobs/a", 3, 0, 40),
+        link("x", 0, 0, 0),
+        link("jobs/empty", 4, 0, 0),
+    ]));
+    assert!(e.cursors.is_empty(), "no cursor: a baseline");
+    assert_eq!(e.baseline.len(), 1, "nothing where no stream exists, nor for an empty stream");
+    assert_eq!(e.acked("jobs/a", 3), Offset(40));
+    assert_eq!(e.acked("jobs/a", 5), Offset::ZERO, "another incarnation starts over");
+    assert_eq!(e.acked("jobs/empty", 4), Offset::ZERO);
 }
 
 #[test]
