@@ -216,7 +216,10 @@ fn host_port_is_valid(authority: &str) -> bool {
         None => true,
         Some(i) => {
             let port = &authority[host_end + i + 1..];
-            !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok()
+            !port.is_empty()
+                && port.len() <= 5
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && port.parse::<u16>().is_ok()
         }
     }
 }
