@@ -26,6 +26,8 @@
 //! - [`live`]: bounds on live readers, in all and per stream.
 //! - [`listen`]: the connection loop (HTTP/1.1 and h2c, connection limits, header timeouts,
 //!   half-close, graceful drain).
+//! - [`conns`]: the connections of a listener and what each is doing (idle, slow, holding a live
+//!   reader): which one makes room at `--max-connections`, and live readers whose client left.
 //! - [`ops`]: `/healthz`, `/readyz`, `/metrics`.
 //! - [`metrics`]: what is recorded, and the Prometheus scrape.
 //! - [`rate`]: append and byte rate limits per writer.
@@ -45,6 +47,7 @@ pub mod access_log;
 pub mod auth;
 mod body;
 pub mod config;
+pub mod conns;
 pub mod deadline_io;
 pub mod error;
 pub mod front;

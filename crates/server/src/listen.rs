@@ -2,8 +2,10 @@
 //! with prior knowledge; the protocol is detected from the first bytes), under limits that keep
 //! broken or hostile clients from holding the server's resources:
 //!
-//! - at most [`Limits::max_connections`] connections are served at once; beyond that the
-//!   listener stops accepting until one closes (new clients wait in the kernel's backlog);
+//! - at most [`Limits::max_connections`] connections are served at once; at the limit a new
+//!   connection takes the place of an idle one, or of a slow one beyond the share slow clients
+//!   and live readers may hold ([`crate::conns`]); when neither is found it waits for a place
+//!   (later clients wait in the kernel's backlog);
 //! - an HTTP/1 client gets [`Limits::header_read_timeout`] to send each request's headers, which
 //!   also bounds how long an idle keep-alive connection stays open (slowloris, idle sockets);
 //! - a write to a client may stay blocked (the client not reading) for at most
@@ -22,16 +24,16 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::conns::{self, Conn, Order, Place, Registry, Tracked};
 use crate::front::Front;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::Interest;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
 use crate::deadline_io::DeadlineIo;
-use crate::sendfile_io::SendfileIo;
+use crate::sendfile_io::{SendfileIo, Socket};
 
 /// Connection limits; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -115,17 +117,9 @@ pub async fn run(
         .keep_alive_interval(limits.h2_ping_interval)
         .keep_alive_timeout(limits.h2_ping_timeout);
     let (h1, h2) = (Arc::new(h1), Arc::new(h2));
-    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
-    let graceful = GracefulShutdown::new();
+    let registry = Registry::new(limits.max_connections);
     tokio::pin!(stop);
     loop {
-        let permit = tokio::select! {
-            () = &mut stop => break,
-            permit = slots.clone().acquire_owned() => match permit {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
         let (stream, peer) = tokio::select! {
             () = &mut stop => break,
             accepted = listener.accept() => match accepted {
@@ -137,56 +131,158 @@ pub async fn run(
                 }
             },
         };
+        // At the limit, an idle or slow connection makes room (see `conns`), or this one waits
+        // for a place (later clients wait in the kernel's backlog meanwhile).
+        let place = tokio::select! {
+            () = &mut stop => break,
+            place = registry.admit() => place,
+        };
         let _ = stream.set_nodelay(true);
         metrics::counter!("oncelog_connections_accepted_total").increment(1);
-        let service = TowerToHyperService::new(router.for_peer(peer));
+        let front = router.for_peer(peer);
         let (h1, h2) = (h1.clone(), h2.clone());
-        let watcher = graceful.watcher();
         let first_bytes_by = tokio::time::Instant::now() + limits.header_read_timeout;
         let tls = tls.clone();
         tokio::spawn(async move {
+            let conn = Arc::clone(place.conn());
+            let socket = Socket::new(stream);
             match tls {
                 None => {
-                    let builder = match sniff(&stream, first_bytes_by).await {
-                        Some(Protocol::Http1) => h1,
-                        Some(Protocol::Http2) => h2,
-                        None => return,
+                    // A connection asked to close before its first request is closed at once.
+                    let protocol = tokio::select! {
+                        p = sniff(socket.stream(), first_bytes_by) => p,
+                        _ = conn.next_order() => None,
                     };
-                    serve_io(
-                        &builder,
-                        TokioIo::new(DeadlineIo::new(SendfileIo::new(stream), limits.write_timeout)),
-                        service,
-                        watcher,
-                    )
-                    .await;
+                    let watch = socket.clone();
+                    let io = TokioIo::new(DeadlineIo::new(SendfileIo::new(socket), limits.write_timeout));
+                    match protocol {
+                        Some(Protocol::Http1) => serve_http1(&h1, io, front, &place, watch).await,
+                        Some(Protocol::Http2) => serve_io(&h2, io, front, &place, None).await,
+                        None => {}
+                    }
                 }
                 Some(acceptor) => {
-                    let stream = DeadlineIo::new(stream, limits.write_timeout);
-                    let Ok(Ok(tls)) = tokio::time::timeout_at(first_bytes_by, acceptor.accept(stream)).await else {
-                        return;
+                    let watch = socket.clone();
+                    let stream = DeadlineIo::new(socket, limits.write_timeout);
+                    let handshake = tokio::time::timeout_at(first_bytes_by, acceptor.accept(stream));
+                    let tls = tokio::select! {
+                        done = handshake => match done {
+                            Ok(Ok(tls)) => tls,
+                            _ => return,
+                        },
+                        _ = conn.next_order() => return,
                     };
-                    let builder = if tls.get_ref().1.alpn_protocol() == Some(b"h2") { h2 } else { h1 };
-                    serve_io(&builder, TokioIo::new(tls), service, watcher).await;
+                    let h2_negotiated = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                    let io = TokioIo::new(tls);
+                    if h2_negotiated {
+                        serve_io(&h2, io, front, &place, None).await;
+                    } else {
+                        serve_http1(&h1, io, front, &place, watch).await;
+                    }
                 }
             }
-            drop(permit);
         });
     }
     drop(listener);
-    tokio::time::timeout(grace, graceful.shutdown()).await.is_ok()
+    registry.shutdown();
+    tokio::time::timeout(grace, registry.all_ended()).await.is_ok()
 }
 
-/// Serves one connection until it ends or the graceful shutdown it is watched by closes it.
-async fn serve_io<I>(
-    builder: &Builder<TokioExecutor>,
-    io: I,
-    service: TowerToHyperService<Front>,
-    watcher: hyper_util::server::graceful::Watcher,
-) where
+/// Serves an HTTP/1 connection: its requests run in its task, and see it as theirs (live readers
+/// mark it, see [`crate::conns::mark_live`]).
+async fn serve_http1<I>(builder: &Builder<TokioExecutor>, io: I, front: Front, place: &Place, socket: Socket)
+where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let conn = builder.serve_connection(io, service);
-    // Errors here are the client's (reset, timeout, malformed framing); hyper has already
-    // answered what could be answered.
-    let _ = watcher.watch(conn).await;
+    conns::serving_http1(Arc::clone(place.conn()), serve_io(builder, io, front, place, Some(&socket))).await;
+}
+
+/// Serves one connection until it ends, or it is closed on an order (see [`crate::conns`]), or,
+/// on HTTP/1 (`socket`: its socket), its live reader's client went away.
+async fn serve_io<I>(builder: &Builder<TokioExecutor>, io: I, front: Front, place: &Place, socket: Option<&Socket>)
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let conn = place.conn();
+    let http1 = socket.is_some();
+    let served = builder.serve_connection(io, TowerToHyperService::new(Tracked::new(front, Arc::clone(conn), http1)));
+    tokio::pin!(served);
+    let mut graceful = false;
+    loop {
+        tokio::select! {
+            // Errors here are the client's (reset, timeout, malformed framing); hyper has already
+            // answered what could be answered.
+            _ = served.as_mut() => return,
+            () = departed(conn, socket) => {
+                metrics::counter!("oncelog_live_readers_departed_total").increment(1);
+                return;
+            }
+            order = conn.next_order() => match order {
+                // Checked here, in the task that also runs the request: between this check and
+                // the drop, no body can end and no write be applied.
+                Order::Slow if conn.is_slow() => return,
+                Order::Slow => place.keep(),
+                // Nothing was ever read from it: nothing is lost.
+                Order::Idle | Order::Shutdown if http1 && conn.never_used() => return,
+                Order::Idle | Order::Shutdown => {
+                    if !graceful {
+                        graceful = true;
+                        served.as_mut().graceful_shutdown();
+                    }
+                }
+            },
+        }
+    }
+}
+
+/// Returns when the client of an HTTP/1 connection (`socket`) closed it while a live reader
+/// waits on it; never on HTTP/2 (`None`), whose streams are reset by the client.
+///
+/// While a request is in flight, HTTP/1 does not read from the socket (a client may half-close
+/// after its request and still wants the answer), so a long-poll or an idle SSE reader whose
+/// client left would be noticed only at the next write (20-30 s later), holding its place and
+/// delaying shutdown. A live read has nothing to lose, so its connection is dropped as soon as
+/// the socket reports the client's end (FIN or reset).
+async fn departed(conn: &Conn, socket: Option<&Socket>) {
+    let Some(socket) = socket else { return std::future::pending().await };
+    loop {
+        conn.wait_live(true).await;
+        tokio::select! {
+            () = peer_closed(socket.stream()) => return,
+            () = conn.wait_live(false) => {}
+        }
+    }
+}
+
+/// How often a socket holding bytes hyper has not read (a pipelined request, a TLS alert) is
+/// looked at again for the client's end: its readiness stays set until they are read.
+const DEPARTED_RECHECK: Duration = Duration::from_millis(250);
+
+async fn peer_closed(socket: &tokio::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    loop {
+        match socket.ready(Interest::READABLE).await {
+            Ok(ready) if ready.is_read_closed() || ready.is_write_closed() || ready.is_error() => return,
+            Ok(_) => {}
+            Err(_) => return,
+        }
+        // Readable: the client's end, bytes hyper has not read, or a readiness left over from
+        // hyper's last read. A peek tells them apart; in the last case it also clears the
+        // readiness (`try_io` does on `WouldBlock`), so the next wait sleeps until an event.
+        let mut byte = [0u8; 1];
+        let peeked = socket.try_io(Interest::READABLE, || {
+            // SAFETY: a valid one-byte buffer, on the open socket of the calling connection.
+            let n = unsafe {
+                libc::recv(socket.as_raw_fd(), byte.as_mut_ptr().cast(), 1, libc::MSG_PEEK | libc::MSG_DONTWAIT)
+            };
+            usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+        });
+        match peeked {
+            Ok(0) => return,
+            Ok(_) => tokio::time::sleep(DEPARTED_RECHECK).await,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
 }

@@ -110,6 +110,9 @@ pub struct LiveSlot {
     /// Shared by the stream's live readers while any is left.
     pub frames: Arc<FrameCell>,
     _gauge: metrics::LiveReader,
+    /// On HTTP/1: the reader's connection holds a live reader (neither idle nor slow, and
+    /// dropped when its client leaves; see `conns`).
+    _connection: Option<crate::conns::LiveMark>,
 }
 
 impl LiveSlots {
@@ -157,6 +160,7 @@ impl LiveSlots {
             own_connection,
             frames,
             _gauge: metrics::LiveReader::open(mode),
+            _connection: if own_connection { crate::conns::mark_live() } else { None },
         })
     }
 }

@@ -33,6 +33,8 @@
 //! | `oncelog_live_readers` | gauge | `mode` | open long-poll and SSE reads |
 //! | `oncelog_http_requests_total` | counter | `method`, `status` | every answered stream request (common statuses by code, the rest `other`) |
 //! | `oncelog_connections_accepted_total` | counter | | TCP connections accepted |
+//! | `oncelog_connections_evicted_total` | counter | `reason` | connections closed at `--max-connections` to admit a new one: `idle`, `slow` ([`crate::conns`]) |
+//! | `oncelog_live_readers_departed_total` | counter | | HTTP/1 live reads dropped because their client closed the connection while they waited |
 //! | `oncelog_sendfile_bytes_total` | counter | | catch-up body bytes sent with `sendfile(2)` from a segment file ([`crate::sendfile_io`]) |
 //! | `oncelog_streams` | gauge | | streams that exist |
 //! | `oncelog_producers` | gauge | | idempotent producers remembered |
@@ -215,6 +217,14 @@ fn describe() {
     );
     describe_counter!("oncelog_http_requests_total", "Answered stream requests, by method and status.");
     describe_counter!("oncelog_connections_accepted_total", "TCP connections accepted.");
+    describe_counter!(
+        "oncelog_connections_evicted_total",
+        "Connections closed at --max-connections to admit a new one, by what they were: idle, slow."
+    );
+    describe_counter!(
+        "oncelog_live_readers_departed_total",
+        "HTTP/1 live reads dropped because their client closed the connection while they waited."
+    );
     describe_counter!(
         "oncelog_sendfile_bytes_total",
         "Catch-up body bytes sent with sendfile(2) straight from a segment file."

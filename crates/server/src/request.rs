@@ -49,6 +49,8 @@ pub enum RequestError {
     PathTooLong,
     #[error("the request needs exactly one valid Host header (RFC 9112 section 3.2)")]
     BadHost,
+    #[error("the Host header's port must be a number from 0 to 65535")]
+    BadHostPort,
     #[error("Stream-Trim-To and Stream-Compact cannot be sent together")]
     TrimAndCompact,
     #[error("this stream takes State Protocol messages only (it was created with Stream-Compaction: state): {0}")]
@@ -194,13 +196,34 @@ pub fn check_host(version: axum::http::Version, h: &HeaderMap) -> Result<(), Req
         None if version == axum::http::Version::HTTP_11 => Err(RequestError::BadHost),
         None => Ok(()),
         Some(v) => {
-            let valid = axum::http::uri::Authority::try_from(v.as_bytes())
-                .is_ok_and(|a| !a.as_str().is_empty() && !a.as_str().contains('@'));
-            if valid {
-                Ok(())
-            } else {
-                Err(RequestError::BadHost)
+            let authority = axum::http::uri::Authority::try_from(v.as_bytes()).map_err(|_| RequestError::BadHost)?;
+            let text = authority.as_str();
+            if text.is_empty() || text.contains('@') {
+                return Err(RequestError::BadHost);
             }
+            // The `http` crate takes any characters after the colon as a port; such a Host would
+            // be echoed into `Location` as the client's own authority.
+            if !host_port_is_valid(text) {
+                return Err(RequestError::BadHostPort);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Whether the port of `authority` (`host[:port]`, the host possibly a bracketed IPv6 literal),
+/// if it has one, is a number from 0 to 65535 (RFC 9112 section 3.2 and RFC 3986 section 3.2.3;
+/// an empty port is refused too: nothing useful is meant by it).
+fn host_port_is_valid(authority: &str) -> bool {
+    let host_end = if authority.starts_with('[') { authority.find(']').map_or(0, |i| i + 1) } else { 0 };
+    match authority[host_end..].rfind(':') {
+        None => true,
+        Some(i) => {
+            let port = &authority[host_end + i + 1..];
+            !port.is_empty()
+                && port.len() <= 5
+                && port.bytes().all(|b| b.is_ascii_digit())
+                && port.parse::<u16>().is_ok()
         }
     }
 }

@@ -267,8 +267,8 @@ async fn a_trim_or_compact_header_sent_twice_or_both_together_is_refused() {
     assert_eq!(r.headers()["stream-earliest-offset"], tail.as_str());
 }
 
-/// `Host` is validated as RFC 9112 section 3.2 asks: two of them, one that is no `host[:port]`,
-/// or none on HTTP/1.1 is `400`, and nothing of such a request is done or echoed (issue 31,
+/// `Host` is validated as RFC 9112 section 3.2 asks: two of them, one that is no `host[:port]`
+/// (a port that is no number 0-65535 included), or none on HTTP/1.1 is `400`, and nothing of such a request is done or echoed (issue 31,
 /// item 5).
 #[tokio::test]
 async fn a_request_with_two_hosts_a_bad_host_or_none_is_refused() {
@@ -290,6 +290,12 @@ async fn a_request_with_two_hosts_a_bad_host_or_none_is_refused() {
         ("a host with userinfo", "h3", "Host: user@a.example\r\n", "HTTP/1.1"),
         ("an empty host", "h4", "Host: \r\n", "HTTP/1.1"),
         ("no host on HTTP/1.1", "h5", "", "HTTP/1.1"),
+        // A port that is no number 0-65535 (issue 45, item 12a): it was accepted and echoed into
+        // `Location`.
+        ("a port that is no number", "h6", "Host: evil:xx\r\n", "HTTP/1.1"),
+        ("a port past 65535", "h7", "Host: evil:65536\r\n", "HTTP/1.1"),
+        ("an empty port", "h8", "Host: evil:\r\n", "HTTP/1.1"),
+        ("a port with letters after it", "h9", "Host: [::1]:80x\r\n", "HTTP/1.1"),
     ] {
         let answer = send(put(path, hosts, version)).await;
         assert!(answer.starts_with("HTTP/1.1 400"), "{what}: {answer:?}");
@@ -303,6 +309,8 @@ async fn a_request_with_two_hosts_a_bad_host_or_none_is_refused() {
         ("ok1", "Host: a.example:8080\r\n", "HTTP/1.1"),
         ("ok2", "Host: [::1]:80\r\n", "HTTP/1.1"),
         ("ok3", "", "HTTP/1.0"),
+        ("ok4", "Host: a.example:65535\r\n", "HTTP/1.1"),
+        ("ok5", "Host: [::1]\r\n", "HTTP/1.1"),
     ] {
         let answer = send(put(path, hosts, version)).await;
         assert!(answer.contains(" 201 "), "{path}: {answer:?}");

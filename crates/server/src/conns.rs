@@ -1,0 +1,583 @@
+//! The connections a listener serves and what each is doing, so that at `--max-connections` the
+//! server makes room instead of leaving a writer in the backlog (issue 45, item 7):
+//!
+//! - a connection is **idle** while no request is in flight on it (a keep-alive socket between
+//!   requests, or a new one that has not sent its first request); at the limit, a new connection
+//!   takes the place of the one idle longest, once that has been idle for [`IDLE_AFTER`], as
+//!   proxies do. The evicted one is
+//!   closed gracefully (HTTP/1: at once, or after the request that raced in; HTTP/2: `GOAWAY`);
+//! - an HTTP/1 connection is **slow** while its request waits on the client for longer than
+//!   [`SLOW_AFTER`]: a request body still arriving, or a response the client takes in slowly (or
+//!   not at all). Slow connections and live readers together may hold all but
+//!   [`crate::live::connection_reserve`] of the connections; beyond that, at the limit, the
+//!   connection slow the longest is closed to admit the new one. Its request loses nothing: a body
+//!   not yet whole was never applied, and a response being sent was already decided. The check is
+//!   made again by the connection's own task, which also runs its request, so a body that just
+//!   ended (a write about to be applied) is never cut;
+//! - everything else (a request being handled, an HTTP/2 connection with streams open) is left
+//!   alone; when all connections are such, a new one waits until one ends or becomes evictable.
+//!
+//! The registry also tells each HTTP/1 connection's task whether a live reader waits on it (see
+//! [`mark_live`]): the task then watches the socket, and drops the connection when the client
+//! closes it (issue 46, item 4).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::http::Request;
+use axum::response::Response;
+use tokio::sync::Notify;
+use tower_service::Service;
+
+use crate::front::Front;
+
+/// How long an HTTP/1 request may wait on its client (body arriving, response being taken in)
+/// before its connection counts as slow. Far below the body and write timeouts (10-60 s by
+/// default), far above what a client on any working network needs between two pieces of a
+/// request or an answer of ordinary size.
+pub const SLOW_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a connection must have been idle to give its place: a new connection whose first
+/// request is still on its way (or waits in the socket for its task), or a keep-alive one between
+/// two requests of a busy client, is not idle in any useful sense, and closing it would cut a
+/// request the client already sent.
+pub const IDLE_AFTER: Duration = Duration::from_secs(1);
+
+/// How often a new connection waiting for room looks again at the others (a connection becoming
+/// idle or slow is not announced).
+const ADMIT_RECHECK: Duration = Duration::from_millis(50);
+
+tokio::task_local! {
+    /// The HTTP/1 connection whose requests the current task serves. HTTP/2 streams run in tasks
+    /// of their own and see none.
+    static CONNECTION: Arc<Conn>;
+}
+
+/// Why a connection is asked to close.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// It was idle when a new connection needed its place: close gracefully.
+    Idle,
+    /// It was slow when a new connection needed its place: close now if it still is.
+    Slow,
+    /// The server is shutting down: close gracefully.
+    Shutdown,
+}
+
+impl Order {
+    fn code(self) -> u8 {
+        match self {
+            Order::Idle => 1,
+            Order::Slow => 2,
+            Order::Shutdown => 3,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Order> {
+        match code {
+            1 => Some(Order::Idle),
+            2 => Some(Order::Slow),
+            3 => Some(Order::Shutdown),
+            _ => None,
+        }
+    }
+}
+
+/// One connection's state, shared by its task, its requests and the registry.
+pub struct Conn {
+    id: u64,
+    epoch: Instant,
+    /// Requests being served (HTTP/2: streams), answers still being sent included.
+    in_flight: AtomicU32,
+    /// Requests begun on it so far.
+    started: AtomicU64,
+    /// When the last request ended (or the connection was accepted), in ms since `epoch`.
+    last_active: AtomicU64,
+    /// Since when (ms since `epoch`, plus one; 0: not) the request's body is awaited (HTTP/1).
+    receiving_since: AtomicU64,
+    /// Since when (as above) the answer is being sent (HTTP/1).
+    sending_since: AtomicU64,
+    /// Live readers waiting or streaming on it (HTTP/1: at most one).
+    live: AtomicU32,
+    /// Taken out of the count of connections (asked to close).
+    closing: AtomicBool,
+    order: AtomicU8,
+    orders: Notify,
+    live_changed: Notify,
+}
+
+impl Conn {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn stamp(&self) -> u64 {
+        self.now_ms().saturating_add(1)
+    }
+
+    fn begin_request(&self, receiving: bool) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.started.fetch_add(1, Ordering::Relaxed);
+        if receiving {
+            self.receiving_since.store(self.stamp(), Ordering::Release);
+        }
+    }
+
+    fn body_received(&self) {
+        self.receiving_since.store(0, Ordering::Release);
+    }
+
+    fn answer_ready(&self, sending: bool) {
+        self.receiving_since.store(0, Ordering::Release);
+        if sending {
+            self.sending_since.store(self.stamp(), Ordering::Release);
+        }
+    }
+
+    fn end_request(&self) {
+        self.sending_since.store(0, Ordering::Release);
+        self.last_active.store(self.now_ms(), Ordering::Release);
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn is_idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    /// Idle for at least [`IDLE_AFTER`].
+    fn idle_long_enough(&self) -> bool {
+        let idle_after = u64::try_from(IDLE_AFTER.as_millis()).unwrap_or(u64::MAX);
+        self.is_idle() && self.now_ms().saturating_sub(self.last_active.load(Ordering::Acquire)) >= idle_after
+    }
+
+    /// No request was ever begun on it, and none is: closing it loses nothing.
+    pub fn never_used(&self) -> bool {
+        self.started.load(Ordering::Acquire) == 0 && self.is_idle()
+    }
+
+    fn is_live(&self) -> bool {
+        self.live.load(Ordering::Acquire) > 0
+    }
+
+    /// Since when (ms since `epoch`) its request has waited on the client, if it is slow.
+    fn slow_since(&self) -> Option<u64> {
+        if self.is_live() || self.is_idle() {
+            return None;
+        }
+        let since = [self.receiving_since.load(Ordering::Acquire), self.sending_since.load(Ordering::Acquire)]
+            .into_iter()
+            .filter(|s| *s > 0)
+            .min()?
+            - 1;
+        let slow_after = u64::try_from(SLOW_AFTER.as_millis()).unwrap_or(u64::MAX);
+        (self.now_ms().saturating_sub(since) >= slow_after).then_some(since)
+    }
+
+    /// Whether it is slow now (see the module docs).
+    pub fn is_slow(&self) -> bool {
+        self.slow_since().is_some()
+    }
+
+    fn send(&self, order: Order) {
+        self.order.store(order.code(), Ordering::Release);
+        self.orders.notify_one();
+    }
+
+    /// The next order given to this connection.
+    pub async fn next_order(&self) -> Order {
+        loop {
+            let notified = self.orders.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(order) = Order::from_code(self.order.swap(0, Ordering::AcqRel)) {
+                return order;
+            }
+            notified.await;
+        }
+    }
+
+    /// Returns once a live reader waits on the connection (`true`) or none does (`false`).
+    pub async fn wait_live(&self, live: bool) {
+        loop {
+            let notified = self.live_changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_live() == live {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A live reader on the connection of the current task, while it lives (see [`mark_live`]).
+pub struct LiveMark(Arc<Conn>);
+
+impl Drop for LiveMark {
+    fn drop(&mut self) {
+        self.0.live.fetch_sub(1, Ordering::AcqRel);
+        self.0.live_changed.notify_waiters();
+    }
+}
+
+/// Marks the HTTP/1 connection the current task serves as holding a live reader, until the mark
+/// is dropped: such a connection is neither idle nor slow, and its task drops it when the client
+/// closes the socket. `None` outside an HTTP/1 connection's task.
+pub fn mark_live() -> Option<LiveMark> {
+    CONNECTION
+        .try_with(|conn| {
+            conn.live.fetch_add(1, Ordering::AcqRel);
+            conn.live_changed.notify_waiters();
+            LiveMark(Arc::clone(conn))
+        })
+        .ok()
+}
+
+/// Runs `fut` (an HTTP/1 connection's serving) with `conn` as the connection of its task.
+pub async fn serving_http1<F: Future>(conn: Arc<Conn>, fut: F) -> F::Output {
+    CONNECTION.scope(conn, fut).await
+}
+
+/// The connections of one listener; see the module docs.
+pub struct Registry {
+    max: usize,
+    /// What slow connections and live readers never hold together.
+    reserve: usize,
+    epoch: Instant,
+    next_id: AtomicU64,
+    inner: Mutex<Inner>,
+    /// A connection ended.
+    ended: Notify,
+}
+
+#[derive(Default)]
+struct Inner {
+    conns: HashMap<u64, Arc<Conn>>,
+    /// Connections not asked to close: at most `max`.
+    counted: usize,
+}
+
+/// A connection's place in the registry; given back when dropped.
+pub struct Place {
+    registry: Arc<Registry>,
+    conn: Arc<Conn>,
+}
+
+impl Place {
+    pub fn conn(&self) -> &Arc<Conn> {
+        &self.conn
+    }
+
+    /// The connection was asked to close as slow but is no longer: it counts again.
+    pub fn keep(&self) {
+        let mut inner = self.registry.lock();
+        if self.conn.closing.swap(false, Ordering::AcqRel) {
+            inner.counted += 1;
+        }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut inner = self.registry.lock();
+        inner.conns.remove(&self.conn.id);
+        if !self.conn.closing.load(Ordering::Acquire) {
+            inner.counted = inner.counted.saturating_sub(1);
+        }
+        drop(inner);
+        self.registry.ended.notify_waiters();
+    }
+}
+
+impl Registry {
+    pub fn new(max_connections: usize) -> Arc<Registry> {
+        let max = max_connections.max(1);
+        Arc::new(Registry {
+            max,
+            reserve: crate::live::connection_reserve(max),
+            epoch: Instant::now(),
+            next_id: AtomicU64::new(0),
+            inner: Mutex::new(Inner::default()),
+            ended: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A place for a new connection: at once below the limit; at it, once an idle or (beyond
+    /// the share slow ones may hold) slow connection was asked to close, or one ended.
+    pub async fn admit(self: &Arc<Self>) -> Place {
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if let Some(place) = self.try_admit() {
+                return place;
+            }
+            let _ = tokio::time::timeout(ADMIT_RECHECK, ended).await;
+        }
+    }
+
+    fn try_admit(self: &Arc<Self>) -> Option<Place> {
+        let mut inner = self.lock();
+        if inner.counted >= self.max && !self.evict(&mut inner) {
+            return None;
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = Arc::new(Conn {
+            id,
+            epoch: self.epoch,
+            in_flight: AtomicU32::new(0),
+            started: AtomicU64::new(0),
+            last_active: AtomicU64::new(u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)),
+            receiving_since: AtomicU64::new(0),
+            sending_since: AtomicU64::new(0),
+            live: AtomicU32::new(0),
+            closing: AtomicBool::new(false),
+            order: AtomicU8::new(0),
+            orders: Notify::new(),
+            live_changed: Notify::new(),
+        });
+        inner.conns.insert(id, Arc::clone(&conn));
+        inner.counted += 1;
+        Some(Place { registry: Arc::clone(self), conn })
+    }
+
+    /// Asks one connection to close to make room; whether one was.
+    fn evict(&self, inner: &mut Inner) -> bool {
+        let open = || inner.conns.values().filter(|c| !c.closing.load(Ordering::Acquire));
+        let idle = open().filter(|c| c.idle_long_enough()).min_by_key(|c| c.last_active.load(Ordering::Acquire));
+        let (victim, order) = match idle {
+            Some(c) => (Arc::clone(c), Order::Idle),
+            None => {
+                let live = open().filter(|c| c.is_live()).count();
+                let slow: Vec<_> = open().filter_map(|c| c.slow_since().map(|s| (s, c))).collect();
+                if live + slow.len() <= self.max.saturating_sub(self.reserve) {
+                    return false;
+                }
+                match slow.into_iter().min_by_key(|(s, _)| *s) {
+                    Some((_, c)) => (Arc::clone(c), Order::Slow),
+                    None => return false,
+                }
+            }
+        };
+        victim.closing.store(true, Ordering::Release);
+        inner.counted = inner.counted.saturating_sub(1);
+        let reason = if order == Order::Idle { "idle" } else { "slow" };
+        metrics::counter!("oncelog_connections_evicted_total", "reason" => reason).increment(1);
+        victim.send(order);
+        true
+    }
+
+    /// Asks every connection to close gracefully (the server is shutting down).
+    pub fn shutdown(&self) {
+        for conn in self.lock().conns.values() {
+            conn.send(Order::Shutdown);
+        }
+    }
+
+    /// Returns once every connection has ended.
+    pub async fn all_ended(&self) {
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if self.lock().conns.is_empty() {
+                return;
+            }
+            ended.await;
+        }
+    }
+}
+
+/// The front service of one connection, keeping the connection's state up to date; `phases`
+/// (HTTP/1) also tracks whether its request waits on the client's body or answer.
+#[derive(Clone)]
+pub struct Tracked {
+    front: Front,
+    conn: Arc<Conn>,
+    phases: bool,
+}
+
+impl Tracked {
+    pub fn new(front: Front, conn: Arc<Conn>, phases: bool) -> Tracked {
+        Tracked { front, conn, phases }
+    }
+}
+
+/// Ends its request's record when dropped (with the answer's body, or with the request).
+struct RequestGuard(Arc<Conn>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.0.end_request();
+    }
+}
+
+impl Service<Request<hyper::body::Incoming>> for Tracked {
+    type Response = Response<TrackedBody>;
+    type Error = Infallible;
+    type Future = TrackedFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<hyper::body::Incoming>) -> TrackedFuture {
+        use http_body::Body as _;
+        let receiving = self.phases && !req.body().is_end_stream();
+        self.conn.begin_request(receiving);
+        let guard = RequestGuard(Arc::clone(&self.conn));
+        let watcher = receiving.then(|| Arc::clone(&self.conn));
+        let req = req.map(|inner| TrackedIncoming { inner, conn: watcher });
+        TrackedFuture { inner: self.front.call(req), guard: Some(guard), sending: self.phases }
+    }
+}
+
+/// The request's answer, then its body's record.
+pub struct TrackedFuture {
+    inner: <Front as Service<Request<TrackedIncoming>>>::Future,
+    guard: Option<RequestGuard>,
+    sending: bool,
+}
+
+impl Future for TrackedFuture {
+    type Output = Result<Response<TrackedBody>, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let Poll::Ready(Ok(resp)) = self.inner.as_mut().poll(cx) else { return Poll::Pending };
+        let guard = self.guard.take();
+        if let Some(g) = &guard {
+            g.0.answer_ready(self.sending);
+        }
+        Poll::Ready(Ok(resp.map(|inner| TrackedBody { inner, _guard: guard })))
+    }
+}
+
+/// A request body that records when it has all arrived (or is given up).
+pub struct TrackedIncoming {
+    inner: hyper::body::Incoming,
+    conn: Option<Arc<Conn>>,
+}
+
+impl TrackedIncoming {
+    fn received(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            conn.body_received();
+        }
+    }
+}
+
+impl Drop for TrackedIncoming {
+    fn drop(&mut self) {
+        self.received();
+    }
+}
+
+impl http_body::Body for TrackedIncoming {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) || self.inner.is_end_stream() {
+            self.received();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// An answer's body, holding its request's record until it is sent (or dropped).
+pub struct TrackedBody {
+    inner: axum::body::Body,
+    _guard: Option<RequestGuard>,
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A new connection with a request in flight (`receiving`: waiting on its body).
+    fn busy(registry: &Arc<Registry>, receiving: bool) -> Option<Place> {
+        let place = registry.try_admit()?;
+        place.conn.begin_request(receiving);
+        Some(place)
+    }
+
+    fn ordered(place: &Place) -> Option<Order> {
+        Order::from_code(place.conn.order.load(Ordering::Acquire))
+    }
+
+    #[tokio::test]
+    async fn at_the_limit_the_idle_connection_idle_longest_makes_room() {
+        let registry = Registry::new(3);
+        let a = registry.try_admit().expect("a");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let b = registry.try_admit().expect("b");
+        let _c = busy(&registry, false).expect("c");
+        assert!(registry.try_admit().is_none(), "connections idle for less than IDLE_AFTER keep their place");
+        tokio::time::sleep(IDLE_AFTER).await;
+        let _d = busy(&registry, false).expect("the oldest idle one makes room");
+        assert_eq!((ordered(&a), ordered(&b)), (Some(Order::Idle), None), "only the oldest is asked to close");
+        let _e = busy(&registry, false).expect("then the next");
+        assert_eq!(ordered(&b), Some(Order::Idle));
+        assert!(registry.try_admit().is_none(), "no idle connection is left, and none is slow");
+    }
+
+    #[tokio::test]
+    async fn slow_connections_and_live_readers_leave_the_reserve() {
+        // 32 connections: a reserve of 2.
+        let registry = Registry::new(32);
+        let places: Vec<Place> = (0..32).map(|_| busy(&registry, true).expect("room")).collect();
+        assert!(registry.try_admit().is_none(), "busy, not slow yet");
+        tokio::time::sleep(SLOW_AFTER + Duration::from_millis(50)).await;
+        // All 32 are slow, more than the 30 they may hold: the slowest makes room, twice.
+        let _n1 = busy(&registry, false).expect("a place");
+        assert_eq!(places.iter().filter(|p| ordered(p) == Some(Order::Slow)).count(), 1);
+        let _n2 = busy(&registry, false).expect("another place");
+        // Now 30 slow ones and 2 others: the share is full, not exceeded.
+        assert!(registry.try_admit().is_none());
+        // A live reader counts in that share: with one of the slow ones live, still none.
+        places[5].conn.live.fetch_add(1, Ordering::AcqRel);
+        assert!(registry.try_admit().is_none());
+    }
+}
