@@ -53,8 +53,10 @@ pub(crate) struct Shipment {
     pub dead: Vec<u64>,
 }
 
-/// How often a start restores or checks again because the bucket moved on before its takeover.
-const TAKEOVER_ATTEMPTS: usize = 8;
+/// How often a start restores or checks again because the bucket moved on before its takeover
+/// (each after a pause of `oncelog_bucket::bucket::TAKEOVER_PAUSE`: together far longer than a
+/// busy writer takes to yield to the takeover's claim).
+const TAKEOVER_ATTEMPTS: usize = 16;
 
 /// Marks a restore in progress: a data directory holding it is restored again from scratch.
 const RESTORING: &str = "restoring";
@@ -128,13 +130,16 @@ pub(crate) async fn prepare(
                     check_holds(fs, &m.cut)?;
                 }
             }
-            match tier.bucket.take_over_after(newest.as_ref(), &node, now_ms).await.map_err(bucket_err)? {
-                Some(w) => break w,
-                None if attempts < TAKEOVER_ATTEMPTS => {
-                    tracing::info!("the bucket moved on before the takeover; checking against its new state");
-                }
-                None => return Err(bucket_err(BucketError::Contended)),
+            if let Some(w) = tier.bucket.take_over_after(newest.as_ref(), &node, now_ms).await.map_err(bucket_err)? {
+                break w;
             }
+            // A busy writer took the name first: it is asked to yield (as `Bucket::take_over`
+            // does), and this directory is checked against the state it leaves.
+            let lost_to = tier.bucket.lost_takeover(newest.as_ref(), &node).await.map_err(bucket_err)?;
+            if attempts >= TAKEOVER_ATTEMPTS {
+                return Err(bucket_err(tier.bucket.contended(lost_to).await));
+            }
+            tracing::info!("the bucket moved on before the takeover; checking against its new state");
         }
     };
     let cut = &writer.published().cut;
@@ -422,23 +427,28 @@ impl Shipper {
                 self.cache();
             }
             self.gauge_behind();
-            match shipped {
-                Ok(()) => {}
-                Err(BucketError::Fenced { mine, by }) => {
-                    let why = format!(
-                        "writes stopped: fenced by writer epoch {by} of the bucket (this node was epoch {mine}); \
-                         another node took the bucket over"
-                    );
-                    tracing::error!("{why}");
-                    self.counters.fail(why);
-                    self.wake_writer();
-                    self.end_fill(true);
-                    return;
-                }
+            let stopped = match shipped {
+                Ok(()) => None,
+                Err(BucketError::Fenced { mine, by }) => Some(format!(
+                    "writes stopped: fenced by writer epoch {by} of the bucket (this node was epoch {mine}); \
+                     another node took the bucket over"
+                )),
+                Err(BucketError::Yielded { mine, by, node }) => Some(format!(
+                    "writes stopped: node {node} is taking the bucket over as writer epoch {by} (this node was \
+                     epoch {mine}); yielded to it"
+                )),
                 Err(e) => {
                     metrics::counter!("oncelog_bucket_errors_total").increment(1);
                     tracing::warn!(error = %e, "shipping to the bucket failed; trying again");
+                    None
                 }
+            };
+            if let Some(why) = stopped {
+                tracing::error!("{why}");
+                self.counters.fail(why);
+                self.wake_writer();
+                self.end_fill(true);
+                return;
             }
             if stop {
                 self.end_fill(true);
