@@ -162,6 +162,11 @@ impl Bucket {
         self
     }
 
+    /// The prefix's location, as `--object-store` names it (`s3://BUCKET/PREFIX`, `file:///DIR`).
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
     fn path(&self, key: &str) -> Path {
         if self.prefix.is_empty() {
             Path::from(key)
@@ -352,7 +357,7 @@ impl Bucket {
         if epoch > 1 {
             self.delete(&keys::claim(epoch)).await;
         }
-        Ok(Some(Writer { bucket: self.clone(), last: m, older: Default::default(), claim_checked: None, yielded: None }))
+        Ok(Some(Writer { bucket: self.clone(), last: m, older: Default::default(), claim_checked: None, claim_check: None, yielded: None }))
     }
 
     /// Deletes the manifests older than `newest`'s predecessor that are no takeover manifest,
@@ -454,6 +459,9 @@ pub struct Writer {
     older: std::collections::VecDeque<(u64, std::time::Instant)>,
     /// When this writer last looked for a takeover's claim ([`CLAIM_CHECK_EVERY`]).
     claim_checked: Option<std::time::Instant>,
+    /// That look, while under way: a task of its own, so that a slow GET holds up no publish
+    /// (and with it no acknowledgement in `--ack-mode bucket`).
+    claim_check: Option<tokio::task::JoinHandle<Result<Option<String>, BucketError>>>,
     /// The node whose claim this writer yielded to: it publishes nothing more.
     yielded: Option<String>,
 }
@@ -498,7 +506,7 @@ impl Writer {
     pub async fn publish(&mut self, cut: Cut, now_ms: i64) -> Result<Vec<ObjectRef>, BucketError> {
         let check = |source| BucketError::Manifest { key: "(to publish)".into(), source };
         cut.check().map_err(check)?;
-        self.check_claim().await?;
+        self.check_claim()?;
         let table = self.table_for(&cut).await?;
         let mut tables: Vec<ObjectRef> = self.last.table.iter().map(|t| t.object.clone()).collect();
         // Built once (its cut is moved in, not copied per attempt); only its number changes.
@@ -520,6 +528,14 @@ impl Writer {
                 return Ok(self.replaced(tables));
             }
             let there = self.bucket.manifest(m.number).await?;
+            if there.epoch < self.last.epoch {
+                // No takeover of this prefix's state makes an older epoch (a hand-edited or
+                // copied manifest): not "fenced by" it, but stopped by it all the same.
+                return Err(BucketError::Manifest {
+                    key: keys::manifest(m.number),
+                    source: ManifestError::Inconsistent("its writer epoch is older than the manifest's before it"),
+                });
+            }
             if there.epoch != self.last.epoch {
                 return Err(BucketError::Fenced { mine: self.last.epoch, by: there.epoch });
             }
@@ -539,16 +555,30 @@ impl Writer {
         })
     }
 
-    /// [`BucketError::Yielded`] once a takeover claimed the next epoch (looked for at most
-    /// every [`CLAIM_CHECK_EVERY`]; once found, for good). Why a writer yields although the
-    /// takeover's create alone fences it: a writer publishing every few milliseconds takes
-    /// each name the takeover reads as next before the takeover creates it, forever.
-    async fn check_claim(&mut self) -> Result<(), BucketError> {
+    /// [`BucketError::Yielded`] once a takeover claimed the next epoch (for good, once found).
+    /// Looked for at most every [`CLAIM_CHECK_EVERY`], by a task that this waits for never: a
+    /// look's answer counts from the first publish after it arrived. Why a writer yields
+    /// although the takeover's create alone fences it: a writer publishing every few
+    /// milliseconds takes each name the takeover reads as next before the takeover creates it,
+    /// forever. A failed look is only tried again (the claim decides nothing; see
+    /// [`Bucket::take_over`]).
+    fn check_claim(&mut self) -> Result<(), BucketError> {
+        use futures_util::FutureExt;
         let mine = self.last.epoch;
         let Some(by) = mine.checked_add(1) else { return Ok(()) };
-        if self.yielded.is_none() && self.claim_checked.is_none_or(|t| t.elapsed() >= CLAIM_CHECK_EVERY) {
+        if let Some(look) = self.claim_check.take_if(|h| h.is_finished()) {
+            match look.now_or_never() {
+                Some(Ok(Ok(found))) => self.yielded = self.yielded.take().or(found),
+                Some(Ok(Err(e))) => tracing::debug!(error = %e, "looking for a takeover's claim failed"),
+                Some(Err(e)) => tracing::debug!(error = %e, "the look for a takeover's claim ended"),
+                None => {}
+            }
+        }
+        let due = self.claim_checked.is_none_or(|t| t.elapsed() >= CLAIM_CHECK_EVERY);
+        if self.yielded.is_none() && self.claim_check.is_none() && due {
             self.claim_checked = Some(std::time::Instant::now());
-            self.yielded = self.bucket.claimant(by).await?;
+            let bucket = self.bucket.clone();
+            self.claim_check = Some(tokio::spawn(async move { bucket.claimant(by).await }));
         }
         match &self.yielded {
             Some(node) => Err(BucketError::Yielded { mine, by, node: node.clone() }),

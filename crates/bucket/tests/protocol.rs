@@ -275,6 +275,58 @@ async fn a_writer_yields_to_a_takeovers_claim(kind: &str) {
     assert_eq!(b.claimant(2).await.expect("claimant"), None, "the claim is deleted once it did its work");
 }
 
+/// A manifest as an operator might hand-edit it into the prefix: number `number`, epoch `epoch`,
+/// its epoch's takeover at `number` after `before`'s.
+fn edited(number: u64, epoch: u64, before: &[Takeover]) -> Bytes {
+    let mut takeovers = before.to_vec();
+    takeovers.push(Takeover { epoch, number });
+    let m = Manifest {
+        format: oncelog_bucket::manifest::FORMAT,
+        number,
+        epoch,
+        takeovers,
+        node: "edited".into(),
+        written_ms: 0,
+        table: None,
+        cut: Cut::default(),
+    };
+    Bytes::from(m.encode())
+}
+
+/// Issue 45 item 11: a hand-edited manifest with the largest epoch there is used to make the
+/// next takeover wrap its epoch to 0 (a panic in a debug build); one with an older epoch than
+/// the writer's at the writer's next name read as "fenced by" that older epoch. Each is now
+/// refused naming the manifest and the rule it broke, and nothing is created.
+async fn a_hand_edited_manifest_is_refused_by_name_and_rule(kind: &str) {
+    let (b, _dir) = fresh(kind, "edited");
+    b.take_over("w", 1).await.expect("take over");
+    let first = [Takeover { epoch: 1, number: 1 }];
+    b.put_stray(&keys::manifest(2), edited(2, u64::MAX, &first)).await.expect("edit");
+    let refused = b.take_over("new", 2).await;
+    match &refused {
+        Err(BucketError::Manifest { key, source: ManifestError::Inconsistent(rule) }) => {
+            assert_eq!(key, &keys::manifest(2));
+            assert!(rule.contains("epoch"), "{rule}");
+        }
+        other => panic!("a takeover after epoch u64::MAX: {other:?}"),
+    }
+    assert_eq!(b.manifest_numbers().await.expect("list"), [1, 2], "nothing created");
+
+    let (b, _dir) = fresh(kind, "older");
+    b.take_over("w", 1).await.expect("take over");
+    let mut w = b.take_over("w2", 2).await.expect("take over");
+    assert_eq!((w.epoch(), w.published().number), (2, 2));
+    b.put_stray(&keys::manifest(3), edited(3, 1, &[])).await.expect("edit");
+    let refused = w.publish(Cut::default(), 3).await;
+    match &refused {
+        Err(BucketError::Manifest { key, source: ManifestError::Inconsistent(rule) }) => {
+            assert_eq!(key, &keys::manifest(3));
+            assert!(rule.contains("older"), "{rule}");
+        }
+        other => panic!("a publish onto an older epoch's manifest: {other:?}"),
+    }
+}
+
 /// A cut of sealed segments (`sealed`, each one object) and the growing segment after them.
 fn long_cut(sealed: std::ops::RangeInclusive<u64>, objects: &[ObjectRef], growing: &ObjectRef) -> Cut {
     let mut segments: Vec<SegmentRef> =
@@ -365,4 +417,5 @@ on_both!(
     a_long_cut_is_published_through_a_segment_table,
     a_takeover_wins_against_a_busy_writer,
     a_writer_yields_to_a_takeovers_claim,
+    a_hand_edited_manifest_is_refused_by_name_and_rule,
 );
