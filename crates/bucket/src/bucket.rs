@@ -357,7 +357,14 @@ impl Bucket {
         if epoch > 1 {
             self.delete(&keys::claim(epoch)).await;
         }
-        Ok(Some(Writer { bucket: self.clone(), last: m, older: Default::default(), claim_checked: None, claim_check: None, yielded: None }))
+        Ok(Some(Writer {
+            bucket: self.clone(),
+            last: m,
+            older: Default::default(),
+            claim_checked: None,
+            claim_check: None,
+            yielded: None,
+        }))
     }
 
     /// Deletes the manifests older than `newest`'s predecessor that are no takeover manifest,

@@ -264,10 +264,7 @@ async fn a_writer_yields_to_a_takeovers_claim(kind: &str) {
             r => break r,
         }
     };
-    assert!(
-        matches!(&stopped, Err(BucketError::Yielded { mine: 1, by: 2, node }) if node == "new"),
-        "{stopped:?}"
-    );
+    assert!(matches!(&stopped, Err(BucketError::Yielded { mine: 1, by: 2, node }) if node == "new"), "{stopped:?}");
     let again = w.publish(cut(lsn + 1, std::slice::from_ref(&o)), 6).await;
     assert!(matches!(again, Err(BucketError::Yielded { .. })), "a writer that yielded publishes again: {again:?}");
     let new = b.take_over("new", 7).await.expect("the takeover wins once the writer yielded");

@@ -161,7 +161,11 @@ pub(crate) async fn prepare(
              (the old prefix keeps what it had; this node no longer writes there)"
         ),
         Some(old) if old != here => {
-            tracing::info!(old_prefix = old, new_prefix = here, "a data directory without a log: restored from the new prefix")
+            tracing::info!(
+                old_prefix = old,
+                new_prefix = here,
+                "a data directory without a log: restored from the new prefix"
+            )
         }
         _ => {}
     }

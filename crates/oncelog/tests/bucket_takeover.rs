@@ -82,9 +82,8 @@ async fn a_new_node_takes_over_from_a_busy_writer(kind: &str) {
     let r = http.put(&old_url).header("content-type", "text/plain").send().await.expect("put");
     assert_eq!(r.status(), StatusCode::CREATED);
     let stop = Arc::new(AtomicBool::new(false));
-    let producers: Vec<_> = (0..PRODUCERS)
-        .map(|p| tokio::spawn(produce_until(http.clone(), old_url.clone(), p, stop.clone())))
-        .collect();
+    let producers: Vec<_> =
+        (0..PRODUCERS).map(|p| tokio::spawn(produce_until(http.clone(), old_url.clone(), p, stop.clone()))).collect();
     // The old node is publishing round after round before the new one starts.
     let deadline = Instant::now() + Duration::from_secs(30);
     while text(&http, &old_url).await.matches('|').count() < 50 {
