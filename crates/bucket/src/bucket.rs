@@ -37,6 +37,15 @@ const TABLE_SLACK: usize = 16;
 /// How often a takeover tries again when another node moved first, before it gives up.
 const TAKEOVER_ATTEMPTS: usize = 64;
 
+/// How often a writer looks for a takeover's claim ([`Bucket::claim`]) as it publishes: how
+/// long a node taking the prefix over waits at most for a busy writer to yield (plus one
+/// publish). At most one GET per this interval, and none while the writer is idle.
+pub const CLAIM_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How long a takeover that lost the name it would create waits before it tries again: a
+/// fraction of [`CLAIM_CHECK_EVERY`], so the tries span many of the writer's checks.
+pub const TAKEOVER_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// How long a writer keeps a manifest it published before deleting it (the newest two and
 /// every takeover manifest are kept regardless). Why not at once: a manifest's name must not
 /// come free while a node that listed the prefix before it existed may still create that
@@ -52,6 +61,11 @@ pub enum BucketError {
     Store { location: String, source: object_store::Error },
     #[error("fenced: writer epoch {by} took over this prefix (this writer is epoch {mine}); it writes nothing more")]
     Fenced { mine: u64, by: u64 },
+    #[error(
+        "yielded: node {node} is taking this prefix over as writer epoch {by} (this writer is epoch {mine}); \
+         it writes nothing more"
+    )]
+    Yielded { mine: u64, by: u64, node: String },
     #[error("object {key} is not what was written (expected {expected_len} bytes with CRC32C {expected_crc:08x})")]
     Corrupt { key: String, expected_len: u64, expected_crc: u32 },
     #[error("object {key}, named by {named_by}, is missing")]
@@ -60,8 +74,21 @@ pub enum BucketError {
     Conflict { key: String },
     #[error("manifest {key}: {source}")]
     Manifest { key: String, source: ManifestError },
-    #[error("the prefix's manifests kept changing ({TAKEOVER_ATTEMPTS} tries): another node is taking it over")]
-    Contended,
+    #[error(
+        "the takeover lost {tries} times running: {key}, of writer epoch {epoch} (node {node}), took the name \
+         this node was about to create, and that writer did not yield to the claim of the next epoch"
+    )]
+    Contended { tries: usize, key: String, epoch: u64, node: String },
+    #[error(
+        "the newest manifest was deleted before it could be read, {tries} times running (last {key}): \
+         a writer deletes its manifests faster than this node lists them"
+    )]
+    Vanishing { tries: usize, key: String },
+    #[error(
+        "manifests of this writer's own epoch {epoch} kept appearing where it publishes ({tries} tries, \
+         last {key}, node {node}): another process writes as this epoch"
+    )]
+    TwoWriters { tries: usize, key: String, epoch: u64, node: String },
 }
 
 /// A bucket prefix: a node's object store.
@@ -135,6 +162,11 @@ impl Bucket {
         self
     }
 
+    /// The prefix's location, as `--object-store` names it (`s3://BUCKET/PREFIX`, `file:///DIR`).
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
     fn path(&self, key: &str) -> Path {
         if self.prefix.is_empty() {
             Path::from(key)
@@ -200,27 +232,77 @@ impl Bucket {
     /// newest listed may be gone by the time it is read (the writer published twice since the
     /// listing): then the listing is taken again.
     pub async fn newest(&self) -> Result<Option<Manifest>, BucketError> {
+        let mut gone = 0;
         for _ in 0..TAKEOVER_ATTEMPTS {
             let Some(&n) = self.manifest_numbers().await?.last() else { return Ok(None) };
             match self.manifest(n).await {
-                Err(BucketError::Store { source: object_store::Error::NotFound { .. }, .. }) => continue,
+                Err(BucketError::Store { source: object_store::Error::NotFound { .. }, .. }) => gone = n,
                 got => return got.map(Some),
             }
         }
-        Err(BucketError::Contended)
+        Err(BucketError::Vanishing { tries: TAKEOVER_ATTEMPTS, key: keys::manifest(gone) })
     }
 
     /// Makes this process the prefix's one writer, with the next epoch: creates the manifest
     /// after the newest, carrying its cut. A writer of an older epoch that is still running is
     /// fenced from here on (its next publish fails).
+    ///
+    /// A busy writer (one publishing every few milliseconds, `--ack-mode bucket` under load)
+    /// creates the name this takeover reads as next before the takeover's create arrives,
+    /// every time. So after a lost try the takeover *claims* the next epoch ([`Bucket::claim`]),
+    /// which the writer finds within [`CLAIM_CHECK_EVERY`] and yields to (it publishes nothing
+    /// more), and tries again after [`TAKEOVER_PAUSE`]. The claim decides nothing: the fencing
+    /// and the cut carried over are still the manifest create's alone, exactly as without it.
     pub async fn take_over(&self, node: &str, now_ms: i64) -> Result<Writer, BucketError> {
+        let mut lost_to = None;
         for _ in 0..TAKEOVER_ATTEMPTS {
             let newest = self.newest().await?;
             if let Some(w) = self.take_over_after(newest.as_ref(), node, now_ms).await? {
                 return Ok(w);
             }
+            lost_to = self.lost_takeover(newest.as_ref(), node).await?;
         }
-        Err(BucketError::Contended)
+        Err(self.contended(lost_to).await)
+    }
+
+    /// After a takeover from `base` lost its name: claims the epoch after `base`'s, waits
+    /// [`TAKEOVER_PAUSE`], and returns the newest manifest (what took the name) for the error
+    /// of a takeover that gives up.
+    pub async fn lost_takeover(&self, base: Option<&Manifest>, node: &str) -> Result<Option<Manifest>, BucketError> {
+        self.claim(base, node).await?;
+        tokio::time::sleep(TAKEOVER_PAUSE).await;
+        self.newest().await
+    }
+
+    /// The error of a takeover that gave up, naming the manifest that took its name last.
+    pub async fn contended(&self, lost_to: Option<Manifest>) -> BucketError {
+        let (key, epoch, node) = match lost_to {
+            Some(m) => (keys::manifest(m.number), m.epoch, m.node),
+            None => ("(no manifest)".into(), 0, "(none)".into()),
+        };
+        BucketError::Contended { tries: TAKEOVER_ATTEMPTS, key, epoch, node }
+    }
+
+    /// Asks the writer of `base`'s epoch to yield: creates the claim of the next epoch
+    /// ([`keys::claim`], holding `node`), which that writer looks for as it publishes
+    /// ([`CLAIM_CHECK_EVERY`]). An existing claim (another takeover's, or this one's earlier
+    /// try) does the same. Nothing to claim without a manifest (no writer yet).
+    pub async fn claim(&self, base: Option<&Manifest>, node: &str) -> Result<(), BucketError> {
+        let Some(m) = base else { return Ok(()) };
+        let epoch = next_epoch(m)?;
+        if self.create(&keys::claim(epoch), Bytes::from(node.to_owned())).await? {
+            tracing::info!(location = %self.location, epoch, writer = %m.node, "the writer is busy: claimed the next epoch for this takeover");
+        }
+        Ok(())
+    }
+
+    /// The node that claimed writer epoch `epoch` for its takeover, if one did.
+    pub async fn claimant(&self, epoch: u64) -> Result<Option<String>, BucketError> {
+        match self.get(&keys::claim(epoch)).await {
+            Ok(node) => Ok(Some(String::from_utf8_lossy(&node).into_owned())),
+            Err(BucketError::Store { source: object_store::Error::NotFound { .. }, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// [`Bucket::take_over`] as of `base`, the newest manifest when the caller read it (`None`:
@@ -244,7 +326,7 @@ impl Bucket {
     ) -> Result<Option<Writer>, BucketError> {
         let (number, epoch, mut takeovers, cut) = match base {
             None => (1, 1, Vec::new(), Cut::default()),
-            Some(m) => (m.number + 1, m.epoch + 1, m.takeovers.clone(), m.cut.clone()),
+            Some(m) => (next_number(m)?, next_epoch(m)?, m.takeovers.clone(), m.cut.clone()),
         };
         takeovers.push(Takeover { epoch, number });
         let table = base.and_then(|m| m.table.clone());
@@ -270,7 +352,19 @@ impl Bucket {
         }
         tracing::info!(location = %self.location, epoch, manifest = number, "took over the bucket prefix");
         self.tidy(&m, number).await;
-        Ok(Some(Writer { bucket: self.clone(), last: m, older: Default::default() }))
+        // This epoch's claim, if a lost try made one, has done its work (the writer it asked
+        // to yield is fenced now); a takeover that wants this writer to yield claims the next.
+        if epoch > 1 {
+            self.delete(&keys::claim(epoch)).await;
+        }
+        Ok(Some(Writer {
+            bucket: self.clone(),
+            last: m,
+            older: Default::default(),
+            claim_checked: None,
+            claim_check: None,
+            yielded: None,
+        }))
     }
 
     /// Deletes the manifests older than `newest`'s predecessor that are no takeover manifest,
@@ -343,6 +437,23 @@ impl Bucket {
     }
 }
 
+/// The epoch of the takeover after `m`: refused when `m`'s is the last there is (a
+/// hand-edited manifest; adding one would wrap it to 0 and fence no one).
+fn next_epoch(m: &Manifest) -> Result<u64, BucketError> {
+    m.epoch.checked_add(1).ok_or_else(|| BucketError::Manifest {
+        key: keys::manifest(m.number),
+        source: ManifestError::Inconsistent("its writer epoch is the largest there is: no takeover can follow it"),
+    })
+}
+
+/// The number of the manifest after `m`: refused when `m`'s is the last there is.
+fn next_number(m: &Manifest) -> Result<u64, BucketError> {
+    m.number.checked_add(1).ok_or_else(|| BucketError::Manifest {
+        key: keys::manifest(m.number),
+        source: ManifestError::Inconsistent("its number is the largest there is: no manifest can follow it"),
+    })
+}
+
 /// The prefix's one writer, of one epoch, as long as it is not fenced.
 #[derive(Debug)]
 pub struct Writer {
@@ -353,6 +464,13 @@ pub struct Writer {
     /// first, with when each was superseded: deleted once [`KEEP_MANIFESTS`] old, except the
     /// newest two.
     older: std::collections::VecDeque<(u64, std::time::Instant)>,
+    /// When this writer last looked for a takeover's claim ([`CLAIM_CHECK_EVERY`]).
+    claim_checked: Option<std::time::Instant>,
+    /// That look, while under way: a task of its own, so that a slow GET holds up no publish
+    /// (and with it no acknowledgement in `--ack-mode bucket`).
+    claim_check: Option<tokio::task::JoinHandle<Result<Option<String>, BucketError>>>,
+    /// The node whose claim this writer yielded to: it publishes nothing more.
+    yielded: Option<String>,
 }
 
 impl Writer {
@@ -395,6 +513,7 @@ impl Writer {
     pub async fn publish(&mut self, cut: Cut, now_ms: i64) -> Result<Vec<ObjectRef>, BucketError> {
         let check = |source| BucketError::Manifest { key: "(to publish)".into(), source };
         cut.check().map_err(check)?;
+        self.check_claim()?;
         let table = self.table_for(&cut).await?;
         let mut tables: Vec<ObjectRef> = self.last.table.iter().map(|t| t.object.clone()).collect();
         // Built once (its cut is moved in, not copied per attempt); only its number changes.
@@ -408,24 +527,70 @@ impl Writer {
             table,
             cut,
         };
+        let mut there_node = String::new();
         for _ in 0..TAKEOVER_ATTEMPTS {
-            m.number = self.last.number + 1;
+            m.number = next_number(&self.last)?;
             if self.bucket.create(&keys::manifest(m.number), m.encode().into()).await? {
                 self.superseded_by(m).await;
                 return Ok(self.replaced(tables));
             }
             let there = self.bucket.manifest(m.number).await?;
+            if there.epoch < self.last.epoch {
+                // No takeover of this prefix's state makes an older epoch (a hand-edited or
+                // copied manifest): not "fenced by" it, but stopped by it all the same.
+                return Err(BucketError::Manifest {
+                    key: keys::manifest(m.number),
+                    source: ManifestError::Inconsistent("its writer epoch is older than the manifest's before it"),
+                });
+            }
             if there.epoch != self.last.epoch {
                 return Err(BucketError::Fenced { mine: self.last.epoch, by: there.epoch });
             }
             let done = there.cut == m.cut;
+            there_node.clone_from(&there.node);
             tables.extend(there.table.iter().map(|t| t.object.clone()));
             self.superseded_by(there).await;
             if done {
                 return Ok(self.replaced(tables));
             }
         }
-        Err(BucketError::Contended)
+        Err(BucketError::TwoWriters {
+            tries: TAKEOVER_ATTEMPTS,
+            key: keys::manifest(m.number),
+            epoch: self.last.epoch,
+            node: there_node,
+        })
+    }
+
+    /// [`BucketError::Yielded`] once a takeover claimed the next epoch (for good, once found).
+    /// Looked for at most every [`CLAIM_CHECK_EVERY`], by a task that this waits for never: a
+    /// look's answer counts from the first publish after it arrived. Why a writer yields
+    /// although the takeover's create alone fences it: a writer publishing every few
+    /// milliseconds takes each name the takeover reads as next before the takeover creates it,
+    /// forever. A failed look is only tried again (the claim decides nothing; see
+    /// [`Bucket::take_over`]).
+    fn check_claim(&mut self) -> Result<(), BucketError> {
+        use futures_util::FutureExt;
+        let mine = self.last.epoch;
+        let Some(by) = mine.checked_add(1) else { return Ok(()) };
+        if let Some(look) = self.claim_check.take_if(|h| h.is_finished()) {
+            match look.now_or_never() {
+                Some(Ok(Ok(found))) => self.yielded = self.yielded.take().or(found),
+                Some(Ok(Err(e))) => tracing::debug!(error = %e, "looking for a takeover's claim failed"),
+                Some(Err(e)) => tracing::debug!(error = %e, "the look for a takeover's claim ended"),
+                None => {}
+            }
+        }
+        let due = self.claim_checked.is_none_or(|t| t.elapsed() >= CLAIM_CHECK_EVERY);
+        if self.yielded.is_none() && self.claim_check.is_none() && due {
+            self.claim_checked = Some(std::time::Instant::now());
+            let bucket = self.bucket.clone();
+            self.claim_check = Some(tokio::spawn(async move { bucket.claimant(by).await }));
+        }
+        match &self.yielded {
+            Some(node) => Err(BucketError::Yielded { mine, by, node: node.clone() }),
+            None => Ok(()),
+        }
     }
 
     /// Of `tables`, those the last manifest does not name, once each.

@@ -4,6 +4,15 @@
 /// The folder of the manifests.
 pub const MANIFESTS: &str = "manifest";
 
+/// The folder of the takeovers' claims.
+pub const CLAIMS: &str = "claim";
+
+/// The claim of the takeover that will be writer epoch `epoch` ([`crate::Bucket::take_over`]):
+/// the writer of the epoch before it yields when it finds it.
+pub fn claim(epoch: u64) -> String {
+    format!("{CLAIMS}/{epoch:020}")
+}
+
 /// Manifest number `n`.
 pub fn manifest(n: u64) -> String {
     format!("{MANIFESTS}/{n:020}")
@@ -59,6 +68,8 @@ mod tests {
         assert!(manifest(9) < manifest(10));
         assert!(range(1, 2, 99, 120) < range(1, 2, 100, 101) && range(1, 2, 100, 200) < range(1, 3, 0, 1));
         assert_ne!(range(1, 2, 100, 150), range(1, 2, 100, 151));
+        assert_eq!(claim(2), "claim/00000000000000000002");
+        assert!(!is_log_object(&claim(2)), "a sweep never deletes a claim");
         assert_eq!(checkpoint(3, 12, 0xab), "epoch-0000000003/ckp-00000000000000000012-000000ab");
         assert!(is_log_object(&range(1, 2, 3, 4)) && is_log_object(&checkpoint(5, 6, 7)));
         assert!(is_log_object(&table(1, 2, 3, 4)));

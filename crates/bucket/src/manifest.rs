@@ -227,6 +227,16 @@ impl Manifest {
         if m.takeovers.last().map(|t| t.epoch) != Some(m.epoch) {
             return Err(ManifestError::Inconsistent("its epoch's takeover is not listed last"));
         }
+        // A hand-edited manifest must not make a takeover wrap an epoch or fence no one.
+        if m.epoch == 0 || m.number == 0 {
+            return Err(ManifestError::Inconsistent("writer epoch or number 0 (both start at 1)"));
+        }
+        if m.takeovers.windows(2).any(|w| w[0].epoch >= w[1].epoch || w[0].number >= w[1].number) {
+            return Err(ManifestError::Inconsistent("its takeovers are not in increasing epoch and number"));
+        }
+        if m.takeovers.last().is_some_and(|t| t.number > m.number) {
+            return Err(ManifestError::Inconsistent("its epoch's takeover is numbered after it"));
+        }
         Ok(m)
     }
 
@@ -398,6 +408,15 @@ mod tests {
         ));
         assert!(matches!(refused(&|m| m.takeovers.pop().map(drop).unwrap_or(())), Err(ManifestError::Inconsistent(_))));
         assert!(matches!(refused(&|m| m.cut.checkpoint = None), Err(ManifestError::Inconsistent(_))));
+        // Epochs and numbers a takeover could wrap or that would fence no one.
+        let takeover_zero = |m: &mut Manifest| {
+            m.epoch = 0;
+            m.takeovers = vec![Takeover { epoch: 0, number: 3 }];
+        };
+        assert!(matches!(refused(&takeover_zero), Err(ManifestError::Inconsistent(_))));
+        assert!(matches!(refused(&|m| m.takeovers[0].epoch = 2), Err(ManifestError::Inconsistent(_))));
+        assert!(matches!(refused(&|m| m.takeovers[0].number = 3), Err(ManifestError::Inconsistent(_))));
+        assert!(matches!(refused(&|m| m.takeovers[1].number = 5), Err(ManifestError::Inconsistent(_))));
         assert!(matches!(Manifest::decode(b"{\"format\":1}"), Err(ManifestError::Json(_))));
         assert!(matches!(Manifest::decode(b"not json"), Err(ManifestError::Json(_))));
     }

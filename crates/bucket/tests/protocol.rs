@@ -208,6 +208,122 @@ async fn a_takeover_from_a_stale_listing_is_withdrawn(kind: &str) {
     assert!(matches!(fenced, Err(BucketError::Fenced { mine: 1, by: 2 })), "{fenced:?}");
 }
 
+/// A takeover while the writer publishes as fast as it can (a node under continuous appends in
+/// `--ack-mode bucket`): the writer takes every manifest name the takeover reads as next, so the
+/// takeover must make it yield, and win. Nothing the old writer published is lost: its last
+/// successful publish is in the takeover's cut, and it publishes nothing after it.
+async fn a_takeover_wins_against_a_busy_writer(kind: &str) {
+    let (b, _dir) = fresh(kind, "busy-takeover");
+    let mut w = b.take_over("busy", 1).await.expect("take over");
+    let o = w.put("epoch-1/o", Bytes::from_static(b"frames")).await.expect("put");
+    let writer = tokio::spawn(async move {
+        let mut published = 0;
+        loop {
+            match w.publish(cut(published + 1, std::slice::from_ref(&o)), 2).await {
+                Ok(_) => published += 1,
+                Err(e) => return (published, e),
+            }
+        }
+    });
+    // The writer is publishing before the takeover starts.
+    while b.newest().await.expect("newest").is_none_or(|m| m.number < 5) {
+        tokio::task::yield_now().await;
+    }
+    let new = b.take_over("new", 3).await.expect("the takeover wins against a busy writer");
+    assert_eq!(new.epoch(), 2);
+    let (published, stopped) = writer.await.expect("writer");
+    assert!(
+        matches!(stopped, BucketError::Fenced { mine: 1, by: 2 } | BucketError::Yielded { mine: 1, by: 2, .. }),
+        "{stopped}"
+    );
+    assert_eq!(new.published().cut.end.lsn, published, "the old writer's last publish is in the takeover's cut");
+    let newest = b.newest().await.expect("newest").expect("a manifest");
+    assert_eq!((newest.epoch, newest.number), (2, new.published().number));
+}
+
+/// The claim, step by step: a takeover that lost its name to the writer claims the next epoch;
+/// the writer finds the claim within `CLAIM_CHECK_EVERY` and yields (for good: it publishes
+/// nothing more); the takeover then wins with the writer's last cut, and its claim is gone.
+async fn a_writer_yields_to_a_takeovers_claim(kind: &str) {
+    let (b, _dir) = fresh(kind, "claim");
+    let mut w = b.take_over("w", 1).await.expect("take over");
+    let o = w.put("epoch-1/o", Bytes::from_static(b"frames")).await.expect("put");
+    w.publish(cut(1, std::slice::from_ref(&o)), 2).await.expect("publish");
+    let base = b.newest().await.expect("newest");
+    w.publish(cut(2, std::slice::from_ref(&o)), 3).await.expect("publish");
+    let lost = b.take_over_after(base.as_ref(), "new", 4).await.expect("take over");
+    assert!(lost.is_none(), "the writer took the name first");
+    b.claim(base.as_ref(), "new").await.expect("claim");
+    // The writer goes on publishing until it looks for a claim (a deadline, not a timing:
+    // without the check it never stops).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut lsn = 2;
+    let stopped = loop {
+        match w.publish(cut(lsn + 1, std::slice::from_ref(&o)), 5).await {
+            Ok(_) if std::time::Instant::now() < deadline => lsn += 1,
+            r => break r,
+        }
+    };
+    assert!(matches!(&stopped, Err(BucketError::Yielded { mine: 1, by: 2, node }) if node == "new"), "{stopped:?}");
+    let again = w.publish(cut(lsn + 1, std::slice::from_ref(&o)), 6).await;
+    assert!(matches!(again, Err(BucketError::Yielded { .. })), "a writer that yielded publishes again: {again:?}");
+    let new = b.take_over("new", 7).await.expect("the takeover wins once the writer yielded");
+    assert_eq!((new.epoch(), new.published().cut.end.lsn), (2, lsn), "the writer's last publish is carried over");
+    assert_eq!(b.claimant(2).await.expect("claimant"), None, "the claim is deleted once it did its work");
+}
+
+/// A manifest as an operator might hand-edit it into the prefix: number `number`, epoch `epoch`,
+/// its epoch's takeover at `number` after `before`'s.
+fn edited(number: u64, epoch: u64, before: &[Takeover]) -> Bytes {
+    let mut takeovers = before.to_vec();
+    takeovers.push(Takeover { epoch, number });
+    let m = Manifest {
+        format: oncelog_bucket::manifest::FORMAT,
+        number,
+        epoch,
+        takeovers,
+        node: "edited".into(),
+        written_ms: 0,
+        table: None,
+        cut: Cut::default(),
+    };
+    Bytes::from(m.encode())
+}
+
+/// Issue 45 item 11: a hand-edited manifest with the largest epoch there is used to make the
+/// next takeover wrap its epoch to 0 (a panic in a debug build); one with an older epoch than
+/// the writer's at the writer's next name read as "fenced by" that older epoch. Each is now
+/// refused naming the manifest and the rule it broke, and nothing is created.
+async fn a_hand_edited_manifest_is_refused_by_name_and_rule(kind: &str) {
+    let (b, _dir) = fresh(kind, "edited");
+    b.take_over("w", 1).await.expect("take over");
+    let first = [Takeover { epoch: 1, number: 1 }];
+    b.put_stray(&keys::manifest(2), edited(2, u64::MAX, &first)).await.expect("edit");
+    let refused = b.take_over("new", 2).await;
+    match &refused {
+        Err(BucketError::Manifest { key, source: ManifestError::Inconsistent(rule) }) => {
+            assert_eq!(key, &keys::manifest(2));
+            assert!(rule.contains("epoch"), "{rule}");
+        }
+        other => panic!("a takeover after epoch u64::MAX: {other:?}"),
+    }
+    assert_eq!(b.manifest_numbers().await.expect("list"), [1, 2], "nothing created");
+
+    let (b, _dir) = fresh(kind, "older");
+    b.take_over("w", 1).await.expect("take over");
+    let mut w = b.take_over("w2", 2).await.expect("take over");
+    assert_eq!((w.epoch(), w.published().number), (2, 2));
+    b.put_stray(&keys::manifest(3), edited(3, 1, &[])).await.expect("edit");
+    let refused = w.publish(Cut::default(), 3).await;
+    match &refused {
+        Err(BucketError::Manifest { key, source: ManifestError::Inconsistent(rule) }) => {
+            assert_eq!(key, &keys::manifest(3));
+            assert!(rule.contains("older"), "{rule}");
+        }
+        other => panic!("a publish onto an older epoch's manifest: {other:?}"),
+    }
+}
+
 /// A cut of sealed segments (`sealed`, each one object) and the growing segment after them.
 fn long_cut(sealed: std::ops::RangeInclusive<u64>, objects: &[ObjectRef], growing: &ObjectRef) -> Cut {
     let mut segments: Vec<SegmentRef> =
@@ -296,4 +412,7 @@ on_both!(
     the_newest_manifest_is_read_while_the_writer_publishes,
     a_takeover_from_a_stale_listing_is_withdrawn,
     a_long_cut_is_published_through_a_segment_table,
+    a_takeover_wins_against_a_busy_writer,
+    a_writer_yields_to_a_takeovers_claim,
+    a_hand_edited_manifest_is_refused_by_name_and_rule,
 );

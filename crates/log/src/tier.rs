@@ -53,11 +53,17 @@ pub(crate) struct Shipment {
     pub dead: Vec<u64>,
 }
 
-/// How often a start restores or checks again because the bucket moved on before its takeover.
-const TAKEOVER_ATTEMPTS: usize = 8;
+/// How often a start restores or checks again because the bucket moved on before its takeover
+/// (each after a pause of `oncelog_bucket::bucket::TAKEOVER_PAUSE`: together far longer than a
+/// busy writer takes to yield to the takeover's claim).
+const TAKEOVER_ATTEMPTS: usize = 16;
 
 /// Marks a restore in progress: a data directory holding it is restored again from scratch.
 const RESTORING: &str = "restoring";
+
+/// The bucket prefix this data directory's writer last took over (its `--object-store`
+/// location): a directory started on another prefix says which one it leaves.
+const PREFIX: &str = "object-store";
 
 fn io(what: &str) -> impl Fn(std::io::Error) -> StorageError + '_ {
     move |e| backend(LogError::Io { what: what.into(), source: e })
@@ -102,7 +108,10 @@ pub(crate) async fn prepare(
 ) -> Result<(Writer, Option<Shipment>), StorageError> {
     let (id, known) = dir_id(fs)?;
     let node = format!("{}/{id}", tier.node);
-    let writer = if local_is_empty(fs)? {
+    let empty = local_is_empty(fs)?;
+    let previous = read_small(fs, PREFIX, "read the directory's bucket prefix")?;
+    let here = tier.bucket.location();
+    let writer = if empty {
         let writer = tier.bucket.take_over(&node, now_ms).await.map_err(bucket_err)?;
         if !writer.published().cut.segments.is_empty() {
             restore(fs, &tier.bucket, &writer.published().cut, now_ms).await?;
@@ -128,15 +137,41 @@ pub(crate) async fn prepare(
                     check_holds(fs, &m.cut)?;
                 }
             }
-            match tier.bucket.take_over_after(newest.as_ref(), &node, now_ms).await.map_err(bucket_err)? {
-                Some(w) => break w,
-                None if attempts < TAKEOVER_ATTEMPTS => {
-                    tracing::info!("the bucket moved on before the takeover; checking against its new state");
-                }
-                None => return Err(bucket_err(BucketError::Contended)),
+            if let Some(w) = tier.bucket.take_over_after(newest.as_ref(), &node, now_ms).await.map_err(bucket_err)? {
+                break w;
             }
+            // A busy writer took the name first: it is asked to yield (as `Bucket::take_over`
+            // does), and this directory is checked against the state it leaves.
+            let lost_to = tier.bucket.lost_takeover(newest.as_ref(), &node).await.map_err(bucket_err)?;
+            if attempts >= TAKEOVER_ATTEMPTS {
+                return Err(bucket_err(tier.bucket.contended(lost_to).await));
+            }
+            tracing::info!("the bucket moved on before the takeover; checking against its new state");
         }
     };
+    match previous.as_deref() {
+        // A directory that wrote to another prefix (typically a fenced node's, restarted with
+        // a new `--object-store`) brings its log to this one and is no longer the old one's
+        // writer: never silently.
+        Some(old) if old != here && !empty => tracing::warn!(
+            old_prefix = old,
+            new_prefix = here,
+            epoch = writer.epoch(),
+            "this data directory last wrote to bucket prefix {old}; it took over {here} with its log \
+             (the old prefix keeps what it had; this node no longer writes there)"
+        ),
+        Some(old) if old != here => {
+            tracing::info!(
+                old_prefix = old,
+                new_prefix = here,
+                "a data directory without a log: restored from the new prefix"
+            )
+        }
+        _ => {}
+    }
+    if previous.as_deref() != Some(here) {
+        write_small(fs, PREFIX, here, "record the directory's bucket prefix")?;
+    }
     let cut = &writer.published().cut;
     // The cut's segments that are not here (left in the bucket by a restore, or evicted) are
     // cold: read from the bucket.
@@ -179,6 +214,27 @@ fn dir_id(fs: &dyn Fs) -> Result<(String, bool), StorageError> {
     f.sync_data().map_err(io("sync the directory id"))?;
     fs.sync_dir("").map_err(io("sync the data directory"))?;
     Ok((id, false))
+}
+
+/// The contents of the small text file `name` of the data directory (trimmed; `None`: absent).
+fn read_small(fs: &dyn Fs, name: &str, what: &str) -> Result<Option<String>, StorageError> {
+    if !fs.exists(name).map_err(io(what))? {
+        return Ok(None);
+    }
+    let f = fs.open(name, false).map_err(io(what))?;
+    let len = usize::try_from(f.len().map_err(io(what))?).unwrap_or(usize::MAX).min(4096);
+    let mut buf = vec![0u8; len];
+    f.read_exact_at(&mut buf, 0).map_err(io(what))?;
+    Ok(Some(String::from_utf8_lossy(&buf).trim().to_owned()))
+}
+
+/// Replaces the small text file `name` of the data directory with `text`, synced.
+fn write_small(fs: &dyn Fs, name: &str, text: &str, what: &str) -> Result<(), StorageError> {
+    let f = fs.open(name, true).map_err(io(what))?;
+    f.set_len(0).map_err(io(what))?;
+    f.write_all_at(text.as_bytes(), 0).map_err(io(what))?;
+    f.sync_data().map_err(io(what))?;
+    fs.sync_dir("").map_err(io(what))
 }
 
 /// The data directory's checkpoint as a shipment (no segments to drop: the checkpointer that
@@ -422,23 +478,28 @@ impl Shipper {
                 self.cache();
             }
             self.gauge_behind();
-            match shipped {
-                Ok(()) => {}
-                Err(BucketError::Fenced { mine, by }) => {
-                    let why = format!(
-                        "writes stopped: fenced by writer epoch {by} of the bucket (this node was epoch {mine}); \
-                         another node took the bucket over"
-                    );
-                    tracing::error!("{why}");
-                    self.counters.fail(why);
-                    self.wake_writer();
-                    self.end_fill(true);
-                    return;
-                }
+            let stopped = match shipped {
+                Ok(()) => None,
+                Err(BucketError::Fenced { mine, by }) => Some(format!(
+                    "writes stopped: fenced by writer epoch {by} of the bucket (this node was epoch {mine}); \
+                     another node took the bucket over"
+                )),
+                Err(BucketError::Yielded { mine, by, node }) => Some(format!(
+                    "writes stopped: node {node} is taking the bucket over as writer epoch {by} (this node was \
+                     epoch {mine}); yielded to it"
+                )),
                 Err(e) => {
                     metrics::counter!("oncelog_bucket_errors_total").increment(1);
                     tracing::warn!(error = %e, "shipping to the bucket failed; trying again");
+                    None
                 }
+            };
+            if let Some(why) = stopped {
+                tracing::error!("{why}");
+                self.counters.fail(why);
+                self.wake_writer();
+                self.end_fill(true);
+                return;
             }
             if stop {
                 self.end_fill(true);
@@ -664,8 +725,9 @@ impl Shipper {
             cut.segments.iter().flat_map(|s| s.ranges.iter().map(|r| r.key.as_str())).collect();
         named.extend(cut.checkpoint.iter().map(|c| c.object.key.as_str()));
         named.extend(self.writer.published().table.iter().map(|t| t.object.key.as_str()));
-        named.extend(self.doomed.iter().flat_map(|(_, keys)| keys.iter().map(String::as_str)));
         let objects = self.writer.bucket().objects().await?;
+        self.check_named(&named, &objects);
+        named.extend(self.doomed.iter().flat_map(|(_, keys)| keys.iter().map(String::as_str)));
         let before = now_ms().saturating_sub(i64::try_from(self.sweep_after.as_millis()).unwrap_or(i64::MAX));
         let gone: Vec<String> = objects
             .into_iter()
@@ -680,6 +742,28 @@ impl Shipper {
             tracing::info!(objects = gone.len(), "swept objects no cut names");
         }
         Ok(())
+    }
+
+    /// Checks that every object the published cut names (`named`) is among those listed:
+    /// one deleted or lost under a running node would otherwise go unnoticed until a restore
+    /// from the bucket fails. Sets `oncelog_bucket_missing_objects`, and says which ones with an
+    /// ERROR line. Every named object was created before the manifest naming it was, and so
+    /// before this listing started (a listing may miss only what is created while it runs).
+    fn check_named(&self, named: &std::collections::HashSet<&str>, objects: &[(String, i64)]) {
+        let listed: std::collections::HashSet<&str> = objects.iter().map(|(k, _)| k.as_str()).collect();
+        let mut missing: Vec<&str> = named.iter().copied().filter(|k| !listed.contains(k)).collect();
+        metrics::gauge!("oncelog_bucket_missing_objects").set(missing.len() as f64);
+        if missing.is_empty() {
+            return;
+        }
+        missing.sort_unstable();
+        let shown = missing.iter().take(10).copied().collect::<Vec<_>>().join(", ");
+        tracing::error!(
+            manifest = %keys::manifest(self.writer.published().number),
+            missing = missing.len(),
+            "objects the published cut names are missing from the bucket (deleted or lost under this node): \
+             {shown}; a restore from the bucket would fail"
+        );
     }
 
     /// Deletes the objects whose grace period is over.

@@ -424,6 +424,87 @@ async fn the_sweep_deletes_what_no_cut_names_and_nothing_else(kind: &str) {
     third.shutdown().await.expect("shutdown");
 }
 
+/// The largest value a sweep of this process set `oncelog_bucket_missing_objects` to since the
+/// last [`MissingObjects::reset`]: the largest, since the sweeps of the other tests here set it
+/// too, to 0. Read through a global recorder of that one gauge, installed by the first call;
+/// every other metric goes nowhere.
+struct MissingObjects(std::sync::atomic::AtomicU64);
+
+impl MissingObjects {
+    fn get() -> &'static std::sync::Arc<MissingObjects> {
+        static SEEN: std::sync::OnceLock<std::sync::Arc<MissingObjects>> = std::sync::OnceLock::new();
+        SEEN.get_or_init(|| {
+            let max = std::sync::Arc::new(MissingObjects(std::sync::atomic::AtomicU64::new(0)));
+            metrics::set_global_recorder(MissingRecorder(max.clone())).expect("the only recorder of this test process");
+            max
+        })
+    }
+
+    fn seen(&self) -> f64 {
+        f64::from_bits(self.0.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    fn reset(&self) {
+        self.0.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl metrics::GaugeFn for MissingObjects {
+    fn increment(&self, _: f64) {}
+    fn decrement(&self, _: f64) {}
+    fn set(&self, value: f64) {
+        // Non-negative floats order as their bits do.
+        self.0.fetch_max(value.max(0.0).to_bits(), std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+struct MissingRecorder(std::sync::Arc<MissingObjects>);
+
+impl metrics::Recorder for MissingRecorder {
+    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn register_counter(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::noop()
+    }
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        if key.name() == "oncelog_bucket_missing_objects" {
+            metrics::Gauge::from_arc(self.0.clone())
+        } else {
+            metrics::Gauge::noop()
+        }
+    }
+    fn register_histogram(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+/// Issue 45 item 11: an object the published cut names, deleted under the running node, is
+/// noticed by its next sweep (the gauge, and an ERROR line naming it), not by a failed restore.
+async fn an_object_deleted_under_a_running_node_is_noticed(kind: &str) {
+    let (b, _guard) = bucket(kind, "missing");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = MissingObjects::get();
+    missing.reset();
+    let ms50 = Duration::from_millis(50);
+    let e = open_with(dir.path(), &b, "n", ms50, AckMode::Local, Duration::ZERO).expect("open");
+    create(&e, create_req("a", "text/plain")).await;
+    create(&e, create_req("b", "text/plain")).await;
+    write(&e, 0..20).await;
+    shipped(&e).await;
+    let cut = b.newest().await.expect("newest").expect("a manifest").cut;
+    let gone = cut.segments[0].ranges[0].key.clone();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // Sweeps before the deletion found nothing missing (those of other tests neither).
+    assert_eq!(missing.seen(), 0.0, "an object was missing before one was deleted");
+    b.delete(&gone).await;
+    while missing.seen() < 1.0 {
+        assert!(Instant::now() < deadline, "{gone}, named by the published cut, was deleted and no sweep noticed");
+        tokio::time::sleep(ms50).await;
+    }
+    e.shutdown().await.expect("shutdown");
+}
+
 /// The segment files in the data directory `dir`.
 fn local_segments(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir.join("log"))
@@ -796,6 +877,13 @@ on_both!(
     a_trimmed_streams_objects_leave_the_bucket,
     a_long_log_is_restored_through_its_segment_table,
 );
+
+/// Both store kinds in one test: the gauge it watches is one for the whole process.
+#[test]
+fn an_object_deleted_under_a_running_node_is_noticed_on_both() {
+    oncelog_storage::contract::run(|| an_object_deleted_under_a_running_node_is_noticed("dir"));
+    oncelog_storage::contract::run(|| an_object_deleted_under_a_running_node_is_noticed("s3"));
+}
 
 /// Made unreachable by replacing a directory: one store kind only.
 #[test]

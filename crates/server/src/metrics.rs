@@ -21,6 +21,7 @@
 //! | `oncelog_bucket_unshipped_bytes` | gauge | | log bytes written and not yet in a published cut, as of the last round |
 //! | `oncelog_bucket_unshipped_seconds` | gauge | | seconds since the bucket last held everything synced (0 when it does), as of the last round |
 //! | `oncelog_bucket_swept_total` | counter | | objects no cut names that the sweep deleted (a fenced writer's, a failed round's, a crashed node's) |
+//! | `oncelog_bucket_missing_objects` | gauge | | objects the published cut names that the last sweep did not find in the bucket (deleted or lost under the node; a restore would fail) |
 //! | `oncelog_bucket_folds_total` | counter | | segments whose objects were folded into one (sealed ones, and a growing one past 32 objects) |
 //! | `oncelog_bucket_gets_total` | counter | | ranged GETs of cold reads and cache fills (--object-store) |
 //! | `oncelog_bucket_cold_read_hits_total` | counter | | cold reads answered from the blocks kept in memory (read-ahead included) |
@@ -208,6 +209,7 @@ fn describe() {
     describe_counter!("oncelog_bucket_cache_fills_total", "Cold segments fetched back onto the local disk.");
     describe_counter!("oncelog_bucket_folds_total", "Segments whose objects were folded into one.");
     describe_counter!("oncelog_bucket_swept_total", "Objects no cut names that the sweep deleted (leftovers).");
+    describe_gauge!("oncelog_bucket_missing_objects", "Named objects the last sweep did not find.");
     describe_histogram!("oncelog_bucket_publish_seconds", "Creating one manifest.");
     describe_gauge!("oncelog_bucket_epoch", "This node's writer epoch of the bucket prefix.");
     describe_gauge!("oncelog_live_readers", "Open live reads, by mode: long-poll, sse.");
