@@ -160,46 +160,52 @@ fn a_link_planted_as_the_temporary_state_file_leaves_its_target_alone() {
     assert_eq!(meta.permissions().mode() & 0o777, 0o600, "the state holds log lines: only its owner reads it");
 }
 
+/// Starts a shipper on `state` that must be refused at once (`REFUSED_WITHIN`) with `why`,
+/// leaving no lock file.
+fn refused(h: &Harness, state: &Path, args: &[&str], why: &str) {
+    let log = h.dir.path().join("app.log");
+    std::fs::write(&log, "one\n").expect("log");
+    let out = common::run(ship(h, &log, state, args), b"", REFUSED_WITHIN);
+    assert!(!out.ok && out.stderr.contains(why), "expected {why:?}:\n{}", out.stderr);
+    let lock = PathBuf::from(format!("{}.lock", state.display()));
+    assert!(std::fs::symlink_metadata(&lock).is_err(), "{} left behind", lock.display());
+    assert!(stream_bytes(h).is_empty());
+}
+
 #[test]
-fn a_state_file_that_is_a_link_a_fifo_or_too_large_is_refused_at_once_with_the_reason() {
+fn a_state_file_that_is_a_link_is_refused_and_its_target_left_alone() {
     let h = server(SERVER_MAX);
     let dir = h.dir.path();
-    let log = dir.join("app.log");
-    std::fs::write(&log, "one\n").expect("log");
     let victim = dir.join("precious");
     std::fs::write(&victim, "precious\n").expect("victim");
-    let refused = |state: &Path, args: &[&str], why: &str| {
-        let out = common::run(ship(&h, &log, state, args), b"", REFUSED_WITHIN);
-        assert!(!out.ok && out.stderr.contains(why), "expected {why:?}:\n{}", out.stderr);
-        // A failed start leaves no lock file behind.
-        let lock = PathBuf::from(format!("{}.lock", state.display()));
-        assert!(std::fs::symlink_metadata(&lock).is_err(), "{} left behind", lock.display());
-    };
-
     let linked = dir.join("linked.state");
     symlink(&victim, &linked);
-    refused(&linked, &[], "is a symbolic link, not a regular file");
+    refused(&h, &linked, &[], "linked.state is a symbolic link, not a regular file");
     assert_eq!(std::fs::read(&victim).expect("victim"), b"precious\n");
+}
 
+#[test]
+fn a_state_file_linked_to_dev_zero_is_refused_at_once() {
+    let h = server(SERVER_MAX);
     // Read to its end, it would never end: refused as a link, before anything is read.
-    let zero = dir.join("zero.state");
+    let zero = h.dir.path().join("zero.state");
     symlink(Path::new("/dev/zero"), &zero);
-    refused(&zero, &[], "is a symbolic link, not a regular file");
+    refused(&h, &zero, &[], "zero.state is a symbolic link, not a regular file");
+}
 
+#[test]
+fn a_state_file_that_is_a_fifo_or_larger_than_a_state_can_be_is_refused_with_the_reason() {
+    let h = server(SERVER_MAX);
+    let dir = h.dir.path();
     // Opened for reading, a FIFO waits for a writer.
     let fifo = dir.join("fifo.state");
     mkfifo(&fifo);
-    refused(&fifo, &[], "is a FIFO, not a regular file");
-
-    // Larger than a header and one batch of --max-line-bytes can be.
+    refused(&h, &fifo, &[], "fifo.state is a FIFO, not a regular file");
+    // Larger than a header (64 KiB) and one batch of --max-line-bytes (plus a newline) can be.
     let large = dir.join("large.state");
     std::fs::write(&large, vec![b'x'; (64 << 10) + 2000 + 2]).expect("large state");
-    refused(
-        &large,
-        &["--max-line-bytes", "2000", "--batch-bytes", "1000"],
-        "more than a state file of this shipper holds",
-    );
-    assert!(stream_bytes(&h).is_empty());
+    let args = ["--max-line-bytes", "2000", "--batch-bytes", "1000"];
+    refused(&h, &large, &args, "is 67538 bytes, more than a state file of this shipper holds (67537");
 }
 
 #[test]
