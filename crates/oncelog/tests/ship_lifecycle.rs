@@ -59,11 +59,16 @@ impl Running {
         }
     }
 
-    /// SIGTERM, then its exit status (it must end within 10 s).
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("running");
-        let kill = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
+    /// Sends SIGTERM.
+    fn sigterm(&self) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let kill = std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
         assert!(kill.success());
+    }
+
+    /// Its exit status (it must end within 10 s).
+    fn wait(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(status) = child.try_wait().expect("wait") {
@@ -76,6 +81,12 @@ impl Running {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// SIGTERM, then its exit status.
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        self.sigterm();
+        self.wait()
     }
 }
 
@@ -189,6 +200,53 @@ fn sigterm_finishes_the_append_and_exits_0_and_a_restart_ships_nothing_twice() {
     wait_for(&h, &content, &shipper);
     assert_eq!(shipper.terminate().code(), Some(0), "{}", shipper.stderr());
     assert!(stream_bytes(&h) == content, "the stream differs from the file");
+}
+
+#[test]
+fn sigterm_while_an_append_waits_for_its_answer_lets_it_finish() {
+    let h = harness();
+    let dir = h.dir.path();
+    let log = dir.join("app.log");
+    let content = lines(0, 10_000);
+    std::fs::write(&log, &content).expect("log");
+    let state = dir.join("app.log.oncelog-ship");
+    // The shipper talks to the server through a path that can go silent.
+    let proxy = h.rt.block_on(common::freeze::FreezeProxy::start(h.addr));
+    let mut cmd = bin();
+    cmd.arg("ship").arg(&log).arg(STREAM).args(["--poll-ms", "20", "--batch-bytes", "1024", "--url"]);
+    cmd.arg(format!("http://{}/v1/stream", proxy.addr)).env("NO_COLOR", "1");
+    let mut shipper = Running::start(cmd, dir.join("ship.stderr"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while stream_bytes(&h).len() < 5_000 {
+        assert!(Instant::now() < deadline, "nothing shipped:\n{}", shipper.stderr());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Frozen: the next batch is recorded as pending and waits for its answer.
+    proxy.freeze();
+    let pending = || std::fs::read(&state).is_ok_and(|s| s.windows(8).any(|w| w == b"pending "));
+    loop {
+        if pending() {
+            std::thread::sleep(Duration::from_millis(100));
+            if pending() {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "no batch waits:\n{}", shipper.stderr());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let waiting = stream_bytes(&h).len();
+    // Stopped while it waits; the path heals within the shipper's grace: the answer is recorded.
+    shipper.sigterm();
+    shipper.wait_line(&["stopping: the append in flight, if any, is finished first"]);
+    proxy.heal();
+    let status = shipper.wait();
+    assert_eq!(status.code(), Some(0), "{}", shipper.stderr());
+    assert!(!pending(), "the batch in flight was not finished:\n{}", shipper.stderr());
+    assert!(stream_bytes(&h).len() > waiting, "the batch in flight was not stored");
+    // And the rest, once.
+    let mut shipper = Running::start(ship(&h, &log, STREAM, &[]), dir.join("ship2.stderr"));
+    wait_for(&h, &content, &shipper);
+    assert_eq!(shipper.terminate().code(), Some(0), "{}", shipper.stderr());
 }
 
 #[test]
