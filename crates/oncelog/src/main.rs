@@ -142,6 +142,8 @@ fn main() -> std::process::ExitCode {
             Command::Serve(a) => &a.log,
             Command::Sink(cmd) => cmd.log(),
             Command::Backup(a) => &a.log,
+            #[cfg(unix)]
+            Command::Ship(a) => &a.log,
             _ => &logging::LogArgs::QUIET,
         },
         secrets,
@@ -213,10 +215,9 @@ fn main() -> std::process::ExitCode {
         Command::Append(args) => return commands::exit(runtime.block_on(commands::append(args))),
         Command::Read(args) => return commands::exit(runtime.block_on(commands::read(args))),
         Command::Tail(args) => return commands::exit(runtime.block_on(commands::tail(args))),
+        // Unattended like `serve`: its end is logged (in --log-format), not printed.
         #[cfg(unix)]
-        Command::Ship(args) => {
-            return commands::exit(runtime.block_on(ship::ship(args)).map_err(commands::CliError::from))
-        }
+        Command::Ship(args) => runtime.block_on(ship::ship(args)).map_err(Into::into),
         Command::Head(args) => return commands::exit(runtime.block_on(commands::head(args))),
         Command::Close(args) => return commands::exit(runtime.block_on(commands::close(args))),
         Command::Delete(args) => return commands::exit(runtime.block_on(commands::delete(args))),

@@ -8,8 +8,17 @@
 //!   changed (it was truncated and written past the position between two looks): reading starts
 //!   again at 0. Bytes read in the same look as a truncation are dropped rather than trusted,
 //!   since they may be new content read from the old position.
-//! - **Partial line**: bytes after the last newline wait for their newline. In a file that was
+//! - **Partial line**: bytes after the last newline wait for their newline, and are not read
+//!   again at every poll: how far they were searched for a newline is kept. In a file that was
 //!   rotated away, a last line that never got one is shipped with a newline added.
+//! - **Long line** (longer than `--max-line-bytes`, newline included): `--on-long-line` says what
+//!   happens. `stop` fails at once, naming its offset and length; `split` hands it out in pieces
+//!   of `--max-line-bytes` (each a batch of its own, exactly once as batches are); `skip` moves
+//!   the cursor past it once its newline has arrived (the caller records that). The line is never
+//!   held in memory whole: it is searched for its newline a chunk at a time.
+//! - **Not a regular file**: FILE (or what a symbolic link at FILE points to, which is fine) must
+//!   be a regular file; a FIFO, device or directory is refused, opened without waiting for a
+//!   FIFO's writer.
 //! - **Restart**: [`Follower::resume`] finds the cursor's file under FILE, or, when FILE was
 //!   rotated while the shipper was stopped, in FILE's directory by its identity, and finishes it
 //!   first.
@@ -18,8 +27,10 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::state::{Cursor, FileId};
-use super::ShipError;
+use std::os::unix::fs::OpenOptionsExt;
+
+use super::state::{Cursor, FileId, HEAD_BYTES};
+use super::{OnLongLine, ShipError};
 
 /// What one look at the file found.
 #[derive(Debug, PartialEq, Eq)]
@@ -28,6 +39,9 @@ pub enum Step {
     Lines(Vec<u8>),
     /// The cursor moved to another file or back to the start, with nothing to send: persist it.
     Moved,
+    /// A line longer than the limit (`--on-long-line skip`), `len` bytes from `offset`, newline
+    /// included: the cursor moved past it. Persist it, so a restart does not read it again.
+    Skipped { offset: u64, len: u64 },
     /// Nothing new.
     Idle,
 }
@@ -37,8 +51,10 @@ pub enum Step {
 pub struct Limits {
     /// Most bytes handed out at once (a longer line goes alone).
     pub batch_bytes: usize,
-    /// Longest line, newline included; a longer one stops the shipper. At least `batch_bytes`.
+    /// Longest line, newline included; a longer one is what `on_long_line` says. At least
+    /// `batch_bytes`.
     pub max_line_bytes: usize,
+    pub on_long_line: OnLongLine,
 }
 
 pub struct Follower {
@@ -51,13 +67,17 @@ pub struct Follower {
     /// The old file's size when FILE was first seen to name another file (a rotation waits for
     /// one quiet poll).
     rotated_at: Option<u64>,
+    /// Bytes from the cursor known to hold no newline: a line still being written (or one too
+    /// long that waits for its newline to be skipped) is searched from here at the next look, not
+    /// read again from its start. 0 whenever the cursor moves.
+    scanned: u64,
 }
 
 impl Follower {
     /// Picks up where `cursor` left off: in FILE if it is still the same file with the same
     /// content, else in the rotated file found in FILE's directory, else at the start of FILE.
     pub fn resume(path: PathBuf, cursor: Cursor) -> Result<Follower, ShipError> {
-        let mut f = Follower { path, open: None, cursor: Cursor::default(), rotated_at: None };
+        let mut f = Follower { path, open: None, cursor: Cursor::default(), rotated_at: None, scanned: 0 };
         let Some(id) = cursor.file else {
             return Ok(f);
         };
@@ -68,8 +88,10 @@ impl Follower {
             }
         };
         let Some(file) = found else {
-            eprintln!(
-                "oncelog ship: {} was replaced while the shipper was stopped and the old file is gone: anything it held after byte {} was not shipped",
+            tracing::warn!(
+                file = %f.path.display(),
+                position = cursor.position,
+                "{} was replaced while the shipper was stopped and the old file is gone: anything it held after byte {} was not shipped",
                 f.path.display(),
                 cursor.position
             );
@@ -80,8 +102,20 @@ impl Follower {
         Ok(f)
     }
 
+    /// FILE, as given.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     pub fn cursor(&self) -> &Cursor {
         &self.cursor
+    }
+
+    /// Bytes of the open file not handed out yet (what the shipper lags behind it); 0 before
+    /// FILE exists.
+    pub fn lag(&self) -> u64 {
+        let Some(file) = &self.open else { return 0 };
+        file.metadata().map_or(0, |m| m.len().saturating_sub(self.cursor.position))
     }
 
     /// One look: new lines, a move to another file or back to the start, or nothing.
@@ -96,26 +130,46 @@ impl Follower {
         }
         let pos = self.cursor.position;
         if size > pos {
-            let lines = match read_lines(file, pos, size, limits).map_err(io)? {
-                Read::Lines(lines) => lines,
-                Read::Unfinished => Vec::new(),
-                Read::TooLong => {
-                    return Err(ShipError::LineTooLong { path: self.path.clone(), max: limits.max_line_bytes })
-                }
+            let (lines, skip) = match read_lines(file, pos, size, limits, &mut self.scanned).map_err(io)? {
+                Read::Lines(lines) => (lines, 0),
+                Read::Skip(len) => (Vec::new(), len),
+                Read::Unfinished => (Vec::new(), 0),
+                Read::TooLong { len, seen } => return Err(self.too_long(len, seen, limits)),
                 Read::Truncated => return Ok(self.restart_file()),
             };
             // Checked again after the read: bytes read across a truncation are not trusted.
             let now = file.metadata().map_err(io)?.len();
-            if now < pos + lines.len() as u64 || !self.intact(file, now).map_err(io)? {
+            let end = pos + lines.len() as u64 + skip;
+            if now < end || !self.intact(file, now).map_err(io)? {
                 return Ok(self.restart_file());
+            }
+            if skip > 0 {
+                if !skip_head(file, &mut self.cursor, skip).map_err(io)? {
+                    return Ok(self.restart_file());
+                }
+                self.rotated_at = None;
+                self.scanned = 0;
+                return Ok(Step::Skipped { offset: pos, len: skip });
             }
             if !lines.is_empty() {
                 self.rotated_at = None;
+                self.scanned = 0;
                 self.cursor.advance(&lines);
                 return Ok(Step::Lines(lines));
             }
         }
-        self.rotation(size)
+        self.rotation(size, limits)
+    }
+
+    /// The error for a line longer than the limit at the cursor (`--on-long-line stop`).
+    fn too_long(&self, len: Option<u64>, seen: u64, limits: Limits) -> ShipError {
+        ShipError::LineTooLong {
+            path: self.path.clone(),
+            offset: self.cursor.position,
+            len,
+            seen,
+            max: limits.max_line_bytes,
+        }
     }
 
     /// Whether the open file still holds what the cursor says was read: not shorter than the
@@ -134,15 +188,16 @@ impl Follower {
 
     /// The file was truncated (or rewritten): its new content is read from the start.
     fn restart_file(&mut self) -> Step {
-        eprintln!("oncelog ship: {} was truncated; reading it again from the start", self.path.display());
+        tracing::warn!(file = %self.path.display(), "{} was truncated; reading it again from the start", self.path.display());
         self.cursor.position = 0;
         self.cursor.head.clear();
         self.rotated_at = None;
+        self.scanned = 0;
         Step::Moved
     }
 
     /// At the end of the open file: has FILE been rotated away from it?
-    fn rotation(&mut self, size: u64) -> Result<Step, ShipError> {
+    fn rotation(&mut self, size: u64, limits: Limits) -> Result<Step, ShipError> {
         let renamed = match std::fs::metadata(&self.path) {
             Ok(meta) => Some(FileId::of(&meta)) != self.cursor.file,
             // Between the rename and the new file's creation: keep reading the old one.
@@ -161,27 +216,61 @@ impl Follower {
         let pos = self.cursor.position;
         if size > pos {
             // A last line without newline: it will not get one any more.
-            let mut rest = vec![0; usize::try_from(size - pos).unwrap_or(usize::MAX)];
+            let io = |source| ShipError::Io { path: self.path.clone(), source };
             let Some(file) = &self.open else { return Ok(Step::Idle) };
-            file.read_exact_at(&mut rest, pos).map_err(|source| ShipError::Io { path: self.path.clone(), source })?;
-            eprintln!("oncelog ship: the rotated file's last line had no newline; shipped with one added");
+            let len = size - pos;
+            let max = limits.max_line_bytes as u64;
+            // With the newline added it would be longer than the limit.
+            if len >= max {
+                match limits.on_long_line {
+                    OnLongLine::Stop => return Err(self.too_long(Some(len + 1), len, limits)),
+                    OnLongLine::Skip => {
+                        if !skip_head(file, &mut self.cursor, len).map_err(io)? {
+                            return Ok(Step::Idle);
+                        }
+                        self.scanned = 0;
+                        return Ok(Step::Skipped { offset: pos, len });
+                    }
+                    OnLongLine::Split => {
+                        // A piece now; the rest, shorter, at the next look.
+                        let mut piece = vec![0; limits.max_line_bytes];
+                        file.read_exact_at(&mut piece, pos).map_err(io)?;
+                        self.scanned = 0;
+                        self.cursor.advance(&piece);
+                        return Ok(Step::Lines(piece));
+                    }
+                }
+            }
+            let mut rest = vec![0; usize::try_from(len).unwrap_or(usize::MAX)];
+            file.read_exact_at(&mut rest, pos).map_err(io)?;
+            tracing::info!(file = %self.path.display(), "the rotated file's last line had no newline; shipped with one added");
+            self.scanned = 0;
             self.cursor.advance(&rest);
             rest.push(b'\n');
             return Ok(Step::Lines(rest));
         }
         self.open = None;
         self.rotated_at = None;
+        self.scanned = 0;
         self.cursor = Cursor::default();
         self.open_file(Step::Moved)
     }
 
     /// Opens FILE to read it from its start; `missing` when it does not exist.
     fn open_file(&mut self, missing: Step) -> Result<Step, ShipError> {
-        match File::open(&self.path) {
+        match open_log(&self.path) {
             Ok(file) => {
                 let meta = file.metadata().map_err(|source| ShipError::Io { path: self.path.clone(), source })?;
+                if !meta.is_file() {
+                    return Err(ShipError::NotRegular {
+                        path: self.path.clone(),
+                        what: super::state::kind(&meta.file_type()),
+                        why: "`oncelog ship` follows a regular file (a symbolic link to one is fine)",
+                    });
+                }
                 self.cursor = Cursor { file: Some(FileId::of(&meta)), position: 0, head: Vec::new() };
                 self.open = Some(file);
+                self.scanned = 0;
                 Ok(Step::Moved)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(missing),
@@ -190,47 +279,111 @@ impl Follower {
     }
 }
 
+/// Opens a log file (through a symbolic link, as `tail -F` does) without waiting for a writer
+/// when it is a FIFO (`O_NONBLOCK`, which regular files ignore): the caller looks at what it is.
+fn open_log(path: &Path) -> std::io::Result<File> {
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path)
+}
+
+/// Moves `cursor` past `len` bytes of `file` without handing them out, reading only what its
+/// head still lacks; `false` when the file ended first (truncated meanwhile).
+fn skip_head(file: &File, cursor: &mut Cursor, len: u64) -> std::io::Result<bool> {
+    let room = (HEAD_BYTES.saturating_sub(cursor.head.len()) as u64).min(len);
+    let mut head = vec![0; room as usize];
+    if !read_at(file, &mut head, cursor.position)? {
+        return Ok(false);
+    }
+    cursor.head.extend_from_slice(&head);
+    cursor.position += len;
+    Ok(true)
+}
+
 /// What [`read_lines`] found.
 enum Read {
-    /// Whole lines, newline included.
+    /// Whole lines, newline included, or (`--on-long-line split`) a piece of a long line.
     Lines(Vec<u8>),
     /// A line whose newline has not arrived yet.
     Unfinished,
-    /// A line longer than `max_line_bytes`.
-    TooLong,
+    /// A line longer than `max_line_bytes`, this long (newline included), to skip.
+    Skip(u64),
+    /// A line longer than `max_line_bytes` (`--on-long-line stop`): its length, newline
+    /// included, when its newline is in the file; `seen`, the bytes of it in the file.
+    TooLong { len: Option<u64>, seen: u64 },
     /// The file turned out shorter than its size said: truncated meanwhile.
     Truncated,
 }
 
+/// How much of a long line is read at once while its newline is searched for.
+const SCAN_CHUNK: u64 = 64 << 10;
+
 /// The whole lines from `pos`: up to `batch_bytes` of them, or one longer line (up to
-/// `max_line_bytes`, which is at least `batch_bytes`).
-fn read_lines(file: &File, pos: u64, size: u64, limits: Limits) -> std::io::Result<Read> {
+/// `max_line_bytes`, which is at least `batch_bytes`), or what `on_long_line` says of a line
+/// longer still. `scanned`: bytes from `pos` already known to hold no newline (kept up to date).
+fn read_lines(file: &File, pos: u64, size: u64, limits: Limits, scanned: &mut u64) -> std::io::Result<Read> {
+    if pos + *scanned > size {
+        return Ok(Read::Truncated);
+    }
     let available = size - pos;
-    let want = available.min(limits.batch_bytes as u64) as usize;
-    let mut buf = vec![0; want];
-    if !read_at(file, &mut buf, pos)? {
-        return Ok(Read::Truncated);
+    let max = limits.max_line_bytes as u64;
+    if *scanned == 0 {
+        let want = available.min(limits.batch_bytes as u64) as usize;
+        let mut buf = vec![0; want];
+        if !read_at(file, &mut buf, pos)? {
+            return Ok(Read::Truncated);
+        }
+        if let Some(i) = buf.iter().rposition(|&b| b == b'\n') {
+            buf.truncate(i + 1);
+            return Ok(Read::Lines(buf));
+        }
+        *scanned = want as u64;
     }
-    if let Some(i) = buf.iter().rposition(|&b| b == b'\n') {
-        buf.truncate(i + 1);
-        return Ok(Read::Lines(buf));
+    // A line longer than a batch, or one still being written: its newline is searched for in
+    // the bytes not searched yet, as far as the policy needs (`split` only to the limit; the
+    // others to the end, to tell the line's length).
+    let until = match limits.on_long_line {
+        OnLongLine::Split => size.min(pos + max),
+        OnLongLine::Stop | OnLongLine::Skip => size,
+    };
+    let mut chunk = Vec::new();
+    let mut newline = None;
+    while pos + *scanned < until {
+        let at = pos + *scanned;
+        chunk.resize((until - at).min(SCAN_CHUNK) as usize, 0);
+        if !read_at(file, &mut chunk, at)? {
+            return Ok(Read::Truncated);
+        }
+        if let Some(i) = chunk.iter().position(|&b| b == b'\n') {
+            newline = Some(*scanned + i as u64);
+            break;
+        }
+        *scanned += chunk.len() as u64;
     }
-    if available == want as u64 {
-        return Ok(Read::Unfinished);
-    }
-    // A line longer than a batch: read on to its newline, within the line limit.
-    let longest = available.min(limits.max_line_bytes as u64 + 1) as usize;
-    let mut line = vec![0; longest];
-    if !read_at(file, &mut line, pos)? {
-        return Ok(Read::Truncated);
-    }
-    match line.iter().position(|&b| b == b'\n') {
-        Some(i) if i < limits.max_line_bytes => {
-            line.truncate(i + 1);
+    match newline {
+        Some(i) if i < max => {
+            let mut line = vec![0; i as usize + 1];
+            if !read_at(file, &mut line, pos)? {
+                return Ok(Read::Truncated);
+            }
             Ok(Read::Lines(line))
         }
-        _ if longest > limits.max_line_bytes => Ok(Read::TooLong),
-        _ => Ok(Read::Unfinished),
+        Some(i) => match limits.on_long_line {
+            OnLongLine::Skip => Ok(Read::Skip(i + 1)),
+            // (`split` searched only up to the limit.)
+            OnLongLine::Stop | OnLongLine::Split => Ok(Read::TooLong { len: Some(i + 1), seen: available }),
+        },
+        None if *scanned >= max => match limits.on_long_line {
+            OnLongLine::Stop => Ok(Read::TooLong { len: None, seen: available }),
+            // Its newline has not arrived: it is skipped once it has.
+            OnLongLine::Skip => Ok(Read::Unfinished),
+            OnLongLine::Split => {
+                let mut piece = vec![0; limits.max_line_bytes];
+                if !read_at(file, &mut piece, pos)? {
+                    return Ok(Read::Truncated);
+                }
+                Ok(Read::Lines(piece))
+            }
+        },
+        None => Ok(Read::Unfinished),
     }
 }
 
@@ -245,9 +398,9 @@ fn read_at(file: &File, buf: &mut [u8], pos: u64) -> std::io::Result<bool> {
 
 /// FILE, opened, if it is the file `id`.
 fn same_file(path: &Path, id: FileId) -> Option<File> {
-    let file = File::open(path).ok()?;
+    let file = open_log(path).ok()?;
     let meta = file.metadata().ok()?;
-    (FileId::of(&meta) == id).then_some(file)
+    (meta.is_file() && FileId::of(&meta) == id).then_some(file)
 }
 
 /// The file `id` under another name in FILE's directory (where rotation renames it), opened.
@@ -256,11 +409,12 @@ fn find_in_dir(path: &Path, id: FileId) -> std::io::Result<Option<File>> {
         let entry = entry?;
         let Ok(meta) = entry.metadata() else { continue };
         if meta.is_file() && FileId::of(&meta) == id {
-            if let Ok(file) = File::open(entry.path()) {
+            if let Ok(file) = open_log(&entry.path()) {
                 // Opened by name: make sure the name still meant that file.
-                if file.metadata().map(|m| FileId::of(&m) == id).unwrap_or(false) {
-                    eprintln!(
-                        "oncelog ship: finishing {} (rotated while the shipper was stopped)",
+                if file.metadata().map(|m| m.is_file() && FileId::of(&m) == id).unwrap_or(false) {
+                    tracing::info!(
+                        file = %entry.path().display(),
+                        "finishing {} (rotated while the shipper was stopped)",
                         entry.path().display()
                     );
                     return Ok(Some(file));
@@ -280,7 +434,7 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    const LIMITS: Limits = Limits { batch_bytes: 64, max_line_bytes: 1024 };
+    const LIMITS: Limits = Limits { batch_bytes: 64, max_line_bytes: 1024, on_long_line: OnLongLine::Stop };
 
     fn append(path: &Path, bytes: &[u8]) {
         std::fs::OpenOptions::new()
@@ -294,15 +448,74 @@ mod tests {
 
     /// Steps until idle, collecting the lines.
     fn drain(f: &mut Follower) -> Vec<u8> {
-        let mut out = Vec::new();
+        drain_with(f, LIMITS).0
+    }
+
+    /// Steps until idle, collecting the lines and the skips.
+    fn drain_with(f: &mut Follower, limits: Limits) -> (Vec<u8>, Vec<(u64, u64)>) {
+        let (mut out, mut skips) = (Vec::new(), Vec::new());
         for _ in 0..100 {
-            match f.step(LIMITS).expect("step") {
+            match f.step(limits).expect("step") {
                 Step::Lines(l) => out.extend_from_slice(&l),
+                Step::Skipped { offset, len } => skips.push((offset, len)),
                 Step::Moved => {}
-                Step::Idle => return out,
+                Step::Idle => return (out, skips),
             }
         }
         panic!("never idle");
+    }
+
+    #[test]
+    fn a_line_still_being_written_is_searched_from_where_the_last_look_stopped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("app.log");
+        append(&log, b"one\n");
+        let mut f = Follower::resume(log.clone(), Cursor::default()).expect("follower");
+        assert_eq!(drain(&mut f), b"one\n");
+        // Longer than a batch, no newline yet: searched once, not read again at every look.
+        append(&log, &[b'x'; 500]);
+        assert_eq!(drain(&mut f), b"");
+        assert_eq!(f.scanned, 500);
+        // Proof that the searched bytes are not read again: a newline put among them in place
+        // (no logger does that) goes unseen.
+        std::fs::OpenOptions::new().write(true).open(&log).expect("open").write_all_at(b"\n", 300).expect("write");
+        append(&log, &[b'y'; 100]);
+        assert_eq!(drain(&mut f), b"");
+        assert_eq!(f.scanned, 600);
+        append(&log, b"\ntwo\n");
+        let mut line = [[b'x'; 500].as_slice(), &[b'y'; 100], b"\n"].concat();
+        line[300 - 4] = b'\n';
+        assert_eq!(drain(&mut f), [line.as_slice(), b"two\n"].concat());
+        assert_eq!(f.scanned, 0);
+    }
+
+    #[test]
+    fn a_long_line_stops_splits_or_is_skipped() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("app.log");
+        let long = [vec![b'z'; 2500], b"\n".to_vec()].concat();
+        append(&log, &[b"a\n".as_slice(), &long, b"b\n"].concat());
+        let limits = |on_long_line| Limits { on_long_line, ..LIMITS };
+
+        let mut f = Follower::resume(log.clone(), Cursor::default()).expect("follower");
+        assert_eq!(f.step(LIMITS).expect("step"), Step::Moved);
+        assert_eq!(f.step(LIMITS).expect("step"), Step::Lines(b"a\n".to_vec()));
+        match f.step(LIMITS) {
+            Err(ShipError::LineTooLong { offset: 2, len: Some(2501), max: 1024, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+
+        let mut f = Follower::resume(log.clone(), Cursor::default()).expect("follower");
+        let (got, skips) = drain_with(&mut f, limits(OnLongLine::Split));
+        assert_eq!(got, std::fs::read(&log).expect("read"));
+        assert!(skips.is_empty());
+
+        let mut f = Follower::resume(log.clone(), Cursor::default()).expect("follower");
+        let (got, skips) = drain_with(&mut f, limits(OnLongLine::Skip));
+        assert_eq!((got.as_slice(), skips.as_slice()), (b"a\nb\n".as_slice(), [(2, 2501)].as_slice()));
+        // Resumed from the cursor after the skip: nothing again.
+        let mut f = Follower::resume(log.clone(), f.cursor().clone()).expect("follower");
+        assert_eq!(drain_with(&mut f, limits(OnLongLine::Skip)), (Vec::new(), Vec::new()));
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! file 2049 1234567
 //! position 12345
 //! head 6c696e652030303030300a
-//! pending 17
+//! pending 17 12328
 //! <17 raw bytes>
 //! ```
 //!
@@ -21,16 +21,22 @@
 //! - `file DEV INODE` (or `file -` before the file was first seen), `position`: the byte of that
 //!   file where reading goes on; `head`: its first bytes (up to [`HEAD_BYTES`], hex), by which a
 //!   file truncated and written again past `position` is told from the one that was read.
-//! - `pending LEN` + the bytes, last: batch `batch` was about to be sent, or sent without an
-//!   answer. The cursor above is where reading goes on *after* it. It is written (and synced)
-//!   before the batch is sent; on a restart it is sent again with the same key, so the server
-//!   answers it from the first attempt if that one landed.
+//! - `pending LEN FROM` + the bytes, last: batch `batch` was about to be sent, or sent without an
+//!   answer. The cursor above is where reading goes on *after* it; `FROM` is the position where
+//!   it began (in the same file), where reading goes back to when the server refuses the batch
+//!   as too large (`413`: nothing was stored). It is written (and synced) before the batch is
+//!   sent; on a restart it is sent again with the same key, so the server answers it from the
+//!   first attempt if that one landed. (Files written before `FROM` existed have `pending LEN`.)
 //!
-//! Replaced atomically (write a temporary file, fsync, rename, fsync the directory), so a crash
-//! leaves the old state or the new one.
+//! Replaced atomically (write a temporary file beside it, fsync, rename, fsync the directory),
+//! so a crash leaves the old state or the new one. Neither the state file nor its temporary
+//! file is ever opened through a symbolic link, and the state file is read only when it is a
+//! regular file of a size a state can have: a link planted beside the log must not make the
+//! shipper overwrite, create or read another file (issue 45).
 
-use std::fs::File;
-use std::io::Write;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use super::ShipError;
@@ -39,6 +45,10 @@ use super::ShipError;
 pub const HEAD_BYTES: usize = 256;
 
 const MAGIC: &str = "oncelog-ship 1";
+
+/// Most bytes a state file holds besides its pending batch: the header lines, of which only the
+/// stream name can be long. A larger file is not a state of this shipper and is not read.
+pub const HEADER_MAX: u64 = 64 << 10;
 
 /// A file by its identity, which a rename keeps and a new file does not share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +90,16 @@ pub struct State {
     pub stream: String,
     pub batch: u64,
     pub cursor: Cursor,
-    pub pending: Option<Vec<u8>>,
+    pub pending: Option<Pending>,
+}
+
+/// The batch that may be on its way to the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    pub bytes: Vec<u8>,
+    /// Where in the cursor's file the batch began; `None` in a state written before this was
+    /// recorded.
+    pub from: Option<u64>,
 }
 
 impl State {
@@ -101,24 +120,36 @@ impl State {
     }
 
     /// The state in `path` of a shipper to `stream`, or a new one when there is no such file.
-    pub fn load(path: &Path, stream: &str) -> Result<State, ShipError> {
+    /// `max_pending` is the largest batch this shipper sends: a file longer than a state with
+    /// such a batch can be is refused before it is read (a link to `/dev/zero` is refused as a
+    /// link, a device or FIFO as not a regular file).
+    pub fn load(path: &Path, stream: &str, max_pending: usize) -> Result<State, ShipError> {
         if stream.contains('\n') {
             return Err(ShipError::BadState {
                 path: path.to_owned(),
                 why: "a stream name with a newline cannot be recorded",
             });
         }
-        match std::fs::read(path) {
-            Ok(bytes) => {
-                let state = State::decode(&bytes).map_err(|why| ShipError::BadState { path: path.to_owned(), why })?;
-                if state.stream != stream {
-                    return Err(ShipError::OtherStream { path: path.to_owned(), stream: state.stream });
-                }
-                Ok(state)
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::new(stream)),
-            Err(source) => Err(ShipError::Io { path: path.to_owned(), source }),
+        let Some(file) = open_regular(path, OpenOptions::new().read(true))? else {
+            return Ok(State::new(stream));
+        };
+        let io = |source| ShipError::Io { path: path.to_owned(), source };
+        let max = HEADER_MAX + max_pending as u64;
+        let len = file.metadata().map_err(io)?.len();
+        let mut bytes = Vec::new();
+        // `take`: the file may grow between the look at its size and the read.
+        if len <= max {
+            bytes.reserve(len as usize);
+            (&file).take(max + 1).read_to_end(&mut bytes).map_err(io)?;
         }
+        if len > max || bytes.len() as u64 > max {
+            return Err(ShipError::StateTooLarge { path: path.to_owned(), len: len.max(bytes.len() as u64), max });
+        }
+        let state = State::decode(&bytes).map_err(|why| ShipError::BadState { path: path.to_owned(), why })?;
+        if state.stream != stream {
+            return Err(ShipError::OtherStream { path: path.to_owned(), stream: state.stream });
+        }
+        Ok(state)
     }
 
     /// Replaces `path` with this state, durably.
@@ -128,7 +159,21 @@ impl State {
             move |source| ShipError::Io { path: p, source }
         };
         let tmp = sibling(path, ".tmp");
-        let mut f = File::create(&tmp).map_err(io(&tmp))?;
+        // What a crash left there, or a link planted there, goes (unlink removes a link, never
+        // its target); the new file is created only where nothing is (`O_EXCL` also refuses a
+        // link planted meanwhile). Only the shipper's user reads it: it holds log lines.
+        match std::fs::remove_file(&tmp) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(ShipError::Io { path: tmp, source }),
+        }
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(io(&tmp))?;
         f.write_all(&self.encode()).map_err(io(&tmp))?;
         f.sync_all().map_err(io(&tmp))?;
         std::fs::rename(&tmp, path).map_err(io(path))?;
@@ -149,8 +194,12 @@ impl State {
         )
         .into_bytes();
         if let Some(p) = &self.pending {
-            out.extend_from_slice(format!("pending {}\n", p.len()).as_bytes());
-            out.extend_from_slice(p);
+            let head = match p.from {
+                Some(from) => format!("pending {} {from}\n", p.bytes.len()),
+                None => format!("pending {}\n", p.bytes.len()),
+            };
+            out.extend_from_slice(head.as_bytes());
+            out.extend_from_slice(&p.bytes);
         }
         out
     }
@@ -190,11 +239,18 @@ impl State {
         let pending = if rest.is_empty() {
             None
         } else {
-            let len = number(take_line(&mut rest, "pending")?)?;
+            let value = take_line(&mut rest, "pending")?;
+            let (len, from) = match value.split_once(' ') {
+                Some((len, from)) => (number(len)?, Some(number(from)?)),
+                None => (number(value)?, None),
+            };
             if rest.len() as u64 != len || len == 0 {
                 return Err("the pending batch is cut short");
             }
-            Some(rest.to_vec())
+            if from.is_some_and(|f| f > position) {
+                return Err("the pending batch begins after the position");
+            }
+            Some(Pending { bytes: rest.to_vec(), from })
         };
         Ok(State { instance, stream, batch, cursor: Cursor { file, position, head }, pending })
     }
@@ -210,6 +266,46 @@ fn take_line<'a>(rest: &mut &'a [u8], key: &str) -> Result<&'a str, &'static str
         return Ok(text);
     }
     text.strip_prefix(key).and_then(|t| t.strip_prefix(' ')).ok_or("a line is missing or out of order")
+}
+
+/// Opens `path` without following a symbolic link (`O_NOFOLLOW`) or waiting for a FIFO's writer
+/// (`O_NONBLOCK`, which regular files ignore), and only if it is a regular file; `None` when
+/// there is nothing at `path`. For the shipper's own files: state and lock.
+pub fn open_regular(path: &Path, opts: &mut OpenOptions) -> Result<Option<File>, ShipError> {
+    let file = match opts.custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(ShipError::NotRegular { path: path.to_owned(), what: "a symbolic link", why: OWN_FILES })
+        }
+        Err(source) => return Err(ShipError::Io { path: path.to_owned(), source }),
+    };
+    let meta = file.metadata().map_err(|source| ShipError::Io { path: path.to_owned(), source })?;
+    if !meta.is_file() {
+        return Err(ShipError::NotRegular { path: path.to_owned(), what: kind(&meta.file_type()), why: OWN_FILES });
+    }
+    Ok(Some(file))
+}
+
+const OWN_FILES: &str = "the shipper's state and lock files are never followed through a link, nor read from a device";
+
+/// What a file that is not a regular file is, in words.
+pub fn kind(t: &std::fs::FileType) -> &'static str {
+    if t.is_symlink() {
+        "a symbolic link"
+    } else if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "something else"
+    }
 }
 
 /// `path` with `suffix` added to its file name.
@@ -229,8 +325,12 @@ mod tests {
         assert_eq!(State::decode(&s.encode()), Ok(s.clone()));
         s.batch = 7;
         s.cursor = Cursor { file: Some(FileId { dev: 2049, ino: 99 }), position: 3, head: b"a\tb".to_vec() };
-        s.pending = Some(b"line\r\n\xff\nlast\n".to_vec());
+        s.pending = Some(Pending { bytes: b"line\r\n\xff\nlast\n".to_vec(), from: Some(1) });
         assert_eq!(State::decode(&s.encode()), Ok(s.clone()));
+        // As written before `from` was recorded.
+        s.pending = Some(Pending { bytes: b"x\n".to_vec(), from: None });
+        assert_eq!(State::decode(&s.encode()), Ok(s.clone()));
+        s.pending = Some(Pending { bytes: b"line\r\n\xff\nlast\n".to_vec(), from: Some(1) });
         let mut cut = s.encode();
         cut.pop();
         assert!(State::decode(&cut).is_err());
