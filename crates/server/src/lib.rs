@@ -125,6 +125,7 @@ pub fn metrics_app<E: Engine>(state: AppState<E>) -> Option<front::Front> {
         gate: auth::Gate { auth: state.auth.clone(), clock: state.clock.clone() },
         cors: state.config.cors_origins.clone(),
         ops_paths: vec![path],
+        access_log: false,
     };
     Some(front::Front::new(router, no_streams, config))
 }
