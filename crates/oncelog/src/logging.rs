@@ -130,8 +130,8 @@ pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
 /// The secrets of this process that a log line must not show: the passwords in `conns` (URLs'
 /// user info and `password=` parameters, key=value strings' `password`), and from the
 /// environment the password of `AWS_ENDPOINT_URL`, `AWS_SECRET_ACCESS_KEY` and
-/// `AWS_SESSION_TOKEN`. Values shorter than 4 characters are left out: replacing every `a` of a
-/// log would hide more than it protects.
+/// `AWS_SESSION_TOKEN`. Values shorter than 8 characters are left out: replacing every `test` or
+/// `a` of a log would hide more than it protects (and a credential that short protects little).
 pub fn secrets_in(conns: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
     let endpoint = std::env::var("AWS_ENDPOINT_URL").ok();
@@ -141,12 +141,15 @@ pub fn secrets_in(conns: &[&str]) -> Vec<String> {
     for var in ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "PGPASSWORD"] {
         out.extend(std::env::var(var).ok());
     }
-    out.retain(|s| s.chars().count() >= 4);
+    out.retain(|s| s.chars().count() >= MIN_SECRET_CHARS);
     // The longest first, so a secret containing another is hidden whole.
     out.sort_by_key(|s| std::cmp::Reverse(s.len()));
     out.dedup();
     out
 }
+
+/// The shortest value searched for in log lines.
+const MIN_SECRET_CHARS: usize = 8;
 
 /// The passwords written in one connection string or URL, as written and percent-decoded.
 fn passwords(conn: &str) -> Vec<String> {
