@@ -182,7 +182,7 @@ pub(crate) async fn prepare(
     }
     let cut_ckp = cut.checkpoint.as_ref().map_or(0, |c| c.lsn);
     let pending = local_checkpoint(fs, now_ms)?.filter(|s| s.lsn > cut_ckp);
-    tracing::info!(location = ?tier.bucket, epoch = writer.epoch(), lsn = writer.published().cut.end.lsn, "writing to the bucket");
+    tracing::info!(location = %tier.bucket.location(), epoch = writer.epoch(), lsn = writer.published().cut.end.lsn, "writing to the bucket");
     metrics::gauge!("oncelog_bucket_epoch").set(writer.epoch() as f64);
     Ok((writer, pending))
 }
