@@ -10,19 +10,18 @@
 #![cfg(unix)]
 
 mod common;
+mod ship_support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{bin, Harness};
-use futures_util::StreamExt;
-use oncelog_client::{CreateOptions, LiveMode, ReadFrom, ReadOptions};
+use oncelog_client::CreateOptions;
 use oncelog_log::{Durability, LogEngine, LogOptions};
 use oncelog_server::{serve, AllowAll, AppState, ServerConfig};
+use ship_support::{stream_bytes, wait_for, Running, STREAM};
 
-const STREAM: &str = "logs/app";
 /// How long a shipper that must refuse to start may take (it must not block or read forever).
 const REFUSED_WITHIN: Duration = Duration::from_secs(10);
 /// The server's largest append in the long-line tests.
@@ -51,94 +50,6 @@ fn ship(h: &Harness, file: &Path, state: &Path, args: &[&str]) -> std::process::
     c.arg("ship").arg(file).arg(STREAM).args(["--url", &h.base, "--poll-ms", "20"]).arg("--state-file").arg(state);
     c.args(args).env("NO_COLOR", "1");
     c
-}
-
-/// A shipper that runs until the test stops it; stderr goes to a file.
-struct Running {
-    child: Option<Child>,
-    stderr: PathBuf,
-}
-
-impl Running {
-    fn start(mut cmd: std::process::Command, stderr: PathBuf) -> Running {
-        let err = std::fs::File::create(&stderr).expect("stderr file");
-        let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(err).spawn().expect("spawn oncelog ship");
-        Running { child: Some(child), stderr }
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// Polls until stderr holds a line with all of `words`.
-    fn wait_line(&self, words: &[&str]) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !self.stderr().lines().any(|l| words.iter().all(|w| l.contains(w))) {
-            assert!(Instant::now() < deadline, "no line with {words:?}:\n{}", self.stderr());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// SIGTERM, then its exit status (it must end within 10 s).
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("running");
-        let kill = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill");
-        assert!(kill.success());
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("oncelog ship did not end within 10 s of SIGTERM:\n{}", self.stderr());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// Everything in the stream now.
-fn stream_bytes(h: &Harness) -> Vec<u8> {
-    h.rt.block_on(async {
-        let mut out = Vec::new();
-        let mut chunks = h.client().stream(STREAM).read(ReadOptions::new(ReadFrom::Beginning, LiveMode::CatchUp));
-        while let Some(c) = chunks.next().await {
-            out.extend_from_slice(&c.expect("read").data);
-        }
-        out
-    })
-}
-
-/// Waits until the stream holds exactly `expected`, or fails (after 20 s) with the shipper's
-/// stderr.
-fn wait_for(h: &Harness, expected: &[u8], shipper: &Running) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let got = stream_bytes(h);
-        if got == expected {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline && expected.starts_with(&got),
-            "the stream holds {} bytes, {:?}..., expected {} bytes:\n{}",
-            got.len(),
-            String::from_utf8_lossy(&got[..got.len().min(80)]),
-            expected.len(),
-            shipper.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn append(path: &Path, bytes: &[u8]) {

@@ -8,16 +8,14 @@
 #![cfg(unix)]
 
 mod common;
+mod ship_support;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{bin, Harness};
-use futures_util::StreamExt;
-use oncelog_client::{CreateOptions, LiveMode, ReadFrom, ReadOptions};
-
-const STREAM: &str = "logs/app";
+use oncelog_client::CreateOptions;
+use ship_support::{stream_bytes, wait_for, wait_until_holds, Running, STREAM};
 
 fn harness() -> Harness {
     let h = Harness::start();
@@ -29,103 +27,6 @@ fn ship(h: &Harness, file: &Path, stream: &str, args: &[&str]) -> std::process::
     let mut c = bin();
     c.arg("ship").arg(file).arg(stream).args(["--url", &h.base, "--poll-ms", "20"]).args(args).env("NO_COLOR", "1");
     c
-}
-
-struct Running {
-    child: Option<Child>,
-    stderr: PathBuf,
-}
-
-impl Running {
-    fn start(mut cmd: std::process::Command, stderr: PathBuf) -> Running {
-        let err = std::fs::File::create(&stderr).expect("stderr file");
-        let child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(err).spawn().expect("spawn oncelog ship");
-        Running { child: Some(child), stderr }
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// Polls until stderr holds a line with all of `words`; that line.
-    fn wait_line(&self, words: &[&str]) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(line) = self.stderr().lines().find(|l| words.iter().all(|w| l.contains(w))) {
-                return line.to_owned();
-            }
-            assert!(Instant::now() < deadline, "no line with {words:?}:\n{}", self.stderr());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// Sends SIGTERM.
-    fn sigterm(&self) {
-        let pid = self.child.as_ref().expect("running").id().to_string();
-        let kill = std::process::Command::new("kill").args(["-TERM", &pid]).status().expect("kill");
-        assert!(kill.success());
-    }
-
-    /// Its exit status (it must end within 10 s).
-    fn wait(&mut self) -> std::process::ExitStatus {
-        let mut child = self.child.take().expect("running");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Some(status) = child.try_wait().expect("wait") {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("oncelog ship did not end within 10 s of SIGTERM:\n{}", self.stderr());
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-
-    /// SIGTERM, then its exit status.
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        self.sigterm();
-        self.wait()
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn stream_bytes(h: &Harness) -> Vec<u8> {
-    h.rt.block_on(async {
-        let mut out = Vec::new();
-        let mut chunks = h.client().stream(STREAM).read(ReadOptions::new(ReadFrom::Beginning, LiveMode::CatchUp));
-        while let Some(c) = chunks.next().await {
-            out.extend_from_slice(&c.expect("read").data);
-        }
-        out
-    })
-}
-
-fn wait_for(h: &Harness, expected: &[u8], shipper: &Running) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let got = stream_bytes(h);
-        if got == expected {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline && expected.starts_with(&got),
-            "the stream holds {} bytes of {}, or is not a prefix:\n{}",
-            got.len(),
-            expected.len(),
-            shipper.stderr()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn lines(from: usize, to: usize) -> Vec<u8> {
@@ -194,11 +95,7 @@ fn sigterm_finishes_the_append_and_exits_0_and_a_restart_ships_nothing_twice() {
     // midway.
     let args = ["--batch-bytes", "1024"];
     let mut shipper = Running::start(ship(&h, &log, STREAM, &args), dir.join("ship.stderr"));
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while stream_bytes(&h).len() < 10_000 {
-        assert!(Instant::now() < deadline, "nothing shipped:\n{}", shipper.stderr());
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until_holds(&h, 10_000, &shipper);
     let status = shipper.terminate();
     assert_eq!(status.code(), Some(0), "{}", shipper.stderr());
     assert!(shipper.stderr().contains("ship stopped (SIGTERM)"), "{}", shipper.stderr());
@@ -231,11 +128,8 @@ fn sigterm_while_an_append_waits_for_its_answer_lets_it_finish() {
     cmd.arg("ship").arg(&log).arg(STREAM).args(["--poll-ms", "20", "--batch-bytes", "1024", "--url"]);
     cmd.arg(format!("http://{}/v1/stream", proxy.addr)).env("NO_COLOR", "1");
     let mut shipper = Running::start(cmd, dir.join("ship.stderr"));
+    wait_until_holds(&h, 5_000, &shipper);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while stream_bytes(&h).len() < 5_000 {
-        assert!(Instant::now() < deadline, "nothing shipped:\n{}", shipper.stderr());
-        std::thread::sleep(Duration::from_millis(5));
-    }
     // Frozen: the next batch is recorded as pending and waits for its answer.
     proxy.freeze();
     let pending = || std::fs::read(&state).is_ok_and(|s| s.windows(8).any(|w| w == b"pending "));
