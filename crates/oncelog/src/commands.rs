@@ -40,10 +40,6 @@ pub enum CliError {
     /// Printing a read failed, or its answer cannot be cut into messages.
     #[error(transparent)]
     Print(#[from] PrintError),
-    /// `oncelog ship` failed.
-    #[cfg(unix)]
-    #[error(transparent)]
-    Ship(#[from] crate::ship::ShipError),
 }
 
 /// Prints the error (if any) and picks the exit status.
