@@ -1,5 +1,5 @@
 //! Where `oncelog` sets up its log (stderr): `--log-level` and `--log-format` for the commands
-//! that run unattended (`serve`, `sink`, `backup`), and quiet text for the client commands.
+//! that run unattended (`serve`, `sink`, `ship`, `backup`), and quiet text for the client commands.
 //!
 //! `RUST_LOG`, when set, wins over `--log-level`: its directives can set levels per module
 //! (`RUST_LOG=info,oncelog_postgres=debug`), which one level cannot. One that does not parse is
