@@ -9,7 +9,7 @@
 //! - an HTTP/1 connection is **slow** while its request waits on the client for longer than
 //!   [`SLOW_AFTER`]: a request body still arriving, or a response the client takes in slowly (or
 //!   not at all). Slow connections and live readers together may hold all but
-//!   [`crate::live::connection_reserve`] of the connections; beyond that, at the limit, the
+//!   [`connection_reserve`] of the connections; beyond that, at the limit, the
 //!   connection slow the longest is closed to admit the new one. Its request loses nothing: a body
 //!   not yet whole was never applied, and a response being sent was already decided. The check is
 //!   made again by the connection's own task, which also runs its request, so a body that just
@@ -35,7 +35,12 @@ use axum::response::Response;
 use tokio::sync::Notify;
 use tower_service::Service;
 
-use crate::front::Front;
+/// The connections of `max_connections` that live readers (and, at the limit, slow connections)
+/// never hold: a sixteenth, at least 1, at most 1,024 — enough for writers and catch-up readers
+/// while the rest are held by live ones.
+pub fn connection_reserve(max_connections: usize) -> usize {
+    (max_connections / 16).clamp(1, 1024)
+}
 
 /// How long an HTTP/1 request may wait on its client (body arriving, response being taken in)
 /// before its connection counts as slow. Far below the body and write timeouts (10-60 s by
@@ -300,7 +305,7 @@ impl Registry {
         let max = max_connections.max(1);
         Arc::new(Registry {
             max,
-            reserve: crate::live::connection_reserve(max),
+            reserve: connection_reserve(max),
             epoch: Instant::now(),
             next_id: AtomicU64::new(0),
             inner: Mutex::new(Inner::default()),
@@ -398,17 +403,18 @@ impl Registry {
     }
 }
 
-/// The front service of one connection, keeping the connection's state up to date; `phases`
-/// (HTTP/1) also tracks whether its request waits on the client's body or answer.
+/// The front service `S` of one connection, keeping the connection's state up to date;
+/// `phases` (HTTP/1) also tracks whether its request waits on the client's body or answer.
+/// Generic over the service so this module knows nothing of what serves the requests.
 #[derive(Clone)]
-pub struct Tracked {
-    front: Front,
+pub struct Tracked<S> {
+    front: S,
     conn: Arc<Conn>,
     phases: bool,
 }
 
-impl Tracked {
-    pub fn new(front: Front, conn: Arc<Conn>, phases: bool) -> Tracked {
+impl<S> Tracked<S> {
+    pub fn new(front: S, conn: Arc<Conn>, phases: bool) -> Tracked<S> {
         Tracked { front, conn, phases }
     }
 }
@@ -422,16 +428,20 @@ impl Drop for RequestGuard {
     }
 }
 
-impl Service<Request<hyper::body::Incoming>> for Tracked {
+impl<S> Service<Request<hyper::body::Incoming>> for Tracked<S>
+where
+    S: Service<Request<TrackedIncoming>, Response = Response, Error = Infallible>,
+    S::Future: Unpin,
+{
     type Response = Response<TrackedBody>;
     type Error = Infallible;
-    type Future = TrackedFuture;
+    type Future = TrackedFuture<S::Future>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<hyper::body::Incoming>) -> TrackedFuture {
+    fn call(&mut self, req: Request<hyper::body::Incoming>) -> TrackedFuture<S::Future> {
         use http_body::Body as _;
         let receiving = self.phases && !req.body().is_end_stream();
         self.conn.begin_request(receiving);
@@ -443,17 +453,17 @@ impl Service<Request<hyper::body::Incoming>> for Tracked {
 }
 
 /// The request's answer, then its body's record.
-pub struct TrackedFuture {
-    inner: <Front as Service<Request<TrackedIncoming>>>::Future,
+pub struct TrackedFuture<F> {
+    inner: F,
     guard: Option<RequestGuard>,
     sending: bool,
 }
 
-impl Future for TrackedFuture {
+impl<F: Future<Output = Result<Response, Infallible>> + Unpin> Future for TrackedFuture<F> {
     type Output = Result<Response<TrackedBody>, Infallible>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Poll::Ready(Ok(resp)) = self.inner.as_mut().poll(cx) else { return Poll::Pending };
+        let Poll::Ready(Ok(resp)) = Pin::new(&mut self.inner).poll(cx) else { return Poll::Pending };
         let guard = self.guard.take();
         if let Some(g) = &guard {
             g.0.answer_ready(self.sending);

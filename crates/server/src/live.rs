@@ -39,11 +39,7 @@ impl Full {
 #[error("too many live readers; retry later")]
 pub struct TooManyReaders(pub Full);
 
-/// The connections of `max_connections` that live readers never hold: a sixteenth, at least 1,
-/// at most 1,024 — enough for writers and catch-up readers while the rest are held by live ones.
-pub fn connection_reserve(max_connections: usize) -> usize {
-    (max_connections / 16).clamp(1, 1024)
-}
+pub use crate::conns::connection_reserve;
 
 /// The counters behind the bounds.
 pub struct LiveSlots {
