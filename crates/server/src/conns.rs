@@ -20,6 +20,15 @@
 //! The registry also tells each HTTP/1 connection's task whether a live reader waits on it (see
 //! [`mark_live`]): the task then watches the socket, and drops the connection when the client
 //! closes it (issue 46, item 4).
+//!
+//! And it tells each HTTP/2 connection's task when one of its answers has waited on the client's
+//! flow control for `--write-timeout-ms` ([`Conn::stalled`]; issue 45, item 8). A client can keep
+//! its socket drained and answer PINGs while it never opens a stream's window: no write then
+//! blocks, so the socket's deadline ([`crate::deadline_io`]) never fires, and hyper stops taking
+//! the answer's body without a limit, holding its pieces (mapped segment ranges: a deleted
+//! segment's disk space too). hyper cannot reset one stream from outside, so, as on HTTP/1, the
+//! connection is closed. See `Paced` for how a stalled answer is told from a live reader
+//! waiting for data.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -32,6 +41,8 @@ use std::time::{Duration, Instant};
 
 use axum::http::Request;
 use axum::response::Response;
+use bytes::Bytes;
+use http_body::{Frame, SizeHint};
 use tokio::sync::Notify;
 use tower_service::Service;
 
@@ -53,6 +64,12 @@ pub const SLOW_AFTER: Duration = Duration::from_secs(1);
 /// two requests of a busy client, is not idle in any useful sense, and closing it would cut a
 /// request the client already sent.
 pub const IDLE_AFTER: Duration = Duration::from_secs(1);
+
+/// The most of an HTTP/2 answer's data handed to hyper at once (the protocol's default frame
+/// size): hyper takes the next piece once the client's window has let out the last, so a client
+/// that reads at all, however slowly, shows progress at least this often, and one whose window
+/// stays shut leaves a piece in hyper's hands that [`Conn::stalled`] sees.
+const H2_PIECE: usize = 16 << 10;
 
 /// How often a new connection waiting for room looks again at the others (a connection becoming
 /// idle or slow is not announced).
@@ -115,6 +132,10 @@ pub struct Conn {
     order: AtomicU8,
     orders: Notify,
     live_changed: Notify,
+    /// HTTP/2 answers being sent, each with since when (as above) hyper holds a piece of it that
+    /// the client's window has not let out (see [`Paced`]).
+    sends: Mutex<HashMap<u64, Arc<AtomicU64>>>,
+    next_send: AtomicU64,
 }
 
 impl Conn {
@@ -204,6 +225,41 @@ impl Conn {
                 return order;
             }
             notified.await;
+        }
+    }
+
+    /// A record of an HTTP/2 answer being sent, for [`Conn::stalled`]; removed when dropped.
+    fn watch_send(self: &Arc<Self>) -> SendClock {
+        let id = self.next_send.fetch_add(1, Ordering::Relaxed);
+        let since = Arc::new(AtomicU64::new(0));
+        self.sends.lock().unwrap_or_else(PoisonError::into_inner).insert(id, Arc::clone(&since));
+        SendClock { conn: Arc::clone(self), id, since }
+    }
+
+    /// Since when (ms since `epoch`) the HTTP/2 answer waiting longest on its client's window has.
+    fn stalled_since(&self) -> Option<u64> {
+        let sends = self.sends.lock().unwrap_or_else(PoisonError::into_inner);
+        sends.values().map(|s| s.load(Ordering::Acquire)).filter(|s| *s > 0).min().map(|s| s - 1)
+    }
+
+    /// Returns once an HTTP/2 answer on this connection has waited `timeout` for its client to
+    /// open its window (see the module docs). A connection without one sleeps, waking once per
+    /// `timeout` to look again: an answer stalled since just after a look is found at its own
+    /// deadline, since the next sleep ends there.
+    pub async fn stalled(&self, timeout: Duration) {
+        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        loop {
+            let wait = match self.stalled_since() {
+                Some(since) => {
+                    let waited = self.now_ms().saturating_sub(since);
+                    if waited >= timeout_ms {
+                        return;
+                    }
+                    timeout_ms - waited
+                }
+                None => timeout_ms,
+            };
+            tokio::time::sleep(Duration::from_millis(wait)).await;
         }
     }
 
@@ -350,6 +406,8 @@ impl Registry {
             order: AtomicU8::new(0),
             orders: Notify::new(),
             live_changed: Notify::new(),
+            sends: Mutex::new(HashMap::new()),
+            next_send: AtomicU64::new(0),
         });
         inner.conns.insert(id, Arc::clone(&conn));
         inner.counted += 1;
@@ -404,8 +462,9 @@ impl Registry {
 }
 
 /// The front service `S` of one connection, keeping the connection's state up to date;
-/// `phases` (HTTP/1) also tracks whether its request waits on the client's body or answer.
-/// Generic over the service so this module knows nothing of what serves the requests.
+/// `phases` (HTTP/1) also tracks whether its request waits on the client's body or answer;
+/// without it (HTTP/2), answers are [`Paced`]. Generic over the service so this module knows
+/// nothing of what serves the requests.
 #[derive(Clone)]
 pub struct Tracked<S> {
     front: S,
@@ -456,6 +515,7 @@ where
 pub struct TrackedFuture<F> {
     inner: F,
     guard: Option<RequestGuard>,
+    /// HTTP/1 (its sending is tracked); else HTTP/2 (its body is paced).
     sending: bool,
 }
 
@@ -468,7 +528,18 @@ impl<F: Future<Output = Result<Response, Infallible>> + Unpin> Future for Tracke
         if let Some(g) = &guard {
             g.0.answer_ready(self.sending);
         }
-        Poll::Ready(Ok(resp.map(|inner| TrackedBody { inner, _guard: guard })))
+        // An empty body is sent with the headers (nothing for the window to hold back).
+        let paced = match &guard {
+            Some(g) if !self.sending && !http_body::Body::is_end_stream(resp.body()) => {
+                let length = http_body::Body::size_hint(resp.body()).exact().or_else(|| {
+                    let value = resp.headers().get(axum::http::header::CONTENT_LENGTH)?;
+                    value.to_str().ok()?.parse().ok()
+                });
+                Some(Paced::new(g.0.watch_send(), length))
+            }
+            _ => None,
+        };
+        Poll::Ready(Ok(resp.map(|inner| TrackedBody { inner, paced, _guard: guard })))
     }
 }
 
@@ -519,26 +590,161 @@ impl http_body::Body for TrackedIncoming {
 /// An answer's body, holding its request's record until it is sent (or dropped).
 pub struct TrackedBody {
     inner: axum::body::Body,
+    /// HTTP/2 only. An HTTP/1 answer goes to hyper as it is: a client that does not take it
+    /// in blocks the socket's writes, which `DeadlineIo` times out.
+    paced: Option<Paced>,
     _guard: Option<RequestGuard>,
 }
 
 impl http_body::Body for TrackedBody {
-    type Data = bytes::Bytes;
+    type Data = Bytes;
     type Error = axum::Error;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        match &mut this.paced {
+            None => Pin::new(&mut this.inner).poll_frame(cx),
+            Some(paced) => paced.poll_frame(&mut this.inner, cx),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.paced {
+            None => self.inner.is_end_stream(),
+            Some(paced) => paced.is_end_stream(&self.inner),
+        }
     }
 
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+    fn size_hint(&self) -> SizeHint {
+        let inner = self.inner.size_hint();
+        let Some(paced) = &self.paced else { return inner };
+        let held = paced.held();
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower().saturating_add(held));
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper.saturating_add(held));
+        }
+        hint
+    }
+}
+
+/// An HTTP/2 answer's record in its connection ([`Conn::stalled`]): since when hyper holds a
+/// piece of it that the client's window has not let out.
+struct SendClock {
+    conn: Arc<Conn>,
+    id: u64,
+    since: Arc<AtomicU64>,
+}
+
+impl SendClock {
+    /// hyper took a piece: until it comes back for the next, the window holds it.
+    fn handed(&self) {
+        self.since.store(self.conn.stamp(), Ordering::Release);
+    }
+
+    /// hyper came back: the window let out what it took.
+    fn taken(&self) {
+        self.since.store(0, Ordering::Release);
+    }
+}
+
+impl Drop for SendClock {
+    fn drop(&mut self) {
+        self.conn.sends.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.id);
+    }
+}
+
+/// How an HTTP/2 answer's body is handed to hyper so that a stall on the client's flow control
+/// shows. hyper (1.x) takes a piece of the body, waits until the stream's window covers what it
+/// already queued plus a byte, queues the piece and comes back for the next. So:
+///
+/// - between handing a piece out and being asked for the next, the answer waits on the client's
+///   window: that time is its [`SendClock`]. A body waiting for its own data (an SSE or
+///   long-poll reader before the next message) was asked and has not answered: it is not
+///   stalled, however long it waits;
+/// - data goes out [`H2_PIECE`] at a time, so a client that opens its window at all, however
+///   slowly, shows progress;
+/// - the answer's last byte goes out on its own, with its end: hyper hands it over only once
+///   the window covers everything before it. Handed with the end any earlier, the last piece
+///   would sit in HTTP/2's queue after the body was gone, unseen and holding what it refers to
+///   (a mapped segment range). The last byte is known by the body's end or by its length
+///   (`Content-Length`: a streamed catch-up answer); an answer of neither (SSE) ends with an
+///   empty frame after its last piece, which may then wait unseen (one piece, never mapped).
+struct Paced {
+    /// The rest of the inner body's current data frame, not yet handed out.
+    rest: Bytes,
+    /// A frame taken from the inner body while looking for its end.
+    next: Option<Frame<Bytes>>,
+    /// Bytes the answer still owes by its length, when known.
+    left: Option<u64>,
+    /// The inner body has ended.
+    ended: bool,
+    clock: SendClock,
+}
+
+impl Paced {
+    fn new(clock: SendClock, length: Option<u64>) -> Paced {
+        // Until hyper first asks for the body, it waits on the window (of zero, say).
+        clock.handed();
+        Paced { rest: Bytes::new(), next: None, left: length, ended: false, clock }
+    }
+
+    /// Data taken from the inner body and not yet handed out.
+    fn held(&self) -> u64 {
+        let next = self.next.as_ref().and_then(Frame::data_ref).map_or(0, Bytes::len);
+        u64::try_from(self.rest.len().saturating_add(next)).unwrap_or(u64::MAX)
+    }
+
+    fn is_end_stream(&self, inner: &axum::body::Body) -> bool {
+        use http_body::Body as _;
+        self.rest.is_empty() && self.next.is_none() && (self.ended || inner.is_end_stream())
+    }
+
+    fn poll_frame(
+        &mut self,
+        inner: &mut axum::body::Body,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        use http_body::Body as _;
+        self.clock.taken();
+        while self.rest.is_empty() {
+            let frame = match self.next.take() {
+                Some(frame) => frame,
+                None if self.ended => return Poll::Ready(None),
+                None => match std::task::ready!(Pin::new(&mut *inner).poll_frame(cx)) {
+                    Some(Ok(frame)) => frame,
+                    Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+                    None => {
+                        self.ended = true;
+                        return Poll::Ready(None);
+                    }
+                },
+            };
+            match frame.into_data() {
+                Ok(data) => self.rest = data,
+                // Trailers end the answer and take no window.
+                Err(frame) => return Poll::Ready(Some(Ok(frame))),
+            }
+        }
+        let len = self.rest.len();
+        let by_length = u64::try_from(len).is_ok_and(|n| self.left == Some(n));
+        let last =
+            |p: &Paced, inner: &axum::body::Body| p.next.is_none() && (p.ended || inner.is_end_stream() || by_length);
+        if last(self, inner) && len == 1 && !self.ended && !inner.is_end_stream() {
+            // The last byte by the length: the inner body ends as it would have (its access
+            // log line says so) before the end goes with the byte. A body longer than it said
+            // goes on as it is.
+            match std::task::ready!(Pin::new(&mut *inner).poll_frame(cx)) {
+                None => self.ended = true,
+                Some(Ok(frame)) => self.next = Some(frame),
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+            }
+        }
+        let n = (if last(self, inner) && len > 1 { len - 1 } else { len }).min(H2_PIECE);
+        let piece = self.rest.split_to(n);
+        self.left = self.left.map(|l| l.saturating_sub(u64::try_from(n).unwrap_or(u64::MAX)));
+        self.clock.handed();
+        Poll::Ready(Some(Ok(Frame::data(piece))))
     }
 }
 

@@ -9,7 +9,9 @@
 //! - an HTTP/1 client gets [`Limits::header_read_timeout`] to send each request's headers, which
 //!   also bounds how long an idle keep-alive connection stays open (slowloris, idle sockets);
 //! - a write to a client may stay blocked (the client not reading) for at most
-//!   [`Limits::write_timeout`]; then the connection is closed and what was queued for it freed;
+//!   [`Limits::write_timeout`]; then the connection is closed and what was queued for it freed.
+//!   On HTTP/2 the same holds for an answer stalled by the client's flow control (a window it
+//!   never opens, while its socket is drained), which blocks no write ([`Conn::stalled`]);
 //! - a client that half-closes its socket after a complete request still gets its answer
 //!   (HTTP/1 half-close): a write applied without an answer is the ambiguity this server exists
 //!   to remove.
@@ -157,7 +159,7 @@ pub async fn run(
                     let io = TokioIo::new(DeadlineIo::new(SendfileIo::new(socket), limits.write_timeout));
                     match protocol {
                         Some(Protocol::Http1) => serve_http1(&h1, io, front, &place, watch).await,
-                        Some(Protocol::Http2) => serve_io(&h2, io, front, &place, None).await,
+                        Some(Protocol::Http2) => serve_io(&h2, io, front, &place, None, limits.write_timeout).await,
                         None => {}
                     }
                 }
@@ -175,7 +177,7 @@ pub async fn run(
                     let h2_negotiated = tls.get_ref().1.alpn_protocol() == Some(b"h2");
                     let io = TokioIo::new(tls);
                     if h2_negotiated {
-                        serve_io(&h2, io, front, &place, None).await;
+                        serve_io(&h2, io, front, &place, None, limits.write_timeout).await;
                     } else {
                         serve_http1(&h1, io, front, &place, watch).await;
                     }
@@ -194,13 +196,22 @@ async fn serve_http1<I>(builder: &Builder<TokioExecutor>, io: I, front: Front, p
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    conns::serving_http1(Arc::clone(place.conn()), serve_io(builder, io, front, place, Some(&socket))).await;
+    // The write timeout is the socket's own (`DeadlineIo`): an HTTP/1 answer has no window.
+    let served = serve_io(builder, io, front, place, Some(&socket), Duration::MAX);
+    conns::serving_http1(Arc::clone(place.conn()), served).await;
 }
 
 /// Serves one connection until it ends, or it is closed on an order (see [`crate::conns`]), or,
-/// on HTTP/1 (`socket`: its socket), its live reader's client went away.
-async fn serve_io<I>(builder: &Builder<TokioExecutor>, io: I, front: Front, place: &Place, socket: Option<&Socket>)
-where
+/// on HTTP/1 (`socket`: its socket), its live reader's client went away, or, on HTTP/2, an
+/// answer waited `write_timeout` on the client's flow control.
+async fn serve_io<I>(
+    builder: &Builder<TokioExecutor>,
+    io: I,
+    front: Front,
+    place: &Place,
+    socket: Option<&Socket>,
+    write_timeout: Duration,
+) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let conn = place.conn();
@@ -215,6 +226,12 @@ where
             _ = served.as_mut() => return,
             () = departed(conn, socket) => {
                 metrics::counter!("oncelog_live_readers_departed_total").increment(1);
+                return;
+            }
+            // Dropped as HTTP/1 drops a reader that stops reading: hyper cannot reset the one
+            // stream, and dropping the connection frees what every stream of it held.
+            () = stalled(conn, http1, write_timeout) => {
+                tracing::debug!(?write_timeout, "an HTTP/2 answer stalled on the client's flow control: connection closed");
                 return;
             }
             order = conn.next_order() => match order {
@@ -252,6 +269,15 @@ async fn departed(conn: &Conn, socket: Option<&Socket>) {
             () = conn.wait_live(false) => {}
         }
     }
+}
+
+/// Returns when an answer on an HTTP/2 connection waited `write_timeout` on the client's flow
+/// control; never on HTTP/1, whose answers block the socket's writes instead.
+async fn stalled(conn: &Conn, http1: bool, write_timeout: Duration) {
+    if http1 {
+        return std::future::pending().await;
+    }
+    conn.stalled(write_timeout).await;
 }
 
 /// How often a socket holding bytes hyper has not read (a pipelined request, a TLS alert) is
