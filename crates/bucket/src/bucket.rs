@@ -59,6 +59,17 @@ pub const KEEP_MANIFESTS: std::time::Duration = std::time::Duration::from_secs(3
 pub enum BucketError {
     #[error("object store {location}: {source}")]
     Store { location: String, source: object_store::Error },
+    /// An `http://` endpoint without `AWS_ALLOW_HTTP=true`: object_store's client would refuse
+    /// every request with no more than "builder error", so it is refused at open, by name.
+    #[error(
+        "object store {location}: the endpoint {endpoint} is plain HTTP, which the S3 client refuses unless \
+         AWS_ALLOW_HTTP=true is set (set it for an http:// endpoint, or use https://)"
+    )]
+    PlainHttp { location: String, endpoint: String },
+    /// No credentials were configured and the last fallback, the instance metadata service,
+    /// gave none: said so, rather than as the metadata address's own refusal.
+    #[error("object store {location}: {why}")]
+    NoCredentials { location: String, why: String, source: object_store::Error },
     #[error("fenced: writer epoch {by} took over this prefix (this writer is epoch {mine}); it writes nothing more")]
     Fenced { mine: u64, by: u64 },
     #[error(
@@ -89,6 +100,102 @@ pub enum BucketError {
          last {key}, node {node}): another process writes as this epoch"
     )]
     TwoWriters { tries: usize, key: String, epoch: u64, node: String },
+}
+
+/// Where object_store asks for an instance role's credentials unless `AWS_METADATA_ENDPOINT`
+/// says otherwise.
+const DEFAULT_METADATA_ENDPOINT: &str = "http://169.254.169.254";
+
+/// Whether object_store reads a flag's value as true.
+fn truthy(v: &str) -> bool {
+    matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "on" | "yes" | "y")
+}
+
+/// The configured endpoint, redacted, when it is plain HTTP and `AWS_ALLOW_HTTP` does not
+/// allow that.
+fn plain_http_endpoint(b: &object_store::aws::AmazonS3Builder) -> Option<String> {
+    use object_store::aws::AmazonS3ConfigKey;
+    use object_store::ClientConfigKey;
+    let endpoint = b.get_config_value(&AmazonS3ConfigKey::Endpoint)?;
+    let allowed =
+        b.get_config_value(&AmazonS3ConfigKey::Client(ClientConfigKey::AllowHttp)).is_some_and(|v| truthy(&v));
+    let plain = endpoint.get(..7).is_some_and(|scheme| scheme.eq_ignore_ascii_case("http://"));
+    (plain && !allowed).then(|| without_password(&endpoint))
+}
+
+/// `url` with the password of its user information replaced (an endpoint may carry one).
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((user, _)) if user.contains(':') => {
+            let name = user.split(':').next().unwrap_or("");
+            let host = &rest[user.len() + 1..];
+            format!("{scheme}://{name}:***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Whether a source of credentials other than the instance metadata service is configured:
+/// the ones object_store's `AmazonS3Builder::build` tries before it, in its order (keys, a web
+/// identity, an ECS task role, EKS Pod Identity), or unsigned requests (`AWS_SKIP_SIGNATURE`).
+fn credentials_configured(b: &object_store::aws::AmazonS3Builder) -> bool {
+    use object_store::aws::AmazonS3ConfigKey as K;
+    let set = |k: K| b.get_config_value(&k).is_some();
+    let env = |name: &str| std::env::var_os(name).is_some();
+    let skip = b.get_config_value(&K::SkipSignature).is_some_and(|v| truthy(&v));
+    set(K::AccessKeyId)
+        || set(K::SecretAccessKey)
+        // object_store reads these two from the environment itself, not from its configuration.
+        || (env("AWS_WEB_IDENTITY_TOKEN_FILE") && env("AWS_ROLE_ARN"))
+        || set(K::ContainerCredentialsRelativeUri)
+        || (set(K::ContainerCredentialsFullUri) && set(K::ContainerAuthorizationTokenFile))
+        || skip
+}
+
+/// The instance metadata service as object_store asks it, when nothing else was configured: a
+/// failure is wrapped in [`NoCredentials`], found again by [`Bucket::store_err`].
+#[derive(Debug)]
+struct MetadataCredentials {
+    inner: object_store::aws::AwsCredentialProvider,
+    endpoint: String,
+}
+
+#[async_trait::async_trait]
+impl object_store::CredentialProvider for MetadataCredentials {
+    type Credential = object_store::aws::AwsCredential;
+
+    async fn get_credential(&self) -> object_store::Result<Arc<Self::Credential>> {
+        self.inner.get_credential().await.map_err(|source| object_store::Error::Generic {
+            store: "S3",
+            source: Box::new(NoCredentials { endpoint: self.endpoint.clone(), source }),
+        })
+    }
+}
+
+/// No credentials were configured, and the instance metadata service gave none either.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "no credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_WEB_IDENTITY_TOKEN_FILE \
+     with AWS_ROLE_ARN, or AWS_CONTAINER_CREDENTIALS_RELATIVE_URI, or run where an instance role is \
+     served); the request to the instance metadata service at {endpoint} failed: {source}"
+)]
+struct NoCredentials {
+    endpoint: String,
+    source: object_store::Error,
+}
+
+/// The first `T` in `e`'s chain of sources (`e` included).
+fn find<'a, T: std::error::Error + 'static>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a T> {
+    let mut at = Some(e);
+    while let Some(e) = at {
+        if let Some(t) = e.downcast_ref::<T>() {
+            return Some(t);
+        }
+        at = e.source();
+    }
+    None
 }
 
 /// A bucket prefix: a node's object store.
@@ -131,7 +238,22 @@ impl Bucket {
                     let key: AmazonS3ConfigKey = k.parse().map_err(err)?;
                     b = b.with_config(key, *v);
                 }
-                (Arc::new(b.build().map_err(err)?), prefix.clone())
+                if let Some(endpoint) = plain_http_endpoint(&b) {
+                    return Err(BucketError::PlainHttp { location: location.to_string(), endpoint });
+                }
+                let store = b.clone().build().map_err(err)?;
+                let store = if credentials_configured(&b) {
+                    store
+                } else {
+                    // object_store's last resort is the instance metadata service; its refusal
+                    // is marked so that `store_err` can say what is missing instead.
+                    let endpoint = b
+                        .get_config_value(&AmazonS3ConfigKey::MetadataEndpoint)
+                        .unwrap_or_else(|| DEFAULT_METADATA_ENDPOINT.to_owned());
+                    let fallback = MetadataCredentials { inner: Arc::clone(store.credentials()), endpoint };
+                    b.with_credentials(Arc::new(fallback)).build().map_err(err)?
+                };
+                (Arc::new(store), prefix.clone())
             }
             Location::Dir(dir) => {
                 std::fs::create_dir_all(dir)
@@ -176,7 +298,11 @@ impl Bucket {
     }
 
     fn store_err(&self, source: object_store::Error) -> BucketError {
-        BucketError::Store { location: self.location.to_string(), source }
+        let location = self.location.to_string();
+        match find::<NoCredentials>(&source) {
+            Some(none) => BucketError::NoCredentials { location, why: none.to_string(), source },
+            None => BucketError::Store { location, source },
+        }
     }
 
     /// Creates `key` with `bytes` unless it exists: `Ok(false)` when it did.
@@ -642,5 +768,40 @@ impl Writer {
                 tracing::debug!(manifest = n, error = %e, "old manifest not deleted");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plain_http_endpoint_is_refused_at_open_unless_allowed() {
+        let at: Location = "s3://bucket/prefix".parse().expect("location");
+        let endpoint = ("aws_endpoint", "http://user:pw@127.0.0.1:1/base");
+        for allow in ["false", "no"] {
+            match Bucket::open(&at, &[endpoint, ("aws_allow_http", allow)]) {
+                Err(e @ BucketError::PlainHttp { .. }) => {
+                    let text = e.to_string();
+                    assert!(
+                        text.contains("AWS_ALLOW_HTTP=true") && text.contains("http://user:***@127.0.0.1:1/base"),
+                        "{text}"
+                    );
+                }
+                other => panic!("{allow}: expected a refusal, got {other:?}"),
+            }
+        }
+        // Allowed, or https: opened (nothing is sent yet).
+        let keys = [("aws_access_key_id", "k"), ("aws_secret_access_key", "s")];
+        Bucket::open(&at, &[endpoint, ("aws_allow_http", "true"), keys[0], keys[1]]).expect("allowed");
+        Bucket::open(&at, &[("aws_endpoint", "https://s3.example"), ("aws_allow_http", "false"), keys[0], keys[1]])
+            .expect("https");
+    }
+
+    #[test]
+    fn passwords_in_endpoints_are_redacted() {
+        assert_eq!(without_password("http://u:pw@h:1/p@x"), "http://u:***@h:1/p@x");
+        assert_eq!(without_password("http://h:1/p@x"), "http://h:1/p@x");
+        assert_eq!(without_password("http://u@h"), "http://u@h");
     }
 }

@@ -163,3 +163,93 @@ fn an_address_in_use_is_named_before_the_data_directory_is_touched() {
     // Bound first: the data directory was neither created nor recovered.
     assert!(!data.exists(), "the data directory was opened before the address was bound");
 }
+
+/// `serve --object-store s3://bucket/prefix` with the `AWS_*` variables of `env` and none of
+/// this process's own (a machine's keys must not make a no-credentials test pass or fail).
+fn serve_s3(env: &[(&str, &str)]) -> common::Output {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = common::bin();
+    cmd.arg("serve")
+        .args(["--addr", "127.0.0.1:0", "--object-store", "s3://bucket/prefix", "--data-dir"])
+        .arg(dir.path());
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(|n| n.starts_with("AWS_")) {
+            cmd.env_remove(name);
+        }
+    }
+    cmd.envs(env.iter().copied());
+    common::run(cmd, b"", Duration::from_secs(30))
+}
+
+#[test]
+fn an_http_s3_endpoint_without_aws_allow_http_is_refused_naming_the_variable() {
+    // Today's alternative is object_store's "HTTP error: builder error" at the first request.
+    let endpoint = ("AWS_ENDPOINT_URL", "http://key:s3cretpw@127.0.0.1:1");
+    let keys = [("AWS_ACCESS_KEY_ID", "key"), ("AWS_SECRET_ACCESS_KEY", "topsecretkey")];
+    for allow in [None, Some("false")] {
+        let mut env = vec![endpoint, keys[0], keys[1]];
+        env.extend(allow.map(|v| ("AWS_ALLOW_HTTP", v)));
+        let out = serve_s3(&env);
+        assert!(!out.ok, "{allow:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("AWS_ALLOW_HTTP=true") && out.stderr.contains("http://key:***@127.0.0.1:1"),
+            "{allow:?}: {}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains("s3cretpw") && !out.stderr.contains("builder error"), "{}", out.stderr);
+    }
+}
+
+/// A loopback HTTP server that answers `403 Forbidden` to every request; answers its address and
+/// the request lines it has seen.
+fn forbidding_server() -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::Write;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = format!("http://{}", listener.local_addr().expect("addr"));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = std::sync::Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            log.lock().expect("log").push(line.trim_end().to_owned());
+            // The rest of the head; the requests answered here carry no body.
+            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {}
+            let _ = conn.write_all(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    (addr, seen)
+}
+
+#[test]
+fn an_s3_bucket_without_credentials_says_so() {
+    // No keys nor any other source configured: object_store asks the instance metadata service
+    // (here the stub, which refuses as an address without a role does); the refusal is named
+    // as what it means.
+    let (stub, seen) = forbidding_server();
+    let base = [
+        ("AWS_ENDPOINT_URL", stub.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+        ("AWS_METADATA_ENDPOINT", stub.as_str()),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let out = serve_s3(&base);
+    assert!(!out.ok, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("object store s3://bucket/prefix: no credentials found (")
+            && out.stderr.contains("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY")
+            && out.stderr.contains(&format!("instance metadata service at {stub}")),
+        "{}",
+        out.stderr
+    );
+    let asked = seen.lock().expect("seen").clone();
+    assert!(asked.iter().any(|l| l.contains("/latest/api/token")), "the metadata service was not asked: {asked:?}");
+    // With keys, a 403 is the store's own refusal of them, and is not called missing credentials.
+    let mut env = base.to_vec();
+    env.extend([("AWS_ACCESS_KEY_ID", "key"), ("AWS_SECRET_ACCESS_KEY", "secret")]);
+    let out = serve_s3(&env);
+    assert!(!out.ok, "{}", out.stderr);
+    assert!(out.stderr.contains("403") && !out.stderr.contains("no credentials found"), "{}", out.stderr);
+}

@@ -123,7 +123,7 @@ impl ApiError {
                 CreateError::ConfigMismatch(_)
                 | CreateError::PathReserved
                 | CreateError::SourceGone
-                | CreateError::ContentTypeMismatch
+                | CreateError::ContentTypeMismatch { .. }
                 | CreateError::FramingMismatch => (StatusCode::CONFLICT, vec![]),
                 CreateError::SourceNotFound => (StatusCode::NOT_FOUND, vec![]),
                 CreateError::ForkTrimmed { earliest } => trimmed(*earliest),
@@ -145,7 +145,7 @@ impl ApiError {
                 AppendError::StreamSeqRegression { tail } | AppendError::ExpectedOffsetConflict { tail } => {
                     (StatusCode::CONFLICT, vec![h(names::STREAM_NEXT_OFFSET, tail)])
                 }
-                AppendError::ContentTypeMismatch | AppendError::StreamChanged | AppendError::FramingMismatch => {
+                AppendError::ContentTypeMismatch { .. } | AppendError::StreamChanged | AppendError::FramingMismatch => {
                     (StatusCode::CONFLICT, vec![])
                 }
                 AppendError::Empty => (StatusCode::BAD_REQUEST, vec![]),

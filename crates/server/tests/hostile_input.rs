@@ -65,6 +65,20 @@ async fn a_malformed_content_type_on_append_is_400_not_a_mismatch() {
 }
 
 #[tokio::test]
+async fn a_content_type_mismatch_names_both_types() {
+    let (s, http) = server().await;
+    let (status, reason) =
+        status_and_reason(http.post(s.url("j")).header("content-type", "text/plain").body("x")).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{reason}");
+    assert_eq!(reason.trim_end(), r#"content type "text/plain" does not match the stream's "application/json""#);
+    // A fork naming another type than its source's.
+    let fork = http.put(s.url("f")).header("stream-forked-from", "/v1/stream/t").header("content-type", "text/html");
+    let (status, reason) = status_and_reason(fork).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{reason}");
+    assert_eq!(reason.trim_end(), r#"content type "text/html" does not match the fork source's "text/plain""#);
+}
+
+#[tokio::test]
 async fn a_fork_source_on_another_host_is_refused() {
     let (s, http) = server().await;
     http.post(s.url("t")).header("content-type", "text/plain").body("abc").send().await.expect("post");

@@ -129,6 +129,11 @@ fn fork_of(f: &Option<crate::ForkOf>, who: &str) -> String {
     }
 }
 
+/// A request's content type as an error names it (`None`: the request sent none).
+fn requested_type(ct: &Option<String>) -> String {
+    ct.as_ref().map_or_else(|| "(none)".to_owned(), |ct| format!("{ct:?}"))
+}
+
 fn limit(v: Option<u64>) -> String {
     v.map_or_else(|| "none".to_owned(), |v| v.to_string())
 }
@@ -156,8 +161,10 @@ pub enum CreateError {
     SourceNotFound,
     #[error("fork source has been deleted")]
     SourceGone,
-    #[error("content type differs from the fork source's")]
-    ContentTypeMismatch,
+    /// `409`: a fork names a content type other than its source's; both are named, so the
+    /// client sees which one to send (or to leave out: a fork without one inherits it).
+    #[error("content type {requested:?} does not match the fork source's {source_type:?}")]
+    ContentTypeMismatch { source_type: String, requested: String },
     #[error("fork offset is beyond the source's tail")]
     ForkOffsetBeyondTail,
     #[error("fork sub-offset is past the end of the append at the fork offset")]
@@ -275,8 +282,10 @@ pub enum AppendError {
     Gone,
     #[error("stream is closed")]
     Closed { tail: Offset },
-    #[error("content type does not match the stream's")]
-    ContentTypeMismatch,
+    /// `409`: the body's content type is not the stream's; both are named, so a client that
+    /// sent the wrong one sees what the stream expects.
+    #[error("content type {} does not match the stream's {stream:?}", requested_type(requested))]
+    ContentTypeMismatch { stream: String, requested: Option<String> },
     /// `409` with the tail, body `Sequence conflict` (the upstream protocol's words first).
     #[error("Sequence conflict: Stream-Seq must be greater than the last one")]
     StreamSeqRegression { tail: Offset },

@@ -329,7 +329,10 @@ pub fn append<'a>(
     if !req.data.is_empty() {
         let ok = req.content_type.as_deref().is_some_and(|ct| content_type::matches(ct, &meta.config.content_type));
         if !ok {
-            return Err(AppendError::ContentTypeMismatch);
+            return Err(AppendError::ContentTypeMismatch {
+                stream: meta.config.content_type.clone(),
+                requested: req.content_type.clone(),
+            });
         }
         if req.json_framed != content_type::is_json(&meta.config.content_type) {
             return Err(AppendError::FramingMismatch);
@@ -466,7 +469,10 @@ pub fn create(
 ) -> Result<CreatePlan, CreateError> {
     let content_type = match (&req.content_type, fork) {
         (Some(ct), Some(f)) if !content_type::matches(ct, &f.content_type) => {
-            return Err(CreateError::ContentTypeMismatch);
+            return Err(CreateError::ContentTypeMismatch {
+                source_type: f.content_type.clone(),
+                requested: ct.clone(),
+            });
         }
         (Some(ct), _) => ct.clone(),
         (None, Some(f)) => f.content_type.clone(),

@@ -80,7 +80,7 @@ pub async fn fork_verdicts<H: Harness>() {
     assert!(matches!(e.create(fork_req("f", "nope", None, 0)).await, Err(CreateError::SourceNotFound)));
     assert!(matches!(e.create(fork_req("f", "s", Some(4), 0)).await, Err(CreateError::ForkOffsetBeyondTail)));
     let other_type = CreateRequest { content_type: Some("text/html".into()), ..fork_req("f", "s", None, 0) };
-    assert!(matches!(e.create(other_type).await, Err(CreateError::ContentTypeMismatch)));
+    assert!(matches!(e.create(other_type).await, Err(CreateError::ContentTypeMismatch { .. })));
     // An identical fork request again is 200; a different fork point is 409.
     let f = e.create(fork_req("f", "s", Some(2), 0)).await.expect("fork");
     assert!(matches!(f, CreateOutcome::Created(_)));

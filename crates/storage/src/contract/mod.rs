@@ -95,6 +95,7 @@ macro_rules! __contract_all_cases {
             writes::create_verdicts,
             writes::shape_limits_are_the_same_on_every_engine,
             writes::append_precedence,
+            writes::content_type_mismatches_name_both_types,
             writes::conditional_appends,
             writes::a_producer_retry_with_another_body_is_refused,
             writes::idle_producer_state_expires,

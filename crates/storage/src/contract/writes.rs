@@ -88,7 +88,7 @@ pub async fn append_precedence<H: Harness>() {
     append(e, AppendRequest { stream_seq: Some("5".into()), ..append_req("s", "b") }).await;
     let r =
         AppendRequest { stream_seq: Some("1".into()), content_type: Some("text/html".into()), ..append_req("s", "c") };
-    assert!(matches!(e.append(r).await, Err(AppendError::ContentTypeMismatch)));
+    assert!(matches!(e.append(r).await, Err(AppendError::ContentTypeMismatch { .. })));
     let r = AppendRequest { stream_seq: Some("1".into()), ..append_req("s", "c") };
     assert!(matches!(e.append(r).await, Err(AppendError::StreamSeqRegression { .. })));
     // The producer closes the stream with its seq 1.
@@ -111,6 +111,38 @@ pub async fn append_precedence<H: Harness>() {
     let again = append(e, close_req("s")).await;
     assert_eq!((again.status, again.next_offset, again.closed), (AppendStatus::AlreadyClosed, Offset(3), true));
     assert_eq!(read_all(e, "s", 1 << 20).await, "abc");
+}
+
+/// A content-type refusal names both types, the stream's (or fork source's) and the request's,
+/// as the rules decide it: the same words from every engine, and in the `409`'s body.
+pub async fn content_type_mismatches_name_both_types<H: Harness>() {
+    let h = H::open().await;
+    let e = h.engine();
+    create(e, create_req("s", "text/plain")).await;
+    append(e, append_req("s", "a")).await;
+    let wrong = AppendRequest { content_type: Some("application/json".into()), ..append_req("s", "b") };
+    let err = e.append(wrong).await.expect_err("another type");
+    assert!(
+        matches!(&err, AppendError::ContentTypeMismatch { stream, requested }
+            if stream == "text/plain" && requested.as_deref() == Some("application/json")),
+        "{err:?}"
+    );
+    assert_eq!(err.to_string(), r#"content type "application/json" does not match the stream's "text/plain""#);
+    // A body without a content type is refused the same way, saying none was sent.
+    let err = e.append(AppendRequest { content_type: None, ..append_req("s", "b") }).await.expect_err("no type");
+    assert_eq!(err.to_string(), r#"content type (none) does not match the stream's "text/plain""#);
+    // A fork naming another type than its source's.
+    let fork = CreateRequest { content_type: Some("text/html".into()), ..fork_req("f", "s", None, 0) };
+    let err = e.create(fork).await.expect_err("another type than the source's");
+    assert!(
+        matches!(&err, CreateError::ContentTypeMismatch { source_type, requested }
+            if source_type == "text/plain" && requested == "text/html"),
+        "{err:?}"
+    );
+    assert_eq!(err.to_string(), r#"content type "text/html" does not match the fork source's "text/plain""#);
+    // Nothing was written by the refusals.
+    assert_eq!(read_all(e, "s", 1 << 20).await, "a");
+    assert!(matches!(e.head("f", 0).await, Err(LookupError::NotFound)));
 }
 
 pub async fn conditional_appends<H: Harness>() {
@@ -140,7 +172,7 @@ pub async fn conditional_appends<H: Harness>() {
     // The condition is checked before closure and content type, after the stream's existence.
     let wrong_type = AppendRequest { content_type: Some("text/html".into()), ..append_req("s", "g") };
     assert!(matches!(e.append(at(wrong_type.clone(), &[0])).await, Err(AppendError::PreconditionFailed { .. })));
-    assert!(matches!(e.append(at(wrong_type, &[6])).await, Err(AppendError::ContentTypeMismatch)));
+    assert!(matches!(e.append(at(wrong_type, &[6])).await, Err(AppendError::ContentTypeMismatch { .. })));
     assert!(matches!(e.append(at(append_req("missing", "g"), &[0])).await, Err(AppendError::NotFound)));
     // A conditional close: at the tail it closes; on a closed stream the refusal says closed.
     let close = append(e, at(close_req("s"), &[6])).await;

@@ -182,7 +182,10 @@ impl Model {
             return Err(AppendError::ExpectedOffsetConflict { tail });
         }
         if op.len > 0 && !op.matching_type {
-            return Err(AppendError::ContentTypeMismatch);
+            return Err(AppendError::ContentTypeMismatch {
+                stream: "text/plain".into(),
+                requested: Some("text/html".into()),
+            });
         }
         let last_seq = self.accepted.iter().filter_map(|a| a.stream_seq).next_back();
         if let (Some(s), Some(last)) = (op.stream_seq, last_seq) {
@@ -293,7 +296,7 @@ fn parking_covers_small_gaps_and_early_new_epoch_requests_only() {
     assert!(parkable(&req, &AppendError::ProducerSeqGap { expected: 1, received: 3 }));
     assert!(!parkable(&req, &AppendError::ProducerSeqGap { expected: 1, received: 1 + MAX_PARK_AHEAD + 1 }));
     assert!(parkable(&req, &AppendError::ProducerEpochSeq));
-    assert!(!parkable(&req, &AppendError::ContentTypeMismatch));
+    assert!(!parkable(&req, &AppendError::ContentTypeMismatch { stream: "a/b".into(), requested: None }));
     let plain = request(
         &Op {
             producer: None,
@@ -426,7 +429,11 @@ fn fork_resolution_verdicts() {
         matches!(plan, CreatePlan::Create { ref meta, tail: Offset(20) } if meta.config.content_type == "application/json" && meta.fork == Some(r.fork))
     );
     req.content_type = Some("text/plain".into());
-    assert!(matches!(create(None, Some(&r), &req, 7), Err(CreateError::ContentTypeMismatch)));
+    let refused = create(None, Some(&r), &req, 7);
+    assert!(
+        matches!(&refused, Err(CreateError::ContentTypeMismatch { source_type, requested }) if source_type == "application/json" && requested == "text/plain"),
+        "{refused:?}"
+    );
 }
 
 #[test]
