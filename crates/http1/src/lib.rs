@@ -1,0 +1,25 @@
+//! Oncelog's HTTP/1.1 server engine: bytes in, requests out, responses back. It knows nothing of
+//! streams, so it can be read, fuzzed and replaced on its own (docs/design/issue-47-plan.md).
+//!
+//! Written by hand on `httparse` rather than taken from hyper: the serving core is where the
+//! server spends its CPU per request (issue 33's profiles: hyper's layers, a timer per request,
+//! header map copies), and a stream server needs things a general engine does not give — a
+//! response head and a small body in one write, file ranges sent with `sendfile`, deadlines
+//! checked by one sweeper instead of a timer per request.
+//!
+//! Module map:
+//! - [`head`]: a request head parsed and its framing decided; every refusal (smuggling rules
+//!   among them) a variant of [`head::HeadError`] with the status it is answered with.
+//! - [`chunked`]: the chunked request-body decoder, resumable at any split of its input.
+//! - [`response`]: a response head encoded into one buffer, its framing decided from the body;
+//!   chunk framing for bodies of unknown length.
+//! - [`date`]: the `Date` header's text, formatted once a second per thread.
+
+pub mod chunked;
+pub mod date;
+pub mod head;
+pub mod response;
+
+pub use chunked::{Chunk, ChunkedDecoder, ChunkedError};
+pub use head::{Framing, Head, HeadError, HeadLimits};
+pub use response::{BodyFraming, ResponseHead};
