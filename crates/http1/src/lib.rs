@@ -11,15 +11,23 @@
 //! - [`head`]: a request head parsed and its framing decided; every refusal (smuggling rules
 //!   among them) a variant of [`head::HeadError`] with the status it is answered with.
 //! - [`chunked`]: the chunked request-body decoder, resumable at any split of its input.
+//! - [`body`]: the request body a handler reads ([`RequestBody`]), fed by the connection as the
+//!   handler asks for it.
+//! - [`conn`]: the connection loop ([`serve`]): keep-alive, pipelining, `Expect: 100-continue`,
+//!   half-close, one timer per connection, answers written with as few writes as they allow.
 //! - [`response`]: a response head encoded into one buffer, its framing decided from the body;
 //!   chunk framing for bodies of unknown length.
 //! - [`date`]: the `Date` header's text, formatted once a second per thread.
 
+pub mod body;
 pub mod chunked;
+pub mod conn;
 pub mod date;
 pub mod head;
 pub mod response;
 
+pub use body::{BodyError, RequestBody};
 pub use chunked::{Chunk, ChunkedDecoder, ChunkedError};
+pub use conn::{serve, BoxError, Config, ConnError, Shutdown};
 pub use head::{Framing, Head, HeadError, HeadLimits};
 pub use response::{BodyFraming, ResponseHead};

@@ -1,0 +1,472 @@
+//! The connection loop: requests read from a socket one at a time, each handed to a service, its
+//! answer written back before the next request is read (pipelined requests wait in the read
+//! buffer and are answered in order).
+//!
+//! - **Keep-alive** unless the client, the handler (`Connection: close`) or a graceful shutdown
+//!   says otherwise, or the answer's length is delimited by the close (HTTP/1.0, no length).
+//! - **A request body the handler left unread** (or that failed) ends the connection after the
+//!   answer, which says `connection: close`: where the next request starts is no longer known.
+//!   Body bytes already in the read buffer are skipped rather than closing for them.
+//! - **`Expect: 100-continue`**: the interim answer is written when the handler first asks for
+//!   the body; a handler that answers without reading sends none (and the connection closes).
+//! - **Half-close**: a client that shuts its side after a request still gets the answer; the
+//!   connection ends when the next head would be read.
+//! - **Refusals** of a head ([`HeadError`]) are answered with their status and a one-line reason,
+//!   then the connection is closed; a malformed chunked body reaches the handler as a body
+//!   error.
+//! - **No timer per request**: one timer per connection, reset for each head: a client gets
+//!   [`Config::header_timeout`] to send a head, which also bounds how long an idle keep-alive
+//!   connection stays open. Write deadlines are the socket's (the server wraps it).
+//! - **Writes**: the head and small body pieces are gathered in one buffer and written with one
+//!   write; a large piece goes to the socket as it is, beside the buffer in one vectored write
+//!   (the server's socket recognises a mapped file range by its address and sends it with
+//!   `sendfile`). Buffered bytes are written whenever the body has nothing ready, so a streamed
+//!   answer (SSE) goes out as it is produced.
+
+use std::future::{poll_fn, Future};
+use std::io::{self, IoSlice};
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Version};
+use http_body::Body;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::Notify;
+use tokio::time::{Instant, Sleep};
+use tower_service::Service;
+
+use crate::body::{self, Feeder, Piece, RequestBody};
+use crate::head::{self, Head, HeadError, HeadLimits};
+use crate::response::{self, BodyFraming, ResponseHead};
+
+/// An error of a handler or a response body.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A connection's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    pub head_limits: HeadLimits,
+    /// How long a client has to send a request head, from the end of the previous answer (or
+    /// the connection's start).
+    pub header_timeout: Duration,
+    /// Bytes asked of the socket per read.
+    pub read_chunk: usize,
+    /// Body pieces shorter than this are copied into the write buffer; longer ones are written as
+    /// they are.
+    pub copy_below: usize,
+    /// The write buffer is written out once it holds this much.
+    pub write_buffer: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            head_limits: HeadLimits::default(),
+            header_timeout: Duration::from_secs(30),
+            read_chunk: 16 << 10,
+            copy_below: 16 << 10,
+            write_buffer: 64 << 10,
+        }
+    }
+}
+
+/// Why a connection ended other than by the client closing it between requests or a graceful
+/// shutdown.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnError {
+    #[error("reading from the client: {0}")]
+    Read(#[source] io::Error),
+    #[error("writing to the client: {0}")]
+    Write(#[source] io::Error),
+    #[error("request head refused: {0}")]
+    Head(#[from] HeadError),
+    #[error("no complete request head within {0:?}")]
+    HeaderTimeout(Duration),
+    #[error("the client closed the connection inside a request head")]
+    IncompleteHead,
+    #[error("the handler failed: {0}")]
+    Service(#[source] BoxError),
+    #[error("the response body failed: {0}")]
+    ResponseBody(#[source] BoxError),
+    #[error("the response body's length differs from its Content-Length ({expected})")]
+    BodyLength { expected: u64 },
+}
+
+/// Asks a connection to end gracefully: at once if it waits for a request, else after the
+/// answer in progress (which then says `connection: close`).
+#[derive(Debug, Clone, Default)]
+pub struct Shutdown(Arc<ShutdownState>);
+
+#[derive(Debug, Default)]
+struct ShutdownState {
+    asked: AtomicBool,
+    notify: Notify,
+}
+
+impl Shutdown {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn graceful(&self) {
+        self.0.asked.store(true, Ordering::Release);
+        self.0.notify.notify_waiters();
+    }
+
+    fn asked(&self) -> bool {
+        self.0.asked.load(Ordering::Acquire)
+    }
+
+    async fn wait(&self) {
+        loop {
+            let notified = self.0.notify.notified();
+            let mut notified = pin!(notified);
+            notified.as_mut().enable();
+            if self.asked() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// The interim answer to `Expect: 100-continue`.
+const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// Serves requests on `io` with `service` until the client closes the connection, a graceful
+/// `shutdown` ends it, or an error does.
+pub async fn serve<I, S, B>(io: I, mut service: S, config: &Config, shutdown: &Shutdown) -> Result<(), ConnError>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+    S: Service<Request<RequestBody>, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut conn = Conn {
+        io,
+        rbuf: BytesMut::with_capacity(config.read_chunk),
+        wbuf: BytesMut::with_capacity(config.write_buffer),
+        config,
+        eof: false,
+    };
+    // The one timer of this connection, reset for each head.
+    let timer = pin!(tokio::time::sleep(config.header_timeout));
+    let mut timer: Pin<&mut Sleep> = timer;
+    loop {
+        timer.as_mut().reset(Instant::now() + config.header_timeout);
+        let Some(head) = conn.read_head(timer.as_mut(), shutdown).await? else {
+            let _ = conn.io.shutdown().await;
+            return Ok(());
+        };
+        if !conn.serve_one(head, &mut service, shutdown).await? {
+            let _ = conn.io.shutdown().await;
+            return Ok(());
+        }
+    }
+}
+
+struct Conn<'c, I> {
+    io: I,
+    rbuf: BytesMut,
+    wbuf: BytesMut,
+    config: &'c Config,
+    /// The client shut its side (a read returned 0).
+    eof: bool,
+}
+
+impl<I: AsyncRead + AsyncWrite + Unpin> Conn<'_, I> {
+    /// The next request's head; `None` when the connection ends between requests (the client
+    /// closed it, it stayed idle past the timeout, or a graceful shutdown was asked).
+    async fn read_head(&mut self, mut timer: Pin<&mut Sleep>, shutdown: &Shutdown) -> Result<Option<Head>, ConnError> {
+        loop {
+            match head::parse(&mut self.rbuf, &self.config.head_limits) {
+                Ok(Some(head)) => return Ok(Some(head)),
+                Ok(None) => {}
+                Err(e) => {
+                    self.refuse(e.status(), &e.to_string()).await;
+                    return Err(ConnError::Head(e));
+                }
+            }
+            let idle = self.rbuf.is_empty();
+            if idle && shutdown.asked() {
+                return Ok(None);
+            }
+            if self.eof {
+                return if idle { Ok(None) } else { Err(ConnError::IncompleteHead) };
+            }
+            self.rbuf.reserve(self.config.read_chunk);
+            tokio::select! {
+                biased;
+                read = self.io.read_buf(&mut self.rbuf) => {
+                    if read.map_err(ConnError::Read)? == 0 {
+                        self.eof = true;
+                    }
+                }
+                () = timer.as_mut() => {
+                    return if idle { Ok(None) } else { Err(ConnError::HeaderTimeout(self.config.header_timeout)) };
+                }
+                () = shutdown.wait(), if idle => return Ok(None),
+            }
+        }
+    }
+
+    /// Serves one request; whether the connection may carry another.
+    async fn serve_one<S, B>(&mut self, head: Head, service: &mut S, shutdown: &Shutdown) -> Result<bool, ConnError>
+    where
+        S: Service<Request<RequestBody>, Response = Response<B>>,
+        S::Error: Into<BoxError>,
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let Head { method, uri, version, headers, framing, keep_alive, expect_continue } = head;
+        let (body, mut feeder) = body::channel(framing);
+        let mut request = Request::new(body);
+        *request.method_mut() = method.clone();
+        *request.uri_mut() = uri;
+        *request.version_mut() = version;
+        *request.headers_mut() = headers;
+
+        poll_fn(|cx| service.poll_ready(cx)).await.map_err(|e| ConnError::Service(e.into()))?;
+        let answer = service.call(request);
+        let mut answer = pin!(answer);
+        let mut interim = Interim { due: expect_continue, sent: 0 };
+        // The handler's future runs here, and its body is fed from the socket when it asks.
+        // Errors become `BoxError` at once: the handler's own error type need not be `Send`
+        // for this future to be.
+        let response = poll_fn(|cx| loop {
+            if let Poll::Ready(response) = answer.as_mut().poll(cx) {
+                return Poll::Ready(response.map_err(Into::<BoxError>::into));
+            }
+            match self.feed(cx, &mut feeder, &mut interim) {
+                Poll::Ready(()) => continue,
+                Poll::Pending => return Poll::Pending,
+            }
+        })
+        .await;
+        let response = match response {
+            Ok(response) => response,
+            Err(e) => {
+                self.refuse(StatusCode::INTERNAL_SERVER_ERROR, "internal error").await;
+                return Err(ConnError::Service(e));
+            }
+        };
+        let body_done = feeder.finish_from(&mut self.rbuf);
+        self.respond(&method, version, response, keep_alive && body_done && !shutdown.asked()).await
+    }
+
+    /// Feeds the handler's body: `Ready` when something changed (a piece handed over, the
+    /// interim answer written), `Pending` when nothing can be done now.
+    fn feed(&mut self, cx: &mut Context<'_>, feeder: &mut Feeder, interim: &mut Interim) -> Poll<()> {
+        if !feeder.wanted(cx.waker()) {
+            return Poll::Pending;
+        }
+        if interim.due {
+            while interim.sent < CONTINUE.len() {
+                match Pin::new(&mut self.io).poll_write(cx, &CONTINUE[interim.sent..]) {
+                    Poll::Ready(Ok(n)) if n > 0 => interim.sent += n,
+                    Poll::Ready(Ok(_)) => {
+                        feeder.deliver(Piece::Error(body::BodyError::Io(io::ErrorKind::WriteZero.into())));
+                        return Poll::Ready(());
+                    }
+                    Poll::Ready(Err(e)) => {
+                        feeder.deliver(Piece::Error(body::BodyError::Io(e)));
+                        return Poll::Ready(());
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            interim.due = false;
+        }
+        loop {
+            match feeder.next(&mut self.rbuf) {
+                Piece::NeedMore => {}
+                piece => {
+                    feeder.deliver(piece);
+                    return Poll::Ready(());
+                }
+            }
+            if self.eof {
+                feeder.deliver(Piece::Error(body::BodyError::Incomplete));
+                return Poll::Ready(());
+            }
+            self.rbuf.reserve(self.config.read_chunk);
+            let read = pin!(self.io.read_buf(&mut self.rbuf)).poll(cx);
+            match read {
+                Poll::Ready(Ok(0)) => self.eof = true,
+                Poll::Ready(Ok(_)) => {}
+                Poll::Ready(Err(e)) => {
+                    feeder.deliver(Piece::Error(body::BodyError::Io(e)));
+                    return Poll::Ready(());
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+
+    /// Writes `response`; whether the connection may carry another request.
+    async fn respond<B>(
+        &mut self,
+        method: &Method,
+        version: Version,
+        response: Response<B>,
+        keep_alive: bool,
+    ) -> Result<bool, ConnError>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let (mut parts, body) = response.into_parts();
+        let exact = body.size_hint().exact();
+        let framing = BodyFraming::decide(method, version, parts.status, exact);
+        if framing == BodyFraming::Head && !parts.headers.contains_key(CONTENT_LENGTH) {
+            if let Some(n) = exact {
+                parts.headers.insert(CONTENT_LENGTH, HeaderValue::from(n));
+            }
+        }
+        let keep_alive = keep_alive && framing != BodyFraming::UntilClose && !asks_close(&parts.headers);
+        let head = ResponseHead { status: parts.status, version, headers: &parts.headers, framing, keep_alive };
+        crate::date::with_now(|date| head.encode(date, &mut self.wbuf));
+        if framing.has_body() {
+            self.write_body(body, framing).await?;
+        }
+        self.flush().await?;
+        Ok(keep_alive)
+    }
+
+    async fn write_body<B>(&mut self, body: B, framing: BodyFraming) -> Result<(), ConnError>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let mut body = pin!(body);
+        let mut written = 0u64;
+        loop {
+            // What is ready now; when nothing is, what was gathered goes out before waiting.
+            // (Errors become `BoxError` at once, as above.)
+            let frame = match poll_fn(|cx| Poll::Ready(poll_frame(body.as_mut(), cx))).await {
+                Poll::Ready(frame) => frame,
+                Poll::Pending => {
+                    self.flush().await?;
+                    poll_fn(|cx| poll_frame(body.as_mut(), cx)).await
+                }
+            };
+            let Some(frame) = frame else { break };
+            let frame = frame.map_err(ConnError::ResponseBody)?;
+            let Ok(data) = frame.into_data() else { continue };
+            if data.is_empty() {
+                continue;
+            }
+            written += data.len() as u64;
+            if let BodyFraming::Length(expected) = framing {
+                if written > expected {
+                    return Err(ConnError::BodyLength { expected });
+                }
+            }
+            if framing == BodyFraming::Chunked {
+                response::chunk_start(data.len(), &mut self.wbuf);
+            }
+            if data.len() < self.config.copy_below {
+                self.wbuf.extend_from_slice(&data);
+            } else {
+                self.write_with(data).await?;
+            }
+            if framing == BodyFraming::Chunked {
+                self.wbuf.extend_from_slice(response::CHUNK_END);
+            }
+            if self.wbuf.len() >= self.config.write_buffer {
+                self.flush().await?;
+            }
+        }
+        match framing {
+            BodyFraming::Length(expected) if written != expected => {
+                self.flush().await?;
+                Err(ConnError::BodyLength { expected })
+            }
+            BodyFraming::Chunked => {
+                self.wbuf.extend_from_slice(response::LAST_CHUNK);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes the buffer, then `data`, in vectored writes.
+    async fn write_with(&mut self, mut data: Bytes) -> Result<(), ConnError> {
+        let mut head = 0;
+        while head < self.wbuf.len() || !data.is_empty() {
+            let n = if head < self.wbuf.len() {
+                let slices = [IoSlice::new(&self.wbuf[head..]), IoSlice::new(&data)];
+                self.io.write_vectored(&slices).await
+            } else {
+                self.io.write(&data).await
+            }
+            .map_err(ConnError::Write)?;
+            if n == 0 {
+                return Err(ConnError::Write(io::ErrorKind::WriteZero.into()));
+            }
+            let from_head = n.min(self.wbuf.len() - head);
+            head += from_head;
+            data.advance(n - from_head);
+        }
+        self.wbuf.clear();
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> Result<(), ConnError> {
+        if !self.wbuf.is_empty() {
+            self.io.write_all(&self.wbuf).await.map_err(ConnError::Write)?;
+            self.wbuf.clear();
+        }
+        self.io.flush().await.map_err(ConnError::Write)
+    }
+
+    /// Answers `status` with `reason` and `connection: close` (errors writing it are the
+    /// client's: the connection ends either way).
+    async fn refuse(&mut self, status: StatusCode, reason: &str) {
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        let text = format!("{reason}\n");
+        let head = ResponseHead {
+            status,
+            version: Version::HTTP_11,
+            headers: &headers,
+            framing: BodyFraming::Length(text.len() as u64),
+            keep_alive: false,
+        };
+        self.wbuf.clear();
+        crate::date::with_now(|date| head.encode(date, &mut self.wbuf));
+        self.wbuf.extend_from_slice(text.as_bytes());
+        let _ = self.flush().await;
+    }
+}
+
+fn poll_frame<B>(body: Pin<&mut B>, cx: &mut Context<'_>) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    body.poll_frame(cx).map(|frame| frame.map(|frame| frame.map_err(Into::into)))
+}
+
+/// The interim answer's progress.
+struct Interim {
+    due: bool,
+    sent: usize,
+}
+
+/// Whether the handler's `Connection` field lists `close`.
+fn asks_close(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(CONNECTION)
+        .iter()
+        .any(|v| v.as_bytes().split(|&b| b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close")))
+}
+
+#[cfg(test)]
+mod tests;
