@@ -68,7 +68,7 @@ impl Default for Config {
         Config {
             head_limits: HeadLimits::default(),
             header_timeout: Duration::from_secs(30),
-            read_chunk: 16 << 10,
+            read_chunk: 8 << 10,
             copy_below: 16 << 10,
             write_buffer: 64 << 10,
         }
@@ -135,6 +135,9 @@ impl Shutdown {
     }
 }
 
+/// Most write buffer capacity a connection keeps between answers.
+const KEPT_WRITE_BUFFER: usize = 8 << 10;
+
 /// The interim answer to `Expect: 100-continue`.
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
@@ -151,7 +154,8 @@ where
     let mut conn = Conn {
         io,
         rbuf: BytesMut::with_capacity(config.read_chunk),
-        wbuf: BytesMut::with_capacity(config.write_buffer),
+        // Grown as answers need: an idle connection holds no write buffer.
+        wbuf: BytesMut::new(),
         config,
         eof: false,
     };
@@ -322,7 +326,9 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<'_, I> {
         B::Error: Into<BoxError>,
     {
         let (mut parts, body) = response.into_parts();
-        let exact = body.size_hint().exact();
+        // A body that does not know its size may still be given one by its handler (a catch-up
+        // answer streamed from storage): the handler's `Content-Length` then frames it.
+        let exact = body.size_hint().exact().or_else(|| content_length(&parts.headers));
         let framing = BodyFraming::decide(method, version, parts.status, exact);
         if framing == BodyFraming::Head && !parts.headers.contains_key(CONTENT_LENGTH) {
             if let Some(n) = exact {
@@ -415,6 +421,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<'_, I> {
             data.advance(n - from_head);
         }
         self.wbuf.clear();
+        self.release();
         Ok(())
     }
 
@@ -423,7 +430,16 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<'_, I> {
             self.io.write_all(&self.wbuf).await.map_err(ConnError::Write)?;
             self.wbuf.clear();
         }
-        self.io.flush().await.map_err(ConnError::Write)
+        self.io.flush().await.map_err(ConnError::Write)?;
+        self.release();
+        Ok(())
+    }
+
+    /// Gives back a write buffer a large answer grew (an idle connection keeps a small one).
+    fn release(&mut self) {
+        if self.wbuf.is_empty() && self.wbuf.capacity() > KEPT_WRITE_BUFFER {
+            self.wbuf = BytesMut::new();
+        }
     }
 
     /// Answers `status` with `reason` and `connection: close` (errors writing it are the
@@ -458,6 +474,16 @@ where
 struct Interim {
     due: bool,
     sent: usize,
+}
+
+/// The handler's `Content-Length`, when it is one valid number.
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    let mut values = headers.get_all(CONTENT_LENGTH).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    std::str::from_utf8(value.as_bytes()).ok()?.parse().ok()
 }
 
 /// Whether the handler's `Connection` field lists `close`.

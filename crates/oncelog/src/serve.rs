@@ -69,6 +69,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_H2_PING_TIMEOUT_MS", default_value_t = 20_000)]
     h2_ping_timeout_ms: u64,
 
+    /// Which engine serves plain HTTP/1 connections: `oncelog` (the server's own, crates/http1)
+    /// or `hyper`. TLS and HTTP/2 are served by hyper either way.
+    #[arg(long, env = "ONCELOG_HTTP1_ENGINE", default_value = "oncelog")]
+    http1_engine: oncelog_server::listen::Http1Engine,
+
     /// `--storage log`: memory for the hot tail, the most recent appends kept for live readers
     /// (shared by all streams; only streams a reader followed live in the last 30 s), in MiB.
     /// 0 turns it off (live reads then come from the page cache).
@@ -396,6 +401,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         write_timeout: Duration::from_millis(args.write_timeout_ms),
         h2_ping_interval: Duration::from_millis(args.h2_ping_interval_ms),
         h2_ping_timeout: Duration::from_millis(args.h2_ping_timeout_ms),
+        http1_engine: args.http1_engine,
         max_live_readers: args.max_live_readers,
         max_live_readers_per_stream: args.max_live_readers_per_stream,
         sse_keepalive: Duration::from_millis(args.sse_keepalive_ms),

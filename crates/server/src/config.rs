@@ -77,6 +77,9 @@ pub struct ServerConfig {
     pub cors_origins: crate::headers::CorsOrigins,
     /// Serve HTTPS with these certificate files; `None`: cleartext (HTTP/1.1 and h2c).
     pub tls: Option<crate::tls::TlsFiles>,
+    /// Which engine serves plain (not TLS) HTTP/1 connections (`--http1-engine`); TLS and
+    /// HTTP/2 are hyper's either way.
+    pub http1_engine: crate::listen::Http1Engine,
     /// How often an HTTP/2 connection is pinged, to find peers that vanished without closing.
     pub h2_ping_interval: Duration,
     /// How long the answer to a ping may take before the connection (and its streams) is dropped.
@@ -148,6 +151,7 @@ impl Default for ServerConfig {
             tls: None,
             h2_ping_interval: Duration::from_secs(30),
             h2_ping_timeout: Duration::from_secs(20),
+            http1_engine: crate::listen::Http1Engine::default(),
             default_retention: oncelog_storage::RetentionPolicy::NONE,
             compaction_min_bytes: 16 << 20,
             dev_webhooks: false,

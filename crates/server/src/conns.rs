@@ -487,9 +487,10 @@ impl Drop for RequestGuard {
     }
 }
 
-impl<S> Service<Request<hyper::body::Incoming>> for Tracked<S>
+impl<S, B> Service<Request<B>> for Tracked<S>
 where
-    S: Service<Request<TrackedIncoming>, Response = Response, Error = Infallible>,
+    B: http_body::Body,
+    S: Service<Request<TrackedIncoming<B>>, Response = Response, Error = Infallible>,
     S::Future: Unpin,
 {
     type Response = Response<TrackedBody>;
@@ -500,8 +501,7 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<hyper::body::Incoming>) -> TrackedFuture<S::Future> {
-        use http_body::Body as _;
+    fn call(&mut self, req: Request<B>) -> TrackedFuture<S::Future> {
         let receiving = self.phases && !req.body().is_end_stream();
         self.conn.begin_request(receiving);
         let guard = RequestGuard(Arc::clone(&self.conn));
@@ -543,13 +543,14 @@ impl<F: Future<Output = Result<Response, Infallible>> + Unpin> Future for Tracke
     }
 }
 
-/// A request body that records when it has all arrived (or is given up).
-pub struct TrackedIncoming {
-    inner: hyper::body::Incoming,
+/// A request body that records when it has all arrived (or is given up). `B`: the body of
+/// whichever engine serves the connection (hyper's, or `oncelog_http1`'s).
+pub struct TrackedIncoming<B> {
+    inner: B,
     conn: Option<Arc<Conn>>,
 }
 
-impl TrackedIncoming {
+impl<B> TrackedIncoming<B> {
     fn received(&mut self) {
         if let Some(conn) = self.conn.take() {
             conn.body_received();
@@ -557,20 +558,20 @@ impl TrackedIncoming {
     }
 }
 
-impl Drop for TrackedIncoming {
+impl<B> Drop for TrackedIncoming<B> {
     fn drop(&mut self) {
         self.received();
     }
 }
 
-impl http_body::Body for TrackedIncoming {
-    type Data = bytes::Bytes;
-    type Error = hyper::Error;
+impl<B: http_body::Body + Unpin> http_body::Body for TrackedIncoming<B> {
+    type Data = B::Data;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) || self.inner.is_end_stream() {
             self.received();

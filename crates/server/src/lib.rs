@@ -171,6 +171,7 @@ pub async fn serve<E: Engine>(
         write_timeout: state.config.write_timeout,
         h2_ping_interval: state.config.h2_ping_interval,
         h2_ping_timeout: state.config.h2_ping_timeout,
+        http1_engine: state.config.http1_engine,
     };
     let metrics_listener = match (state.config.metrics_addr, metrics_app(state.clone())) {
         (Some(addr), Some(front)) => {

@@ -19,8 +19,10 @@
 //! With TLS ([`crate::tls`]) the protocol is the one ALPN negotiated (`h2` or `http/1.1`), and
 //! the handshake must finish within the header-read timeout.
 //!
-//! Written with `hyper-util`'s connection builder rather than `axum::serve`, which exposes none of
-//! these settings.
+//! Plain HTTP/1 is served by the server's own engine ([`oncelog_http1`], `--http1-engine
+//! oncelog`, the default) or by hyper; TLS and HTTP/2 by hyper, through `hyper-util`'s connection
+//! builder rather than `axum::serve`, which exposes none of these settings. Requests reach the
+//! same [`Front`] through the same [`Tracked`] whichever engine read them.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -48,7 +50,36 @@ pub struct Limits {
     /// HTTP/2 keep-alive pings: interval, and how long an answer may take.
     pub h2_ping_interval: Duration,
     pub h2_ping_timeout: Duration,
+    /// Which engine serves plain HTTP/1 connections.
+    pub http1_engine: Http1Engine,
 }
+
+/// The engine of plain (not TLS) HTTP/1 connections (`--http1-engine`): the server's own
+/// ([`oncelog_http1`], issue 47; the default), or hyper (kept while issue 47 is under way).
+/// Requests reach the same [`Front`] either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Http1Engine {
+    Hyper,
+    #[default]
+    Oncelog,
+}
+
+impl std::str::FromStr for Http1Engine {
+    type Err = UnknownEngine;
+
+    fn from_str(s: &str) -> Result<Self, UnknownEngine> {
+        match s {
+            "hyper" => Ok(Http1Engine::Hyper),
+            "oncelog" => Ok(Http1Engine::Oncelog),
+            _ => Err(UnknownEngine),
+        }
+    }
+}
+
+/// An `--http1-engine` other than `hyper` or `oncelog`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the HTTP/1 engine is `hyper` or `oncelog`")]
+pub struct UnknownEngine;
 
 /// How long to pause accepting after an accept error (such as running out of file descriptors),
 /// so the loop does not spin.
@@ -96,6 +127,12 @@ async fn sniff(stream: &tokio::net::TcpStream, deadline: tokio::time::Instant) -
 /// Most an HTTP/1 connection queues for writing (and buffers of a request head still incomplete).
 pub const HTTP1_BUFFER_BYTES: usize = 64 << 10;
 
+/// Most bytes of an HTTP/1 request head on the server's own engine (`431` beyond). hyper, with
+/// its buffer bounded by [`HTTP1_BUFFER_BYTES`], takes heads of up to 100 KB and refuses 200 KB
+/// (measured): both engines take what clients already send (a 70 KB producer id gets its own
+/// `400`, not a `431`).
+pub const HTTP1_MAX_HEAD_BYTES: usize = 128 << 10;
+
 pub async fn run(
     listener: TcpListener,
     router: Front,
@@ -119,6 +156,15 @@ pub async fn run(
         .keep_alive_interval(limits.h2_ping_interval)
         .keep_alive_timeout(limits.h2_ping_timeout);
     let (h1, h2) = (Arc::new(h1), Arc::new(h2));
+    let own = Arc::new(oncelog_http1::Config {
+        header_timeout: limits.header_read_timeout,
+        head_limits: oncelog_http1::HeadLimits {
+            max_head_bytes: HTTP1_MAX_HEAD_BYTES,
+            ..oncelog_http1::HeadLimits::default()
+        },
+        write_buffer: HTTP1_BUFFER_BYTES,
+        ..oncelog_http1::Config::default()
+    });
     let registry = Registry::new(limits.max_connections);
     tokio::pin!(stop);
     loop {
@@ -145,6 +191,7 @@ pub async fn run(
         let (h1, h2) = (h1.clone(), h2.clone());
         let first_bytes_by = tokio::time::Instant::now() + limits.header_read_timeout;
         let tls = tls.clone();
+        let own = Arc::clone(&own);
         tokio::spawn(async move {
             let conn = Arc::clone(place.conn());
             let socket = Socket::new(stream);
@@ -156,11 +203,19 @@ pub async fn run(
                         _ = conn.next_order() => None,
                     };
                     let watch = socket.clone();
-                    let io = TokioIo::new(DeadlineIo::new(SendfileIo::new(socket), limits.write_timeout));
-                    match protocol {
-                        Some(Protocol::Http1) => serve_http1(&h1, io, front, &place, watch).await,
-                        Some(Protocol::Http2) => serve_io(&h2, io, front, &place, None, limits.write_timeout).await,
-                        None => {}
+                    let io = DeadlineIo::new(SendfileIo::new(socket), limits.write_timeout);
+                    match (protocol, limits.http1_engine) {
+                        (Some(Protocol::Http1), Http1Engine::Oncelog) => {
+                            let served = serve_own(io, front, &place, watch, &own);
+                            conns::serving_http1(Arc::clone(place.conn()), served).await;
+                        }
+                        (Some(Protocol::Http1), Http1Engine::Hyper) => {
+                            serve_http1(&h1, TokioIo::new(io), front, &place, watch).await
+                        }
+                        (Some(Protocol::Http2), _) => {
+                            serve_io(&h2, TokioIo::new(io), front, &place, None, limits.write_timeout).await
+                        }
+                        (None, _) => {}
                     }
                 }
                 Some(acceptor) => {
@@ -199,6 +254,40 @@ where
     // The write timeout is the socket's own (`DeadlineIo`): an HTTP/1 answer has no window.
     let served = serve_io(builder, io, front, place, Some(&socket), Duration::MAX);
     conns::serving_http1(Arc::clone(place.conn()), served).await;
+}
+
+/// Serves a plain HTTP/1 connection with the server's own engine, under the same orders, the
+/// same watch for a departed live reader and the same request tracking as [`serve_io`].
+async fn serve_own<I>(io: I, front: Front, place: &Place, socket: Socket, config: &oncelog_http1::Config)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = place.conn();
+    let shutdown = oncelog_http1::Shutdown::new();
+    let served = oncelog_http1::serve(io, Tracked::new(front, Arc::clone(conn), true), config, &shutdown);
+    tokio::pin!(served);
+    loop {
+        tokio::select! {
+            // Errors here are the client's (reset, timeout, malformed framing), answered where
+            // they could be.
+            ended = served.as_mut() => {
+                if let Err(e) = ended {
+                    tracing::debug!(error = %e, "HTTP/1 connection ended");
+                }
+                return;
+            }
+            () = departed(conn, Some(&socket)) => {
+                metrics::counter!("oncelog_live_readers_departed_total").increment(1);
+                return;
+            }
+            order = conn.next_order() => match order {
+                Order::Slow if conn.is_slow() => return,
+                Order::Slow => place.keep(),
+                Order::Idle | Order::Shutdown if conn.never_used() => return,
+                Order::Idle | Order::Shutdown => shutdown.graceful(),
+            },
+        }
+    }
 }
 
 /// Serves one connection until it ends, or it is closed on an order (see [`crate::conns`]), or,
