@@ -74,6 +74,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCELOG_HTTP1_ENGINE", default_value = "oncelog")]
     http1_engine: oncelog_server::listen::Http1Engine,
 
+    /// Threads that serve connections, each with a runtime of its own (a connection stays on
+    /// one); by default one per core; 0: connections share the main work-stealing runtime.
+    #[arg(long, env = "ONCELOG_IO_THREADS", default_value_t = oncelog_server::workers::default_count())]
+    io_threads: usize,
+
     /// `--storage log`: memory for the hot tail, the most recent appends kept for live readers
     /// (shared by all streams; only streams a reader followed live in the last 30 s), in MiB.
     /// 0 turns it off (live reads then come from the page cache).
@@ -402,6 +407,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), Box<dyn std::error::Error>> {
         h2_ping_interval: Duration::from_millis(args.h2_ping_interval_ms),
         h2_ping_timeout: Duration::from_millis(args.h2_ping_timeout_ms),
         http1_engine: args.http1_engine,
+        io_threads: args.io_threads,
         max_live_readers: args.max_live_readers,
         max_live_readers_per_stream: args.max_live_readers_per_stream,
         sse_keepalive: Duration::from_millis(args.sse_keepalive_ms),

@@ -80,6 +80,9 @@ pub struct ServerConfig {
     /// Which engine serves plain (not TLS) HTTP/1 connections (`--http1-engine`); TLS and
     /// HTTP/2 are hyper's either way.
     pub http1_engine: crate::listen::Http1Engine,
+    /// Runtimes of their own, one thread each, that connections are spread over
+    /// (`--io-threads`; by default one per core); 0: connections run on the caller's runtime.
+    pub io_threads: usize,
     /// How often an HTTP/2 connection is pinged, to find peers that vanished without closing.
     pub h2_ping_interval: Duration,
     /// How long the answer to a ping may take before the connection (and its streams) is dropped.
@@ -152,6 +155,7 @@ impl Default for ServerConfig {
             h2_ping_interval: Duration::from_secs(30),
             h2_ping_timeout: Duration::from_secs(20),
             http1_engine: crate::listen::Http1Engine::default(),
+            io_threads: crate::workers::default_count(),
             default_retention: oncelog_storage::RetentionPolicy::NONE,
             compaction_min_bytes: 16 << 20,
             dev_webhooks: false,

@@ -71,6 +71,7 @@ mod stored_body;
 pub mod subs;
 pub mod sweeper;
 pub mod tls;
+pub mod workers;
 
 use std::future::Future;
 use std::sync::atomic::Ordering;
@@ -172,6 +173,7 @@ pub async fn serve<E: Engine>(
         h2_ping_interval: state.config.h2_ping_interval,
         h2_ping_timeout: state.config.h2_ping_timeout,
         http1_engine: state.config.http1_engine,
+        io_threads: state.config.io_threads,
     };
     let metrics_listener = match (state.config.metrics_addr, metrics_app(state.clone())) {
         (Some(addr), Some(front)) => {
@@ -183,7 +185,9 @@ pub async fn serve<E: Engine>(
                 tracing::info!(%bound, "metrics served on their own listener");
             }
             let grace = state.config.shutdown_grace;
-            Some(tokio::spawn(listen::run(l, front, limits(), None, std::future::pending(), grace)))
+            // A scrape now and then needs no runtime of its own.
+            let limits = listen::Limits { io_threads: 0, ..limits() };
+            Some(tokio::spawn(listen::run(l, front, limits, None, std::future::pending(), grace)))
         }
         _ => None,
     };

@@ -38,6 +38,7 @@ use tokio::net::TcpListener;
 
 use crate::deadline_io::DeadlineIo;
 use crate::sendfile_io::{SendfileIo, Socket};
+use crate::workers::Workers;
 
 /// Connection limits; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +53,9 @@ pub struct Limits {
     pub h2_ping_timeout: Duration,
     /// Which engine serves plain HTTP/1 connections.
     pub http1_engine: Http1Engine,
+    /// Runtimes of their own the connections run on (one thread each, [`crate::workers`]); 0:
+    /// on the caller's runtime.
+    pub io_threads: usize,
 }
 
 /// The engine of plain (not TLS) HTTP/1 connections (`--http1-engine`): the server's own
@@ -133,6 +137,10 @@ pub const HTTP1_BUFFER_BYTES: usize = 64 << 10;
 /// `400`, not a `431`).
 pub const HTTP1_MAX_HEAD_BYTES: usize = 128 << 10;
 
+/// Blocking tasks (disk reads) each connection runtime may run at once: the main runtime's
+/// bound (8 per core) spread over one runtime per core.
+const BLOCKING_PER_IO_THREAD: usize = 8;
+
 pub async fn run(
     listener: TcpListener,
     router: Front,
@@ -166,6 +174,16 @@ pub async fn run(
         ..oncelog_http1::Config::default()
     });
     let registry = Registry::new(limits.max_connections);
+    let workers = match limits.io_threads {
+        0 => None,
+        n => match Workers::start(n, BLOCKING_PER_IO_THREAD) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(error = %e, io_threads = n, "cannot start the connection runtimes; serving on the main one");
+                None
+            }
+        },
+    };
     tokio::pin!(stop);
     loop {
         let (stream, peer) = tokio::select! {
@@ -192,7 +210,7 @@ pub async fn run(
         let first_bytes_by = tokio::time::Instant::now() + limits.header_read_timeout;
         let tls = tls.clone();
         let own = Arc::clone(&own);
-        tokio::spawn(async move {
+        let serve = move |stream: tokio::net::TcpStream| async move {
             let conn = Arc::clone(place.conn());
             let socket = Socket::new(stream);
             match tls {
@@ -238,7 +256,13 @@ pub async fn run(
                     }
                 }
             }
-        });
+        };
+        match &workers {
+            Some(workers) => workers.spawn_connection(stream, serve),
+            None => {
+                tokio::spawn(serve(stream));
+            }
+        }
     }
     drop(listener);
     registry.shutdown();
