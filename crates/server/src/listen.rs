@@ -58,32 +58,7 @@ pub struct Limits {
     pub io_threads: usize,
 }
 
-/// The engine of plain (not TLS) HTTP/1 connections (`--http1-engine`): the server's own
-/// ([`oncelog_http1`], issue 47; the default), or hyper (kept while issue 47 is under way).
-/// Requests reach the same [`Front`] either way.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Http1Engine {
-    Hyper,
-    #[default]
-    Oncelog,
-}
-
-impl std::str::FromStr for Http1Engine {
-    type Err = UnknownEngine;
-
-    fn from_str(s: &str) -> Result<Self, UnknownEngine> {
-        match s {
-            "hyper" => Ok(Http1Engine::Hyper),
-            "oncelog" => Ok(Http1Engine::Oncelog),
-            _ => Err(UnknownEngine),
-        }
-    }
-}
-
-/// An `--http1-engine` other than `hyper` or `oncelog`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("the HTTP/1 engine is `hyper` or `oncelog`")]
-pub struct UnknownEngine;
+pub use crate::config::{Http1Engine, UnknownEngine};
 
 /// How long to pause accepting after an accept error (such as running out of file descriptors),
 /// so the loop does not spin.
