@@ -60,6 +60,7 @@ pub mod metrics;
 pub mod ops;
 pub mod rate;
 pub mod read;
+pub mod relay;
 pub mod reload;
 mod reply;
 pub mod request;
