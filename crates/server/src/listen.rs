@@ -261,31 +261,14 @@ async fn serve_own<I>(io: I, front: Front, place: &Place, socket: Socket, config
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let conn = place.conn();
     let shutdown = oncelog_http1::Shutdown::new();
-    let served = oncelog_http1::serve(io, Tracked::new(front, Arc::clone(conn), true), config, &shutdown);
+    let served = oncelog_http1::serve(io, Tracked::new(front, Arc::clone(place.conn()), true), config, &shutdown);
     tokio::pin!(served);
-    loop {
-        tokio::select! {
-            // Errors here are the client's (reset, timeout, malformed framing), answered where
-            // they could be.
-            ended = served.as_mut() => {
-                if let Err(e) = ended {
-                    tracing::debug!(error = %e, "HTTP/1 connection ended");
-                }
-                return;
-            }
-            () = departed(conn, Some(&socket)) => {
-                metrics::counter!("oncelog_live_readers_departed_total").increment(1);
-                return;
-            }
-            order = conn.next_order() => match order {
-                Order::Slow if conn.is_slow() => return,
-                Order::Slow => place.keep(),
-                Order::Idle | Order::Shutdown if conn.never_used() => return,
-                Order::Idle | Order::Shutdown => shutdown.graceful(),
-            },
-        }
+    let graceful = |_: std::pin::Pin<&mut _>| shutdown.graceful();
+    // Errors here are the client's (reset, timeout, malformed framing), answered where they
+    // could be.
+    if let Some(Err(e)) = drive(served, graceful, place, Some(&socket), Duration::MAX).await {
+        tracing::debug!(error = %e, "HTTP/1 connection ended");
     }
 }
 
@@ -302,37 +285,53 @@ async fn serve_io<I>(
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
+    let http1 = socket.is_some();
+    let served =
+        builder.serve_connection(io, TowerToHyperService::new(Tracked::new(front, Arc::clone(place.conn()), http1)));
+    tokio::pin!(served);
+    // Errors here are the client's (reset, timeout, malformed framing); hyper has already
+    // answered what could be answered.
+    let _ = drive(served, |s| s.graceful_shutdown(), place, socket, write_timeout).await;
+}
+
+/// Runs a connection's future `served` (either engine's) until it ends, or the connection is
+/// closed on an order, or its live reader's client went away (HTTP/1: `socket`), or an HTTP/2
+/// answer stalled past `write_timeout`; `graceful` asks the engine to finish what it serves and
+/// close. Returns the future's output when it ended by itself.
+async fn drive<F: Future>(
+    mut served: std::pin::Pin<&mut F>,
+    mut graceful: impl FnMut(std::pin::Pin<&mut F>),
+    place: &Place,
+    socket: Option<&Socket>,
+    write_timeout: Duration,
+) -> Option<F::Output> {
     let conn = place.conn();
     let http1 = socket.is_some();
-    let served = builder.serve_connection(io, TowerToHyperService::new(Tracked::new(front, Arc::clone(conn), http1)));
-    tokio::pin!(served);
-    let mut graceful = false;
+    let mut asked = false;
     loop {
         tokio::select! {
-            // Errors here are the client's (reset, timeout, malformed framing); hyper has already
-            // answered what could be answered.
-            _ = served.as_mut() => return,
+            ended = served.as_mut() => return Some(ended),
             () = departed(conn, socket) => {
                 metrics::counter!("oncelog_live_readers_departed_total").increment(1);
-                return;
+                return None;
             }
             // Dropped as HTTP/1 drops a reader that stops reading: hyper cannot reset the one
             // stream, and dropping the connection frees what every stream of it held.
             () = stalled(conn, http1, write_timeout) => {
                 tracing::debug!(?write_timeout, "an HTTP/2 answer stalled on the client's flow control: connection closed");
-                return;
+                return None;
             }
             order = conn.next_order() => match order {
                 // Checked here, in the task that also runs the request: between this check and
                 // the drop, no body can end and no write be applied.
-                Order::Slow if conn.is_slow() => return,
+                Order::Slow if conn.is_slow() => return None,
                 Order::Slow => place.keep(),
                 // Nothing was ever read from it: nothing is lost.
-                Order::Idle | Order::Shutdown if http1 && conn.never_used() => return,
+                Order::Idle | Order::Shutdown if http1 && conn.never_used() => return None,
                 Order::Idle | Order::Shutdown => {
-                    if !graceful {
-                        graceful = true;
-                        served.as_mut().graceful_shutdown();
+                    if !asked {
+                        asked = true;
+                        graceful(served.as_mut());
                     }
                 }
             },

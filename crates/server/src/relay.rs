@@ -108,7 +108,7 @@ impl Relay {
     /// Wraps `fut` so that wakes from other threads reach it through this relay.
     pub fn wrap<F: Future>(self: &Arc<Self>, fut: F) -> Relayed<F> {
         let inner =
-            Arc::new(RelayWaker { relay: Arc::clone(self), task: Mutex::new(None), queued: AtomicBool::new(false) });
+            Arc::new(RelayWaker { relay: Arc::clone(self), task: AtomicWaker::new(), queued: AtomicBool::new(false) });
         Relayed { fut: Box::pin(fut), waker: Waker::from(Arc::clone(&inner)), inner }
     }
 }
@@ -116,17 +116,17 @@ impl Relay {
 /// The waker a [`Relayed`] future is polled with.
 struct RelayWaker {
     relay: Arc<Relay>,
-    /// The task's own waker, as of its last poll.
-    task: Mutex<Option<Waker>>,
+    /// The task's own waker, as of its last poll (registered on every poll, without a lock:
+    /// this is on every connection's hot path).
+    task: AtomicWaker,
     /// On the relay's queue already.
     queued: AtomicBool,
 }
 
 impl RelayWaker {
+    /// Wakes the task (its waker is taken: the poll that follows registers it again).
     fn wake_task(&self) {
-        if let Some(w) = lock(&self.task).as_ref() {
-            w.wake_by_ref();
-        }
+        self.task.wake();
     }
 }
 
@@ -156,12 +156,7 @@ impl<F: Future> Future for Relayed<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        {
-            let mut task = lock(&self.inner.task);
-            if !task.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                *task = Some(cx.waker().clone());
-            }
-        }
+        self.inner.task.register(cx.waker());
         let this = &mut *self;
         let mut relayed = Context::from_waker(&this.waker);
         this.fut.as_mut().poll(&mut relayed)

@@ -72,15 +72,6 @@ impl Workers {
         Ok(Workers { workers })
     }
 
-    /// How many runtimes serve connections.
-    pub fn len(&self) -> usize {
-        self.workers.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
-    }
-
     /// Connections open on each runtime, in order.
     pub fn open(&self) -> Vec<usize> {
         self.workers.iter().map(|w| w.open.load(Ordering::Relaxed)).collect()
