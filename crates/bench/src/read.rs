@@ -46,7 +46,16 @@ pub struct ReadArgs {
     /// a bucket): its size is what the readers find, and they must all find the same.
     #[arg(long, requires = "stream")]
     pub no_write: bool,
+    /// After our own readers, two passes of readers that are not ours (`python3` and `curl`
+    /// must be installed): Python's `http.client` on keep-alive connections reading each body
+    /// 1 MiB at a time, then `curl` once per request. The summary gains `python_mb_per_s`,
+    /// `curl_mb_per_s` and, with `--server-pid`, their server CPU per GB.
+    #[arg(long)]
+    pub foreign: bool,
 }
+
+/// The foreign readers' program (see `--foreign`), run with `python3 -c`.
+const FOREIGN_READER: &str = include_str!("foreign_reader.py");
 
 /// How a reader connects (see the module docs).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,6 +156,24 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
         }
         phases.push((kind, wall, reports, cpu_s));
     }
+    // `--foreign`: (mode, MB/s in all, requests, server CPU ms per GB) for each foreign pass.
+    let mut foreign = Vec::new();
+    if args.foreign {
+        for mode in ["python", "curl"] {
+            let cpu_before = server_cpu();
+            let (wall, reports) = foreign_phase(args.readers, mode, &url).await?;
+            let cpu_s = cpu_before.zip(server_cpu()).map(|(b, a)| a - b);
+            for (i, r) in reports.iter().enumerate() {
+                if r.bytes != written {
+                    return Err(format!("{mode} reader {i} read {} B, expected {written} B", r.bytes));
+                }
+            }
+            let bytes: u64 = reports.iter().map(|r| r.bytes).sum();
+            let requests: u64 = reports.iter().map(|r| r.requests).sum();
+            let cpu = cpu_s.filter(|_| bytes > 0).map(|s| s * 1e3 / (bytes as f64 / 1e9));
+            foreign.push((mode, bytes as f64 / 1e6 / wall, requests, cpu));
+        }
+    }
     // Server CPU milliseconds per GB (10^9 bytes) the readers of a pass received.
     let cpu_ms_per_gb = |cpu_s: Option<f64>, reports: &[ReaderReport]| {
         let bytes: u64 = reports.iter().map(|r| r.bytes).sum();
@@ -188,7 +215,14 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
             println!("  server CPU (a connection per request) {cpu:.0} ms per GB read");
         }
     }
+    for (mode, rate, requests, cpu) in &foreign {
+        let cpu = cpu.map_or_else(String::new, |c| format!(", server CPU {c:.0} ms per GB read"));
+        println!("  {mode} readers: {rate:.0} MB/s in all ({requests} requests){cpu}");
+    }
     let opt_f64 = |v: Option<f64>| v.map_or_else(|| "null".into(), |v| json_f64(v, 1));
+    let foreign_field = |mode: &str, pick: fn(&(&str, f64, u64, Option<f64>)) -> Option<f64>| {
+        foreign.iter().find(|f| f.0 == mode).and_then(pick).map_or_else(|| "null".into(), |v| json_f64(v, 1))
+    };
     let times_json = format!("[{}]", times.iter().map(|t| json_f64(*t, 3)).collect::<Vec<_>>().join(","));
     println!(
         "{}",
@@ -212,6 +246,12 @@ async fn run_inner(args: &ReadArgs, target: &common::Target) -> Result<(), Strin
             // `--server-pid`: the server's CPU time per GB received, each pass.
             ("cpu_ms_per_gb", opt_f64(cpu_keep_alive)),
             ("per_request_cpu_ms_per_gb", opt_f64(per_request.and_then(|(_, _, c)| c))),
+            // `--foreign`: readers that are not ours.
+            ("python_mb_per_s", foreign_field("python", |f| Some(f.1))),
+            ("python_cpu_ms_per_gb", foreign_field("python", |f| f.3)),
+            ("curl_mb_per_s", foreign_field("curl", |f| Some(f.1))),
+            ("curl_requests", foreign_field("curl", |f| Some(f.2 as f64))),
+            ("curl_cpu_ms_per_gb", foreign_field("curl", |f| f.3)),
             ("write_s", json_f64(write_s, 3)),
             ("write_mb_per_s", json_f64(written as f64 / 1e6 / write_s, 1)),
             ("wall_s", json_f64(wall, 3)),
@@ -265,6 +305,50 @@ async fn read_phase(
         reports.push(t.await.map_err(|e| format!("reader task failed: {e}"))??);
     }
     Ok((read_start.elapsed().as_secs_f64(), reports))
+}
+
+/// `readers` foreign readers of `url` (`mode`: `python` or `curl`, see `--foreign`), one process
+/// each, started together: the wall time until the last one ends and each one's report.
+async fn foreign_phase(readers: usize, mode: &str, url: &str) -> Result<(f64, Vec<ReaderReport>), String> {
+    let start = Instant::now();
+    let mut children = Vec::with_capacity(readers);
+    for _ in 0..readers {
+        let child = std::process::Command::new("python3")
+            .args(["-c", FOREIGN_READER, mode, url])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start python3 for the {mode} readers: {e}"))?;
+        children.push(child);
+    }
+    // Each child waited for on a blocking thread, so the benchmark's own timeout still applies.
+    let waits: Vec<_> = children
+        .into_iter()
+        .map(|child| {
+            tokio::task::spawn_blocking(move || {
+                let out = child.wait_with_output().map_err(|e| format!("waiting for a reader: {e}"))?;
+                Ok::<_, String>((start.elapsed(), out))
+            })
+        })
+        .collect();
+    let mut reports = Vec::with_capacity(readers);
+    for wait in waits {
+        let (elapsed, out) = wait.await.map_err(|e| format!("reader wait failed: {e}"))??;
+        if !out.status.success() {
+            return Err(format!("{mode} reader failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let number = |key: &str| {
+            let rest = text.split(&format!("\"{key}\": ")).nth(1)?;
+            rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<u64>().ok()
+        };
+        let (Some(bytes), Some(requests)) = (number("bytes"), number("requests")) else {
+            return Err(format!("{mode} reader printed no report: {text}"));
+        };
+        reports.push(ReaderReport { bytes, requests, elapsed });
+    }
+    Ok((start.elapsed().as_secs_f64(), reports))
 }
 
 /// Reads the stream from the start until the server says the tail is reached, each body counted

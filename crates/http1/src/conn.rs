@@ -56,11 +56,15 @@ pub struct Config {
     pub header_timeout: Duration,
     /// Bytes asked of the socket per read.
     pub read_chunk: usize,
-    /// Body pieces shorter than this are copied into the write buffer; longer ones are written as
-    /// they are.
+    /// Body pieces shorter than this are copied into the write buffer; longer ones are queued
+    /// behind it as they are (not copied) and go out with it in one vectored write.
     pub copy_below: usize,
     /// The write buffer is written out once it holds this much.
     pub write_buffer: usize,
+    /// What is queued (the buffer and the pieces behind it) is written out once it holds this
+    /// many bytes: a catch-up answer of many small appends then costs one vectored write per
+    /// this much, not one per append.
+    pub gather_bytes: usize,
 }
 
 impl Default for Config {
@@ -69,8 +73,9 @@ impl Default for Config {
             head_limits: HeadLimits::default(),
             header_timeout: Duration::from_secs(30),
             read_chunk: 8 << 10,
-            copy_below: 16 << 10,
+            copy_below: 2 << 10,
             write_buffer: 64 << 10,
+            gather_bytes: 1 << 20,
         }
     }
 }
@@ -138,6 +143,11 @@ impl Shutdown {
 /// Most write buffer capacity a connection keeps between answers.
 const KEPT_WRITE_BUFFER: usize = 8 << 10;
 
+/// Most pieces queued before they are written.
+const MAX_QUEUED: usize = 1024;
+/// Most slices handed to one vectored write (Linux's `IOV_MAX` is 1024).
+const MAX_IOVECS: usize = 256;
+
 /// The interim answer to `Expect: 100-continue`.
 const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
@@ -156,6 +166,8 @@ where
         rbuf: BytesMut::with_capacity(config.read_chunk),
         // Grown as answers need: an idle connection holds no write buffer.
         wbuf: BytesMut::new(),
+        queued: Vec::new(),
+        queued_bytes: 0,
         config,
         eof: false,
     };
@@ -179,6 +191,11 @@ struct Conn<'c, I> {
     io: I,
     rbuf: BytesMut,
     wbuf: BytesMut,
+    /// What goes out before `wbuf`, in order: body pieces as they came (never copied) and the
+    /// parts of the buffer written before each. Written with `wbuf` in vectored writes.
+    queued: Vec<Bytes>,
+    /// The bytes in `queued`.
+    queued_bytes: usize,
     config: &'c Config,
     /// The client shut its side (a read returned 0).
     eof: bool,
@@ -380,12 +397,15 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<'_, I> {
             if data.len() < self.config.copy_below {
                 self.wbuf.extend_from_slice(&data);
             } else {
-                self.write_with(data).await?;
+                self.queue(data);
             }
             if framing == BodyFraming::Chunked {
                 self.wbuf.extend_from_slice(response::CHUNK_END);
             }
-            if self.wbuf.len() >= self.config.write_buffer {
+            if self.wbuf.len() >= self.config.write_buffer
+                || self.queued_bytes + self.wbuf.len() >= self.config.gather_bytes
+                || self.queued.len() >= MAX_QUEUED
+            {
                 self.flush().await?;
             }
         }
@@ -402,33 +422,51 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<'_, I> {
         }
     }
 
-    /// Writes the buffer, then `data`, in vectored writes.
-    async fn write_with(&mut self, mut data: Bytes) -> Result<(), ConnError> {
-        let mut head = 0;
-        while head < self.wbuf.len() || !data.is_empty() {
-            let n = if head < self.wbuf.len() {
-                let slices = [IoSlice::new(&self.wbuf[head..]), IoSlice::new(&data)];
-                self.io.write_vectored(&slices).await
-            } else {
-                self.io.write(&data).await
-            }
-            .map_err(ConnError::Write)?;
-            if n == 0 {
-                return Err(ConnError::Write(io::ErrorKind::WriteZero.into()));
-            }
-            let from_head = n.min(self.wbuf.len() - head);
-            head += from_head;
-            data.advance(n - from_head);
+    /// Queues `data` behind what the buffer holds (see `queued`).
+    fn queue(&mut self, data: Bytes) {
+        if !self.wbuf.is_empty() {
+            let before = self.wbuf.split().freeze();
+            self.queued_bytes += before.len();
+            self.queued.push(before);
         }
-        self.wbuf.clear();
-        self.release();
-        Ok(())
+        self.queued_bytes += data.len();
+        self.queued.push(data);
     }
 
+    /// Writes out what is queued, then the buffer.
     async fn flush(&mut self) -> Result<(), ConnError> {
-        if !self.wbuf.is_empty() {
-            self.io.write_all(&self.wbuf).await.map_err(ConnError::Write)?;
-            self.wbuf.clear();
+        if self.queued.is_empty() {
+            if !self.wbuf.is_empty() {
+                self.io.write_all(&self.wbuf).await.map_err(ConnError::Write)?;
+                self.wbuf.clear();
+            }
+        } else {
+            if !self.wbuf.is_empty() {
+                let rest = self.wbuf.split().freeze();
+                self.queued.push(rest);
+            }
+            let mut first = 0;
+            while first < self.queued.len() {
+                let slices: Vec<IoSlice<'_>> =
+                    self.queued[first..].iter().take(MAX_IOVECS).map(|b| IoSlice::new(b)).collect();
+                let mut n = self.io.write_vectored(&slices).await.map_err(ConnError::Write)?;
+                if n == 0 {
+                    return Err(ConnError::Write(io::ErrorKind::WriteZero.into()));
+                }
+                while n > 0 && first < self.queued.len() {
+                    let piece = &mut self.queued[first];
+                    let taken = n.min(piece.len());
+                    piece.advance(taken);
+                    n -= taken;
+                    if piece.is_empty() {
+                        first += 1;
+                    }
+                }
+            }
+            self.queued.clear();
+            self.queued_bytes = 0;
+            // The buffer's storage was handed to the written pieces: a new one grows as needed.
+            self.wbuf = BytesMut::new();
         }
         self.io.flush().await.map_err(ConnError::Write)?;
         self.release();

@@ -7,12 +7,12 @@
 
 use std::io;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-/// Ranges shorter than this are read with `pread`: mapping a range costs two system calls and a
-/// TLB flush at unmap, which a copy of a few KiB undercuts.
+/// Mapped ranges at least this long get read-ahead started (`MADV_WILLNEED`) when they are
+/// handed out; shorter ones are not worth the system call.
 pub const MAP_MIN: usize = 64 * 1024;
 
 /// An open file. Positional I/O only, so readers and the writer share one handle without a seek
@@ -85,9 +85,48 @@ impl RealFs {
     }
 }
 
-/// In an `Arc` so a mapped range can name its file while a socket sends it
+/// The file in an `Arc` so a mapped range can name its file while a socket sends it
 /// ([`oncelog_storage::file_bytes`]).
-struct RealFile(Arc<std::fs::File>);
+struct RealFile(Arc<std::fs::File>, Mutex<Option<Bytes>>);
+
+impl RealFile {
+    fn new(file: std::fs::File) -> Self {
+        RealFile(Arc::new(file), Mutex::new(None))
+    }
+
+    /// The whole file mapped, once (the second field keeps it): every read of the file slices
+    /// this one mapping, so a read costs no `mmap`/`munmap` (nor the TLB flush of an unmap on
+    /// every thread), and pages once mapped stay mapped for the next reader. Mapped anew, larger,
+    /// when a read reaches past it (a segment written past the size it was allocated); slices of
+    /// the older mapping keep it alive until they drop. `None`: no mapping could be made.
+    fn mapped(&self, end: u64) -> io::Result<Option<Bytes>> {
+        let mut cached = self.1.lock().map_err(|_| io::Error::other("segment mapping lock poisoned"))?;
+        if let Some(whole) = cached.as_ref().filter(|w| w.len() as u64 >= end) {
+            return Ok(Some(whole.clone()));
+        }
+        let len =
+            usize::try_from(self.0.metadata()?.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        if (len as u64) < end {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "a mapped read past the end of its segment"));
+        }
+        // SAFETY: the mapping is read-only and the trait's contract (above) keeps the bytes it
+        // exposes unchanged while it lives: the log maps only published records, which it never
+        // rewrites, and never shortens a segment outside recovery (before any read, on a handle
+        // of its own).
+        let map = match unsafe { memmap2::MmapOptions::new().len(len).map(&*self.0) } {
+            Ok(map) => map,
+            // Out of mappings (`vm.max_map_count`) or address space: the caller reads instead.
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot map a segment; reading it");
+                return Ok(None);
+            }
+        };
+        let registration = oncelog_storage::file_bytes::register(map.as_ptr(), len, self.0.clone(), 0);
+        let whole = Bytes::from_owner(Mapped { _registration: registration, map });
+        *cached = Some(whole.clone());
+        Ok(Some(whole))
+    }
+}
 
 /// A mapped range, registered while it lives. Field order matters: the registration is dropped
 /// before the memory is unmapped, so no address is ever registered after it could be reused.
@@ -119,25 +158,18 @@ impl File for RealFile {
         self.0.set_len(len)
     }
     fn map_range(&self, pos: u64, len: usize) -> io::Result<Option<Bytes>> {
-        if len < MAP_MIN {
-            return Ok(None);
+        let start = usize::try_from(pos).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let Some(end) = start.checked_add(len) else { return Err(io::ErrorKind::InvalidInput.into()) };
+        let Some(whole) = self.mapped(end as u64)? else { return Ok(None) };
+        let range = whole.slice(start..end);
+        // Read-ahead is started so the pages are in the page cache when they are sent (a plain
+        // socket sends large pieces with `sendfile(2)`, never touching the mapping).
+        if len >= MAP_MIN {
+            // SAFETY: `range` lies inside the live mapping; advice changes no memory contents.
+            let page = start & !4095;
+            unsafe { libc::madvise(whole.as_ptr().add(page).cast_mut().cast(), end - page, libc::MADV_WILLNEED) };
         }
-        // SAFETY: the mapping is read-only and the trait's contract (above) keeps the bytes it
-        // exposes unchanged while it lives: the log maps only published records, which it never
-        // rewrites, and never shortens a segment outside recovery.
-        let map = match unsafe { memmap2::MmapOptions::new().offset(pos).len(len).map(&*self.0) } {
-            Ok(map) => map,
-            // Out of mappings (`vm.max_map_count`) or address space: the caller reads instead.
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot map a segment range; reading it");
-                return Ok(None);
-            }
-        };
-        // Pages are not faulted in here: a plain socket sends them with `sendfile(2)` without
-        // ever touching the mapping. Read-ahead is started so they are in the page cache by then.
-        let _ = map.advise(memmap2::Advice::WillNeed);
-        let registration = oncelog_storage::file_bytes::register(map.as_ptr(), len, self.0.clone(), pos);
-        Ok(Some(Bytes::from_owner(Mapped { _registration: registration, map })))
+        Ok(Some(range))
     }
     fn allocate(&self, len: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;
@@ -159,7 +191,7 @@ impl Fs for RealFs {
     fn open(&self, name: &str, create: bool) -> io::Result<Arc<dyn File>> {
         let f =
             std::fs::OpenOptions::new().read(true).write(true).create(create).truncate(false).open(self.path(name))?;
-        Ok(Arc::new(RealFile(Arc::new(f))))
+        Ok(Arc::new(RealFile::new(f)))
     }
     fn exists(&self, name: &str) -> io::Result<bool> {
         self.path(name).try_exists()
@@ -209,8 +241,9 @@ mod tests {
         let file = fs.open("seg", true).expect("open");
         let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
         file.write_all_at(&data, 0).expect("write");
-        // Below the threshold: no mapping, the caller reads.
-        assert!(file.map_range(5, MAP_MIN - 1).expect("map").is_none());
+        // Small ranges are slices of the same one mapping.
+        let small = file.map_range(5, 10).expect("map").expect("a real file maps");
+        assert!(small[..] == data[5..15]);
         // An offset inside a page, a length that ends inside one.
         let (pos, len) = (4097u64, 100_001usize);
         let mapped = file.map_range(pos, len).expect("map").expect("a real file maps");
@@ -220,5 +253,27 @@ mod tests {
         drop(file);
         fs.remove("seg").expect("remove");
         assert!(mapped.slice(1..).as_ref() == &data[pos as usize + 1..pos as usize + len]);
+        assert!(small[..] == data[5..15]);
+    }
+
+    #[test]
+    fn a_file_is_mapped_once_and_again_only_when_it_grew() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = RealFile::new(tempfile::tempfile_in(dir.path()).expect("file"));
+        file.write_all_at(&[1u8; 100_000], 0).expect("write");
+        let a = file.map_range(0, 10).expect("map").expect("maps");
+        let b = file.map_range(50_000, 10).expect("map").expect("maps");
+        let whole = |f: &RealFile| f.1.lock().expect("lock").as_ref().map(|w| (w.as_ptr(), w.len()));
+        let first = whole(&file).expect("mapped");
+        assert_eq!(first.1, 100_000);
+        assert_eq!(b.as_ptr(), a.as_ptr().wrapping_add(50_000), "one mapping, sliced");
+        // A read past the mapping (the file grew): mapped anew, and the old slices still read.
+        file.write_all_at(&[2u8; 100_000], 100_000).expect("write");
+        let c = file.map_range(150_000, 10).expect("map").expect("maps");
+        assert_eq!(&c[..], &[2u8; 10]);
+        assert_eq!(whole(&file).expect("mapped").1, 200_000);
+        assert_eq!(&a[..], &[1u8; 10]);
+        // Past the end of the file: refused, not mapped.
+        assert!(file.map_range(199_995, 10).is_err());
     }
 }

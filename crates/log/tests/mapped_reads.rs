@@ -1,7 +1,8 @@
 //! Reads of segment data through memory mappings (`File::map_range`): every shape of read
-//! returns exactly the stored bytes — a lone large append (the mapping itself), runs of appends
-//! mapped once and copied out, small runs read with `pread`, bounded reads cut inside an append,
-//! reads across segments — and a mapping lives exactly as long as the answer that holds it.
+//! returns exactly the stored bytes — a lone append (a slice of the mapping), pieces of runs of
+//! appends, small runs read with `pread` where one buffer is asked for, bounded reads cut inside
+//! an append, reads across segments — and a segment is mapped once for all its reads, the
+//! mapping gone with the segment's last holder.
 
 use oncelog_log::{Durability, LogEngine, LogOptions};
 use oncelog_protocol::Offset;
@@ -102,7 +103,7 @@ fn every_shape_of_read_returns_the_stored_bytes() {
 }
 
 #[test]
-fn a_mapping_lives_as_long_as_the_answer_that_holds_it() {
+fn a_segment_is_mapped_once_for_every_read_and_unmapped_with_the_engine() {
     oncelog_storage::contract::run(|| async {
         let (dir, e) = with_stream_a().await;
         let big = payload(1, 300_000);
@@ -110,19 +111,23 @@ fn a_mapping_lives_as_long_as_the_answer_that_holds_it() {
         assert_eq!(mappings_under(dir.path()), 0, "nothing mapped before a read");
         let chunk = e.read(ReadRequest::new("a", Offset(0), 1 << 20, 0)).await.expect("read");
         assert!(chunk.data[..] == big[..]);
-        assert!(mappings_under(dir.path()) > 0, "a lone large append is answered from a mapping of its segment");
+        assert_eq!(mappings_under(dir.path()), 1, "a lone large append is answered from its segment's mapping");
         drop(chunk);
-        assert_eq!(mappings_under(dir.path()), 0, "the mapping goes with the answer");
-        // A small read is a copy: nothing stays mapped while it is held.
-        let small = e.read(ReadRequest::new("a", Offset(10), 1000, 0).bounded()).await.expect("read");
-        assert!(small.data[..] == big[10..1010]);
-        assert_eq!(mappings_under(dir.path()), 0, "a small read leaves no mapping");
+        // More reads, of every size: slices of the same one mapping (no mmap per read).
+        for (from, max) in [(0, 1 << 20), (10, 1000), (4097, 100_000)] {
+            let read = e.read_pieces(ReadRequest::new("a", Offset(from), max, 0).bounded()).await.expect("read");
+            let joined: Vec<u8> = read.pieces.iter().flat_map(|p| p.iter().copied()).collect();
+            assert!(joined[..] == big[from as usize..from as usize + joined.len()]);
+            assert_eq!(mappings_under(dir.path()), 1, "still the one mapping");
+        }
         e.shutdown().await.expect("shutdown");
+        drop(e);
+        assert_eq!(mappings_under(dir.path()), 0, "the mapping goes with the segment's last holder");
     });
 }
 
 #[test]
-fn large_appends_are_handed_over_as_slices_of_one_mapping() {
+fn appends_are_handed_over_as_slices_of_one_mapping_large_and_small() {
     oncelog_storage::contract::run(|| async {
         let (dir, e) = with_stream_a().await;
         let mut all = Vec::new();
@@ -135,17 +140,20 @@ fn large_appends_are_handed_over_as_slices_of_one_mapping() {
         assert_eq!(read.pieces.len(), 8, "one piece per append, not one gathered buffer");
         let joined: Vec<u8> = read.pieces.iter().flat_map(|p| p.iter().copied()).collect();
         assert!(joined == all);
-        assert!(mappings_under(dir.path()) > 0, "the pieces are mapped segment memory");
-        drop(read);
-        assert_eq!(mappings_under(dir.path()), 0, "the mapping goes with the pieces");
-        // Small appends are gathered: one piece, nothing left mapped.
+        assert_eq!(mappings_under(dir.path()), 1, "the pieces are mapped segment memory");
+        // Small appends too: a piece each, no copy (a socket gathers them into vectored writes).
         create(&e, create_req("small", "application/octet-stream")).await;
+        let mut small = Vec::new();
         for i in 0..100 {
-            e.append(append("small", payload(i, 1_000))).await.expect("append");
+            let data = payload(i, 1_000);
+            small.extend_from_slice(&data);
+            e.append(append("small", data)).await.expect("append");
         }
         let read = e.read_pieces(ReadRequest::new("small", Offset(0), 100_000, 0).bounded()).await.expect("read");
-        assert_eq!(read.pieces.len(), 1, "small appends gathered into one buffer");
-        assert_eq!(read.len(), 100_000);
+        assert_eq!(read.pieces.len(), 100, "a slice per small append");
+        let joined: Vec<u8> = read.pieces.iter().flat_map(|p| p.iter().copied()).collect();
+        assert!(joined == small);
+        assert_eq!(mappings_under(dir.path()), 1, "slices of the same mapping");
         e.shutdown().await.expect("shutdown");
     });
 }

@@ -95,6 +95,10 @@ pub fn rows(cfg: &Config) -> Vec<Row> {
                 format!("catch-up, {size} appends, a connection per request: server CPU ms per GB"),
                 Lo,
             ),
+            (sc, "python_mb_per_s", format!("catch-up, {size} appends, Python http.client readers: MB/s"), Hi),
+            (sc, "python_cpu_ms_per_gb", format!("catch-up, {size} appends, Python readers: server CPU ms per GB"), Lo),
+            (sc, "curl_mb_per_s", format!("catch-up, {size} appends, curl once per request: MB/s"), Hi),
+            (sc, "curl_cpu_ms_per_gb", format!("catch-up, {size} appends, curl readers: server CPU ms per GB"), Lo),
             (sc, "response_kb", format!("catch-up, {size} appends: KiB per response"), Hi),
             (sc, "write_mb_per_s", format!("catch-up, {size} appends: writing the stream, MB/s"), Hi),
             (sc, "rss_mb", format!("catch-up, {size} appends: server RSS after, MB"), Lo),
@@ -488,8 +492,8 @@ mod tests {
         assert!(md.contains("\n| S1 errors ↓ | 0 | 0 | skipped | — |\n"));
         assert!(md.contains("\n| catch-up 500 MB in 4 KiB appends, 4 readers: MB/s ↑ | — | — | skipped | — |\n"));
         assert!(md.contains("\n| catch-up, 4 KiB appends: server RSS after, MB ↓ | 28.5 | — | skipped | — |\n"));
-        // 7 rows of S1, 7 of catch-up 4k, nothing of the unselected scenarios.
-        assert_eq!(lines.iter().filter(|l| l.starts_with("| ") && l.ends_with(" |")).count(), 1 + 14);
+        // 7 rows of S1, 11 of catch-up 4k, nothing of the unselected scenarios.
+        assert_eq!(lines.iter().filter(|l| l.starts_with("| ") && l.ends_with(" |")).count(), 1 + 18);
         assert!(!md.contains("S1 wide"));
         let notes = lines.iter().position(|l| *l == "Notes:").unwrap();
         assert_eq!(lines[notes + 2], "- s1, Electric 0.1.5: round 2: generator failed");
@@ -526,7 +530,7 @@ mod tests {
     fn row_labels_carry_the_sizes() {
         let cfg = config(&["--catchup-mb", "20", "--streams-count", "1000000", "--recovery-gb", "2.5"]);
         let labels: Vec<String> = rows(&cfg).into_iter().map(|r| r.label).collect();
-        assert_eq!(labels.len(), 69);
+        assert_eq!(labels.len(), 81);
         assert!(labels.contains(&"catch-up 20 MB in 64 KiB appends, 4 readers: MB/s".to_string()));
         assert!(labels.contains(&"1,000,000 streams, create + 1 append: streams/s".to_string()));
         assert!(labels.contains(&"recovery of 2.5 GB after SIGKILL until HEAD shows every tail, ms".to_string()));

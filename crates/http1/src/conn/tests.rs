@@ -530,3 +530,109 @@ proptest! {
         });
     }
 }
+
+/// A socket that takes every write whole and counts the calls: the request is read from
+/// `input`, then the client's end (EOF).
+struct Recorder {
+    input: Bytes,
+    out: Vec<u8>,
+    writes: usize,
+}
+
+impl AsyncRead for Recorder {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let n = self.input.len().min(buf.remaining());
+        buf.put_slice(&self.input[..n]);
+        self.input.advance(n);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Recorder {
+    fn poll_write(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.writes += 1;
+        self.out.extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.writes += 1;
+        let mut n = 0;
+        for b in bufs {
+            self.out.extend_from_slice(b);
+            n += b.len();
+        }
+        Poll::Ready(Ok(n))
+    }
+    fn is_write_vectored(&self) -> bool {
+        true
+    }
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn many_small_pieces_ready_at_once_go_out_in_a_few_vectored_writes_in_order() {
+    // 600 pieces of 4 KiB (queued, not copied) with a tiny one (copied) after every tenth: a
+    // catch-up answer of small appends. All ready at once, as the pieces of one read are.
+    let mut pieces = Vec::new();
+    for i in 0..600u32 {
+        pieces.push(Bytes::from(vec![(i % 251) as u8; 4096]));
+        if i % 10 == 0 {
+            pieces.push(Bytes::from(format!("<{i}>")));
+        }
+    }
+    let expected: Vec<u8> = pieces.iter().flat_map(|p| p.iter().copied()).collect();
+    for chunked in [true, false] {
+        let (tx, rx) = mpsc::channel::<Bytes>(pieces.len());
+        for p in &pieces {
+            tx.try_send(p.clone()).expect("room for every piece");
+        }
+        drop(tx);
+        let mut rx = Some(rx);
+        let claimed = expected.len() as u64;
+        let handler = Handler(move |_request: Request<RequestBody>| {
+            let body = TestBody::Stream(rx.take().expect("one request"));
+            let mut response = Response::new(body);
+            if !chunked {
+                response.headers_mut().insert(http::header::CONTENT_LENGTH, claimed.into());
+            }
+            std::future::ready(Ok::<_, Infallible>(response))
+        });
+        let mut io =
+            Recorder { input: Bytes::from_static(b"GET / HTTP/1.1\r\nHost: h\r\n\r\n"), out: Vec::new(), writes: 0 };
+        serve(&mut io, handler, &Config::default(), &Shutdown::new()).await.expect("served");
+        let text = io.out;
+        let at = text.windows(4).position(|w| w == b"\r\n\r\n").expect("a head") + 4;
+        let body = if chunked {
+            let mut decoder = ChunkedDecoder::new();
+            let mut body = Vec::new();
+            let mut input = BytesMut::from(&text[at..]);
+            loop {
+                match decoder.decode(&mut input).expect("well-formed chunks") {
+                    Chunk::Data(data) => body.extend_from_slice(&data),
+                    Chunk::End => break,
+                    Chunk::NeedMore => panic!("the body ends before its last chunk"),
+                }
+            }
+            assert!(input.is_empty(), "nothing after the last chunk");
+            body
+        } else {
+            text[at..].to_vec()
+        };
+        assert!(body == expected, "the pieces in order (chunked {chunked})");
+        // 2.4 MB in 1 MiB gathers of at most 256 slices: a handful of writes, not one a piece.
+        assert!(io.writes <= 16, "{} writes for {} pieces (chunked {chunked})", io.writes, pieces.len());
+    }
+}

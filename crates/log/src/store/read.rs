@@ -7,7 +7,6 @@ use std::sync::{Arc, RwLock};
 
 use bytes::{Bytes, BytesMut};
 use oncelog_protocol::Offset;
-use oncelog_storage::file_bytes;
 use oncelog_storage::machine::chain;
 use oncelog_storage::StorageError;
 
@@ -101,14 +100,14 @@ impl Plan {
         Ok(((materialise(&self.pieces, self.total, segments)?, self.aligned), self.next))
     }
 
-    /// The bytes as consecutive pieces, for a caller that sends them on as they are. When the
-    /// appends read from disk are large (on average [`file_bytes::LOOKUP_MIN`] or more), each
-    /// run of them in a segment is mapped once and sliced per append: no copy, and a plain
-    /// socket sends the slices with `sendfile(2)`. Smaller appends are gathered into one buffer
-    /// as by [`Plan::bytes`] (a system call per few KiB would cost more than the copy).
+    /// The bytes as consecutive pieces, for a caller that sends them on as they are: each run of
+    /// appends in a segment is a slice of the segment's mapping per append, no copy. A plain
+    /// socket sends large slices ([`oncelog_storage::file_bytes::LOOKUP_MIN`] or more) with `sendfile(2)` and
+    /// gathers small ones into vectored writes straight from the mapping (one copy, into the
+    /// socket), where reading them first would copy them twice. Where the file gives no mapping
+    /// (the simulated disk, a cold segment), the run is read into one buffer.
     pub fn pieces(self, segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>) -> Result<(Vec<Bytes>, Offset), StorageError> {
-        let disk_pieces = self.pieces.iter().filter(|p| matches!(p, Piece::Disk { .. })).count();
-        if disk_pieces == 0 || disk_len(&self.pieces) / disk_pieces < file_bytes::LOOKUP_MIN {
+        if !self.pieces.iter().any(|p| matches!(p, Piece::Disk { .. })) {
             let ((b, _), next) = self.bytes(segments)?;
             return Ok((vec![b], next));
         }
@@ -179,11 +178,9 @@ fn run_end(pieces: &[Piece], i: usize, split_large: bool) -> (usize, u64) {
     (j, end)
 }
 
-/// The pieces' bytes as one `Bytes`. A lone disk piece of at least [`crate::fs::MAP_MIN`] is the
-/// segment's mapped memory itself (no copy into a buffer of ours); otherwise the disk pieces are
-/// read with `pread`, a run of small ones at once. Mapping a run and copying its appends out of
-/// the mapping did not pay: mapping and unmapping 1 MiB costs about what copying it does (A/B
-/// of 64 KiB appends, 2 cores: 662 against 562 ms of server CPU per GB read).
+/// The pieces' bytes as one `Bytes`. A lone disk piece is the segment's mapped memory itself (no
+/// copy into a buffer of ours); otherwise the disk pieces are read with `pread`, a run of small
+/// ones at once.
 fn materialise(
     pieces: &[Piece],
     total: usize,
