@@ -39,6 +39,12 @@ pub trait File: Send + Sync + 'static {
         let _ = (pos, len);
         Ok(None)
     }
+    /// Whether [`File::map_range`] answers without waiting for I/O (a local file: mapping reads
+    /// nothing, the pages are read when the bytes are sent). A read made only of such ranges
+    /// then needs no hand-off to the blocking pool.
+    fn maps_without_io(&self) -> bool {
+        false
+    }
     /// Reserves the file's blocks up to `len` (reading as zeros), so later writes below it change
     /// no file size: their `fdatasync` then has no size to flush. Best effort: a file system
     /// without `fallocate` just grows the file as it is written.
@@ -170,6 +176,9 @@ impl File for RealFile {
             unsafe { libc::madvise(whole.as_ptr().add(page).cast_mut().cast(), end - page, libc::MADV_WILLNEED) };
         }
         Ok(Some(range))
+    }
+    fn maps_without_io(&self) -> bool {
+        true
     }
     fn allocate(&self, len: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;

@@ -118,17 +118,23 @@ impl LogEngine {
         Ok(Found::Planned(info, shared, plan))
     }
 
-    /// Fetches a plan's bytes with `take`: at once when they are all in the hot tail, else off
-    /// the async runtime (only a read that needs the disk leaves it). A read that reached the
-    /// tail marks the stream read live.
+    /// Fetches a plan's bytes with `take`: at once when they are all in the hot tail, or when
+    /// `mapped` (`take` answers with slices of mapped segments) and every segment maps without
+    /// I/O (a local file: the bytes are read when a socket sends them; only a mapping that
+    /// cannot be made, out of `vm.max_map_count`, falls back to a `pread` here); else off the
+    /// async runtime. A read that reached the tail marks the stream read live.
     async fn fetch<T: Send + 'static>(
         &self,
         info: &StreamInfo,
         shared: &StreamView,
         plan: store::read::Plan,
         take: fn(store::read::Plan, &Segments) -> Result<(T, Offset), StorageError>,
+        mapped: bool,
     ) -> Result<(T, Offset), LookupError> {
-        let (out, next) = if plan.in_memory() {
+        // Off the async threads only when the answer must wait for a read: pieces of mapped
+        // segments are slices (their bytes are read when a socket sends them).
+        let inline = plan.in_memory() || (mapped && plan.maps_without_io(&self.inner.view.segments));
+        let (out, next) = if inline {
             take(plan, &self.inner.view.segments)?
         } else {
             let view = self.inner.view.clone();
@@ -494,7 +500,7 @@ impl Engine for LogEngine {
         match self.find(&req)? {
             Found::AtTail(chunk) => Ok(chunk),
             Found::Planned(info, shared, plan) => {
-                let ((data, aligned), next) = self.fetch(&info, &shared, plan, store::read::Plan::bytes).await?;
+                let ((data, aligned), next) = self.fetch(&info, &shared, plan, store::read::Plan::bytes, false).await?;
                 Ok(ReadChunk { info, data, next, aligned })
             }
         }
@@ -504,7 +510,7 @@ impl Engine for LogEngine {
         match self.find(&req)? {
             Found::AtTail(chunk) => Ok(ReadPieces::from(chunk)),
             Found::Planned(info, shared, plan) => {
-                let (pieces, next) = self.fetch(&info, &shared, plan, store::read::Plan::pieces).await?;
+                let (pieces, next) = self.fetch(&info, &shared, plan, store::read::Plan::pieces, true).await?;
                 Ok(ReadPieces { info, pieces, next })
             }
         }

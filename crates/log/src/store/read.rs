@@ -21,6 +21,9 @@ const COALESCE_GAP: u64 = 4096;
 /// read in runs (through a scratch buffer, to drop the record headers between them).
 const LARGE_PIECE: usize = 64 * 1024;
 
+/// Most pieces a read may have and still be sliced on the async thread ([`Plan::maps_without_io`]).
+const INLINE_PIECES: usize = 32;
+
 /// One piece of a read, before it is materialised.
 enum Piece {
     Mem(Bytes),
@@ -86,6 +89,22 @@ impl Plan {
     /// Whether every byte is in the hot tail (no file to read: no need to leave the runtime).
     pub fn in_memory(&self) -> bool {
         self.pieces.iter().all(|p| matches!(p, Piece::Mem(_)))
+    }
+
+    /// Whether [`Plan::pieces`] answers at once, so the read may stay on the async thread: few
+    /// pieces (at most [`INLINE_PIECES`]), every disk piece in a segment whose file maps without
+    /// reading (the bytes are read when a socket sends them). A read of many small appends
+    /// still leaves: slicing hundreds of them costs more than the hand-off, and on the blocking
+    /// pool it runs beside the socket's writes (A/B in BENCHMARKS.md).
+    pub fn maps_without_io(&self, segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>) -> bool {
+        if self.pieces.len() > INLINE_PIECES {
+            return false;
+        }
+        let Ok(files) = segments.read() else { return false };
+        self.pieces.iter().all(|p| match p {
+            Piece::Mem(_) => true,
+            Piece::Disk { segment, .. } => files.get(segment).is_some_and(|f| f.maps_without_io()),
+        })
     }
 
     /// The bytes and whether the read began where the engine minted an offset: one shared
