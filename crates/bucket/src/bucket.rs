@@ -83,6 +83,13 @@ pub enum BucketError {
     Missing { key: String, named_by: String },
     #[error("object {key} already exists with other content")]
     Conflict { key: String },
+    /// Every try to create the key met another create of it in flight (S3's `409
+    /// ConditionalRequestConflict`): whether it exists is not known yet; the caller tries later.
+    #[error(
+        "object store {location}: creating {key} met another create of it in flight {tries} times running \
+         (409 ConditionalRequestConflict)"
+    )]
+    CreateConflict { location: String, key: String, tries: usize },
     #[error("manifest {key}: {source}")]
     Manifest { key: String, source: ManifestError },
     #[error(
@@ -306,13 +313,32 @@ impl Bucket {
     }
 
     /// Creates `key` with `bytes` unless it exists: `Ok(false)` when it did.
+    ///
+    /// S3 answers a conditional create `409 ConditionalRequestConflict` while another create of
+    /// the same key is in flight (this writer's own earlier try whose answer was lost, or a
+    /// rival's); object_store reports that as `AlreadyExists` too, but nothing is known to exist
+    /// then (the other create may fail). So a 409 is tried again, a few times with a growing
+    /// pause, and never taken for "exists".
     async fn create(&self, key: &str, bytes: Bytes) -> Result<bool, BucketError> {
-        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
-        match self.store.put_opts(&self.path(key), PutPayload::from(bytes), opts).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
-            Err(e) => Err(self.store_err(e)),
+        let mut pause = CONFLICT_PAUSE;
+        for _ in 0..CONFLICT_TRIES {
+            let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+            match self.store.put_opts(&self.path(key), PutPayload::from(bytes.clone()), opts).await {
+                Ok(_) => return Ok(true),
+                Err(object_store::Error::AlreadyExists { source, .. }) if is_create_conflict(source.as_ref()) => {
+                    tracing::debug!(key, "a create of this key is in flight elsewhere (409); trying again");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                Err(object_store::Error::AlreadyExists { .. }) => return Ok(false),
+                Err(e) => return Err(self.store_err(e)),
+            }
         }
+        Err(BucketError::CreateConflict {
+            location: self.location.to_string(),
+            key: key.to_owned(),
+            tries: CONFLICT_TRIES,
+        })
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, BucketError> {
@@ -769,6 +795,20 @@ impl Writer {
             }
         }
     }
+}
+
+/// How many times a create that meets another create of its key in flight is tried, and the
+/// first pause between tries (doubled each time: 25 ms to 400 ms, 775 ms in all).
+const CONFLICT_TRIES: usize = 5;
+const CONFLICT_PAUSE: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// Whether a conditional create's `AlreadyExists` is S3's `409 ConditionalRequestConflict` (a
+/// create of the key in flight) rather than "the key exists". object_store gives both the same
+/// variant; it makes the "exists" answers (`412`, `304`) out of an `object_store::Error` it keeps
+/// as the source, and a `409` straight out of its HTTP client's error, whose type is private but
+/// whose text names the status ("… status code: 409 Conflict: …").
+fn is_create_conflict(source: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    source.downcast_ref::<object_store::Error>().is_none() && source.to_string().contains("status code: 409 ")
 }
 
 #[cfg(test)]

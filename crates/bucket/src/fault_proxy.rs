@@ -38,6 +38,10 @@ pub enum Fault {
     FailPuts(String),
     /// The bucket is unreachable: every connection is closed, new ones as soon as they come.
     Down,
+    /// The next this many conditional creates (PUTs with `If-None-Match: *`) are answered `409
+    /// ConditionalRequestConflict` without reaching the bucket, as S3 answers while another
+    /// create of the key is in flight; then creates pass.
+    ConflictCreates(u64),
 }
 
 /// What the proxy did so far.
@@ -48,6 +52,7 @@ pub struct Counts {
     pub lost_answers: u64,
     pub failed_puts: u64,
     pub refused: u64,
+    pub conflicts: u64,
 }
 
 #[derive(Default)]
@@ -58,6 +63,7 @@ struct Shared {
     lost_answers: AtomicU64,
     failed_puts: AtomicU64,
     refused: AtomicU64,
+    conflicts: AtomicU64,
 }
 
 impl Shared {
@@ -141,6 +147,7 @@ impl FaultProxy {
             lost_answers: s.lost_answers.load(Ordering::Relaxed),
             failed_puts: s.failed_puts.load(Ordering::Relaxed),
             refused: s.refused.load(Ordering::Relaxed),
+            conflicts: s.conflicts.load(Ordering::Relaxed),
         }
     }
 }
@@ -182,6 +189,17 @@ async fn forward(
             return Ok(answer(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>",
+            ));
+        }
+        Fault::ConflictCreates(left) if *left > 0 && is_put && req.headers().contains_key("if-none-match") => {
+            if let Ok(mut f) = state.fault.lock() {
+                *f = Fault::ConflictCreates(left - 1);
+            }
+            state.conflicts.fetch_add(1, Ordering::Relaxed);
+            return Ok(answer(
+                StatusCode::CONFLICT,
+                "<Error><Code>ConditionalRequestConflict</Code><Message>A conflicting conditional \
+                 operation is currently in progress against this resource.</Message></Error>",
             ));
         }
         Fault::FailPuts(part) if is_put && req.uri().path().contains(part.as_str()) => {

@@ -155,6 +155,36 @@ async fn publishes_whose_answers_are_lost_are_recognised() {
     assert_eq!(w.published().number, b.newest().await.expect("newest").expect("a manifest").number);
 }
 
+/// S3 answers a conditional create `409 ConditionalRequestConflict` while another create of the
+/// key is in flight; object_store calls that "already exists". It is tried again, never taken
+/// for "exists": a takeover's claim and manifest, an object and a publish all go through a run
+/// of such answers, and what they name is really there.
+#[tokio::test]
+async fn a_create_answered_409_in_flight_is_tried_again_not_taken_for_exists() {
+    use oncelog_bucket::fault_proxy::{Fault, FaultProxy};
+    let proxy = FaultProxy::start(&test_support::s3_endpoint());
+    let b = test_support::s3_bucket_via(&proxy.url, "conflict");
+    proxy.set(Fault::ConflictCreates(2));
+    let mut w = b.take_over("node", 1).await.expect("a takeover through 409s");
+    assert_eq!((w.epoch(), w.published().number), (1, 1));
+    proxy.set(Fault::ConflictCreates(3));
+    let o = w.put("epoch-1/o", Bytes::from_static(b"frames")).await.expect("a put through 409s");
+    proxy.set(Fault::ConflictCreates(2));
+    w.publish(cut(1, std::slice::from_ref(&o)), 2).await.expect("a publish through 409s");
+    assert_eq!(proxy.counts().conflicts, 7, "{:?}", proxy.counts());
+    proxy.set(Fault::Pass);
+    let newest = b.newest().await.expect("newest").expect("a manifest");
+    assert_eq!((newest.epoch, &newest.cut), (1, &cut(1, std::slice::from_ref(&o))));
+    // And the object the manifest names is there, whole.
+    assert_eq!(b.read(&o).await.expect("read"), Bytes::from_static(b"frames"));
+    // A create that meets 409s past its tries is an error that says so, not "exists".
+    proxy.set(Fault::ConflictCreates(100));
+    match w.put("epoch-1/p", Bytes::from_static(b"more")).await {
+        Err(e @ BucketError::CreateConflict { .. }) => assert!(e.to_string().contains("409"), "{e}"),
+        other => panic!("expected a create conflict, got {other:?}"),
+    }
+}
+
 /// A reader takes the newest manifest while the writer publishes as fast as it can: with old
 /// manifests deleted at once (`keep` zero) the newest listed is sometimes gone when it is read,
 /// and is listed again (never an error); kept for [`KEEP_MANIFESTS`], the newest read never goes
