@@ -287,9 +287,15 @@ pub struct ForkHeaders {
     pub sub_offset: u64,
 }
 
+/// The authority a request was sent to: HTTP/2's `:authority` (which the URI carries) or
+/// HTTP/1.1's `Host`; `None` for an HTTP/1.0 request without one.
+pub(crate) fn authority<'a>(uri: &'a axum::http::Uri, h: &'a HeaderMap) -> Option<&'a str> {
+    uri.authority().map(|a| a.as_str()).or_else(|| h.get("host").and_then(|v| v.to_str().ok()))
+}
+
 /// The stream path named by `Stream-Forked-From`: a full URL of this server (its authority must
-/// be the request's `Host`: forks never reach another server), an absolute path under the stream
-/// root, or a path relative to it.
+/// be the one the request was sent to, [`authority`]: forks never reach another server), an
+/// absolute path under the stream root, or a path relative to it.
 pub(crate) fn fork_source(value: &str, host: Option<&str>) -> Result<String, RequestError> {
     let without_origin = match value.split_once("://") {
         Some((_, rest)) => {
@@ -311,7 +317,9 @@ pub(crate) fn fork_source(value: &str, host: Option<&str>) -> Result<String, Req
 }
 
 impl CreateHeaders {
-    pub fn parse(h: &HeaderMap) -> Result<Self, RequestError> {
+    /// `authority`: where the request was sent ([`authority`]), which a fork source given as a
+    /// full URL must name.
+    pub fn parse(h: &HeaderMap, authority: Option<&str>) -> Result<Self, RequestError> {
         let content_type = content_type(h)?;
         let (ttl, expires_at) = (header(h, names::STREAM_TTL)?, header(h, names::STREAM_EXPIRES_AT)?);
         let expiry = match (ttl, expires_at) {
@@ -336,7 +344,7 @@ impl CreateHeaders {
                 if sub_offset > 0 && offset.is_none() {
                     return Err(HeaderError::SubOffsetWithoutOffset.into());
                 }
-                Some(ForkHeaders { source: fork_source(source, header(h, "host")?)?, offset, sub_offset })
+                Some(ForkHeaders { source: fork_source(source, authority)?, offset, sub_offset })
             }
         };
         let limit = |name: &'static str, display: &'static str| -> Result<Option<Option<u64>>, RequestError> {

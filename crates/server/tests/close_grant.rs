@@ -129,7 +129,7 @@ async fn over_h2c_a_close_only_token_closes_but_cannot_append() {
 #[tokio::test]
 async fn over_tls_h2_a_close_only_token_cannot_append() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (ca, cert, key) = pki();
+    let (ca, cert, key) = common::pki("close-grant");
     let files = TlsFiles { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem") };
     std::fs::write(&files.cert, cert).expect("cert");
     std::fs::write(&files.key, key).expect("key");
@@ -169,16 +169,4 @@ async fn over_tls_h2_a_close_only_token_cannot_append() {
         204,
         "a real close"
     );
-}
-
-/// A CA and a `localhost` certificate it signed, as PEM: (ca, cert, key).
-fn pki() -> (String, String, String) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key")).expect("ca");
-    let key = KeyPair::generate().expect("key");
-    let cert =
-        CertificateParams::new(vec!["localhost".to_string()]).expect("params").signed_by(&key, &ca).expect("cert");
-    (ca.pem(), cert.pem(), key.serialize_pem())
 }

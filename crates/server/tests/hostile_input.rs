@@ -1,19 +1,37 @@
 //! Findings of probing a running server with hostile input, each pinned: ambiguous or malformed
-//! requests are refused with 400 and a reason, never half-understood.
+//! requests are refused with 400 and a reason, never half-understood. Every case runs on both
+//! front ends (issue 47): plain HTTP/1 on the server's own engine, and TLS with HTTP/2 on hyper;
+//! the Host cases, which need raw HTTP/1 bytes, on the first.
 
 mod common;
 
 use oncelog_server::ServerConfig;
 use reqwest::StatusCode;
 
-async fn server() -> (common::TestServer, reqwest::Client) {
-    let s = common::TestServer::start(ServerConfig::default(), None).await;
-    let http = reqwest::Client::new();
+/// Which front end a case goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Front {
+    /// Plain HTTP/1, the server's own engine.
+    Plain,
+    /// TLS with HTTP/2 (ALPN), hyper's engine.
+    TlsH2,
+}
+
+async fn server(front: Front) -> (common::TestServer, reqwest::Client, Option<tempfile::TempDir>) {
+    let (s, http, tls) = match front {
+        Front::Plain => (common::TestServer::start(ServerConfig::default(), None).await, reqwest::Client::new(), None),
+        Front::TlsH2 => {
+            let (s, http, dir) = common::TestServer::start_tls(ServerConfig::default()).await;
+            (s, http, Some(dir))
+        }
+    };
     for (path, ct) in [("t", "text/plain"), ("j", "application/json")] {
         let r = http.put(s.url(path)).header("content-type", ct).send().await.expect("put");
         assert_eq!(r.status(), StatusCode::CREATED);
+        let version = if front == Front::TlsH2 { reqwest::Version::HTTP_2 } else { reqwest::Version::HTTP_11 };
+        assert_eq!(r.version(), version, "the front end asked for");
     }
-    (s, http)
+    (s, http, tls)
 }
 
 async fn status_and_reason(r: reqwest::RequestBuilder) -> (StatusCode, String) {
@@ -21,9 +39,8 @@ async fn status_and_reason(r: reqwest::RequestBuilder) -> (StatusCode, String) {
     (r.status(), r.text().await.expect("text"))
 }
 
-#[tokio::test]
-async fn a_protocol_header_sent_twice_is_refused() {
-    let (s, http) = server().await;
+async fn a_protocol_header_sent_twice_is_refused(front: Front) {
+    let (s, http, _tls) = server(front).await;
     let post = || {
         http.post(s.url("t"))
             .header("content-type", "text/plain")
@@ -49,9 +66,8 @@ async fn a_protocol_header_sent_twice_is_refused() {
     assert_eq!(http.get(s.url("t")).send().await.expect("get").text().await.expect("text"), "x");
 }
 
-#[tokio::test]
-async fn a_malformed_content_type_on_append_is_400_not_a_mismatch() {
-    let (s, http) = server().await;
+async fn a_malformed_content_type_on_append_is_400_not_a_mismatch(front: Front) {
+    let (s, http, _tls) = server(front).await;
     for ct in ["foo", "", "/"] {
         let (status, reason) = status_and_reason(http.post(s.url("t")).header("content-type", ct).body("x")).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{ct:?}: {reason}");
@@ -64,9 +80,8 @@ async fn a_malformed_content_type_on_append_is_400_not_a_mismatch() {
     );
 }
 
-#[tokio::test]
-async fn a_content_type_mismatch_names_both_types() {
-    let (s, http) = server().await;
+async fn a_content_type_mismatch_names_both_types(front: Front) {
+    let (s, http, _tls) = server(front).await;
     let (status, reason) =
         status_and_reason(http.post(s.url("j")).header("content-type", "text/plain").body("x")).await;
     assert_eq!(status, StatusCode::CONFLICT, "{reason}");
@@ -78,9 +93,8 @@ async fn a_content_type_mismatch_names_both_types() {
     assert_eq!(reason.trim_end(), r#"content type "text/html" does not match the fork source's "text/plain""#);
 }
 
-#[tokio::test]
-async fn a_fork_source_on_another_host_is_refused() {
-    let (s, http) = server().await;
+async fn a_fork_source_on_another_host_is_refused(front: Front) {
+    let (s, http, _tls) = server(front).await;
     http.post(s.url("t")).header("content-type", "text/plain").body("abc").send().await.expect("post");
     let fork = |name: &str, from: String| http.put(s.url(name)).header("stream-forked-from", from).send();
     let r = fork("f1", "http://elsewhere.example:4437/v1/stream/t".into()).await.expect("put");
@@ -91,9 +105,8 @@ async fn a_fork_source_on_another_host_is_refused() {
     assert_eq!(r.status(), StatusCode::CREATED);
 }
 
-#[tokio::test]
-async fn json_deeper_than_the_limit_is_refused() {
-    let (s, http) = server().await;
+async fn json_deeper_than_the_limit_is_refused(front: Front) {
+    let (s, http, _tls) = server(front).await;
     let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
     let post = |body: String| http.post(s.url("j")).header("content-type", "application/json").body(body);
     let (status, reason) = status_and_reason(post(format!("[{}]", nested(200)))).await;
@@ -105,9 +118,8 @@ async fn json_deeper_than_the_limit_is_refused() {
     assert!(serde_json::from_str::<serde_json::Value>(&text).is_ok());
 }
 
-#[tokio::test]
-async fn an_empty_body_with_a_stream_closed_value_other_than_true_says_so() {
-    let (s, http) = server().await;
+async fn an_empty_body_with_a_stream_closed_value_other_than_true_says_so(front: Front) {
+    let (s, http, _tls) = server(front).await;
     let (status, reason) = status_and_reason(http.post(s.url("t")).header("stream-closed", "yes")).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert!(reason.contains("\"yes\"") && reason.contains("not `true`"), "{reason}");
@@ -116,9 +128,8 @@ async fn an_empty_body_with_a_stream_closed_value_other_than_true_says_so() {
     assert!(head.headers().get("stream-closed").is_none());
 }
 
-#[tokio::test]
-async fn a_made_up_offset_inside_a_json_message_is_refused() {
-    let (s, http) = server().await;
+async fn a_made_up_offset_inside_a_json_message_is_refused(front: Front) {
+    let (s, http, _tls) = server(front).await;
     let r = http
         .post(s.url("j"))
         .header("content-type", "application/json")
@@ -143,9 +154,8 @@ async fn a_made_up_offset_inside_a_json_message_is_refused() {
 
 /// A lone surrogate escape is no text: refused on append, in a create's body and in a
 /// transactional commit's outputs, so a stream never holds a message its readers cannot decode.
-#[tokio::test]
-async fn json_with_a_lone_surrogate_escape_is_refused_everywhere() {
-    let (s, http) = server().await;
+async fn json_with_a_lone_surrogate_escape_is_refused_everywhere(front: Front) {
+    let (s, http, _tls) = server(front).await;
     let json = |r: reqwest::RequestBuilder| r.header("content-type", "application/json");
     for body in [r#"{"v":"\ud800"}"#, r#"["ok", "\udc00"]"#, r#"{"\udbff": 1}"#] {
         let (status, reason) = status_and_reason(json(http.post(s.url("j"))).body(body)).await;
@@ -210,9 +220,8 @@ async fn json_with_a_lone_surrogate_escape_is_refused_everywhere() {
 
 /// Subscription patterns are bounded (length, segments, `**`), runs of `**` are one, and a
 /// pattern with many `**` over deep paths is matched at once.
-#[tokio::test]
-async fn subscription_patterns_are_bounded_and_cheap_to_match() {
-    let (s, http) = server().await;
+async fn subscription_patterns_are_bounded_and_cheap_to_match(front: Front) {
+    let (s, http, _tls) = server(front).await;
     let json = |r: reqwest::RequestBuilder| r.header("content-type", "application/json");
     assert!(json(http.put(s.url("wake"))).send().await.expect("put").status().is_success());
     let put = |id: &str, pattern: String| {
@@ -250,9 +259,8 @@ async fn subscription_patterns_are_bounded_and_cheap_to_match() {
 
 /// A trim or compaction header sent twice, or both together, is refused before anything moves:
 /// taking the first line would execute one of two requests (issue 31, item 4).
-#[tokio::test]
-async fn a_trim_or_compact_header_sent_twice_or_both_together_is_refused() {
-    let (s, http) = server().await;
+async fn a_trim_or_compact_header_sent_twice_or_both_together_is_refused(front: Front) {
+    let (s, http, _tls) = server(front).await;
     let r = http.post(s.url("t")).header("content-type", "text/plain").body("0123456789").send().await.expect("append");
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
     let tail = r.headers()["stream-next-offset"].to_str().expect("offset").to_owned();
@@ -287,7 +295,7 @@ async fn a_trim_or_compact_header_sent_twice_or_both_together_is_refused() {
 #[tokio::test]
 async fn a_request_with_two_hosts_a_bad_host_or_none_is_refused() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (s, http) = server().await;
+    let (s, http, _tls) = server(Front::Plain).await;
     let send = |raw: String| async move {
         let mut conn = tokio::net::TcpStream::connect(s.addr).await.expect("connect");
         conn.write_all(raw.as_bytes()).await.expect("write");
@@ -331,9 +339,8 @@ async fn a_request_with_two_hosts_a_bad_host_or_none_is_refused() {
     }
 }
 
-#[tokio::test]
-async fn a_stream_path_is_percent_decoded_once_and_must_be_utf8_without_nul() {
-    let (s, http) = server().await;
+async fn a_stream_path_is_percent_decoded_once_and_must_be_utf8_without_nul(front: Front) {
+    let (s, http, _tls) = server(front).await;
     // Not UTF-8 once decoded: 400 with the reason, for every method.
     for method in [reqwest::Method::GET, reqwest::Method::PUT, reqwest::Method::POST] {
         let (status, reason) =
@@ -366,3 +373,33 @@ async fn a_stream_path_is_percent_decoded_once_and_must_be_utf8_without_nul() {
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(r.headers().get("content-length").and_then(|v| v.to_str().ok()), Some("0"));
 }
+
+/// Each case above as two tests: `NAME::plain_http1` and `NAME::tls_http2`.
+macro_rules! on_both_fronts {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn plain_http1() {
+                super::$name(super::Front::Plain).await
+            }
+            #[tokio::test]
+            async fn tls_http2() {
+                super::$name(super::Front::TlsH2).await
+            }
+        }
+    )*};
+}
+
+on_both_fronts!(
+    a_protocol_header_sent_twice_is_refused,
+    a_malformed_content_type_on_append_is_400_not_a_mismatch,
+    a_content_type_mismatch_names_both_types,
+    a_fork_source_on_another_host_is_refused,
+    json_deeper_than_the_limit_is_refused,
+    an_empty_body_with_a_stream_closed_value_other_than_true_says_so,
+    a_made_up_offset_inside_a_json_message_is_refused,
+    json_with_a_lone_surrogate_escape_is_refused_everywhere,
+    subscription_patterns_are_bounded_and_cheap_to_match,
+    a_trim_or_compact_header_sent_twice_or_both_together_is_refused,
+    a_stream_path_is_percent_decoded_once_and_must_be_utf8_without_nul,
+);

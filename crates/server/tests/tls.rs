@@ -9,20 +9,7 @@ use std::time::Duration;
 
 use oncelog_server::tls::TlsFiles;
 use oncelog_server::ServerConfig;
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use reqwest::StatusCode;
-
-/// A CA and a `localhost` / `127.0.0.1` certificate it signed, as PEM: (ca, cert, key).
-fn pki(name: &str) -> (String, String, String) {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.distinguished_name.push(rcgen::DnType::CommonName, format!("{name} test CA"));
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key")).expect("ca");
-    let key = KeyPair::generate().expect("key");
-    let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).expect("params");
-    let cert = params.signed_by(&key, &ca).expect("cert");
-    (ca.pem(), cert.pem(), key.serialize_pem())
-}
 
 fn client(ca_pem: &str) -> reqwest::Client {
     let ca = reqwest::Certificate::from_pem(ca_pem.as_bytes()).expect("ca");
@@ -39,7 +26,7 @@ fn metric(scrape: &str, name: &str) -> f64 {
 #[tokio::test]
 async fn https_with_http2_many_live_readers_on_one_connection_and_certificate_renewal() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (ca, cert, key) = pki("first");
+    let (ca, cert, key) = common::pki("first");
     let files = TlsFiles { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem") };
     std::fs::write(&files.cert, &cert).expect("cert");
     std::fs::write(&files.key, &key).expect("key");
@@ -70,7 +57,7 @@ async fn https_with_http2_many_live_readers_on_one_connection_and_certificate_re
     assert!(reqwest::get(format!("{base}/s")).await.is_err());
 
     // Renewal: new files signed by another CA; new connections get them, the old one keeps working.
-    let (ca2, cert2, key2) = pki("second");
+    let (ca2, cert2, key2) = common::pki("second");
     std::fs::write(&files.key, &key2).expect("key");
     std::fs::write(&files.cert, &cert2).expect("cert");
     let fresh = client(&ca2);

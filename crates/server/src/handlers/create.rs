@@ -114,8 +114,7 @@ fn location<E>(st: &AppState<E>, uri: &Uri, req_headers: &HeaderMap) -> String {
         Some(public) => public.trim_end_matches('/').to_owned(),
         None => {
             let scheme = if st.config.tls.is_some() { "https" } else { "http" };
-            let authority =
-                uri.authority().map(|a| a.as_str()).or_else(|| req_headers.get("host").and_then(|v| v.to_str().ok()));
+            let authority = crate::request::authority(uri, req_headers);
             // Without either (an HTTP/1.0 request), the address the server listens on.
             match authority {
                 Some(a) => format!("{scheme}://{a}"),

@@ -76,7 +76,7 @@ async fn dispatch<E: Engine>(
     // and this one is moved into the heap once per request (the front service boxes it), so
     // unboxed reads and creates made every append copy kilobytes (`perf`: 1.4% of the CPU).
     let result = async {
-        match operation(st, kind, path, uri.query(), h, seen).await? {
+        match operation(st, kind, path, uri, h, seen).await? {
             Operation::Read { info, query } => {
                 Box::pin(read::get(st, path, info, query, h, &caller.access, caller.own_connection())).await
             }
@@ -113,17 +113,18 @@ async fn operation<E: Engine>(
     st: &AppState<E>,
     kind: Kind,
     path: &str,
-    query: Option<&str>,
+    uri: &Uri,
     h: &HeaderMap,
     seen: Option<oncelog_storage::StreamInfo>,
 ) -> Result<Operation, ApiError> {
+    let query = uri.query();
     let info = match (kind, seen) {
         (Kind::Append { .. } | Kind::Close, Some(info)) => info,
         (Kind::Read | Kind::Head | Kind::Append { .. } | Kind::Close | Kind::Trim | Kind::Compact, _) => {
             st.engine.head(path, st.clock.now_ms()).await?
         }
-        (Kind::Create, _) => return Ok(Operation::Create(CreateHeaders::parse(h)?)),
-        (Kind::Fork, _) => return Ok(Operation::Fork(CreateHeaders::parse(h)?)),
+        (Kind::Create, _) => return Ok(Operation::Create(CreateHeaders::parse(h, request::authority(uri, h))?)),
+        (Kind::Fork, _) => return Ok(Operation::Fork(CreateHeaders::parse(h, request::authority(uri, h))?)),
         (Kind::Delete, _) => {
             return Ok(Operation::Delete { if_tail: request::if_match(h)?.flatten(), purge: manage::purge(query)? })
         }

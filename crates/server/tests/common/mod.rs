@@ -56,6 +56,39 @@ impl TestServer {
     pub fn url(&self, path: &str) -> String {
         format!("{}/{path}", self.base)
     }
+
+    /// [`TestServer::start`] behind TLS (a certificate made here for `localhost`), with a
+    /// client that trusts it: its `origin` and `base` are `https://localhost:PORT…`, and the
+    /// client speaks HTTP/2 (offered by ALPN), so the requests take the hyper front end.
+    pub async fn start_tls(config: ServerConfig) -> (TestServer, reqwest::Client, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (ca, cert, key) = pki("test");
+        let files =
+            oncelog_server::tls::TlsFiles { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem") };
+        std::fs::write(&files.cert, cert).expect("cert");
+        std::fs::write(&files.key, key).expect("key");
+        let mut s = TestServer::start(ServerConfig { tls: Some(files), ..config }, None).await;
+        s.origin = format!("https://localhost:{}", s.addr.port());
+        s.base = format!("{}/v1/stream", s.origin);
+        let http = reqwest::Client::builder()
+            .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("ca"))
+            .build()
+            .expect("client");
+        (s, http, dir)
+    }
+}
+
+/// A CA and a `localhost` / `127.0.0.1` certificate it signed, as PEM: (ca, cert, key).
+pub fn pki(name: &str) -> (String, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, format!("{name} test CA"));
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("ca key")).expect("ca");
+    let key = KeyPair::generate().expect("key");
+    let params = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).expect("params");
+    let cert = params.signed_by(&key, &ca).expect("cert");
+    (ca.pem(), cert.pem(), key.serialize_pem())
 }
 
 /// An `HS256` token signed with `secret`, valid until `exp` (Unix s), granting `(path, exact,
