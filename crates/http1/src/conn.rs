@@ -61,9 +61,14 @@ pub struct Config {
     pub copy_below: usize,
     /// The write buffer is written out once it holds this much.
     pub write_buffer: usize,
-    /// What is queued (the buffer and the pieces behind it) is written out once it holds this
-    /// many bytes: a catch-up answer of many small appends then costs one vectored write per
-    /// this much, not one per append.
+    /// For a body of known length, what is queued (the buffer and the pieces behind it) is
+    /// written out once it holds this many bytes: a catch-up answer of many small appends then
+    /// costs one vectored write per this much, not one per append (a write of 64 KiB at a time
+    /// cost 0.88x the CPU per GB of one per append where 1 MiB cost 0.63x). It is also what a
+    /// client that stops reading pins beyond one piece (the body is asked for more while the
+    /// queue is short), so a body of unknown length (SSE, a streamed answer, whose pieces are
+    /// framed for it) gathers only up to `write_buffer`: 200 stalled SSE readers pinned 145 MiB
+    /// more with 1 MiB than with 64 KiB.
     pub gather_bytes: usize,
 }
 
@@ -369,6 +374,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<'_, I> {
     {
         let mut body = pin!(body);
         let mut written = 0u64;
+        let gather = match framing {
+            BodyFraming::Length(_) => self.config.gather_bytes,
+            _ => self.config.write_buffer,
+        };
         loop {
             // What is ready now; when nothing is, what was gathered goes out before waiting.
             // (Errors become `BoxError` at once, as above.)
@@ -403,7 +412,7 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<'_, I> {
                 self.wbuf.extend_from_slice(response::CHUNK_END);
             }
             if self.wbuf.len() >= self.config.write_buffer
-                || self.queued_bytes + self.wbuf.len() >= self.config.gather_bytes
+                || self.queued_bytes + self.wbuf.len() >= gather
                 || self.queued.len() >= MAX_QUEUED
             {
                 self.flush().await?;

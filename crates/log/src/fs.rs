@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 
 /// Mapped ranges at least this long get read-ahead started (`MADV_WILLNEED`) when they are
-/// handed out; shorter ones are not worth the system call.
+/// handed out, and only they get a mapping of their own ([`File::map_alone`]): for less, a
+/// `pread` costs less than mapping and unmapping.
 pub const MAP_MIN: usize = 64 * 1024;
 
 /// An open file. Positional I/O only, so readers and the writer share one handle without a seek
@@ -36,6 +37,15 @@ pub trait File: Send + Sync + 'static {
     /// what it has published (durable, below the tail), and cuts a segment only in recovery,
     /// before any read.
     fn map_range(&self, pos: u64, len: usize) -> io::Result<Option<Bytes>> {
+        let _ = (pos, len);
+        Ok(None)
+    }
+    /// The `len` bytes at `pos` as a mapping of their own, unmapped when the last `Bytes` of it
+    /// drops, or `None` (as [`File::map_range`]; also for ranges under [`MAP_MIN`]). For an
+    /// answer the server reads itself (an SSE event encoded, a JSON array): the pages it touches
+    /// leave the process with the answer, where the file's one mapping would keep them mapped
+    /// (and counted in its RSS) for as long as the segment lives.
+    fn map_alone(&self, pos: u64, len: usize) -> io::Result<Option<Bytes>> {
         let _ = (pos, len);
         Ok(None)
     }
@@ -179,6 +189,22 @@ impl File for RealFile {
     }
     fn maps_without_io(&self) -> bool {
         true
+    }
+    fn map_alone(&self, pos: u64, len: usize) -> io::Result<Option<Bytes>> {
+        if len < MAP_MIN {
+            return Ok(None);
+        }
+        // SAFETY: as in `mapped`.
+        let map = match unsafe { memmap2::MmapOptions::new().offset(pos).len(len).map(&*self.0) } {
+            Ok(map) => map,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot map a segment range; reading it");
+                return Ok(None);
+            }
+        };
+        let _ = map.advise(memmap2::Advice::WillNeed);
+        let registration = oncelog_storage::file_bytes::register(map.as_ptr(), len, self.0.clone(), pos);
+        Ok(Some(Bytes::from_owner(Mapped { _registration: registration, map })))
     }
     fn allocate(&self, len: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;

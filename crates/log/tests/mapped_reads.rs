@@ -1,8 +1,8 @@
 //! Reads of segment data through memory mappings (`File::map_range`): every shape of read
 //! returns exactly the stored bytes — a lone append (a slice of the mapping), pieces of runs of
 //! appends, small runs read with `pread` where one buffer is asked for, bounded reads cut inside
-//! an append, reads across segments — and a segment is mapped once for all its reads, the
-//! mapping gone with the segment's last holder.
+//! an append, reads across segments — and a segment is mapped once for all its reads as pieces,
+//! the mapping gone with the segment's last holder, while a buffer's mapping goes with it.
 
 use oncelog_log::{Durability, LogEngine, LogOptions};
 use oncelog_protocol::Offset;
@@ -109,11 +109,15 @@ fn a_segment_is_mapped_once_for_every_read_and_unmapped_with_the_engine() {
         let big = payload(1, 300_000);
         e.append(append("a", big.clone())).await.expect("append");
         assert_eq!(mappings_under(dir.path()), 0, "nothing mapped before a read");
+        // Read as one buffer (what the server reads itself: SSE, JSON): a mapping of its own,
+        // gone with the answer, so the pages the server touched leave the process with it.
         let chunk = e.read(ReadRequest::new("a", Offset(0), 1 << 20, 0)).await.expect("read");
         assert!(chunk.data[..] == big[..]);
-        assert_eq!(mappings_under(dir.path()), 1, "a lone large append is answered from its segment's mapping");
+        assert_eq!(mappings_under(dir.path()), 1, "a lone large append is answered from a mapping");
         drop(chunk);
-        // More reads, of every size: slices of the same one mapping (no mmap per read).
+        assert_eq!(mappings_under(dir.path()), 0, "that mapping goes with the answer");
+        // Read as pieces (what a socket sends), of every size: slices of the segment's one
+        // mapping (no mmap per read).
         for (from, max) in [(0, 1 << 20), (10, 1000), (4097, 100_000)] {
             let read = e.read_pieces(ReadRequest::new("a", Offset(from), max, 0).bounded()).await.expect("read");
             let joined: Vec<u8> = read.pieces.iter().flat_map(|p| p.iter().copied()).collect();

@@ -197,16 +197,17 @@ fn run_end(pieces: &[Piece], i: usize, split_large: bool) -> (usize, u64) {
     (j, end)
 }
 
-/// The pieces' bytes as one `Bytes`. A lone disk piece is the segment's mapped memory itself (no
-/// copy into a buffer of ours); otherwise the disk pieces are read with `pread`, a run of small
-/// ones at once.
+/// The pieces' bytes as one `Bytes`. A lone disk piece of at least [`crate::fs::MAP_MIN`] is a
+/// mapping of its own (`File::map_alone`: no copy into a buffer of ours, and the pages the
+/// server touches leave with the answer); otherwise the disk pieces are read with `pread`, a run
+/// of small ones at once.
 fn materialise(
     pieces: &[Piece],
     total: usize,
     segments: &RwLock<BTreeMap<u64, Arc<dyn File>>>,
 ) -> Result<Bytes, StorageError> {
     if let [Piece::Disk { segment, pos, len }] = pieces {
-        if let Some(b) = segment_file(segments, *segment)?.map_range(*pos, *len).map_err(io)? {
+        if let Some(b) = segment_file(segments, *segment)?.map_alone(*pos, *len).map_err(io)? {
             return Ok(b);
         }
     }
