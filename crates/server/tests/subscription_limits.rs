@@ -108,7 +108,9 @@ fn rss() -> u64 {
 /// debug builds): with a cursor per matched stream they took about 290 bytes of memory per
 /// stream and subscription (37 MB here) and 50 stored; now they share one baseline. Checked
 /// three ways: what the service counts it remembers, the bytes stored, and the RSS the
-/// creates added (a generous bound: a tenth of what a cursor each cost). Across a restart too.
+/// creates added (a generous bound: a quarter of what a cursor each cost — RSS moves in the
+/// allocator's steps, 0 to 4.5 MB over nine runs of 2026-12-05, where a tenth, 3.7 MB, failed
+/// one CI run in three). Across a restart too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pattern_subscriptions_over_many_streams_do_not_cost_streams_times_subscriptions() {
     const STREAMS: usize = 2_000;
@@ -142,7 +144,7 @@ async fn pattern_subscriptions_over_many_streams_do_not_cost_streams_times_subsc
     let grown = rss().saturating_sub(before);
     eprintln!("RSS grew by {grown} bytes");
     let cursor_each = (SUBS * STREAMS * 290) as u64;
-    assert!(grown < cursor_each / 10, "{SUBS} subscriptions over {STREAMS} streams added {grown} bytes of RSS");
+    assert!(grown < cursor_each / 4, "{SUBS} subscriptions over {STREAMS} streams added {grown} bytes of RSS");
     let r = state.subs.remembered().await.expect("remembered");
     assert_eq!((r.subscriptions, r.cursors, r.baseline_entries), (SUBS, 0, STREAMS), "{r:?}");
     assert!(r.verdicts <= STREAMS + 1, "one verdict per stream for the one pattern: {r:?}");
