@@ -472,10 +472,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<'_, I> {
                     }
                 }
             }
+            // The buffer was split off into the pieces just written: dropped now, their storage
+            // is the buffer's again at its next `reserve`.
             self.queued.clear();
             self.queued_bytes = 0;
-            // The buffer's storage was handed to the written pieces: a new one grows as needed.
-            self.wbuf = BytesMut::new();
         }
         self.io.flush().await.map_err(ConnError::Write)?;
         self.release();

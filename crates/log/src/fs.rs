@@ -125,22 +125,28 @@ impl RealFile {
         if (len as u64) < end {
             return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "a mapped read past the end of its segment"));
         }
+        let whole = self.map(0, len);
+        cached.clone_from(&whole);
+        Ok(whole)
+    }
+
+    /// `len` bytes from `pos` mapped read-only and registered ([`oncelog_storage::file_bytes`])
+    /// for as long as the `Bytes` live; `None` when no mapping can be made (out of
+    /// `vm.max_map_count` or address space: the caller reads instead).
+    fn map(&self, pos: u64, len: usize) -> Option<Bytes> {
         // SAFETY: the mapping is read-only and the trait's contract (above) keeps the bytes it
         // exposes unchanged while it lives: the log maps only published records, which it never
         // rewrites, and never shortens a segment outside recovery (before any read, on a handle
         // of its own).
-        let map = match unsafe { memmap2::MmapOptions::new().len(len).map(&*self.0) } {
+        let map = match unsafe { memmap2::MmapOptions::new().offset(pos).len(len).map(&*self.0) } {
             Ok(map) => map,
-            // Out of mappings (`vm.max_map_count`) or address space: the caller reads instead.
             Err(e) => {
-                tracing::debug!(error = %e, "cannot map a segment; reading it");
-                return Ok(None);
+                tracing::debug!(error = %e, "cannot map a segment range; reading it");
+                return None;
             }
         };
-        let registration = oncelog_storage::file_bytes::register(map.as_ptr(), len, self.0.clone(), 0);
-        let whole = Bytes::from_owner(Mapped { _registration: registration, map });
-        *cached = Some(whole.clone());
-        Ok(Some(whole))
+        let registration = oncelog_storage::file_bytes::register(map.as_ptr(), len, self.0.clone(), pos);
+        Some(Bytes::from_owner(Mapped { _registration: registration, map }))
     }
 }
 
@@ -155,6 +161,16 @@ impl AsRef<[u8]> for Mapped {
     fn as_ref(&self) -> &[u8] {
         &self.map
     }
+}
+
+/// Starts read-ahead of the pages under `mapped` (a slice of a mapping), so they are in the page
+/// cache when a socket sends them (`sendfile(2)` never touches the mapping itself).
+fn will_need(mapped: &Bytes) {
+    let at = mapped.as_ptr() as usize;
+    let page = at & !4095;
+    // SAFETY: the page-aligned range starts at most 4095 bytes before `mapped`, inside the same
+    // mapping (mappings start on a page), and ends with it; advice changes no memory contents.
+    unsafe { libc::madvise(page as *mut libc::c_void, at + mapped.len() - page, libc::MADV_WILLNEED) };
 }
 
 impl File for RealFile {
@@ -178,12 +194,8 @@ impl File for RealFile {
         let Some(end) = start.checked_add(len) else { return Err(io::ErrorKind::InvalidInput.into()) };
         let Some(whole) = self.mapped(end as u64)? else { return Ok(None) };
         let range = whole.slice(start..end);
-        // Read-ahead is started so the pages are in the page cache when they are sent (a plain
-        // socket sends large pieces with `sendfile(2)`, never touching the mapping).
         if len >= MAP_MIN {
-            // SAFETY: `range` lies inside the live mapping; advice changes no memory contents.
-            let page = start & !4095;
-            unsafe { libc::madvise(whole.as_ptr().add(page).cast_mut().cast(), end - page, libc::MADV_WILLNEED) };
+            will_need(&range);
         }
         Ok(Some(range))
     }
@@ -194,17 +206,11 @@ impl File for RealFile {
         if len < MAP_MIN {
             return Ok(None);
         }
-        // SAFETY: as in `mapped`.
-        let map = match unsafe { memmap2::MmapOptions::new().offset(pos).len(len).map(&*self.0) } {
-            Ok(map) => map,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot map a segment range; reading it");
-                return Ok(None);
-            }
-        };
-        let _ = map.advise(memmap2::Advice::WillNeed);
-        let registration = oncelog_storage::file_bytes::register(map.as_ptr(), len, self.0.clone(), pos);
-        Ok(Some(Bytes::from_owner(Mapped { _registration: registration, map })))
+        let mapped = self.map(pos, len);
+        if let Some(b) = &mapped {
+            will_need(b);
+        }
+        Ok(mapped)
     }
     fn allocate(&self, len: u64) -> io::Result<()> {
         use std::os::fd::AsRawFd;
