@@ -42,6 +42,7 @@ use tower_service::Service;
 
 use crate::body::{self, Feeder, Piece, RequestBody};
 use crate::head::{self, Head, HeadError, HeadLimits};
+use crate::park::Park;
 use crate::response::{self, BodyFraming, ResponseHead};
 
 /// An error of a handler or a response body.
@@ -158,7 +159,27 @@ const CONTINUE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
 /// Serves requests on `io` with `service` until the client closes the connection, a graceful
 /// `shutdown` ends it, or an error does.
-pub async fn serve<I, S, B>(io: I, mut service: S, config: &Config, shutdown: &Shutdown) -> Result<(), ConnError>
+pub async fn serve<I, S, B>(io: I, service: S, config: &Config, shutdown: &Shutdown) -> Result<(), ConnError>
+where
+    I: AsyncRead + AsyncWrite + Unpin,
+    S: Service<Request<RequestBody>, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    serve_parked(io, None, service, config, shutdown).await
+}
+
+/// As [`serve`], and while an answer of unknown length waits on its body, lets `park` (made for
+/// `io`'s socket) write the body's next pieces from outside (see [`crate::park`]). The park is
+/// closed before this returns or is dropped.
+pub async fn serve_parked<I, S, B>(
+    io: I,
+    park: Option<Park>,
+    mut service: S,
+    config: &Config,
+    shutdown: &Shutdown,
+) -> Result<(), ConnError>
 where
     I: AsyncRead + AsyncWrite + Unpin,
     S: Service<Request<RequestBody>, Response = Response<B>>,
@@ -167,6 +188,7 @@ where
     B::Error: Into<BoxError>,
 {
     let mut conn = Conn {
+        park,
         io,
         rbuf: BytesMut::with_capacity(config.read_chunk),
         // Grown as answers need: an idle connection holds no write buffer.
@@ -193,6 +215,8 @@ where
 }
 
 struct Conn<'c, I> {
+    /// Closed when the connection is dropped, before `io` is.
+    park: Option<Park>,
     io: I,
     rbuf: BytesMut,
     wbuf: BytesMut,
@@ -204,6 +228,14 @@ struct Conn<'c, I> {
     config: &'c Config,
     /// The client shut its side (a read returned 0).
     eof: bool,
+}
+
+impl<I> Drop for Conn<'_, I> {
+    fn drop(&mut self) {
+        if let Some(park) = &self.park {
+            park.close();
+        }
+    }
 }
 
 impl<I: AsyncRead + AsyncWrite + Unpin> Conn<'_, I> {
@@ -385,7 +417,33 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Conn<'_, I> {
                 Poll::Ready(frame) => frame,
                 Poll::Pending => {
                     self.flush().await?;
-                    poll_fn(|cx| poll_frame(body.as_mut(), cx)).await
+                    match self.park.as_ref().filter(|_| framing.parks()) {
+                        None => poll_fn(|cx| poll_frame(body.as_mut(), cx)).await,
+                        Some(park) => {
+                            // Nothing is buffered: pieces may be written from outside until the
+                            // body gives one here; what such a write left is written first.
+                            let chunked = framing == BodyFraming::Chunked;
+                            let waited = poll_fn(|cx| {
+                                if let Some(rest) = park.wait(chunked, cx.waker()) {
+                                    return Poll::Ready(Err(rest));
+                                }
+                                poll_frame(body.as_mut(), cx).map(|frame| Ok((park.resume(), frame)))
+                            })
+                            .await;
+                            match waited {
+                                Err(rest) => {
+                                    self.wbuf.extend_from_slice(&rest);
+                                    continue;
+                                }
+                                Ok((rest, frame)) => {
+                                    if let Some(rest) = rest {
+                                        self.wbuf.extend_from_slice(&rest);
+                                    }
+                                    frame
+                                }
+                            }
+                        }
+                    }
                 }
             };
             let Some(frame) = frame else { break };

@@ -15,6 +15,8 @@
 //!   handler asks for it.
 //! - [`conn`]: the connection loop ([`serve`]): keep-alive, pipelining, `Expect: 100-continue`,
 //!   half-close, one timer per connection, answers written with as few writes as they allow.
+//! - [`park`]: an answer's body written from outside the connection's task while it waits (a
+//!   live reader's events, without a wake of its task).
 //! - [`response`]: a response head encoded into one buffer, its framing decided from the body;
 //!   chunk framing for bodies of unknown length.
 //! - [`date`]: the `Date` header's text, formatted once a second per thread.
@@ -24,10 +26,12 @@ pub mod chunked;
 pub mod conn;
 pub mod date;
 pub mod head;
+pub mod park;
 pub mod response;
 
 pub use body::{BodyError, RequestBody};
 pub use chunked::{Chunk, ChunkedDecoder, ChunkedError};
-pub use conn::{serve, BoxError, Config, ConnError, Shutdown};
+pub use conn::{serve, serve_parked, BoxError, Config, ConnError, Shutdown};
 pub use head::{Framing, Head, HeadError, HeadLimits};
+pub use park::{Park, Sent};
 pub use response::{BodyFraming, ResponseHead};

@@ -39,6 +39,12 @@ impl BodyFraming {
     }
 
     /// Whether body bytes are written at all.
+    /// Whether a body so framed may be written from outside while it waits ([`crate::park`]):
+    /// one whose length is not counted.
+    pub fn parks(self) -> bool {
+        matches!(self, BodyFraming::Chunked | BodyFraming::UntilClose)
+    }
+
     pub fn has_body(self) -> bool {
         matches!(self, BodyFraming::Length(_) | BodyFraming::Chunked | BodyFraming::UntilClose)
     }
@@ -105,6 +111,12 @@ impl ResponseHead<'_> {
 
 /// Appends the line that starts a chunk of `len` bytes (`len` > 0).
 pub fn chunk_start(len: usize, dst: &mut BytesMut) {
+    let (line, n) = chunk_line(len);
+    dst.put_slice(&line[..n]);
+}
+
+/// The line that starts a chunk of `len` bytes (lowercase hex, then CRLF) and its length.
+pub fn chunk_line(len: usize) -> ([u8; 18], usize) {
     let mut digits = [0u8; 16];
     let mut i = digits.len();
     let mut n = len;
@@ -116,8 +128,11 @@ pub fn chunk_start(len: usize, dst: &mut BytesMut) {
             break;
         }
     }
-    dst.put_slice(&digits[i..]);
-    dst.put_slice(b"\r\n");
+    let mut line = [0u8; 18];
+    let k = digits.len() - i;
+    line[..k].copy_from_slice(&digits[i..]);
+    line[k..k + 2].copy_from_slice(b"\r\n");
+    (line, k + 2)
 }
 
 /// What ends a chunk's data.

@@ -639,3 +639,106 @@ async fn many_small_pieces_ready_at_once_go_out_in_a_few_vectored_writes_in_orde
         assert!(io.writes <= most, "{} writes for {} pieces (chunked {chunked})", io.writes, pieces.len());
     }
 }
+
+/// A connection served on one end of a socket pair with a park for it, answering one request
+/// with the streamed body `rx`; the client's end.
+fn start_parked(rx: mpsc::Receiver<Bytes>) -> (tokio::net::UnixStream, Park, Served) {
+    use std::os::fd::AsRawFd;
+    let (client, server) = tokio::net::UnixStream::pair().expect("a socket pair");
+    // SAFETY: `serve_parked` owns the socket and closes the park before it drops it.
+    let park = unsafe { Park::new(server.as_raw_fd()) };
+    let mut rx = Some(rx);
+    let handler = Handler(move |_request: Request<RequestBody>| {
+        let body = TestBody::Stream(rx.take().expect("one request"));
+        std::future::ready(Ok::<_, Infallible>(Response::new(body)))
+    });
+    let given = park.clone();
+    let served =
+        tokio::spawn(
+            async move { serve_parked(server, Some(given), handler, &Config::default(), &Shutdown::new()).await },
+        );
+    (client, park, served)
+}
+
+/// Sends `data` through `park` once the connection lets it (the answer waits on its body).
+async fn send_when_idle(park: &Park, data: &[u8]) -> crate::park::Sent {
+    for _ in 0..10_000 {
+        match park.send(data) {
+            crate::park::Sent::NotNow => tokio::time::sleep(Duration::from_millis(1)).await,
+            sent => return sent,
+        }
+    }
+    panic!("the connection never waited on its body");
+}
+
+/// The chunked body of the one answer a client read whole.
+fn chunked_body_of(wire: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(wire);
+    let at = text.find("\r\n\r\n").expect("a head") + 4;
+    assert!(text[..at].contains("transfer-encoding: chunked"), "{}", &text[..at]);
+    let mut buf = BytesMut::from(&wire[at..]);
+    let mut decoder = ChunkedDecoder::new();
+    let mut body = Vec::new();
+    loop {
+        match decoder.decode(&mut buf).expect("valid chunks") {
+            Chunk::Data(data) => body.extend_from_slice(&data),
+            Chunk::End => return body,
+            Chunk::NeedMore => panic!("the answer ended inside its body"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn pieces_written_through_the_park_go_out_as_chunks_in_order_with_the_bodys_own() {
+    let (tx, rx) = mpsc::channel::<Bytes>(1);
+    let (mut client, park, served) = start_parked(rx);
+    // No answer waits yet: nothing may be written from outside.
+    assert_eq!(park.send(b"too early"), crate::park::Sent::NotNow);
+    client.write_all(b"GET /sse HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").await.expect("request");
+    assert_eq!(send_when_idle(&park, b"one,").await, crate::park::Sent::All);
+    // A write through the park goes before the body's next piece: whoever holds the park
+    // decides the order (a parked reader produces nothing meanwhile). So the body's piece is
+    // seen out before the park writes again.
+    tx.send(Bytes::from_static(b"two,")).await.expect("the body is read");
+    let mut wire = Vec::new();
+    while !String::from_utf8_lossy(&wire).contains("two,") {
+        let mut buf = [0u8; 1024];
+        let n =
+            tokio::time::timeout(Duration::from_secs(10), client.read(&mut buf)).await.expect("more").expect("read");
+        assert!(n > 0, "the connection stays open");
+        wire.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(send_when_idle(&park, b"three,").await, crate::park::Sent::All);
+    tx.send(Bytes::from_static(b"four")).await.expect("the body is read");
+    drop(tx);
+    tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut wire)).await.expect("ends").expect("read");
+    assert_eq!(chunked_body_of(&wire), b"one,two,three,four");
+    served.await.expect("no panic").expect("a clean end");
+    assert_eq!(park.send(b"after"), crate::park::Sent::NotNow, "the connection is gone: the park is closed");
+}
+
+#[tokio::test]
+async fn a_piece_the_socket_takes_in_part_is_finished_by_the_connection_before_anything_else() {
+    let (tx, rx) = mpsc::channel::<Bytes>(1);
+    let (mut client, park, served) = start_parked(rx);
+    client.write_all(b"GET /sse HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").await.expect("request");
+    let reader = tokio::spawn(async move {
+        // Not read until the piece is handed over: the socket's buffer cannot take it all.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut wire = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut wire))
+            .await
+            .expect("ends")
+            .expect("read");
+        wire
+    });
+    let big: Vec<u8> = (0..(8u32 << 20)).map(|i| (i % 251) as u8).collect();
+    assert_eq!(send_when_idle(&park, &big).await, crate::park::Sent::Partly);
+    assert_eq!(park.send(b"not now"), crate::park::Sent::NotNow, "the rest is the connection's to write");
+    tx.send(Bytes::from_static(b"after")).await.expect("the body is read");
+    drop(tx);
+    let body = chunked_body_of(&reader.await.expect("no panic"));
+    assert_eq!(body.len(), big.len() + 5);
+    assert!(body[..big.len()] == big[..] && &body[big.len()..] == b"after", "the rest, then the body's piece");
+    served.await.expect("no panic").expect("a clean end");
+}
