@@ -1,10 +1,16 @@
 //! The connection loop under broken and hostile clients: half-closed sockets, clients that
 //! trickle headers or bodies, idle sockets, too many connections; and HTTP/2 without TLS.
+//!
+//! Every case that drives raw sockets runs on both front ends (issue 47), as `NAME::plain_*` and
+//! `NAME::tls_*`: plain TCP (HTTP/1 on the server's own engine, or h2c), and TLS (hyper), whose
+//! raw client speaks HTTP/1.1 (ALPN `http/1.1`) or, where the case is about HTTP/2, HTTP/2 (ALPN
+//! `h2`). On TLS, the helper requests around a case go over HTTP/2 (what `reqwest` negotiates).
 
 mod common;
 
 use std::time::{Duration, Instant};
 
+use common::{read_to_close, Front, FrontServer};
 use oncelog_server::ServerConfig;
 use reqwest::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,23 +25,29 @@ fn config() -> ServerConfig {
     }
 }
 
-async fn put(s: &common::TestServer, path: &str) {
-    let r = reqwest::Client::new().put(s.url(path)).header("content-type", "text/plain").send().await.expect("put");
+async fn start(front: Front, config: ServerConfig) -> FrontServer {
+    FrontServer::start(front, config).await
+}
+
+async fn put(s: &FrontServer, path: &str) {
+    let r = s.client().put(s.url(path)).header("content-type", "text/plain").send().await.expect("put");
     assert!(r.status().is_success());
 }
 
-/// Reads until the peer closes (or `limit` passes); returns what arrived and whether it closed.
-async fn read_to_close(conn: &mut TcpStream, limit: Duration) -> (String, bool) {
-    let mut out = Vec::new();
-    let closed = tokio::time::timeout(limit, conn.read_to_end(&mut out)).await.is_ok();
-    (String::from_utf8_lossy(&out).into_owned(), closed)
+/// The stream's tail, by `HEAD`.
+async fn tail(s: &FrontServer, path: &str) -> String {
+    let head = s.client().head(s.url(path)).send().await.expect("head");
+    head.headers()["stream-next-offset"].to_str().expect("tail").to_owned()
 }
 
-#[tokio::test]
-async fn a_client_that_half_closes_after_its_request_still_gets_the_answer() {
-    let s = common::TestServer::start(config(), None).await;
+const EMPTY: &str = "0000000000000000_0000000000000000";
+
+/// On TLS the half-close is TLS's own (`close_notify`, then the socket's write side shut down),
+/// read by hyper as the end of the request side (`half_close(true)`).
+async fn a_client_that_half_closes_after_its_request_still_gets_the_answer(front: Front) {
+    let s = start(front, config()).await;
     put(&s, "h").await;
-    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    let mut conn = s.connect().await;
     conn.write_all(
         b"POST /v1/stream/h HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n\r\nhello",
     )
@@ -44,22 +56,23 @@ async fn a_client_that_half_closes_after_its_request_still_gets_the_answer() {
     conn.shutdown().await.expect("half-close");
     let (answer, _) = read_to_close(&mut conn, Duration::from_secs(5)).await;
     assert!(answer.starts_with("HTTP/1.1 204"), "answer: {answer:?}");
-    let body = reqwest::get(s.url("h")).await.expect("get").text().await.expect("text");
+    let body = s.client().get(s.url("h")).send().await.expect("get").text().await.expect("text");
     assert_eq!(body, "hello");
 }
 
-#[tokio::test]
-async fn idle_and_trickling_connections_are_closed_and_never_starve_others() {
-    let s = common::TestServer::start(config(), None).await;
+/// On TLS, half of the idle sockets never send their `ClientHello` (the handshake must end
+/// within the header timeout), the other half finished the handshake and send no request.
+async fn idle_and_trickling_connections_are_closed_and_never_starve_others(front: Front) {
+    let s = start(front, config()).await;
     put(&s, "t").await;
     // 600 sockets: 100 send nothing, 500 trickle a header a byte at a time.
-    let mut idle = Vec::new();
-    for _ in 0..100 {
-        idle.push(TcpStream::connect(s.addr).await.expect("connect"));
+    let mut idle: Vec<common::Raw> = Vec::new();
+    for i in 0..100 {
+        idle.push(if i % 2 == 0 { Box::new(s.connect_tcp().await) } else { s.connect().await });
     }
     let mut trickling = Vec::new();
     for _ in 0..500 {
-        trickling.push(TcpStream::connect(s.addr).await.expect("connect"));
+        trickling.push(s.connect().await);
     }
     let trickle = tokio::spawn(async move {
         let header = b"GET /v1/stream/t HTTP/1.1\r\nHost: t\r\nX-Slow: ";
@@ -75,7 +88,7 @@ async fn idle_and_trickling_connections_are_closed_and_never_starve_others() {
     });
     // A normal client is served promptly meanwhile.
     let started = Instant::now();
-    let http = reqwest::Client::new();
+    let http = s.client();
     for _ in 0..10 {
         let r = http.get(s.url("t")).send().await.expect("get");
         assert_eq!(r.status(), StatusCode::OK);
@@ -94,11 +107,10 @@ async fn idle_and_trickling_connections_are_closed_and_never_starve_others() {
     }
 }
 
-#[tokio::test]
-async fn a_stalled_body_is_answered_408() {
-    let s = common::TestServer::start(config(), None).await;
+async fn a_stalled_body_is_answered_408(front: Front) {
+    let s = start(front, config()).await;
     put(&s, "b").await;
-    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    let mut conn = s.connect().await;
     conn.write_all(
         b"POST /v1/stream/b HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 10\r\n\r\nabc",
     )
@@ -107,25 +119,23 @@ async fn a_stalled_body_is_answered_408() {
     let (answer, closed) = read_to_close(&mut conn, Duration::from_secs(3)).await;
     assert!(answer.starts_with("HTTP/1.1 408"), "answer: {answer:?}");
     assert!(closed);
-    let head = reqwest::Client::new().head(s.url("b")).send().await.expect("head");
-    assert_eq!(head.headers()["stream-next-offset"], "0000000000000000_0000000000000000", "nothing written");
+    assert_eq!(tail(&s, "b").await, EMPTY, "nothing written");
 }
 
 /// A body dripped a byte at a time, each just inside the pause limit, is cut off by the total
 /// deadline (`--body-total-timeout-ms`): before it, the request could stay open for ever.
-#[tokio::test]
-async fn a_dripped_body_is_answered_408_at_the_total_deadline() {
+async fn a_dripped_body_is_answered_408_at_the_total_deadline(front: Front) {
     let config = ServerConfig { body_total_timeout: Duration::from_millis(1_500), ..config() };
-    let s = common::TestServer::start(config, None).await;
+    let s = start(front, config).await;
     put(&s, "d").await;
-    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    let mut conn = s.connect().await;
     conn.write_all(
         b"POST /v1/stream/d HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\n",
     )
     .await
     .expect("write");
     let started = Instant::now();
-    let (mut rd, mut wr) = conn.into_split();
+    let (mut rd, mut wr) = tokio::io::split(conn);
     // A byte every 200 ms (the pause limit is 500 ms), for up to 10 s.
     let drip = tokio::spawn(async move {
         for _ in 0..50 {
@@ -135,32 +145,30 @@ async fn a_dripped_body_is_answered_408_at_the_total_deadline() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-    let mut out = Vec::new();
-    let closed = tokio::time::timeout(Duration::from_secs(8), rd.read_to_end(&mut out)).await.is_ok();
+    let (answer, closed) = read_to_close(&mut rd, Duration::from_secs(8)).await;
     let took = started.elapsed();
     drip.abort();
-    let answer = String::from_utf8_lossy(&out);
     assert!(answer.starts_with("HTTP/1.1 408"), "answer after {took:?}: {answer:?}");
     assert!(closed, "the connection is closed");
     assert!(took >= Duration::from_millis(1_400) && took < Duration::from_secs(5), "answered after {took:?}");
-    let head = reqwest::Client::new().head(s.url("d")).send().await.expect("head");
-    assert_eq!(head.headers()["stream-next-offset"], "0000000000000000_0000000000000000", "nothing written");
+    assert_eq!(tail(&s, "d").await, EMPTY, "nothing written");
 }
 
 /// At the limit a new client is not left waiting behind silent sockets: it takes the place of
 /// the one idle longest, which is closed; the others stay (issue 45, item 7; before, the new client
-/// waited for the header timeout to free a place).
-#[tokio::test]
-async fn at_max_connections_a_new_client_takes_the_place_of_the_oldest_idle_socket() {
+/// waited for the header timeout to free a place). On TLS the silent sockets finished their
+/// handshake; the new client (`reqwest`) speaks HTTP/2.
+async fn at_max_connections_a_new_client_takes_the_place_of_the_oldest_idle_socket(front: Front) {
     let config = ServerConfig { max_connections: 2, header_read_timeout: Duration::from_secs(5), ..config() };
-    let s = common::TestServer::start(config, None).await;
+    let s = start(front, config).await;
     put(&s, "m").await;
-    let mut oldest = TcpStream::connect(s.addr).await.expect("connect");
+    let http = s.client();
+    let mut oldest = s.connect().await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let mut newer = TcpStream::connect(s.addr).await.expect("connect");
+    let mut newer = s.connect().await;
     // A socket gives its place once idle for a second (the header timeout here: 5 s).
     tokio::time::sleep(Duration::from_millis(1_100)).await;
-    let r = tokio::time::timeout(Duration::from_millis(1_000), reqwest::Client::new().get(s.url("m")).send())
+    let r = tokio::time::timeout(Duration::from_millis(1_000), http.get(s.url("m")).send())
         .await
         .expect("served before the header timeout frees a place")
         .expect("get");
@@ -171,6 +179,8 @@ async fn at_max_connections_a_new_client_takes_the_place_of_the_oldest_idle_sock
     assert!(!closed, "only one socket is closed for one new client");
 }
 
+/// Plain only: HTTP/2 with prior knowledge (h2c) exists on plain TCP alone; over TLS, HTTP/2
+/// with many live readers on one connection is `tls.rs`'s case.
 #[tokio::test]
 async fn http2_with_prior_knowledge_carries_every_read_mode_on_one_connection() {
     let s = common::TestServer::start(config(), None).await;
@@ -196,12 +206,13 @@ async fn http2_with_prior_knowledge_carries_every_read_mode_on_one_connection() 
     assert_eq!(lp.await.expect("long-poll"), "hello");
 }
 
-#[tokio::test]
-async fn live_readers_are_bounded_per_stream_and_answered_503_beyond() {
+/// On TLS the readers are streams of one HTTP/2 connection (what `reqwest` negotiates): the
+/// bound is per stream of the log, not per connection.
+async fn live_readers_are_bounded_per_stream_and_answered_503_beyond(front: Front) {
     let config = ServerConfig { max_live_readers_per_stream: 2, sse_keepalive: Duration::from_millis(100), ..config() };
-    let s = common::TestServer::start(config, None).await;
+    let s = start(front, config).await;
     put(&s, "busy").await;
-    let http = reqwest::Client::new();
+    let http = s.client();
     let url = s.url("busy") + "?offset=-1&live=sse";
     let a = http.get(&url).send().await.expect("sse 1");
     let b = http.get(&url).send().await.expect("sse 2");
@@ -224,12 +235,11 @@ async fn live_readers_are_bounded_per_stream_and_answered_503_beyond() {
     assert!(ok, "the place of a closed reader is given back");
 }
 
-#[tokio::test]
-async fn a_reader_that_stops_reading_is_disconnected_after_the_write_timeout() {
-    let s =
-        common::TestServer::start(ServerConfig { write_timeout: Duration::from_millis(500), ..config() }, None).await;
+/// On TLS the socket's write deadline lies under TLS: what blocks is the encrypted stream.
+async fn a_reader_that_stops_reading_is_disconnected_after_the_write_timeout(front: Front) {
+    let s = start(front, ServerConfig { write_timeout: Duration::from_millis(500), ..config() }).await;
     put(&s, "big").await;
-    let http = reqwest::Client::new();
+    let http = s.client();
     let chunk = vec![b'x'; 4 << 20];
     for _ in 0..4 {
         let r = http
@@ -242,13 +252,12 @@ async fn a_reader_that_stops_reading_is_disconnected_after_the_write_timeout() {
         assert_eq!(r.status(), StatusCode::NO_CONTENT);
     }
     // A reader that asks for 16 MiB over SSE and never reads.
-    let mut stalled = TcpStream::connect(s.addr).await.expect("connect");
+    let mut stalled = s.connect().await;
     stalled.write_all(b"GET /v1/stream/big?offset=-1&live=sse HTTP/1.1\r\nHost: t\r\n\r\n").await.expect("write");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // By now the server gave up on it: draining the socket ends in EOF, well short of 16 MiB.
-    let mut got = Vec::new();
-    let drained = tokio::time::timeout(Duration::from_secs(5), stalled.read_to_end(&mut got)).await;
-    assert!(drained.is_ok(), "the server kept the stalled connection open");
+    let (got, drained) = read_to_close(&mut stalled, Duration::from_secs(5)).await;
+    assert!(drained, "the server kept the stalled connection open");
     assert!(got.len() < 16 << 20, "received {} bytes", got.len());
     // Meanwhile a normal reader gets everything.
     let body = http.get(s.url("big")).send().await.expect("get").bytes().await.expect("bytes");
@@ -258,8 +267,8 @@ async fn a_reader_that_stops_reading_is_disconnected_after_the_write_timeout() {
 /// Speaks just enough raw HTTP/2 to open a connection (preface, empty SETTINGS, a SETTINGS
 /// acknowledgement) and then reads frames for `for_how_long`, answering PINGs only if
 /// `answer_pings`. Returns whether the server closed the connection in that time.
-async fn h2_peer(s: &common::TestServer, answer_pings: bool, for_how_long: Duration) -> bool {
-    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+async fn h2_peer(s: &FrontServer, answer_pings: bool, for_how_long: Duration) -> bool {
+    let mut conn = s.connect_h2().await;
     conn.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.expect("preface");
     conn.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.expect("settings");
     let deadline = tokio::time::Instant::now() + for_how_long;
@@ -287,14 +296,13 @@ async fn h2_peer(s: &common::TestServer, answer_pings: bool, for_how_long: Durat
     }
 }
 
-#[tokio::test]
-async fn an_http2_peer_that_stops_answering_pings_is_dropped_and_one_that_answers_stays() {
+async fn an_http2_peer_that_stops_answering_pings_is_dropped_and_one_that_answers_stays(front: Front) {
     let pings = ServerConfig {
         h2_ping_interval: Duration::from_millis(200),
         h2_ping_timeout: Duration::from_millis(200),
         ..config()
     };
-    let s = common::TestServer::start(pings, None).await;
+    let s = start(front, pings).await;
     let (silent, answering) =
         tokio::join!(h2_peer(&s, false, Duration::from_secs(3)), h2_peer(&s, true, Duration::from_secs(2)));
     assert!(silent, "a peer that never answers pings must be dropped within interval + timeout");
@@ -303,11 +311,10 @@ async fn an_http2_peer_that_stops_answering_pings_is_dropped_and_one_that_answer
 
 /// An answer given before the request's body was read (here a 404 for a missing stream) is
 /// followed by the connection's close, and says so; an answer after the whole body keeps it.
-#[tokio::test]
-async fn an_answer_before_the_body_was_read_says_connection_close() {
-    let s = common::TestServer::start(config(), None).await;
+async fn an_answer_before_the_body_was_read_says_connection_close(front: Front) {
+    let s = start(front, config()).await;
     put(&s, "k").await;
-    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    let mut conn = s.connect().await;
     let head =
         "POST /v1/stream/missing HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 1000000\r\n\r\n";
     conn.write_all(head.as_bytes()).await.expect("write");
@@ -318,7 +325,7 @@ async fn an_answer_before_the_body_was_read_says_connection_close() {
     assert!(closed);
 
     // A request whose body was read keeps its connection, and its answer does not say close.
-    let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+    let mut conn = s.connect().await;
     let req = "POST /v1/stream/k HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok";
     conn.write_all(req.as_bytes()).await.expect("write");
     let mut buf = vec![0u8; 4096];
@@ -333,14 +340,23 @@ async fn an_answer_before_the_body_was_read_says_connection_close() {
 }
 
 /// A shutdown with only live readers whose clients left finishes at once (issue 46, item 4):
-/// before, it waited for their long-poll timeout or SSE keep-alive, up to the grace period.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shutdown_does_not_wait_for_live_readers_that_left() {
+/// before, it waited for their long-poll timeout or SSE keep-alive, up to the grace period. On
+/// TLS the clients leave without `close_notify`, as a vanished client does.
+async fn a_shutdown_does_not_wait_for_live_readers_that_left(front: Front) {
     use tokio::io::{AsyncBufReadExt, BufReader};
     let dir = tempfile::tempdir().expect("tempdir");
     let engine = oncelog_log::LogEngine::open(oncelog_log::LogOptions::new(dir.path())).expect("engine");
     // Far longer than the test waits: only readers still waiting could hold the shutdown.
-    let config = ServerConfig { shutdown_grace: Duration::from_secs(30), ..ServerConfig::default() };
+    let mut config = ServerConfig { shutdown_grace: Duration::from_secs(30), ..ServerConfig::default() };
+    let ca = (front == Front::Tls).then(|| {
+        let (ca, cert, key) = common::pki("shutdown");
+        let files =
+            oncelog_server::tls::TlsFiles { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem") };
+        std::fs::write(&files.cert, cert).expect("cert");
+        std::fs::write(&files.key, key).expect("key");
+        config.tls = Some(files);
+        ca
+    });
     let state = oncelog_server::AppState::new(std::sync::Arc::new(engine), config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -348,20 +364,28 @@ async fn a_shutdown_does_not_wait_for_live_readers_that_left() {
     let server = tokio::spawn(oncelog_server::serve(listener, state, async move {
         let _ = stopped.await;
     }));
-    let r = reqwest::Client::new()
-        .put(format!("http://{addr}/v1/stream/s"))
-        .header("content-type", "text/plain")
-        .send()
+    let connect = || async {
+        let conn: common::Raw = match &ca {
+            None => Box::new(TcpStream::connect(addr).await.expect("connect")),
+            Some(ca) => Box::new(common::tls_connect(addr, ca, b"http/1.1").await),
+        };
+        conn
+    };
+    let mut create = connect().await;
+    create
+        .write_all(b"PUT /v1/stream/s HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n")
         .await
         .expect("put");
-    assert_eq!(r.status(), StatusCode::CREATED);
-    let mut long_poll = TcpStream::connect(addr).await.expect("connect");
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), create.read(&mut buf)).await.expect("answer").expect("read");
+    assert!(buf[..n].starts_with(b"HTTP/1.1 201"), "{}", String::from_utf8_lossy(&buf[..n]));
+    drop(create);
+    let mut long_poll = connect().await;
     long_poll
         .write_all(b"GET /v1/stream/s?offset=now&live=long-poll HTTP/1.1\r\nHost: t\r\n\r\n")
         .await
         .expect("write");
-    let sse = TcpStream::connect(addr).await.expect("connect");
-    let mut sse = BufReader::new(sse);
+    let mut sse = BufReader::new(connect().await);
     sse.get_mut().write_all(b"GET /v1/stream/s?offset=now&live=sse HTTP/1.1\r\nHost: t\r\n\r\n").await.expect("write");
     let mut status = String::new();
     sse.read_line(&mut status).await.expect("status line");
@@ -374,3 +398,41 @@ async fn a_shutdown_does_not_wait_for_live_readers_that_left() {
     assert!(ended.is_ok(), "the shutdown still waits after {:?}", started.elapsed());
     ended.expect("ended").expect("task").expect("a clean shutdown");
 }
+
+/// Each case above as two tests, `NAME::PLAIN` and `NAME::TLS`, named for the protocol each
+/// speaks.
+macro_rules! on_both_fronts {
+    ($flavor:meta, ($plain:ident, $tls:ident): $($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[$flavor]
+            async fn $plain() {
+                super::$name(super::Front::Plain).await
+            }
+            #[$flavor]
+            async fn $tls() {
+                super::$name(super::Front::Tls).await
+            }
+        }
+    )*};
+}
+
+on_both_fronts!(
+    tokio::test,
+    (plain_http1, tls_http1):
+    a_client_that_half_closes_after_its_request_still_gets_the_answer,
+    idle_and_trickling_connections_are_closed_and_never_starve_others,
+    a_stalled_body_is_answered_408,
+    a_dripped_body_is_answered_408_at_the_total_deadline,
+    at_max_connections_a_new_client_takes_the_place_of_the_oldest_idle_socket,
+    a_reader_that_stops_reading_is_disconnected_after_the_write_timeout,
+    an_answer_before_the_body_was_read_says_connection_close,
+);
+on_both_fronts!(tokio::test, (plain_http1, tls_http2): live_readers_are_bounded_per_stream_and_answered_503_beyond);
+on_both_fronts!(
+    tokio::test,
+    (plain_h2c, tls_http2): an_http2_peer_that_stops_answering_pings_is_dropped_and_one_that_answers_stays
+);
+on_both_fronts!(
+    tokio::test(flavor = "multi_thread", worker_threads = 2),
+    (plain_http1, tls_http1): a_shutdown_does_not_wait_for_live_readers_that_left
+);

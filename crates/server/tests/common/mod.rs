@@ -61,6 +61,13 @@ impl TestServer {
     /// client that trusts it: its `origin` and `base` are `https://localhost:PORT…`, and the
     /// client speaks HTTP/2 (offered by ALPN), so the requests take the hyper front end.
     pub async fn start_tls(config: ServerConfig) -> (TestServer, reqwest::Client, tempfile::TempDir) {
+        let (s, http, _ca, dir) = TestServer::start_tls_with_ca(config).await;
+        (s, http, dir)
+    }
+
+    /// [`TestServer::start_tls`], also answering the PEM of the CA that signed the server's
+    /// certificate, for clients a test builds itself ([`tls_connect`]).
+    pub async fn start_tls_with_ca(config: ServerConfig) -> (TestServer, reqwest::Client, String, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
         let (ca, cert, key) = pki("test");
         let files =
@@ -74,8 +81,130 @@ impl TestServer {
             .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("ca"))
             .build()
             .expect("client");
-        (s, http, dir)
+        (s, http, ca, dir)
     }
+}
+
+/// A raw TLS connection to `addr` (as `localhost`, trusting the CA `ca_pem`) offering the ALPN
+/// protocol `alpn` (`b"http/1.1"`, `b"h2"`) alone; panics unless the server chose it.
+pub async fn tls_connect(
+    addr: std::net::SocketAddr,
+    ca_pem: &str,
+    alpn: &[u8],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(c.expect("ca pem")).expect("root");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![alpn.to_vec()];
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.expect("tls handshake");
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(alpn), "ALPN");
+    tls
+}
+
+/// Which front end a case of a suite that runs on both goes through (issue 47).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Front {
+    /// Plain TCP: HTTP/1 on the server's own engine (HTTP/2 with prior knowledge on hyper).
+    Plain,
+    /// TLS: hyper, HTTP/1.1 or HTTP/2 as ALPN chose.
+    Tls,
+}
+
+/// A client's end of a raw connection, whichever the front end.
+pub trait RawIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> RawIo for T {}
+pub type Raw = Box<dyn RawIo>;
+
+/// A [`TestServer`] on one [`Front`], with what its clients need: raw connections that speak
+/// HTTP/1.1 ([`FrontServer::connect`]) or HTTP/2 ([`FrontServer::connect_h2`]) over it, and
+/// `reqwest` clients (on TLS they negotiate HTTP/2).
+pub struct FrontServer {
+    pub s: TestServer,
+    pub front: Front,
+    /// The CA of the server's certificate (TLS only).
+    ca: Option<String>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl FrontServer {
+    pub async fn start(front: Front, config: ServerConfig) -> FrontServer {
+        match front {
+            Front::Plain => FrontServer { s: TestServer::start(config, None).await, front, ca: None, _dir: None },
+            Front::Tls => {
+                let (s, _, ca, dir) = TestServer::start_tls_with_ca(config).await;
+                FrontServer { s, front, ca: Some(ca), _dir: Some(dir) }
+            }
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        self.s.url(path)
+    }
+
+    /// A new `reqwest` client (its own connections) that trusts the server.
+    pub fn client(&self) -> reqwest::Client {
+        let mut b = reqwest::Client::builder();
+        if let Some(ca) = &self.ca {
+            b = b.add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("ca"));
+        }
+        b.build().expect("client")
+    }
+
+    /// A new connection ready for HTTP/1.1 requests: plain TCP, or TLS with `http/1.1` chosen
+    /// by ALPN (the handshake done).
+    pub async fn connect(&self) -> Raw {
+        self.connect_alpn(b"http/1.1").await
+    }
+
+    /// A new connection for HTTP/2: plain TCP (h2c with prior knowledge), or TLS with `h2`.
+    pub async fn connect_h2(&self) -> Raw {
+        self.connect_alpn(b"h2").await
+    }
+
+    /// A new TCP connection, whatever the front: on TLS, one that never sends its `ClientHello`.
+    pub async fn connect_tcp(&self) -> tokio::net::TcpStream {
+        tokio::net::TcpStream::connect(self.s.addr).await.expect("connect")
+    }
+
+    async fn connect_alpn(&self, alpn: &[u8]) -> Raw {
+        match &self.ca {
+            None => Box::new(self.connect_tcp().await),
+            Some(ca) => Box::new(tls_connect(self.s.addr, ca, alpn).await),
+        }
+    }
+}
+
+/// Reads `conn` until the peer closes it (end of stream, or an error such as a reset or, on
+/// TLS, a close without `close_notify`) or `limit` passes; returns what arrived and whether it
+/// closed.
+pub async fn read_to_close<R: tokio::io::AsyncRead + Unpin + ?Sized>(
+    conn: &mut R,
+    limit: std::time::Duration,
+) -> (String, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let closed = tokio::time::timeout(limit, async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (String::from_utf8_lossy(&out).into_owned(), closed)
 }
 
 /// A CA and a `localhost` / `127.0.0.1` certificate it signed, as PEM: (ca, cert, key).
