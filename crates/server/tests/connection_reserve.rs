@@ -3,34 +3,36 @@
 //! a new connection; dripped bodies and catch-up readers that stop reading may hold all but a
 //! reserve of the connections, beyond which the one slow the longest is closed. The timeouts that
 //! would otherwise free a place (10-60 s by default) are far longer than the writer's deadline.
+//!
+//! Every case runs on both front ends (issue 47), as `NAME::plain_http1` and `NAME::tls_http1`:
+//! the slow clients speak HTTP/1.1 over plain TCP (the server's own engine) or over TLS (ALPN
+//! `http/1.1`, hyper); on TLS the writer speaks HTTP/2 (what `reqwest` negotiates).
 
 mod common;
 
 use std::time::Duration;
 
+use common::{Front, FrontServer};
 use oncelog_server::ServerConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 const CONNECTIONS: usize = 32;
 
 /// What the writer is given to have its append acknowledged: well under every default timeout.
 const WRITER_DEADLINE: Duration = Duration::from_secs(5);
 
-async fn server() -> common::TestServer {
-    let s =
-        common::TestServer::start(ServerConfig { max_connections: CONNECTIONS, ..ServerConfig::default() }, None).await;
-    let r = reqwest::Client::new().put(s.url("s")).header("content-type", "text/plain").send().await.expect("put");
+async fn server(front: Front) -> FrontServer {
+    let s = FrontServer::start(front, ServerConfig { max_connections: CONNECTIONS, ..ServerConfig::default() }).await;
+    let r = s.client().put(s.url("s")).header("content-type", "text/plain").send().await.expect("put");
     assert_eq!(r.status(), 201);
     s
 }
 
 /// A writer on a new connection has its append acknowledged within [`WRITER_DEADLINE`].
-async fn writer_gets_in(s: &common::TestServer, what: &str) {
-    let http = reqwest::Client::new();
+async fn writer_gets_in(s: &FrontServer, what: &str) {
     let wrote = tokio::time::timeout(
         WRITER_DEADLINE,
-        http.post(s.url("s")).header("content-type", "text/plain").body("hello").send(),
+        s.client().post(s.url("s")).header("content-type", "text/plain").body("hello").send(),
     )
     .await
     .unwrap_or_else(|_| panic!("{what}: the writer was kept out for {WRITER_DEADLINE:?}"))
@@ -39,12 +41,11 @@ async fn writer_gets_in(s: &common::TestServer, what: &str) {
 }
 
 /// Keep-alive connections that each made a request, read its answer and then stay open, idle.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_keep_alive_sockets_make_room_for_a_writer() {
-    let s = server().await;
+async fn idle_keep_alive_sockets_make_room_for_a_writer(front: Front) {
+    let s = server(front).await;
     let mut idle = Vec::new();
     for _ in 0..CONNECTIONS {
-        let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+        let mut conn = s.connect().await;
         conn.write_all(b"GET /v1/stream/s HTTP/1.1\r\nHost: t\r\n\r\n").await.expect("request");
         let mut buf = vec![0u8; 4096];
         let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await.expect("answer").expect("read");
@@ -54,25 +55,38 @@ async fn idle_keep_alive_sockets_make_room_for_a_writer() {
     writer_gets_in(&s, "idle keep-alive sockets").await;
 }
 
-/// New connections that never send a byte (each holds its place up to the header timeout).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn silent_sockets_make_room_for_a_writer() {
-    let s = server().await;
+/// New connections that never send a request (each holds its place up to the header timeout):
+/// on TLS, ones that finished their handshake; [`silent_tcp_sockets_on_the_tls_port_make_room_for_a_writer`]
+/// has those that never begin it.
+async fn silent_sockets_make_room_for_a_writer(front: Front) {
+    let s = server(front).await;
     let mut silent = Vec::new();
     for _ in 0..CONNECTIONS {
-        silent.push(TcpStream::connect(s.addr).await.expect("connect"));
+        silent.push(s.connect().await);
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     writer_gets_in(&s, "silent sockets").await;
 }
 
-/// Appends whose bodies are dripped a byte at a time, each well inside the pause limit.
+/// TLS only: connections that never send their `ClientHello` (each holds its place up to the
+/// header timeout, which bounds the handshake) are idle too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dripped_bodies_leave_a_writer_room() {
-    let s = server().await;
+async fn silent_tcp_sockets_on_the_tls_port_make_room_for_a_writer() {
+    let s = server(Front::Tls).await;
+    let mut silent = Vec::new();
+    for _ in 0..CONNECTIONS {
+        silent.push(s.connect_tcp().await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    writer_gets_in(&s, "TCP sockets silent before the TLS handshake").await;
+}
+
+/// Appends whose bodies are dripped a byte at a time, each well inside the pause limit.
+async fn dripped_bodies_leave_a_writer_room(front: Front) {
+    let s = server(front).await;
     let mut drips = Vec::new();
     for _ in 0..CONNECTIONS {
-        let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+        let mut conn = s.connect().await;
         conn.write_all(
             b"POST /v1/stream/s HTTP/1.1\r\nHost: t\r\nContent-Type: text/plain\r\nContent-Length: 1000\r\n\r\n",
         )
@@ -90,7 +104,7 @@ async fn dripped_bodies_leave_a_writer_room() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     writer_gets_in(&s, "dripped bodies").await;
     // Nothing of a dripped body that was cut off was written: the stream holds the one append.
-    let body = reqwest::get(s.url("s")).await.expect("get").text().await.expect("text");
+    let body = s.client().get(s.url("s")).send().await.expect("get").text().await.expect("text");
     assert_eq!(body, "hello");
     for d in drips {
         d.abort();
@@ -98,10 +112,9 @@ async fn dripped_bodies_leave_a_writer_room() {
 }
 
 /// Catch-up reads of a large stream by clients that never read the answer.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn catch_up_readers_that_stop_reading_leave_a_writer_room() {
-    let s = server().await;
-    let http = reqwest::Client::new();
+async fn catch_up_readers_that_stop_reading_leave_a_writer_room(front: Front) {
+    let s = server(front).await;
+    let http = s.client();
     for _ in 0..4 {
         let r = http
             .post(s.url("s"))
@@ -115,10 +128,33 @@ async fn catch_up_readers_that_stop_reading_leave_a_writer_room() {
     drop(http);
     let mut stalled = Vec::new();
     for _ in 0..CONNECTIONS {
-        let mut conn = TcpStream::connect(s.addr).await.expect("connect");
+        let mut conn = s.connect().await;
         conn.write_all(b"GET /v1/stream/s?offset=-1 HTTP/1.1\r\nHost: t\r\n\r\n").await.expect("request");
         stalled.push(conn);
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     writer_gets_in(&s, "catch-up readers that stop reading").await;
 }
+
+/// Each case above as two tests: `NAME::plain_http1` and `NAME::tls_http1`.
+macro_rules! on_both_fronts {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn plain_http1() {
+                super::$name(super::Front::Plain).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn tls_http1() {
+                super::$name(super::Front::Tls).await
+            }
+        }
+    )*};
+}
+
+on_both_fronts!(
+    idle_keep_alive_sockets_make_room_for_a_writer,
+    silent_sockets_make_room_for_a_writer,
+    dripped_bodies_leave_a_writer_room,
+    catch_up_readers_that_stop_reading_leave_a_writer_room,
+);
