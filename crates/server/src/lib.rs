@@ -24,6 +24,8 @@
 //! - [`listing`]: the stream listing (`GET /v1/stream/__ds/streams`), filtered by the caller's
 //!   grants.
 //! - [`live`]: bounds on live readers, in all and per stream.
+//! - [`fanout`]: SSE readers parked at the tail on a plain HTTP/1 connection: one task per
+//!   (connection runtime, stream) writes each event to every parked socket.
 //! - [`listen`]: the connection loop (HTTP/1.1 and h2c, connection limits, header timeouts,
 //!   half-close, graceful drain).
 //! - [`conns`]: the connections of a listener and what each is doing (idle, slow, holding a live
@@ -50,6 +52,7 @@ pub mod config;
 pub mod conns;
 pub mod deadline_io;
 pub mod error;
+pub mod fanout;
 pub mod front;
 pub mod handlers;
 pub mod headers;

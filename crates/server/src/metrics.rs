@@ -36,6 +36,9 @@
 //! | `oncelog_connections_accepted_total` | counter | | TCP connections accepted |
 //! | `oncelog_connections_evicted_total` | counter | `reason` | connections closed at `--max-connections` to admit a new one: `idle`, `slow` ([`crate::conns`]) |
 //! | `oncelog_live_readers_departed_total` | counter | | HTTP/1 live reads dropped because their client closed the connection while they waited |
+//! | `oncelog_sse_parks_total` | counter | | times an SSE reader parked at the tail with its runtime's fan-out ([`crate::fanout`]) |
+//! | `oncelog_sse_parked_events_total` | counter | | events a fan-out wrote to a parked reader (one per reader) |
+//! | `oncelog_sse_handed_back_total` | counter | `reason` | parked readers handed back to their task: `full` (socket full or failed), `event` (not one shareable piece), `stream` (closed, deleted, trimmed) |
 //! | `oncelog_sendfile_bytes_total` | counter | | catch-up body bytes sent with `sendfile(2)` from a segment file ([`crate::sendfile_io`]) |
 //! | `oncelog_streams` | gauge | | streams that exist |
 //! | `oncelog_producers` | gauge | | idempotent producers remembered |
@@ -226,6 +229,15 @@ fn describe() {
     describe_counter!(
         "oncelog_live_readers_departed_total",
         "HTTP/1 live reads dropped because their client closed the connection while they waited."
+    );
+    describe_counter!("oncelog_sse_parks_total", "Times an SSE reader parked at the tail with its runtime's fan-out.");
+    describe_counter!(
+        "oncelog_sse_parked_events_total",
+        "Events a fan-out wrote to a parked SSE reader (one per reader)."
+    );
+    describe_counter!(
+        "oncelog_sse_handed_back_total",
+        "Parked SSE readers handed back to their task, by reason: full, event, stream."
     );
     describe_counter!(
         "oncelog_sendfile_bytes_total",

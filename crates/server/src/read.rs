@@ -20,7 +20,7 @@ use crate::request::{Live, ReadQuery, RequestError};
 use crate::state::AppState;
 
 /// How often a waiting live reader renews its stream's sliding TTL.
-const TTL_RENEW_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const TTL_RENEW_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Data chunks are immutable by position, so they may be cached; tail answers may not.
 const CACHEABLE: &str = "public, max-age=60, stale-while-revalidate=300";
@@ -111,7 +111,7 @@ fn start_offset(param: oncelog_protocol::OffsetParam, info: &StreamInfo) -> Resu
 pub const SSE_READ_BYTES: usize = 64 << 10;
 
 /// The next chunk for an SSE response; `seen`: what the wait that woke this reader saw.
-async fn sse_read<E: Engine>(
+pub(crate) async fn sse_read<E: Engine>(
     st: &AppState<E>,
     path: &str,
     from: Offset,
@@ -366,6 +366,36 @@ async fn long_poll<E: Engine>(
     Ok(render_chunk(&chunk, from, false, Some(cursor), req_headers))
 }
 
+/// The comment an SSE answer sends when it has had nothing to say for a keep-alive interval.
+const KEEP_ALIVE: &[u8] = b": keep-alive\n\n";
+
+/// The data event of an SSE answer for `chunk` (a JSON stream's messages as one array).
+fn data_event(chunk: &ReadChunk, encoding: DataEncoding, json: bool) -> sse::DataEvent {
+    if json {
+        let inner = chunk.data.strip_suffix(b",").map_or(chunk.data.len(), <[u8]>::len);
+        sse::DataEvent::wrapped(chunk.data.slice(..inner), encoding, b"[", b"]")
+    } else {
+        sse::DataEvent::new(chunk.data.clone(), encoding)
+    }
+}
+
+/// The data event for `chunk` and its control event (with `cursor`), framed whole, when the
+/// chunk is one piece of a stream that is not compacted (whose events any reader at the chunk's
+/// start may share).
+pub(crate) fn frame_whole(chunk: &ReadChunk, encoding: DataEncoding, json: bool, cursor: u64) -> Option<Bytes> {
+    if chunk.data.len() > sse::PIECE_BYTES || chunk.info.config.compaction {
+        return None;
+    }
+    let (up_to_date, closed) = (chunk.up_to_date(), chunk.info.closed && chunk.up_to_date());
+    let mut event = data_event(chunk, encoding, json);
+    let mut out = Vec::with_capacity(event.next_piece_len() + 160);
+    while event.next_into(&mut out) {}
+    let control =
+        Control { next_offset: chunk.next, cursor: (!closed).then_some(cursor), up_to_date, closed, end_reason: None };
+    sse::control_event(&mut out, &control);
+    Some(Bytes::from(out))
+}
+
 /// State of one SSE response.
 struct SseState<E> {
     st: AppState<E>,
@@ -393,6 +423,9 @@ struct SseState<E> {
     /// The data event being sent, framed a piece at a time: a reader that stops reading holds
     /// one piece (and a share of the chunk) instead of a framed copy of the whole chunk.
     sending: Option<Sending>,
+    /// The connection's park, where this reader waits parked ([`crate::fanout`]): plain HTTP/1
+    /// on the server's engine.
+    park: Option<oncelog_http1::Park>,
 }
 
 /// What a wait step of an SSE response leads to.
@@ -444,6 +477,9 @@ fn sse<E: Engine>(
         first,
         seen: None,
         sending: None,
+        // The access log counts an answer's bytes as its task writes them: with it on, readers
+        // do not park.
+        park: if own_connection && !st.config.access_log { crate::fanout::current_park() } else { None },
     };
     let events = futures_util::stream::unfold(state, |mut s| async move {
         let bytes = s.next_event().await?;
@@ -488,9 +524,9 @@ impl<E: Engine> SseState<E> {
                 }
                 // Known to be at the tail of an open stream (the control said so): nothing to
                 // read until the wait says the stream moved; a wait returns at once if it did.
-                let at_tail = self.seen.as_ref().is_some_and(|s| self.offset >= s.tail && !s.closed);
-                if self.sent_control && at_tail {
-                    match self.wait_step().await {
+                let at_tail = self.seen.as_ref().filter(|s| self.offset >= s.tail && !s.closed);
+                if let Some(stream) = at_tail.filter(|_| self.sent_control).map(|s| (s.id, s.config.compaction)) {
+                    match self.wait_or_park(stream.0, stream.1).await {
                         Step::Emit(bytes) => return Some(bytes),
                         Step::Again => continue,
                         Step::End => return None,
@@ -523,23 +559,14 @@ impl<E: Engine> SseState<E> {
             };
             if chunk.next > self.offset {
                 count_read(&self.st, &self.path, chunk.data.len());
-                let event = if self.json {
-                    let inner = chunk.data.strip_suffix(b",").map_or(chunk.data.len(), <[u8]>::len);
-                    sse::DataEvent::wrapped(chunk.data.slice(..inner), self.encoding, b"[", b"]")
-                } else {
-                    sse::DataEvent::new(chunk.data.clone(), self.encoding)
-                };
                 let from = self.offset;
                 self.offset = chunk.next;
                 let (up_to_date, closed) = (chunk.up_to_date(), chunk.info.closed && chunk.up_to_date());
-                if chunk.data.len() <= sse::PIECE_BYTES && !chunk.info.config.compaction {
+                if let Some(bytes) = frame_whole(&chunk, self.encoding, self.json, self.cursor) {
                     // One piece: framed whole with its control and left for the stream's other
                     // readers, which a commit wakes together (`shared_frame`).
-                    let mut out = Vec::with_capacity(event.next_piece_len() + 160);
-                    let mut event = event;
-                    while event.next_into(&mut out) {}
-                    self.control(&mut out, up_to_date, closed);
-                    let bytes = Bytes::from(out);
+                    self.sent_control = true;
+                    self.done = closed;
                     let (id, cursor) = (chunk.info.id, self.cursor);
                     self.live.frames.put(Framed {
                         id,
@@ -556,6 +583,7 @@ impl<E: Engine> SseState<E> {
                 // The next look may start from what this read saw (an engine may then skip
                 // looking the stream up again before it waits).
                 self.seen = Some(chunk.info.clone());
+                let event = data_event(&chunk, self.encoding, self.json);
                 self.sending = Some(Sending { event, up_to_date, closed });
                 continue;
             }
@@ -569,12 +597,63 @@ impl<E: Engine> SseState<E> {
                 self.control(&mut out, true, false);
                 return Some(Bytes::from(out));
             }
-            match self.wait_step().await {
+            match self.wait_or_park(chunk.info.id, chunk.info.config.compaction).await {
                 Step::Emit(bytes) => return Some(bytes),
                 Step::Again => continue,
                 Step::End => return None,
             }
         }
+    }
+
+    /// Waits for the stream (`id` as last seen; `compaction`: whether it is compacted) to pass
+    /// this reader's offset, for at most a keep-alive interval: parked with its runtime's fan-out
+    /// where it can be ([`crate::fanout`]), else as a task waiting on the stream.
+    async fn wait_or_park(&mut self, id: u64, compaction: bool) -> Step {
+        // A compacted stream's bytes below the tail may change: its events are never shared.
+        if let Some(park) = self.park.as_ref().filter(|_| !compaction).cloned() {
+            if let Some(step) = self.park_step(park, id).await {
+                return step;
+            }
+        }
+        self.wait_step().await
+    }
+
+    /// Parked until its fan-out hands it back or a keep-alive interval passes; `None` where it
+    /// could not park.
+    async fn park_step(&mut self, park: oncelog_http1::Park, id: u64) -> Option<Step> {
+        let remaining = self.deadline.saturating_duration_since(tokio::time::Instant::now());
+        if remaining == Duration::ZERO {
+            return None;
+        }
+        let slice = remaining.min(self.st.config.sse_keepalive);
+        let at = crate::fanout::At {
+            path: &self.path,
+            id,
+            offset: self.offset,
+            cursor: self.cursor,
+            json: self.json,
+            encoding: self.encoding,
+        };
+        let parked = crate::fanout::park(&self.st, park, at)?;
+        let handed_back = tokio::select! {
+            biased;
+            () = parked.back() => true,
+            () = tokio::time::sleep(slice) => false,
+        };
+        let left = parked.leave();
+        if left.delivered {
+            // Each event went out whole, with its control event (`frame_whole`).
+            self.offset = left.offset;
+            self.sent_control = true;
+            self.done = left.done;
+        }
+        // Looked at again before the next wait.
+        self.seen = None;
+        Some(if handed_back || self.done || slice == remaining {
+            Step::Again
+        } else {
+            Step::Emit(Bytes::from_static(KEEP_ALIVE))
+        })
     }
 
     /// Waits for the stream to pass this reader's offset, for at most a keep-alive interval.
@@ -588,7 +667,7 @@ impl<E: Engine> SseState<E> {
         let slice = remaining.min(self.st.config.sse_keepalive);
         match wait_live(&self.st, &self.path, self.offset, slice).await {
             Err(_) => Step::End,
-            Ok(WaitOutcome::TimedOut(_)) if slice < remaining => Step::Emit(Bytes::from_static(b": keep-alive\n\n")),
+            Ok(WaitOutcome::TimedOut(_)) if slice < remaining => Step::Emit(Bytes::from_static(KEEP_ALIVE)),
             Ok(WaitOutcome::TimedOut(_)) => Step::Again,
             Ok(WaitOutcome::Changed(info)) => {
                 self.seen = Some(info);

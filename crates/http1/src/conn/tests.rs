@@ -742,3 +742,30 @@ async fn a_piece_the_socket_takes_in_part_is_finished_by_the_connection_before_a
     assert!(body[..big.len()] == big[..] && &body[big.len()..] == b"after", "the rest, then the body's piece");
     served.await.expect("no panic").expect("a clean end");
 }
+
+#[tokio::test]
+async fn a_piece_a_full_socket_refuses_is_not_written_at_all() {
+    let (tx, rx) = mpsc::channel::<Bytes>(1);
+    let (mut client, park, served) = start_parked(rx);
+    client.write_all(b"GET /sse HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n").await.expect("request");
+    let piece = [b'p'; 1000];
+    assert_eq!(send_when_idle(&park, &piece).await, crate::park::Sent::All);
+    // Small pieces until the socket, never read, takes no more.
+    let mut taken = 1usize;
+    let refused = loop {
+        match park.send(&piece) {
+            crate::park::Sent::All => taken += 1,
+            other => break other,
+        }
+        assert!(taken < 100_000, "the socket never filled");
+    };
+    // A Unix socket takes a small piece whole or not at all.
+    assert_eq!(refused, crate::park::Sent::Blocked);
+    // Nothing of the refused piece went out.
+    tx.send(Bytes::from_static(b"end")).await.expect("the body is read");
+    drop(tx);
+    let mut wire = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut wire)).await.expect("ends").expect("read");
+    assert_eq!(chunked_body_of(&wire).len(), taken * piece.len() + 3, "the refused piece was not written");
+    let _ = served.await.expect("no panic");
+}
