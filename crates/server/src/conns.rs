@@ -14,12 +14,17 @@
 //!   not yet whole was never applied, and a response being sent was already decided. The check is
 //!   made again by the connection's own task, which also runs its request, so a body that just
 //!   ended (a write about to be applied) is never cut;
-//! - everything else (a request being handled, an HTTP/2 connection with streams open) is left
-//!   alone; when all connections are such, a new one waits until one ends or becomes evictable.
+//! - an HTTP/2 connection is **slow** when every stream open on it has waited on the client for
+//!   longer than [`SLOW_AFTER`] (a request body still arriving, or an answer held by the
+//!   client's flow-control window), with the same share and the same eviction; a live reader
+//!   makes it live, as on HTTP/1;
+//! - everything else (a request being handled, on either protocol) is left alone; when all
+//!   connections are such, a new one waits until one ends or becomes evictable.
 //!
 //! The registry also tells each HTTP/1 connection's task whether a live reader waits on it (see
-//! [`mark_live`]): the task then watches the socket, and drops the connection when the client
-//! closes it (issue 46, item 4).
+//! [`LiveMark`]): the task then watches the socket, and drops the connection when the client
+//! closes it (issue 46, item 4). The connections holding live readers (HTTP/1 and HTTP/2 alike)
+//! are what `live::LiveSlots` holds to its share.
 //!
 //! And it tells each HTTP/2 connection's task when one of its answers has waited on the client's
 //! flow control for `--write-timeout-ms` ([`Conn::stalled`]; issue 45, item 8). A client can keep
@@ -76,8 +81,8 @@ const H2_PIECE: usize = 16 << 10;
 const ADMIT_RECHECK: Duration = Duration::from_millis(50);
 
 tokio::task_local! {
-    /// The HTTP/1 connection whose requests the current task serves. HTTP/2 streams run in tasks
-    /// of their own and see none.
+    /// The connection whose request the current task serves: an HTTP/1 connection's task, or the
+    /// task hyper runs an HTTP/2 stream's handler in (scoped by [`Tracked`]).
     static CONNECTION: Arc<Conn>;
 }
 
@@ -132,10 +137,32 @@ pub struct Conn {
     order: AtomicU8,
     orders: Notify,
     live_changed: Notify,
-    /// HTTP/2 answers being sent, each with since when (as above) hyper holds a piece of it that
-    /// the client's window has not let out (see [`Paced`]).
-    sends: Mutex<HashMap<u64, Arc<AtomicU64>>>,
-    next_send: AtomicU64,
+    /// Served as HTTP/2: slow by its streams ([`StreamWaits`]).
+    http2: AtomicBool,
+    /// HTTP/2 streams in flight, each with since when it waits on the client.
+    streams: Mutex<HashMap<u64, Arc<StreamWaits>>>,
+    next_stream: AtomicU64,
+}
+
+/// Since when (stamps as `Conn::stamp`; 0: not) an HTTP/2 stream waits on its client.
+#[derive(Default)]
+struct StreamWaits {
+    /// Its request body is still arriving.
+    receiving: AtomicU64,
+    /// hyper holds a piece of its answer that the client's window has not let out (see
+    /// [`Paced`]).
+    sending: AtomicU64,
+}
+
+impl StreamWaits {
+    /// Since when (ms since `epoch`) it waits on the client, if it does.
+    fn waiting_since(&self) -> Option<u64> {
+        [self.receiving.load(Ordering::Acquire), self.sending.load(Ordering::Acquire)]
+            .into_iter()
+            .filter(|s| *s > 0)
+            .min()
+            .map(|s| s - 1)
+    }
 }
 
 impl Conn {
@@ -191,17 +218,31 @@ impl Conn {
         self.live.load(Ordering::Acquire) > 0
     }
 
-    /// Since when (ms since `epoch`) its request has waited on the client, if it is slow.
+    /// Since when (ms since `epoch`) its request has waited on the client, if it is slow; on
+    /// HTTP/2, since when every stream in flight has.
     fn slow_since(&self) -> Option<u64> {
         if self.is_live() || self.is_idle() {
             return None;
+        }
+        let slow_after = u64::try_from(SLOW_AFTER.as_millis()).unwrap_or(u64::MAX);
+        if self.http2.load(Ordering::Acquire) {
+            let now = self.now_ms();
+            let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+            let in_flight = self.in_flight.load(Ordering::Acquire) as usize;
+            let waiting: Vec<u64> = streams
+                .values()
+                .filter_map(|w| w.waiting_since())
+                .filter(|since| now.saturating_sub(*since) >= slow_after)
+                .collect();
+            // Every stream: one whose handler runs (or whose answer is being produced) is not
+            // waiting on the client, and closing the connection would cut it.
+            return if waiting.len() >= in_flight { waiting.into_iter().max() } else { None };
         }
         let since = [self.receiving_since.load(Ordering::Acquire), self.sending_since.load(Ordering::Acquire)]
             .into_iter()
             .filter(|s| *s > 0)
             .min()?
             - 1;
-        let slow_after = u64::try_from(SLOW_AFTER.as_millis()).unwrap_or(u64::MAX);
         (self.now_ms().saturating_sub(since) >= slow_after).then_some(since)
     }
 
@@ -228,18 +269,22 @@ impl Conn {
         }
     }
 
-    /// A record of an HTTP/2 answer being sent, for [`Conn::stalled`]; removed when dropped.
-    fn watch_send(self: &Arc<Self>) -> SendClock {
-        let id = self.next_send.fetch_add(1, Ordering::Relaxed);
-        let since = Arc::new(AtomicU64::new(0));
-        self.sends.lock().unwrap_or_else(PoisonError::into_inner).insert(id, Arc::clone(&since));
-        SendClock { conn: Arc::clone(self), id, since }
+    /// A record of an HTTP/2 stream (`receiving`: its body is still arriving), for
+    /// [`Conn::slow_since`] and [`Conn::stalled`]; removed when dropped.
+    fn watch_stream(self: &Arc<Self>, receiving: bool) -> StreamRecord {
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let waits = Arc::new(StreamWaits::default());
+        if receiving {
+            waits.receiving.store(self.stamp(), Ordering::Release);
+        }
+        self.streams.lock().unwrap_or_else(PoisonError::into_inner).insert(id, Arc::clone(&waits));
+        StreamRecord { clock: SendClock { conn: Arc::clone(self), waits }, id }
     }
 
     /// Since when (ms since `epoch`) the HTTP/2 answer waiting longest on its client's window has.
     fn stalled_since(&self) -> Option<u64> {
-        let sends = self.sends.lock().unwrap_or_else(PoisonError::into_inner);
-        sends.values().map(|s| s.load(Ordering::Acquire)).filter(|s| *s > 0).min().map(|s| s - 1)
+        let streams = self.streams.lock().unwrap_or_else(PoisonError::into_inner);
+        streams.values().map(|w| w.sending.load(Ordering::Acquire)).filter(|s| *s > 0).min().map(|s| s - 1)
     }
 
     /// Returns once an HTTP/2 answer on this connection has waited `timeout` for its client to
@@ -277,7 +322,7 @@ impl Conn {
     }
 }
 
-/// A live reader on the connection of the current task, while it lives (see [`mark_live`]).
+/// A live reader on a connection, while it lives (see [`LiveMark::new`]).
 pub struct LiveMark(Arc<Conn>);
 
 impl Drop for LiveMark {
@@ -287,17 +332,38 @@ impl Drop for LiveMark {
     }
 }
 
-/// Marks the HTTP/1 connection the current task serves as holding a live reader, until the mark
-/// is dropped: such a connection is neither idle nor slow, and its task drops it when the client
-/// closes the socket. `None` outside an HTTP/1 connection's task.
-pub fn mark_live() -> Option<LiveMark> {
-    CONNECTION
-        .try_with(|conn| {
-            conn.live.fetch_add(1, Ordering::AcqRel);
-            conn.live_changed.notify_waiters();
-            LiveMark(Arc::clone(conn))
-        })
-        .ok()
+impl LiveMark {
+    /// Marks `conn` as holding a live reader, until the mark is dropped: such a connection is
+    /// neither idle nor slow, and (HTTP/1) its task drops it when the client closes the socket.
+    pub fn new(conn: Arc<Conn>) -> LiveMark {
+        conn.live.fetch_add(1, Ordering::AcqRel);
+        conn.live_changed.notify_waiters();
+        LiveMark(conn)
+    }
+
+    /// The mark is the connection's only one.
+    pub fn is_last(&self) -> bool {
+        self.0.live.load(Ordering::Acquire) == 1
+    }
+}
+
+/// The connection whose request the current task serves (see [`CONNECTION`]).
+pub fn current() -> Option<Arc<Conn>> {
+    CONNECTION.try_with(Arc::clone).ok()
+}
+
+/// A connection of a registry of its own, for tests of what holds connections.
+#[cfg(test)]
+pub(crate) fn test_conn() -> Arc<Conn> {
+    let place = Registry::new(1).try_admit().expect("a place");
+    Arc::clone(place.conn())
+}
+
+impl Conn {
+    /// Whether a live reader holds the connection.
+    pub fn holds_live_reader(&self) -> bool {
+        self.is_live()
+    }
 }
 
 /// Runs `fut` (an HTTP/1 connection's serving) with `conn` as the connection of its task.
@@ -406,8 +472,9 @@ impl Registry {
             order: AtomicU8::new(0),
             orders: Notify::new(),
             live_changed: Notify::new(),
-            sends: Mutex::new(HashMap::new()),
-            next_send: AtomicU64::new(0),
+            http2: AtomicBool::new(false),
+            streams: Mutex::new(HashMap::new()),
+            next_stream: AtomicU64::new(0),
         });
         inner.conns.insert(id, Arc::clone(&conn));
         inner.counted += 1;
@@ -474,16 +541,24 @@ pub struct Tracked<S> {
 
 impl<S> Tracked<S> {
     pub fn new(front: S, conn: Arc<Conn>, phases: bool) -> Tracked<S> {
+        if !phases {
+            conn.http2.store(true, Ordering::Release);
+        }
         Tracked { front, conn, phases }
     }
 }
 
 /// Ends its request's record when dropped (with the answer's body, or with the request).
-struct RequestGuard(Arc<Conn>);
+struct RequestGuard {
+    conn: Arc<Conn>,
+    /// HTTP/2: the stream's record.
+    stream: Option<StreamRecord>,
+}
 
 impl Drop for RequestGuard {
     fn drop(&mut self) {
-        self.0.end_request();
+        self.stream = None;
+        self.conn.end_request();
     }
 }
 
@@ -502,18 +577,37 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> TrackedFuture<S::Future> {
-        let receiving = self.phases && !req.body().is_end_stream();
-        self.conn.begin_request(receiving);
-        let guard = RequestGuard(Arc::clone(&self.conn));
-        let watcher = receiving.then(|| Arc::clone(&self.conn));
-        let req = req.map(|inner| TrackedIncoming { inner, conn: watcher });
-        TrackedFuture { inner: self.front.call(req), guard: Some(guard), sending: self.phases }
+        let receiving = !req.body().is_end_stream();
+        self.conn.begin_request(receiving && self.phases);
+        let stream = (!self.phases).then(|| self.conn.watch_stream(receiving));
+        let watcher = match &stream {
+            _ if !receiving => None,
+            None => Some(Received::Connection(Arc::clone(&self.conn))),
+            Some(record) => Some(Received::Stream(Arc::clone(&record.clock.waits))),
+        };
+        let guard = RequestGuard { conn: Arc::clone(&self.conn), stream };
+        let req = req.map(|inner| TrackedIncoming { inner, received: watcher });
+        let inner = if self.phases {
+            Handling::Here(self.front.call(req))
+        } else {
+            // hyper runs an HTTP/2 stream's handler in a task of its own: the connection is
+            // scoped onto it, as an HTTP/1 connection's task has it ([`current`]).
+            Handling::Scoped(Box::pin(CONNECTION.scope(Arc::clone(&self.conn), self.front.call(req))))
+        };
+        TrackedFuture { inner, guard: Some(guard), sending: self.phases }
     }
+}
+
+/// A handler's future: polled as it is (HTTP/1: the connection's task has the connection), or
+/// with the connection scoped onto the task that polls it (HTTP/2).
+pub enum Handling<F> {
+    Here(F),
+    Scoped(Pin<Box<tokio::task::futures::TaskLocalFuture<Arc<Conn>, F>>>),
 }
 
 /// The request's answer, then its body's record.
 pub struct TrackedFuture<F> {
-    inner: F,
+    inner: Handling<F>,
     guard: Option<RequestGuard>,
     /// HTTP/1 (its sending is tracked); else HTTP/2 (its body is paced).
     sending: bool,
@@ -523,19 +617,27 @@ impl<F: Future<Output = Result<Response, Infallible>> + Unpin> Future for Tracke
     type Output = Result<Response<TrackedBody>, Infallible>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let Poll::Ready(Ok(resp)) = Pin::new(&mut self.inner).poll(cx) else { return Poll::Pending };
+        let polled = match &mut self.inner {
+            Handling::Here(f) => Pin::new(f).poll(cx),
+            Handling::Scoped(f) => f.as_mut().poll(cx),
+        };
+        let Poll::Ready(Ok(resp)) = polled else { return Poll::Pending };
         let guard = self.guard.take();
         if let Some(g) = &guard {
-            g.0.answer_ready(self.sending);
+            g.conn.answer_ready(self.sending);
+            if let Some(stream) = &g.stream {
+                // Answered: the rest of its body no longer holds it (as on HTTP/1).
+                stream.clock.waits.receiving.store(0, Ordering::Release);
+            }
         }
         // An empty body is sent with the headers (nothing for the window to hold back).
-        let paced = match &guard {
-            Some(g) if !self.sending && !http_body::Body::is_end_stream(resp.body()) => {
+        let paced = match guard.as_ref().and_then(|g| g.stream.as_ref()) {
+            Some(stream) if !http_body::Body::is_end_stream(resp.body()) => {
                 let length = http_body::Body::size_hint(resp.body()).exact().or_else(|| {
                     let value = resp.headers().get(axum::http::header::CONTENT_LENGTH)?;
                     value.to_str().ok()?.parse().ok()
                 });
-                Some(Paced::new(g.0.watch_send(), length))
+                Some(Paced::new(stream.clock.clone(), length))
             }
             _ => None,
         };
@@ -547,13 +649,23 @@ impl<F: Future<Output = Result<Response, Infallible>> + Unpin> Future for Tracke
 /// whichever engine serves the connection (hyper's, or `oncelog_http1`'s).
 pub struct TrackedIncoming<B> {
     inner: B,
-    conn: Option<Arc<Conn>>,
+    received: Option<Received>,
+}
+
+/// Whose record a request body's arrival ends.
+enum Received {
+    /// HTTP/1: the connection's.
+    Connection(Arc<Conn>),
+    /// HTTP/2: the stream's.
+    Stream(Arc<StreamWaits>),
 }
 
 impl<B> TrackedIncoming<B> {
     fn received(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            conn.body_received();
+        match self.received.take() {
+            Some(Received::Connection(conn)) => conn.body_received(),
+            Some(Received::Stream(waits)) => waits.receiving.store(0, Ordering::Release),
+            None => {}
         }
     }
 }
@@ -629,29 +741,35 @@ impl http_body::Body for TrackedBody {
     }
 }
 
-/// An HTTP/2 answer's record in its connection ([`Conn::stalled`]): since when hyper holds a
+/// An HTTP/2 answer's clock in its stream's record ([`Conn::stalled`]): since when hyper holds a
 /// piece of it that the client's window has not let out.
+#[derive(Clone)]
 struct SendClock {
     conn: Arc<Conn>,
-    id: u64,
-    since: Arc<AtomicU64>,
+    waits: Arc<StreamWaits>,
 }
 
 impl SendClock {
     /// hyper took a piece: until it comes back for the next, the window holds it.
     fn handed(&self) {
-        self.since.store(self.conn.stamp(), Ordering::Release);
+        self.waits.sending.store(self.conn.stamp(), Ordering::Release);
     }
 
     /// hyper came back: the window let out what it took.
     fn taken(&self) {
-        self.since.store(0, Ordering::Release);
+        self.waits.sending.store(0, Ordering::Release);
     }
 }
 
-impl Drop for SendClock {
+/// An HTTP/2 stream's record in its connection; removed when dropped.
+struct StreamRecord {
+    clock: SendClock,
+    id: u64,
+}
+
+impl Drop for StreamRecord {
     fn drop(&mut self) {
-        self.conn.sends.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.id);
+        self.clock.conn.streams.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.id);
     }
 }
 

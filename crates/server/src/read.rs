@@ -73,7 +73,7 @@ pub async fn get<E: Engine>(
                 None => render_chunk(&chunk, from, is_now, None, req_headers),
             })
         }
-        Live::LongPoll => long_poll(st, path, &q, from, info, req_headers, access, own_connection).await,
+        Live::LongPoll => long_poll(st, path, &q, from, info, req_headers, access).await,
         Live::Sse => {
             // The first read happens before the 200 goes out, so a bad offset is still a 400;
             // the response then starts with that chunk instead of reading it again.
@@ -337,7 +337,6 @@ async fn long_poll<E: Engine>(
     info: StreamInfo,
     req_headers: &HeaderMap,
     access: &Access,
-    own_connection: bool,
 ) -> Result<Response, ApiError> {
     let cursor = cursor_for(st, q);
     // A long-poll never outlives the credentials it was allowed with.
@@ -347,7 +346,7 @@ async fn long_poll<E: Engine>(
         if info.closed {
             return Ok(no_content(&info, cursor));
         }
-        let _live = st.live.acquire(path, "long-poll", own_connection)?;
+        let _live = st.live.acquire(path, "long-poll")?;
         let seen = match wait_live(st, path, from, timeout).await? {
             WaitOutcome::Changed(i) if i.tail > from => i,
             WaitOutcome::Changed(i) | WaitOutcome::TimedOut(i) => return Ok(no_content(&i, cursor)),
@@ -456,7 +455,7 @@ fn sse<E: Engine>(
     first: Option<ReadChunk>,
     own_connection: bool,
 ) -> Result<Response, ApiError> {
-    let live = st.live.acquire(path, "sse", own_connection)?;
+    let live = st.live.acquire(path, "sse")?;
     let text = content_type::sse_is_text(&info.config.content_type);
     let (lifetime, ends_for_credentials) = match credentials_left(st, access) {
         Some(left) if left < st.config.sse_max_duration => (left, true),
