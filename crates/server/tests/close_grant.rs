@@ -15,7 +15,6 @@ use oncelog_server::auth::scope::{GrantClaim, ScopeClaim};
 use oncelog_server::auth::token::{issue, TokenAuth, TokenConfig};
 use oncelog_server::tls::TlsFiles;
 use oncelog_server::{ManualClock, ServerConfig};
-use rustls_pki_types::pem::PemObject;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 const SECRET: &[u8] = b"close-grant-test-secret";
@@ -135,24 +134,7 @@ async fn over_tls_h2_a_close_only_token_cannot_append() {
     std::fs::write(&files.key, key).expect("key");
     let s = server(&dir, Some(files)).await;
     let authority = format!("localhost:{}", s.addr.port());
-    let connect = || async {
-        let mut roots = rustls::RootCertStore::empty();
-        for c in rustls_pki_types::CertificateDer::pem_slice_iter(ca.as_bytes()) {
-            roots.add(c.expect("ca pem")).expect("root");
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .expect("versions")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        config.alpn_protocols = vec![b"h2".to_vec()];
-        let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
-        let tls =
-            tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, plain(s.addr).await).await.expect("tls");
-        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]), "HTTP/2 negotiated");
-        tls
-    };
+    let connect = || common::tls_connect(s.addr, &ca, b"h2");
     let http = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).expect("ca"))
         .build()

@@ -40,6 +40,34 @@ async fn writer_gets_in(s: &FrontServer, what: &str) {
     assert_eq!(wrote.status(), 204, "{what}");
 }
 
+/// A server (see [`server`]) whose stream `s` holds 16 MiB: a catch-up answer larger than any
+/// socket buffer.
+async fn server_with_large_stream(front: Front) -> FrontServer {
+    let s = server(front).await;
+    let http = s.client();
+    for _ in 0..4 {
+        let r = http
+            .post(s.url("s"))
+            .header("content-type", "text/plain")
+            .body(vec![b'x'; 4 << 20])
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(r.status(), 204);
+    }
+    s
+}
+
+/// Nothing of a dripped body that was cut off was written: the stream holds the writer's one
+/// append. Then the drips stop.
+async fn only_the_writers_append(s: &FrontServer, drips: Vec<tokio::task::JoinHandle<()>>) {
+    let body = s.client().get(s.url("s")).send().await.expect("get").text().await.expect("text");
+    assert_eq!(body, "hello");
+    for d in drips {
+        d.abort();
+    }
+}
+
 /// Keep-alive connections that each made a request, read its answer and then stay open, idle.
 async fn idle_keep_alive_sockets_make_room_for_a_writer(front: Front) {
     let s = server(front).await;
@@ -103,29 +131,12 @@ async fn dripped_bodies_leave_a_writer_room(front: Front) {
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     writer_gets_in(&s, "dripped bodies").await;
-    // Nothing of a dripped body that was cut off was written: the stream holds the one append.
-    let body = s.client().get(s.url("s")).send().await.expect("get").text().await.expect("text");
-    assert_eq!(body, "hello");
-    for d in drips {
-        d.abort();
-    }
+    only_the_writers_append(&s, drips).await;
 }
 
 /// Catch-up reads of a large stream by clients that never read the answer.
 async fn catch_up_readers_that_stop_reading_leave_a_writer_room(front: Front) {
-    let s = server(front).await;
-    let http = s.client();
-    for _ in 0..4 {
-        let r = http
-            .post(s.url("s"))
-            .header("content-type", "text/plain")
-            .body(vec![b'x'; 4 << 20])
-            .send()
-            .await
-            .expect("post");
-        assert_eq!(r.status(), 204);
-    }
-    drop(http);
+    let s = server_with_large_stream(front).await;
     let mut stalled = Vec::new();
     for _ in 0..CONNECTIONS {
         let mut conn = s.connect().await;
@@ -201,29 +212,13 @@ mod over_http2 {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
         writer_gets_in(&s, "dripped bodies over HTTP/2").await;
-        let body = s.client().get(s.url("s")).send().await.expect("get").text().await.expect("text");
-        assert_eq!(body, "hello");
-        for d in drips {
-            d.abort();
-        }
+        only_the_writers_append(&s, drips).await;
     }
 
     /// Catch-up reads of a large stream whose clients never read the answer (never open its
     /// window).
     async fn catch_up_readers_that_stop_reading_leave_a_writer_room(front: Front) {
-        let s = server(front).await;
-        let http = s.client();
-        for _ in 0..4 {
-            let r = http
-                .post(s.url("s"))
-                .header("content-type", "text/plain")
-                .body(vec![b'x'; 4 << 20])
-                .send()
-                .await
-                .expect("post");
-            assert_eq!(r.status(), 204);
-        }
-        drop(http);
+        let s = server_with_large_stream(front).await;
         let mut stalled = Vec::new();
         for _ in 0..CONNECTIONS {
             let mut client = h2_conn(&s).await;
