@@ -12,7 +12,7 @@
 //! compacted, closed, deleted or trimmed, or the reader is not where the event starts. Its own
 //! timer (the keep-alive interval, the response's lifetime, the credentials' end) takes it back
 //! too. So every rule of an SSE answer stays in `read.rs`; the fan-out only repeats, for many
-//! sockets at once, the one step that dominates a live stream (`read::frame_whole`).
+//! sockets at once, the one step that dominates a live stream (`live_read::frame_whole`).
 //!
 //! Parking happens only where the connection's task and the fan-out share one thread (the
 //! current-thread connection runtimes of `--io-threads`), so a fan-out's writes never race its
@@ -231,7 +231,7 @@ async fn run<E: Engine>(st: AppState<E>, path: String, fan: Arc<FanOut>) {
         let waited = tokio::select! {
             biased;
             () = fan.emptied.notified() => continue,
-            waited = st.engine.wait(&path, at, crate::read::TTL_RENEW_INTERVAL, st.clock.now_ms()) => waited,
+            waited = st.engine.wait(&path, at, crate::live_read::TTL_RENEW_INTERVAL, st.clock.now_ms()) => waited,
         };
         let info = match waited {
             Ok(WaitOutcome::TimedOut(_)) => continue,
@@ -243,7 +243,7 @@ async fn run<E: Engine>(st: AppState<E>, path: String, fan: Arc<FanOut>) {
                 continue;
             }
         };
-        match crate::read::sse_read(&st, &path, at, fan.json, Some(&info), st.clock.now_ms()).await {
+        match crate::live_read::sse_read(&st, &path, at, fan.json, Some(&info), st.clock.now_ms()).await {
             Ok(chunk) => deliver(&st, &path, &fan, at, &chunk),
             Err(_) => hand_back(&fan, Why::Stream, |offset| offset == at),
         }
@@ -314,7 +314,7 @@ fn deliver<E: Engine>(st: &AppState<E>, path: &str, fan: &FanOut, at: Offset, ch
         let frame = match frames.iter().find(|(c, _)| *c == r.cursor) {
             Some((_, f)) => f.clone(),
             None => {
-                let f = crate::read::frame_whole(chunk, fan.encoding, fan.json, r.cursor);
+                let f = crate::live_read::frame_whole(chunk, fan.encoding, fan.json, r.cursor);
                 frames.push((r.cursor, f.clone()));
                 f
             }

@@ -24,6 +24,7 @@
 //! - [`listing`]: the stream listing (`GET /v1/stream/__ds/streams`), filtered by the caller's
 //!   grants.
 //! - [`live`]: bounds on live readers, in all and per stream.
+//! - [`live_read`]: the bounded read and whole-event framing SSE readers and fan-outs share.
 //! - [`fanout`]: SSE readers parked at the tail on a plain HTTP/1 connection: one task per
 //!   (connection runtime, stream) writes each event to every parked socket.
 //! - [`listen`]: the connection loop (HTTP/1.1 and h2c, connection limits, header timeouts,
@@ -59,6 +60,7 @@ pub mod headers;
 pub mod listen;
 pub mod listing;
 pub mod live;
+pub mod live_read;
 pub mod metrics;
 pub mod ops;
 pub mod rate;
