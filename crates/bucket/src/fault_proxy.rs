@@ -1,7 +1,9 @@
 //! A fault proxy between a node and the test S3 API server (feature `test-support`): the
 //! bucket as a real one misbehaves — throttling (`503 SlowDown`), slow answers, a PUT that
-//! succeeded but whose answer never came back, failing PUTs of some keys, and the bucket
-//! unreachable (every connection closed at once). The node's client is the production one
+//! succeeded but whose answer never came back, one whose answer was lost and whose object the
+//! bucket stored damaged, failing PUTs of some keys, and the bucket unreachable (every
+//! connection closed at once). It also counts what passed: creates that found their key taken,
+//! and requests that carried `X-Tigris-Consistent: true`. The node's client is the production one
 //! (object_store over HTTP); only the wire between it and the S3 server is tampered with.
 //!
 //! It runs on a thread of its own with its own runtime, so a test may block (start a child
@@ -42,6 +44,34 @@ pub enum Fault {
     /// ConditionalRequestConflict` without reaching the bucket, as S3 answers while another
     /// create of the key is in flight; then creates pass.
     ConflictCreates(u64),
+    /// PUTs whose path contains this text reach the bucket with their body damaged (`Damage`),
+    /// and if the bucket took it (a 2xx) the answer is lost, as [`Fault::LosePutAnswers`]: the
+    /// writer's retry then finds the key taken by an object that is not what it sent.
+    DamagePuts(String, Damage),
+}
+
+/// How [`Fault::DamagePuts`] changes a body: deterministic, so a test knows what is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Damage {
+    /// The first byte's bits flipped: the same length, another CRC32C.
+    FlipFirstByte,
+    /// The last byte dropped (a torn upload): one byte shorter.
+    DropLastByte,
+}
+
+impl Damage {
+    fn apply(self, body: Bytes) -> Bytes {
+        match self {
+            Damage::FlipFirstByte => {
+                let mut v = body.to_vec();
+                if let Some(b) = v.first_mut() {
+                    *b = !*b;
+                }
+                Bytes::from(v)
+            }
+            Damage::DropLastByte => body.slice(..body.len().saturating_sub(1)),
+        }
+    }
 }
 
 /// What the proxy did so far.
@@ -53,6 +83,12 @@ pub struct Counts {
     pub failed_puts: u64,
     pub refused: u64,
     pub conflicts: u64,
+    /// PUTs whose body the proxy damaged ([`Fault::DamagePuts`]).
+    pub damaged: u64,
+    /// Conditional creates the bucket answered `412 Precondition Failed`: the key existed.
+    pub exists: u64,
+    /// Requests that carried `X-Tigris-Consistent: true`.
+    pub tigris_consistent: u64,
 }
 
 #[derive(Default)]
@@ -64,6 +100,9 @@ struct Shared {
     failed_puts: AtomicU64,
     refused: AtomicU64,
     conflicts: AtomicU64,
+    damaged: AtomicU64,
+    exists: AtomicU64,
+    tigris_consistent: AtomicU64,
 }
 
 impl Shared {
@@ -148,6 +187,9 @@ impl FaultProxy {
             failed_puts: s.failed_puts.load(Ordering::Relaxed),
             refused: s.refused.load(Ordering::Relaxed),
             conflicts: s.conflicts.load(Ordering::Relaxed),
+            damaged: s.damaged.load(Ordering::Relaxed),
+            exists: s.exists.load(Ordering::Relaxed),
+            tigris_consistent: s.tigris_consistent.load(Ordering::Relaxed),
         }
     }
 }
@@ -179,6 +221,10 @@ async fn forward(
     let fault = state.fault();
     let is_put = req.method() == hyper::Method::PUT;
     let is_get = req.method() == hyper::Method::GET;
+    let is_create = is_put && req.headers().contains_key("if-none-match");
+    if req.headers().get("x-tigris-consistent").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")) {
+        state.tigris_consistent.fetch_add(1, Ordering::Relaxed);
+    }
     match &fault {
         Fault::Down => {
             state.refused.fetch_add(1, Ordering::Relaxed);
@@ -191,7 +237,7 @@ async fn forward(
                 "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>",
             ));
         }
-        Fault::ConflictCreates(left) if *left > 0 && is_put && req.headers().contains_key("if-none-match") => {
+        Fault::ConflictCreates(left) if *left > 0 && is_create => {
             if let Ok(mut f) = state.fault.lock() {
                 *f = Fault::ConflictCreates(left - 1);
             }
@@ -213,7 +259,15 @@ async fn forward(
     }
     let path = req.uri().path_and_query().map_or("/", |p| p.as_str()).to_owned();
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.map_err(|_| Closed)?.to_bytes();
+    let mut body = body.collect().await.map_err(|_| Closed)?.to_bytes();
+    let damaged = match &fault {
+        Fault::DamagePuts(part, damage) if is_put && path.contains(part.as_str()) => {
+            state.damaged.fetch_add(1, Ordering::Relaxed);
+            body = damage.apply(body);
+            true
+        }
+        _ => false,
+    };
     let mut out = client.request(parts.method.clone(), format!("{upstream}{path}"));
     for (name, value) in &parts.headers {
         if !matches!(name.as_str(), "host" | "content-length" | "connection" | "transfer-encoding") {
@@ -228,7 +282,10 @@ async fn forward(
         Fault::SlowGets(d) if is_get => tokio::time::sleep(d).await,
         _ => {}
     }
-    if fault == Fault::LosePutAnswers && is_put && status.is_success() {
+    if is_create && status == StatusCode::PRECONDITION_FAILED {
+        state.exists.fetch_add(1, Ordering::Relaxed);
+    }
+    if (fault == Fault::LosePutAnswers || damaged) && is_put && status.is_success() {
         // The bucket stored it; the writer never hears so.
         state.lost_answers.fetch_add(1, Ordering::Relaxed);
         return Err(Closed);

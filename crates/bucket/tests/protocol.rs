@@ -185,6 +185,72 @@ async fn a_create_answered_409_in_flight_is_tried_again_not_taken_for_exists() {
     }
 }
 
+/// A put whose answer is lost (the bucket stored the object; the writer never heard) is tried
+/// again by the client, which finds the key taken: the object found is read back and checked,
+/// length and CRC32C, and being the same bytes it is this put, counted once (one object, the
+/// same reference), and a manifest may name it. Through the fault proxy: the S3 store only.
+#[tokio::test]
+async fn an_object_found_existing_after_a_lost_answer_is_checked_and_counted_once() {
+    use oncelog_bucket::fault_proxy::{Fault, FaultProxy};
+    let proxy = FaultProxy::start(&test_support::s3_endpoint());
+    let b = test_support::s3_bucket_via(&proxy.url, "found");
+    let mut w = b.take_over("node", 1).await.expect("take over");
+    let before = proxy.counts();
+    proxy.set(Fault::LosePutAnswers);
+    let key = keys::range(1, 1, 0, 11);
+    let o = w.put(&key, Bytes::from_static(b"frames-0123")).await.expect("a put whose answer was lost");
+    proxy.set(Fault::Pass);
+    let after = proxy.counts();
+    assert_eq!(
+        (after.lost_answers - before.lost_answers, after.exists - before.exists),
+        (1, 1),
+        "one answer lost, then the retry found the key taken: {after:?}"
+    );
+    assert_eq!((&o.key, o.len, o.crc32c), (&key, 11, crc32c::crc32c(b"frames-0123")));
+    let stored: Vec<String> = b.objects().await.expect("list").into_iter().map(|(k, _)| k).collect();
+    assert_eq!(stored, [key], "one object");
+    w.publish(cut(1, std::slice::from_ref(&o)), 2).await.expect("publish");
+    let newest = b.newest().await.expect("newest").expect("a manifest");
+    assert_eq!(newest.cut, cut(1, std::slice::from_ref(&o)));
+    assert_eq!(b.read(&o).await.expect("read"), Bytes::from_static(b"frames-0123"));
+}
+
+/// A put whose answer is lost and whose object the bucket stored is not what was sent (the
+/// proxy damages the body: one byte flipped, or the last byte dropped): the retry finds the key
+/// taken, the check finds other bytes, and the put is refused. Nothing names the object: the
+/// writer has no reference to publish, and the newest manifest is unchanged. Through the fault
+/// proxy: the S3 store only.
+#[tokio::test]
+async fn an_object_found_existing_with_other_bytes_is_refused_never_named() {
+    use oncelog_bucket::fault_proxy::{Damage, Fault, FaultProxy};
+    let proxy = FaultProxy::start(&test_support::s3_endpoint());
+    let b = test_support::s3_bucket_via(&proxy.url, "damaged");
+    let mut w = b.take_over("node", 1).await.expect("take over");
+    let good = w.put(&keys::range(1, 1, 0, 11), Bytes::from_static(b"frames-good")).await.expect("put");
+    w.publish(cut(1, std::slice::from_ref(&good)), 2).await.expect("publish");
+    let published = b.newest().await.expect("newest").expect("a manifest");
+    for (key, damage) in
+        [(keys::range(1, 1, 11, 22), Damage::FlipFirstByte), (keys::range(1, 1, 22, 33), Damage::DropLastByte)]
+    {
+        let before = proxy.counts();
+        proxy.set(Fault::DamagePuts(key.clone(), damage));
+        let refused = w.put(&key, Bytes::from_static(b"frames-0123")).await;
+        proxy.set(Fault::Pass);
+        let after = proxy.counts();
+        assert_eq!(
+            (after.damaged - before.damaged, after.lost_answers - before.lost_answers, after.exists - before.exists),
+            (2, 1, 1),
+            "{damage:?}: stored damaged, answer lost, the retry found the key: {after:?}"
+        );
+        assert!(matches!(&refused, Err(BucketError::Conflict { key: k }) if *k == key), "{damage:?}: {refused:?}");
+        // What the bucket holds under the key is the damaged object, unnamed.
+        let stored: Vec<String> = b.objects().await.expect("list").into_iter().map(|(k, _)| k).collect();
+        assert!(stored.contains(&key), "{stored:?}");
+    }
+    let newest = b.newest().await.expect("newest").expect("a manifest");
+    assert_eq!((newest.number, &newest.cut), (published.number, &published.cut), "no manifest names it");
+}
+
 /// A reader takes the newest manifest while the writer publishes as fast as it can: with old
 /// manifests deleted at once (`keep` zero) the newest listed is sometimes gone when it is read,
 /// and is listed again (never an error); kept for [`KEEP_MANIFESTS`], the newest read never goes
