@@ -109,6 +109,58 @@ pub enum BucketError {
     TwoWriters { tries: usize, key: String, epoch: u64, node: String },
 }
 
+/// An `overrides` key of [`Bucket::open`] (Oncelog's, not object_store's): `true` (or `1`,
+/// `on`, `yes`) sends `X-Tigris-Consistent: true` on every request whatever the endpoint, any
+/// other value never; absent,
+/// it is sent when the endpoint is Tigris's ([`is_tigris_endpoint`]).
+pub const TIGRIS_CONSISTENT: &str = "oncelog_tigris_consistent";
+
+/// The header that makes Tigris serve a request from the object's leader: strongly consistent
+/// reads and listings, and conditional creates decided there, across regions. Without it a
+/// global bucket is strongly consistent only within the region that wrote.
+const TIGRIS_CONSISTENT_HEADER: &str = "x-tigris-consistent";
+
+/// Whether `endpoint` (a URL) is Tigris's S3 API: the host `t3.storage.dev` or a name under it
+/// (a bucket's virtual-hosted name), or a name under `tigris.dev` (`fly.storage.tigris.dev`,
+/// Fly.io's). By host name only: Tigris reached through another name (a proxy) is not
+/// recognised, and [`TIGRIS_CONSISTENT`] forces it.
+pub fn is_tigris_endpoint(endpoint: &str) -> bool {
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    if host_port.starts_with('[') {
+        return false; // an IPv6 address
+    }
+    let host = host_port.split(':').next().unwrap_or("").trim_end_matches('.').to_ascii_lowercase();
+    let under = |domain: &str| host == domain || host.strip_suffix(domain).is_some_and(|h| h.ends_with('.'));
+    under("t3.storage.dev") || under("tigris.dev")
+}
+
+/// The HTTP client settings the environment sets, read as `AmazonS3Builder::from_env` reads
+/// them (every `AWS_*` variable whose lowercased name is one of object_store's keys), in its
+/// order: what a replaced `ClientOptions` must carry over.
+fn env_client_settings() -> Vec<(object_store::ClientConfigKey, String)> {
+    client_settings_of(std::env::vars_os())
+}
+
+/// [`env_client_settings`] of the variables `vars`.
+fn client_settings_of(
+    vars: impl Iterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Vec<(object_store::ClientConfigKey, String)> {
+    use object_store::aws::AmazonS3ConfigKey;
+    vars.filter_map(|(k, v)| {
+        let (k, v) = (k.to_str()?, v.to_str()?);
+        if !k.starts_with("AWS_") {
+            return None;
+        }
+        match k.to_ascii_lowercase().parse() {
+            Ok(AmazonS3ConfigKey::Client(c)) => Some((c, v.to_owned())),
+            _ => None,
+        }
+    })
+    .collect()
+}
+
 /// Where object_store asks for an instance role's credentials unless `AWS_METADATA_ENDPOINT`
 /// says otherwise.
 const DEFAULT_METADATA_ENDPOINT: &str = "http://169.254.169.254";
@@ -226,8 +278,9 @@ impl std::fmt::Debug for Bucket {
 
 impl Bucket {
     /// Opens `location`; an `s3://` one is configured from the AWS environment variables, then
-    /// `overrides` (object_store's `AmazonS3ConfigKey` names, e.g. `("aws_endpoint", url)`).
-    /// Nothing is read or written yet.
+    /// `overrides` (object_store's `AmazonS3ConfigKey` names, e.g. `("aws_endpoint", url)`, and
+    /// [`TIGRIS_CONSISTENT`]). A Tigris endpoint gets `X-Tigris-Consistent: true` on every
+    /// request, the other client settings unchanged. Nothing is read or written yet.
     pub fn open(location: &Location, overrides: &[(&str, &str)]) -> Result<Bucket, BucketError> {
         let err = |source| BucketError::Store { location: location.to_string(), source };
         let (store, prefix): (Arc<dyn ObjectStore>, String) = match location {
@@ -241,9 +294,30 @@ impl Bucket {
                         retry_timeout: std::time::Duration::from_secs(10),
                         ..Default::default()
                     });
+                let mut tigris = None;
+                let mut client = env_client_settings();
                 for (k, v) in overrides {
+                    if *k == TIGRIS_CONSISTENT {
+                        tigris = Some(truthy(v));
+                        continue;
+                    }
                     let key: AmazonS3ConfigKey = k.parse().map_err(err)?;
+                    if let AmazonS3ConfigKey::Client(c) = key {
+                        client.push((c, (*v).to_owned()));
+                    }
                     b = b.with_config(key, *v);
+                }
+                let endpoint = b.get_config_value(&AmazonS3ConfigKey::Endpoint);
+                if tigris.unwrap_or_else(|| endpoint.as_deref().is_some_and(is_tigris_endpoint)) {
+                    // Replaces the builder's client options: built again from the same
+                    // settings, with the header added.
+                    let mut options = object_store::ClientOptions::new();
+                    for (k, v) in client {
+                        options = options.with_config(k, v);
+                    }
+                    let mut headers = object_store::HeaderMap::new();
+                    headers.insert(TIGRIS_CONSISTENT_HEADER, object_store::HeaderValue::from_static("true"));
+                    b = b.with_client_options(options.with_default_headers(headers));
                 }
                 if let Some(endpoint) = plain_http_endpoint(&b) {
                     return Err(BucketError::PlainHttp { location: location.to_string(), endpoint });
@@ -836,6 +910,56 @@ mod tests {
         Bucket::open(&at, &[endpoint, ("aws_allow_http", "true"), keys[0], keys[1]]).expect("allowed");
         Bucket::open(&at, &[("aws_endpoint", "https://s3.example"), ("aws_allow_http", "false"), keys[0], keys[1]])
             .expect("https");
+    }
+
+    #[test]
+    fn tigris_endpoints_are_recognised_by_host() {
+        for yes in [
+            "https://t3.storage.dev",
+            "https://t3.storage.dev/",
+            "https://my-bucket.t3.storage.dev/key",
+            "https://fly.storage.tigris.dev",
+            "HTTPS://FLY.STORAGE.TIGRIS.DEV:443/",
+            "https://user:pw@t3.storage.dev",
+            "https://t3.storage.dev./",
+            "t3.storage.dev",
+        ] {
+            assert!(is_tigris_endpoint(yes), "{yes}");
+        }
+        for no in [
+            "https://s3.eu-west-1.amazonaws.com",
+            "https://acct.r2.cloudflarestorage.com",
+            "http://127.0.0.1:9000",
+            "https://[::1]:9000",
+            "https://tigris.dev.example.com",
+            "https://nottigris.dev",
+            "https://xt3.storage.dev",
+            "https://storage.dev",
+            "https://example.com/t3.storage.dev",
+            "https://t3.storage.dev@evil.example",
+            "",
+        ] {
+            assert!(!is_tigris_endpoint(no), "{no}");
+        }
+    }
+
+    #[test]
+    fn the_environments_client_settings_are_the_ones_carried_over() {
+        use object_store::ClientConfigKey as C;
+        let vars = [
+            ("AWS_ALLOW_HTTP", "true"),
+            ("AWS_REGION", "auto"),
+            ("AWS_TIMEOUT", "90s"),
+            ("AWS_PROXY_URL", "http://proxy:3128"),
+            ("ONCELOG_TIMEOUT", "1s"),
+            ("aws_connect_timeout", "1s"),
+            ("AWS_NO_SUCH_SETTING", "x"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()));
+        let got = client_settings_of(vars.into_iter());
+        let want = [(C::AllowHttp, "true"), (C::Timeout, "90s"), (C::ProxyUrl, "http://proxy:3128")]
+            .map(|(k, v)| (k, v.to_owned()));
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub mod keys;
 pub mod location;
 pub mod manifest;
 
-pub use bucket::{Bucket, BucketError, Writer, KEEP_MANIFESTS};
+pub use bucket::{is_tigris_endpoint, Bucket, BucketError, Writer, KEEP_MANIFESTS, TIGRIS_CONSISTENT};
 pub use location::{Location, LocationError};
 pub use manifest::{
     CheckpointRef, Cut, LogPosition, Manifest, ManifestError, ObjectRef, SegmentRef, TableRef, Takeover,
@@ -71,6 +71,12 @@ pub mod test_support {
     /// [`s3_bucket`] through another endpoint (a [`crate::fault_proxy::FaultProxy`] in front
     /// of the test server).
     pub fn s3_bucket_via(endpoint: &str, name: &str) -> Bucket {
+        s3_bucket_with(endpoint, name, &[])
+    }
+
+    /// [`s3_bucket_via`] with `extra` overrides after the test server's (e.g.
+    /// [`crate::TIGRIS_CONSISTENT`]).
+    pub fn s3_bucket_with(endpoint: &str, name: &str, extra: &[(&str, &str)]) -> Bucket {
         let env = s3_env_via(endpoint);
         let overrides: Vec<(&str, &str)> = env
             .iter()
@@ -84,6 +90,7 @@ pub mod test_support {
                 };
                 (key, v.as_str())
             })
+            .chain(extra.iter().copied())
             .collect();
         Bucket::open(&s3_location(name), &overrides).expect("open the test bucket")
     }

@@ -251,6 +251,36 @@ async fn an_object_found_existing_with_other_bytes_is_refused_never_named() {
     assert_eq!((newest.number, &newest.cut), (published.number, &published.cut), "no manifest names it");
 }
 
+/// Tigris serves a request from the object's leader only when it carries `X-Tigris-Consistent:
+/// true`: a bucket treated as Tigris's (here forced with [`TIGRIS_CONSISTENT`], the endpoint
+/// being the fault proxy's loopback address) sends it on every request — creates, reads,
+/// listings, deletes — and keeps the client settings it was given (`aws_allow_http`: without it
+/// the plain-HTTP endpoint would be refused). Any other endpoint sends it on none.
+#[tokio::test]
+async fn a_tigris_bucket_sends_x_tigris_consistent_on_every_request() {
+    use oncelog_bucket::fault_proxy::FaultProxy;
+    async fn traffic(b: &Bucket) {
+        let b = b.clone().keep_manifests_for(Duration::ZERO);
+        let mut w = b.take_over("node", 1).await.expect("take over");
+        let o = w.put(&keys::range(1, 1, 0, 6), Bytes::from_static(b"frames")).await.expect("put");
+        for lsn in 1..=3 {
+            w.publish(cut(lsn, std::slice::from_ref(&o)), 2).await.expect("publish");
+        }
+        assert_eq!(b.read(&o).await.expect("read"), Bytes::from_static(b"frames"));
+        assert_eq!(b.objects().await.expect("list").len(), 1);
+        b.delete(&o.key).await;
+    }
+    for (forced, name) in [(Some("true"), "tigris"), (None, "plain")] {
+        let proxy = FaultProxy::start(&test_support::s3_endpoint());
+        let extra: Vec<(&str, &str)> = forced.map(|v| (TIGRIS_CONSISTENT, v)).into_iter().collect();
+        traffic(&test_support::s3_bucket_with(&proxy.url, name, &extra)).await;
+        let counts = proxy.counts();
+        let expected = if forced.is_some() { counts.requests } else { 0 };
+        assert!(counts.requests >= 10, "{name}: {counts:?}");
+        assert_eq!(counts.tigris_consistent, expected, "{name}: {counts:?}");
+    }
+}
+
 /// A reader takes the newest manifest while the writer publishes as fast as it can: with old
 /// manifests deleted at once (`keep` zero) the newest listed is sometimes gone when it is read,
 /// and is listed again (never an error); kept for [`KEEP_MANIFESTS`], the newest read never goes
