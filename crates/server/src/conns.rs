@@ -139,6 +139,9 @@ pub struct Conn {
     live_changed: Notify,
     /// Served as HTTP/2: slow by its streams ([`StreamWaits`]).
     http2: AtomicBool,
+    /// A plain HTTP/1 connection of the server's engine: its park, where its SSE readers wait
+    /// (`crate::fanout`).
+    park: std::sync::OnceLock<oncelog_http1::Park>,
     /// HTTP/2 streams in flight, each with since when it waits on the client.
     streams: Mutex<HashMap<u64, Arc<StreamWaits>>>,
     next_stream: AtomicU64,
@@ -352,6 +355,11 @@ pub fn current() -> Option<Arc<Conn>> {
     CONNECTION.try_with(Arc::clone).ok()
 }
 
+/// The park of the connection the current task serves, if it has one.
+pub fn current_park() -> Option<oncelog_http1::Park> {
+    CONNECTION.try_with(|conn| conn.park.get().cloned()).ok().flatten()
+}
+
 /// A connection of a registry of its own, for tests of what holds connections.
 #[cfg(test)]
 pub(crate) fn test_conn() -> Arc<Conn> {
@@ -360,6 +368,11 @@ pub(crate) fn test_conn() -> Arc<Conn> {
 }
 
 impl Conn {
+    /// Gives the connection its park (see `crate::fanout`); once.
+    pub fn set_park(&self, park: oncelog_http1::Park) {
+        let _ = self.park.set(park);
+    }
+
     /// Whether a live reader holds the connection.
     pub fn holds_live_reader(&self) -> bool {
         self.is_live()
@@ -473,6 +486,7 @@ impl Registry {
             orders: Notify::new(),
             live_changed: Notify::new(),
             http2: AtomicBool::new(false),
+            park: std::sync::OnceLock::new(),
             streams: Mutex::new(HashMap::new()),
             next_stream: AtomicU64::new(0),
         });

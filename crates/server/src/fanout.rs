@@ -20,7 +20,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::future::{poll_fn, Future};
+use std::future::poll_fn;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Poll, Waker};
 
@@ -33,24 +33,16 @@ use tokio::sync::Notify;
 
 use crate::state::AppState;
 
-tokio::task_local! {
-    /// The park of the plain HTTP/1 connection the current task serves (our engine's).
-    static PARK: Park;
-}
-
-/// Runs `fut` (a connection's serving) with `park` as its connection's park.
-pub async fn with_park<F: Future>(park: Park, fut: F) -> F::Output {
-    PARK.scope(park, fut).await
-}
-
-/// The park of the connection the current task serves, where its readers may park.
+/// The park of the connection the current task serves (a plain HTTP/1 connection of our engine,
+/// `conns::Conn::set_park`), where its readers may park: only on a current-thread connection
+/// runtime, where the fan-out and the connection share one thread.
 pub fn current_park() -> Option<Park> {
     let on_own_runtime = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread);
     if !on_own_runtime {
         return None;
     }
-    PARK.try_with(Park::clone).ok()
+    crate::conns::current_park()
 }
 
 thread_local! {

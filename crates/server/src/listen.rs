@@ -265,9 +265,9 @@ where
     // SAFETY: `io` wraps this socket, and `serve_parked` closes the park before it drops `io`.
     let park = unsafe { oncelog_http1::Park::new(std::os::fd::AsRawFd::as_raw_fd(socket.stream())) };
     let tracked = Tracked::new(front, Arc::clone(place.conn()), true);
-    let served = oncelog_http1::serve_parked(io, Some(park.clone()), tracked, config, &shutdown);
     // Live readers of this connection may park (see `fanout`).
-    let served = crate::fanout::with_park(park, served);
+    place.conn().set_park(park.clone());
+    let served = oncelog_http1::serve_parked(io, Some(park), tracked, config, &shutdown);
     tokio::pin!(served);
     let graceful = |_: std::pin::Pin<&mut _>| shutdown.graceful();
     // Errors here are the client's (reset, timeout, malformed framing), answered where they
