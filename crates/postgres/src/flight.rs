@@ -56,7 +56,7 @@ impl<K: Hash + Eq + Clone + Send + 'static, V: Clone + Send + Sync + 'static> Fl
             if self.keep > 0 && map.len() >= self.keep && !map.contains_key(&key) {
                 map.clear();
             }
-            map.entry(key.clone()).or_insert_with(|| start().shared()).clone()
+            map.entry(key.clone()).or_insert_with(|| finished_by_itself(start()).shared()).clone()
         };
         let out = fut.clone().await;
         if self.keep > 0 && out.is_ok() {
@@ -70,6 +70,24 @@ impl<K: Hash + Eq + Clone + Send + 'static, V: Clone + Send + Sync + 'static> Fl
         }
         out
     }
+}
+
+/// `read` run as a task of its own, so that it ends (and gives back the connection it holds)
+/// even when every reader sharing it went away: a shared future is driven only by those who
+/// await it, and one whose readers all left would sit in the map mid-query, holding a pooled
+/// connection, until another reader joined its key — with keys of a past wake epoch, never (16
+/// such reads held the whole pool: every request then answered 503 after 5 s).
+fn finished_by_itself<V: Send + 'static>(
+    read: BoxFuture<'static, Result<V, StorageError>>,
+) -> BoxFuture<'static, Result<V, StorageError>> {
+    let task = tokio::spawn(read);
+    async move {
+        match task.await {
+            Ok(out) => out,
+            Err(e) => Err(StorageError::Backend(std::sync::Arc::new(e))),
+        }
+    }
+    .boxed()
 }
 
 /// The node's wake epoch (see the module note).
@@ -131,6 +149,28 @@ mod tests {
         // Full: everything kept is dropped and read again.
         assert_eq!(flights.run("x", || counting(&starts, 4)).await.ok(), Some(4));
         assert_eq!(flights.run("k", || counting(&starts, 5)).await.ok(), Some(5));
+    }
+
+    #[tokio::test]
+    async fn a_read_whose_readers_all_went_away_still_ends_and_lets_go_of_what_it_holds() {
+        let flights: Flights<(u64, &str), u32> = Flights::keeping(4096);
+        // What the read holds while it runs (a pooled connection in the engine).
+        let held = Arc::new(());
+        let read = {
+            let held = Arc::clone(&held);
+            move || {
+                async move {
+                    let _held = held;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Ok(7)
+                }
+                .boxed()
+            }
+        };
+        // Its only reader gives up mid-read, and no one asks under that key again (a past epoch).
+        let _ = tokio::time::timeout(Duration::from_millis(5), flights.run((1, "k"), read)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(Arc::strong_count(&held), 1, "the read ended by itself and let go of what it held");
     }
 
     #[tokio::test]
