@@ -217,7 +217,8 @@ impl Conn {
         self.started.load(Ordering::Acquire) == 0 && self.is_idle()
     }
 
-    fn is_live(&self) -> bool {
+    /// Whether a live reader holds the connection.
+    pub fn is_live(&self) -> bool {
         self.live.load(Ordering::Acquire) > 0
     }
 
@@ -371,11 +372,6 @@ impl Conn {
     /// Gives the connection its park (see `crate::fanout`); once.
     pub fn set_park(&self, park: oncelog_http1::Park) {
         let _ = self.park.set(park);
-    }
-
-    /// Whether a live reader holds the connection.
-    pub fn holds_live_reader(&self) -> bool {
-        self.is_live()
     }
 }
 

@@ -137,6 +137,7 @@ pub fn park<E: Engine>(st: &AppState<E>, park: Park, at: At<'_>) -> Option<Parke
         let fan = match live {
             Some(fan) if fan.id != at.id => return None,
             Some(fan) => fan,
+            // None, or one whose task ended (no reader was left): a new one.
             None => {
                 let fan = Arc::new(FanOut {
                     id: at.id,
@@ -297,6 +298,7 @@ fn deliver<E: Engine>(st: &AppState<E>, path: &str, fan: &FanOut, at: Offset, ch
     }
     // Framed once per cursor (readers that came within one cursor interval share one).
     let mut frames: Vec<(u64, Option<Bytes>)> = Vec::with_capacity(1);
+    let closed = chunk.info.closed && chunk.up_to_date();
     let (mut delivered, mut large, mut full) = (0usize, 0usize, 0usize);
     lock(&fan.inner).readers.retain(|r| {
         let mut cell = lock(&r.cell);
@@ -316,7 +318,6 @@ fn deliver<E: Engine>(st: &AppState<E>, path: &str, fan: &FanOut, at: Offset, ch
             large += 1;
             return false;
         };
-        let closed = chunk.info.closed && chunk.up_to_date();
         match r.park.send(&frame) {
             Sent::All if !closed => {
                 cell.offset = chunk.next;
@@ -345,9 +346,7 @@ fn deliver<E: Engine>(st: &AppState<E>, path: &str, fan: &FanOut, at: Offset, ch
     if delivered > 0 {
         metrics::counter!("oncelog_sse_parked_events_total").increment(delivered as u64);
     }
-    if let Some(series) = &st.stream_metrics {
-        for _ in 0..delivered {
-            series.read(path, chunk.data.len());
-        }
+    if let (Some(series), true) = (&st.stream_metrics, delivered > 0) {
+        series.reads(path, delivered, chunk.data.len());
     }
 }

@@ -135,7 +135,7 @@ impl LiveSlots {
     ) -> Result<LiveSlot, TooManyReaders> {
         let mut held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let here = held.per_stream.get(path).map_or(0, |(n, _)| *n);
-        let takes_connection = connection.as_ref().is_some_and(|c| !c.holds_live_reader());
+        let takes_connection = connection.as_ref().is_some_and(|c| !c.is_live());
         let full = if held.total >= self.max_total {
             Some(Full::Total)
         } else if here >= self.max_per_stream {

@@ -477,9 +477,15 @@ impl StreamSeries {
 
     /// One read of `path` that carried `bytes` stored bytes.
     pub fn read(&self, path: &str, bytes: usize) {
+        self.reads(path, 1, bytes);
+    }
+
+    /// `count` reads of `bytes` each (one event a fan-out wrote to that many readers), with one
+    /// lookup of the stream's series.
+    pub fn reads(&self, path: &str, count: usize, bytes: usize) {
         self.with(path, |c| {
-            c.reads.fetch_add(1, Ordering::Relaxed);
-            c.read_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+            c.reads.fetch_add(count as u64, Ordering::Relaxed);
+            c.read_bytes.fetch_add((count * bytes) as u64, Ordering::Relaxed);
         });
     }
 
